@@ -1,0 +1,197 @@
+//! `Coordinator`: the actor façade over a [`LeaseStore`], plus the reaper that turns expired
+//! leases into stalls.
+//!
+//! Handlers return `ResponseFuture`s: they touch no actor state, so many claims, renewals and
+//! settlements from many workers overlap instead of queueing behind one another.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use metrics::counter;
+
+use crate::error::Result;
+use crate::ids::{JobId, LeaseId};
+use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
+use crate::metrics as m;
+use crate::store::LeaseStore;
+
+/// Façade over a [`LeaseStore`] backend; one per process is enough.
+pub struct Coordinator {
+    store: Arc<dyn LeaseStore>,
+    reap_every: Duration,
+    reaping: bool,
+}
+
+impl Coordinator {
+    /// Expired leases reaped per reaper pass; bounds one pass's cost on a remote backend.
+    const REAP_BATCH: usize = 1000;
+
+    /// A coordinator over `store`, reaping every second.
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            store,
+            reap_every: Duration::from_secs(1),
+            reaping: false,
+        }
+    }
+
+    /// Sets how often expired leases are looked for. A stalled job waits up to this long
+    /// past its lease's expiry before it is claimable again.
+    pub fn with_reap_interval(mut self, every: Duration) -> Self {
+        self.reap_every = every;
+        self
+    }
+
+    fn reap(&mut self, ctx: &mut Context<Self>) {
+        if self.reaping {
+            return;
+        }
+        self.reaping = true;
+        let store = self.store.clone();
+        let pass = async move { store.reap(Self::REAP_BATCH).await };
+        ctx.spawn(pass.into_actor(self).map(|result, act, ctx| {
+            act.reaping = false;
+            match result {
+                Ok(reaped) => {
+                    let full = reaped.len() == Self::REAP_BATCH;
+                    for r in reaped {
+                        let outcome = if r.dead { "dead" } else { "requeued" };
+                        tracing::warn!(job = %r.job, queue = %r.queue, outcome, "lease expired before the job settled (stall)");
+                        counter!(m::STALLS, "queue" => r.queue, "outcome" => outcome).increment(1);
+                    }
+                    // A full batch means more are waiting: keep going without waiting a tick.
+                    if full {
+                        act.reap(ctx);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reaper pass failed; will retry");
+                    counter!(m::BACKEND_ERRORS, "op" => "reap").increment(1);
+                }
+            }
+        }));
+    }
+}
+
+impl Actor for Coordinator {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.reap_every, Self::reap);
+    }
+}
+
+/// Adds jobs.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<JobId>>")]
+pub struct Enqueue(pub Vec<NewJob>);
+
+impl Handler<Enqueue> for Coordinator {
+    type Result = ResponseFuture<Result<Vec<JobId>>>;
+
+    fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let queues: Vec<String> = msg.0.iter().map(|j| j.queue.clone()).collect();
+            let ids = store.enqueue(msg.0).await?;
+            for queue in queues {
+                counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(1);
+            }
+            Ok(ids)
+        })
+    }
+}
+
+/// Claims up to `n` jobs of `queue` for `worker`, each under a lease of `ttl`.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<Claim>>")]
+pub struct ClaimJobs {
+    /// Queue to claim from.
+    pub queue: String,
+    /// Claiming worker's name (for status output).
+    pub worker: String,
+    /// Batch size.
+    pub n: usize,
+    /// Lease length.
+    pub ttl: Duration,
+}
+
+impl Handler<ClaimJobs> for Coordinator {
+    type Result = ResponseFuture<Result<Vec<Claim>>>;
+
+    fn handle(&mut self, msg: ClaimJobs, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let claims = store.claim(&msg.queue, &msg.worker, msg.n, msg.ttl).await?;
+            counter!(m::CLAIMS, "queue" => msg.queue).increment(claims.len() as u64);
+            Ok(claims)
+        })
+    }
+}
+
+/// Extends leases; answers with the ones that are lost.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<LeaseId>>")]
+pub struct RenewLeases {
+    /// Leases to extend.
+    pub leases: Vec<LeaseId>,
+    /// New length, from now.
+    pub ttl: Duration,
+}
+
+impl Handler<RenewLeases> for Coordinator {
+    type Result = ResponseFuture<Result<Vec<LeaseId>>>;
+
+    fn handle(&mut self, msg: RenewLeases, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.renew(&msg.leases, msg.ttl).await })
+    }
+}
+
+/// Completes, retries or dead-letters finished jobs, each checked by lease id.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<Result<()>>>")]
+pub struct SettleJobs(pub Vec<(LeaseId, Settlement)>);
+
+impl Handler<SettleJobs> for Coordinator {
+    type Result = ResponseFuture<Result<Vec<Result<()>>>>;
+
+    fn handle(&mut self, msg: SettleJobs, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.settle(msg.0).await })
+    }
+}
+
+/// Counts one queue.
+#[derive(Message)]
+#[rtype(result = "Result<QueueCounts>")]
+pub struct CountJobs(pub String);
+
+impl Handler<CountJobs> for Coordinator {
+    type Result = ResponseFuture<Result<QueueCounts>>;
+
+    fn handle(&mut self, msg: CountJobs, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.counts(&msg.0).await })
+    }
+}
+
+/// Lists dead-lettered jobs of a queue.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<DeadJob>>")]
+pub struct ListDead {
+    /// Queue.
+    pub queue: String,
+    /// At most this many.
+    pub limit: usize,
+}
+
+impl Handler<ListDead> for Coordinator {
+    type Result = ResponseFuture<Result<Vec<DeadJob>>>;
+
+    fn handle(&mut self, msg: ListDead, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.dead(&msg.queue, msg.limit).await })
+    }
+}

@@ -1,0 +1,238 @@
+//! What users enqueue and what a claim hands back.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ids::{JobId, Lease, Scope};
+
+/// Default cap on an encoded payload; big blobs belong in object storage, not in the queue.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+/// A job to enqueue. Built with [`NewJob::new`] and refined with the `with_*` methods.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewJob {
+    /// Queue the job waits in.
+    pub queue: String,
+    /// Handler name it is dispatched to.
+    pub kind: String,
+    /// JSON payload, kept encoded so a worker can dead-letter a payload it cannot decode.
+    pub payload: String,
+    /// Protected resource; `None` means the job's own id.
+    pub scope: Option<Scope>,
+    /// Higher runs first among ready jobs of one queue.
+    pub priority: i32,
+    /// Not claimable before this much time has passed.
+    pub delay: Duration,
+    /// Handler failures allowed before the job is dead.
+    pub max_attempts: u32,
+    /// Expired leases allowed before the job is dead.
+    pub max_stalls: u32,
+}
+
+impl NewJob {
+    /// A job of `kind` on the `default` queue with a serde payload.
+    pub fn new(kind: impl Into<String>, payload: &impl Serialize) -> Result<Self> {
+        let payload = serde_json::to_string(payload).map_err(|e| Error::Payload(e.to_string()))?;
+        Ok(Self::raw(kind, payload))
+    }
+
+    /// A job whose payload is already JSON text (not validated here: a worker dead-letters a
+    /// payload its handler cannot decode).
+    pub fn raw(kind: impl Into<String>, payload: impl Into<String>) -> Self {
+        Self {
+            queue: "default".into(),
+            kind: kind.into(),
+            payload: payload.into(),
+            scope: None,
+            priority: 0,
+            delay: Duration::ZERO,
+            max_attempts: 5,
+            max_stalls: 3,
+        }
+    }
+
+    /// Sets the queue.
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Sets the protected scope (jobs sharing it run one at a time).
+    pub fn with_scope(mut self, scope: impl Into<Scope>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Delays the first claim.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets how many handler failures are retried.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Sets how many stalls (expired leases) are tolerated.
+    pub fn with_max_stalls(mut self, max_stalls: u32) -> Self {
+        self.max_stalls = max_stalls;
+        self
+    }
+
+    /// Checks what every backend requires before accepting the job.
+    pub fn validate(&self, max_payload_bytes: usize) -> Result<()> {
+        if self.kind.is_empty() {
+            return Err(Error::InvalidJob("kind is empty".into()));
+        }
+        if self.queue.is_empty() {
+            return Err(Error::InvalidJob("queue is empty".into()));
+        }
+        if self.payload.len() > max_payload_bytes {
+            return Err(Error::InvalidJob(format!(
+                "payload is {} bytes, the limit is {max_payload_bytes}",
+                self.payload.len()
+            )));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::InvalidJob("max_attempts must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A job as stored, handed out inside a [`Claim`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// Queue it came from.
+    pub queue: String,
+    /// Handler name.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: String,
+    /// Protected resource.
+    pub scope: Scope,
+    /// 1 on the first claim, +1 on every later claim (after a retry or a stall).
+    pub attempt: u32,
+    /// Expired leases so far.
+    pub stalls: u32,
+    /// Handler failures allowed.
+    pub max_attempts: u32,
+    /// Stalls allowed.
+    pub max_stalls: u32,
+}
+
+/// A job plus the lease that lets one worker run it.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The job.
+    pub job: Job,
+    /// The lease.
+    pub lease: Lease,
+}
+
+/// What a handler returns when it does not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// Try again later: after `after`, or after the worker's exponential backoff.
+    #[error("retry requested: {reason}")]
+    Retry {
+        /// Explicit delay, overriding the backoff.
+        after: Option<Duration>,
+        /// Why, for the log and the dead-letter record if attempts run out.
+        reason: String,
+    },
+    /// Never retry: the job goes to the dead-letter set with this reason.
+    #[error("fatal: {0}")]
+    Fatal(String),
+    /// A fenced sink refused the write: this lease no longer owns its scope.
+    #[error("fenced off: {0}")]
+    Fenced(#[from] crate::admission::Rejection),
+}
+
+impl JobError {
+    /// A retry with backoff.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Self::Retry {
+            after: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// A fatal failure.
+    pub fn fatal(reason: impl Into<String>) -> Self {
+        Self::Fatal(reason.into())
+    }
+}
+
+impl From<Error> for JobError {
+    fn from(e: Error) -> Self {
+        if e.is_retryable() {
+            Self::retry(e.to_string())
+        } else {
+            Self::Fatal(e.to_string())
+        }
+    }
+}
+
+/// How a finished job settles at the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// Done; remove it.
+    Complete,
+    /// Back to the queue, claimable after `delay`.
+    Retry {
+        /// Backoff before the next claim.
+        delay: Duration,
+        /// Last failure, kept for the dead-letter record.
+        reason: String,
+    },
+    /// Dead-letter it.
+    Dead {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Counts of one queue, for status output and progress bars.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueCounts {
+    /// Claimable now.
+    pub ready: u64,
+    /// Waiting for a delay or a retry backoff.
+    pub delayed: u64,
+    /// Held by a lease.
+    pub leased: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Dead-lettered.
+    pub dead: u64,
+}
+
+impl QueueCounts {
+    /// Jobs not yet completed or dead.
+    pub fn pending(&self) -> u64 {
+        self.ready + self.delayed + self.leased
+    }
+}
+
+/// A dead-lettered job and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadJob {
+    /// The job as it was last claimed.
+    pub job: Job,
+    /// The reason recorded when it died.
+    pub reason: String,
+}

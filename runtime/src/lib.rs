@@ -1,0 +1,75 @@
+//! Palisade: a job runtime where a worker whose lease has expired can keep running, but can no
+//! longer change anything that matters.
+//!
+//! Every claim carries a [`Lease`]: an opaque [`LeaseId`] plus a [`FencingToken`] that only
+//! grows per [`Scope`]. Every protected write carries both to a fenced sink, which applies the
+//! [admission rule](ScopeFence::admit) atomically: older tokens are refused
+//! ([`Rejection::StaleToken`]), a token presented by a second lease is refused
+//! ([`Rejection::TokenConflict`]), and a same-generation retry is a [`Admission::Duplicate`].
+//!
+//! # Layout
+//!
+//! - `ids`: [`JobId`], [`LeaseId`], [`FencingToken`], [`Scope`], [`IdempotencyKey`], [`Lease`].
+//! - `admission`: the admission rule as a pure function ([`ScopeFence`], [`Admission`]).
+//! - `policy`: pure retry / stall decisions ([`RetryPolicy`], [`on_stall`]).
+//! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
+//! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`], and `store::memory`.
+//! - `coordinator`, `worker`, `renewal`, `sink`: one actor each ([`Coordinator`], [`Worker`],
+//!   [`Renewal`], [`FencedSink`]), messages beside their handlers.
+//! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
+//!   [`Registry`].
+//! - `metrics`: metric names and the Prometheus exporter.
+//!
+//! # Defining a job
+//!
+//! ```
+//! use palisade::{JobContext, JobError, Mutation, Registry};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Deposit { account: u32, cents: i64 }
+//!
+//! async fn deposit(ctx: JobContext, d: Deposit) -> Result<(), JobError> {
+//!     let ledger = ctx.sink("ledger")?;
+//!     ledger
+//!         .write(vec![Mutation::HashIncr {
+//!             key: format!("account:{}", d.account),
+//!             field: "balance".into(),
+//!             by: d.cents,
+//!         }])
+//!         .await?
+//!         .accepted()?; // a stale holder stops here with JobError::Fenced
+//!     Ok(())
+//! }
+//!
+//! let registry = Registry::new().register("deposit", deposit);
+//! assert_eq!(registry.kinds().collect::<Vec<_>>(), ["deposit"]);
+//! ```
+
+mod admission;
+mod context;
+mod coordinator;
+mod error;
+mod ids;
+mod job;
+pub mod metrics;
+mod policy;
+mod renewal;
+mod sink;
+pub mod store;
+mod worker;
+
+pub use admission::{Admission, Fence, Rejection, ScopeFence};
+pub use context::{JobContext, Registry, SinkHandle, Sinks};
+pub use coordinator::{ClaimJobs, Coordinator, CountJobs, Enqueue, ListDead, RenewLeases, SettleJobs};
+pub use error::{Error, Result};
+pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
+pub use job::{
+    Claim, DeadJob, Job, JobError, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
+};
+pub use policy::{on_stall, RetryPolicy, StallOutcome};
+pub use renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
+pub use sink::{FencedSink, ReadFence, ReadValue, Write};
+pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
+pub use store::{FencedStore, FencedWrite, LeaseStore, Mutation, Reaped, Value};
+pub use worker::{Drain, Freeze, JobFinished, LeaseLost, LossReason, Worker, WorkerConfig};

@@ -1,0 +1,66 @@
+//! Metric names (one place, so dashboards and code agree) and the Prometheus exporter.
+//!
+//! Labels are low-cardinality only: queue, kind, sink, reason, outcome — never job ids or
+//! scopes, which would make a series per job.
+
+use std::net::SocketAddr;
+
+use metrics::{describe_counter, describe_histogram, Unit};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::error::{Error, Result};
+
+/// Jobs accepted by enqueue. Labels: queue.
+pub const JOBS_ENQUEUED: &str = "palisade_jobs_enqueued_total";
+/// Leases granted. Labels: queue.
+pub const CLAIMS: &str = "palisade_claims_total";
+/// Jobs a worker finished running. Labels: queue, kind, outcome (completed|retried|dead).
+pub const JOBS_FINISHED: &str = "palisade_jobs_finished_total";
+/// Settlements the coordinator refused because the lease was no longer current. Labels: queue.
+pub const SETTLEMENTS_REFUSED: &str = "palisade_settlements_refused_total";
+/// Lease renewals. Labels: outcome (renewed|lost|error).
+pub const RENEWALS: &str = "palisade_renewals_total";
+/// Leases a worker learned it lost (renewal refused, or not confirmed before expiry).
+/// Labels: reason (expired|unconfirmed).
+pub const LEASES_LOST: &str = "palisade_leases_lost_total";
+/// Expired leases reaped. Labels: queue, outcome (requeued|dead).
+pub const STALLS: &str = "palisade_stalls_total";
+/// Fenced sink writes. Labels: sink, outcome (applied|duplicate|rejected|error).
+pub const SINK_WRITES: &str = "palisade_sink_writes_total";
+/// Fenced sink refusals. Labels: sink, reason (stale_token|token_conflict).
+pub const FENCE_REJECTIONS: &str = "palisade_fence_rejections_total";
+/// Handler run time. Labels: queue, kind.
+pub const JOB_DURATION: &str = "palisade_job_duration_seconds";
+/// Backend operations that failed. Labels: op.
+pub const BACKEND_ERRORS: &str = "palisade_backend_errors_total";
+
+/// Registers help text for every Palisade metric with the installed recorder.
+pub fn describe() {
+    describe_counter!(JOBS_ENQUEUED, "Jobs accepted by enqueue");
+    describe_counter!(CLAIMS, "Leases granted by claim");
+    describe_counter!(JOBS_FINISHED, "Jobs finished by a worker, by outcome");
+    describe_counter!(
+        SETTLEMENTS_REFUSED,
+        "Complete/fail refused because the lease was not current"
+    );
+    describe_counter!(RENEWALS, "Lease renewals by outcome");
+    describe_counter!(LEASES_LOST, "Leases a worker lost, by reason");
+    describe_counter!(STALLS, "Expired leases reaped, by outcome");
+    describe_counter!(SINK_WRITES, "Fenced sink writes by outcome");
+    describe_counter!(FENCE_REJECTIONS, "Fenced sink rejections by reason");
+    describe_histogram!(JOB_DURATION, Unit::Seconds, "Handler run time");
+    describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
+}
+
+/// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of
+/// its own, so a busy or paused worker arbiter cannot starve scrapes.
+///
+/// Call it once, outside an async runtime (before `actix::System` starts).
+pub fn serve_prometheus(addr: SocketAddr) -> Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| Error::Config(format!("metrics exporter on {addr}: {e}")))?;
+    describe();
+    Ok(())
+}

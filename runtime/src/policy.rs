@@ -1,0 +1,179 @@
+//! Pure lease-state decisions: what a handler outcome or a stall does to a job.
+//!
+//! Workers and stores only carry these decisions to storage, so every branch is unit-tested
+//! here without actors or clocks.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Job, JobError, Settlement};
+
+/// Exponential backoff with full jitter for handler retries.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Delay ceiling for the first retry.
+    pub base: Duration,
+    /// Upper bound on any delay.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before attempt `attempt + 1`, given a uniform `jitter` in `[0, 1)`.
+    ///
+    /// Full jitter (`rand(0, base * 2^(attempt-1))`) spreads a burst of failures instead of
+    /// re-synchronising them; a floor of half the ceiling keeps retries from firing instantly.
+    pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(32);
+        let ceiling = self.base.saturating_mul(1u32 << exp.min(31)).min(self.max);
+        ceiling.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+    }
+
+    /// How a job that ended with `outcome` settles.
+    pub fn settle(&self, job: &Job, outcome: &Result<(), JobError>, jitter: f64) -> Settlement {
+        match outcome {
+            Ok(()) => Settlement::Complete,
+            Err(JobError::Fatal(reason)) => Settlement::Dead {
+                reason: reason.clone(),
+            },
+            // A fenced-off writer is not the owner any more; the coordinator refuses this
+            // settlement for a stale lease. If it still believes the lease current (a token
+            // regression), the job must run again under a fresh, higher token — without
+            // burning an attempt, since the handler did nothing wrong.
+            Err(JobError::Fenced(rejection)) => Settlement::Retry {
+                delay: Duration::ZERO,
+                reason: rejection.to_string(),
+            },
+            Err(JobError::Retry { after, reason }) => {
+                if job.attempt >= job.max_attempts {
+                    Settlement::Dead {
+                        reason: format!("{} attempts failed; last: {reason}", job.attempt),
+                    }
+                } else {
+                    Settlement::Retry {
+                        delay: after.unwrap_or_else(|| self.backoff(job.attempt, jitter)),
+                        reason: reason.clone(),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the reaper does with a job whose lease expired before it settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StallOutcome {
+    /// Claimable again; the next claim counts as a new attempt.
+    Requeue,
+    /// Too many stalls: dead with this reason.
+    Dead(String),
+}
+
+/// Decides a stall; `stalls` is the count *including* this one.
+pub fn on_stall(stalls: u32, max_stalls: u32) -> StallOutcome {
+    if stalls > max_stalls {
+        StallOutcome::Dead(format!(
+            "lease expired {stalls} times (max_stalls = {max_stalls})"
+        ))
+    } else {
+        StallOutcome::Requeue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{FencingToken, JobId, Scope};
+
+    fn job(attempt: u32, max_attempts: u32) -> Job {
+        Job {
+            id: JobId::new(),
+            queue: "q".into(),
+            kind: "k".into(),
+            payload: "{}".into(),
+            scope: Scope::new("s"),
+            attempt,
+            stalls: 0,
+            max_attempts,
+            max_stalls: 1,
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        assert_eq!(p.backoff(1, 1.0), Duration::from_millis(100));
+        assert_eq!(p.backoff(1, 0.0), Duration::from_millis(50));
+        assert_eq!(p.backoff(3, 1.0), Duration::from_millis(400));
+        assert_eq!(p.backoff(40, 1.0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn retry_until_attempts_run_out() {
+        let p = RetryPolicy::default();
+        let err = Err(JobError::retry("flaky"));
+        assert!(matches!(
+            p.settle(&job(1, 3), &err, 0.5),
+            Settlement::Retry { .. }
+        ));
+        match p.settle(&job(3, 3), &err, 0.5) {
+            Settlement::Dead { reason } => assert!(reason.contains("3 attempts"), "{reason}"),
+            other => panic!("expected dead, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explicit_delay_wins_and_fatal_is_dead() {
+        let p = RetryPolicy::default();
+        let after = Duration::from_secs(7);
+        let err = Err(JobError::Retry {
+            after: Some(after),
+            reason: "later".into(),
+        });
+        assert_eq!(
+            p.settle(&job(1, 3), &err, 0.0),
+            Settlement::Retry {
+                delay: after,
+                reason: "later".into()
+            }
+        );
+        assert_eq!(
+            p.settle(&job(1, 3), &Err(JobError::fatal("bad")), 0.0),
+            Settlement::Dead {
+                reason: "bad".into()
+            }
+        );
+        assert_eq!(p.settle(&job(1, 3), &Ok(()), 0.0), Settlement::Complete);
+    }
+
+    #[test]
+    fn fenced_retries_without_backoff_even_on_last_attempt() {
+        let p = RetryPolicy::default();
+        let rejection = crate::admission::Rejection::StaleToken {
+            presented: FencingToken::from_u64(1),
+            highest: FencingToken::from_u64(2),
+        };
+        assert!(matches!(
+            p.settle(&job(3, 3), &Err(JobError::Fenced(rejection)), 0.9),
+            Settlement::Retry { delay, .. } if delay == Duration::ZERO
+        ));
+    }
+
+    #[test]
+    fn stalls_beyond_the_limit_are_dead() {
+        assert_eq!(on_stall(1, 1), StallOutcome::Requeue);
+        assert!(matches!(on_stall(2, 1), StallOutcome::Dead(_)));
+    }
+}

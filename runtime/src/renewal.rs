@@ -1,0 +1,152 @@
+//! `Renewal`: keeps one worker's leases alive with one batched call every ttl/3, and tells the
+//! worker which ones it lost.
+//!
+//! A lease counts as lost in two ways: the coordinator says it is not current, or its local
+//! deadline passed without a confirmed renewal (coordinator unreachable, or this process was
+//! paused). The second matters: a worker that cannot *prove* it still holds a lease must act
+//! as if it does not.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix::prelude::*;
+use metrics::counter;
+use tokio::time::Instant;
+
+use crate::coordinator::{Coordinator, RenewLeases};
+use crate::ids::{Lease, LeaseId};
+use crate::metrics as m;
+use crate::worker::{LeaseLost, LossReason};
+
+/// Renews every lease one worker holds.
+pub struct Renewal {
+    coordinator: Addr<Coordinator>,
+    worker: Recipient<LeaseLost>,
+    ttl: Duration,
+    /// Lease → local deadline (last confirmed renewal's send time + ttl).
+    held: HashMap<LeaseId, Instant>,
+    in_flight: bool,
+    suspended: bool,
+}
+
+impl Renewal {
+    /// Renews for `worker` at `coordinator`, extending by `ttl` each time.
+    pub fn new(coordinator: Addr<Coordinator>, worker: Recipient<LeaseLost>, ttl: Duration) -> Self {
+        Self {
+            coordinator,
+            worker,
+            ttl,
+            held: HashMap::new(),
+            in_flight: false,
+            suspended: false,
+        }
+    }
+
+    fn lose(&mut self, lease: LeaseId, reason: LossReason) {
+        if self.held.remove(&lease).is_some() {
+            counter!(m::LEASES_LOST, "reason" => reason.label()).increment(1);
+            self.worker.do_send(LeaseLost { lease, reason });
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.suspended {
+            return;
+        }
+        let now = Instant::now();
+        let overdue: Vec<LeaseId> = self
+            .held
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(lease, _)| *lease)
+            .collect();
+        for lease in overdue {
+            self.lose(lease, LossReason::Unconfirmed);
+        }
+        if self.in_flight || self.held.is_empty() {
+            return;
+        }
+        self.in_flight = true;
+        let leases: Vec<LeaseId> = self.held.keys().copied().collect();
+        let request = self.coordinator.send(RenewLeases {
+            leases: leases.clone(),
+            ttl: self.ttl,
+        });
+        ctx.spawn(request.into_actor(self).map(move |result, act, _| {
+            act.in_flight = false;
+            match result {
+                Ok(Ok(lost)) => {
+                    for lease in &lost {
+                        act.lose(*lease, LossReason::Expired);
+                    }
+                    let deadline = now + act.ttl;
+                    let mut renewed = 0;
+                    for lease in &leases {
+                        if let Some(d) = act.held.get_mut(lease) {
+                            *d = deadline;
+                            renewed += 1;
+                        }
+                    }
+                    counter!(m::RENEWALS, "outcome" => "renewed").increment(renewed);
+                    counter!(m::RENEWALS, "outcome" => "lost").increment(lost.len() as u64);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, leases = leases.len(), "lease renewal failed");
+                    counter!(m::RENEWALS, "outcome" => "error").increment(1);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "coordinator unreachable for renewal");
+                    counter!(m::RENEWALS, "outcome" => "error").increment(1);
+                }
+            }
+        }));
+    }
+}
+
+impl Actor for Renewal {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // ttl/3 leaves two more chances to renew before expiry if one call is slow or lost.
+        ctx.run_interval(self.ttl / 3, Self::tick);
+    }
+}
+
+/// Starts renewing a lease.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TrackLease(pub Lease);
+
+impl Handler<TrackLease> for Renewal {
+    type Result = ();
+
+    fn handle(&mut self, msg: TrackLease, _: &mut Self::Context) {
+        self.held.insert(msg.0.id, msg.0.expires_at);
+    }
+}
+
+/// Stops renewing a lease (its job settled).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ForgetLease(pub LeaseId);
+
+impl Handler<ForgetLease> for Renewal {
+    type Result = ();
+
+    fn handle(&mut self, msg: ForgetLease, _: &mut Self::Context) {
+        self.held.remove(&msg.0);
+    }
+}
+
+/// Fault injection: stop (`true`) or resume (`false`) renewing, as a paused process would.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SuspendRenewals(pub bool);
+
+impl Handler<SuspendRenewals> for Renewal {
+    type Result = ();
+
+    fn handle(&mut self, msg: SuspendRenewals, _: &mut Self::Context) {
+        self.suspended = msg.0;
+    }
+}

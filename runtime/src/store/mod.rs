@@ -1,0 +1,123 @@
+//! Backend traits. Actors talk only to these; memory, Redis and Postgres implement them.
+//!
+//! Every method is one atomic backend operation and, where a worker does many of the same
+//! thing, takes a batch — so a remote backend pays one round trip per batch, not per job.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{Admission, Fence};
+use crate::error::Result;
+use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
+use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
+
+pub mod memory;
+
+/// The coordinator's state: queues, leases and per-scope fencing counters.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Adds jobs; all or none.
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>>;
+
+    /// Claims up to `n` ready jobs of `queue` whose scope has no live lease, granting each a
+    /// fresh lease id and the scope's next fencing token, valid for `ttl`.
+    async fn claim(&self, queue: &str, worker: &str, n: usize, ttl: Duration)
+        -> Result<Vec<Claim>>;
+
+    /// Extends every still-current lease in `leases` by `ttl`; returns the ones that are not
+    /// current any more (expired, reaped, replaced). Lost leases are never revived.
+    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>>;
+
+    /// Settles finished jobs. Each entry is checked by lease id: a lease that is not current
+    /// gets `Err(LeaseNotCurrent)` and changes nothing.
+    async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>>;
+
+    /// Moves up to `max` expired leases' jobs back to ready (a stall) or to dead.
+    async fn reap(&self, max: usize) -> Result<Vec<Reaped>>;
+
+    /// Counts for one queue.
+    async fn counts(&self, queue: &str) -> Result<QueueCounts>;
+
+    /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>>;
+
+    /// The newest token granted for `scope`, if any.
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
+}
+
+/// A job whose lease expired before it settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reaped {
+    /// The job.
+    pub job: JobId,
+    /// Its queue (the metric label).
+    pub queue: String,
+    /// `true` if it ran out of stalls and is now dead, `false` if it is ready again.
+    pub dead: bool,
+}
+
+/// One protected write as a sink sees it: the generation it presents and what it changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedWrite {
+    /// Resource the lease covers; fencing state is kept per scope.
+    pub scope: Scope,
+    /// Token and lease of the writer.
+    pub fence: Fence,
+    /// Names this logical write within its generation.
+    pub key: IdempotencyKey,
+    /// Applied together, or not at all.
+    pub mutations: Vec<Mutation>,
+}
+
+/// A change a fenced sink can apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mutation {
+    /// Sets a string key.
+    Set {
+        /// Key.
+        key: String,
+        /// New value.
+        value: String,
+    },
+    /// Sets fields of a hash.
+    HashSet {
+        /// Hash key.
+        key: String,
+        /// Field/value pairs.
+        fields: Vec<(String, String)>,
+    },
+    /// Adds `by` to an integer hash field (missing counts as 0).
+    HashIncr {
+        /// Hash key.
+        key: String,
+        /// Field.
+        field: String,
+        /// Amount, may be negative.
+        by: i64,
+    },
+}
+
+/// A value stored by a fenced sink, as read back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Value {
+    /// A string key.
+    Text(String),
+    /// A hash.
+    Hash(BTreeMap<String, String>),
+}
+
+/// A store that applies the admission rule and a mutation in one atomic operation.
+#[async_trait]
+pub trait FencedStore: Send + Sync + 'static {
+    /// Admits (or refuses) and applies one write atomically.
+    async fn write(&self, write: FencedWrite) -> Result<Admission>;
+
+    /// Reads a value back (for checks and status; not fenced).
+    async fn read(&self, key: &str) -> Result<Option<Value>>;
+
+    /// The newest generation accepted for `scope`.
+    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>>;
+}

@@ -1,0 +1,428 @@
+//! `Worker`: claims jobs in batches, runs their handlers under a concurrency limit, cancels a
+//! handler whose lease is lost, settles outcomes in batches, and drains on shutdown.
+//!
+//! Handlers run as tasks on the worker's own arbiter and report back with `JobFinished`; the
+//! actor itself never awaits a handler, so claims, renewals and settlements keep flowing while
+//! jobs run. Give each worker its own `Arbiter` so several workers use several cores.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures_util::FutureExt;
+use metrics::{counter, histogram};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{JobContext, Registry, Sinks};
+use crate::coordinator::{ClaimJobs, Coordinator, SettleJobs};
+use crate::error::{Error, Result};
+use crate::ids::LeaseId;
+use crate::job::{Claim, Job, JobError, Settlement};
+use crate::metrics as m;
+use crate::policy::RetryPolicy;
+use crate::renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Name shown in status output and logs.
+    pub name: String,
+    /// Queues to claim from, in turn.
+    pub queues: Vec<String>,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Most jobs claimed per round trip.
+    pub batch: usize,
+    /// Lease length; renewed every third of it.
+    pub lease_ttl: Duration,
+    /// How often an idle worker asks for work.
+    pub poll_interval: Duration,
+    /// Backoff for handler retries.
+    pub retry: RetryPolicy,
+}
+
+impl WorkerConfig {
+    /// Defaults for a worker called `name` on the `default` queue.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            queues: vec!["default".into()],
+            concurrency: 16,
+            batch: 16,
+            lease_ttl: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(50),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::Config(format!("worker {:?}: {what}", self.name)));
+        if self.queues.is_empty() || self.queues.iter().any(String::is_empty) {
+            return bad("needs at least one non-empty queue name");
+        }
+        if self.concurrency == 0 || self.batch == 0 {
+            return bad("concurrency and batch must be at least 1");
+        }
+        if self.lease_ttl < Duration::from_millis(30) {
+            return bad("lease_ttl must be at least 30ms (it is renewed every ttl/3)");
+        }
+        if self.poll_interval.is_zero() {
+            return bad("poll_interval must be positive");
+        }
+        Ok(())
+    }
+}
+
+struct Running {
+    job: Job,
+    cancel: CancellationToken,
+    started: Instant,
+}
+
+struct Pending {
+    lease: LeaseId,
+    settlement: Settlement,
+    queue: String,
+}
+
+/// Runs handlers for claimed jobs.
+pub struct Worker {
+    config: WorkerConfig,
+    coordinator: Addr<Coordinator>,
+    registry: Registry,
+    sinks: Sinks,
+    renewal: Option<Addr<Renewal>>,
+    running: HashMap<LeaseId, Running>,
+    pending: Vec<Pending>,
+    claiming: bool,
+    settling: bool,
+    frozen: bool,
+    next_queue: usize,
+    drain: Option<oneshot::Sender<usize>>,
+}
+
+impl Worker {
+    /// A worker that claims from `coordinator`, runs handlers from `registry`, and gives them
+    /// `sinks`. Fails on an invalid config.
+    pub fn new(
+        config: WorkerConfig,
+        coordinator: Addr<Coordinator>,
+        registry: Registry,
+        sinks: Sinks,
+    ) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            coordinator,
+            registry,
+            sinks,
+            renewal: None,
+            running: HashMap::new(),
+            pending: Vec::new(),
+            claiming: false,
+            settling: false,
+            frozen: false,
+            next_queue: 0,
+            drain: None,
+        })
+    }
+
+    fn renewal(&self) -> &Addr<Renewal> {
+        self.renewal.as_ref().expect("renewal starts with the worker")
+    }
+
+    /// Asks for as many jobs as there is room for.
+    fn fill(&mut self, ctx: &mut Context<Self>) {
+        let room = self.config.concurrency.saturating_sub(self.running.len());
+        if self.frozen || self.drain.is_some() || self.claiming || room == 0 {
+            return;
+        }
+        let n = room.min(self.config.batch);
+        let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
+        self.next_queue = self.next_queue.wrapping_add(1);
+        self.claiming = true;
+        let request = self.coordinator.send(ClaimJobs {
+            queue,
+            worker: self.config.name.clone(),
+            n,
+            ttl: self.config.lease_ttl,
+        });
+        ctx.spawn(request.into_actor(self).map(|result, act, ctx| {
+            act.claiming = false;
+            match result.map_err(Error::from).and_then(|r| r) {
+                Ok(claims) if !claims.is_empty() => {
+                    for claim in claims {
+                        act.launch(claim, ctx);
+                    }
+                    act.fill(ctx);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(worker = %act.config.name, error = %e, "claim failed; retrying next tick");
+                    counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
+                }
+            }
+        }));
+    }
+
+    fn launch(&mut self, claim: Claim, ctx: &mut Context<Self>) {
+        let Claim { job, lease } = claim;
+        let cancel = CancellationToken::new();
+        self.renewal().do_send(TrackLease(lease.clone()));
+        let lease_id = lease.id;
+        let run = match self.registry.get(&job.kind) {
+            Some(handler) => {
+                let jctx = JobContext::new(job.clone(), lease, cancel.clone(), self.sinks.clone());
+                handler(jctx, &job.payload)
+            }
+            None => {
+                let reason = format!("unknown job kind {:?}", job.kind);
+                Box::pin(async move { Err(JobError::Fatal(reason)) })
+            }
+        };
+        self.running.insert(
+            lease_id,
+            Running {
+                job,
+                cancel,
+                started: Instant::now(),
+            },
+        );
+        let worker = ctx.address();
+        actix::spawn(async move {
+            // A panicking handler must not take the worker down or lose the job: it becomes a
+            // retry like any other failure.
+            let outcome = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".into());
+                Err(JobError::retry(format!("handler panicked: {what}")))
+            });
+            worker.do_send(JobFinished {
+                lease: lease_id,
+                outcome,
+            });
+        });
+    }
+
+    /// Sends finished jobs' settlements in one batch; more pile up while one is in flight.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.settling || self.pending.is_empty() {
+            return;
+        }
+        self.settling = true;
+        let batch = std::mem::take(&mut self.pending);
+        let request = self.coordinator.send(SettleJobs(
+            batch
+                .iter()
+                .map(|p| (p.lease, p.settlement.clone()))
+                .collect(),
+        ));
+        ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
+            act.settling = false;
+            match result.map_err(Error::from).and_then(|r| r) {
+                Ok(results) => {
+                    for (p, result) in batch.iter().zip(results) {
+                        act.renewal().do_send(ForgetLease(p.lease));
+                        if let Err(e) = result {
+                            tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
+                            counter!(m::SETTLEMENTS_REFUSED, "queue" => p.queue.clone()).increment(1);
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Keep renewing and try again; if the leases expire first, the reaper
+                    // requeues the jobs and our late settlement is refused — never lost.
+                    tracing::warn!(error = %e, jobs = batch.len(), "settlement failed; retrying");
+                    counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                    act.pending.extend(batch);
+                }
+            }
+            act.flush(ctx);
+            act.check_drained(ctx);
+        }));
+    }
+
+    fn check_drained(&mut self, ctx: &mut Context<Self>) {
+        if self.running.is_empty() && self.pending.is_empty() && !self.settling {
+            if let Some(done) = self.drain.take() {
+                let _ = done.send(0);
+                ctx.stop();
+            }
+        }
+    }
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let renewal = Renewal::new(
+            self.coordinator.clone(),
+            ctx.address().recipient(),
+            self.config.lease_ttl,
+        );
+        self.renewal = Some(renewal.start());
+        ctx.run_interval(self.config.poll_interval, |act, ctx| {
+            act.fill(ctx);
+            act.flush(ctx);
+        });
+        self.fill(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        for running in self.running.values() {
+            running.cancel.cancel();
+        }
+    }
+}
+
+/// Why a worker considers a lease lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// The coordinator said it is not current.
+    Expired,
+    /// Its deadline passed without a confirmed renewal.
+    Unconfirmed,
+}
+
+impl LossReason {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Unconfirmed => "unconfirmed",
+        }
+    }
+}
+
+/// The lease of a running job is gone; its handler's cancellation token fires.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LeaseLost {
+    /// The lost lease.
+    pub lease: LeaseId,
+    /// How it was lost.
+    pub reason: LossReason,
+}
+
+impl Handler<LeaseLost> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaseLost, _: &mut Self::Context) {
+        if let Some(running) = self.running.get(&msg.lease) {
+            tracing::warn!(worker = %self.config.name, job = %running.job.id, lease = %msg.lease, reason = ?msg.reason, "lease lost; cancelling handler");
+            running.cancel.cancel();
+        }
+    }
+}
+
+/// A handler returned (or panicked).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct JobFinished {
+    /// Lease it ran under.
+    pub lease: LeaseId,
+    /// What it returned.
+    pub outcome: std::result::Result<(), JobError>,
+}
+
+impl Handler<JobFinished> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: JobFinished, ctx: &mut Self::Context) {
+        let Some(running) = self.running.remove(&msg.lease) else {
+            return;
+        };
+        let job = running.job;
+        let settlement = self
+            .config
+            .retry
+            .settle(&job, &msg.outcome, rand::random::<f64>());
+        let outcome = match &settlement {
+            Settlement::Complete => "completed",
+            Settlement::Retry { .. } => "retried",
+            Settlement::Dead { .. } => "dead",
+        };
+        match &settlement {
+            Settlement::Complete => {
+                tracing::debug!(job = %job.id, kind = %job.kind, "job completed")
+            }
+            Settlement::Retry { delay, reason } => {
+                tracing::info!(job = %job.id, kind = %job.kind, attempt = job.attempt, ?delay, %reason, "job will be retried")
+            }
+            Settlement::Dead { reason } => {
+                tracing::warn!(job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
+            }
+        }
+        let labels = [
+            ("queue", job.queue.clone()),
+            ("kind", job.kind.clone()),
+        ];
+        histogram!(m::JOB_DURATION, &labels).record(running.started.elapsed().as_secs_f64());
+        counter!(m::JOBS_FINISHED, "queue" => job.queue.clone(), "kind" => job.kind, "outcome" => outcome)
+            .increment(1);
+        self.pending.push(Pending {
+            lease: msg.lease,
+            settlement,
+            queue: job.queue,
+        });
+        self.flush(ctx);
+        self.fill(ctx);
+    }
+}
+
+/// Fault injection (tests, the demo): `Freeze(true)` makes the worker behave like a paused
+/// process — no claims, no renewals — while its handlers keep running; `Freeze(false)` resumes.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Freeze(pub bool);
+
+impl Handler<Freeze> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: Freeze, ctx: &mut Self::Context) {
+        self.frozen = msg.0;
+        self.renewal().do_send(SuspendRenewals(msg.0));
+        if !msg.0 {
+            self.fill(ctx);
+        }
+    }
+}
+
+/// Stops claiming, waits up to `deadline` for running handlers, then cancels the rest and
+/// stops. Answers with how many handlers were still running when it gave up; their leases
+/// expire and the reaper requeues their jobs.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Drain {
+    /// How long running handlers get to finish.
+    pub deadline: Duration,
+}
+
+impl Handler<Drain> for Worker {
+    type Result = ResponseFuture<usize>;
+
+    fn handle(&mut self, msg: Drain, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.drain = Some(tx);
+        tracing::info!(worker = %self.config.name, running = self.running.len(), "draining");
+        ctx.run_later(msg.deadline, |act, ctx| {
+            for running in act.running.values() {
+                running.cancel.cancel();
+            }
+            if let Some(done) = act.drain.take() {
+                let abandoned = act.running.len();
+                tracing::warn!(worker = %act.config.name, abandoned, "drain deadline passed");
+                let _ = done.send(abandoned);
+                ctx.stop();
+            }
+        });
+        self.check_drained(ctx);
+        Box::pin(async move { rx.await.unwrap_or(0) })
+    }
+}
