@@ -1,0 +1,486 @@
+//! Actors + in-memory stores, in virtual time (`tokio::time::pause`): lease expiry scenarios
+//! run in milliseconds and never depend on the machine's speed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use palisade::*;
+use tokio::sync::{mpsc, Notify};
+
+const TTL: Duration = Duration::from_secs(3);
+
+struct Harness {
+    store: Arc<MemoryLeaseStore>,
+    coordinator: Addr<Coordinator>,
+    sink_store: Arc<MemoryFencedStore>,
+    sinks: Sinks,
+}
+
+fn harness() -> Harness {
+    harness_with(Arc::new(MemoryLeaseStore::new()))
+}
+
+fn harness_with(store: Arc<MemoryLeaseStore>) -> Harness {
+    let coordinator = Coordinator::new(store.clone())
+        .with_reap_interval(Duration::from_millis(100))
+        .start();
+    let sink_store = Arc::new(MemoryFencedStore::new());
+    let sink = FencedSink::new("ledger", sink_store.clone()).start();
+    Harness {
+        store,
+        coordinator,
+        sink_store,
+        sinks: Sinks::new().with("ledger", sink),
+    }
+}
+
+fn config(name: &str) -> WorkerConfig {
+    WorkerConfig {
+        lease_ttl: TTL,
+        poll_interval: Duration::from_millis(20),
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+        ..WorkerConfig::new(name)
+    }
+}
+
+impl Harness {
+    fn worker(&self, name: &str, registry: Registry) -> Addr<Worker> {
+        Worker::new(config(name), self.coordinator.clone(), registry, self.sinks.clone())
+            .expect("valid config")
+            .start()
+    }
+
+    async fn enqueue(&self, job: NewJob) -> JobId {
+        self.coordinator.send(Enqueue(vec![job])).await.unwrap().unwrap()[0]
+    }
+
+    async fn counts(&self) -> QueueCounts {
+        self.coordinator
+            .send(CountJobs("default".into()))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Waits (in virtual time) until the default queue has nothing pending.
+    async fn settle_all(&self) -> QueueCounts {
+        for _ in 0..10_000 {
+            let counts = self.counts().await;
+            if counts.pending() == 0 {
+                return counts;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("jobs never settled: {:?}", self.counts().await);
+    }
+
+    /// Moves `scope`'s token counter to `last` by running claims through the store, so the
+    /// scenario can use the same numbers as the story (A gets 71, B gets 72).
+    async fn burn_tokens(&self, scope: &str, last: u64) {
+        for _ in 0..last {
+            self.store
+                .enqueue(vec![NewJob::raw("warmup", "{}")
+                    .with_queue("warmup")
+                    .with_scope(scope)])
+                .await
+                .unwrap();
+            let claims = self.store.claim("warmup", "t", 1, TTL).await.unwrap();
+            let lease = claims[0].lease.id;
+            self.store
+                .settle(vec![(lease, Settlement::Complete)])
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Receives the next report, failing (in virtual time, so instantly) instead of hanging.
+async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(600), rx.recv())
+        .await
+        .expect("no report within 600 virtual seconds")
+        .expect("channel closed")
+}
+
+fn set(key: &str, value: &str) -> Vec<Mutation> {
+    vec![Mutation::Set {
+        key: key.into(),
+        value: value.into(),
+    }]
+}
+
+#[derive(Debug)]
+struct Seen {
+    who: &'static str,
+    token: FencingToken,
+    lease: LeaseId,
+    admission: Option<Admission>,
+}
+
+/// The story: A claims token 71, pauses past its lease, B claims 72 and writes, A wakes up
+/// and writes. A's write and A's completion must both be refused.
+#[actix::test]
+async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
+    tokio::time::pause();
+    let h = harness();
+    h.burn_tokens("account:42", 70).await;
+    let job = h
+        .enqueue(NewJob::raw("transfer", "null").with_scope("account:42"))
+        .await;
+
+    let (seen_tx, mut seen) = mpsc::unbounded_channel::<Seen>();
+    let release_a = Arc::new(Notify::new());
+
+    let (tx, gate) = (seen_tx.clone(), release_a.clone());
+    let registry_a = Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
+        let (tx, gate) = (tx.clone(), gate.clone());
+        async move {
+            let lease = ctx.lease().clone();
+            tx.send(Seen { who: "A", token: lease.token, lease: lease.id, admission: None }).unwrap();
+            // "GC pause": A does not look at its cancellation token — a paused process can't.
+            gate.notified().await;
+            let admission = ctx.sink("ledger")?.write(set("account:42", "A")).await?;
+            tx.send(Seen { who: "A", token: lease.token, lease: lease.id, admission: Some(admission.clone()) }).unwrap();
+            admission.accepted()?;
+            Ok(())
+        }
+    });
+    let tx = seen_tx.clone();
+    let registry_b = Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
+        let tx = tx.clone();
+        async move {
+            let lease = ctx.lease().clone();
+            let admission = ctx.sink("ledger")?.write(set("account:42", "B")).await?;
+            tx.send(Seen { who: "B", token: lease.token, lease: lease.id, admission: Some(admission.clone()) }).unwrap();
+            admission.accepted()?;
+            Ok(())
+        }
+    });
+
+    let worker_a = h.worker("A", registry_a);
+    let a = next(&mut seen).await;
+    assert_eq!(a.who, "A");
+    assert_eq!(a.token, FencingToken::new(0, 71));
+
+    // A's process pauses: no more renewals, no more claims.
+    worker_a.send(Freeze(true)).await.unwrap();
+    let _worker_b = h.worker("B", registry_b);
+
+    // Time passes beyond A's lease; the reaper stalls the job and B claims it.
+    let b = next(&mut seen).await;
+    assert_eq!(b.who, "B");
+    assert_eq!(b.token, FencingToken::new(0, 72));
+    assert_eq!(b.admission, Some(Admission::Applied));
+    let counts = h.settle_all().await;
+    assert_eq!(counts.completed, 1);
+
+    // A wakes up and writes with its old token.
+    worker_a.send(Freeze(false)).await.unwrap();
+    release_a.notify_one();
+    let late = next(&mut seen).await;
+    assert_eq!(late.who, "A");
+    assert_eq!(
+        late.admission,
+        Some(Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::new(0, 71),
+            highest: FencingToken::new(0, 72),
+        }))
+    );
+
+    // A's completion is refused, atomically and without touching anything.
+    let refused = h
+        .coordinator
+        .send(SettleJobs(vec![(a.lease, Settlement::Complete)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(l))] if l == a.lease));
+
+    // Let A's worker report its own (refused) settlement, then check the end state.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = h.counts().await;
+    assert_eq!(counts, QueueCounts { completed: 1, ..QueueCounts::default() }, "{job}");
+    assert_eq!(
+        h.sink_store.read("account:42").await.unwrap(),
+        Some(Value::Text("B".into()))
+    );
+    assert_eq!(
+        h.sink_store.highest(&Scope::new("account:42")).await.unwrap(),
+        Some(Fence { token: b.token, lease: b.lease })
+    );
+}
+
+#[actix::test]
+async fn same_token_retry_is_applied_once() {
+    tokio::time::pause();
+    let h = harness();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let registry = Registry::new().register("deposit", move |ctx: JobContext, cents: i64| {
+        let tx = tx.clone();
+        async move {
+            let ledger = ctx.sink("ledger")?;
+            let incr = vec![Mutation::HashIncr { key: "acct".into(), field: "balance".into(), by: cents }];
+            // The first reply is "lost" and the client retries the same logical write.
+            let key = IdempotencyKey::new(format!("{}/deposit", ctx.job().id));
+            let first = ledger.write_keyed(key.clone(), incr.clone()).await?;
+            let retry = ledger.write_keyed(key, incr).await?;
+            tx.send((first, retry)).unwrap();
+            Ok(())
+        }
+    });
+    h.worker("w", registry);
+    h.enqueue(NewJob::new("deposit", &250).unwrap().with_scope("acct")).await;
+    let (first, retry) = next(&mut rx).await;
+    assert_eq!(first, Admission::Applied);
+    assert_eq!(retry, Admission::Duplicate);
+    h.settle_all().await;
+    let Some(Value::Hash(acct)) = h.sink_store.read("acct").await.unwrap() else {
+        panic!("acct missing");
+    };
+    assert_eq!(acct["balance"], "250");
+}
+
+#[actix::test]
+async fn independent_scopes_do_not_interfere() {
+    tokio::time::pause();
+    let h = harness();
+    h.burn_tokens("busy", 40).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let registry = Registry::new().register("w", move |ctx: JobContext, key: String| {
+        let tx = tx.clone();
+        async move {
+            let a = ctx.sink("ledger")?.write(set(&key, "x")).await?;
+            tx.send((ctx.lease().scope.clone(), ctx.lease().token, a)).unwrap();
+            Ok(())
+        }
+    });
+    h.worker("w", registry);
+    h.enqueue(NewJob::new("w", &"k-busy").unwrap().with_scope("busy")).await;
+    h.enqueue(NewJob::new("w", &"k-quiet").unwrap().with_scope("quiet")).await;
+    let mut got = vec![next(&mut rx).await, next(&mut rx).await];
+    got.sort_by_key(|(scope, ..)| scope.clone());
+    // A high token in one scope does not fence a low token in another.
+    assert_eq!(got[0], (Scope::new("busy"), FencingToken::new(0, 41), Admission::Applied));
+    assert_eq!(got[1], (Scope::new("quiet"), FencingToken::new(0, 1), Admission::Applied));
+}
+
+#[actix::test]
+async fn jobs_sharing_a_scope_never_overlap() {
+    tokio::time::pause();
+    let h = harness();
+    let live = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let registry = {
+        let (live, peak, tokens) = (live.clone(), peak.clone(), tokens.clone());
+        Registry::new().register("slow", move |ctx: JobContext, _: ()| {
+            let (live, peak, tokens) = (live.clone(), peak.clone(), tokens.clone());
+            async move {
+                let now = live.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokens.lock().unwrap().push(ctx.lease().token);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                live.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    };
+    for _ in 0..20 {
+        h.enqueue(NewJob::raw("slow", "null").with_scope("shared")).await;
+    }
+    h.worker("w1", registry.clone());
+    h.worker("w2", registry);
+    let counts = h.settle_all().await;
+    assert_eq!(counts.completed, 20);
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two leases on one scope were live at once");
+    let tokens = tokens.lock().unwrap();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens must grow: {tokens:?}");
+}
+
+/// A lease store whose renewals can be made to fail, to force the renewal-failure path.
+struct FlakyRenewals {
+    inner: MemoryLeaseStore,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl LeaseStore for FlakyRenewals {
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        self.inner.enqueue(jobs).await
+    }
+    async fn claim(&self, q: &str, w: &str, n: usize, ttl: Duration) -> Result<Vec<Claim>> {
+        self.inner.claim(q, w, n, ttl).await
+    }
+    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected renewal failure".into()));
+        }
+        self.inner.renew(leases, ttl).await
+    }
+    async fn settle(&self, s: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+        self.inner.settle(s).await
+    }
+    async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+        self.inner.reap(max).await
+    }
+    async fn counts(&self, q: &str) -> Result<QueueCounts> {
+        self.inner.counts(q).await
+    }
+    async fn dead(&self, q: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        self.inner.dead(q, limit).await
+    }
+    async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
+        self.inner.highest_token(s).await
+    }
+}
+
+#[actix::test]
+async fn failing_renewal_cancels_the_handler() {
+    tokio::time::pause();
+    let store = Arc::new(FlakyRenewals {
+        inner: MemoryLeaseStore::new(),
+        failing: false.into(),
+    });
+    let coordinator = Coordinator::new(store.clone()).start();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let registry = Registry::new().register("wait", move |ctx: JobContext, _: ()| {
+        let tx = tx.clone();
+        async move {
+            tx.send(("started", tokio::time::Instant::now())).unwrap();
+            ctx.cancellation().cancelled().await;
+            tx.send(("cancelled", tokio::time::Instant::now())).unwrap();
+            Err(JobError::retry("lease lost"))
+        }
+    });
+    let _w = Worker::new(config("w"), coordinator.clone(), registry, Sinks::new())
+        .unwrap()
+        .start();
+    coordinator.send(Enqueue(vec![NewJob::raw("wait", "null")])).await.unwrap().unwrap();
+    let (_, started) = next(&mut rx).await;
+    // Renewals work for a while: no cancellation across several lease lengths.
+    tokio::time::sleep(TTL * 3).await;
+    assert!(rx.try_recv().is_err(), "cancelled while renewals succeeded");
+    store.failing.store(true, Ordering::SeqCst);
+    let (what, at) = next(&mut rx).await;
+    assert_eq!(what, "cancelled");
+    assert!(at - started > TTL * 3);
+}
+
+#[actix::test]
+async fn bad_jobs_are_dead_lettered_with_a_reason() {
+    tokio::time::pause();
+    let h = harness();
+    let registry = Registry::new()
+        .register("typed", |_: JobContext, _n: u32| async { Ok(()) })
+        .register("fatal", |_: JobContext, _: ()| async { Err(JobError::fatal("invalid account")) })
+        .register("panics", |_: JobContext, _: ()| async { panic!("boom") });
+    h.worker("w", registry);
+    h.enqueue(NewJob::raw("nobody-handles-this", "{}")).await;
+    h.enqueue(NewJob::raw("typed", "\"not a number\"")).await;
+    h.enqueue(NewJob::raw("fatal", "null")).await;
+    h.enqueue(NewJob::raw("panics", "null").with_max_attempts(2)).await;
+    let counts = h.settle_all().await;
+    assert_eq!(counts.dead, 4);
+    let dead = h
+        .coordinator
+        .send(ListDead { queue: "default".into(), limit: 10 })
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = |kind: &str| dead.iter().find(|d| d.job.kind == kind).unwrap().reason.clone();
+    assert!(reason("nobody-handles-this").contains("unknown job kind"));
+    assert!(reason("typed").contains("does not decode"));
+    assert_eq!(reason("fatal"), "invalid account");
+    assert!(reason("panics").contains("handler panicked: boom"), "{}", reason("panics"));
+    assert_eq!(dead.iter().find(|d| d.job.kind == "panics").unwrap().job.attempt, 2);
+}
+
+#[actix::test]
+async fn retries_back_off_then_succeed() {
+    tokio::time::pause();
+    let h = harness();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let registry = {
+        let attempts = attempts.clone();
+        Registry::new().register("flaky", move |ctx: JobContext, _: ()| {
+            let attempts = attempts.clone();
+            async move {
+                attempts.lock().unwrap().push((ctx.job().attempt, tokio::time::Instant::now()));
+                if ctx.job().attempt < 3 {
+                    return Err(JobError::retry("not yet"));
+                }
+                Ok(())
+            }
+        })
+    };
+    h.worker("w", registry);
+    h.enqueue(NewJob::raw("flaky", "null").with_max_attempts(3)).await;
+    assert_eq!(h.settle_all().await.completed, 1);
+    let attempts = attempts.lock().unwrap();
+    assert_eq!(attempts.iter().map(|a| a.0).collect::<Vec<_>>(), [1, 2, 3]);
+    // Backoff: ≥ 50ms before the 2nd attempt, ≥ 100ms before the 3rd (half-ceiling floor).
+    assert!(attempts[1].1 - attempts[0].1 >= Duration::from_millis(50));
+    assert!(attempts[2].1 - attempts[1].1 >= Duration::from_millis(100));
+}
+
+#[actix::test]
+async fn stalled_jobs_come_back_then_die_after_max_stalls() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let registry = {
+        let runs = runs.clone();
+        Registry::new().register("hang", move |_: JobContext, _: ()| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        })
+    };
+    let worker = h.worker("w", registry);
+    worker.send(Freeze(true)).await.unwrap();
+    h.enqueue(NewJob::raw("hang", "null").with_max_stalls(2)).await;
+    // Each round: thaw to claim, freeze (no renewals) so the lease expires and stalls.
+    for round in 1..=3 {
+        worker.send(Freeze(false)).await.unwrap();
+        while runs.load(Ordering::SeqCst) < round {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        worker.send(Freeze(true)).await.unwrap();
+        tokio::time::sleep(TTL * 2).await;
+    }
+    let counts = h.counts().await;
+    assert_eq!(counts.dead, 1, "{counts:?}");
+    let dead = h.store.dead("default", 1).await.unwrap();
+    assert_eq!(dead[0].job.stalls, 3);
+    assert_eq!(dead[0].job.attempt, 3);
+    assert!(dead[0].reason.contains("expired 3 times"));
+}
+
+#[actix::test]
+async fn drain_waits_for_running_handlers() {
+    tokio::time::pause();
+    let h = harness();
+    let registry = Registry::new().register("nap", |_: JobContext, ms: u64| async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(())
+    });
+    let worker = h.worker("w", registry);
+    for _ in 0..5 {
+        h.enqueue(NewJob::new("nap", &200u64).unwrap()).await;
+    }
+    while h.counts().await.leased < 5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let abandoned = worker.send(Drain { deadline: Duration::from_secs(5) }).await.unwrap();
+    assert_eq!(abandoned, 0);
+    assert_eq!(h.counts().await.completed, 5);
+}
