@@ -175,7 +175,11 @@ mod tests {
                 highest: FencingToken::from_u64(72),
             })
         );
-        assert_eq!(scope.highest, Some(fence(72, b)), "a refusal changes nothing");
+        assert_eq!(
+            scope.highest,
+            Some(fence(72, b)),
+            "a refusal changes nothing"
+        );
     }
 
     #[test]

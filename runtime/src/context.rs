@@ -152,15 +152,15 @@ impl Registry {
     {
         let kind = kind.into();
         let name = kind.clone();
-        let erased: ErasedHandler = Arc::new(move |ctx, payload: &str| {
-            match serde_json::from_str::<T>(payload) {
+        let erased: ErasedHandler = Arc::new(
+            move |ctx, payload: &str| match serde_json::from_str::<T>(payload) {
                 Ok(value) => Box::pin(handler(ctx, value)),
                 Err(e) => {
                     let reason = format!("payload does not decode for kind {name:?}: {e}");
                     Box::pin(async move { Err(JobError::Fatal(reason)) })
                 }
-            }
-        });
+            },
+        );
         self.0.insert(kind, erased);
         self
     }

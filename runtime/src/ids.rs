@@ -118,7 +118,10 @@ impl FencingToken {
     /// are programming errors in a backend, never caused by input.
     pub fn new(epoch: u32, counter: u64) -> Self {
         assert!(epoch <= Self::MAX_EPOCH, "epoch {epoch} out of range");
-        assert!(counter <= Self::MAX_COUNTER, "counter {counter} out of range");
+        assert!(
+            counter <= Self::MAX_COUNTER,
+            "counter {counter} out of range"
+        );
         Self((u64::from(epoch) << Self::COUNTER_BITS) | counter)
     }
 

@@ -61,7 +61,9 @@ mod worker;
 
 pub use admission::{Admission, Fence, Rejection, ScopeFence};
 pub use context::{JobContext, Registry, SinkHandle, Sinks};
-pub use coordinator::{ClaimJobs, Coordinator, CountJobs, Enqueue, ListDead, RenewLeases, SettleJobs};
+pub use coordinator::{
+    ClaimJobs, Coordinator, CountJobs, Enqueue, ListDead, RenewLeases, SettleJobs,
+};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{

@@ -31,7 +31,11 @@ pub struct Renewal {
 
 impl Renewal {
     /// Renews for `worker` at `coordinator`, extending by `ttl` each time.
-    pub fn new(coordinator: Addr<Coordinator>, worker: Recipient<LeaseLost>, ttl: Duration) -> Self {
+    pub fn new(
+        coordinator: Addr<Coordinator>,
+        worker: Recipient<LeaseLost>,
+        ttl: Duration,
+    ) -> Self {
         Self {
             coordinator,
             worker,

@@ -131,7 +131,9 @@ impl Worker {
     }
 
     fn renewal(&self) -> &Addr<Renewal> {
-        self.renewal.as_ref().expect("renewal starts with the worker")
+        self.renewal
+            .as_ref()
+            .expect("renewal starts with the worker")
     }
 
     /// Asks for as many jobs as there is room for.
@@ -195,14 +197,17 @@ impl Worker {
         actix::spawn(async move {
             // A panicking handler must not take the worker down or lose the job: it becomes a
             // retry like any other failure.
-            let outcome = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic".into());
-                Err(JobError::retry(format!("handler panicked: {what}")))
-            });
+            let outcome = AssertUnwindSafe(run)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic".into());
+                    Err(JobError::retry(format!("handler panicked: {what}")))
+                });
             worker.do_send(JobFinished {
                 lease: lease_id,
                 outcome,
@@ -359,10 +364,7 @@ impl Handler<JobFinished> for Worker {
                 tracing::warn!(job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
             }
         }
-        let labels = [
-            ("queue", job.queue.clone()),
-            ("kind", job.kind.clone()),
-        ];
+        let labels = [("queue", job.queue.clone()), ("kind", job.kind.clone())];
         histogram!(m::JOB_DURATION, &labels).record(running.started.elapsed().as_secs_f64());
         counter!(m::JOBS_FINISHED, "queue" => job.queue.clone(), "kind" => job.kind, "outcome" => outcome)
             .increment(1);

@@ -51,13 +51,22 @@ fn config(name: &str) -> WorkerConfig {
 
 impl Harness {
     fn worker(&self, name: &str, registry: Registry) -> Addr<Worker> {
-        Worker::new(config(name), self.coordinator.clone(), registry, self.sinks.clone())
-            .expect("valid config")
-            .start()
+        Worker::new(
+            config(name),
+            self.coordinator.clone(),
+            registry,
+            self.sinks.clone(),
+        )
+        .expect("valid config")
+        .start()
     }
 
     async fn enqueue(&self, job: NewJob) -> JobId {
-        self.coordinator.send(Enqueue(vec![job])).await.unwrap().unwrap()[0]
+        self.coordinator
+            .send(Enqueue(vec![job]))
+            .await
+            .unwrap()
+            .unwrap()[0]
     }
 
     async fn counts(&self) -> QueueCounts {
@@ -142,11 +151,23 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
         let (tx, gate) = (tx.clone(), gate.clone());
         async move {
             let lease = ctx.lease().clone();
-            tx.send(Seen { who: "A", token: lease.token, lease: lease.id, admission: None }).unwrap();
+            tx.send(Seen {
+                who: "A",
+                token: lease.token,
+                lease: lease.id,
+                admission: None,
+            })
+            .unwrap();
             // "GC pause": A does not look at its cancellation token — a paused process can't.
             gate.notified().await;
             let admission = ctx.sink("ledger")?.write(set("account:42", "A")).await?;
-            tx.send(Seen { who: "A", token: lease.token, lease: lease.id, admission: Some(admission.clone()) }).unwrap();
+            tx.send(Seen {
+                who: "A",
+                token: lease.token,
+                lease: lease.id,
+                admission: Some(admission.clone()),
+            })
+            .unwrap();
             admission.accepted()?;
             Ok(())
         }
@@ -157,7 +178,13 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
         async move {
             let lease = ctx.lease().clone();
             let admission = ctx.sink("ledger")?.write(set("account:42", "B")).await?;
-            tx.send(Seen { who: "B", token: lease.token, lease: lease.id, admission: Some(admission.clone()) }).unwrap();
+            tx.send(Seen {
+                who: "B",
+                token: lease.token,
+                lease: lease.id,
+                admission: Some(admission.clone()),
+            })
+            .unwrap();
             admission.accepted()?;
             Ok(())
         }
@@ -205,14 +232,27 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
     // Let A's worker report its own (refused) settlement, then check the end state.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let counts = h.counts().await;
-    assert_eq!(counts, QueueCounts { completed: 1, ..QueueCounts::default() }, "{job}");
+    assert_eq!(
+        counts,
+        QueueCounts {
+            completed: 1,
+            ..QueueCounts::default()
+        },
+        "{job}"
+    );
     assert_eq!(
         h.sink_store.read("account:42").await.unwrap(),
         Some(Value::Text("B".into()))
     );
     assert_eq!(
-        h.sink_store.highest(&Scope::new("account:42")).await.unwrap(),
-        Some(Fence { token: b.token, lease: b.lease })
+        h.sink_store
+            .highest(&Scope::new("account:42"))
+            .await
+            .unwrap(),
+        Some(Fence {
+            token: b.token,
+            lease: b.lease
+        })
     );
 }
 
@@ -225,7 +265,11 @@ async fn same_token_retry_is_applied_once() {
         let tx = tx.clone();
         async move {
             let ledger = ctx.sink("ledger")?;
-            let incr = vec![Mutation::HashIncr { key: "acct".into(), field: "balance".into(), by: cents }];
+            let incr = vec![Mutation::HashIncr {
+                key: "acct".into(),
+                field: "balance".into(),
+                by: cents,
+            }];
             // The first reply is "lost" and the client retries the same logical write.
             let key = IdempotencyKey::new(format!("{}/deposit", ctx.job().id));
             let first = ledger.write_keyed(key.clone(), incr.clone()).await?;
@@ -235,7 +279,8 @@ async fn same_token_retry_is_applied_once() {
         }
     });
     h.worker("w", registry);
-    h.enqueue(NewJob::new("deposit", &250).unwrap().with_scope("acct")).await;
+    h.enqueue(NewJob::new("deposit", &250).unwrap().with_scope("acct"))
+        .await;
     let (first, retry) = next(&mut rx).await;
     assert_eq!(first, Admission::Applied);
     assert_eq!(retry, Admission::Duplicate);
@@ -256,18 +301,35 @@ async fn independent_scopes_do_not_interfere() {
         let tx = tx.clone();
         async move {
             let a = ctx.sink("ledger")?.write(set(&key, "x")).await?;
-            tx.send((ctx.lease().scope.clone(), ctx.lease().token, a)).unwrap();
+            tx.send((ctx.lease().scope.clone(), ctx.lease().token, a))
+                .unwrap();
             Ok(())
         }
     });
     h.worker("w", registry);
-    h.enqueue(NewJob::new("w", &"k-busy").unwrap().with_scope("busy")).await;
-    h.enqueue(NewJob::new("w", &"k-quiet").unwrap().with_scope("quiet")).await;
+    h.enqueue(NewJob::new("w", &"k-busy").unwrap().with_scope("busy"))
+        .await;
+    h.enqueue(NewJob::new("w", &"k-quiet").unwrap().with_scope("quiet"))
+        .await;
     let mut got = vec![next(&mut rx).await, next(&mut rx).await];
     got.sort_by_key(|(scope, ..)| scope.clone());
     // A high token in one scope does not fence a low token in another.
-    assert_eq!(got[0], (Scope::new("busy"), FencingToken::new(0, 41), Admission::Applied));
-    assert_eq!(got[1], (Scope::new("quiet"), FencingToken::new(0, 1), Admission::Applied));
+    assert_eq!(
+        got[0],
+        (
+            Scope::new("busy"),
+            FencingToken::new(0, 41),
+            Admission::Applied
+        )
+    );
+    assert_eq!(
+        got[1],
+        (
+            Scope::new("quiet"),
+            FencingToken::new(0, 1),
+            Admission::Applied
+        )
+    );
 }
 
 #[actix::test]
@@ -292,15 +354,23 @@ async fn jobs_sharing_a_scope_never_overlap() {
         })
     };
     for _ in 0..20 {
-        h.enqueue(NewJob::raw("slow", "null").with_scope("shared")).await;
+        h.enqueue(NewJob::raw("slow", "null").with_scope("shared"))
+            .await;
     }
     h.worker("w1", registry.clone());
     h.worker("w2", registry);
     let counts = h.settle_all().await;
     assert_eq!(counts.completed, 20);
-    assert_eq!(peak.load(Ordering::SeqCst), 1, "two leases on one scope were live at once");
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "two leases on one scope were live at once"
+    );
     let tokens = tokens.lock().unwrap();
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens must grow: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must grow: {tokens:?}"
+    );
 }
 
 /// A lease store whose renewals can be made to fail, to force the renewal-failure path.
@@ -361,7 +431,11 @@ async fn failing_renewal_cancels_the_handler() {
     let _w = Worker::new(config("w"), coordinator.clone(), registry, Sinks::new())
         .unwrap()
         .start();
-    coordinator.send(Enqueue(vec![NewJob::raw("wait", "null")])).await.unwrap().unwrap();
+    coordinator
+        .send(Enqueue(vec![NewJob::raw("wait", "null")]))
+        .await
+        .unwrap()
+        .unwrap();
     let (_, started) = next(&mut rx).await;
     // Renewals work for a while: no cancellation across several lease lengths.
     tokio::time::sleep(TTL * 3).await;
@@ -378,27 +452,50 @@ async fn bad_jobs_are_dead_lettered_with_a_reason() {
     let h = harness();
     let registry = Registry::new()
         .register("typed", |_: JobContext, _n: u32| async { Ok(()) })
-        .register("fatal", |_: JobContext, _: ()| async { Err(JobError::fatal("invalid account")) })
+        .register("fatal", |_: JobContext, _: ()| async {
+            Err(JobError::fatal("invalid account"))
+        })
         .register("panics", |_: JobContext, _: ()| async { panic!("boom") });
     h.worker("w", registry);
     h.enqueue(NewJob::raw("nobody-handles-this", "{}")).await;
     h.enqueue(NewJob::raw("typed", "\"not a number\"")).await;
     h.enqueue(NewJob::raw("fatal", "null")).await;
-    h.enqueue(NewJob::raw("panics", "null").with_max_attempts(2)).await;
+    h.enqueue(NewJob::raw("panics", "null").with_max_attempts(2))
+        .await;
     let counts = h.settle_all().await;
     assert_eq!(counts.dead, 4);
     let dead = h
         .coordinator
-        .send(ListDead { queue: "default".into(), limit: 10 })
+        .send(ListDead {
+            queue: "default".into(),
+            limit: 10,
+        })
         .await
         .unwrap()
         .unwrap();
-    let reason = |kind: &str| dead.iter().find(|d| d.job.kind == kind).unwrap().reason.clone();
+    let reason = |kind: &str| {
+        dead.iter()
+            .find(|d| d.job.kind == kind)
+            .unwrap()
+            .reason
+            .clone()
+    };
     assert!(reason("nobody-handles-this").contains("unknown job kind"));
     assert!(reason("typed").contains("does not decode"));
     assert_eq!(reason("fatal"), "invalid account");
-    assert!(reason("panics").contains("handler panicked: boom"), "{}", reason("panics"));
-    assert_eq!(dead.iter().find(|d| d.job.kind == "panics").unwrap().job.attempt, 2);
+    assert!(
+        reason("panics").contains("handler panicked: boom"),
+        "{}",
+        reason("panics")
+    );
+    assert_eq!(
+        dead.iter()
+            .find(|d| d.job.kind == "panics")
+            .unwrap()
+            .job
+            .attempt,
+        2
+    );
 }
 
 #[actix::test]
@@ -411,7 +508,10 @@ async fn retries_back_off_then_succeed() {
         Registry::new().register("flaky", move |ctx: JobContext, _: ()| {
             let attempts = attempts.clone();
             async move {
-                attempts.lock().unwrap().push((ctx.job().attempt, tokio::time::Instant::now()));
+                attempts
+                    .lock()
+                    .unwrap()
+                    .push((ctx.job().attempt, tokio::time::Instant::now()));
                 if ctx.job().attempt < 3 {
                     return Err(JobError::retry("not yet"));
                 }
@@ -420,7 +520,8 @@ async fn retries_back_off_then_succeed() {
         })
     };
     h.worker("w", registry);
-    h.enqueue(NewJob::raw("flaky", "null").with_max_attempts(3)).await;
+    h.enqueue(NewJob::raw("flaky", "null").with_max_attempts(3))
+        .await;
     assert_eq!(h.settle_all().await.completed, 1);
     let attempts = attempts.lock().unwrap();
     assert_eq!(attempts.iter().map(|a| a.0).collect::<Vec<_>>(), [1, 2, 3]);
@@ -447,7 +548,8 @@ async fn stalled_jobs_come_back_then_die_after_max_stalls() {
     };
     let worker = h.worker("w", registry);
     worker.send(Freeze(true)).await.unwrap();
-    h.enqueue(NewJob::raw("hang", "null").with_max_stalls(2)).await;
+    h.enqueue(NewJob::raw("hang", "null").with_max_stalls(2))
+        .await;
     // Each round: thaw to claim, freeze (no renewals) so the lease expires and stalls.
     for round in 1..=3 {
         worker.send(Freeze(false)).await.unwrap();
@@ -480,7 +582,12 @@ async fn drain_waits_for_running_handlers() {
     while h.counts().await.leased < 5 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let abandoned = worker.send(Drain { deadline: Duration::from_secs(5) }).await.unwrap();
+    let abandoned = worker
+        .send(Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await
+        .unwrap();
     assert_eq!(abandoned, 0);
     assert_eq!(h.counts().await.completed, 5);
 }

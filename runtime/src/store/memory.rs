@@ -23,7 +23,9 @@ use crate::store::{FencedStore, FencedWrite, LeaseStore, Mutation, Reaped, Value
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave half a critical section behind (every
     // method validates before it mutates), so a poisoned lock is still consistent.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// In-memory [`LeaseStore`].
@@ -250,7 +252,13 @@ impl LeaseStore for MemoryLeaseStore {
             let scope = state.jobs[&id].scope.clone();
             let token = state.mint(&scope);
             state.scopes.entry(scope.clone()).or_default().live = Some(lease_id);
-            state.leases.insert(lease_id, LeaseRecord { job: id, expires_at });
+            state.leases.insert(
+                lease_id,
+                LeaseRecord {
+                    job: id,
+                    expires_at,
+                },
+            );
             state.expiries.insert((expires_at, lease_id));
             let q = state.queues.get_mut(queue).expect("queue exists");
             q.ready.remove(&key);

@@ -1,0 +1,519 @@
+//! One conformance suite for every backend (openraft `Suite` style): each backend's test file
+//! calls [`lease_store_suite!`] and [`fenced_store_suite!`] with an expression that builds a
+//! fresh, isolated store, so no backend can quietly differ from another.
+//!
+//! Time here is real and short (hundreds of milliseconds), because a remote backend keeps its
+//! own clock.
+
+#![allow(dead_code, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade::*;
+
+pub const TTL: Duration = Duration::from_millis(400);
+
+pub fn job(kind: &str) -> NewJob {
+    NewJob::raw(kind, "null")
+}
+
+async fn claim(store: &dyn LeaseStore, n: usize) -> Vec<Claim> {
+    store.claim("default", "suite", n, TTL).await.unwrap()
+}
+
+async fn settle(store: &dyn LeaseStore, lease: LeaseId, s: Settlement) -> Result<()> {
+    store.settle(vec![(lease, s)]).await.unwrap().pop().unwrap()
+}
+
+pub async fn claim_honours_batch_priority_and_delay(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![
+            job("low"),
+            job("high").with_priority(5),
+            job("later").with_delay(Duration::from_millis(300)),
+            job("low2"),
+        ])
+        .await
+        .unwrap();
+    let first = claim(&*store, 2).await;
+    let kinds: Vec<&str> = first.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["high", "low"]);
+    assert!(first.iter().all(|c| c.job.attempt == 1));
+    assert_eq!(
+        claim(&*store, 5).await.len(),
+        1,
+        "delayed job claimable too early"
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.delayed, counts.leased), (0, 1, 3));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let later = claim(&*store, 5).await;
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].job.kind, "later");
+    assert!(store
+        .claim("other-queue", "suite", 5, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+pub async fn one_live_lease_per_scope(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![
+            job("a").with_scope("s"),
+            job("b").with_scope("s"),
+            job("c").with_scope("t"),
+        ])
+        .await
+        .unwrap();
+    let first = claim(&*store, 10).await;
+    let scopes: Vec<&str> = first.iter().map(|c| c.lease.scope.as_str()).collect();
+    assert_eq!(scopes, ["s", "t"], "a busy scope was granted twice");
+    assert!(claim(&*store, 10).await.is_empty());
+    let a = first.iter().find(|c| c.job.kind == "a").unwrap();
+    settle(&*store, a.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let second = claim(&*store, 10).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].job.kind, "b");
+    assert!(second[0].lease.token > a.lease.token);
+}
+
+pub async fn tokens_grow_per_scope(store: Arc<dyn LeaseStore>) {
+    let mut last = None;
+    for _ in 0..5 {
+        store
+            .enqueue(vec![job("x").with_scope("grow")])
+            .await
+            .unwrap();
+        let c = claim(&*store, 1).await.remove(0);
+        assert!(Some(c.lease.token) > last, "token did not grow");
+        last = Some(c.lease.token);
+        settle(&*store, c.lease.id, Settlement::Complete)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.highest_token(&Scope::new("grow")).await.unwrap(),
+        last
+    );
+    store
+        .enqueue(vec![job("y").with_scope("fresh")])
+        .await
+        .unwrap();
+    let fresh = claim(&*store, 1).await.remove(0);
+    assert!(
+        fresh.lease.token.counter() <= last.unwrap().counter(),
+        "scopes share a counter"
+    );
+    // Lease ids are unique and unrelated to tokens.
+    assert_ne!(fresh.lease.id, LeaseId::new());
+}
+
+pub async fn renew_extends_and_reports_lost(store: Arc<dyn LeaseStore>) {
+    store.enqueue(vec![job("r")]).await.unwrap();
+    let c = claim(&*store, 1).await.remove(0);
+    let stranger = LeaseId::new();
+    // Renew well past the first ttl: still held.
+    for _ in 0..3 {
+        tokio::time::sleep(TTL / 2).await;
+        let lost = store.renew(&[c.lease.id, stranger], TTL).await.unwrap();
+        assert_eq!(lost, [stranger]);
+    }
+    settle(&*store, c.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
+}
+
+pub async fn stale_lease_is_powerless(store: Arc<dyn LeaseStore>) {
+    store.enqueue(vec![job("p").with_scope("p")]).await.unwrap();
+    let old = claim(&*store, 1).await.remove(0);
+    // Let it expire and be reaped; a new holder takes over.
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    assert_eq!(store.reap(100).await.unwrap().len(), 1);
+    let new = claim(&*store, 1).await.remove(0);
+    assert_eq!(new.job.id, old.job.id);
+    assert_eq!(new.job.attempt, 2);
+    assert_eq!(new.job.stalls, 1);
+    assert!(new.lease.token > old.lease.token);
+    // Every operation by the old lease is refused and leaves the new claim alone.
+    assert_eq!(
+        store.renew(&[old.lease.id], TTL).await.unwrap(),
+        [old.lease.id]
+    );
+    for s in [
+        Settlement::Complete,
+        Settlement::Retry {
+            delay: Duration::ZERO,
+            reason: "x".into(),
+        },
+        Settlement::Dead { reason: "x".into() },
+    ] {
+        let r = settle(&*store, old.lease.id, s).await;
+        assert!(
+            matches!(r, Err(Error::LeaseNotCurrent(l)) if l == old.lease.id),
+            "{r:?}"
+        );
+    }
+    assert!(settle(&*store, LeaseId::new(), Settlement::Complete)
+        .await
+        .is_err());
+    assert_eq!(
+        store.renew(&[new.lease.id], TTL).await.unwrap(),
+        Vec::<LeaseId>::new()
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.leased, counts.completed, counts.dead), (1, 0, 0));
+    settle(&*store, new.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert!(
+        settle(&*store, new.lease.id, Settlement::Complete)
+            .await
+            .is_err(),
+        "completed twice"
+    );
+    assert_eq!(store.counts("default").await.unwrap().completed, 1);
+}
+
+pub async fn stalls_requeue_then_bury(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![job("stall").with_max_stalls(1)])
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        let c = claim(&*store, 1).await;
+        assert_eq!(c.len(), 1, "round {round}");
+        tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+        let reaped = store.reap(100).await.unwrap();
+        assert_eq!(reaped.len(), 1);
+        assert_eq!(reaped[0].dead, round == 2);
+        assert_eq!(reaped[0].queue, "default");
+    }
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].job.stalls, 2);
+    assert!(dead[0].reason.contains("expired"), "{}", dead[0].reason);
+    assert!(claim(&*store, 1).await.is_empty());
+}
+
+pub async fn retry_and_dead_settlements(store: Arc<dyn LeaseStore>) {
+    store.enqueue(vec![job("retry"), job("die")]).await.unwrap();
+    let claims = claim(&*store, 2).await;
+    let lease = |k: &str| claims.iter().find(|c| c.job.kind == k).unwrap().lease.id;
+    let retry = Settlement::Retry {
+        delay: Duration::from_millis(200),
+        reason: "later".into(),
+    };
+    settle(&*store, lease("retry"), retry).await.unwrap();
+    settle(
+        &*store,
+        lease("die"),
+        Settlement::Dead {
+            reason: "bad input".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim(&*store, 1).await.is_empty(),
+        "retry ignored its delay"
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.delayed, counts.dead, counts.leased), (1, 1, 0));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let again = claim(&*store, 1).await;
+    assert_eq!(again[0].job.attempt, 2);
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(dead[0].reason, "bad input");
+    assert_eq!(dead[0].job.kind, "die");
+}
+
+pub async fn enqueue_rejects_bad_jobs_whole(store: Arc<dyn LeaseStore>) {
+    let huge = NewJob::raw(
+        "big",
+        format!("\"{}\"", "x".repeat(DEFAULT_MAX_PAYLOAD_BYTES)),
+    );
+    let r = store.enqueue(vec![job("fine"), huge]).await;
+    assert!(
+        matches!(r, Err(Error::InvalidJob(ref m)) if m.contains("payload")),
+        "{r:?}"
+    );
+    assert!(matches!(
+        store.enqueue(vec![job("")]).await,
+        Err(Error::InvalidJob(_))
+    ));
+    assert_eq!(
+        store.counts("default").await.unwrap(),
+        QueueCounts::default(),
+        "partial enqueue"
+    );
+}
+
+#[macro_export]
+macro_rules! lease_store_suite {
+    ($make:expr) => {
+        $crate::lease_store_suite!(@cases $make;
+            claim_honours_batch_priority_and_delay,
+            one_live_lease_per_scope,
+            tokens_grow_per_scope,
+            renew_extends_and_reports_lost,
+            stale_lease_is_powerless,
+            stalls_requeue_then_bury,
+            retry_and_dead_settlements,
+            enqueue_rejects_bad_jobs_whole,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        mod lease_store {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let store: std::sync::Arc<dyn palisade::LeaseStore> = $make.await;
+                    suite::$case(store).await;
+                }
+            )*
+        }
+    };
+}
+
+// ---------------------------------------------------------------- fenced stores
+
+fn fence(token: u64, lease: LeaseId) -> Fence {
+    Fence {
+        token: FencingToken::from_u64(token),
+        lease,
+    }
+}
+
+fn write(scope: &str, f: Fence, key: &str, mutations: Vec<Mutation>) -> FencedWrite {
+    FencedWrite {
+        scope: Scope::new(scope),
+        fence: f,
+        key: IdempotencyKey::new(key),
+        mutations,
+    }
+}
+
+fn set(key: &str, value: &str) -> Vec<Mutation> {
+    vec![Mutation::Set {
+        key: key.into(),
+        value: value.into(),
+    }]
+}
+
+pub async fn admission_rule_end_to_end(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b, c) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    let k = format!("{ns}v");
+    let w = |f, key: &str, v: &str| write(&format!("{ns}s"), f, key, set(&k, v));
+    assert_eq!(
+        sink.write(w(fence(71, a), "1", "A1")).await.unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(w(fence(71, a), "1", "A1-again")).await.unwrap(),
+        Admission::Duplicate
+    );
+    assert_eq!(
+        sink.write(w(fence(72, b), "1", "B1")).await.unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(w(fence(71, a), "2", "A2")).await.unwrap(),
+        Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(71),
+            highest: FencingToken::from_u64(72),
+        })
+    );
+    assert_eq!(
+        sink.write(w(fence(72, c), "9", "C")).await.unwrap(),
+        Admission::Rejected(Rejection::TokenConflict {
+            token: FencingToken::from_u64(72),
+            held_by: b,
+            presented_by: c,
+        })
+    );
+    assert_eq!(sink.read(&k).await.unwrap(), Some(Value::Text("B1".into())));
+    assert_eq!(
+        sink.highest(&Scope::new(format!("{ns}s"))).await.unwrap(),
+        Some(fence(72, b))
+    );
+}
+
+pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns: String) {
+    let a = LeaseId::new();
+    let (h, t) = (format!("{ns}h"), format!("{ns}t"));
+    let muts = vec![
+        Mutation::HashSet {
+            key: h.clone(),
+            fields: vec![("name".into(), "acme".into())],
+        },
+        Mutation::HashIncr {
+            key: h.clone(),
+            field: "n".into(),
+            by: 5,
+        },
+        Mutation::HashIncr {
+            key: h.clone(),
+            field: "n".into(),
+            by: -2,
+        },
+        Mutation::Set {
+            key: t.clone(),
+            value: "text".into(),
+        },
+    ];
+    let scope = format!("{ns}s");
+    assert_eq!(
+        sink.write(write(&scope, fence(1, a), "k1", muts))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    let Some(Value::Hash(hash)) = sink.read(&h).await.unwrap() else {
+        panic!("hash missing")
+    };
+    assert_eq!((hash["name"].as_str(), hash["n"].as_str()), ("acme", "3"));
+    // Incrementing a non-integer fails the whole write, and the fence does not move.
+    let bad = vec![
+        Mutation::HashIncr {
+            key: h.clone(),
+            field: "n".into(),
+            by: 1,
+        },
+        Mutation::HashIncr {
+            key: h.clone(),
+            field: "name".into(),
+            by: 1,
+        },
+    ];
+    let r = sink
+        .write(write(&scope, fence(2, LeaseId::new()), "k2", bad))
+        .await;
+    assert!(matches!(r, Err(Error::Mutation(_))), "{r:?}");
+    let Some(Value::Hash(hash)) = sink.read(&h).await.unwrap() else {
+        panic!("hash missing")
+    };
+    assert_eq!(hash["n"], "3", "a refused write changed data");
+    assert_eq!(
+        sink.highest(&Scope::new(&*scope)).await.unwrap(),
+        Some(fence(1, a))
+    );
+    // Type clash: a string key is not a hash.
+    let clash = vec![Mutation::HashIncr {
+        key: t.clone(),
+        field: "f".into(),
+        by: 1,
+    }];
+    assert!(sink
+        .write(write(&scope, fence(1, a), "k3", clash))
+        .await
+        .is_err());
+    assert_eq!(sink.read(&format!("{ns}missing")).await.unwrap(), None);
+}
+
+pub async fn scopes_are_fenced_independently(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b) = (LeaseId::new(), LeaseId::new());
+    let k = format!("{ns}k");
+    let x = format!("{ns}x");
+    let y = format!("{ns}y");
+    assert_eq!(
+        sink.write(write(&x, fence(900, a), "1", set(&k, "x")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(write(&y, fence(3, b), "1", set(&k, "y")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+}
+
+/// Many writers of three generations race; the sink's atomicity is what keeps the history
+/// clean, so this is the test that catches a read-then-write backend.
+pub async fn racing_writers_apply_each_key_once(sink: Arc<dyn FencedStore>, ns: String) {
+    let gens: Vec<Fence> = (1..=3).map(|t| fence(t, LeaseId::new())).collect();
+    let scope = format!("{ns}race");
+    let counter = format!("{ns}counter");
+    let mut tasks = Vec::new();
+    for i in 0..90 {
+        let (sink, g) = (sink.clone(), gens[i % 3]);
+        let w = write(
+            &scope,
+            g,
+            &format!("k{}", i % 5),
+            vec![Mutation::HashIncr {
+                key: counter.clone(),
+                field: g.token.to_string(),
+                by: 1,
+            }],
+        );
+        tasks.push(tokio::spawn(
+            async move { (g, sink.write(w).await.unwrap()) },
+        ));
+    }
+    let mut applied_per_gen = [0usize; 3];
+    let mut highest_applied = 0;
+    for t in tasks {
+        let (g, admission) = t.await.unwrap();
+        if admission == Admission::Applied {
+            applied_per_gen[g.token.as_u64() as usize - 1] += 1;
+            highest_applied = highest_applied.max(g.token.as_u64());
+        }
+    }
+    let Some(Value::Hash(h)) = sink.read(&counter).await.unwrap() else {
+        panic!("no counter")
+    };
+    for (i, n) in applied_per_gen.iter().enumerate() {
+        let stored: usize = h
+            .get(&(i + 1).to_string())
+            .map_or(0, |v| v.parse().unwrap());
+        assert_eq!(
+            stored,
+            *n,
+            "generation {} applied {n} but stored {stored}",
+            i + 1
+        );
+        assert!(*n <= 5, "a key applied twice within generation {}", i + 1);
+    }
+    assert_eq!(
+        sink.highest(&Scope::new(scope))
+            .await
+            .unwrap()
+            .unwrap()
+            .token
+            .as_u64(),
+        highest_applied
+    );
+}
+
+#[macro_export]
+macro_rules! fenced_store_suite {
+    ($make:expr) => {
+        $crate::fenced_store_suite!(@cases $make;
+            admission_rule_end_to_end,
+            mutations_apply_whole_or_not_at_all,
+            scopes_are_fenced_independently,
+            racing_writers_apply_each_key_once,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        mod fenced_store {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let sink: std::sync::Arc<dyn palisade::FencedStore> = $make.await;
+                    let ns = format!("{}:{}:", stringify!($case), palisade::LeaseId::new());
+                    suite::$case(sink, ns).await;
+                }
+            )*
+        }
+    };
+}
