@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use metrics::{describe_counter, describe_histogram, Unit};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::error::{Error, Result};
 
@@ -53,14 +53,34 @@ pub fn describe() {
 }
 
 /// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of
-/// its own, so a busy or paused worker arbiter cannot starve scrapes.
+/// its own, so a busy or paused worker arbiter cannot starve scrapes. Returns a handle that
+/// renders the same text in-process.
 ///
-/// Call it once, outside an async runtime (before `actix::System` starts).
-pub fn serve_prometheus(addr: SocketAddr) -> Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|e| Error::Config(format!("metrics exporter on {addr}: {e}")))?;
+/// Call it once per process. Fails if `addr` cannot be bound or a recorder is already set.
+pub fn serve_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
+    let fail =
+        |e: &dyn std::fmt::Display| Error::Config(format!("metrics exporter on {addr}: {e}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(&e))?;
+    let (recorder, exporter) = {
+        let _guard = runtime.enter();
+        PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .build()
+            .map_err(|e| fail(&e))?
+    };
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| fail(&e))?;
+    std::thread::Builder::new()
+        .name("palisade-metrics".into())
+        .spawn(move || {
+            if let Err(e) = runtime.block_on(exporter) {
+                tracing::error!(error = ?e, "metrics exporter stopped");
+            }
+        })
+        .map_err(|e| fail(&e))?;
     describe();
-    Ok(())
+    Ok(handle)
 }
