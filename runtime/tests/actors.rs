@@ -311,7 +311,7 @@ async fn independent_scopes_do_not_interfere() {
         .await;
     h.enqueue(NewJob::new("w", &"k-quiet").unwrap().with_scope("quiet"))
         .await;
-    let mut got = vec![next(&mut rx).await, next(&mut rx).await];
+    let mut got = [next(&mut rx).await, next(&mut rx).await];
     got.sort_by_key(|(scope, ..)| scope.clone());
     // A high token in one scope does not fence a low token in another.
     assert_eq!(
