@@ -34,6 +34,21 @@ pub const JOB_DURATION: &str = "palisade_job_duration_seconds";
 /// Backend operations that failed. Labels: op.
 pub const BACKEND_ERRORS: &str = "palisade_backend_errors_total";
 
+/// Every metric name above, for dashboards and tests that check they reference real metrics.
+pub const ALL: &[&str] = &[
+    JOBS_ENQUEUED,
+    CLAIMS,
+    JOBS_FINISHED,
+    SETTLEMENTS_REFUSED,
+    RENEWALS,
+    LEASES_LOST,
+    STALLS,
+    SINK_WRITES,
+    FENCE_REJECTIONS,
+    JOB_DURATION,
+    BACKEND_ERRORS,
+];
+
 /// Registers help text for every Palisade metric with the installed recorder.
 pub fn describe() {
     describe_counter!(JOBS_ENQUEUED, "Jobs accepted by enqueue");

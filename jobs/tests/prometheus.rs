@@ -1,0 +1,144 @@
+//! Real Prometheus scraping a real `/metrics`, plus checks that the shipped dashboards and
+//! alert rules are valid and reference only metrics Palisade exports.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    Some(body.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// Kills the process when the test ends, pass or fail.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn referenced_metrics(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("palisade_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn dashboards_and_alerts_reference_only_exported_metrics() {
+    let dashboard =
+        std::fs::read_to_string(repo().join("dashboards/grafana/palisade.json")).unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    assert!(parsed["panels"].as_array().is_some_and(|p| p.len() >= 6));
+    let alerts = std::fs::read_to_string(repo().join("dashboards/prometheus/alerts.yml")).unwrap();
+    let names = [referenced_metrics(&dashboard), referenced_metrics(&alerts)].concat();
+    assert!(names.len() > 10);
+    for name in names {
+        assert!(
+            palisade::metrics::ALL.contains(&name.as_str()),
+            "{name} is not a metric Palisade exports"
+        );
+    }
+    let status = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(repo().join("dashboards/prometheus/alerts.yml"))
+        .status()
+        .expect("promtool is installed (.ci/run installs prometheus)");
+    assert!(status.success(), "promtool rejected alerts.yml");
+}
+
+#[test]
+fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
+    let (demo_port, prom_port) = (free_port(), free_port());
+    let _demo = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args([
+                "demo",
+                "--jobs",
+                "400",
+                "--lease-ms",
+                "300",
+                "--linger-secs",
+                "30",
+            ])
+            .args(["--metrics", &format!("127.0.0.1:{demo_port}")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let dir = std::env::temp_dir().join(format!("palisade-prom-{prom_port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: palisade\n    \
+             static_configs: [{{targets: ['127.0.0.1:{demo_port}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let _prometheus = Reaped(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus is installed (.ci/run installs it)"),
+    );
+    let query =
+        "/api/v1/query?query=sum(palisade_fence_rejections_total%7Breason%3D%22stale_token%22%7D)";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Some(body) = http_get(prom_port, query) {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if v["data"]["result"][0]["value"][1] == "1" {
+                let _ = std::fs::remove_dir_all(&dir);
+                return;
+            }
+            last = body;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("Prometheus never saw the stale rejection; last answer: {last}");
+}
