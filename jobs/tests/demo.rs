@@ -1,31 +1,12 @@
 //! The README's main command, run as a real process: it must exit 0, show the stale write
 //! refused, and serve `palisade_` counters on `/metrics` while it runs.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use common::{free_port, http_get};
+use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scrape(port: u16) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    Some(body)
-}
 
 #[test]
 fn demo_fences_off_the_paused_worker_and_serves_metrics() {
@@ -56,7 +37,7 @@ fn demo_fences_off_the_paused_worker_and_serves_metrics() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     while Instant::now() < deadline {
-        if let Some(body) = scrape(port) {
+        if let Some(body) = http_get(port, "/metrics") {
             last = body;
             if wanted.iter().all(|w| last.contains(w)) {
                 break;

@@ -1,8 +1,9 @@
 //! Real Prometheus scraping a real `/metrics`, plus checks that the shipped dashboards and
 //! alert rules are valid and reference only metrics Palisade exports.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use common::{free_port, http_get};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,27 +13,6 @@ fn repo() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    Some(body.split_once("\r\n\r\n")?.1.to_string())
 }
 
 /// Kills the process when the test ends, pass or fail.

@@ -9,90 +9,63 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// Identifies one enqueued job for its whole life (ready → leased → completed / dead).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct JobId(Uuid);
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
 
-impl JobId {
-    /// A fresh random id.
-    pub fn new() -> Self {
-        Self(Uuid::new_v4())
-    }
+        impl $name {
+            /// A fresh random (v4) id.
+            pub fn new() -> Self {
+                Self(Uuid::new_v4())
+            }
 
-    /// The underlying UUID.
-    pub fn as_uuid(&self) -> &Uuid {
-        &self.0
-    }
+            /// The underlying UUID.
+            pub fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl From<Uuid> for $name {
+            fn from(id: Uuid) -> Self {
+                Self(id)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.0)
+            }
+        }
+    };
 }
 
-impl Default for JobId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+uuid_id!(
+    /// Identifies one enqueued job for its whole life (ready → leased → completed / dead).
+    JobId
+);
 
-impl From<Uuid> for JobId {
-    fn from(id: Uuid) -> Self {
-        Self(id)
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Debug for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "JobId({})", self.0)
-    }
-}
-
-/// Opaque id of one successful claim, used to renew, complete, fail or release it.
-///
-/// It is random (UUID v4) on purpose: knowing one lease id tells nothing about the next, so
-/// a stale holder cannot guess its way back into a claim.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct LeaseId(Uuid);
-
-impl LeaseId {
-    /// A fresh random lease id.
-    pub fn new() -> Self {
-        Self(Uuid::new_v4())
-    }
-
-    /// The underlying UUID.
-    pub fn as_uuid(&self) -> &Uuid {
-        &self.0
-    }
-}
-
-impl Default for LeaseId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl From<Uuid> for LeaseId {
-    fn from(id: Uuid) -> Self {
-        Self(id)
-    }
-}
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Debug for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseId({})", self.0)
-    }
-}
+uuid_id!(
+    /// Opaque id of one successful claim, used to renew, complete, fail or release it.
+    ///
+    /// It is random (UUID v4) on purpose: knowing one lease id tells nothing about the next,
+    /// so a stale holder cannot guess its way back into a claim.
+    LeaseId
+);
 
 /// Strictly increasing per scope: `epoch << 40 | counter`.
 ///
