@@ -204,6 +204,16 @@ pub enum Settlement {
         /// Why.
         reason: String,
     },
+    /// A fenced sink refused this (still current) lease: a sink holds `highest`, at least as
+    /// new as this lease's token, so the coordinator's counters regressed. The coordinator
+    /// moves to an epoch above `highest` and runs the job again at once, without spending an
+    /// attempt. For a lease that is not current this is refused like any settlement.
+    Fenced {
+        /// Newest token the sink reported.
+        highest: crate::ids::FencingToken,
+        /// The rejection, for the log.
+        reason: String,
+    },
 }
 
 /// Counts of one queue, for status output and progress bars.

@@ -13,7 +13,9 @@
 //! - `admission`: the admission rule as a pure function ([`ScopeFence`], [`Admission`]).
 //! - `policy`: pure retry / stall decisions ([`RetryPolicy`], [`on_stall`]).
 //! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
-//! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`], and `store::memory`.
+//! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`]; `store::memory`,
+//!   `store::redis` (one Lua script per operation, `runtime/lua/`) and `store::epoch`
+//!   (durable [`EpochSource`]s).
 //! - `coordinator`, `worker`, `renewal`, `sink`: one actor each ([`Coordinator`], [`Worker`],
 //!   [`Renewal`], [`FencedSink`]), messages beside their handlers.
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
@@ -72,6 +74,8 @@ pub use job::{
 pub use policy::{on_stall, RetryPolicy, StallOutcome};
 pub use renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
+pub use store::epoch::{EpochSource, FileEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
+pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseStore, Mutation, Reaped, Value};
 pub use worker::{Drain, Freeze, JobFinished, LeaseLost, LossReason, Worker, WorkerConfig};

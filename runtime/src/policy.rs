@@ -47,10 +47,9 @@ impl RetryPolicy {
             },
             // A fenced-off writer is not the owner any more; the coordinator refuses this
             // settlement for a stale lease. If it still believes the lease current (a token
-            // regression), the job must run again under a fresh, higher token — without
-            // burning an attempt, since the handler did nothing wrong.
-            Err(JobError::Fenced(rejection)) => Settlement::Retry {
-                delay: Duration::ZERO,
+            // regression), it reseeds above the sink and runs the job again.
+            Err(JobError::Fenced(rejection)) => Settlement::Fenced {
+                highest: rejection.highest(),
                 reason: rejection.to_string(),
             },
             Err(JobError::Retry { after, reason }) => {
@@ -159,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn fenced_retries_without_backoff_even_on_last_attempt() {
+    fn fenced_settles_with_the_sinks_highest_token() {
         let p = RetryPolicy::default();
         let rejection = crate::admission::Rejection::StaleToken {
             presented: FencingToken::from_u64(1),
@@ -167,7 +166,7 @@ mod tests {
         };
         assert!(matches!(
             p.settle(&job(3, 3), &Err(JobError::Fenced(rejection)), 0.9),
-            Settlement::Retry { delay, .. } if delay == Duration::ZERO
+            Settlement::Fenced { highest, .. } if highest == FencingToken::from_u64(2)
         ));
     }
 

@@ -352,6 +352,7 @@ impl Handler<JobFinished> for Worker {
             Settlement::Complete => "completed",
             Settlement::Retry { .. } => "retried",
             Settlement::Dead { .. } => "dead",
+            Settlement::Fenced { .. } => "fenced",
         };
         match &settlement {
             Settlement::Complete => {
@@ -362,6 +363,9 @@ impl Handler<JobFinished> for Worker {
             }
             Settlement::Dead { reason } => {
                 tracing::warn!(job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
+            }
+            Settlement::Fenced { reason, .. } => {
+                tracing::warn!(job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
             }
         }
         let labels = [("queue", job.queue.clone()), ("kind", job.kind.clone())];

@@ -315,6 +315,12 @@ impl LeaseStore for MemoryLeaseStore {
                 }
                 Settlement::Retry { delay, .. } => state.park(id, now + delay, now),
                 Settlement::Dead { reason } => state.bury(id, reason),
+                Settlement::Fenced { highest, .. } => {
+                    // Grant above the sink from now on: the next token of every scope is in
+                    // a newer epoch than anything the sink has seen.
+                    state.epoch = state.epoch.max(highest.epoch() + 1);
+                    state.park(id, now, now);
+                }
             }
             results.push(Ok(()));
         }

@@ -14,7 +14,9 @@ use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 
+pub mod epoch;
 pub mod memory;
+pub mod redis;
 
 /// The coordinator's state: queues, leases and per-scope fencing counters.
 #[async_trait]

@@ -104,12 +104,14 @@ pub async fn tokens_grow_per_scope(store: Arc<dyn LeaseStore>) {
         .await
         .unwrap();
     let fresh = claim(&*store, 1).await.remove(0);
-    assert!(
-        fresh.lease.token.counter() <= last.unwrap().counter(),
-        "scopes share a counter"
+    assert_eq!(
+        store.highest_token(&Scope::new("fresh")).await.unwrap(),
+        Some(fresh.lease.token)
     );
-    // Lease ids are unique and unrelated to tokens.
-    assert_ne!(fresh.lease.id, LeaseId::new());
+    assert_eq!(
+        store.highest_token(&Scope::new("never")).await.unwrap(),
+        None
+    );
 }
 
 pub async fn renew_extends_and_reports_lost(store: Arc<dyn LeaseStore>) {
@@ -232,6 +234,53 @@ pub async fn retry_and_dead_settlements(store: Arc<dyn LeaseStore>) {
     assert_eq!(dead[0].job.kind, "die");
 }
 
+pub async fn fenced_settlement_reseeds_above_the_sink(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![job("f").with_scope("f"), job("g").with_scope("g")])
+        .await
+        .unwrap();
+    let claims = claim(&*store, 2).await;
+    let (f, g) = (&claims[0].lease, &claims[1].lease);
+    // A sink reports a token far above what this coordinator granted: its counters regressed.
+    let highest = FencingToken::new(f.token.epoch() + 3, 5);
+    let reason = "token conflict".to_string();
+    settle(
+        &*store,
+        f.id,
+        Settlement::Fenced {
+            highest,
+            reason: reason.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let again = claim(&*store, 1).await.remove(0);
+    assert_eq!(again.job.kind, "f", "a fenced job runs again at once");
+    assert!(
+        again.lease.token > highest,
+        "{:?} is not above {highest:?}",
+        again.lease.token
+    );
+    // A stale lease's fenced settlement is refused and moves nothing.
+    settle(&*store, g.id, Settlement::Complete).await.unwrap();
+    let far = FencingToken::new(again.lease.token.epoch() + 50, 1);
+    let r = settle(
+        &*store,
+        g.id,
+        Settlement::Fenced {
+            highest: far,
+            reason,
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(Error::LeaseNotCurrent(_))));
+    settle(&*store, again.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    store.enqueue(vec![job("h").with_scope("f")]).await.unwrap();
+    assert!(claim(&*store, 1).await[0].lease.token < far);
+}
+
 pub async fn enqueue_rejects_bad_jobs_whole(store: Arc<dyn LeaseStore>) {
     let huge = NewJob::raw(
         "big",
@@ -264,6 +313,7 @@ macro_rules! lease_store_suite {
             stale_lease_is_powerless,
             stalls_requeue_then_bury,
             retry_and_dead_settlements,
+            fenced_settlement_reseeds_above_the_sink,
             enqueue_rejects_bad_jobs_whole,
         );
     };

@@ -1,0 +1,31 @@
+-- reap.lua: turns expired leases into stalls: the job is ready again, or dead after max_stalls.
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  most leases to reap in this call
+-- Returns  flat triples {job id, queue, "1" if now dead else "0", ...}
+-- Errors   none
+local base = KEYS[1]
+local now = now_ms()
+local out = {}
+for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', 0,
+  tonumber(ARGV[1]))) do
+  local info = redis.call('HMGET', base .. 'lease:' .. lease, 'job', 'scope')
+  if not info[1] then
+    redis.call('ZREM', base .. 'leases', lease)
+  else
+    local id = info[1]
+    local queue = release(base, lease, id, info[2])
+    if queue then
+      local job = base .. 'job:' .. id
+      local stalls = redis.call('HINCRBY', job, 'stalls', 1)
+      local max = tonumber(redis.call('HGET', job, 'max_stalls'))
+      if stalls > max then
+        bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')')
+        out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'
+      else
+        park(base, id, now, now)
+        out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '0'
+      end
+    end
+  end
+end
+return out

@@ -1,0 +1,564 @@
+//! Redis backends: the coordinator many worker processes share, and a fenced sink.
+//!
+//! Every operation is one Lua script (`runtime/lua/`), loaded once and run by EVALSHA (redis-rs
+//! reloads it on NOSCRIPT), so each is atomic and costs one round trip however many jobs or
+//! leases it covers. Times are the Redis server's clock (`TIME`), so worker clocks never
+//! decide whether a lease is current.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Script};
+use deadpool_redis::{Config, Pool, PoolConfig, Runtime, Timeouts};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::admission::{Admission, Fence, Rejection};
+use crate::error::{Error, Result};
+use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
+use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::store::epoch::EpochSource;
+use crate::store::{FencedStore, FencedWrite, LeaseStore, Reaped, Value};
+
+macro_rules! coordinator_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/common.lua"),
+                include_str!(concat!("../../lua/", $file))
+            ))
+        })
+    };
+}
+
+static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
+static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
+static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
+static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
+static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
+static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
+static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
+static FENCED_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/fenced_write.lua")));
+
+/// Priorities are folded into one sorted-set score with the enqueue order (see common.lua),
+/// which keeps them exact in a double only within this range.
+const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
+
+/// A connection pool for `url` (`redis://[user:password@]host[:port][/db]`) whose operations
+/// fail within a few seconds when Redis is unreachable instead of hanging.
+pub fn pool(url: &str) -> Result<Pool> {
+    let mut config = Config::from_url(url);
+    let mut pool = PoolConfig::new(64);
+    let wait = Some(Duration::from_secs(5));
+    pool.timeouts = Timeouts {
+        wait,
+        create: wait,
+        recycle: wait,
+    };
+    config.pool = Some(pool);
+    config
+        .create_pool(Some(Runtime::Tokio1))
+        .map_err(|e| Error::Config(format!("redis pool: {e}")))
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!("redis: {e}"))
+}
+
+/// The coordinator on Redis. All keys live under one hash tag `{prefix}`.
+#[derive(Clone)]
+pub struct RedisLeaseStore {
+    pool: Pool,
+    base: String,
+    epochs: Option<Arc<dyn EpochSource>>,
+    max_payload_bytes: usize,
+}
+
+impl RedisLeaseStore {
+    /// A coordinator whose keys start with `{prefix}:`.
+    pub fn new(pool: Pool, prefix: &str) -> Self {
+        Self {
+            pool,
+            base: format!("{{{prefix}}}:"),
+            epochs: None,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+
+    /// Takes new epochs from a durable source, so recovery from a Redis data loss needs no
+    /// rejected write to notice it.
+    pub fn with_epoch_source(mut self, source: Arc<dyn EpochSource>) -> Self {
+        self.epochs = Some(source);
+        self
+    }
+
+    /// Caps encoded payload size at enqueue.
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    async fn conn(&self) -> Result<deadpool_redis::Connection> {
+        self.pool.get().await.map_err(unavailable)
+    }
+
+    /// Moves to a new epoch once the claim script found the counters unproven.
+    async fn establish_epoch(&self) -> Result<u32> {
+        let mut conn = self.conn().await?;
+        let candidate = match &self.epochs {
+            Some(source) => {
+                let (epoch, floor): (Option<u32>, Option<u32>) = redis::cmd("HMGET")
+                    .arg(format!("{}epoch", self.base))
+                    .arg("epoch")
+                    .arg("floor")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let at_least = epoch.unwrap_or(0).max(floor.unwrap_or(0)) + 1;
+                source.next_epoch(at_least).await?
+            }
+            None => 0,
+        };
+        let (epoch, moved): (String, String) = ESTABLISH_EPOCH
+            .key(&self.base)
+            .arg(candidate)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let epoch: u32 = epoch.parse().map_err(unavailable)?;
+        if moved == "1" {
+            tracing::warn!(
+                epoch,
+                durable = self.epochs.is_some(),
+                "token counters were not provably intact; moved to a new epoch"
+            );
+        }
+        Ok(epoch)
+    }
+
+    /// A reseed moved the epoch: let the durable source know, so a later recovery starts
+    /// above it even if Redis loses this epoch too.
+    async fn record_reseed(&self, epoch: u32) {
+        tracing::warn!(
+            epoch,
+            "a sink reported a newer token than a current lease: reseeded above it"
+        );
+        if let Some(source) = &self.epochs {
+            if let Err(e) = source.next_epoch(epoch).await {
+                tracing::error!(error = %e, epoch, "could not record the reseeded epoch durably");
+            }
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(s: &str) -> Result<T> {
+    s.parse()
+        .map_err(|_| Error::Unavailable(format!("redis: unexpected value {s:?}")))
+}
+
+#[async_trait]
+impl LeaseStore for RedisLeaseStore {
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        for job in &jobs {
+            job.validate(self.max_payload_bytes)?;
+            if !PRIORITY_RANGE.contains(&job.priority) {
+                return Err(Error::InvalidJob(format!(
+                    "priority {} is outside {PRIORITY_RANGE:?}",
+                    job.priority
+                )));
+            }
+        }
+        let ids: Vec<JobId> = jobs.iter().map(|_| JobId::new()).collect();
+        let mut invocation = ENQUEUE.key(&self.base);
+        invocation.arg(jobs.len());
+        for (id, job) in ids.iter().zip(jobs) {
+            let scope = job.scope.map_or_else(|| id.to_string(), |s| s.to_string());
+            invocation
+                .arg(id.to_string())
+                .arg(job.queue)
+                .arg(job.kind)
+                .arg(job.payload)
+                .arg(scope)
+                .arg(job.priority)
+                .arg(job.delay.as_millis() as u64)
+                .arg(job.max_attempts)
+                .arg(job.max_stalls);
+        }
+        let mut conn = self.conn().await?;
+        let _: u64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(ids)
+    }
+
+    async fn claim(
+        &self,
+        queue: &str,
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // A lost epoch is established once and the claim retried; a second failure in a row
+        // means something keeps wiping Redis, which the caller hears about.
+        for _ in 0..2 {
+            let leases: Vec<String> = (0..n).map(|_| LeaseId::new().to_string()).collect();
+            let mut invocation = CLAIM.key(&self.base);
+            invocation
+                .arg(queue)
+                .arg(worker)
+                .arg(ttl.as_millis() as u64)
+                .arg(&leases);
+            let sent = Instant::now();
+            let mut conn = self.conn().await?;
+            let rows: Vec<Vec<String>> = match invocation.invoke_async(&mut conn).await {
+                Ok(rows) => rows,
+                Err(e) if e.code() == Some("PALISADE_EPOCH") => {
+                    drop(conn);
+                    self.establish_epoch().await?;
+                    continue;
+                }
+                Err(e) => return Err(unavailable(e)),
+            };
+            return rows
+                .into_iter()
+                .map(|r| {
+                    let [id, lease, epoch, counter, scope, kind, payload, attempt, stalls, max_attempts, max_stalls] =
+                        <[String; 11]>::try_from(r)
+                            .map_err(|r| Error::Unavailable(format!("redis: bad claim row {r:?}")))?;
+                    let scope = Scope::new(scope);
+                    Ok(Claim {
+                        job: Job {
+                            id: JobId::from(parse::<uuid::Uuid>(&id)?),
+                            queue: queue.to_owned(),
+                            kind,
+                            payload,
+                            scope: scope.clone(),
+                            attempt: parse(&attempt)?,
+                            stalls: parse(&stalls)?,
+                            max_attempts: parse(&max_attempts)?,
+                            max_stalls: parse(&max_stalls)?,
+                        },
+                        lease: Lease {
+                            id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
+                            token: FencingToken::new(parse(&epoch)?, parse(&counter)?),
+                            scope,
+                            expires_at: sent + ttl,
+                        },
+                    })
+                })
+                .collect();
+        }
+        Err(Error::Unavailable(
+            "redis: token counters vanished again right after a new epoch was established".into(),
+        ))
+    }
+
+    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = RENEW.key(&self.base);
+        invocation.arg(ttl.as_millis() as u64);
+        for lease in leases {
+            invocation.arg(lease.to_string());
+        }
+        let mut conn = self.conn().await?;
+        let lost: Vec<String> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        lost.iter()
+            .map(|l| Ok(LeaseId::from(parse::<uuid::Uuid>(l)?)))
+            .collect()
+    }
+
+    async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+        if settlements.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = SETTLE.key(&self.base);
+        invocation.arg(settlements.len());
+        for (lease, settlement) in &settlements {
+            let (action, arg, reason) = match settlement {
+                Settlement::Complete => ("complete", 0u64, ""),
+                Settlement::Retry { delay, reason } => {
+                    ("retry", delay.as_millis() as u64, reason.as_str())
+                }
+                Settlement::Dead { reason } => ("dead", 0, reason.as_str()),
+                Settlement::Fenced { highest, reason } => {
+                    ("fenced", u64::from(highest.epoch()), reason.as_str())
+                }
+            };
+            invocation
+                .arg(lease.to_string())
+                .arg(action)
+                .arg(arg)
+                .arg(reason);
+        }
+        let mut conn = self.conn().await?;
+        let results: Vec<String> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        drop(conn);
+        let mut out = Vec::with_capacity(results.len());
+        for ((lease, _), result) in settlements.iter().zip(results) {
+            if result == "stale" {
+                out.push(Err(Error::LeaseNotCurrent(*lease)));
+                continue;
+            }
+            if let Some(epoch) = result.strip_prefix("reseeded:") {
+                self.record_reseed(parse(epoch)?).await;
+            }
+            out.push(Ok(()));
+        }
+        Ok(out)
+    }
+
+    async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = REAP
+            .key(&self.base)
+            .arg(max)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        flat.chunks_exact(3)
+            .map(|t| {
+                Ok(Reaped {
+                    job: JobId::from(parse::<uuid::Uuid>(&t[0])?),
+                    queue: t[1].clone(),
+                    dead: t[2] == "1",
+                })
+            })
+            .collect()
+    }
+
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        let mut conn = self.conn().await?;
+        let [ready, delayed, leased, completed, dead]: [u64; 5] = COUNTS
+            .key(&self.base)
+            .arg(queue)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(QueueCounts {
+            ready,
+            delayed,
+            leased,
+            completed,
+            dead,
+        })
+    }
+
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        #[derive(Deserialize)]
+        struct Record {
+            id: JobId,
+            queue: String,
+            kind: String,
+            payload: String,
+            scope: Scope,
+            attempt: u32,
+            stalls: u32,
+            max_attempts: u32,
+            max_stalls: u32,
+            reason: String,
+        }
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}q:{queue}:dead", self.base))
+            .arg(0)
+            .arg(limit - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        raw.iter()
+            .map(|r| {
+                let r: Record = serde_json::from_str(r).map_err(unavailable)?;
+                Ok(DeadJob {
+                    job: Job {
+                        id: r.id,
+                        queue: r.queue,
+                        kind: r.kind,
+                        payload: r.payload,
+                        scope: r.scope,
+                        attempt: r.attempt,
+                        stalls: r.stalls,
+                        max_attempts: r.max_attempts,
+                        max_stalls: r.max_stalls,
+                    },
+                    reason: r.reason,
+                })
+            })
+            .collect()
+    }
+
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
+        let mut conn = self.conn().await?;
+        let last: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}last", self.base))
+            .arg(scope.as_str())
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        last.map(|l| {
+            let (epoch, counter) = l
+                .split_once(':')
+                .ok_or_else(|| Error::Unavailable(format!("redis: bad token {l:?}")))?;
+            Ok(FencingToken::new(parse(epoch)?, parse(counter)?))
+        })
+        .transpose()
+    }
+}
+
+/// A fenced sink on Redis: admission, mutation and idempotency record in one script.
+///
+/// Keys: `{prefix}:{<scope>}:fence` and `:keys` per scope (hash-tagged by scope), data under
+/// `{prefix}:d:<key>`. In Redis Cluster every data key a write touches must hash to its scope's
+/// slot; on a single Redis (the tested setup) any key works.
+#[derive(Clone)]
+pub struct RedisFencedStore {
+    pool: Pool,
+    prefix: String,
+    retention: Duration,
+    max_keys: usize,
+}
+
+impl RedisFencedStore {
+    /// A sink whose keys start with `prefix:`; idempotency keys are kept 24 hours.
+    pub fn new(pool: Pool, prefix: &str) -> Self {
+        Self {
+            pool,
+            prefix: prefix.to_owned(),
+            retention: Duration::from_secs(24 * 3600),
+            max_keys: 10_000,
+        }
+    }
+
+    /// Bounds the idempotency record per scope: keys older than `retention`, and all but the
+    /// newest `max_keys`, are forgotten (a same-token retry after that would apply again).
+    /// Keys of older tokens are dropped at once: an older generation can never write again.
+    pub fn with_key_retention(mut self, retention: Duration, max_keys: usize) -> Self {
+        self.retention = retention;
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    fn data_prefix(&self) -> String {
+        format!("{}:d:", self.prefix)
+    }
+
+    fn fence_key(&self, scope: &Scope) -> String {
+        format!("{}:{{{scope}}}:fence", self.prefix)
+    }
+}
+
+/// Tokens travel as 20-digit zero-padded decimals: string order is numeric order, and Lua's
+/// doubles never see them as numbers.
+fn padded(token: FencingToken) -> String {
+    format!("{:020}", token.as_u64())
+}
+
+#[async_trait]
+impl FencedStore for RedisFencedStore {
+    async fn write(&self, write: FencedWrite) -> Result<Admission> {
+        let mutations =
+            serde_json::to_string(&write.mutations).map_err(|e| Error::Mutation(e.to_string()))?;
+        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let reply: Vec<String> = FENCED_WRITE
+            .key(self.fence_key(&write.scope))
+            .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
+            .arg(padded(write.fence.token))
+            .arg(write.fence.lease.to_string())
+            .arg(write.key.as_str())
+            .arg(self.retention.as_millis() as u64)
+            .arg(self.max_keys)
+            .arg(self.data_prefix())
+            .arg(mutations)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| match e.code() {
+                Some("PALISADE_MUTATION") => {
+                    Error::Mutation(e.detail().unwrap_or_default().to_owned())
+                }
+                _ => unavailable(e),
+            })?;
+        let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
+        let lease = |s: &str| parse::<uuid::Uuid>(s).map(LeaseId::from);
+        Ok(match reply.as_slice() {
+            [a] if a == "applied" => Admission::Applied,
+            [d] if d == "duplicate" => Admission::Duplicate,
+            [s, highest, _] if s == "stale" => Admission::Rejected(Rejection::StaleToken {
+                presented: write.fence.token,
+                highest: token(highest)?,
+            }),
+            [c, t, held_by] if c == "conflict" => Admission::Rejected(Rejection::TokenConflict {
+                token: token(t)?,
+                held_by: lease(held_by)?,
+                presented_by: write.fence.lease,
+            }),
+            other => {
+                return Err(Error::Unavailable(format!(
+                    "redis: unexpected reply {other:?}"
+                )))
+            }
+        })
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Value>> {
+        let key = format!("{}{key}", self.data_prefix());
+        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(match kind.as_str() {
+            "none" => None,
+            "string" => Some(Value::Text(
+                redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?,
+            )),
+            "hash" => Some(Value::Hash(
+                redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async::<BTreeMap<String, String>>(&mut conn)
+                    .await
+                    .map_err(unavailable)?,
+            )),
+            other => return Err(Error::Unavailable(format!("redis: {key} is a {other}"))),
+        })
+    }
+
+    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
+        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let (token, lease): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.fence_key(scope))
+            .arg("token")
+            .arg("lease")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match (token, lease) {
+            (Some(t), Some(l)) => Ok(Some(Fence {
+                token: FencingToken::from_u64(parse(&t)?),
+                lease: LeaseId::from(parse::<uuid::Uuid>(&l)?),
+            })),
+            _ => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The conformance suite against the Redis backends, each test on its own private
+//! redis-server (started on a free port, stopped by pid).
+
+mod common;
+mod suite;
+
+use std::sync::Arc;
+
+use common::RedisServer;
+use palisade::{RedisFencedStore, RedisLeaseStore};
+
+/// Keeps the private server alive as long as the store that uses it.
+struct OnPrivateRedis<S> {
+    store: S,
+    _server: RedisServer,
+}
+
+async fn lease_store() -> Arc<dyn palisade::LeaseStore> {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    Arc::new(OnPrivateRedis {
+        store: RedisLeaseStore::new(pool, "suite"),
+        _server: server,
+    })
+}
+
+async fn fenced_store() -> Arc<dyn palisade::FencedStore> {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    Arc::new(OnPrivateRedis {
+        store: RedisFencedStore::new(pool, "sink"),
+        _server: server,
+    })
+}
+
+mod delegate {
+    use super::OnPrivateRedis;
+    use async_trait::async_trait;
+    use palisade::*;
+    use std::time::Duration;
+
+    #[async_trait]
+    impl<S: LeaseStore> LeaseStore for OnPrivateRedis<S> {
+        async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+            self.store.enqueue(jobs).await
+        }
+        async fn claim(&self, q: &str, w: &str, n: usize, ttl: Duration) -> Result<Vec<Claim>> {
+            self.store.claim(q, w, n, ttl).await
+        }
+        async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
+            self.store.renew(leases, ttl).await
+        }
+        async fn settle(&self, s: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+            self.store.settle(s).await
+        }
+        async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+            self.store.reap(max).await
+        }
+        async fn counts(&self, q: &str) -> Result<QueueCounts> {
+            self.store.counts(q).await
+        }
+        async fn dead(&self, q: &str, limit: usize) -> Result<Vec<DeadJob>> {
+            self.store.dead(q, limit).await
+        }
+        async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
+            self.store.highest_token(s).await
+        }
+    }
+
+    #[async_trait]
+    impl<S: FencedStore> FencedStore for OnPrivateRedis<S> {
+        async fn write(&self, w: FencedWrite) -> Result<Admission> {
+            self.store.write(w).await
+        }
+        async fn read(&self, key: &str) -> Result<Option<Value>> {
+            self.store.read(key).await
+        }
+        async fn highest(&self, s: &Scope) -> Result<Option<Fence>> {
+            self.store.highest(s).await
+        }
+    }
+}
+
+lease_store_suite!(lease_store());
+fenced_store_suite!(fenced_store());
