@@ -1,0 +1,214 @@
+//! The actors over the Redis backends, in real time on private redis-servers: the same
+//! worker code that runs embedded runs against Redis unchanged.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use common::RedisServer;
+use palisade::*;
+use tokio::sync::{mpsc, Notify};
+
+const TTL: Duration = Duration::from_millis(600);
+
+struct Setup {
+    _coordinator_redis: RedisServer,
+    _sink_redis: RedisServer,
+    coordinator: Addr<Coordinator>,
+    sink: RedisFencedStore,
+    sinks: Sinks,
+}
+
+fn setup() -> Setup {
+    let (coordinator_redis, sink_redis) = (RedisServer::start(), RedisServer::start());
+    let store = RedisLeaseStore::new(
+        store::redis::pool(&coordinator_redis.url()).unwrap(),
+        "actors",
+    );
+    let coordinator = Coordinator::new(Arc::new(store))
+        .with_reap_interval(Duration::from_millis(50))
+        .start();
+    let sink = RedisFencedStore::new(store::redis::pool(&sink_redis.url()).unwrap(), "ledger");
+    let sinks = Sinks::new().with(
+        "ledger",
+        FencedSink::new("ledger", Arc::new(sink.clone())).start(),
+    );
+    Setup {
+        _coordinator_redis: coordinator_redis,
+        _sink_redis: sink_redis,
+        coordinator,
+        sink,
+        sinks,
+    }
+}
+
+fn config(name: &str) -> WorkerConfig {
+    WorkerConfig {
+        lease_ttl: TTL,
+        poll_interval: Duration::from_millis(10),
+        ..WorkerConfig::new(name)
+    }
+}
+
+async fn wait_settled(coordinator: &Addr<Coordinator>) -> QueueCounts {
+    for _ in 0..3000 {
+        let counts = coordinator
+            .send(CountJobs("default".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        if counts.pending() == 0 {
+            return counts;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("jobs never settled");
+}
+
+async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("no report in 30s")
+        .unwrap()
+}
+
+#[actix::test]
+async fn stale_holder_is_refused_by_the_redis_sink_and_coordinator() {
+    let s = setup();
+    let (tx, mut seen) = mpsc::unbounded_channel::<(&str, Lease, Option<Admission>)>();
+    let gate = Arc::new(Notify::new());
+    let registry = |who: &'static str, gate: Option<Arc<Notify>>| {
+        let tx = tx.clone();
+        Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
+            let (tx, gate) = (tx.clone(), gate.clone());
+            async move {
+                let lease = ctx.lease().clone();
+                if let Some(gate) = gate {
+                    tx.send((who, lease.clone(), None)).unwrap();
+                    gate.notified().await; // paused; not looking at cancellation
+                }
+                let write = vec![Mutation::Set {
+                    key: "balance".into(),
+                    value: who.into(),
+                }];
+                let admission = ctx.sink("ledger")?.write(write).await?;
+                tx.send((who, lease, Some(admission.clone()))).unwrap();
+                admission.accepted()?;
+                Ok(())
+            }
+        })
+    };
+    let a = Worker::new(
+        config("A"),
+        s.coordinator.clone(),
+        registry("A", Some(gate.clone())),
+        s.sinks.clone(),
+    )
+    .unwrap()
+    .start();
+    s.coordinator
+        .send(Enqueue(vec![
+            NewJob::raw("transfer", "null").with_scope("account:42")
+        ]))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, a_lease, _) = next(&mut seen).await;
+    a.send(Freeze(true)).await.unwrap();
+    let _b = Worker::new(
+        config("B"),
+        s.coordinator.clone(),
+        registry("B", None),
+        s.sinks.clone(),
+    )
+    .unwrap()
+    .start();
+    let (who, b_lease, admission) = next(&mut seen).await;
+    assert_eq!((who, admission), ("B", Some(Admission::Applied)));
+    assert!(b_lease.token > a_lease.token);
+    assert_eq!(wait_settled(&s.coordinator).await.completed, 1);
+
+    a.send(Freeze(false)).await.unwrap();
+    gate.notify_one();
+    let (who, _, admission) = next(&mut seen).await;
+    assert_eq!(who, "A");
+    assert_eq!(
+        admission,
+        Some(Admission::Rejected(Rejection::StaleToken {
+            presented: a_lease.token,
+            highest: b_lease.token
+        }))
+    );
+    let refused = s
+        .coordinator
+        .send(SettleJobs(vec![(a_lease.id, Settlement::Complete)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(_))]));
+    tokio::time::sleep(TTL).await;
+    let counts = s
+        .coordinator
+        .send(CountJobs("default".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        counts,
+        QueueCounts {
+            completed: 1,
+            ..QueueCounts::default()
+        }
+    );
+    assert_eq!(
+        s.sink.read("balance").await.unwrap(),
+        Some(Value::Text("B".into()))
+    );
+}
+
+#[actix::test]
+async fn many_deposits_through_two_workers_apply_exactly_once() {
+    let s = setup();
+    let registry = Registry::new().register(
+        "deposit",
+        |ctx: JobContext, (account, cents): (u32, i64)| async move {
+            let credit = Mutation::HashIncr {
+                key: format!("account:{account}"),
+                field: "balance".into(),
+                by: cents,
+            };
+            ctx.sink("ledger")?.write(vec![credit]).await?.accepted()?;
+            Ok(())
+        },
+    );
+    for name in ["w1", "w2"] {
+        Worker::new(
+            config(name),
+            s.coordinator.clone(),
+            registry.clone(),
+            s.sinks.clone(),
+        )
+        .unwrap()
+        .start();
+    }
+    let mut expected = [0i64; 8];
+    let jobs: Vec<NewJob> = (0..400)
+        .map(|i| {
+            let (account, cents) = (i % 8, (i as i64 % 7) + 1);
+            expected[account as usize] += cents;
+            NewJob::new("deposit", &(account, cents))
+                .unwrap()
+                .with_scope(format!("account:{account}"))
+        })
+        .collect();
+    s.coordinator.send(Enqueue(jobs)).await.unwrap().unwrap();
+    assert_eq!(wait_settled(&s.coordinator).await.completed, 400);
+    for (account, want) in expected.iter().enumerate() {
+        let Some(Value::Hash(h)) = s.sink.read(&format!("account:{account}")).await.unwrap() else {
+            panic!("account {account} missing");
+        };
+        assert_eq!(h["balance"], want.to_string(), "account {account}");
+    }
+}
