@@ -1,6 +1,8 @@
 -- fenced_write.lua: the admission rule (DESIGN.md §4) and the mutation, in one atomic step.
 -- KEYS[1]  fence hash of the scope: token (20-digit zero-padded decimal), lease
--- KEYS[2]  idempotency zset of the scope: keys applied under fence.token -> apply time (ms)
+-- KEYS[2]  idempotency zset of the scope: keys of applied writes -> apply time (ms). Kept
+--          across generations (a re-run of a job under a newer token that repeats an applied
+--          write is a duplicate), bounded by retention time and count.
 -- ARGV[1]  presented token (20-digit zero-padded, so string order is numeric order and no
 --          precision is lost to Lua's doubles), ARGV[2] presented lease id,
 -- ARGV[3]  idempotency key, ARGV[4] key retention (ms), ARGV[5] most keys kept per scope,
@@ -15,14 +17,17 @@ if h[1] then
   if token < h[1] then
     return { 'stale', h[1], h[2] }
   end
-  if token == h[1] then
-    if lease ~= h[2] then
-      return { 'conflict', h[1], h[2] }
-    end
-    if redis.call('ZSCORE', KEYS[2], key) then
-      return { 'duplicate' }
-    end
+  if token == h[1] and lease ~= h[2] then
+    return { 'conflict', h[1], h[2] }
   end
+end
+local advance = not h[1] or token > h[1]
+if redis.call('ZSCORE', KEYS[2], key) then
+  -- Still fence in the newer generation, so every older one is refused from now on.
+  if advance then
+    redis.call('HSET', KEYS[1], 'token', token, 'lease', lease)
+  end
+  return { 'duplicate' }
 end
 
 local prefix = ARGV[6]
@@ -62,9 +67,8 @@ for _, m in ipairs(mutations) do
   end
 end
 
-if not h[1] or token > h[1] then
+if advance then
   redis.call('HSET', KEYS[1], 'token', token, 'lease', lease)
-  redis.call('DEL', KEYS[2])
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -4,7 +4,7 @@
 //! decision to its storage in one atomic operation (a critical section in memory, one Lua script
 //! in Redis); a read followed by a separate write would re-open the race this rule closes.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -85,56 +85,72 @@ impl Rejection {
     }
 }
 
-/// A sink's per-scope fencing state: the newest generation it accepted and the idempotency
-/// keys applied under it.
+/// A sink's per-scope fencing state: the newest generation it has seen and the idempotency
+/// keys of the writes it applied.
 ///
-/// Keys are kept only for the newest token: an older generation can never write again, so its
-/// keys are dead weight — which also bounds memory per scope.
+/// Keys are kept across generations (DESIGN.md §4 forgets them when the token advances; see
+/// below why this does not). A job that wrote and then stalled before it settled — paused,
+/// killed, or cut off from the coordinator — runs again under a newer token; if its writes
+/// are keyed by job (the default derived key is job id + write sequence), the re-run's writes
+/// are `Duplicate`s instead of second applications. Memory stays bounded: the oldest keys
+/// beyond [`ScopeFence::MAX_KEYS`] are forgotten (the Redis sink also forgets keys after a
+/// retention time).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScopeFence {
-    /// Newest accepted generation, `None` before the first write.
+    /// Newest generation seen, `None` before the first write.
     pub highest: Option<Fence>,
-    /// Keys applied under `highest.token`.
-    pub keys: HashSet<IdempotencyKey>,
+    keys: HashSet<IdempotencyKey>,
+    order: VecDeque<IdempotencyKey>,
 }
 
 impl ScopeFence {
+    /// Idempotency keys remembered per scope.
+    pub const MAX_KEYS: usize = 10_000;
+
     /// Decides a write without changing anything.
     pub fn decide(&self, presented: Fence, key: &IdempotencyKey) -> Admission {
-        let Some(highest) = self.highest else {
-            return Admission::Applied;
-        };
-        if presented.token < highest.token {
-            return Admission::Rejected(Rejection::StaleToken {
-                presented: presented.token,
-                highest: highest.token,
-            });
-        }
-        if presented.token == highest.token {
-            if presented.lease != highest.lease {
+        if let Some(highest) = self.highest {
+            if presented.token < highest.token {
+                return Admission::Rejected(Rejection::StaleToken {
+                    presented: presented.token,
+                    highest: highest.token,
+                });
+            }
+            if presented.token == highest.token && presented.lease != highest.lease {
                 return Admission::Rejected(Rejection::TokenConflict {
                     token: presented.token,
                     held_by: highest.lease,
                     presented_by: presented.lease,
                 });
             }
-            if self.keys.contains(key) {
-                return Admission::Duplicate;
-            }
+        }
+        if self.keys.contains(key) {
+            return Admission::Duplicate;
         }
         Admission::Applied
     }
 
-    /// Decides a write and, when it is applied, records it. The caller applies the mutation in
-    /// the same critical section iff this returns [`Admission::Applied`].
+    /// Decides a write and records it. The caller applies the mutation in the same critical
+    /// section iff this returns [`Admission::Applied`].
+    ///
+    /// A duplicate from a newer generation still advances `highest`: the sink has now seen
+    /// that generation, so every older one must be refused from here on.
     pub fn admit(&mut self, presented: Fence, key: &IdempotencyKey) -> Admission {
         let admission = self.decide(presented, key);
+        if let Admission::Rejected(_) = admission {
+            return admission;
+        }
+        if self.highest.is_none_or(|h| presented.token > h.token) {
+            self.highest = Some(presented);
+        }
         if admission == Admission::Applied {
-            if self.highest.is_none_or(|h| presented.token > h.token) {
-                self.highest = Some(presented);
-                self.keys.clear();
-            }
             self.keys.insert(key.clone());
+            self.order.push_back(key.clone());
+            if self.order.len() > Self::MAX_KEYS {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.keys.remove(&oldest);
+                }
+            }
         }
         admission
     }
@@ -207,13 +223,44 @@ mod tests {
     }
 
     #[test]
-    fn higher_token_forgets_old_keys() {
+    fn rerun_under_a_newer_token_is_a_duplicate_that_still_fences() {
         let mut scope = ScopeFence::default();
         let (a, b) = (LeaseId::new(), LeaseId::new());
-        scope.admit(fence(5, a), &key("k"));
-        assert_eq!(scope.admit(fence(6, b), &key("k")), Admission::Applied);
-        assert_eq!(scope.keys.len(), 1);
-        assert_eq!(scope.highest, Some(fence(6, b)));
+        // A applied, then stalled before settling; B re-runs the job with the same key.
+        assert_eq!(
+            scope.admit(fence(5, a), &key("job-1/0")),
+            Admission::Applied
+        );
+        assert_eq!(
+            scope.admit(fence(6, b), &key("job-1/0")),
+            Admission::Duplicate
+        );
+        assert_eq!(
+            scope.highest,
+            Some(fence(6, b)),
+            "the newer generation is fenced in"
+        );
+        assert!(matches!(
+            scope.admit(fence(5, a), &key("job-1/1")),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+    }
+
+    #[test]
+    fn keys_are_bounded() {
+        let mut scope = ScopeFence::default();
+        let a = LeaseId::new();
+        for i in 0..=ScopeFence::MAX_KEYS {
+            scope.admit(fence(1, a), &key(&i.to_string()));
+        }
+        assert_eq!(scope.keys.len(), ScopeFence::MAX_KEYS);
+        assert_eq!(
+            scope.admit(fence(1, a), &key("0")),
+            Admission::Applied,
+            "oldest forgotten"
+        );
+        // Re-admitting "0" pushed out "1"; "2" is still remembered.
+        assert_eq!(scope.admit(fence(1, a), &key("2")), Admission::Duplicate);
     }
 
     #[test]

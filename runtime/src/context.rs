@@ -103,12 +103,14 @@ pub struct SinkHandle {
 }
 
 impl SinkHandle {
-    /// Writes `mutations` under a derived idempotency key: job id + token + the write's
-    /// sequence number in this run. Deterministic, so a handler that replays the same writes
-    /// in the same order under the same lease gets `Duplicate`s, not double applies.
+    /// Writes `mutations` under a derived idempotency key: job id + the write's sequence
+    /// number in this run of the handler. Deterministic across runs, so a job that re-runs
+    /// after a stall (its earlier run wrote, then paused or died before settling) and repeats
+    /// the same writes in the same order gets `Duplicate`s, not second applications. A handler
+    /// whose writes differ between runs should name them with [`SinkHandle::write_keyed`].
     pub async fn write(&self, mutations: Vec<Mutation>) -> Result<Admission> {
         let seq = self.writes.fetch_add(1, Ordering::Relaxed);
-        let key = IdempotencyKey::new(format!("{}/{}/{seq}", self.job, self.fence.token));
+        let key = IdempotencyKey::new(format!("{}/{seq}", self.job));
         self.write_keyed(key, mutations).await
     }
 

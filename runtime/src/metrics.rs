@@ -66,6 +66,14 @@ pub fn describe() {
     describe_counter!(FENCE_REJECTIONS, "Fenced sink rejections by reason");
     describe_histogram!(JOB_DURATION, Unit::Seconds, "Handler run time");
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
+    // Series that exist from the start read as 0 instead of "no data" in Grafana and let
+    // `rate()` see the first increment.
+    for reason in ["expired", "unconfirmed"] {
+        metrics::counter!(LEASES_LOST, "reason" => reason).increment(0);
+    }
+    for outcome in ["renewed", "lost", "error"] {
+        metrics::counter!(RENEWALS, "outcome" => outcome).increment(0);
+    }
 }
 
 /// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of

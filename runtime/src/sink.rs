@@ -32,6 +32,13 @@ impl FencedSink {
 
 impl Actor for FencedSink {
     type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Self::Context) {
+        for reason in ["stale_token", "token_conflict"] {
+            counter!(m::FENCE_REJECTIONS, "sink" => self.name.to_string(), "reason" => reason)
+                .increment(0);
+        }
+    }
 }
 
 /// Admits (or refuses) and applies one fenced write.

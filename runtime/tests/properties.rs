@@ -54,13 +54,18 @@ fn fence_for(a: &Attempt, gens: &[Fence], impostors: &[LeaseId]) -> Fence {
     fence
 }
 
-/// Invariant 1: once T is accepted, nothing below T is applied.
+fn accepted(r: &&Record) -> bool {
+    !matches!(r.admission, Admission::Rejected(_))
+}
+
+/// Invariant 1: once T is accepted (applied, or seen as a duplicate), nothing below T is
+/// applied.
 fn no_stale_write(history: &[Record]) -> Result<(), String> {
     let mut highest: Option<FencingToken> = None;
-    for r in history.iter().filter(|r| r.admission == Admission::Applied) {
+    for r in history.iter().filter(accepted) {
         if let Some(h) = highest {
             if r.fence.token < h {
-                return Err(format!("applied {} after {h}", r.fence.token));
+                return Err(format!("accepted {} after {h}", r.fence.token));
             }
         }
         highest = highest.max(Some(r.fence.token));
@@ -68,10 +73,10 @@ fn no_stale_write(history: &[Record]) -> Result<(), String> {
     Ok(())
 }
 
-/// Invariant 2: a token's writes are all from one lease.
+/// Invariant 2: a token's accepted writes are all from one lease.
 fn no_shared_generation(history: &[Record]) -> Result<(), String> {
     let mut owner: HashMap<FencingToken, LeaseId> = HashMap::new();
-    for r in history.iter().filter(|r| r.admission == Admission::Applied) {
+    for r in history.iter().filter(accepted) {
         let first = *owner.entry(r.fence.token).or_insert(r.fence.lease);
         if first != r.fence.lease {
             return Err(format!("token {} applied for two leases", r.fence.token));
@@ -80,12 +85,16 @@ fn no_shared_generation(history: &[Record]) -> Result<(), String> {
     Ok(())
 }
 
-/// Invariant 5: (token, key) applies at most once.
+/// Invariant 5, strengthened: a key applies at most once per scope — within one generation
+/// and across the generations of a re-run job.
 fn at_most_once_per_key(history: &[Record]) -> Result<(), String> {
     let mut seen = HashSet::new();
     for r in history.iter().filter(|r| r.admission == Admission::Applied) {
-        if !seen.insert((r.fence.token, r.key.clone())) {
-            return Err(format!("{} / {} applied twice", r.fence.token, r.key));
+        if !seen.insert(r.key.clone()) {
+            return Err(format!(
+                "{} applied twice (again at {})",
+                r.key, r.fence.token
+            ));
         }
     }
     Ok(())
@@ -94,41 +103,36 @@ fn at_most_once_per_key(history: &[Record]) -> Result<(), String> {
 /// The rule restated over the whole history instead of the compact per-scope state: the
 /// optimised state must decide exactly like it.
 fn reference_decision(history: &[Record], fence: Fence, key: &IdempotencyKey) -> Admission {
-    let applied: Vec<&Record> = history
-        .iter()
-        .filter(|r| r.admission == Admission::Applied)
-        .collect();
-    let Some(highest) = applied.iter().map(|r| r.fence.token).max() else {
-        return Admission::Applied;
-    };
-    if fence.token < highest {
-        return Admission::Rejected(Rejection::StaleToken {
-            presented: fence.token,
-            highest,
-        });
-    }
-    if fence.token == highest {
-        let holder = applied
+    let seen: Vec<&Record> = history.iter().filter(accepted).collect();
+    if let Some(highest) = seen.iter().map(|r| r.fence.token).max() {
+        if fence.token < highest {
+            return Admission::Rejected(Rejection::StaleToken {
+                presented: fence.token,
+                highest,
+            });
+        }
+        let holder = seen
             .iter()
             .find(|r| r.fence.token == highest)
-            .expect("highest was applied")
+            .expect("highest was seen")
             .fence
             .lease;
-        if holder != fence.lease {
+        if fence.token == highest && holder != fence.lease {
             return Admission::Rejected(Rejection::TokenConflict {
                 token: highest,
                 held_by: holder,
                 presented_by: fence.lease,
             });
         }
-        if applied
-            .iter()
-            .any(|r| r.fence.token == highest && &r.key == key)
-        {
-            return Admission::Duplicate;
-        }
     }
-    Admission::Applied
+    let applied_before = history
+        .iter()
+        .any(|r| r.admission == Admission::Applied && &r.key == key);
+    if applied_before {
+        Admission::Duplicate
+    } else {
+        Admission::Applied
+    }
 }
 
 fn check_all(history: &[Record]) -> Result<(), String> {
@@ -200,5 +204,6 @@ fn invariant_checks_catch_bad_histories() {
     assert!(no_stale_write(&[rec(2, a, "k"), rec(1, b, "k")]).is_err());
     assert!(no_shared_generation(&[rec(2, a, "k"), rec(2, b, "j")]).is_err());
     assert!(at_most_once_per_key(&[rec(2, a, "k"), rec(2, a, "k")]).is_err());
-    assert!(check_all(&[rec(1, a, "k"), rec(2, b, "k"), rec(2, b, "j")]).is_ok());
+    assert!(at_most_once_per_key(&[rec(1, a, "k"), rec(2, b, "k")]).is_err());
+    assert!(check_all(&[rec(1, a, "k"), rec(2, b, "j"), rec(2, b, "i")]).is_ok());
 }

@@ -486,10 +486,11 @@ impl FencedStore for MemoryFencedStore {
         let mut guard = lock(&self.state);
         let state = &mut *guard;
         let fence = state.fences.entry(write.scope).or_default();
-        let admission = fence.decide(write.fence, &write.key);
-        if admission == Admission::Applied {
+        if fence.decide(write.fence, &write.key) == Admission::Applied {
             check(&state.data, &write.mutations)?;
-            fence.admit(write.fence, &write.key);
+        }
+        let admission = fence.admit(write.fence, &write.key);
+        if admission == Admission::Applied {
             apply(&mut state.data, write.mutations);
         }
         Ok(admission)
