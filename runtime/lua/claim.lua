@@ -44,7 +44,7 @@ for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 4 + 63)) do
     redis.call('HSET', base .. 'live', scope, lease)
     redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
     redis.call('HSET', base .. 'lease:' .. lease, 'job', id, 'scope', scope, 'epoch', epoch,
-      'counter', counter, 'worker', worker)
+      'counter', counter, 'worker', worker, 'claimed', now)
     redis.call('ZADD', base .. 'leases', now + ttl, lease)
     redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', 1)
     local f = redis.call('HMGET', job, 'kind', 'payload', 'stalls', 'max_attempts', 'max_stalls')

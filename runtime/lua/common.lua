@@ -12,7 +12,8 @@
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first
 --   live                  hash  scope -> lease id holding it
 --   last                  hash  scope -> "epoch:counter" of the newest token granted
---   lease:<id>            hash  job scope epoch counter worker
+--   lease:<id>            hash  job scope epoch counter worker claimed (ms)
+--   queues                set   every queue that has had a job
 --   leases                zset  lease id -> expiry (ms, Redis clock)
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores

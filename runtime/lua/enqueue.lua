@@ -14,6 +14,7 @@ for i = 0, n - 1 do
   redis.call('HSET', base .. 'job:' .. id, 'queue', queue, 'kind', ARGV[o + 3],
     'payload', ARGV[o + 4], 'scope', ARGV[o + 5], 'priority', priority, 'attempt', 0,
     'stalls', 0, 'max_attempts', ARGV[o + 8], 'max_stalls', ARGV[o + 9])
+  redis.call('SADD', base .. 'queues', queue)
   park(base, id, now + delay, now)
 end
 return n

@@ -77,5 +77,5 @@ pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
-pub use store::{FencedStore, FencedWrite, LeaseStore, Mutation, Reaped, Value};
+pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Mutation, Reaped, Value};
 pub use worker::{Drain, Freeze, JobFinished, LeaseLost, LossReason, Worker, WorkerConfig};

@@ -408,6 +408,15 @@ impl LeaseStore for FlakyRenewals {
     async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
         self.inner.highest_token(s).await
     }
+    async fn queues(&self) -> Result<Vec<String>> {
+        self.inner.queues().await
+    }
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        self.inner.leases(limit).await
+    }
+    async fn retry_dead(&self, q: &str, limit: usize) -> Result<usize> {
+        self.inner.retry_dead(q, limit).await
+    }
 }
 
 #[actix::test]

@@ -65,6 +65,15 @@ mod delegate {
         async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
             self.store.highest_token(s).await
         }
+        async fn queues(&self) -> Result<Vec<String>> {
+            self.store.queues().await
+        }
+        async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+            self.store.leases(limit).await
+        }
+        async fn retry_dead(&self, q: &str, limit: usize) -> Result<usize> {
+            self.store.retry_dead(q, limit).await
+        }
     }
 
     #[async_trait]

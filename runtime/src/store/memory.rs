@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::policy::{on_stall, StallOutcome};
-use crate::store::{FencedStore, FencedWrite, LeaseStore, Mutation, Reaped, Value};
+use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Mutation, Reaped, Value};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave half a critical section behind (every
@@ -70,6 +70,9 @@ struct ScopeState {
 struct LeaseRecord {
     job: JobId,
     expires_at: Instant,
+    claimed_at: Instant,
+    worker: String,
+    token: FencingToken,
 }
 
 impl Default for MemoryLeaseStore {
@@ -221,7 +224,7 @@ impl LeaseStore for MemoryLeaseStore {
     async fn claim(
         &self,
         queue: &str,
-        _worker: &str,
+        worker: &str,
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
@@ -257,6 +260,9 @@ impl LeaseStore for MemoryLeaseStore {
                 LeaseRecord {
                     job: id,
                     expires_at,
+                    claimed_at: now,
+                    worker: worker.to_owned(),
+                    token,
                 },
             );
             state.expiries.insert((expires_at, lease_id));
@@ -404,6 +410,55 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
         Ok(lock(&self.state).scopes.get(scope).and_then(|s| s.last))
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let mut queues: Vec<String> = lock(&self.state).queues.keys().cloned().collect();
+        queues.sort();
+        Ok(queues)
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        Ok(state
+            .expiries
+            .iter()
+            .take(limit)
+            .filter_map(|(_, id)| {
+                let record = state.leases.get(id)?;
+                Some(LeaseInfo {
+                    lease: *id,
+                    job: record.job,
+                    scope: state.jobs.get(&record.job)?.scope.clone(),
+                    token: record.token,
+                    worker: record.worker.clone(),
+                    age: now.saturating_duration_since(record.claimed_at),
+                    expires_in: record.expires_at.saturating_duration_since(now),
+                })
+            })
+            .collect())
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let revived: Vec<DeadJob> = match state.queues.get_mut(queue) {
+            Some(q) => {
+                let n = limit.min(q.dead.len());
+                q.dead.drain(..n).collect()
+            }
+            None => return Ok(0),
+        };
+        let count = revived.len();
+        for DeadJob { mut job, .. } in revived {
+            let id = job.id;
+            job.attempt = 0;
+            job.stalls = 0;
+            state.jobs.insert(id, job);
+            state.park(id, now, now);
+        }
+        Ok(count)
     }
 }
 

@@ -48,6 +48,35 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The newest token granted for `scope`, if any.
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
+
+    /// Every queue that has ever had a job.
+    async fn queues(&self) -> Result<Vec<String>>;
+
+    /// Live leases, soonest to expire first, at most `limit`.
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>>;
+
+    /// Moves up to `limit` dead-lettered jobs of `queue` back to ready with fresh attempts,
+    /// oldest first; returns how many.
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+}
+
+/// A live lease, for status output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    /// The lease.
+    pub lease: LeaseId,
+    /// Job it holds.
+    pub job: JobId,
+    /// Scope it covers.
+    pub scope: Scope,
+    /// Its token.
+    pub token: FencingToken,
+    /// Worker that claimed it.
+    pub worker: String,
+    /// Time since the claim.
+    pub age: Duration,
+    /// Time left before it expires (zero if already expired and not yet reaped).
+    pub expires_in: Duration,
 }
 
 /// A job whose lease expired before it settled.

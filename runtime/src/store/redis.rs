@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::store::epoch::EpochSource;
-use crate::store::{FencedStore, FencedWrite, LeaseStore, Reaped, Value};
+use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped, Value};
 
 macro_rules! coordinator_script {
     ($file:literal) => {
@@ -39,6 +39,8 @@ static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
 static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
 static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
 static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
+static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
+static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 static FENCED_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/fenced_write.lua")));
@@ -419,6 +421,58 @@ impl LeaseStore for RedisLeaseStore {
             Ok(FencingToken::new(parse(epoch)?, parse(counter)?))
         })
         .transpose()
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}queues", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        queues.sort();
+        Ok(queues)
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = LEASES
+            .key(&self.base)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let millis = |s: &str| parse::<i64>(s).map(|ms| Duration::from_millis(ms.max(0) as u64));
+        rows.into_iter()
+            .map(|r| {
+                let [lease, job, scope, epoch, counter, worker, age, expires_in] =
+                    <[String; 8]>::try_from(r)
+                        .map_err(|r| Error::Unavailable(format!("redis: bad lease row {r:?}")))?;
+                Ok(LeaseInfo {
+                    lease: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
+                    job: JobId::from(parse::<uuid::Uuid>(&job)?),
+                    scope: Scope::new(scope),
+                    token: FencingToken::new(parse(&epoch)?, parse(&counter)?),
+                    worker,
+                    age: millis(&age)?,
+                    expires_in: millis(&expires_in)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        RETRY_DEAD
+            .key(&self.base)
+            .arg(queue)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)
     }
 }
 

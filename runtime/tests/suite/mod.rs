@@ -281,6 +281,53 @@ pub async fn fenced_settlement_reseeds_above_the_sink(store: Arc<dyn LeaseStore>
     assert!(claim(&*store, 1).await[0].lease.token < far);
 }
 
+pub async fn status_views_and_dead_letter_retry(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![
+            job("a").with_queue("mail"),
+            job("b").with_scope("acct:9"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(store.queues().await.unwrap(), ["default", "mail"]);
+    let c = store
+        .claim("default", "worker-7", 1, TTL)
+        .await
+        .unwrap()
+        .remove(0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let leases = store.leases(10).await.unwrap();
+    assert_eq!(leases.len(), 1);
+    let l = &leases[0];
+    assert_eq!(
+        (l.lease, l.job, l.token),
+        (c.lease.id, c.job.id, c.lease.token)
+    );
+    assert_eq!(
+        (l.scope.as_str(), l.worker.as_str()),
+        ("acct:9", "worker-7")
+    );
+    assert!(
+        l.age >= Duration::from_millis(40) && l.expires_in <= TTL,
+        "{l:?}"
+    );
+    settle(
+        &*store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "bad".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(store.leases(10).await.unwrap().is_empty());
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 1);
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 0);
+    let again = claim(&*store, 1).await.remove(0);
+    assert_eq!((again.job.id, again.job.attempt), (c.job.id, 1));
+    assert!(again.lease.token > c.lease.token);
+}
+
 pub async fn enqueue_rejects_bad_jobs_whole(store: Arc<dyn LeaseStore>) {
     let huge = NewJob::raw(
         "big",
@@ -314,6 +361,7 @@ macro_rules! lease_store_suite {
             stalls_requeue_then_bury,
             retry_and_dead_settlements,
             fenced_settlement_reseeds_above_the_sink,
+            status_views_and_dead_letter_retry,
             enqueue_rejects_bad_jobs_whole,
         );
     };

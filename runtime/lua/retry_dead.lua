@@ -1,0 +1,21 @@
+-- retry_dead.lua: moves dead-lettered jobs back to ready with fresh attempts and stalls.
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  queue, ARGV[2] most jobs to move (oldest first)
+-- Returns  how many were moved
+-- Errors   none
+local base, queue = KEYS[1], ARGV[1]
+local now = now_ms()
+local moved = 0
+for _ = 1, tonumber(ARGV[2]) do
+  local raw = redis.call('LPOP', base .. 'q:' .. queue .. ':dead')
+  if not raw then
+    break
+  end
+  local d = cjson.decode(raw)
+  redis.call('HSET', base .. 'job:' .. d.id, 'queue', d.queue, 'kind', d.kind, 'payload',
+    d.payload, 'scope', d.scope, 'priority', 0, 'attempt', 0, 'stalls', 0,
+    'max_attempts', d.max_attempts, 'max_stalls', d.max_stalls)
+  park(base, d.id, now, now)
+  moved = moved + 1
+end
+return moved
