@@ -154,6 +154,7 @@ fn plan(args: &DemoArgs, rng: &mut StdRng) -> Plan {
                 cents: rng.random_range(1..=500),
                 fail_first_attempts: u32::from(rng.random_bool(0.03)),
                 resend_write: rng.random_bool(0.05),
+                hold_ms: 0,
             };
             *plan.expected.entry(d.account).or_default() += d.cents;
             plan.deposits += 1;

@@ -4,12 +4,14 @@
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`) and [`registry`].
 //! - `demo`: the embedded demo (`palisade demo`).
+//! - `cli`: `palisade worker | enqueue | status | dead` against Redis.
 
 use std::time::Duration;
 
 use palisade::{JobContext, JobError, Mutation, NewJob, Registry};
 use serde::{Deserialize, Serialize};
 
+pub mod cli;
 pub mod demo;
 
 /// Kind name of [`deposit`].
@@ -32,6 +34,10 @@ pub struct Deposit {
     /// Send the write twice under one idempotency key (a client retry after a lost reply).
     #[serde(default)]
     pub resend_write: bool,
+    /// Work this long before writing (without watching for cancellation, like code between a
+    /// read and a write): lets tests pause or kill a worker while it holds the job.
+    #[serde(default)]
+    pub hold_ms: u64,
 }
 
 impl Deposit {
@@ -54,6 +60,9 @@ pub fn account_key(account: u32) -> String {
 pub async fn deposit(ctx: JobContext, d: Deposit) -> Result<(), JobError> {
     if ctx.job().attempt <= d.fail_first_attempts {
         return Err(JobError::retry("upstream ledger API timed out"));
+    }
+    if d.hold_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(d.hold_ms)).await;
     }
     let ledger = ctx.sink(LEDGER)?;
     let credit = vec![Mutation::HashIncr {

@@ -134,9 +134,11 @@ impl SinkHandle {
 pub(crate) type ErasedHandler =
     Arc<dyn Fn(JobContext, &str) -> BoxFuture<'static, Result<(), JobError>> + Send + Sync>;
 
+type PayloadCheck = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
 /// Maps job kinds to handlers.
 #[derive(Clone, Default)]
-pub struct Registry(HashMap<String, ErasedHandler>);
+pub struct Registry(HashMap<String, (ErasedHandler, PayloadCheck)>);
 
 impl Registry {
     /// No handlers.
@@ -163,12 +165,32 @@ impl Registry {
                 }
             },
         );
-        self.0.insert(kind, erased);
+        let check: PayloadCheck = Arc::new(|payload: &str| {
+            serde_json::from_str::<T>(payload)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
+        self.0.insert(kind, (erased, check));
         self
     }
 
     pub(crate) fn get(&self, kind: &str) -> Option<&ErasedHandler> {
-        self.0.get(kind)
+        self.0.get(kind).map(|(handler, _)| handler)
+    }
+
+    /// Checks, before enqueueing, that `kind` is registered and `payload` decodes for it — so
+    /// a producer hears about a typo now instead of finding a dead-letter entry later.
+    pub fn check(&self, kind: &str, payload: &str) -> Result<()> {
+        let (_, check) = self.0.get(kind).ok_or_else(|| {
+            let mut known: Vec<&str> = self.kinds().collect();
+            known.sort_unstable();
+            Error::InvalidJob(format!(
+                "unknown job kind {kind:?}; known kinds: {}",
+                known.join(", ")
+            ))
+        })?;
+        check(payload)
+            .map_err(|e| Error::Payload(format!("payload for {kind:?} does not decode: {e}")))
     }
 
     /// Registered kinds.

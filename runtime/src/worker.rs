@@ -102,6 +102,10 @@ pub struct Worker {
     frozen: bool,
     next_queue: usize,
     drain: Option<oneshot::Sender<usize>>,
+    /// Consecutive failed claims, and when the next claim may go out: an unreachable
+    /// backend gets exponentially fewer requests (and log lines), not one per poll tick.
+    claim_failures: u32,
+    resume_at: Option<Instant>,
 }
 
 impl Worker {
@@ -127,6 +131,8 @@ impl Worker {
             frozen: false,
             next_queue: 0,
             drain: None,
+            claim_failures: 0,
+            resume_at: None,
         })
     }
 
@@ -142,6 +148,9 @@ impl Worker {
         if self.frozen || self.drain.is_some() || self.claiming || room == 0 {
             return;
         }
+        if self.resume_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
         let n = room.min(self.config.batch);
         let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
         self.next_queue = self.next_queue.wrapping_add(1);
@@ -155,15 +164,26 @@ impl Worker {
         ctx.spawn(request.into_actor(self).map(|result, act, ctx| {
             act.claiming = false;
             match result.map_err(Error::from).and_then(|r| r) {
-                Ok(claims) if !claims.is_empty() => {
-                    for claim in claims {
-                        act.launch(claim, ctx);
+                Ok(claims) => {
+                    if act.claim_failures > 0 {
+                        tracing::info!(worker = %act.config.name, "claiming again after {} failures", act.claim_failures);
                     }
-                    act.fill(ctx);
+                    act.claim_failures = 0;
+                    act.resume_at = None;
+                    if !claims.is_empty() {
+                        for claim in claims {
+                            act.launch(claim, ctx);
+                        }
+                        act.fill(ctx);
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(worker = %act.config.name, error = %e, "claim failed; retrying next tick");
+                    act.claim_failures += 1;
+                    let backoff = Duration::from_millis(100)
+                        .saturating_mul(1 << act.claim_failures.min(6))
+                        .min(Duration::from_secs(5));
+                    act.resume_at = Some(Instant::now() + backoff);
+                    tracing::warn!(worker = %act.config.name, error = %e, ?backoff, "claim failed; backing off");
                     counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
                 }
             }

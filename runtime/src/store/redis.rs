@@ -49,9 +49,29 @@ static FENCED_WRITE: LazyLock<Script> =
 /// which keeps them exact in a double only within this range.
 const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
 
+/// `url` with any password replaced by `***`, for logs and error messages.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            let shown = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".into()
+            };
+            format!("{}{shown}{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// A connection pool for `url` (`redis://[user:password@]host[:port][/db]`) whose operations
-/// fail within a few seconds when Redis is unreachable instead of hanging.
+/// fail within a few seconds when Redis is unreachable instead of hanging. The URL is checked
+/// here; nothing connects until the first operation (see [`ping`]).
 pub fn pool(url: &str) -> Result<Pool> {
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| Error::Config(format!("invalid Redis URL {}: {e}", redacted(url))))?;
     let mut config = Config::from_url(url);
     let mut pool = PoolConfig::new(64);
     let wait = Some(Duration::from_secs(5));
@@ -64,6 +84,16 @@ pub fn pool(url: &str) -> Result<Pool> {
     config
         .create_pool(Some(Runtime::Tokio1))
         .map_err(|e| Error::Config(format!("redis pool: {e}")))
+}
+
+/// One round trip, to turn "unreachable", "wrong password" and the like into an error at start.
+pub async fn ping(pool: &Pool) -> Result<()> {
+    let mut conn = pool.get().await.map_err(unavailable)?;
+    redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .map(drop)
+        .map_err(unavailable)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Error {
@@ -614,5 +644,30 @@ impl FencedStore for RedisFencedStore {
             })),
             _ => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redacted("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            redacted("redis://app:s3cret@host/1"),
+            "redis://app:***@host/1"
+        );
+        assert_eq!(redacted("rediss://token@host"), "rediss://***@host");
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let err = pool("redis://:s3cret@host:notaport")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(err.contains("invalid Redis URL"), "{err}");
     }
 }
