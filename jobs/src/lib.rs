@@ -70,8 +70,8 @@ pub async fn deposit(ctx: JobContext, d: Deposit) -> Result<(), JobError> {
         field: "balance".into(),
         by: d.cents,
     }];
-    let key =
-        palisade::IdempotencyKey::new(format!("{}/{}/credit", ctx.job().id, ctx.lease().token));
+    // Keyed by job, not by run: a re-run after a stall cannot credit twice.
+    let key = palisade::IdempotencyKey::new(format!("{}/credit", ctx.job().id));
     ledger
         .write_keyed(key.clone(), credit.clone())
         .await?

@@ -1,0 +1,283 @@
+//! Real `palisade worker` processes against private redis-servers, sent real signals:
+//! SIGSTOP past the lease, kill -9 mid-job, and a coordinator Redis that goes away under load.
+
+mod common;
+#[path = "../../runtime/tests/common/mod.rs"]
+mod redis_server;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, http_get};
+use redis_server::RedisServer;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+
+/// A worker process, killed when the test ends.
+struct WorkerProcess {
+    child: Child,
+    metrics_port: u16,
+}
+
+impl WorkerProcess {
+    fn start(redis: &RedisServer, sink: &RedisServer, name: &str, lease: &str) -> Self {
+        let metrics_port = free_port();
+        let child = Command::new(BIN)
+            .args([
+                "worker",
+                "--redis",
+                &redis.url(),
+                "--sink-redis",
+                &sink.url(),
+            ])
+            .args(["--name", name, "--lease", lease, "--concurrency", "8"])
+            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("palisade binary runs");
+        let worker = Self {
+            child,
+            metrics_port,
+        };
+        wait_for("worker metrics endpoint", Duration::from_secs(20), || {
+            worker.metrics().is_some()
+        });
+        worker
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_port, "/metrics")
+    }
+
+    /// Sum of a counter's samples whose line contains `filter`.
+    fn counter(&self, name: &str, filter: &str) -> u64 {
+        self.metrics()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("worker did not exit after SIGTERM");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn palisade(redis: &RedisServer, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("PALISADE_REDIS_URL", redis.url())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "palisade {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn status(redis: &RedisServer, scope: &str) -> Value {
+    serde_json::from_str(&palisade(redis, &["status", "--json", "--scope", scope])).unwrap()
+}
+
+fn counts(redis: &RedisServer) -> Value {
+    status(redis, "-")["queues"]["default"].clone()
+}
+
+fn balance(sink: &RedisServer, account: u32) -> i64 {
+    sink.cli(&[
+        "HGET",
+        &format!("palisade-sink:d:account:{account}"),
+        "balance",
+    ])
+    .and_then(|v| v.parse().ok())
+    .unwrap_or(0)
+}
+
+fn deposit(redis: &RedisServer, account: u32, cents: i64, hold_ms: u64) {
+    let json = format!(r#"{{"account":{account},"cents":{cents},"hold_ms":{hold_ms}}}"#);
+    palisade(
+        redis,
+        &[
+            "enqueue",
+            "ledger.deposit",
+            &json,
+            "--scope",
+            &format!("account:{account}"),
+        ],
+    );
+}
+
+#[test]
+fn sigstopped_holder_is_fenced_off_when_it_wakes() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let a = WorkerProcess::start(&redis, &sink, "A", "1s");
+    deposit(&redis, 7, 250, 1500);
+    wait_for("A to hold the job", Duration::from_secs(20), || {
+        status(&redis, "account:7")["leases"][0]["worker"] == "A"
+    });
+    let a_token = status(&redis, "account:7")["leases"][0]["token"]
+        .as_u64()
+        .unwrap();
+    a.signal("-STOP");
+    let stopped = Instant::now();
+    let b = WorkerProcess::start(&redis, &sink, "B", "1s");
+    wait_for("B to complete the job", Duration::from_secs(30), || {
+        counts(&redis)["completed"] == 1
+    });
+    assert_eq!(balance(&sink, 7), 250);
+    let b_token = status(&redis, "account:7")["scope"]["highest_token"]
+        .as_u64()
+        .unwrap();
+    assert!(b_token > a_token);
+    // Stay stopped for at least twice the lease.
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
+    a.signal("-CONT");
+
+    wait_for(
+        "A's stale write to be refused",
+        Duration::from_secs(30),
+        || a.counter("palisade_fence_rejections_total", "stale_token") == 1,
+    );
+    wait_for(
+        "A's completion to be refused",
+        Duration::from_secs(30),
+        || a.counter("palisade_settlements_refused_total", "") == 1,
+    );
+    assert_eq!(
+        a.counter("palisade_sink_writes_total", "applied"),
+        0,
+        "A applied a write"
+    );
+    assert_eq!(b.counter("palisade_sink_writes_total", "applied"), 1);
+    let c = counts(&redis);
+    assert_eq!(
+        (
+            c["completed"].as_u64(),
+            c["dead"].as_u64(),
+            c["ready"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0))
+    );
+    assert_eq!(balance(&sink, 7), 250, "applied once");
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
+
+#[test]
+fn killed_worker_job_is_redelivered_and_completes_once() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let a = WorkerProcess::start(&redis, &sink, "A", "1s");
+    deposit(&redis, 3, 40, 2000);
+    wait_for("A to hold the job", Duration::from_secs(20), || {
+        status(&redis, "account:3")["leases"][0]["worker"] == "A"
+    });
+    a.signal("-KILL");
+    let b = WorkerProcess::start(&redis, &sink, "B", "1s");
+    wait_for("the job to complete on B", Duration::from_secs(30), || {
+        counts(&redis)["completed"] == 1
+    });
+    assert_eq!(balance(&sink, 3), 40);
+    assert_eq!(b.counter("palisade_stalls_total", "requeued"), 1);
+    let dead = palisade(&redis, &["dead", "list"]);
+    assert!(dead.trim().is_empty(), "{dead}");
+    assert!(b.terminate().success());
+}
+
+#[test]
+fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
+    let mut redis = RedisServer::start_with_aof();
+    let sink = RedisServer::start();
+    let workers = [
+        WorkerProcess::start(&redis, &sink, "A", "2s"),
+        WorkerProcess::start(&redis, &sink, "B", "2s"),
+    ];
+    let mut expected = [0i64; 10];
+    let jobs: Vec<String> = (0..300)
+        .map(|i| {
+            let (account, cents) = (i % 10, (i % 7 + 1) as i64);
+            expected[account as usize] += cents;
+            format!(r#"{{"account":{account},"cents":{cents},"hold_ms":20}}"#)
+        })
+        .collect();
+    for (i, json) in jobs.iter().enumerate() {
+        let scope = format!("account:{}", i % 10);
+        palisade(
+            &redis,
+            &["enqueue", "ledger.deposit", json, "--scope", &scope],
+        );
+    }
+    wait_for("some progress", Duration::from_secs(30), || {
+        counts(&redis)["completed"].as_u64().unwrap_or(0) >= 30
+    });
+    redis.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    redis.restart();
+    wait_for("every job to complete", Duration::from_secs(90), || {
+        counts(&redis)["completed"].as_u64() == Some(300)
+    });
+    let c = counts(&redis);
+    assert_eq!(
+        (
+            c["dead"].as_u64(),
+            c["ready"].as_u64(),
+            c["leased"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0))
+    );
+    for (account, want) in expected.iter().enumerate() {
+        assert_eq!(balance(&sink, account as u32), *want, "account {account}");
+    }
+    let errors: u64 = workers
+        .iter()
+        .map(|w| w.counter("palisade_backend_errors_total", ""))
+        .sum();
+    assert!(errors > 0, "the outage went unnoticed");
+    for w in workers {
+        assert!(w.terminate().success());
+    }
+}
