@@ -186,19 +186,6 @@ fn plan(args: &DemoArgs, rng: &mut StdRng) -> Plan {
     plan
 }
 
-/// Sums every sample of `name` whose labels contain all of `labels`.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 /// Runs the demo; `Ok(true)` iff every invariant held.
 pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     if args.workers < 2 {
@@ -305,7 +292,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let (counts, elapsed, bulk, balances, plan) = outcome;
 
     let text = metrics.render();
-    let m = |name: &str, labels: &[(&str, &str)]| metric(&text, name, labels);
+    let m =
+        |name: &str, labels: &[(&str, &str)]| palisade::metrics::sample_sum(&text, name, labels);
     let stale = m(
         palisade::metrics::FENCE_REJECTIONS,
         &[("reason", "stale_token")],
@@ -408,21 +396,4 @@ async fn sink_store_read(store: &MemoryFencedStore, key: &str) -> anyhow::Result
         None => 0,
         Some(other) => bail!("{key} holds {other:?}, not a ledger hash"),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::metric;
-
-    #[test]
-    fn metric_sums_matching_samples() {
-        let text = "# HELP x\npalisade_a_total{sink=\"l\",outcome=\"applied\"} 3\n\
-                    palisade_a_total{sink=\"l\",outcome=\"duplicate\"} 2\npalisade_ab_total 9\n";
-        assert_eq!(metric(text, "palisade_a_total", &[]), 5);
-        assert_eq!(
-            metric(text, "palisade_a_total", &[("outcome", "applied")]),
-            3
-        );
-        assert_eq!(metric(text, "palisade_ab_total", &[]), 9);
-    }
 }

@@ -64,14 +64,9 @@ impl WorkerProcess {
         http_get(self.metrics_port, "/metrics")
     }
 
-    /// Sum of a counter's samples whose line contains `filter`.
-    fn counter(&self, name: &str, filter: &str) -> u64 {
-        self.metrics()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains(filter))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+    /// Sum of a counter's samples with the given labels.
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        palisade::metrics::sample_sum(&self.metrics().unwrap_or_default(), name, labels)
     }
 
     /// SIGTERM, then waits for a clean exit.
@@ -181,19 +176,27 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
     wait_for(
         "A's stale write to be refused",
         Duration::from_secs(30),
-        || a.counter("palisade_fence_rejections_total", "stale_token") == 1,
+        || {
+            a.counter(
+                "palisade_fence_rejections_total",
+                &[("reason", "stale_token")],
+            ) == 1
+        },
     );
     wait_for(
         "A's completion to be refused",
         Duration::from_secs(30),
-        || a.counter("palisade_settlements_refused_total", "") == 1,
+        || a.counter("palisade_settlements_refused_total", &[]) == 1,
     );
     assert_eq!(
-        a.counter("palisade_sink_writes_total", "applied"),
+        a.counter("palisade_sink_writes_total", &[("outcome", "applied")]),
         0,
         "A applied a write"
     );
-    assert_eq!(b.counter("palisade_sink_writes_total", "applied"), 1);
+    assert_eq!(
+        b.counter("palisade_sink_writes_total", &[("outcome", "applied")]),
+        1
+    );
     let c = counts(&redis);
     assert_eq!(
         (
@@ -222,7 +225,10 @@ fn killed_worker_job_is_redelivered_and_completes_once() {
         counts(&redis)["completed"] == 1
     });
     assert_eq!(balance(&sink, 3), 40);
-    assert_eq!(b.counter("palisade_stalls_total", "requeued"), 1);
+    assert_eq!(
+        b.counter("palisade_stalls_total", &[("outcome", "requeued")]),
+        1
+    );
     let dead = palisade(&redis, &["dead", "list"]);
     assert!(dead.trim().is_empty(), "{dead}");
     assert!(b.terminate().success());
@@ -274,7 +280,7 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
     }
     let errors: u64 = workers
         .iter()
-        .map(|w| w.counter("palisade_backend_errors_total", ""))
+        .map(|w| w.counter("palisade_backend_errors_total", &[]))
         .sum();
     assert!(errors > 0, "the outage went unnoticed");
     for w in workers {

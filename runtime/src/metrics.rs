@@ -35,6 +35,9 @@ pub const JOB_DURATION: &str = "palisade_job_duration_seconds";
 /// Backend operations that failed. Labels: op.
 pub const BACKEND_ERRORS: &str = "palisade_backend_errors_total";
 
+/// Client round trips to Redis on the hot paths. Labels: op.
+pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
+
 /// Every metric name above, for dashboards and tests that check they reference real metrics.
 pub const ALL: &[&str] = &[
     JOBS_ENQUEUED,
@@ -48,6 +51,7 @@ pub const ALL: &[&str] = &[
     FENCE_REJECTIONS,
     JOB_DURATION,
     BACKEND_ERRORS,
+    REDIS_ROUND_TRIPS,
 ];
 
 /// Registers help text for every Palisade metric with the installed recorder.
@@ -66,6 +70,10 @@ pub fn describe() {
     describe_counter!(FENCE_REJECTIONS, "Fenced sink rejections by reason");
     describe_histogram!(JOB_DURATION, Unit::Seconds, "Handler run time");
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
+    describe_counter!(
+        REDIS_ROUND_TRIPS,
+        "Client round trips to Redis, by operation"
+    );
     // Series that exist from the start read as 0 instead of "no data" in Grafana and let
     // `rate()` see the first increment.
     for reason in ["expired", "unconfirmed"] {
@@ -107,4 +115,35 @@ pub fn serve_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
         .map_err(|e| fail(&e))?;
     describe();
     Ok(handle)
+}
+
+/// Sums every sample of counter `name` in Prometheus text `text` whose labels include all of
+/// `labels` — for summaries and tests that read back what a process exported.
+pub fn sample_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sample_sum;
+
+    #[test]
+    fn sums_matching_samples_only() {
+        let text = "# HELP x\npalisade_a_total{sink=\"l\",outcome=\"applied\"} 3\n\
+                    palisade_a_total{sink=\"l\",outcome=\"duplicate\"} 2\npalisade_ab_total 9\n";
+        assert_eq!(sample_sum(text, "palisade_a_total", &[]), 5);
+        assert_eq!(
+            sample_sum(text, "palisade_a_total", &[("outcome", "applied")]),
+            3
+        );
+        assert_eq!(sample_sum(text, "palisade_ab_total", &[]), 9);
+    }
 }

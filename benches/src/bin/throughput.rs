@@ -1,71 +1,243 @@
-//! Throughput harness: enqueue N no-op jobs, run W workers × C concurrency, report jobs/s.
+//! Throughput harness: enqueue N no-op jobs, run W workers × C concurrency, report jobs/s,
+//! claim→start latency, and — against Redis — client round trips, Redis commands and Redis
+//! CPU per job (from `INFO commandstats` / `INFO cpu` deltas).
 //!
-//! `cargo run --release -p palisade-benches --bin throughput -- --jobs 200000`
-//! (embedded in-memory coordinator; each worker on its own arbiter thread)
+//! Embedded:  `cargo run --release -p palisade-benches --bin throughput -- --jobs 200000`
+//! Redis:     `cargo run --release -p palisade-benches --bin throughput -- --redis redis://127.0.0.1:6390 --jobs 20000 [--sink]`
+//!
+//! Against Redis it uses a fresh key prefix and deletes its keys afterwards; run it against a
+//! Redis nothing else uses, or the command and CPU counts include other clients' work.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use deadpool_redis::redis;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use palisade::*;
 
-/// Embedded throughput harness.
+/// Throughput harness.
 #[derive(clap::Parser)]
 struct Args {
     /// No-op jobs to enqueue and run.
     #[arg(long, default_value_t = 100_000)]
     jobs: usize,
     /// Workers, each on its own arbiter thread.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     workers: usize,
     /// Handlers per worker (also the claim batch size).
     #[arg(long, default_value_t = 50)]
     concurrency: usize,
+    /// Run against this Redis instead of the embedded coordinator.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Each job makes one fenced write to a Redis sink (same Redis).
+    #[arg(long)]
+    sink: bool,
+}
+
+/// A Redis's cumulative counters, for deltas.
+#[derive(Default)]
+struct RedisStats {
+    commands: BTreeMap<String, u64>,
+    cpu_seconds: f64,
+}
+
+async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
+    let mut conn = pool.get().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut stats = RedisStats::default();
+    for line in info.lines() {
+        if let Some(rest) = line.strip_prefix("cmdstat_") {
+            let (name, fields) = rest.split_once(':').unwrap();
+            let calls = fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            stats.commands.insert(name.to_owned(), calls);
+        }
+        for key in ["used_cpu_sys:", "used_cpu_user:"] {
+            if let Some(v) = line.strip_prefix(key) {
+                stats.cpu_seconds += v.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    stats
+}
+
+impl RedisStats {
+    /// Commands run since `before`, excluding the INFO calls that measure them.
+    fn commands_since(&self, before: &RedisStats) -> u64 {
+        self.commands
+            .iter()
+            .filter(|(name, _)| *name != "info")
+            .map(|(name, calls)| calls - before.commands.get(name).copied().unwrap_or(0))
+            .sum()
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn round_trips(metrics: &PrometheusHandle, ops: &[&str]) -> u64 {
+    let text = metrics.render();
+    ops.iter()
+        .map(|op| {
+            palisade::metrics::sample_sum(
+                &text,
+                palisade::metrics::REDIS_ROUND_TRIPS,
+                &[("op", op)],
+            )
+        })
+        .sum()
 }
 
 fn main() {
     let args = <Args as clap::Parser>::parse();
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("recorder");
     let system = System::new();
     system.block_on(async move {
-        let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new())).start();
+        let prefix = format!("bench-{}", uuid::Uuid::new_v4());
+        let (store, pool): (Arc<dyn LeaseStore>, Option<deadpool_redis::Pool>) = match &args.redis {
+            Some(url) => {
+                let pool = store::redis::pool(url).expect("redis url");
+                store::redis::ping(&pool).await.expect("redis reachable");
+                (Arc::new(RedisLeaseStore::new(pool.clone(), &prefix)), Some(pool))
+            }
+            None => (Arc::new(MemoryLeaseStore::new()), None),
+        };
+        let sinks = match (&pool, args.sink) {
+            (Some(pool), true) => {
+                let sink = RedisFencedStore::new(pool.clone(), &format!("{prefix}-sink"));
+                Sinks::new().with("bench", FencedSink::new("bench", Arc::new(sink)).start())
+            }
+            (None, true) => {
+                let sink = MemoryFencedStore::new();
+                Sinks::new().with("bench", FencedSink::new("bench", Arc::new(sink)).start())
+            }
+            _ => Sinks::new(),
+        };
+        let coordinator = Coordinator::new(store).start();
+
+        let before = match &pool {
+            Some(p) => redis_stats(p).await,
+            None => RedisStats::default(),
+        };
         let t0 = Instant::now();
         let jobs: Vec<NewJob> = (0..args.jobs).map(|_| NewJob::raw("noop", "null")).collect();
-        for chunk in jobs.chunks(10_000) {
+        for chunk in jobs.chunks(1000) {
             coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
         }
         let enqueue = t0.elapsed();
+        let enqueue_trips = round_trips(&metrics, &["enqueue"]);
+        let after_enqueue = match &pool {
+            Some(p) => redis_stats(p).await,
+            None => RedisStats::default(),
+        };
+
+        let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
+        let ttl = Duration::from_secs(30);
         let t1 = Instant::now();
         let mut arbiters = Vec::new();
         for i in 0..args.workers {
             let config = WorkerConfig {
                 concurrency: args.concurrency,
                 batch: args.concurrency,
+                lease_ttl: ttl,
                 poll_interval: Duration::from_millis(1),
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
-            let registry = Registry::new().register("noop", |_: JobContext, _: ()| async { Ok(()) });
-            let worker = Worker::new(config, coordinator.clone(), registry, Sinks::new()).unwrap();
+            let (latencies, write) = (latencies.clone(), args.sink);
+            let registry = Registry::new().register("noop", move |ctx: JobContext, _: ()| {
+                let latencies = latencies.clone();
+                async move {
+                    // The lease deadline is claim-request time + ttl.
+                    let claimed = ctx.lease().expires_at - ttl;
+                    latencies.lock().unwrap().push(claimed.elapsed());
+                    if write {
+                        let incr = Mutation::HashIncr { key: format!("n:{}", ctx.job().id), field: "n".into(), by: 1 };
+                        ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
+                    }
+                    Ok(())
+                }
+            });
+            let worker = Worker::new(config, coordinator.clone(), registry, sinks.clone()).unwrap();
             let arbiter = Arbiter::new();
             Worker::start_in_arbiter(&arbiter.handle(), move |_| worker);
             arbiters.push(arbiter);
         }
         loop {
             let counts = coordinator.send(CountJobs("default".into())).await.unwrap().unwrap();
-            if counts.pending() == 0 {
+            if counts.completed as usize >= args.jobs {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let run = t1.elapsed();
+        let n = args.jobs as f64;
+        let mut lat = latencies.lock().unwrap().clone();
+        lat.sort();
+        let mode = match (&args.redis, args.sink) {
+            (Some(_), true) => "redis + fenced redis sink write",
+            (Some(_), false) => "redis",
+            (None, true) => "embedded + fenced memory sink write",
+            (None, false) => "embedded",
+        };
         println!(
-            "embedded: {} no-op jobs, {} workers x {} concurrency: enqueue {:.0} jobs/s, run {:.0} jobs/s ({:.2}s)",
-            args.jobs,
-            args.workers,
-            args.concurrency,
-            args.jobs as f64 / enqueue.as_secs_f64(),
-            args.jobs as f64 / run.as_secs_f64(),
-            run.as_secs_f64()
+            "{mode}: {} no-op jobs, {} worker(s) x {} concurrency",
+            args.jobs, args.workers, args.concurrency
         );
+        println!("  enqueue      {:>9.0} jobs/s (bulk, 1000 per call)", n / enqueue.as_secs_f64());
+        println!("  run          {:>9.0} jobs/s ({:.2}s)", n / run.as_secs_f64(), run.as_secs_f64());
+        println!(
+            "  claim->start p50 {:.2}ms  p99 {:.2}ms",
+            percentile(&lat, 0.5).as_secs_f64() * 1e3,
+            percentile(&lat, 0.99).as_secs_f64() * 1e3
+        );
+        if let Some(pool) = &pool {
+            let after = redis_stats(pool).await;
+            let run_trips = round_trips(&metrics, &["claim", "settle", "renew", "reap", "establish_epoch"]);
+            let sink_trips = round_trips(&metrics, &["fenced_write"]);
+            println!(
+                "  round trips per job: claim+complete {:.3}, with sink {:.3}, enqueue {:.4}",
+                run_trips as f64 / n,
+                (run_trips + sink_trips) as f64 / n,
+                enqueue_trips as f64 / n
+            );
+            println!(
+                "  Redis commands per job (scripts' inner commands included): enqueue {:.1}, run {:.1}, total {:.1}",
+                after_enqueue.commands_since(&before) as f64 / n,
+                after.commands_since(&after_enqueue) as f64 / n,
+                after.commands_since(&before) as f64 / n
+            );
+            println!(
+                "  Redis CPU per job: run {:.1}µs, enqueue {:.1}µs",
+                (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6,
+                (after_enqueue.cpu_seconds - before.cpu_seconds) / n * 1e6
+            );
+            let mut conn = pool.get().await.unwrap();
+            for pattern in [format!("{{{prefix}}}:*"), format!("{prefix}-sink:*")] {
+                let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+                for chunk in keys.chunks(1000) {
+                    let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+                }
+            }
+        }
+        for a in arbiters {
+            a.stop();
+        }
         System::current().stop();
     });
 }

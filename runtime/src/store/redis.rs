@@ -96,6 +96,12 @@ pub async fn ping(pool: &Pool) -> Result<()> {
         .map_err(unavailable)
 }
 
+/// Counts one client round trip to Redis on a hot path (the throughput harness reports them
+/// per job).
+fn round_trip(op: &'static str) {
+    metrics::counter!(crate::metrics::REDIS_ROUND_TRIPS, "op" => op).increment(1);
+}
+
 fn unavailable(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!("redis: {e}"))
 }
@@ -139,6 +145,7 @@ impl RedisLeaseStore {
 
     /// Moves to a new epoch once the claim script found the counters unproven.
     async fn establish_epoch(&self) -> Result<u32> {
+        round_trip("establish_epoch");
         let mut conn = self.conn().await?;
         let candidate = match &self.epochs {
             Some(source) => {
@@ -219,6 +226,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(job.max_attempts)
                 .arg(job.max_stalls);
         }
+        round_trip("enqueue");
         let mut conn = self.conn().await?;
         let _: u64 = invocation
             .invoke_async(&mut conn)
@@ -248,6 +256,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(ttl.as_millis() as u64)
                 .arg(&leases);
             let sent = Instant::now();
+            round_trip("claim");
             let mut conn = self.conn().await?;
             let rows: Vec<Vec<String>> = match invocation.invoke_async(&mut conn).await {
                 Ok(rows) => rows,
@@ -301,6 +310,7 @@ impl LeaseStore for RedisLeaseStore {
         for lease in leases {
             invocation.arg(lease.to_string());
         }
+        round_trip("renew");
         let mut conn = self.conn().await?;
         let lost: Vec<String> = invocation
             .invoke_async(&mut conn)
@@ -334,6 +344,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(arg)
                 .arg(reason);
         }
+        round_trip("settle");
         let mut conn = self.conn().await?;
         let results: Vec<String> = invocation
             .invoke_async(&mut conn)
@@ -355,6 +366,7 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+        round_trip("reap");
         let mut conn = self.conn().await?;
         let flat: Vec<String> = REAP
             .key(&self.base)
@@ -559,6 +571,7 @@ impl FencedStore for RedisFencedStore {
     async fn write(&self, write: FencedWrite) -> Result<Admission> {
         let mutations =
             serde_json::to_string(&write.mutations).map_err(|e| Error::Mutation(e.to_string()))?;
+        round_trip("fenced_write");
         let mut conn = self.pool.get().await.map_err(unavailable)?;
         let reply: Vec<String> = FENCED_WRITE
             .key(self.fence_key(&write.scope))
