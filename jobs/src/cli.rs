@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
-use palisade::store::redis::{ping, pool, redacted};
+use palisade::store::redis::{ping, pool_with_ca, redacted};
 use palisade::{
     Coordinator, Drain, FencedSink, FileEpochSource, LeaseStore, NewJob, RedisFencedStore,
     RedisLeaseStore, Scope, Sinks, Worker, WorkerConfig, DEFAULT_MAX_PAYLOAD_BYTES,
@@ -26,11 +26,18 @@ pub struct RedisArgs {
     /// Key prefix of this Palisade installation (several can share one Redis).
     #[arg(long, env = "PALISADE_PREFIX", default_value = "palisade")]
     pub prefix: String,
+    /// PEM certificate authority to trust for rediss:// URLs (default: the system's).
+    #[arg(long, env = "PALISADE_REDIS_CA_FILE", value_name = "PATH")]
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 impl RedisArgs {
+    fn pool(&self, url: &str) -> anyhow::Result<deadpool_redis::Pool> {
+        Ok(pool_with_ca(url, self.redis_ca_file.as_deref())?)
+    }
+
     async fn store(&self) -> anyhow::Result<(deadpool_redis::Pool, RedisLeaseStore)> {
-        let pool = pool(&self.redis)?;
+        let pool = self.pool(&self.redis)?;
         ping(&pool)
             .await
             .with_context(|| format!("cannot reach Redis at {}", redacted(&self.redis)))?;
@@ -88,7 +95,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         let sink_pool = match &args.sink_redis {
             Some(url) => {
-                let sink_pool = palisade::store::redis::pool(url)?;
+                let sink_pool = args.redis.pool(url)?;
                 ping(&sink_pool)
                     .await
                     .with_context(|| format!("cannot reach the sink's Redis at {}", redacted(url)))?;

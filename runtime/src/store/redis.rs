@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Script};
-use deadpool_redis::{Config, Pool, PoolConfig, Runtime, Timeouts};
+use deadpool_redis::{Manager, Pool, Runtime};
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -66,23 +66,56 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// A connection pool for `url` (`redis://[user:password@]host[:port][/db]`) whose operations
-/// fail within a few seconds when Redis is unreachable instead of hanging. The URL is checked
-/// here; nothing connects until the first operation (see [`ping`]).
+/// A connection pool for `url` (`redis://[user:password@]host[:port][/db]`, or `rediss://`
+/// for TLS) whose operations fail within seconds when Redis is unreachable or stops answering,
+/// instead of hanging. The URL is checked here; nothing connects until the first operation
+/// (see [`ping`]).
 pub fn pool(url: &str) -> Result<Pool> {
-    redis::IntoConnectionInfo::into_connection_info(url)
-        .map_err(|e| Error::Config(format!("invalid Redis URL {}: {e}", redacted(url))))?;
-    let mut config = Config::from_url(url);
-    let mut pool = PoolConfig::new(64);
-    let wait = Some(Duration::from_secs(5));
-    pool.timeouts = Timeouts {
-        wait,
-        create: wait,
-        recycle: wait,
+    pool_with_ca(url, None)
+}
+
+/// [`pool`], trusting the PEM certificate authority in `ca_file` for a `rediss://` URL
+/// (otherwise the system's trust store is used).
+pub fn pool_with_ca(url: &str, ca_file: Option<&std::path::Path>) -> Result<Pool> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Config(format!("invalid Redis URL {}: {e}", redacted(url)))
     };
-    config.pool = Some(pool);
-    config
-        .create_pool(Some(Runtime::Tokio1))
+    let mut info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| bad(&e))?;
+    if url.starts_with("rediss://") {
+        // One process-wide rustls provider; a second install attempt is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = ca_file
+            .map(|path| {
+                std::fs::read(path)
+                    .map_err(|e| Error::Config(format!("Redis CA file {}: {e}", path.display())))
+            })
+            .transpose()?;
+        let certificates = redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        };
+        info = redis::Client::build_with_tls(info, certificates)
+            .map_err(|e| bad(&e))?
+            .get_connection_info()
+            .clone();
+    } else if ca_file.is_some() {
+        return Err(Error::Config(format!(
+            "a CA file only applies to TLS (rediss://) URLs, not {}",
+            redacted(url)
+        )));
+    }
+    let limit = Duration::from_secs(5);
+    let connection = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(limit))
+        .set_response_timeout(Some(limit * 2));
+    let manager = Manager::new_with_config(info, connection).map_err(|e| bad(&e))?;
+    Pool::builder(manager)
+        .max_size(64)
+        .wait_timeout(Some(limit))
+        .create_timeout(Some(limit))
+        .recycle_timeout(Some(limit))
+        .runtime(Runtime::Tokio1)
+        .build()
         .map_err(|e| Error::Config(format!("redis pool: {e}")))
 }
 

@@ -13,6 +13,8 @@ pub struct RedisServer {
     pub dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
+    /// CA file when the server speaks only TLS.
+    tls_ca: Option<PathBuf>,
 }
 
 fn free_port() -> u16 {
@@ -49,14 +51,123 @@ impl RedisServer {
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            tls_ca: None,
         };
         server.spawn();
         server
     }
 
+    /// A TLS-only server with a certificate for 127.0.0.1 / localhost signed by a CA made
+    /// here with openssl; the CA's PEM is at [`RedisServer::tls_ca`].
+    pub fn start_tls() -> Self {
+        let dir = std::env::temp_dir().join(format!("palisade-redis-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stderr(Stdio::null())
+                .status();
+            assert!(
+                ok.expect("openssl is installed").success(),
+                "openssl {args:?}"
+            );
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=palisade-test-ca",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "san.cnf",
+        ]);
+        let file = |name: &str| dir.join(name).display().to_string();
+        let mut server = Self {
+            port: free_port(),
+            extra: vec![
+                "--save".into(),
+                "".into(),
+                "--appendonly".into(),
+                "no".into(),
+                "--tls-cert-file".into(),
+                file("server.crt"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            tls_ca: Some(dir.join("ca.crt")),
+            dir,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    pub fn tls_ca(&self) -> &std::path::Path {
+        self.tls_ca.as_deref().expect("a TLS server")
+    }
+
     fn spawn(&mut self) {
+        let ports = match self.tls_ca {
+            Some(_) => [
+                "--port".to_string(),
+                "0".into(),
+                "--tls-port".into(),
+                self.port.to_string(),
+            ],
+            None => [
+                "--port".to_string(),
+                self.port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+            ],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(ports)
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
@@ -76,16 +187,23 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls_ca {
+            Some(_) => format!("rediss://127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Runs one command through redis-cli; `None` if the server is not answering.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
+        let mut cli = Command::new("redis-cli");
+        cli.args(["-p", &self.port.to_string()]);
+        if let Some(ca) = &self.tls_ca {
+            cli.arg("--tls").arg("--cacert").arg(ca);
+        }
+        if let Some(i) = self.extra.iter().position(|a| a == "--requirepass") {
+            cli.args(["-a", &self.extra[i + 1], "--no-auth-warning"]);
+        }
+        let out = cli.args(args).output().ok()?;
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
     }
