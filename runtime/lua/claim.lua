@@ -25,30 +25,44 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0
 end
 
 -- Jobs whose scope has a live lease are skipped, so look a little past n.
-local out, taken = {}, {}
+local counter = tonumber(redis.call('GET', base .. 'counter'))
+local out, taken, picked, expiries, owners = {}, {}, {}, {}, {}
 for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 4 + 63)) do
   if #out >= n then
     break
   end
   local job = base .. 'job:' .. id
-  local scope = redis.call('HGET', job, 'scope')
+  local f = redis.call('HMGET', job, 'scope', 'own', 'kind', 'payload', 'attempt', 'stalls',
+    'max_attempts', 'max_stalls')
+  local scope, own = f[1], f[2] == '1'
   if not scope then
-    redis.call('ZREM', ready, id) -- a ready entry without its job: drop it
-  elseif not taken[scope] and redis.call('HEXISTS', base .. 'live', scope) == 0 then
+    picked[#picked + 1] = id -- a ready entry without its job: drop it
+  elseif not taken[scope] and (own or redis.call('HEXISTS', base .. 'live', scope) == 0) then
     taken[scope] = true
     local lease = ARGV[3 + #out + 1]
-    local counter = redis.call('INCR', base .. 'counter')
-    redis.call('ZREM', ready, id)
-    local attempt = redis.call('HINCRBY', job, 'attempt', 1)
-    redis.call('HSET', job, 'lease', lease)
-    redis.call('HSET', base .. 'live', scope, lease)
-    redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
-    redis.call('HSET', base .. 'lease:' .. lease, 'job', id, 'scope', scope, 'epoch', epoch,
+    counter = counter + 1
+    local attempt = tonumber(f[5]) + 1
+    redis.call('HSET', job, 'attempt', attempt, 'lease', lease, 'epoch', epoch,
       'counter', counter, 'worker', worker, 'claimed', now)
-    redis.call('ZADD', base .. 'leases', now + ttl, lease)
-    redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', 1)
-    local f = redis.call('HMGET', job, 'kind', 'payload', 'stalls', 'max_attempts', 'max_stalls')
-    out[#out + 1] = { id, lease, epoch, fmt(counter), scope, f[1], f[2], fmt(attempt), f[3], f[4], f[5] }
+    if not own then
+      redis.call('HSET', base .. 'live', scope, lease)
+      redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
+    end
+    picked[#picked + 1] = id
+    expiries[#expiries + 1] = now + ttl
+    expiries[#expiries + 1] = lease
+    owners[#owners + 1] = lease
+    owners[#owners + 1] = id
+    out[#out + 1] = { id, lease, epoch, fmt(counter), scope, f[3], f[4], fmt(attempt), f[6], f[7], f[8] }
   end
+end
+if #picked > 0 then
+  bulk('ZREM', ready, picked)
+end
+if #out > 0 then
+  redis.call('SET', base .. 'counter', counter)
+  bulk('ZADD', base .. 'leases', expiries)
+  bulk('HSET', base .. 'lease_job', owners)
+  redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', #out)
 end
 return out

@@ -5,16 +5,22 @@
 --   epoch                 hash  epoch, run (Redis run_id that epoch was proven on), floor
 --   counter               string, the per-epoch token counter (token = epoch << 40 | counter)
 --   seq                   string, enqueue order
---   job:<id>              hash  queue kind payload scope priority seq attempt stalls max_attempts max_stalls lease
+--   job:<id>              hash  queue kind payload scope own priority seq attempt stalls
+--                               max_attempts max_stalls, and while leased: lease epoch counter
+--                               worker claimed. own = "1" when the scope is the job's own id:
+--                               no other job can share it, so the scope lock is skipped.
 --   q:<queue>:ready       zset  job id -> seq - priority * 2^40 (lowest first)
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
 --   q:<queue>:stats       hash  leased, completed
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first
---   live                  hash  scope -> lease id holding it
---   last                  hash  scope -> "epoch:counter" of the newest token granted
---   lease:<id>            hash  job scope epoch counter worker claimed (ms)
 --   queues                set   every queue that has had a job
+--   live                  hash  shared scope -> lease id holding it
+--   last                  hash  shared scope -> "epoch:counter" of the newest token granted
 --   leases                zset  lease id -> expiry (ms, Redis clock)
+--   lease_job             hash  lease id -> job id
+--
+-- Batches touch each job with as few commands as possible and do the per-batch work (token
+-- counter, sorted-set updates, counts) once per call.
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
@@ -52,19 +58,25 @@ local function bury(base, id, reason)
   redis.call('DEL', job)
 end
 
--- Drops a lease and its hold on the scope; returns the job's queue.
-local function release(base, lease, id, scope)
+-- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
+local function release(base, lease, id)
   redis.call('ZREM', base .. 'leases', lease)
-  redis.call('DEL', base .. 'lease:' .. lease)
-  if redis.call('HGET', base .. 'live', scope) == lease then
-    redis.call('HDEL', base .. 'live', scope)
+  redis.call('HDEL', base .. 'lease_job', lease)
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope', 'own')
+  if f[1] then
+    if f[3] ~= '1' and redis.call('HGET', base .. 'live', f[2]) == lease then
+      redis.call('HDEL', base .. 'live', f[2])
+    end
+    redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'leased', -1)
   end
-  local queue = redis.call('HGET', base .. 'job:' .. id, 'queue')
-  if queue then
-    redis.call('HDEL', base .. 'job:' .. id, 'lease')
-    redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', -1)
+  return f[1]
+end
+
+-- Calls a variadic command on `args` in chunks (Lua's unpack has a stack limit).
+local function bulk(command, key, args)
+  for i = 1, #args, 500 do
+    redis.call(command, key, unpack(args, i, math.min(i + 499, #args)))
   end
-  return queue
 end
 
 -- The Redis run id: it changes on every restart, even one that reloads persisted data.

@@ -10,11 +10,12 @@ local out = {}
 local listed = redis.call('ZRANGE', base .. 'leases', 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 for i = 1, #listed, 2 do
   local lease = listed[i]
-  local f = redis.call('HMGET', base .. 'lease:' .. lease, 'job', 'scope', 'epoch', 'counter',
+  local id = redis.call('HGET', base .. 'lease_job', lease)
+  local f = id and redis.call('HMGET', base .. 'job:' .. id, 'scope', 'epoch', 'counter',
     'worker', 'claimed')
-  if f[1] then
-    out[#out + 1] = { lease, f[1], f[2], f[3], f[4], f[5] or '',
-      fmt(now - tonumber(f[6] or now)), fmt(tonumber(listed[i + 1]) - now) }
+  if f and f[1] then
+    out[#out + 1] = { lease, id, f[1], f[2], f[3], f[4] or '',
+      fmt(now - tonumber(f[5] or now)), fmt(tonumber(listed[i + 1]) - now) }
   end
 end
 return out

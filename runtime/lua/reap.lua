@@ -8,12 +8,11 @@ local now = now_ms()
 local out = {}
 for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', 0,
   tonumber(ARGV[1]))) do
-  local info = redis.call('HMGET', base .. 'lease:' .. lease, 'job', 'scope')
-  if not info[1] then
+  local id = redis.call('HGET', base .. 'lease_job', lease)
+  if not id then
     redis.call('ZREM', base .. 'leases', lease)
   else
-    local id = info[1]
-    local queue = release(base, lease, id, info[2])
+    local queue = release(base, lease, id)
     if queue then
       local job = base .. 'job:' .. id
       local stalls = redis.call('HINCRBY', job, 'stalls', 1)

@@ -13,8 +13,8 @@ for _ = 1, tonumber(ARGV[2]) do
   end
   local d = cjson.decode(raw)
   redis.call('HSET', base .. 'job:' .. d.id, 'queue', d.queue, 'kind', d.kind, 'payload',
-    d.payload, 'scope', d.scope, 'priority', 0, 'attempt', 0, 'stalls', 0,
-    'max_attempts', d.max_attempts, 'max_stalls', d.max_stalls)
+    d.payload, 'scope', d.scope, 'own', d.scope == d.id and '1' or '0', 'priority', 0,
+    'attempt', 0, 'stalls', 0, 'max_attempts', d.max_attempts, 'max_stalls', d.max_stalls)
   park(base, d.id, now, now)
   moved = moved + 1
 end

@@ -8,46 +8,65 @@
 -- Errors   none
 local base = KEYS[1]
 local now = now_ms()
-local out = {}
+local out, released, finished, leased, completed = {}, {}, {}, {}, {}
 for i = 0, tonumber(ARGV[1]) - 1 do
   local o = 1 + i * 4
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local expiry = redis.call('ZSCORE', base .. 'leases', lease)
-  local info = redis.call('HMGET', base .. 'lease:' .. lease, 'job', 'scope')
-  if not expiry or tonumber(expiry) <= now or not info[1] then
+  local id = expiry and redis.call('HGET', base .. 'lease_job', lease)
+  if not expiry or tonumber(expiry) <= now or not id then
     out[#out + 1] = 'stale'
   else
-    local id = info[1]
-    local queue = release(base, lease, id, info[2])
-    local result = 'ok'
-    if not queue then
-      result = 'ok' -- the job record is gone; nothing left to settle
-    elseif action == 'complete' then
-      redis.call('DEL', base .. 'job:' .. id)
-      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'completed', 1)
-    elseif action == 'retry' then
-      park(base, id, now + tonumber(arg), now)
-    elseif action == 'dead' then
-      bury(base, id, reason)
-    else
-      -- A sink holds a token at least as new as this current lease's: the counter regressed.
-      -- Move above the sink's epoch now, remember it as a floor for later recoveries, and
-      -- run the job again under a fresh token.
-      local floor = tonumber(arg) + 1
-      local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'floor')
-      local cur = tonumber(e[1] or '0')
-      if cur < floor then
-        redis.call('HSET', base .. 'epoch', 'epoch', floor)
-        redis.call('SET', base .. 'counter', 0)
-        cur = floor
+    released[#released + 1] = lease
+    local job = base .. 'job:' .. id
+    local f = redis.call('HMGET', job, 'queue', 'scope', 'own')
+    local queue, result = f[1], 'ok'
+    if queue then
+      if f[3] ~= '1' and redis.call('HGET', base .. 'live', f[2]) == lease then
+        redis.call('HDEL', base .. 'live', f[2])
       end
-      if tonumber(e[2] or '0') < floor then
-        redis.call('HSET', base .. 'epoch', 'floor', floor)
+      leased[queue] = (leased[queue] or 0) + 1
+      if action == 'complete' then
+        finished[#finished + 1] = job
+        completed[queue] = (completed[queue] or 0) + 1
+      elseif action == 'retry' then
+        park(base, id, now + tonumber(arg), now)
+      elseif action == 'dead' then
+        bury(base, id, reason)
+      else
+        -- A sink holds a token at least as new as this current lease's: the counter
+        -- regressed. Move above the sink's epoch now, remember it as a floor for later
+        -- recoveries, and run the job again under a fresh token.
+        local floor = tonumber(arg) + 1
+        local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'floor')
+        local cur = tonumber(e[1] or '0')
+        if cur < floor then
+          redis.call('HSET', base .. 'epoch', 'epoch', floor)
+          redis.call('SET', base .. 'counter', 0)
+          cur = floor
+        end
+        if tonumber(e[2] or '0') < floor then
+          redis.call('HSET', base .. 'epoch', 'floor', floor)
+        end
+        park(base, id, now, now)
+        result = 'reseeded:' .. fmt(cur)
       end
-      park(base, id, now, now)
-      result = 'reseeded:' .. fmt(cur)
     end
     out[#out + 1] = result
+  end
+end
+if #released > 0 then
+  bulk('ZREM', base .. 'leases', released)
+  bulk('HDEL', base .. 'lease_job', released)
+end
+for i = 1, #finished, 500 do
+  redis.call('DEL', unpack(finished, i, math.min(i + 499, #finished)))
+end
+for queue, count in pairs(leased) do
+  local stats = base .. 'q:' .. queue .. ':stats'
+  redis.call('HINCRBY', stats, 'leased', -count)
+  if completed[queue] then
+    redis.call('HINCRBY', stats, 'completed', completed[queue])
   end
 end
 return out

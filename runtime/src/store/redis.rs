@@ -482,20 +482,28 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
+        // Shared scopes keep their newest token in `last`; a job's own scope only lives in
+        // the job record while the job exists.
         let mut conn = self.conn().await?;
-        let last: Option<String> = redis::cmd("HGET")
+        let (last, epoch, counter): (Option<String>, Option<u32>, Option<u64>) = redis::pipe()
+            .cmd("HGET")
             .arg(format!("{}last", self.base))
             .arg(scope.as_str())
-            .query_async(&mut conn)
+            .cmd("HMGET")
+            .arg(format!("{}job:{scope}", self.base))
+            .arg("epoch")
+            .arg("counter")
+            .query_async::<(Option<String>, (Option<u32>, Option<u64>))>(&mut conn)
             .await
+            .map(|(last, (epoch, counter))| (last, epoch, counter))
             .map_err(unavailable)?;
-        last.map(|l| {
-            let (epoch, counter) = l
+        if let Some(last) = last {
+            let (epoch, counter) = last
                 .split_once(':')
-                .ok_or_else(|| Error::Unavailable(format!("redis: bad token {l:?}")))?;
-            Ok(FencingToken::new(parse(epoch)?, parse(counter)?))
-        })
-        .transpose()
+                .ok_or_else(|| Error::Unavailable(format!("redis: bad token {last:?}")))?;
+            return Ok(Some(FencingToken::new(parse(epoch)?, parse(counter)?)));
+        }
+        Ok(epoch.zip(counter).map(|(e, c)| FencingToken::new(e, c)))
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
