@@ -36,22 +36,21 @@ local function kind_of(k)
   return redis.call('TYPE', prefix .. k).ok
 end
 for _, m in ipairs(mutations) do
-  if m.Set then
-    local t = kind_of(m.Set.key)
-    if t ~= 'none' and t ~= 'string' then
-      return redis.error_reply('PALISADE_MUTATION ' .. m.Set.key .. ' holds a ' .. t .. ', not a string')
+  if m.HashIncr then
+    -- One HGET checks both the key's type (WRONGTYPE) and the field's value.
+    local v = redis.pcall('HGET', prefix .. m.HashIncr.key, m.HashIncr.field)
+    if type(v) == 'table' and v.err then
+      return redis.error_reply('PALISADE_MUTATION ' .. m.HashIncr.key .. ' is not a hash')
+    end
+    if v and not string.match(v, '^%-?%d+$') then
+      return redis.error_reply('PALISADE_MUTATION ' .. m.HashIncr.key .. '.' .. m.HashIncr.field .. ' = ' .. v .. ' is not an integer')
     end
   else
-    local body = m.HashSet or m.HashIncr
-    local t = kind_of(body.key)
-    if t ~= 'none' and t ~= 'hash' then
-      return redis.error_reply('PALISADE_MUTATION ' .. body.key .. ' holds a ' .. t .. ', not a hash')
-    end
-    if m.HashIncr then
-      local v = redis.call('HGET', prefix .. body.key, body.field)
-      if v and not string.match(v, '^%-?%d+$') then
-        return redis.error_reply('PALISADE_MUTATION ' .. body.key .. '.' .. body.field .. ' = ' .. v .. ' is not an integer')
-      end
+    local key = (m.Set or m.HashSet).key
+    local want = m.Set and 'string' or 'hash'
+    local t = kind_of(key)
+    if t ~= 'none' and t ~= want then
+      return redis.error_reply('PALISADE_MUTATION ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
     end
   end
 end

@@ -35,6 +35,9 @@ struct Args {
     /// Each job makes one fenced write to a Redis sink (same Redis).
     #[arg(long)]
     sink: bool,
+    /// Spread jobs over this many shared scopes (e.g. accounts) instead of one scope per job.
+    #[arg(long)]
+    scopes: Option<usize>,
 }
 
 /// A Redis's cumulative counters, for deltas.
@@ -136,7 +139,12 @@ fn main() {
             None => RedisStats::default(),
         };
         let t0 = Instant::now();
-        let jobs: Vec<NewJob> = (0..args.jobs).map(|_| NewJob::raw("noop", "null")).collect();
+        let jobs: Vec<NewJob> = (0..args.jobs)
+            .map(|i| match args.scopes {
+                Some(scopes) => NewJob::raw("noop", "null").with_scope(format!("acct:{}", i % scopes.max(1))),
+                None => NewJob::raw("noop", "null"),
+            })
+            .collect();
         for chunk in jobs.chunks(1000) {
             coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
         }
@@ -167,7 +175,7 @@ fn main() {
                     let claimed = ctx.lease().expires_at - ttl;
                     latencies.lock().unwrap().push(claimed.elapsed());
                     if write {
-                        let incr = Mutation::HashIncr { key: format!("n:{}", ctx.job().id), field: "n".into(), by: 1 };
+                        let incr = Mutation::HashIncr { key: format!("n:{}", ctx.lease().scope), field: "n".into(), by: 1 };
                         ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
                     }
                     Ok(())
@@ -195,8 +203,9 @@ fn main() {
             (None, true) => "embedded + fenced memory sink write",
             (None, false) => "embedded",
         };
+        let scopes = args.scopes.map_or("one scope per job".to_string(), |n| format!("{n} shared scopes"));
         println!(
-            "{mode}: {} no-op jobs, {} worker(s) x {} concurrency",
+            "{mode}: {} no-op jobs, {} worker(s) x {} concurrency, {scopes}",
             args.jobs, args.workers, args.concurrency
         );
         println!("  enqueue      {:>9.0} jobs/s (bulk, 1000 per call)", n / enqueue.as_secs_f64());

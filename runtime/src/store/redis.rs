@@ -10,6 +10,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, Script};
 use deadpool_redis::{Manager, Pool, Runtime};
 use serde::Deserialize;
@@ -139,10 +140,56 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!("redis: {e}"))
 }
 
+/// One multiplexed connection shared by all operations of a store. Concurrent requests are
+/// pipelined over it, and no operation pays a pool checkout (deadpool pings Redis on every
+/// checkout, which would double the round trips). A connection-level error drops it; the next
+/// operation connects afresh through the pool.
+#[derive(Clone)]
+struct Link {
+    pool: Pool,
+    shared: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
+}
+
+impl Link {
+    fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            shared: Arc::default(),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.shared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn get(&self) -> Result<MultiplexedConnection> {
+        if let Some(conn) = self.slot().as_ref() {
+            return Ok(conn.clone());
+        }
+        let conn = deadpool_redis::Connection::take(self.pool.get().await.map_err(unavailable)?);
+        *self.slot() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Maps a Redis error, forgetting the connection if the error says it is unusable.
+    fn broken(&self, e: redis::RedisError) -> Error {
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_timeout()
+            || e.is_connection_refusal()
+        {
+            *self.slot() = None;
+        }
+        unavailable(e)
+    }
+}
+
 /// The coordinator on Redis. All keys live under one hash tag `{prefix}`.
 #[derive(Clone)]
 pub struct RedisLeaseStore {
-    pool: Pool,
+    link: Link,
     base: String,
     epochs: Option<Arc<dyn EpochSource>>,
     max_payload_bytes: usize,
@@ -152,7 +199,7 @@ impl RedisLeaseStore {
     /// A coordinator whose keys start with `{prefix}:`.
     pub fn new(pool: Pool, prefix: &str) -> Self {
         Self {
-            pool,
+            link: Link::new(pool),
             base: format!("{{{prefix}}}:"),
             epochs: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -172,8 +219,8 @@ impl RedisLeaseStore {
         self
     }
 
-    async fn conn(&self) -> Result<deadpool_redis::Connection> {
-        self.pool.get().await.map_err(unavailable)
+    async fn conn(&self) -> Result<MultiplexedConnection> {
+        self.link.get().await
     }
 
     /// Moves to a new epoch once the claim script found the counters unproven.
@@ -188,7 +235,7 @@ impl RedisLeaseStore {
                     .arg("floor")
                     .query_async(&mut conn)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(|e| self.link.broken(e))?;
                 let at_least = epoch.unwrap_or(0).max(floor.unwrap_or(0)) + 1;
                 source.next_epoch(at_least).await?
             }
@@ -199,7 +246,7 @@ impl RedisLeaseStore {
             .arg(candidate)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         let epoch: u32 = epoch.parse().map_err(unavailable)?;
         if moved == "1" {
             tracing::warn!(
@@ -264,7 +311,7 @@ impl LeaseStore for RedisLeaseStore {
         let _: u64 = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         Ok(ids)
     }
 
@@ -298,7 +345,7 @@ impl LeaseStore for RedisLeaseStore {
                     self.establish_epoch().await?;
                     continue;
                 }
-                Err(e) => return Err(unavailable(e)),
+                Err(e) => return Err(self.link.broken(e)),
             };
             return rows
                 .into_iter()
@@ -348,7 +395,7 @@ impl LeaseStore for RedisLeaseStore {
         let lost: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         lost.iter()
             .map(|l| Ok(LeaseId::from(parse::<uuid::Uuid>(l)?)))
             .collect()
@@ -382,7 +429,7 @@ impl LeaseStore for RedisLeaseStore {
         let results: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         drop(conn);
         let mut out = Vec::with_capacity(results.len());
         for ((lease, _), result) in settlements.iter().zip(results) {
@@ -406,7 +453,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(max)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         flat.chunks_exact(3)
             .map(|t| {
                 Ok(Reaped {
@@ -425,7 +472,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(queue)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         Ok(QueueCounts {
             ready,
             delayed,
@@ -459,7 +506,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(limit - 1)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         raw.iter()
             .map(|r| {
                 let r: Record = serde_json::from_str(r).map_err(unavailable)?;
@@ -496,7 +543,7 @@ impl LeaseStore for RedisLeaseStore {
             .query_async::<(Option<String>, (Option<u32>, Option<u64>))>(&mut conn)
             .await
             .map(|(last, (epoch, counter))| (last, epoch, counter))
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         if let Some(last) = last {
             let (epoch, counter) = last
                 .split_once(':')
@@ -512,7 +559,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(format!("{}queues", self.base))
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         queues.sort();
         Ok(queues)
     }
@@ -527,7 +574,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(limit)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         let millis = |s: &str| parse::<i64>(s).map(|ms| Duration::from_millis(ms.max(0) as u64));
         rows.into_iter()
             .map(|r| {
@@ -555,7 +602,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(limit)
             .invoke_async(&mut conn)
             .await
-            .map_err(unavailable)
+            .map_err(|e| self.link.broken(e))
     }
 }
 
@@ -566,7 +613,7 @@ impl LeaseStore for RedisLeaseStore {
 /// slot; on a single Redis (the tested setup) any key works.
 #[derive(Clone)]
 pub struct RedisFencedStore {
-    pool: Pool,
+    link: Link,
     prefix: String,
     retention: Duration,
     max_keys: usize,
@@ -576,7 +623,7 @@ impl RedisFencedStore {
     /// A sink whose keys start with `prefix:`; idempotency keys are kept 24 hours.
     pub fn new(pool: Pool, prefix: &str) -> Self {
         Self {
-            pool,
+            link: Link::new(pool),
             prefix: prefix.to_owned(),
             retention: Duration::from_secs(24 * 3600),
             max_keys: 10_000,
@@ -613,7 +660,7 @@ impl FencedStore for RedisFencedStore {
         let mutations =
             serde_json::to_string(&write.mutations).map_err(|e| Error::Mutation(e.to_string()))?;
         round_trip("fenced_write");
-        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let mut conn = self.link.get().await?;
         let reply: Vec<String> = FENCED_WRITE
             .key(self.fence_key(&write.scope))
             .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
@@ -656,12 +703,12 @@ impl FencedStore for RedisFencedStore {
 
     async fn read(&self, key: &str) -> Result<Option<Value>> {
         let key = format!("{}{key}", self.data_prefix());
-        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let mut conn = self.link.get().await?;
         let kind: String = redis::cmd("TYPE")
             .arg(&key)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         Ok(match kind.as_str() {
             "none" => None,
             "string" => Some(Value::Text(
@@ -669,28 +716,28 @@ impl FencedStore for RedisFencedStore {
                     .arg(&key)
                     .query_async(&mut conn)
                     .await
-                    .map_err(unavailable)?,
+                    .map_err(|e| self.link.broken(e))?,
             )),
             "hash" => Some(Value::Hash(
                 redis::cmd("HGETALL")
                     .arg(&key)
                     .query_async::<BTreeMap<String, String>>(&mut conn)
                     .await
-                    .map_err(unavailable)?,
+                    .map_err(|e| self.link.broken(e))?,
             )),
             other => return Err(Error::Unavailable(format!("redis: {key} is a {other}"))),
         })
     }
 
     async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
-        let mut conn = self.pool.get().await.map_err(unavailable)?;
+        let mut conn = self.link.get().await?;
         let (token, lease): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(self.fence_key(scope))
             .arg("token")
             .arg("lease")
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.link.broken(e))?;
         match (token, lease) {
             (Some(t), Some(l)) => Ok(Some(Fence {
                 token: FencingToken::from_u64(parse(&t)?),
