@@ -9,8 +9,9 @@ use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use palisade::store::redis::{ping, pool_with_ca, redacted};
 use palisade::{
-    Coordinator, Drain, FencedSink, FileEpochSource, LeaseStore, NewJob, RedisFencedStore,
-    RedisLeaseStore, Scope, Sinks, Worker, WorkerConfig, DEFAULT_MAX_PAYLOAD_BYTES,
+    Coordinator, Drain, FencedSink, FileEpochSource, LeaseStore, NewJob, PostgresEpochSource,
+    RedisFencedStore, RedisLeaseStore, Scope, Sinks, Worker, WorkerConfig,
+    DEFAULT_MAX_PAYLOAD_BYTES,
 };
 use serde_json::json;
 
@@ -71,8 +72,17 @@ pub struct WorkerArgs {
     sink_redis: Option<String>,
     /// Durable epoch file (fsynced): recovery from Redis data loss without a refused write.
     /// Every worker of one prefix on this host must use the same file.
-    #[arg(long, env = "PALISADE_EPOCH_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "PALISADE_EPOCH_FILE",
+        value_name = "PATH",
+        conflicts_with = "epoch_postgres"
+    )]
     epoch_file: Option<PathBuf>,
+    /// Durable epochs in a Postgres row (table palisade_epochs, named after --prefix): the
+    /// same recovery for workers on many hosts.
+    #[arg(long, env = "PALISADE_EPOCH_POSTGRES_URL", value_name = "URL")]
+    epoch_postgres: Option<String>,
     /// On SIGTERM / SIGINT, how long running handlers get to finish.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain: Duration,
@@ -92,6 +102,12 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         let (pool, mut store) = args.redis.store().await?;
         if let Some(path) = &args.epoch_file {
             store = store.with_epoch_source(Arc::new(FileEpochSource::new(path)));
+        }
+        if let Some(url) = &args.epoch_postgres {
+            let source = PostgresEpochSource::connect(url, &args.redis.prefix)
+                .await
+                .context("connecting to the Postgres epoch source")?;
+            store = store.with_epoch_source(Arc::new(source));
         }
         let sink_pool = match &args.sink_redis {
             Some(url) => {

@@ -74,7 +74,7 @@ pub use job::{
 pub use policy::{on_stall, RetryPolicy, StallOutcome};
 pub use renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
-pub use store::epoch::{EpochSource, FileEpochSource};
+pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Mutation, Reaped, Value};

@@ -31,16 +31,33 @@ struct World {
     epoch_dir: Option<std::path::PathBuf>,
 }
 
+/// Where the coordinator's epochs survive a Redis data loss, if anywhere.
+#[derive(Clone, Copy, PartialEq)]
+enum Durable {
+    Nowhere,
+    File,
+    Postgres,
+}
+
 impl World {
-    fn new(coordinator_redis: RedisServer, durable: bool) -> Self {
+    async fn new(coordinator_redis: RedisServer, durable: Durable) -> Self {
         let sink_redis = RedisServer::start();
         let pool = palisade::store::redis::pool(&coordinator_redis.url()).unwrap();
         let mut store = RedisLeaseStore::new(pool, "recovery");
-        let epoch_dir = durable.then(|| {
+        let epoch_dir = (durable == Durable::File).then(|| {
             std::env::temp_dir().join(format!("palisade-epochs-{}", uuid::Uuid::new_v4()))
         });
         if let Some(dir) = &epoch_dir {
             store = store.with_epoch_source(Arc::new(FileEpochSource::new(dir.join("epoch"))));
+        }
+        if durable == Durable::Postgres {
+            let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let name = format!("recovery-{}", uuid::Uuid::new_v4());
+            let source = PostgresEpochSource::connect(&url, &name)
+                .await
+                .expect("PostgreSQL is running (.ci/run starts it)");
+            store = store.with_epoch_source(Arc::new(source));
         }
         let sink_pool = palisade::store::redis::pool(&sink_redis.url()).unwrap();
         Self {
@@ -174,11 +191,11 @@ impl Drop for World {
 /// Runs a round, disrupts, runs two more rounds, and checks the outcome.
 async fn scenario(
     server: RedisServer,
-    durable: bool,
+    durable: Durable,
     disrupt: impl FnOnce(&mut RedisServer),
     detectable: bool,
 ) {
-    let mut world = World::new(server, durable);
+    let mut world = World::new(server, durable).await;
     assert_eq!(
         world.round().await,
         [0, 0, 0],
@@ -193,7 +210,7 @@ async fn scenario(
             "{scope}: {token:?} is not in an epoch above {old_epoch}"
         );
     }
-    if durable && detectable {
+    if durable != Durable::Nowhere && detectable {
         assert_eq!(
             after,
             [0, 0, 0],
@@ -228,12 +245,21 @@ fn regress_counter(server: &mut RedisServer) {
 
 macro_rules! recovery_tests {
     ($($name:ident: $server:expr, $disrupt:expr, $detectable:expr;)*) => {
-        mod with_durable_epoch_source {
+        mod with_epoch_file {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $name() {
-                    scenario($server, true, $disrupt, $detectable).await;
+                    scenario($server, Durable::File, $disrupt, $detectable).await;
+                }
+            )*
+        }
+        mod with_epoch_row_in_postgres {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    scenario($server, Durable::Postgres, $disrupt, $detectable).await;
                 }
             )*
         }
@@ -242,7 +268,7 @@ macro_rules! recovery_tests {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    scenario($server, false, $disrupt, $detectable).await;
+                    scenario($server, Durable::Nowhere, $disrupt, $detectable).await;
                 }
             )*
         }
@@ -261,7 +287,7 @@ recovery_tests! {
 /// source, the same token value is granted again — and the sink refuses the second lease.
 #[tokio::test]
 async fn regranted_token_is_a_token_conflict_not_a_second_writer() {
-    let mut world = World::new(RedisServer::start(), false);
+    let mut world = World::new(RedisServer::start(), Durable::Nowhere).await;
     world.round().await;
     let first = world.accepted[SCOPES[0]];
     world.coordinator_redis.restart_empty();

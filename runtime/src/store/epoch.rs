@@ -76,6 +76,87 @@ impl EpochSource for FileEpochSource {
     }
 }
 
+/// A row in Postgres, for coordinators whose workers run on many hosts: every bump is one
+/// committed `INSERT .. ON CONFLICT DO UPDATE .. RETURNING`, atomic under the row lock, so
+/// concurrent workers on different hosts never receive the same epoch.
+#[derive(Clone)]
+pub struct PostgresEpochSource {
+    pool: deadpool_postgres::Pool,
+    name: String,
+}
+
+impl PostgresEpochSource {
+    /// Epochs for the coordinator called `name` (use its key prefix), in table
+    /// `palisade_epochs` of the database at `url` (created if missing).
+    pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(2)
+            .build()
+            .map_err(|e| Error::Config(format!("postgres pool: {e}")))?;
+        let source = Self {
+            pool,
+            name: name.to_owned(),
+        };
+        source
+            .client()
+            .await?
+            // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; an
+            // advisory lock makes first start-up on many hosts at once safe.
+            .batch_execute(
+                "BEGIN;
+                 SELECT pg_advisory_xact_lock(7461827);
+                 CREATE TABLE IF NOT EXISTS palisade_epochs (
+                     name  TEXT PRIMARY KEY,
+                     epoch BIGINT NOT NULL CHECK (epoch > 0)
+                 );
+                 COMMIT;",
+            )
+            .await
+            .map_err(postgres_error)?;
+        Ok(source)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Error::Unavailable(format!("postgres: {e}")))
+    }
+}
+
+/// tokio-postgres prints a server error as just "db error"; the message is what helps.
+fn postgres_error(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(db) => Error::Unavailable(format!("postgres: {}", db.message())),
+        None => Error::Unavailable(format!("postgres: {e}")),
+    }
+}
+
+#[async_trait]
+impl EpochSource for PostgresEpochSource {
+    async fn next_epoch(&self, at_least: u32) -> Result<u32> {
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "INSERT INTO palisade_epochs (name, epoch) VALUES ($1, GREATEST(1, $2::BIGINT))
+                 ON CONFLICT (name) DO UPDATE
+                     SET epoch = GREATEST(palisade_epochs.epoch + 1, EXCLUDED.epoch)
+                 RETURNING epoch",
+                &[&self.name, &i64::from(at_least)],
+            )
+            .await
+            .map_err(postgres_error)?;
+        let epoch: i64 = row.get(0);
+        u32::try_from(epoch)
+            .map_err(|_| Error::Unavailable(format!("postgres: epoch {epoch} out of range")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
