@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use palisade::{EpochSource, PostgresEpochSource};
 
-pub fn postgres_url() -> String {
+fn postgres_url() -> String {
     std::env::var("PALISADE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
