@@ -20,7 +20,7 @@ use crate::store::{FencedWrite, Mutation};
 
 /// The fenced sinks a worker's handlers may write to, by name.
 #[derive(Clone, Default)]
-pub struct Sinks(HashMap<String, Addr<FencedSink>>);
+pub struct Sinks(Arc<HashMap<String, Addr<FencedSink>>>);
 
 impl Sinks {
     /// No sinks.
@@ -30,14 +30,14 @@ impl Sinks {
 
     /// Adds a sink under `name`.
     pub fn with(mut self, name: impl Into<String>, sink: Addr<FencedSink>) -> Self {
-        self.0.insert(name.into(), sink);
+        Arc::make_mut(&mut self.0).insert(name.into(), sink);
         self
     }
 }
 
 /// Everything a handler needs about the claim it runs under.
 pub struct JobContext {
-    job: Job,
+    job: Arc<Job>,
     lease: Lease,
     cancel: CancellationToken,
     sinks: Sinks,
@@ -45,7 +45,12 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    pub(crate) fn new(job: Job, lease: Lease, cancel: CancellationToken, sinks: Sinks) -> Self {
+    pub(crate) fn new(
+        job: Arc<Job>,
+        lease: Lease,
+        cancel: CancellationToken,
+        sinks: Sinks,
+    ) -> Self {
         Self {
             job,
             lease,

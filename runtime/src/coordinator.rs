@@ -93,10 +93,13 @@ impl Handler<Enqueue> for Coordinator {
     fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let queues: Vec<String> = msg.0.iter().map(|j| j.queue.clone()).collect();
+            let mut per_queue: std::collections::HashMap<String, u64> = Default::default();
+            for job in &msg.0 {
+                *per_queue.entry(job.queue.clone()).or_default() += 1;
+            }
             let ids = store.enqueue(msg.0).await?;
-            for queue in queues {
-                counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(1);
+            for (queue, n) in per_queue {
+                counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(n);
             }
             Ok(ids)
         })

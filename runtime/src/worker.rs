@@ -7,11 +7,12 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use futures_util::FutureExt;
-use metrics::{counter, histogram};
+use metrics::{counter, histogram, Counter, Histogram};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,7 +78,7 @@ impl WorkerConfig {
 }
 
 struct Running {
-    job: Job,
+    job: Arc<Job>,
     cancel: CancellationToken,
     started: Instant,
 }
@@ -85,7 +86,30 @@ struct Running {
 struct Pending {
     lease: LeaseId,
     settlement: Settlement,
-    queue: String,
+    job: Arc<Job>,
+}
+
+/// Metric handles of one (queue, kind), looked up once instead of per job.
+struct KindMetrics {
+    duration: Histogram,
+    /// By outcome: completed, retried, dead, fenced.
+    finished: [Counter; 4],
+}
+
+impl KindMetrics {
+    fn new(queue: &str, kind: &str) -> Self {
+        let labels = [("queue", queue.to_owned()), ("kind", kind.to_owned())];
+        let finished = |outcome: &'static str| counter!(m::JOBS_FINISHED, "queue" => queue.to_owned(), "kind" => kind.to_owned(), "outcome" => outcome);
+        Self {
+            duration: histogram!(m::JOB_DURATION, &labels),
+            finished: [
+                finished("completed"),
+                finished("retried"),
+                finished("dead"),
+                finished("fenced"),
+            ],
+        }
+    }
 }
 
 /// Runs handlers for claimed jobs.
@@ -106,6 +130,8 @@ pub struct Worker {
     /// backend gets exponentially fewer requests (and log lines), not one per poll tick.
     claim_failures: u32,
     resume_at: Option<Instant>,
+    /// queue → kind → metric handles.
+    metrics: HashMap<String, HashMap<String, KindMetrics>>,
 }
 
 impl Worker {
@@ -133,6 +159,7 @@ impl Worker {
             drain: None,
             claim_failures: 0,
             resume_at: None,
+            metrics: HashMap::new(),
         })
     }
 
@@ -192,6 +219,7 @@ impl Worker {
 
     fn launch(&mut self, claim: Claim, ctx: &mut Context<Self>) {
         let Claim { job, lease } = claim;
+        let job = Arc::new(job);
         let cancel = CancellationToken::new();
         self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
@@ -256,7 +284,7 @@ impl Worker {
                         act.renewal().do_send(ForgetLease(p.lease));
                         if let Err(e) = result {
                             tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
-                            counter!(m::SETTLEMENTS_REFUSED, "queue" => p.queue.clone()).increment(1);
+                            counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone()).increment(1);
                         }
                     }
                 }
@@ -369,10 +397,10 @@ impl Handler<JobFinished> for Worker {
             .retry
             .settle(&job, &msg.outcome, rand::random::<f64>());
         let outcome = match &settlement {
-            Settlement::Complete => "completed",
-            Settlement::Retry { .. } => "retried",
-            Settlement::Dead { .. } => "dead",
-            Settlement::Fenced { .. } => "fenced",
+            Settlement::Complete => 0,
+            Settlement::Retry { .. } => 1,
+            Settlement::Dead { .. } => 2,
+            Settlement::Fenced { .. } => 3,
         };
         match &settlement {
             Settlement::Complete => {
@@ -388,14 +416,24 @@ impl Handler<JobFinished> for Worker {
                 tracing::warn!(job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
             }
         }
-        let labels = [("queue", job.queue.clone()), ("kind", job.kind.clone())];
-        histogram!(m::JOB_DURATION, &labels).record(running.started.elapsed().as_secs_f64());
-        counter!(m::JOBS_FINISHED, "queue" => job.queue.clone(), "kind" => job.kind, "outcome" => outcome)
-            .increment(1);
+        let known = self
+            .metrics
+            .get(&job.queue)
+            .is_some_and(|k| k.contains_key(&job.kind));
+        if !known {
+            let handles = KindMetrics::new(&job.queue, &job.kind);
+            let by_kind = self.metrics.entry(job.queue.clone()).or_default();
+            by_kind.insert(job.kind.clone(), handles);
+        }
+        let metrics = &self.metrics[&job.queue][&job.kind];
+        metrics
+            .duration
+            .record(running.started.elapsed().as_secs_f64());
+        metrics.finished[outcome].increment(1);
         self.pending.push(Pending {
             lease: msg.lease,
             settlement,
-            queue: job.queue,
+            job,
         });
         self.flush(ctx);
         self.fill(ctx);
