@@ -2,31 +2,100 @@
 //!
 //! The actor adds no check of its own — the store's single atomic operation is the fence. A
 //! check here (read highest, then write) would be exactly the race fencing exists to close.
+//!
+//! Writes that arrive while a batch is on its way to the store are sent together as the next
+//! batch (group commit): under load many handlers' writes share one round trip, while a lone
+//! write still goes out at once. Each write stays its own atomic admission + mutation.
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use metrics::counter;
 
+use tokio::sync::oneshot;
+
 use crate::admission::{Admission, Fence};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::Scope;
 use crate::metrics as m;
 use crate::store::{FencedStore, FencedWrite, Value};
+
+type Reply = oneshot::Sender<Result<Admission>>;
 
 /// A named fenced sink ("ledger") over one backend.
 pub struct FencedSink {
     name: Arc<str>,
     store: Arc<dyn FencedStore>,
+    queued: Vec<(FencedWrite, Reply)>,
+    in_flight: bool,
 }
 
 impl FencedSink {
+    /// Most writes sent to the store in one batch.
+    const MAX_BATCH: usize = 256;
+
     /// A sink called `name` (the handler-side name and the metric label).
     pub fn new(name: impl Into<Arc<str>>, store: Arc<dyn FencedStore>) -> Self {
         Self {
             name: name.into(),
             store,
+            queued: Vec::new(),
+            in_flight: false,
         }
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight || self.queued.is_empty() {
+            return;
+        }
+        self.in_flight = true;
+        let rest = self
+            .queued
+            .split_off(self.queued.len().min(Self::MAX_BATCH));
+        let (writes, replies): (Vec<FencedWrite>, Vec<Reply>) =
+            std::mem::replace(&mut self.queued, rest)
+                .into_iter()
+                .unzip();
+        let scopes: Vec<Scope> = writes.iter().map(|w| w.scope.clone()).collect();
+        let store = self.store.clone();
+        let batch = async move { store.write_batch(writes).await };
+        ctx.spawn(batch.into_actor(self).map(move |result, act, ctx| {
+            act.in_flight = false;
+            let results: Vec<Result<Admission>> = match result {
+                Ok(results) => results,
+                Err(e) => {
+                    let why = e.to_string();
+                    replies
+                        .iter()
+                        .map(|_| Err(Error::Unavailable(why.clone())))
+                        .collect()
+                }
+            };
+            for ((result, reply), scope) in results.into_iter().zip(replies).zip(scopes) {
+                act.record(&scope, &result);
+                let _ = reply.send(result);
+            }
+            act.flush(ctx);
+        }));
+    }
+
+    fn record(&self, scope: &Scope, result: &Result<Admission>) {
+        let name = &self.name;
+        let outcome = match result {
+            Ok(Admission::Applied) => "applied",
+            Ok(Admission::Duplicate) => "duplicate",
+            Ok(Admission::Rejected(rejection)) => {
+                tracing::warn!(sink = %name, %scope, %rejection, "fenced write refused");
+                counter!(m::FENCE_REJECTIONS, "sink" => name.to_string(), "reason" => rejection.reason())
+                    .increment(1);
+                "rejected"
+            }
+            Err(e) => {
+                tracing::warn!(sink = %name, %scope, error = %e, "fenced write failed");
+                "error"
+            }
+        };
+        counter!(m::SINK_WRITES, "sink" => name.to_string(), "outcome" => outcome).increment(1);
     }
 }
 
@@ -49,27 +118,14 @@ pub struct Write(pub FencedWrite);
 impl Handler<Write> for FencedSink {
     type Result = ResponseFuture<Result<Admission>>;
 
-    fn handle(&mut self, msg: Write, _: &mut Self::Context) -> Self::Result {
-        let (name, store) = (self.name.clone(), self.store.clone());
+    fn handle(&mut self, msg: Write, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = oneshot::channel();
+        self.queued.push((msg.0, reply));
+        self.flush(ctx);
         Box::pin(async move {
-            let scope = msg.0.scope.clone();
-            let result = store.write(msg.0).await;
-            let outcome = match &result {
-                Ok(Admission::Applied) => "applied",
-                Ok(Admission::Duplicate) => "duplicate",
-                Ok(Admission::Rejected(rejection)) => {
-                    tracing::warn!(sink = %name, %scope, %rejection, "fenced write refused");
-                    counter!(m::FENCE_REJECTIONS, "sink" => name.to_string(), "reason" => rejection.reason())
-                        .increment(1);
-                    "rejected"
-                }
-                Err(e) => {
-                    tracing::warn!(sink = %name, %scope, error = %e, "fenced write failed");
-                    "error"
-                }
-            };
-            counter!(m::SINK_WRITES, "sink" => name.to_string(), "outcome" => outcome).increment(1);
-            result
+            answer
+                .await
+                .map_err(|_| Error::Unavailable("fenced sink stopped before answering".into()))?
         })
     }
 }

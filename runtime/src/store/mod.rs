@@ -146,6 +146,16 @@ pub trait FencedStore: Send + Sync + 'static {
     /// Admits (or refuses) and applies one write atomically.
     async fn write(&self, write: FencedWrite) -> Result<Admission>;
 
+    /// Several writes that arrived together, each admitted and applied atomically on its own
+    /// (a remote backend sends them in one round trip). One result per write, in order.
+    async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
+        let mut results = Vec::with_capacity(writes.len());
+        for write in writes {
+            results.push(self.write(write).await);
+        }
+        Ok(results)
+    }
+
     /// Reads a value back (for checks and status; not fenced).
     async fn read(&self, key: &str) -> Result<Option<Value>>;
 

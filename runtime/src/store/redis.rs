@@ -657,48 +657,67 @@ fn padded(token: FencingToken) -> String {
 #[async_trait]
 impl FencedStore for RedisFencedStore {
     async fn write(&self, write: FencedWrite) -> Result<Admission> {
-        let mutations =
-            serde_json::to_string(&write.mutations).map_err(|e| Error::Mutation(e.to_string()))?;
-        round_trip("fenced_write");
-        let mut conn = self.link.get().await?;
-        let reply: Vec<String> = FENCED_WRITE
-            .key(self.fence_key(&write.scope))
-            .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
-            .arg(padded(write.fence.token))
-            .arg(write.fence.lease.to_string())
-            .arg(write.key.as_str())
+        self.write_batch(vec![write])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Unavailable("redis: empty reply".into())))
+    }
+
+    async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = FENCED_WRITE.prepare_invoke();
+        invocation
             .arg(self.retention.as_millis() as u64)
             .arg(self.max_keys)
-            .arg(self.data_prefix())
-            .arg(mutations)
+            .arg(self.data_prefix());
+        for write in &writes {
+            let mutations = serde_json::to_string(&write.mutations)
+                .map_err(|e| Error::Mutation(e.to_string()))?;
+            invocation
+                .key(self.fence_key(&write.scope))
+                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
+                .arg(padded(write.fence.token))
+                .arg(write.fence.lease.to_string())
+                .arg(write.key.as_str())
+                .arg(mutations);
+        }
+        round_trip("fenced_write");
+        let mut conn = self.link.get().await?;
+        let replies: Vec<Vec<String>> = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| match e.code() {
-                Some("PALISADE_MUTATION") => {
-                    Error::Mutation(e.detail().unwrap_or_default().to_owned())
-                }
-                _ => unavailable(e),
-            })?;
+            .map_err(|e| self.link.broken(e))?;
         let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
         let lease = |s: &str| parse::<uuid::Uuid>(s).map(LeaseId::from);
-        Ok(match reply.as_slice() {
-            [a] if a == "applied" => Admission::Applied,
-            [d] if d == "duplicate" => Admission::Duplicate,
-            [s, highest, _] if s == "stale" => Admission::Rejected(Rejection::StaleToken {
-                presented: write.fence.token,
-                highest: token(highest)?,
-            }),
-            [c, t, held_by] if c == "conflict" => Admission::Rejected(Rejection::TokenConflict {
-                token: token(t)?,
-                held_by: lease(held_by)?,
-                presented_by: write.fence.lease,
-            }),
-            other => {
-                return Err(Error::Unavailable(format!(
-                    "redis: unexpected reply {other:?}"
-                )))
-            }
-        })
+        Ok(writes
+            .iter()
+            .zip(replies)
+            .map(|(write, reply)| {
+                Ok(match reply.as_slice() {
+                    [a] if a == "applied" => Admission::Applied,
+                    [d] if d == "duplicate" => Admission::Duplicate,
+                    [s, highest, _] if s == "stale" => Admission::Rejected(Rejection::StaleToken {
+                        presented: write.fence.token,
+                        highest: token(highest)?,
+                    }),
+                    [c, t, held_by] if c == "conflict" => {
+                        Admission::Rejected(Rejection::TokenConflict {
+                            token: token(t)?,
+                            held_by: lease(held_by)?,
+                            presented_by: write.fence.lease,
+                        })
+                    }
+                    [m, why] if m == "mutation" => return Err(Error::Mutation(why.clone())),
+                    other => {
+                        return Err(Error::Unavailable(format!(
+                            "redis: unexpected reply {other:?}"
+                        )))
+                    }
+                })
+            })
+            .collect())
     }
 
     async fn read(&self, key: &str) -> Result<Option<Value>> {

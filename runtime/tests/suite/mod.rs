@@ -607,6 +607,60 @@ pub async fn racing_writers_apply_each_key_once(sink: Arc<dyn FencedStore>, ns: 
     );
 }
 
+/// A batch (group commit) decides every write on its own, in order.
+pub async fn batched_writes_are_decided_one_by_one(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b) = (LeaseId::new(), LeaseId::new());
+    let (s1, s2, k) = (format!("{ns}s1"), format!("{ns}s2"), format!("{ns}k"));
+    let text = format!("{ns}text");
+    sink.write(write(&s2, fence(9, b), "seed", set(&text, "x")))
+        .await
+        .unwrap();
+    let incr = |by| {
+        vec![Mutation::HashIncr {
+            key: k.clone(),
+            field: "n".into(),
+            by,
+        }]
+    };
+    let results = sink
+        .write_batch(vec![
+            write(&s1, fence(1, a), "one", incr(1)),
+            write(&s1, fence(1, a), "one", incr(1)),
+            write(&s2, fence(8, a), "late", incr(100)),
+            write(
+                &s1,
+                fence(2, b),
+                "bad",
+                vec![Mutation::HashIncr {
+                    key: text.clone(),
+                    field: "f".into(),
+                    by: 1,
+                }],
+            ),
+            write(&s1, fence(2, b), "two", incr(2)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 5);
+    assert_eq!(results[0].as_ref().unwrap(), &Admission::Applied);
+    assert_eq!(results[1].as_ref().unwrap(), &Admission::Duplicate);
+    assert!(matches!(
+        results[2],
+        Ok(Admission::Rejected(Rejection::StaleToken { .. }))
+    ));
+    assert!(
+        matches!(results[3], Err(Error::Mutation(_))),
+        "{:?}",
+        results[3]
+    );
+    assert_eq!(results[4].as_ref().unwrap(), &Admission::Applied);
+    let Some(Value::Hash(h)) = sink.read(&k).await.unwrap() else {
+        panic!("counter missing")
+    };
+    assert_eq!(h["n"], "3");
+    assert!(sink.write_batch(vec![]).await.unwrap().is_empty());
+}
+
 #[macro_export]
 macro_rules! fenced_store_suite {
     ($make:expr) => {
@@ -615,6 +669,7 @@ macro_rules! fenced_store_suite {
             mutations_apply_whole_or_not_at_all,
             scopes_are_fenced_independently,
             racing_writers_apply_each_key_once,
+            batched_writes_are_decided_one_by_one,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
