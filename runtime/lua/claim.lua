@@ -24,10 +24,12 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0
   park(base, id, now, now)
 end
 
--- Jobs whose scope has a live lease are skipped, so look a little past n.
+-- Jobs whose scope has a live lease are skipped, so look a little past n. A head of the
+-- queue longer than that, all on busy scopes, delays later jobs until those scopes free up
+-- (head-of-line blocking; never a correctness issue).
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 local out, taken, picked, expiries, owners = {}, {}, {}, {}, {}
-for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 4 + 63)) do
+for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 2 + 15)) do
   if #out >= n then
     break
   end
