@@ -77,6 +77,35 @@ impl WorkerConfig {
     }
 }
 
+/// Exponential backoff after consecutive failures: 200 ms, 400 ms, ... up to 5 s.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    resume_at: Option<Instant>,
+}
+
+impl Backoff {
+    fn ready(&self) -> bool {
+        self.resume_at.is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// Records a failure; returns how long to wait.
+    fn failed(&mut self) -> Duration {
+        self.failures += 1;
+        let wait = Duration::from_millis(100)
+            .saturating_mul(1 << self.failures.min(6))
+            .min(Duration::from_secs(5));
+        self.resume_at = Some(Instant::now() + wait);
+        wait
+    }
+
+    /// Records a success; returns the failures it ends.
+    fn succeeded(&mut self) -> u32 {
+        self.resume_at = None;
+        std::mem::take(&mut self.failures)
+    }
+}
+
 struct Running {
     job: Arc<Job>,
     cancel: CancellationToken,
@@ -126,10 +155,10 @@ pub struct Worker {
     frozen: bool,
     next_queue: usize,
     drain: Option<oneshot::Sender<usize>>,
-    /// Consecutive failed claims, and when the next claim may go out: an unreachable
-    /// backend gets exponentially fewer requests (and log lines), not one per poll tick.
-    claim_failures: u32,
-    resume_at: Option<Instant>,
+    /// An unreachable backend gets exponentially fewer claims and settlement retries (and log
+    /// lines), not one per poll tick.
+    claim_backoff: Backoff,
+    settle_backoff: Backoff,
     /// queue → kind → metric handles.
     metrics: HashMap<String, HashMap<String, KindMetrics>>,
 }
@@ -157,8 +186,8 @@ impl Worker {
             frozen: false,
             next_queue: 0,
             drain: None,
-            claim_failures: 0,
-            resume_at: None,
+            claim_backoff: Backoff::default(),
+            settle_backoff: Backoff::default(),
             metrics: HashMap::new(),
         })
     }
@@ -175,7 +204,7 @@ impl Worker {
         if self.frozen || self.drain.is_some() || self.claiming || room == 0 {
             return;
         }
-        if self.resume_at.is_some_and(|at| Instant::now() < at) {
+        if !self.claim_backoff.ready() {
             return;
         }
         let n = room.min(self.config.batch);
@@ -192,11 +221,10 @@ impl Worker {
             act.claiming = false;
             match result.map_err(Error::from).and_then(|r| r) {
                 Ok(claims) => {
-                    if act.claim_failures > 0 {
-                        tracing::info!(worker = %act.config.name, "claiming again after {} failures", act.claim_failures);
+                    let failures = act.claim_backoff.succeeded();
+                    if failures > 0 {
+                        tracing::info!(worker = %act.config.name, failures, "claiming again");
                     }
-                    act.claim_failures = 0;
-                    act.resume_at = None;
                     if !claims.is_empty() {
                         for claim in claims {
                             act.launch(claim, ctx);
@@ -205,11 +233,7 @@ impl Worker {
                     }
                 }
                 Err(e) => {
-                    act.claim_failures += 1;
-                    let backoff = Duration::from_millis(100)
-                        .saturating_mul(1 << act.claim_failures.min(6))
-                        .min(Duration::from_secs(5));
-                    act.resume_at = Some(Instant::now() + backoff);
+                    let backoff = act.claim_backoff.failed();
                     tracing::warn!(worker = %act.config.name, error = %e, ?backoff, "claim failed; backing off");
                     counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
                 }
@@ -265,7 +289,7 @@ impl Worker {
 
     /// Sends finished jobs' settlements in one batch; more pile up while one is in flight.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.settling || self.pending.is_empty() {
+        if self.settling || self.pending.is_empty() || !self.settle_backoff.ready() {
             return;
         }
         self.settling = true;
@@ -280,6 +304,7 @@ impl Worker {
             act.settling = false;
             match result.map_err(Error::from).and_then(|r| r) {
                 Ok(results) => {
+                    act.settle_backoff.succeeded();
                     for (p, result) in batch.iter().zip(results) {
                         act.renewal().do_send(ForgetLease(p.lease));
                         if let Err(e) = result {
@@ -291,7 +316,8 @@ impl Worker {
                 Err(e) => {
                     // Keep renewing and try again; if the leases expire first, the reaper
                     // requeues the jobs and our late settlement is refused — never lost.
-                    tracing::warn!(error = %e, jobs = batch.len(), "settlement failed; retrying");
+                    let backoff = act.settle_backoff.failed();
+                    tracing::warn!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
                     counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
                     act.pending.extend(batch);
                 }
