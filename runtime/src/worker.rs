@@ -516,3 +516,24 @@ impl Handler<Drain> for Worker {
         Box::pin(async move { rx.await.unwrap_or(0) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_doubles_caps_and_resets() {
+        let mut backoff = Backoff::default();
+        assert!(backoff.ready());
+        let waits: Vec<Duration> = (0..8).map(|_| backoff.failed()).collect();
+        assert_eq!(waits[0], Duration::from_millis(200));
+        assert_eq!(waits[1], Duration::from_millis(400));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(waits[7], Duration::from_secs(5));
+        assert!(!backoff.ready());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(backoff.ready());
+        assert_eq!(backoff.succeeded(), 8);
+        assert_eq!(backoff.failed(), Duration::from_millis(200));
+    }
+}
