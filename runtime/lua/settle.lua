@@ -8,12 +8,28 @@
 -- Errors   none
 local base = KEYS[1]
 local now = now_ms()
+local count = tonumber(ARGV[1])
+
+-- Look every lease up at once: its expiry and its job.
+local all, expiries, jobs = {}, {}, {}
+for i = 0, count - 1 do
+  all[#all + 1] = ARGV[2 + i * 4]
+end
+for i = 1, #all, 500 do
+  local chunk = { unpack(all, i, math.min(i + 499, #all)) }
+  local e = redis.call('ZMSCORE', base .. 'leases', unpack(chunk))
+  local j = redis.call('HMGET', base .. 'lease_job', unpack(chunk))
+  for k = 1, #chunk do
+    expiries[i + k - 1] = e[k]
+    jobs[i + k - 1] = j[k]
+  end
+end
+
 local out, released, finished, leased, completed = {}, {}, {}, {}, {}
-for i = 0, tonumber(ARGV[1]) - 1 do
+for i = 0, count - 1 do
   local o = 1 + i * 4
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local expiry = redis.call('ZSCORE', base .. 'leases', lease)
-  local id = expiry and redis.call('HGET', base .. 'lease_job', lease)
+  local expiry, id = expiries[i + 1], jobs[i + 1]
   if not expiry or tonumber(expiry) <= now or not id then
     out[#out + 1] = 'stale'
   else
