@@ -2,9 +2,7 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  queue, ARGV[2] worker name, ARGV[3] lease ttl (ms),
 -- ARGV[4..] one fresh random lease id per job wanted (n = #ARGV - 3)
--- Returns  one array per claim:
---          {job id, lease id, epoch, counter, scope, kind, payload, attempt, stalls,
---           max_attempts, max_stalls}
+-- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls}
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. No token is minted before that.
@@ -34,19 +32,17 @@ for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 2 + 15)) do
     break
   end
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'scope', 'own', 'kind', 'payload', 'attempt', 'stalls',
-    'max_attempts', 'max_stalls')
-  local scope, own = f[1], f[2] == '1'
-  if not scope then
+  local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
+  local scope = f[2] or id
+  if not f[1] then
     picked[#picked + 1] = id -- a ready entry without its job: drop it
-  elseif not taken[scope] and (own or redis.call('HEXISTS', base .. 'live', scope) == 0) then
+  elseif not taken[scope] and (not f[2] or redis.call('HEXISTS', base .. 'live', scope) == 0) then
     taken[scope] = true
     local lease = ARGV[3 + #out + 1]
     counter = counter + 1
-    local attempt = tonumber(f[5]) + 1
-    redis.call('HSET', job, 'attempt', attempt, 'lease', lease, 'epoch', epoch,
-      'counter', counter, 'worker', worker, 'claimed', now)
-    if not own then
+    local attempt = fmt(tonumber(f[3] or '0') + 1)
+    redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
+    if f[2] then
       redis.call('HSET', base .. 'live', scope, lease)
       redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
     end
@@ -54,8 +50,8 @@ for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 2 + 15)) do
     expiries[#expiries + 1] = now + ttl
     expiries[#expiries + 1] = lease
     owners[#owners + 1] = lease
-    owners[#owners + 1] = id
-    out[#out + 1] = { id, lease, epoch, fmt(counter), scope, f[3], f[4], fmt(attempt), f[6], f[7], f[8] }
+    owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
+    out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
   end
 end
 if #picked > 0 then

@@ -5,10 +5,11 @@
 --   epoch                 hash  epoch, run (Redis run_id that epoch was proven on), floor
 --   counter               string, the per-epoch token counter (token = epoch << 40 | counter)
 --   seq                   string, enqueue order
---   job:<id>              hash  queue kind payload scope own priority seq attempt stalls
---                               max_attempts max_stalls, and while leased: lease epoch counter
---                               worker claimed. own = "1" when the scope is the job's own id:
---                               no other job can share it, so the scope lock is skipped.
+--   job:<id>              hash  meta (JSON written by the client: kind payload queue scope
+--                               priority max_attempts max_stalls, decoded here only on rare
+--                               paths), queue, scope (only when shared with other jobs; a job
+--                               scoped to its own id has none, and needs no scope lock),
+--                               attempt, stalls, lease (while leased)
 --   q:<queue>:ready       zset  job id -> seq - priority * 2^40 (lowest first)
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
 --   q:<queue>:stats       hash  leased, completed
@@ -17,10 +18,11 @@
 --   live                  hash  shared scope -> lease id holding it
 --   last                  hash  shared scope -> "epoch:counter" of the newest token granted
 --   leases                zset  lease id -> expiry (ms, Redis clock)
---   lease_job             hash  lease id -> job id
+--   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
 --
--- Batches touch each job with as few commands as possible and do the per-batch work (token
--- counter, sorted-set updates, counts) once per call.
+-- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
+-- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
+-- counts) once per call.
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
@@ -36,25 +38,30 @@ end
 -- Puts a job back where its next claim finds it: ready now, or delayed until `at`.
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'queue', 'priority')
-  local seq = redis.call('INCR', base .. 'seq')
-  redis.call('HSET', job, 'seq', seq)
+  local f = redis.call('HMGET', job, 'queue', 'meta')
   if at <= now then
-    redis.call('ZADD', base .. 'q:' .. f[1] .. ':ready', seq - tonumber(f[2]) * PRIORITY_SPAN, id)
+    local seq = redis.call('INCR', base .. 'seq')
+    local priority = cjson.decode(f[2]).priority
+    redis.call('ZADD', base .. 'q:' .. f[1] .. ':ready', seq - priority * PRIORITY_SPAN, id)
   else
     redis.call('ZADD', base .. 'q:' .. f[1] .. ':delayed', at, id)
   end
 end
 
+-- The job id of a lease_job entry (the part before the first tab).
+local function job_of(entry)
+  return entry and string.match(entry, '^[^\t]+')
+end
+
 -- Moves a job to its queue's dead-letter list with the reason, as JSON.
 local function bury(base, id, reason)
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'queue', 'kind', 'payload', 'scope', 'attempt', 'stalls',
-    'max_attempts', 'max_stalls')
-  redis.call('RPUSH', base .. 'q:' .. f[1] .. ':dead', cjson.encode({
-    id = id, queue = f[1], kind = f[2], payload = f[3], scope = f[4],
-    attempt = tonumber(f[5]), stalls = tonumber(f[6]),
-    max_attempts = tonumber(f[7]), max_stalls = tonumber(f[8]), reason = reason }))
+  local f = redis.call('HMGET', job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
+  local meta = cjson.decode(f[1])
+  redis.call('RPUSH', base .. 'q:' .. f[2] .. ':dead', cjson.encode({
+    id = id, queue = f[2], kind = meta.kind, payload = meta.payload, scope = f[3] or id,
+    attempt = tonumber(f[4] or '0'), stalls = tonumber(f[5] or '0'),
+    max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason }))
   redis.call('DEL', job)
 end
 
@@ -62,9 +69,9 @@ end
 local function release(base, lease, id)
   redis.call('ZREM', base .. 'leases', lease)
   redis.call('HDEL', base .. 'lease_job', lease)
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope', 'own')
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope')
   if f[1] then
-    if f[3] ~= '1' and redis.call('HGET', base .. 'live', f[2]) == lease then
+    if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
       redis.call('HDEL', base .. 'live', f[2])
     end
     redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'leased', -1)

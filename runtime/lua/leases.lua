@@ -10,12 +10,13 @@ local out = {}
 local listed = redis.call('ZRANGE', base .. 'leases', 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 for i = 1, #listed, 2 do
   local lease = listed[i]
-  local id = redis.call('HGET', base .. 'lease_job', lease)
-  local f = id and redis.call('HMGET', base .. 'job:' .. id, 'scope', 'epoch', 'counter',
-    'worker', 'claimed')
-  if f and f[1] then
-    out[#out + 1] = { lease, id, f[1], f[2], f[3], f[4] or '',
-      fmt(now - tonumber(f[5] or now)), fmt(tonumber(listed[i + 1]) - now) }
+  local entry = redis.call('HGET', base .. 'lease_job', lease)
+  if entry then
+    local id, epoch, counter, claimed, worker =
+      string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+    local scope = redis.call('HGET', base .. 'job:' .. id, 'scope') or id
+    out[#out + 1] = { lease, id, scope, epoch, counter, worker,
+      fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now) }
   end
 end
 return out

@@ -8,7 +8,7 @@ local now = now_ms()
 local out = {}
 for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', 0,
   tonumber(ARGV[1]))) do
-  local id = redis.call('HGET', base .. 'lease_job', lease)
+  local id = job_of(redis.call('HGET', base .. 'lease_job', lease))
   if not id then
     redis.call('ZREM', base .. 'leases', lease)
   else
@@ -16,7 +16,7 @@ for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now
     if queue then
       local job = base .. 'job:' .. id
       local stalls = redis.call('HINCRBY', job, 'stalls', 1)
-      local max = tonumber(redis.call('HGET', job, 'max_stalls'))
+      local max = cjson.decode(redis.call('HGET', job, 'meta')).max_stalls
       if stalls > max then
         bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')')
         out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'

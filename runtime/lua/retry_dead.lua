@@ -12,9 +12,13 @@ for _ = 1, tonumber(ARGV[2]) do
     break
   end
   local d = cjson.decode(raw)
-  redis.call('HSET', base .. 'job:' .. d.id, 'queue', d.queue, 'kind', d.kind, 'payload',
-    d.payload, 'scope', d.scope, 'own', d.scope == d.id and '1' or '0', 'priority', 0,
-    'attempt', 0, 'stalls', 0, 'max_attempts', d.max_attempts, 'max_stalls', d.max_stalls)
+  local job = base .. 'job:' .. d.id
+  local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
+    scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })
+  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'attempt', 0, 'stalls', 0)
+  if d.scope ~= d.id then
+    redis.call('HSET', job, 'scope', d.scope)
+  end
   park(base, d.id, now, now)
   moved = moved + 1
 end

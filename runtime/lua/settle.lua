@@ -21,7 +21,7 @@ for i = 1, #all, 500 do
   local j = redis.call('HMGET', base .. 'lease_job', unpack(chunk))
   for k = 1, #chunk do
     expiries[i + k - 1] = e[k]
-    jobs[i + k - 1] = j[k]
+    jobs[i + k - 1] = job_of(j[k])
   end
 end
 
@@ -35,10 +35,10 @@ for i = 0, count - 1 do
   else
     released[#released + 1] = lease
     local job = base .. 'job:' .. id
-    local f = redis.call('HMGET', job, 'queue', 'scope', 'own')
+    local f = redis.call('HMGET', job, 'queue', 'scope')
     local queue, result = f[1], 'ok'
     if queue then
-      if f[3] ~= '1' and redis.call('HGET', base .. 'live', f[2]) == lease then
+      if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
         redis.call('HDEL', base .. 'live', f[2])
       end
       leased[queue] = (leased[queue] or 0) + 1

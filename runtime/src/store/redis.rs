@@ -294,17 +294,28 @@ impl LeaseStore for RedisLeaseStore {
         let mut invocation = ENQUEUE.key(&self.base);
         invocation.arg(jobs.len());
         for (id, job) in ids.iter().zip(jobs) {
-            let scope = job.scope.map_or_else(|| id.to_string(), |s| s.to_string());
+            let meta = serde_json::to_string(&Meta {
+                kind: job.kind,
+                payload: job.payload,
+                queue: job.queue.clone(),
+                scope: job.scope.clone(),
+                priority: job.priority,
+                max_attempts: job.max_attempts,
+                max_stalls: job.max_stalls,
+            })
+            .map_err(|e| Error::Payload(e.to_string()))?;
+            // A job scoped to its own id stores no scope: no other job can share it.
+            let shared = job
+                .scope
+                .map(|s| s.to_string())
+                .filter(|s| *s != id.to_string());
             invocation
                 .arg(id.to_string())
                 .arg(job.queue)
-                .arg(job.kind)
-                .arg(job.payload)
-                .arg(scope)
+                .arg(shared.unwrap_or_default())
                 .arg(job.priority)
                 .arg(job.delay.as_millis() as u64)
-                .arg(job.max_attempts)
-                .arg(job.max_stalls);
+                .arg(meta);
         }
         round_trip("enqueue");
         let mut conn = self.conn().await?;
@@ -350,21 +361,23 @@ impl LeaseStore for RedisLeaseStore {
             return rows
                 .into_iter()
                 .map(|r| {
-                    let [id, lease, epoch, counter, scope, kind, payload, attempt, stalls, max_attempts, max_stalls] =
-                        <[String; 11]>::try_from(r)
-                            .map_err(|r| Error::Unavailable(format!("redis: bad claim row {r:?}")))?;
-                    let scope = Scope::new(scope);
+                    let [id, lease, epoch, counter, meta, attempt, stalls] =
+                        <[String; 7]>::try_from(r).map_err(|r| {
+                            Error::Unavailable(format!("redis: bad claim row {r:?}"))
+                        })?;
+                    let meta: Meta = serde_json::from_str(&meta).map_err(unavailable)?;
+                    let scope = meta.scope.unwrap_or_else(|| Scope::new(id.as_str()));
                     Ok(Claim {
                         job: Job {
                             id: JobId::from(parse::<uuid::Uuid>(&id)?),
                             queue: queue.to_owned(),
-                            kind,
-                            payload,
+                            kind: meta.kind,
+                            payload: meta.payload,
                             scope: scope.clone(),
                             attempt: parse(&attempt)?,
                             stalls: parse(&stalls)?,
-                            max_attempts: parse(&max_attempts)?,
-                            max_stalls: parse(&max_stalls)?,
+                            max_attempts: meta.max_attempts,
+                            max_stalls: meta.max_stalls,
                         },
                         lease: Lease {
                             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
@@ -529,28 +542,44 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
-        // Shared scopes keep their newest token in `last`; a job's own scope only lives in
-        // the job record while the job exists.
+        // Shared scopes keep their newest token in `last`; a job's own scope only has one
+        // while the job holds a lease.
         let mut conn = self.conn().await?;
-        let (last, epoch, counter): (Option<String>, Option<u32>, Option<u64>) = redis::pipe()
+        let (last, lease): (Option<String>, Option<String>) = redis::pipe()
             .cmd("HGET")
             .arg(format!("{}last", self.base))
             .arg(scope.as_str())
-            .cmd("HMGET")
+            .cmd("HGET")
             .arg(format!("{}job:{scope}", self.base))
-            .arg("epoch")
-            .arg("counter")
-            .query_async::<(Option<String>, (Option<u32>, Option<u64>))>(&mut conn)
+            .arg("lease")
+            .query_async(&mut conn)
             .await
-            .map(|(last, (epoch, counter))| (last, epoch, counter))
             .map_err(|e| self.link.broken(e))?;
+        let token =
+            |epoch: &str, counter: &str| Ok(FencingToken::new(parse(epoch)?, parse(counter)?));
         if let Some(last) = last {
             let (epoch, counter) = last
                 .split_once(':')
                 .ok_or_else(|| Error::Unavailable(format!("redis: bad token {last:?}")))?;
-            return Ok(Some(FencingToken::new(parse(epoch)?, parse(counter)?)));
+            return token(epoch, counter).map(Some);
         }
-        Ok(epoch.zip(counter).map(|(e, c)| FencingToken::new(e, c)))
+        let Some(lease) = lease else {
+            return Ok(None);
+        };
+        let entry: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}lease_job", self.base))
+            .arg(lease)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        match entry
+            .as_deref()
+            .map(|e| e.split('\t').collect::<Vec<_>>())
+            .as_deref()
+        {
+            Some([_, epoch, counter, ..]) => token(epoch, counter).map(Some),
+            _ => Ok(None),
+        }
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -604,6 +633,19 @@ impl LeaseStore for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))
     }
+}
+
+/// What the client writes into a job's `meta` field at enqueue and reads back at claim; the
+/// scripts decode it only on rare paths (retry, stall, dead-letter).
+#[derive(serde::Serialize, Deserialize)]
+struct Meta {
+    kind: String,
+    payload: String,
+    queue: String,
+    scope: Option<Scope>,
+    priority: i32,
+    max_attempts: u32,
+    max_stalls: u32,
 }
 
 /// A fenced sink on Redis: admission, mutation and idempotency record in one script.
