@@ -6,7 +6,7 @@
 //! tests drive lease expiry with `tokio::time::pause()` / `advance()`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ struct LeaseState {
     jobs: HashMap<JobId, Job>,
     queues: HashMap<String, QueueState>,
     scopes: HashMap<Scope, ScopeState>,
+    /// Jobs scoped to their own id: their scope state goes when they do, or a long-running
+    /// embedded coordinator would keep one entry per job it ever ran.
+    own_scope: HashSet<JobId>,
     leases: HashMap<LeaseId, LeaseRecord>,
     expiries: BTreeSet<(Instant, LeaseId)>,
 }
@@ -181,6 +184,15 @@ impl LeaseState {
         Some(record.job)
     }
 
+    /// The job completed: nothing will be granted on its own scope again. (A dead job keeps
+    /// its scope state: `retry_dead` may bring it back, and its next token must still be
+    /// higher than the last.)
+    fn forget_scope(&mut self, id: JobId, scope: &Scope) {
+        if self.own_scope.remove(&id) {
+            self.scopes.remove(scope);
+        }
+    }
+
     fn bury(&mut self, id: JobId, reason: String) {
         if let Some(job) = self.jobs.remove(&id) {
             let q = self.queues.entry(job.queue.clone()).or_default();
@@ -201,6 +213,9 @@ impl LeaseStore for MemoryLeaseStore {
         let mut ids = Vec::with_capacity(jobs.len());
         for new in jobs {
             let id = JobId::new();
+            if new.scope.is_none() {
+                state.own_scope.insert(id);
+            }
             let job = Job {
                 id,
                 scope: new.scope.unwrap_or_else(|| Scope::new(id.to_string())),
@@ -314,6 +329,7 @@ impl LeaseStore for MemoryLeaseStore {
             match settlement {
                 Settlement::Complete => {
                     if let Some(job) = state.jobs.remove(&id) {
+                        state.forget_scope(id, &job.scope);
                         let q = state.queues.entry(job.queue).or_default();
                         q.priority.remove(&id);
                         q.completed += 1;
@@ -557,5 +573,33 @@ impl FencedStore for MemoryFencedStore {
 
     async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
         Ok(lock(&self.state).fences.get(scope).and_then(|f| f.highest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn completed_self_scoped_jobs_leave_no_scope_state_behind() {
+        let store = MemoryLeaseStore::new();
+        let jobs = (0..100).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        store
+            .enqueue(vec![NewJob::raw("k", "null").with_scope("account:1")])
+            .await
+            .unwrap();
+        let claims = store
+            .claim("default", "w", 200, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let done = claims
+            .iter()
+            .map(|c| (c.lease.id, Settlement::Complete))
+            .collect();
+        store.settle(done).await.unwrap();
+        let state = lock(&store.state);
+        assert_eq!(state.scopes.len(), 1, "only the shared scope remains");
+        assert!(state.own_scope.is_empty());
     }
 }
