@@ -2,8 +2,8 @@
 -- write, for a batch of writes that arrived together (group commit: one round trip for many
 -- handlers' writes). Each write is decided and applied on its own; one write's refusal or bad
 -- mutation does not affect the others.
--- KEYS     two per write: the scope's fence hash (token as a 20-digit zero-padded decimal,
---          lease) and the scope's idempotency zset (keys of applied writes -> apply time ms,
+-- KEYS     two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
+--          zero-padded decimal), and the scope's idempotency zset (keys of applied writes -> apply time ms,
 --          kept across generations, bounded by retention time and count)
 -- ARGV[1]  key retention (ms), ARGV[2] most keys kept per scope, ARGV[3] data key prefix,
 -- ARGV[4..] four per write: presented token (20-digit zero-padded, so string order is
@@ -51,7 +51,11 @@ local function apply(m)
 end
 
 local function write(fence, keys, token, lease, key, mutations)
-  local h = redis.call('HMGET', fence, 'token', 'lease')
+  local held = redis.call('GET', fence)
+  local h = {}
+  if held then
+    h[1], h[2] = string.match(held, '^([^\t]*)\t(.*)$')
+  end
   if h[1] then
     if token < h[1] then
       return { 'stale', h[1], h[2] }
@@ -64,7 +68,7 @@ local function write(fence, keys, token, lease, key, mutations)
   if redis.call('ZSCORE', keys, key) then
     -- Still fence in the newer generation, so every older one is refused from now on.
     if advance then
-      redis.call('HSET', fence, 'token', token, 'lease', lease)
+      redis.call('SET', fence, token .. '\t' .. lease)
     end
     return { 'duplicate' }
   end
@@ -79,11 +83,13 @@ local function write(fence, keys, token, lease, key, mutations)
     apply(m)
   end
   if advance then
-    redis.call('HSET', fence, 'token', token, 'lease', lease)
+    redis.call('SET', fence, token .. '\t' .. lease)
   end
   redis.call('ZADD', keys, now, key)
   redis.call('ZREMRANGEBYSCORE', keys, '-inf', now - retention)
-  redis.call('ZREMRANGEBYRANK', keys, 0, -(most + 1))
+  if redis.call('ZCARD', keys) > most then
+    redis.call('ZREMRANGEBYRANK', keys, 0, -(most + 1))
+  end
   redis.call('PEXPIRE', keys, retention)
   return { 'applied' }
 end

@@ -650,7 +650,8 @@ struct Meta {
 
 /// A fenced sink on Redis: admission, mutation and idempotency record in one script.
 ///
-/// Keys: `{prefix}:{<scope>}:fence` and `:keys` per scope (hash-tagged by scope), data under
+/// Keys: `{prefix}:{<scope>}:fence` (a string "token TAB lease") and `:keys` per scope
+/// (hash-tagged by scope), data under
 /// `{prefix}:d:<key>`. In Redis Cluster every data key a write touches must hash to its scope's
 /// slot; on a single Redis (the tested setup) any key works.
 #[derive(Clone)]
@@ -792,20 +793,21 @@ impl FencedStore for RedisFencedStore {
 
     async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
         let mut conn = self.link.get().await?;
-        let (token, lease): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        let held: Option<String> = redis::cmd("GET")
             .arg(self.fence_key(scope))
-            .arg("token")
-            .arg("lease")
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        match (token, lease) {
-            (Some(t), Some(l)) => Ok(Some(Fence {
-                token: FencingToken::from_u64(parse(&t)?),
-                lease: LeaseId::from(parse::<uuid::Uuid>(&l)?),
-            })),
-            _ => Ok(None),
-        }
+        let Some(held) = held else {
+            return Ok(None);
+        };
+        let (token, lease) = held
+            .split_once('\t')
+            .ok_or_else(|| Error::Unavailable(format!("redis: bad fence {held:?}")))?;
+        Ok(Some(Fence {
+            token: FencingToken::from_u64(parse(token)?),
+            lease: LeaseId::from(parse::<uuid::Uuid>(lease)?),
+        }))
     }
 }
 
