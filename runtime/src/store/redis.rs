@@ -651,9 +651,9 @@ struct Meta {
 /// A fenced sink on Redis: admission, mutation and idempotency record in one script.
 ///
 /// Keys: `{prefix}:{<scope>}:fence` (a string "token TAB lease") and `:keys` per scope
-/// (hash-tagged by scope), data under
-/// `{prefix}:d:<key>`. In Redis Cluster every data key a write touches must hash to its scope's
-/// slot; on a single Redis (the tested setup) any key works.
+/// (hash-tagged by scope), data under `{prefix}:d:<key>`. In Redis Cluster every data key a
+/// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
+/// works.
 #[derive(Clone)]
 pub struct RedisFencedStore {
     link: Link,
