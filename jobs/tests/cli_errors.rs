@@ -47,30 +47,17 @@ fn bad_jobs_are_refused_with_a_reason() {
 
 #[test]
 fn bad_worker_flags_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args([
-            "worker",
-            "--redis",
-            "redis://127.0.0.1:1",
-            "--lease",
-            "10ms",
-        ])
-        .output()
-        .unwrap();
+    let worker = |lease: &str| {
+        Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["worker", "--redis", "redis://127.0.0.1:1", "--lease", lease])
+            .output()
+            .unwrap()
+    };
+    let out = worker("10ms");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--lease must be at least"));
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args([
-            "worker",
-            "--redis",
-            "redis://127.0.0.1:1",
-            "--lease",
-            "soon",
-        ])
-        .output()
-        .unwrap();
     assert_eq!(
-        out.status.code(),
+        worker("soon").status.code(),
         Some(2),
         "clap rejects an unparsable duration"
     );
