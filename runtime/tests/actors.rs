@@ -146,49 +146,33 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
     let (seen_tx, mut seen) = mpsc::unbounded_channel::<Seen>();
     let release_a = Arc::new(Notify::new());
 
-    let (tx, gate) = (seen_tx.clone(), release_a.clone());
-    let registry_a = Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
-        let (tx, gate) = (tx.clone(), gate.clone());
-        async move {
-            let lease = ctx.lease().clone();
-            tx.send(Seen {
-                who: "A",
-                token: lease.token,
-                lease: lease.id,
-                admission: None,
-            })
-            .unwrap();
-            // "GC pause": A does not look at its cancellation token — a paused process can't.
-            gate.notified().await;
-            let admission = ctx.sink("ledger")?.write(set("account:42", "A")).await?;
-            tx.send(Seen {
-                who: "A",
-                token: lease.token,
-                lease: lease.id,
-                admission: Some(admission.clone()),
-            })
-            .unwrap();
-            admission.accepted()?;
-            Ok(())
-        }
-    });
-    let tx = seen_tx.clone();
-    let registry_b = Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
-        let tx = tx.clone();
-        async move {
-            let lease = ctx.lease().clone();
-            let admission = ctx.sink("ledger")?.write(set("account:42", "B")).await?;
-            tx.send(Seen {
-                who: "B",
-                token: lease.token,
-                lease: lease.id,
-                admission: Some(admission.clone()),
-            })
-            .unwrap();
-            admission.accepted()?;
-            Ok(())
-        }
-    });
+    // One handler for both workers; A's is held at a gate between its claim and its write.
+    let registry = |who: &'static str, gate: Option<Arc<Notify>>| {
+        let tx = seen_tx.clone();
+        Registry::new().register("transfer", move |ctx: JobContext, _: ()| {
+            let (tx, gate) = (tx.clone(), gate.clone());
+            async move {
+                let lease = ctx.lease().clone();
+                let seen = |admission| Seen {
+                    who,
+                    token: lease.token,
+                    lease: lease.id,
+                    admission,
+                };
+                if let Some(gate) = gate {
+                    tx.send(seen(None)).unwrap();
+                    // "GC pause": A does not look at its cancellation token — a paused
+                    // process can't.
+                    gate.notified().await;
+                }
+                let admission = ctx.sink("ledger")?.write(set("account:42", who)).await?;
+                tx.send(seen(Some(admission.clone()))).unwrap();
+                admission.accepted()?;
+                Ok(())
+            }
+        })
+    };
+    let (registry_a, registry_b) = (registry("A", Some(release_a.clone())), registry("B", None));
 
     let worker_a = h.worker("A", registry_a);
     let a = next(&mut seen).await;
