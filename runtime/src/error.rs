@@ -1,6 +1,6 @@
 //! The crate's one error type, with the retry classifier that retry policy reads.
 
-use crate::ids::{JobId, LeaseId};
+use crate::ids::LeaseId;
 
 /// Everything that can go wrong in the library. Rejections by a fenced sink are *not* errors
 /// (they are an [`Admission`](crate::Admission)); neither is a duplicate write.
@@ -11,9 +11,6 @@ pub enum Error {
     /// newer claim replaced it. Nothing was changed.
     #[error("lease {0} is not current")]
     LeaseNotCurrent(LeaseId),
-    /// No such job.
-    #[error("job {0} not found")]
-    JobNotFound(JobId),
     /// A handler asked for a sink the worker was not given.
     #[error("no fenced sink named {0:?} is registered with this worker")]
     UnknownSink(String),
