@@ -1,60 +1,185 @@
 -- fenced_write.lua: the admission rule (DESIGN.md §4) and the mutation, one atomic step per
 -- write, for a batch of writes that arrived together (group commit: one round trip for many
--- handlers' writes). Each write is decided and applied on its own; one write's refusal or bad
--- mutation does not affect the others.
+-- handlers' writes). Each write is decided and applied on its own, exactly as if sent alone:
+-- one write's refusal, bad mutation or error does not affect the others.
 -- KEYS     two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
---          zero-padded decimal), and the scope's idempotency zset (keys of applied writes -> apply time ms,
---          kept across generations, bounded by retention time and count)
+--          zero-padded decimal), and the scope's idempotency zset (keys of applied writes ->
+--          apply time ms, kept across generations, bounded by retention time and count)
 -- ARGV[1]  key retention (ms), ARGV[2] most keys kept per scope, ARGV[3] data key prefix,
 -- ARGV[4..] four per write: presented token (20-digit zero-padded, so string order is
 --          numeric order and Lua's doubles never see it), presented lease id, idempotency key,
---          mutations as JSON (palisade::Mutation, serde-encoded)
+--          mutations as JSON: a list of {"S", key, value} | {"H", key, {field, value, ...}} |
+--          {"I", key, field, by} with `by` a decimal string (never a Lua number)
 -- Returns  one array per write: {"applied"} | {"duplicate"} | {"stale", highest, its lease} |
---          {"conflict", token, lease holding it} | {"mutation", why} (the mutation does not fit
---          the stored data; checked before anything is written, since Redis does not roll a
---          script back)
--- Errors   none of its own
+--          {"conflict", token, lease holding it} | {"mutation", why} (the mutation list does
+--          not fit; nothing changed, not even the fence) | {"error", why} (this write's own
+--          keys or arguments are unusable; nothing changed)
+-- Errors   none: every check runs before the first change, because Redis does not roll a
+--          script back. The rule is the one in runtime/src/mutation.rs; messages match it
+--          word for word (the differential test compares them).
 local retention, most, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function check(m)
-  if m.HashIncr then
-    -- One HGET checks both the key's type (WRONGTYPE) and the field's value.
-    local v = redis.pcall('HGET', prefix .. m.HashIncr.key, m.HashIncr.field)
-    if type(v) == 'table' and v.err then
-      return m.HashIncr.key .. ' is not a hash'
+-- Exact signed 64-bit integers without 64-bit arithmetic: a value is {high, low} with
+-- value = high * 10^9 + low, both parts carrying the sign, each exact in a double.
+local BILLION = 1000000000
+local MAX_HIGH, MAX_LOW, MIN_LOW = 9223372036, 854775807, -854775808
+
+-- Redis' string2ll: "0", or an optional '-', a digit 1-9, then digits, within int64.
+local function int64(s)
+  if s == '0' then
+    return { 0, 0 }
+  end
+  local sign, digits = string.match(s, '^(%-?)([1-9]%d*)$')
+  if not digits or #digits > 19 then
+    return nil
+  end
+  if #digits == 19 then
+    local limit = sign == '-' and '9223372036854775808' or '9223372036854775807'
+    if digits > limit then
+      return nil
     end
-    if v and not string.match(v, '^%-?%d+$') then
-      return m.HashIncr.key .. '.' .. m.HashIncr.field .. ' = ' .. v .. ' is not an integer'
+  end
+  local k = sign == '-' and -1 or 1
+  return { k * (tonumber(string.sub(digits, 1, -10)) or 0), k * tonumber(string.sub(digits, -9)) }
+end
+
+-- a + b, or nil when the sum leaves int64.
+local function add(a, b)
+  local high, low = a[1] + b[1], a[2] + b[2]
+  if low >= BILLION then
+    high, low = high + 1, low - BILLION
+  elseif low <= -BILLION then
+    high, low = high - 1, low + BILLION
+  end
+  if high > 0 and low < 0 then
+    high, low = high - 1, low + BILLION
+  elseif high < 0 and low > 0 then
+    high, low = high + 1, low - BILLION
+  end
+  if high > MAX_HIGH or (high == MAX_HIGH and low > MAX_LOW)
+    or high < -MAX_HIGH or (high == -MAX_HIGH and low < MIN_LOW) then
+    return nil
+  end
+  return { high, low }
+end
+
+local function decimal(v)
+  if v[1] == 0 then
+    return string.format('%d', v[2])
+  end
+  return string.format('%d%09d', v[1], math.abs(v[2]))
+end
+
+-- Checks the whole list against the stored data and its own earlier steps; returns why not,
+-- or nil when every step fits. `kinds` and `fields` hold the staged effect of earlier steps.
+local function check(mutations)
+  local kinds, fields = {}, {}
+  for i, m in ipairs(mutations) do
+    local op, key = m[1], m[2]
+    local data = prefix .. key
+    local want = op == 'S' and 'string' or 'hash'
+    if not kinds[key] then
+      kinds[key] = redis.call('TYPE', data).ok
+      fields[key] = {}
     end
-  else
-    local key = (m.Set or m.HashSet).key
-    local want = m.Set and 'string' or 'hash'
-    local kind = redis.call('TYPE', prefix .. key).ok
-    if kind ~= 'none' and kind ~= want then
-      return key .. ' holds a ' .. kind .. ', not a ' .. want
+    local have = kinds[key]
+    if have ~= 'none' and have ~= want then
+      return 'mutation ' .. (i - 1) .. ': ' .. key .. ' holds a ' .. have .. ', not a ' .. want
+    end
+    kinds[key] = want
+    if op == 'H' then
+      if #m[3] == 0 then
+        return 'mutation ' .. (i - 1) .. ': HashSet of ' .. key .. ' has no fields'
+      end
+      for j = 1, #m[3], 2 do
+        fields[key][m[3][j]] = m[3][j + 1]
+      end
+    elseif op == 'I' then
+      local field = m[3]
+      local current = fields[key][field]
+      if current == nil and have == 'hash' then
+        current = redis.call('HGET', data, field)
+      end
+      local value = { 0, 0 }
+      if current then
+        value = int64(current)
+        if not value then
+          return 'mutation ' .. (i - 1) .. ': ' .. key .. '.' .. field .. ' is not an integer'
+        end
+      end
+      local sum = add(value, int64(m[4]))
+      if not sum then
+        return 'mutation ' .. (i - 1) .. ': ' .. key .. '.' .. field .. ' = ' .. decimal(value)
+          .. ' + ' .. m[4] .. ' overflows i64'
+      end
+      fields[key][field] = decimal(sum)
+    elseif op == 'S' then
+      fields[key] = {}
     end
   end
 end
 
 local function apply(m)
-  if m.Set then
-    redis.call('SET', prefix .. m.Set.key, m.Set.value)
-  elseif m.HashSet then
-    for _, pair in ipairs(m.HashSet.fields) do
-      redis.call('HSET', prefix .. m.HashSet.key, pair[1], pair[2])
+  local data = prefix .. m[2]
+  if m[1] == 'S' then
+    redis.call('SET', data, m[3])
+  elseif m[1] == 'H' then
+    for j = 1, #m[3], 1000 do
+      redis.call('HSET', data, unpack(m[3], j, math.min(j + 999, #m[3])))
     end
   else
-    redis.call('HINCRBY', prefix .. m.HashIncr.key, m.HashIncr.field, string.format('%d', m.HashIncr.by))
+    redis.call('HINCRBY', data, m[3], m[4])
   end
 end
 
-local function write(fence, keys, token, lease, key, mutations)
-  local held = redis.call('GET', fence)
+-- Checks what the client sent, so a malformed list is this write's error, not a script
+-- error that would stop the writes after it.
+local function well_formed(mutations)
+  if type(mutations) ~= 'table' then
+    return false
+  end
+  for _, m in ipairs(mutations) do
+    if type(m) ~= 'table' or type(m[2]) ~= 'string' then
+      return false
+    end
+    local op = m[1]
+    if op == 'S' then
+      if type(m[3]) ~= 'string' then return false end
+    elseif op == 'H' then
+      if type(m[3]) ~= 'table' or #m[3] % 2 ~= 0 then return false end
+      for _, s in ipairs(m[3]) do
+        if type(s) ~= 'string' then return false end
+      end
+    elseif op == 'I' then
+      if type(m[3]) ~= 'string' or type(m[4]) ~= 'string' or not int64(m[4]) then
+        return false
+      end
+    else
+      return false
+    end
+  end
+  return true
+end
+
+local function write(fence, keys, token, lease, key, encoded)
+  -- Reads first, each guarded: a fence or key record of the wrong type (another program
+  -- writing under our prefix) fails this write alone, before anything changed.
+  local held = redis.pcall('GET', fence)
+  local seen = redis.pcall('ZSCORE', keys, key)
+  if type(held) == 'table' and held.err or type(seen) == 'table' and seen.err then
+    return { 'error', 'the fence or key record of this scope holds the wrong type' }
+  end
   local h = {}
   if held then
-    h[1], h[2] = string.match(held, '^([^\t]*)\t(.*)$')
+    h[1], h[2] = string.match(held, '^(%d+)\t(.*)$')
+    if not h[1] or #h[1] ~= 20 then
+      return { 'error', 'the fence record of this scope is corrupt' }
+    end
+  end
+  if not string.match(token, '^%d+$') or #token ~= 20 then
+    return { 'error', 'the presented token is not a 20-digit decimal' }
   end
   if h[1] then
     if token < h[1] then
@@ -65,19 +190,20 @@ local function write(fence, keys, token, lease, key, mutations)
     end
   end
   local advance = not h[1] or token > h[1]
-  if redis.call('ZSCORE', keys, key) then
+  if seen then
     -- Still fence in the newer generation, so every older one is refused from now on.
     if advance then
       redis.call('SET', fence, token .. '\t' .. lease)
     end
     return { 'duplicate' }
   end
-  mutations = cjson.decode(mutations)
-  for _, m in ipairs(mutations) do
-    local why = check(m)
-    if why then
-      return { 'mutation', why }
-    end
+  local ok, mutations = pcall(cjson.decode, encoded)
+  if not ok or not well_formed(mutations) then
+    return { 'error', 'the mutation list is malformed' }
+  end
+  local why = check(mutations)
+  if why then
+    return { 'mutation', why }
   end
   for _, m in ipairs(mutations) do
     apply(m)

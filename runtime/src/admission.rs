@@ -65,14 +65,25 @@ pub enum Rejection {
         /// Lease that presented it now.
         presented_by: LeaseId,
     },
+    /// The mutation list does not fit the stored data or its own earlier steps (type clash,
+    /// non-integer field, i64 overflow, empty field list; see the `mutation` module). Nothing
+    /// changed — not the data, not the fence, not the key set — and repeating the write gets
+    /// the same answer.
+    #[error("mutation refused: {why}")]
+    Mutation {
+        /// Which mutation, and why.
+        why: String,
+    },
 }
 
 impl Rejection {
-    /// The newest token the sink holds for the scope; a coordinator must grant above it.
-    pub fn highest(&self) -> FencingToken {
+    /// The newest token the sink holds for the scope, which a coordinator must grant above;
+    /// `None` for a refusal that says nothing about ownership (a bad mutation).
+    pub fn highest(&self) -> Option<FencingToken> {
         match self {
-            Self::StaleToken { highest, .. } => *highest,
-            Self::TokenConflict { token, .. } => *token,
+            Self::StaleToken { highest, .. } => Some(*highest),
+            Self::TokenConflict { token, .. } => Some(*token),
+            Self::Mutation { .. } => None,
         }
     }
 
@@ -81,6 +92,7 @@ impl Rejection {
         match self {
             Self::StaleToken { .. } => "stale_token",
             Self::TokenConflict { .. } => "token_conflict",
+            Self::Mutation { .. } => "mutation",
         }
     }
 }
@@ -272,6 +284,7 @@ mod tests {
             highest: FencingToken::from_u64(2),
         };
         assert_eq!(Admission::Rejected(r.clone()).accepted(), Err(r.clone()));
-        assert_eq!(r.highest(), FencingToken::from_u64(2));
+        assert_eq!(r.highest(), Some(FencingToken::from_u64(2)));
+        assert_eq!(Rejection::Mutation { why: "x".into() }.highest(), None);
     }
 }

@@ -1,4 +1,12 @@
-//! The crate's one error type, with the retry classifier that retry policy reads.
+//! The crate's one error type, classified by what the caller should do about it.
+//!
+//! The split follows redis-rs' `ErrorKind` / `RetryMethod`: an error is either *transient* —
+//! the same operation may succeed later (connection refused or dropped, timeout, Redis
+//! `LOADING` / `BUSY` / `TRYAGAIN` / `MASTERDOWN` / `READONLY` / `OOM`, a closed mailbox) — or
+//! *permanent*: repeating it gives the same answer (a script or protocol error, a reply that
+//! does not decode, a corrupt or exhausted epoch, bad configuration or input). Retry policy
+//! reads [`Error::is_retryable`] and nothing else, so a permanent error is never retried
+//! silently: a handler that gets one dead-letters its job with the reason.
 
 use crate::ids::LeaseId;
 
@@ -20,16 +28,22 @@ pub enum Error {
     /// The job description itself is invalid (empty kind, oversize payload, ...).
     #[error("invalid job: {0}")]
     InvalidJob(String),
-    /// A sink mutation does not fit the stored data (wrong type, non-integer field); nothing
-    /// was applied.
-    #[error("mutation refused: {0}")]
-    Mutation(String),
     /// Invalid configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The backend could not be reached or answered garbage; the operation may be retried.
+    /// Transient: the backend could not be reached, timed out, or said "not now" (loading,
+    /// busy, read-only replica, out of memory). The operation may be retried.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// Permanent: the backend answered, but with an error or a reply that does not decode
+    /// (script error, protocol error, corrupt stored record). Retrying repeats it.
+    #[error("backend error: {0}")]
+    Backend(String),
+    /// Permanent: the coordinator would need an epoch above the largest one tokens can carry
+    /// ([`FencingToken::MAX_EPOCH`](crate::FencingToken::MAX_EPOCH)), or its epoch record is
+    /// corrupt. No token was granted.
+    #[error("epoch: {0}")]
+    Epoch(String),
     /// An actor the operation needed has stopped (shutdown in progress).
     #[error("actor mailbox closed: {0}")]
     Mailbox(#[from] actix::MailboxError),
@@ -45,3 +59,25 @@ impl Error {
 
 /// Library result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_errors_are_retryable() {
+        assert!(Error::Unavailable("connection refused".into()).is_retryable());
+        for permanent in [
+            Error::Backend(
+                "ERR user_script:1: Script attempted to access nonexistent global".into(),
+            ),
+            Error::Epoch("exhausted".into()),
+            Error::Config("bad url".into()),
+            Error::InvalidJob("empty kind".into()),
+            Error::Payload("not json".into()),
+            Error::LeaseNotCurrent(LeaseId::new()),
+        ] {
+            assert!(!permanent.is_retryable(), "{permanent}");
+        }
+    }
+}

@@ -98,6 +98,13 @@ impl FencingToken {
         Self((u64::from(epoch) << Self::COUNTER_BITS) | counter)
     }
 
+    /// Builds a token from parts read back from storage: `None` when either is out of range
+    /// (a corrupt record), so a reply can never panic the reader.
+    pub fn try_new(epoch: u64, counter: u64) -> Option<Self> {
+        (epoch <= u64::from(Self::MAX_EPOCH) && counter <= Self::MAX_COUNTER)
+            .then(|| Self::new(epoch as u32, counter))
+    }
+
     /// Reinterprets a stored integer.
     pub fn from_u64(raw: u64) -> Self {
         Self(raw)

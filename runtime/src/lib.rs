@@ -11,6 +11,8 @@
 //!
 //! - `ids`: [`JobId`], [`LeaseId`], [`FencingToken`], [`Scope`], [`IdempotencyKey`], [`Lease`].
 //! - `admission`: the admission rule as a pure function ([`ScopeFence`], [`Admission`]).
+//! - `mutation`: what a write changes ([`Mutation`]) and the pure all-or-nothing rule for
+//!   when a mutation list fits the data (Redis' own integer rules, exact `i64`).
 //! - `policy`: pure retry / stall decisions ([`RetryPolicy`], [`on_stall`]).
 //! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
 //! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`]; `store::memory`,
@@ -55,6 +57,7 @@ mod error;
 mod ids;
 mod job;
 pub mod metrics;
+mod mutation;
 mod policy;
 mod renewal;
 mod sink;
@@ -71,11 +74,12 @@ pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Claim, DeadJob, Job, JobError, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
 };
+pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::{on_stall, RetryPolicy, StallOutcome};
 pub use renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
-pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Mutation, Reaped, Value};
+pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
 pub use worker::{Drain, Freeze, JobFinished, LeaseLost, LossReason, Worker, WorkerConfig};

@@ -48,9 +48,16 @@ impl RetryPolicy {
             // A fenced-off writer is not the owner any more; the coordinator refuses this
             // settlement for a stale lease. If it still believes the lease current (a token
             // regression), it reseeds above the sink and runs the job again.
-            Err(JobError::Fenced(rejection)) => Settlement::Fenced {
-                highest: rejection.highest(),
-                reason: rejection.to_string(),
+            Err(JobError::Fenced(rejection)) => match rejection.highest() {
+                Some(highest) => Settlement::Fenced {
+                    highest,
+                    reason: rejection.to_string(),
+                },
+                // A mutation that does not fit is refused the same way every time: retrying
+                // cannot help, so the job is dead with the sink's reason.
+                None => Settlement::Dead {
+                    reason: rejection.to_string(),
+                },
             },
             Err(JobError::Retry { after, reason }) => {
                 if job.attempt >= job.max_attempts {

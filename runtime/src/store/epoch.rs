@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
+use crate::ids::FencingToken;
 
 /// Hands out epochs that only grow, and remembers them somewhere a Redis data loss cannot reach.
 #[async_trait]
@@ -54,7 +55,17 @@ impl FileEpochSource {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
             Err(e) => return Err(e),
         };
-        let next = (current + 1).max(at_least);
+        let next = current.saturating_add(1).max(at_least);
+        if next > FencingToken::MAX_EPOCH {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} would move to epoch {next}, above the largest ({})",
+                    path.display(),
+                    FencingToken::MAX_EPOCH
+                ),
+            ));
+        }
         let tmp = path.with_extension("tmp");
         let mut file = std::fs::File::create(&tmp)?;
         writeln!(file, "{next}")?;
@@ -72,7 +83,16 @@ impl EpochSource for FileEpochSource {
         tokio::task::spawn_blocking(move || Self::bump(&path, at_least))
             .await
             .map_err(|e| Error::Unavailable(format!("epoch file task: {e}")))?
-            .map_err(|e| Error::Unavailable(format!("epoch file {}: {e}", self.path.display())))
+            .map_err(|e| {
+                // A file that does not hold an epoch, or one that ran out, stays that way:
+                // permanent. Anything else (disk full, permissions being fixed) may pass.
+                let what = format!("epoch file {}: {e}", self.path.display());
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    Error::Epoch(what)
+                } else {
+                    Error::Unavailable(what)
+                }
+            })
     }
 }
 
@@ -153,7 +173,15 @@ impl EpochSource for PostgresEpochSource {
             .map_err(postgres_error)?;
         let epoch: i64 = row.get(0);
         u32::try_from(epoch)
-            .map_err(|_| Error::Unavailable(format!("postgres: epoch {epoch} out of range")))
+            .ok()
+            .filter(|e| *e <= FencingToken::MAX_EPOCH)
+            .ok_or_else(|| {
+                Error::Epoch(format!(
+                    "postgres row {:?} holds epoch {epoch}, above the largest ({})",
+                    self.name,
+                    FencingToken::MAX_EPOCH
+                ))
+            })
     }
 }
 
@@ -172,10 +200,13 @@ mod tests {
         let reopened = FileEpochSource::new(&path);
         assert_eq!(reopened.next_epoch(3).await.unwrap(), 11);
         std::fs::write(&path, "garbage").unwrap();
-        assert!(matches!(
-            reopened.next_epoch(0).await,
-            Err(Error::Unavailable(_))
-        ));
+        assert!(matches!(reopened.next_epoch(0).await, Err(Error::Epoch(_))));
+        std::fs::write(&path, format!("{}", FencingToken::MAX_EPOCH)).unwrap();
+        let exhausted = reopened.next_epoch(0).await;
+        assert!(matches!(exhausted, Err(Error::Epoch(_))), "{exhausted:?}");
+        assert!(!exhausted.unwrap_err().is_retryable());
+        std::fs::write(&path, format!("{}", u32::MAX)).unwrap();
+        assert!(matches!(reopened.next_epoch(0).await, Err(Error::Epoch(_))));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

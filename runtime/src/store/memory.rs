@@ -6,19 +6,20 @@
 //! tests drive lease expiry with `tokio::time::pause()` / `advance()`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, Fence, ScopeFence};
+use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
-use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Mutation, Reaped, Value};
+use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave half a critical section behind (every
@@ -497,60 +498,6 @@ impl MemoryFencedStore {
     }
 }
 
-/// Checks that every mutation fits the stored types, so a write applies whole or not at all.
-fn check(data: &HashMap<String, Value>, mutations: &[Mutation]) -> Result<()> {
-    for m in mutations {
-        let (key, want_hash) = match m {
-            Mutation::Set { key, .. } => (key, false),
-            Mutation::HashSet { key, .. } | Mutation::HashIncr { key, .. } => (key, true),
-        };
-        match (data.get(key), want_hash) {
-            (Some(Value::Text(_)), true) | (Some(Value::Hash(_)), false) => {
-                return Err(Error::Mutation(format!("{key}: wrong type for {m:?}")));
-            }
-            (Some(Value::Hash(h)), true) => {
-                if let Mutation::HashIncr { field, .. } = m {
-                    if let Some(v) = h.get(field) {
-                        v.parse::<i64>().map_err(|_| {
-                            Error::Mutation(format!("{key}.{field} = {v:?} is not an integer"))
-                        })?;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-fn apply(data: &mut HashMap<String, Value>, mutations: Vec<Mutation>) {
-    for m in mutations {
-        match m {
-            Mutation::Set { key, value } => {
-                data.insert(key, Value::Text(value));
-            }
-            Mutation::HashSet { key, fields } => {
-                if let Value::Hash(h) = data
-                    .entry(key)
-                    .or_insert_with(|| Value::Hash(BTreeMap::new()))
-                {
-                    h.extend(fields);
-                }
-            }
-            Mutation::HashIncr { key, field, by } => {
-                if let Value::Hash(h) = data
-                    .entry(key)
-                    .or_insert_with(|| Value::Hash(BTreeMap::new()))
-                {
-                    let slot = h.entry(field).or_insert_with(|| "0".into());
-                    let current: i64 = slot.parse().unwrap_or_default();
-                    *slot = (current + by).to_string();
-                }
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl FencedStore for MemoryFencedStore {
     async fn write(&self, write: FencedWrite) -> Result<Admission> {
@@ -558,13 +505,12 @@ impl FencedStore for MemoryFencedStore {
         let state = &mut *guard;
         let fence = state.fences.entry(write.scope).or_default();
         if fence.decide(write.fence, &write.key) == Admission::Applied {
-            check(&state.data, &write.mutations)?;
+            // Applied whole or not at all; a refusal leaves the fence and keys untouched.
+            if let Err(why) = apply_all(&mut state.data, write.mutations) {
+                return Ok(Admission::Rejected(Rejection::Mutation { why }));
+            }
         }
-        let admission = fence.admit(write.fence, &write.key);
-        if admission == Admission::Applied {
-            apply(&mut state.data, write.mutations);
-        }
-        Ok(admission)
+        Ok(fence.admit(write.fence, &write.key))
     }
 
     async fn read(&self, key: &str) -> Result<Option<Value>> {

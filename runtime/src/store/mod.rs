@@ -3,7 +3,6 @@
 //! Every method is one atomic backend operation and, where a worker does many of the same
 //! thing, takes a batch — so a remote backend pays one round trip per batch, not per job.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +12,7 @@ use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
+pub use crate::mutation::{Mutation, Value};
 
 pub mod epoch;
 pub mod memory;
@@ -101,43 +101,6 @@ pub struct FencedWrite {
     pub key: IdempotencyKey,
     /// Applied together, or not at all.
     pub mutations: Vec<Mutation>,
-}
-
-/// A change a fenced sink can apply.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Mutation {
-    /// Sets a string key.
-    Set {
-        /// Key.
-        key: String,
-        /// New value.
-        value: String,
-    },
-    /// Sets fields of a hash.
-    HashSet {
-        /// Hash key.
-        key: String,
-        /// Field/value pairs.
-        fields: Vec<(String, String)>,
-    },
-    /// Adds `by` to an integer hash field (missing counts as 0).
-    HashIncr {
-        /// Hash key.
-        key: String,
-        /// Field.
-        field: String,
-        /// Amount, may be negative.
-        by: i64,
-    },
-}
-
-/// A value stored by a fenced sink, as read back.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Value {
-    /// A string key.
-    Text(String),
-    /// A hash.
-    Hash(BTreeMap<String, String>),
 }
 
 /// A store that applies the admission rule and a mutation in one atomic operation.

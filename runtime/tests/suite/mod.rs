@@ -504,7 +504,10 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
     let r = sink
         .write(write(&scope, fence(2, LeaseId::new()), "k2", bad))
         .await;
-    assert!(matches!(r, Err(Error::Mutation(_))), "{r:?}");
+    assert!(
+        matches!(r, Ok(Admission::Rejected(Rejection::Mutation { .. }))),
+        "{r:?}"
+    );
     let Some(Value::Hash(hash)) = sink.read(&h).await.unwrap() else {
         panic!("hash missing")
     };
@@ -519,10 +522,14 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
         field: "f".into(),
         by: 1,
     }];
-    assert!(sink
-        .write(write(&scope, fence(1, a), "k3", clash))
-        .await
-        .is_err());
+    assert_eq!(
+        sink.write(write(&scope, fence(1, a), "k3", clash))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::Mutation {
+            why: format!("mutation 0: {t} holds a string, not a hash")
+        })
+    );
     assert_eq!(sink.read(&format!("{ns}missing")).await.unwrap(), None);
 }
 
@@ -649,7 +656,10 @@ pub async fn batched_writes_are_decided_one_by_one(sink: Arc<dyn FencedStore>, n
         Ok(Admission::Rejected(Rejection::StaleToken { .. }))
     ));
     assert!(
-        matches!(results[3], Err(Error::Mutation(_))),
+        matches!(
+            results[3],
+            Ok(Admission::Rejected(Rejection::Mutation { .. }))
+        ),
         "{:?}",
         results[3]
     );
@@ -661,6 +671,257 @@ pub async fn batched_writes_are_decided_one_by_one(sink: Arc<dyn FencedStore>, n
     assert!(sink.write_batch(vec![]).await.unwrap().is_empty());
 }
 
+fn incr(key: &str, field: &str, by: i64) -> Mutation {
+    Mutation::HashIncr {
+        key: key.into(),
+        field: field.into(),
+        by,
+    }
+}
+
+fn hash_set(key: &str, field: &str, value: &str) -> Mutation {
+    Mutation::HashSet {
+        key: key.into(),
+        fields: vec![(field.into(), value.into())],
+    }
+}
+
+async fn field(sink: &dyn FencedStore, key: &str, field: &str) -> Option<String> {
+    match sink.read(key).await.unwrap() {
+        Some(Value::Hash(h)) => h.get(field).cloned(),
+        other => panic!("{key} is {other:?}"),
+    }
+}
+
+/// Issue 7, case 1: a later mutation that cannot apply used to leave the earlier ones applied
+/// with the fence unmoved, so the stale holder could then write. Now nothing applies, and the
+/// stale holder is still refused.
+pub async fn a_bad_step_applies_nothing(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b) = (LeaseId::new(), LeaseId::new());
+    let (scope, doc, bal) = (format!("{ns}s"), format!("{ns}doc"), format!("{ns}bal"));
+    let w = |f, key: &str, m| write(&scope, f, key, m);
+    assert_eq!(
+        sink.write(w(fence(10, a), "a1", set(&doc, "v10")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(w(fence(11, b), "b1", vec![incr(&bal, "n", i64::MAX - 10)]))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    let clash = vec![
+        Mutation::Set {
+            key: doc.clone(),
+            value: "v11".into(),
+        },
+        hash_set(&doc, "f", "x"),
+    ];
+    assert_eq!(
+        sink.write(w(fence(11, b), "b2", clash)).await.unwrap(),
+        Admission::Rejected(Rejection::Mutation {
+            why: format!("mutation 1: {doc} holds a string, not a hash")
+        })
+    );
+    assert_eq!(
+        sink.read(&doc).await.unwrap(),
+        Some(Value::Text("v10".into()))
+    );
+    // Overflow on the second step: the first step's +5 is not kept, however often retried.
+    for _ in 0..3 {
+        assert_eq!(
+            sink.write(w(
+                fence(11, b),
+                "b3",
+                vec![incr(&bal, "n", 5), incr(&bal, "n", 1000)]
+            ))
+            .await
+            .unwrap(),
+            Admission::Rejected(Rejection::Mutation {
+                why: format!("mutation 1: {bal}.n = 9223372036854775802 + 1000 overflows i64")
+            })
+        );
+    }
+    assert_eq!(
+        field(&*sink, &bal, "n").await.as_deref(),
+        Some("9223372036854775797")
+    );
+    // The refused writes' keys were not recorded: fixed, they apply.
+    assert_eq!(
+        sink.write(w(fence(11, b), "b3", vec![incr(&bal, "n", 5)]))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(w(fence(10, a), "a2", set(&doc, "stale")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(10),
+            highest: FencingToken::from_u64(11),
+        })
+    );
+    assert_eq!(
+        sink.read(&doc).await.unwrap(),
+        Some(Value::Text("v10".into()))
+    );
+    assert_eq!(
+        sink.highest(&Scope::new(&*scope)).await.unwrap(),
+        Some(fence(11, b))
+    );
+}
+
+/// Issue 7, case 3: integers are exact end to end and follow Redis' own syntax.
+pub async fn integers_are_exact_and_strict(sink: Arc<dyn FencedStore>, ns: String) {
+    let a = LeaseId::new();
+    let (scope, h) = (format!("{ns}s"), format!("{ns}h"));
+    let mut n = 0;
+    let mut w = |m: Vec<Mutation>| {
+        n += 1;
+        write(&scope, fence(1, a), &format!("k{n}"), m)
+    };
+    let big = (1i64 << 53) + 1;
+    assert_eq!(
+        sink.write(w(vec![incr(&h, "big", big)])).await.unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(field(&*sink, &h, "big").await.unwrap(), big.to_string());
+    for (f, by) in [("max", i64::MAX), ("min", i64::MIN), ("neg", -1)] {
+        assert_eq!(
+            sink.write(w(vec![incr(&h, f, by)])).await.unwrap(),
+            Admission::Applied
+        );
+        assert_eq!(field(&*sink, &h, f).await.unwrap(), by.to_string());
+    }
+    for (f, by) in [("max", 1), ("min", -1)] {
+        assert!(matches!(
+            sink.write(w(vec![incr(&h, f, by)])).await.unwrap(),
+            Admission::Rejected(Rejection::Mutation { .. })
+        ));
+    }
+    assert_eq!(
+        sink.write(w(vec![incr(&h, "neg", i64::MIN + 1)]))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        field(&*sink, &h, "neg").await.unwrap(),
+        i64::MIN.to_string()
+    );
+    for bad in [
+        "007",
+        "-0",
+        "",
+        "+1",
+        " 1",
+        "1.5",
+        "99999999999999999999",
+        "9223372036854775808",
+    ] {
+        assert_eq!(
+            sink.write(w(vec![hash_set(&h, "s", bad)])).await.unwrap(),
+            Admission::Applied
+        );
+        assert_eq!(
+            sink.write(w(vec![incr(&h, "s", 1)])).await.unwrap(),
+            Admission::Rejected(Rejection::Mutation {
+                why: format!("mutation 0: {h}.s is not an integer")
+            }),
+            "{bad:?} taken for an integer"
+        );
+        assert_eq!(field(&*sink, &h, "s").await.unwrap(), bad);
+    }
+    // A step sees the effect of the steps before it.
+    let steps = vec![
+        hash_set(&h, "t", "12"),
+        incr(&h, "t", 30),
+        incr(&h, "t", -2),
+    ];
+    assert_eq!(sink.write(w(steps)).await.unwrap(), Admission::Applied);
+    assert_eq!(field(&*sink, &h, "t").await.unwrap(), "40");
+    let empty = vec![Mutation::HashSet {
+        key: h.clone(),
+        fields: vec![],
+    }];
+    assert_eq!(
+        sink.write(w(empty)).await.unwrap(),
+        Admission::Rejected(Rejection::Mutation {
+            why: format!("mutation 0: HashSet of {h} has no fields")
+        })
+    );
+}
+
+/// Issue 7, case 2: one bad write in a group-committed batch fails only itself; every other
+/// write gets exactly the answer it would get alone, and stale holders stay refused.
+pub async fn one_bad_write_fails_only_itself(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b) = (LeaseId::new(), LeaseId::new());
+    let (s1, s2) = (format!("{ns}s1"), format!("{ns}s2"));
+    let (k, text) = (format!("{ns}k"), format!("{ns}text"));
+    sink.write(write(&s2, fence(5, a), "seed", set(&text, "x")))
+        .await
+        .unwrap();
+    let results = sink
+        .write_batch(vec![
+            write(&s1, fence(7, b), "ok1", vec![incr(&k, "n", 1)]),
+            write(
+                &s1,
+                fence(7, b),
+                "bad",
+                vec![incr(&k, "n", 1), incr(&text, "f", 1)],
+            ),
+            write(
+                &s2,
+                fence(6, b),
+                "overflow",
+                vec![incr(&k, "m", i64::MAX), incr(&k, "m", 1)],
+            ),
+            write(&s1, fence(7, b), "ok2", vec![incr(&k, "n", 10)]),
+            write(&s1, fence(6, a), "stale", vec![incr(&k, "n", 100)]),
+        ])
+        .await
+        .unwrap();
+    let outcomes: Vec<String> = results
+        .iter()
+        .map(|r| match r {
+            Ok(Admission::Rejected(r)) => r.reason().to_string(),
+            Ok(other) => format!("{other:?}"),
+            Err(e) => format!("error: {e}"),
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["Applied", "mutation", "mutation", "Applied", "stale_token"]
+    );
+    assert_eq!(field(&*sink, &k, "n").await.as_deref(), Some("11"));
+    assert_eq!(field(&*sink, &k, "m").await, None);
+    // s2's fence did not move for the refused write: the old holder at 5 may still write,
+    // a holder below it may not.
+    assert_eq!(
+        sink.highest(&Scope::new(&*s2)).await.unwrap(),
+        Some(fence(5, a))
+    );
+    assert!(matches!(
+        sink.write(write(&s2, fence(4, b), "older", set(&text, "y")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken { .. })
+    ));
+    assert!(matches!(
+        sink.write(write(&s1, fence(6, a), "stale2", set(&text, "y")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken { .. })
+    ));
+    assert_eq!(
+        sink.read(&text).await.unwrap(),
+        Some(Value::Text("x".into()))
+    );
+}
+
 #[macro_export]
 macro_rules! fenced_store_suite {
     ($make:expr) => {
@@ -670,6 +931,9 @@ macro_rules! fenced_store_suite {
             scopes_are_fenced_independently,
             racing_writers_apply_each_key_once,
             batched_writes_are_decided_one_by_one,
+            a_bad_step_applies_nothing,
+            integers_are_exact_and_strict,
+            one_bad_write_fails_only_itself,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

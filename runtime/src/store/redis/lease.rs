@@ -1,34 +1,29 @@
-//! Redis backends: the coordinator many worker processes share, and a fenced sink.
-//!
-//! Every operation is one Lua script (`runtime/lua/`), loaded once and run by EVALSHA (redis-rs
-//! reloads it on NOSCRIPT), so each is atomic and costs one round trip however many jobs or
-//! leases it covers. Times are the Redis server's clock (`TIME`), so worker clocks never
-//! decide whether a lease is current.
+//! The coordinator on Redis: one Lua script per operation (`runtime/lua/`, each prefixed with
+//! `common.lua`), all keys under one hash tag `{prefix}`.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, Script};
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool_redis::Pool;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, Fence, Rejection};
+use super::{garbage, parse, round_trip, Link};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::store::epoch::EpochSource;
-use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped, Value};
+use crate::store::{LeaseInfo, LeaseStore, Reaped};
 
 macro_rules! coordinator_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!(concat!("../../lua/", $file))
+                include_str!("../../../lua/common.lua"),
+                include_str!(concat!("../../../lua/", $file))
             ))
         })
     };
@@ -43,148 +38,10 @@ static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
 static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
 static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
-static FENCED_WRITE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/fenced_write.lua")));
 
 /// Priorities are folded into one sorted-set score with the enqueue order (see common.lua),
 /// which keeps them exact in a double only within this range.
 const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
-
-/// `url` with any password replaced by `***`, for logs and error messages.
-pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-            let shown = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".into()
-            };
-            format!("{}{shown}{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// A connection pool for `url` (`redis://[user:password@]host[:port][/db]`, or `rediss://`
-/// for TLS) whose operations fail within seconds when Redis is unreachable or stops answering,
-/// instead of hanging. The URL is checked here; nothing connects until the first operation
-/// (see [`ping`]).
-pub fn pool(url: &str) -> Result<Pool> {
-    pool_with_ca(url, None)
-}
-
-/// [`pool`], trusting the PEM certificate authority in `ca_file` for a `rediss://` URL
-/// (otherwise the system's trust store is used).
-pub fn pool_with_ca(url: &str, ca_file: Option<&std::path::Path>) -> Result<Pool> {
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::Config(format!("invalid Redis URL {}: {e}", redacted(url)))
-    };
-    let mut info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| bad(&e))?;
-    if url.starts_with("rediss://") {
-        // One process-wide rustls provider; a second install attempt is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let root_cert = ca_file
-            .map(|path| {
-                std::fs::read(path)
-                    .map_err(|e| Error::Config(format!("Redis CA file {}: {e}", path.display())))
-            })
-            .transpose()?;
-        let certificates = redis::TlsCertificates {
-            client_tls: None,
-            root_cert,
-        };
-        info = redis::Client::build_with_tls(info, certificates)
-            .map_err(|e| bad(&e))?
-            .get_connection_info()
-            .clone();
-    } else if ca_file.is_some() {
-        return Err(Error::Config(format!(
-            "a CA file only applies to TLS (rediss://) URLs, not {}",
-            redacted(url)
-        )));
-    }
-    let limit = Duration::from_secs(5);
-    let connection = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(limit))
-        .set_response_timeout(Some(limit * 2));
-    let manager = Manager::new_with_config(info, connection).map_err(|e| bad(&e))?;
-    Pool::builder(manager)
-        .max_size(64)
-        .wait_timeout(Some(limit))
-        .create_timeout(Some(limit))
-        .recycle_timeout(Some(limit))
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| Error::Config(format!("redis pool: {e}")))
-}
-
-/// One round trip, to turn "unreachable", "wrong password" and the like into an error at start.
-pub async fn ping(pool: &Pool) -> Result<()> {
-    let mut conn = pool.get().await.map_err(unavailable)?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut conn)
-        .await
-        .map(drop)
-        .map_err(unavailable)
-}
-
-/// Counts one client round trip to Redis on a hot path (the throughput harness reports them
-/// per job).
-fn round_trip(op: &'static str) {
-    metrics::counter!(crate::metrics::REDIS_ROUND_TRIPS, "op" => op).increment(1);
-}
-
-fn unavailable(e: impl std::fmt::Display) -> Error {
-    Error::Unavailable(format!("redis: {e}"))
-}
-
-/// One multiplexed connection shared by all operations of a store. Concurrent requests are
-/// pipelined over it, and no operation pays a pool checkout (deadpool pings Redis on every
-/// checkout, which would double the round trips). A connection-level error drops it; the next
-/// operation connects afresh through the pool.
-#[derive(Clone)]
-struct Link {
-    pool: Pool,
-    shared: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
-}
-
-impl Link {
-    fn new(pool: Pool) -> Self {
-        Self {
-            pool,
-            shared: Arc::default(),
-        }
-    }
-
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        self.shared
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    async fn get(&self) -> Result<MultiplexedConnection> {
-        if let Some(conn) = self.slot().as_ref() {
-            return Ok(conn.clone());
-        }
-        let conn = deadpool_redis::Connection::take(self.pool.get().await.map_err(unavailable)?);
-        *self.slot() = Some(conn.clone());
-        Ok(conn)
-    }
-
-    /// Maps a Redis error, forgetting the connection if the error says it is unusable.
-    fn broken(&self, e: redis::RedisError) -> Error {
-        if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_timeout()
-            || e.is_connection_refusal()
-        {
-            *self.slot() = None;
-        }
-        unavailable(e)
-    }
-}
 
 /// The coordinator on Redis. All keys live under one hash tag `{prefix}`.
 #[derive(Clone)]
@@ -236,7 +93,7 @@ impl RedisLeaseStore {
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.link.broken(e))?;
-                let at_least = epoch.unwrap_or(0).max(floor.unwrap_or(0)) + 1;
+                let at_least = epoch.unwrap_or(0).max(floor.unwrap_or(0)).saturating_add(1);
                 source.next_epoch(at_least).await?
             }
             None => 0,
@@ -246,8 +103,15 @@ impl RedisLeaseStore {
             .arg(candidate)
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.link.broken(e))?;
-        let epoch: u32 = epoch.parse().map_err(unavailable)?;
+            .map_err(|e| match e.code() {
+                Some("PALISADE_EPOCH_EXHAUSTED") => Error::Epoch(format!(
+                    "coordinator {}: no epoch left below {}",
+                    self.base,
+                    FencingToken::MAX_EPOCH
+                )),
+                _ => self.link.broken(e),
+            })?;
+        let epoch: u32 = parse(&epoch)?;
         if moved == "1" {
             tracing::warn!(
                 epoch,
@@ -273,9 +137,11 @@ impl RedisLeaseStore {
     }
 }
 
-fn parse<T: std::str::FromStr>(s: &str) -> Result<T> {
-    s.parse()
-        .map_err(|_| Error::Unavailable(format!("redis: unexpected value {s:?}")))
+/// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
+/// record, never a panic.
+fn token(epoch: &str, counter: &str) -> Result<FencingToken> {
+    FencingToken::try_new(parse(epoch)?, parse(counter)?)
+        .ok_or_else(|| garbage(format_args!("token {epoch}:{counter} out of range")))
 }
 
 #[async_trait]
@@ -362,10 +228,9 @@ impl LeaseStore for RedisLeaseStore {
                 .into_iter()
                 .map(|r| {
                     let [id, lease, epoch, counter, meta, attempt, stalls] =
-                        <[String; 7]>::try_from(r).map_err(|r| {
-                            Error::Unavailable(format!("redis: bad claim row {r:?}"))
-                        })?;
-                    let meta: Meta = serde_json::from_str(&meta).map_err(unavailable)?;
+                        <[String; 7]>::try_from(r)
+                            .map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
+                    let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
                     let scope = meta.scope.unwrap_or_else(|| Scope::new(id.as_str()));
                     Ok(Claim {
                         job: Job {
@@ -381,7 +246,7 @@ impl LeaseStore for RedisLeaseStore {
                         },
                         lease: Lease {
                             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
-                            token: FencingToken::new(parse(&epoch)?, parse(&counter)?),
+                            token: token(&epoch, &counter)?,
                             scope,
                             expires_at: sent + ttl,
                         },
@@ -522,7 +387,7 @@ impl LeaseStore for RedisLeaseStore {
             .map_err(|e| self.link.broken(e))?;
         raw.iter()
             .map(|r| {
-                let r: Record = serde_json::from_str(r).map_err(unavailable)?;
+                let r: Record = serde_json::from_str(r).map_err(garbage)?;
                 Ok(DeadJob {
                     job: Job {
                         id: r.id,
@@ -555,12 +420,10 @@ impl LeaseStore for RedisLeaseStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let token =
-            |epoch: &str, counter: &str| Ok(FencingToken::new(parse(epoch)?, parse(counter)?));
         if let Some(last) = last {
             let (epoch, counter) = last
                 .split_once(':')
-                .ok_or_else(|| Error::Unavailable(format!("redis: bad token {last:?}")))?;
+                .ok_or_else(|| garbage(format_args!("bad token {last:?}")))?;
             return token(epoch, counter).map(Some);
         }
         let Some(lease) = lease else {
@@ -609,12 +472,12 @@ impl LeaseStore for RedisLeaseStore {
             .map(|r| {
                 let [lease, job, scope, epoch, counter, worker, age, expires_in] =
                     <[String; 8]>::try_from(r)
-                        .map_err(|r| Error::Unavailable(format!("redis: bad lease row {r:?}")))?;
+                        .map_err(|r| garbage(format_args!("bad lease row {r:?}")))?;
                 Ok(LeaseInfo {
                     lease: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
                     job: JobId::from(parse::<uuid::Uuid>(&job)?),
                     scope: Scope::new(scope),
-                    token: FencingToken::new(parse(&epoch)?, parse(&counter)?),
+                    token: token(&epoch, &counter)?,
                     worker,
                     age: millis(&age)?,
                     expires_in: millis(&expires_in)?,
@@ -646,192 +509,4 @@ struct Meta {
     priority: i32,
     max_attempts: u32,
     max_stalls: u32,
-}
-
-/// A fenced sink on Redis: admission, mutation and idempotency record in one script.
-///
-/// Keys: `{prefix}:{<scope>}:fence` (a string "token TAB lease") and `:keys` per scope
-/// (hash-tagged by scope), data under `{prefix}:d:<key>`. In Redis Cluster every data key a
-/// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
-/// works.
-#[derive(Clone)]
-pub struct RedisFencedStore {
-    link: Link,
-    prefix: String,
-    retention: Duration,
-    max_keys: usize,
-}
-
-impl RedisFencedStore {
-    /// A sink whose keys start with `prefix:`; idempotency keys are kept 24 hours.
-    pub fn new(pool: Pool, prefix: &str) -> Self {
-        Self {
-            link: Link::new(pool),
-            prefix: prefix.to_owned(),
-            retention: Duration::from_secs(24 * 3600),
-            max_keys: 10_000,
-        }
-    }
-
-    /// Bounds the idempotency record per scope: keys older than `retention`, and all but the
-    /// newest `max_keys`, are forgotten (a same-token retry after that would apply again).
-    /// Keys of older tokens are dropped at once: an older generation can never write again.
-    pub fn with_key_retention(mut self, retention: Duration, max_keys: usize) -> Self {
-        self.retention = retention;
-        self.max_keys = max_keys.max(1);
-        self
-    }
-
-    fn data_prefix(&self) -> String {
-        format!("{}:d:", self.prefix)
-    }
-
-    fn fence_key(&self, scope: &Scope) -> String {
-        format!("{}:{{{scope}}}:fence", self.prefix)
-    }
-}
-
-/// Tokens travel as 20-digit zero-padded decimals: string order is numeric order, and Lua's
-/// doubles never see them as numbers.
-fn padded(token: FencingToken) -> String {
-    format!("{:020}", token.as_u64())
-}
-
-#[async_trait]
-impl FencedStore for RedisFencedStore {
-    async fn write(&self, write: FencedWrite) -> Result<Admission> {
-        self.write_batch(vec![write])
-            .await?
-            .pop()
-            .unwrap_or_else(|| Err(Error::Unavailable("redis: empty reply".into())))
-    }
-
-    async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
-        if writes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut invocation = FENCED_WRITE.prepare_invoke();
-        invocation
-            .arg(self.retention.as_millis() as u64)
-            .arg(self.max_keys)
-            .arg(self.data_prefix());
-        for write in &writes {
-            let mutations = serde_json::to_string(&write.mutations)
-                .map_err(|e| Error::Mutation(e.to_string()))?;
-            invocation
-                .key(self.fence_key(&write.scope))
-                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
-                .arg(padded(write.fence.token))
-                .arg(write.fence.lease.to_string())
-                .arg(write.key.as_str())
-                .arg(mutations);
-        }
-        round_trip("fenced_write");
-        let mut conn = self.link.get().await?;
-        let replies: Vec<Vec<String>> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
-        let lease = |s: &str| parse::<uuid::Uuid>(s).map(LeaseId::from);
-        Ok(writes
-            .iter()
-            .zip(replies)
-            .map(|(write, reply)| {
-                Ok(match reply.as_slice() {
-                    [a] if a == "applied" => Admission::Applied,
-                    [d] if d == "duplicate" => Admission::Duplicate,
-                    [s, highest, _] if s == "stale" => Admission::Rejected(Rejection::StaleToken {
-                        presented: write.fence.token,
-                        highest: token(highest)?,
-                    }),
-                    [c, t, held_by] if c == "conflict" => {
-                        Admission::Rejected(Rejection::TokenConflict {
-                            token: token(t)?,
-                            held_by: lease(held_by)?,
-                            presented_by: write.fence.lease,
-                        })
-                    }
-                    [m, why] if m == "mutation" => return Err(Error::Mutation(why.clone())),
-                    other => {
-                        return Err(Error::Unavailable(format!(
-                            "redis: unexpected reply {other:?}"
-                        )))
-                    }
-                })
-            })
-            .collect())
-    }
-
-    async fn read(&self, key: &str) -> Result<Option<Value>> {
-        let key = format!("{}{key}", self.data_prefix());
-        let mut conn = self.link.get().await?;
-        let kind: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        Ok(match kind.as_str() {
-            "none" => None,
-            "string" => Some(Value::Text(
-                redis::cmd("GET")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.link.broken(e))?,
-            )),
-            "hash" => Some(Value::Hash(
-                redis::cmd("HGETALL")
-                    .arg(&key)
-                    .query_async::<BTreeMap<String, String>>(&mut conn)
-                    .await
-                    .map_err(|e| self.link.broken(e))?,
-            )),
-            other => return Err(Error::Unavailable(format!("redis: {key} is a {other}"))),
-        })
-    }
-
-    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
-        let mut conn = self.link.get().await?;
-        let held: Option<String> = redis::cmd("GET")
-            .arg(self.fence_key(scope))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        let Some(held) = held else {
-            return Ok(None);
-        };
-        let (token, lease) = held
-            .split_once('\t')
-            .ok_or_else(|| Error::Unavailable(format!("redis: bad fence {held:?}")))?;
-        Ok(Some(Fence {
-            token: FencingToken::from_u64(parse(token)?),
-            lease: LeaseId::from(parse::<uuid::Uuid>(lease)?),
-        }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redacted("redis://:s3cret@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(
-            redacted("redis://app:s3cret@host/1"),
-            "redis://app:***@host/1"
-        );
-        assert_eq!(redacted("rediss://token@host"), "rediss://***@host");
-        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        let err = pool("redis://:s3cret@host:notaport")
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(!err.contains("s3cret"), "{err}");
-        assert!(err.contains("invalid Redis URL"), "{err}");
-    }
 }

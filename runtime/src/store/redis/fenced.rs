@@ -1,0 +1,223 @@
+//! The fenced sink on Redis: admission rule, whole-list mutation check, mutation and
+//! idempotency record in one script (`runtime/lua/fenced_write.lua`) per batch of writes.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Script};
+use deadpool_redis::Pool;
+use serde::Serialize;
+
+use super::{garbage, parse, round_trip, Link};
+use crate::admission::{Admission, Fence, Rejection};
+use crate::error::Result;
+use crate::ids::{FencingToken, LeaseId, Scope};
+use crate::mutation::{Mutation, Value};
+use crate::store::{FencedStore, FencedWrite};
+
+static FENCED_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/fenced_write.lua")));
+
+/// A fenced sink on Redis: admission, mutation and idempotency record in one script.
+///
+/// Keys: `{prefix}:{<scope>}:fence` (a string "token TAB lease") and `:keys` per scope
+/// (hash-tagged by scope), data under `{prefix}:d:<key>`. In Redis Cluster every data key a
+/// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
+/// works.
+#[derive(Clone)]
+pub struct RedisFencedStore {
+    link: Link,
+    prefix: String,
+    retention: Duration,
+    max_keys: usize,
+}
+
+impl RedisFencedStore {
+    /// A sink whose keys start with `prefix:`; idempotency keys are kept 24 hours.
+    pub fn new(pool: Pool, prefix: &str) -> Self {
+        Self {
+            link: Link::new(pool),
+            prefix: prefix.to_owned(),
+            retention: Duration::from_secs(24 * 3600),
+            max_keys: 10_000,
+        }
+    }
+
+    /// Bounds the idempotency record per scope: keys older than `retention`, and all but the
+    /// newest `max_keys`, are forgotten (a same-token retry after that would apply again).
+    /// Keys of older tokens are dropped at once: an older generation can never write again.
+    pub fn with_key_retention(mut self, retention: Duration, max_keys: usize) -> Self {
+        self.retention = retention;
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    fn data_prefix(&self) -> String {
+        format!("{}:d:", self.prefix)
+    }
+
+    fn fence_key(&self, scope: &Scope) -> String {
+        format!("{}:{{{scope}}}:fence", self.prefix)
+    }
+}
+
+/// Tokens travel as 20-digit zero-padded decimals: string order is numeric order, and Lua's
+/// doubles never see them as numbers.
+fn padded(token: FencingToken) -> String {
+    format!("{:020}", token.as_u64())
+}
+
+/// One mutation as the script reads it: a tagged list with `by` as a decimal string, so no
+/// integer ever passes through a Lua double (cjson decodes JSON numbers to doubles, which
+/// would round 2^53 + 1 and wrap `i64::MAX`).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Wire<'a> {
+    Set(&'static str, &'a str, &'a str),
+    HashSet(&'static str, &'a str, Vec<&'a str>),
+    HashIncr(&'static str, &'a str, &'a str, String),
+}
+
+fn wire(mutations: &[Mutation]) -> String {
+    let list: Vec<Wire<'_>> = mutations
+        .iter()
+        .map(|m| match m {
+            Mutation::Set { key, value } => Wire::Set("S", key, value),
+            Mutation::HashSet { key, fields } => Wire::HashSet(
+                "H",
+                key,
+                fields
+                    .iter()
+                    .flat_map(|(f, v)| [f.as_str(), v.as_str()])
+                    .collect(),
+            ),
+            Mutation::HashIncr { key, field, by } => {
+                Wire::HashIncr("I", key, field, by.to_string())
+            }
+        })
+        .collect();
+    serde_json::to_string(&list).expect("strings and lists always encode")
+}
+
+/// Decodes one write's reply; a reply of an unknown shape fails that write alone.
+fn decode(write: &FencedWrite, reply: &[String]) -> Result<Admission> {
+    let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
+    let lease = |s: &str| parse::<uuid::Uuid>(s).map(LeaseId::from);
+    Ok(match reply {
+        [a] if a == "applied" => Admission::Applied,
+        [d] if d == "duplicate" => Admission::Duplicate,
+        [s, highest, _] if s == "stale" => Admission::Rejected(Rejection::StaleToken {
+            presented: write.fence.token,
+            highest: token(highest)?,
+        }),
+        [c, t, held_by] if c == "conflict" => Admission::Rejected(Rejection::TokenConflict {
+            token: token(t)?,
+            held_by: lease(held_by)?,
+            presented_by: write.fence.lease,
+        }),
+        [m, why] if m == "mutation" => {
+            Admission::Rejected(Rejection::Mutation { why: why.clone() })
+        }
+        [e, why] if e == "error" => {
+            return Err(garbage(format_args!("scope {}: {why}", write.scope)))
+        }
+        other => return Err(garbage(format_args!("unexpected reply {other:?}"))),
+    })
+}
+
+#[async_trait]
+impl FencedStore for RedisFencedStore {
+    async fn write(&self, write: FencedWrite) -> Result<Admission> {
+        self.write_batch(vec![write])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(garbage("empty reply")))
+    }
+
+    async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = FENCED_WRITE.prepare_invoke();
+        invocation
+            .arg(self.retention.as_millis() as u64)
+            .arg(self.max_keys)
+            .arg(self.data_prefix());
+        for write in &writes {
+            invocation
+                .key(self.fence_key(&write.scope))
+                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
+                .arg(padded(write.fence.token))
+                .arg(write.fence.lease.to_string())
+                .arg(write.key.as_str())
+                .arg(wire(&write.mutations));
+        }
+        round_trip("fenced_write");
+        let mut conn = self.link.get().await?;
+        let replies: Vec<Vec<String>> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        if replies.len() != writes.len() {
+            return Err(garbage(format_args!(
+                "{} replies for {} writes",
+                replies.len(),
+                writes.len()
+            )));
+        }
+        Ok(writes
+            .iter()
+            .zip(replies)
+            .map(|(write, reply)| decode(write, &reply))
+            .collect())
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Value>> {
+        let key = format!("{}{key}", self.data_prefix());
+        let mut conn = self.link.get().await?;
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(match kind.as_str() {
+            "none" => None,
+            "string" => Some(Value::Text(
+                redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.link.broken(e))?,
+            )),
+            "hash" => Some(Value::Hash(
+                redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async::<BTreeMap<String, String>>(&mut conn)
+                    .await
+                    .map_err(|e| self.link.broken(e))?,
+            )),
+            other => return Err(garbage(format_args!("{key} is a {other}"))),
+        })
+    }
+
+    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
+        let mut conn = self.link.get().await?;
+        let held: Option<String> = redis::cmd("GET")
+            .arg(self.fence_key(scope))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let Some(held) = held else {
+            return Ok(None);
+        };
+        let (token, lease) = held
+            .split_once('\t')
+            .ok_or_else(|| garbage(format_args!("bad fence {held:?}")))?;
+        Ok(Some(Fence {
+            token: FencingToken::from_u64(parse(token)?),
+            lease: LeaseId::from(parse::<uuid::Uuid>(lease)?),
+        }))
+    }
+}
