@@ -1,52 +1,62 @@
 -- claim.lua: claims up to n ready jobs of one queue in one round trip.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  queue, ARGV[2] worker name, ARGV[3] lease ttl (ms),
--- ARGV[4..] one fresh random lease id per job wanted (n = #ARGV - 3)
+-- ARGV[1]  queue, ARGV[2] worker name, ARGV[3] lease ttl (ms), ARGV[4] most due delayed jobs
+--          to make ready in this call, ARGV[5..] one fresh random lease id per job wanted
+--          (n = #ARGV - 4)
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls}
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
---          to a new epoch (establish_epoch.lua) and retry. No token is minted before that.
+--          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
+--          is minted before that.
 local base, queue, worker, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local n = #ARGV - 3
+local n = #ARGV - 4
 local epoch = epoch_intact(base)
 if not epoch then
   return redis.error_reply('PALISADE_EPOCH token counters are not proven intact')
 end
 local now = now_ms()
 
--- Promote due delayed jobs.
+-- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
+-- of due jobs never blocks Redis for long.
 local delayed = base .. 'q:' .. queue .. ':delayed'
 local ready = base .. 'q:' .. queue .. ':ready'
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 1000)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))) do
   redis.call('ZREM', delayed, id)
   park(base, id, now, now)
 end
 
--- Jobs whose scope has a live lease are skipped, so look a little past n. A head of the
--- queue longer than that, all on busy scopes, delays later jobs until those scopes free up
--- (head-of-line blocking; never a correctness issue).
+-- Of a named scope only its head is ever ready (enter/leave in common.lua), so the first n
+-- ready jobs are claimable however many jobs of held scopes exist. The live-lease check
+-- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
+-- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 local out, taken, picked, expiries, owners = {}, {}, {}, {}, {}
-for _, id in ipairs(redis.call('ZRANGE', ready, 0, n * 2 + 15)) do
+local head = redis.call('ZRANGE', ready, 0, n * 2 + 15, 'WITHSCORES')
+for i = 1, #head, 2 do
   if #out >= n then
     break
   end
+  local id, score = head[i], head[i + 1]
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
-  local scope = f[2] or id
+  local scope = f[2] or ('job:' .. id)
+  picked[#picked + 1] = id
   if not f[1] then
-    picked[#picked + 1] = id -- a ready entry without its job: drop it
-  elseif not taken[scope] and (not f[2] or redis.call('HEXISTS', base .. 'live', scope) == 0) then
+    -- a ready entry without its job: dropped
+  elseif taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1) then
+    redis.call('ZADD', base .. 'wait:' .. scope, score, id)
+    redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
+  else
     taken[scope] = true
-    local lease = ARGV[3 + #out + 1]
+    local lease = ARGV[4 + #out + 1]
     counter = counter + 1
     local attempt = fmt(tonumber(f[3] or '0') + 1)
     redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
     if f[2] then
+      redis.call('HSET', base .. 'head', scope, id)
       redis.call('HSET', base .. 'live', scope, lease)
       redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
     end
-    picked[#picked + 1] = id
     expiries[#expiries + 1] = now + ttl
     expiries[#expiries + 1] = lease
     owners[#owners + 1] = lease

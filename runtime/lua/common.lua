@@ -7,16 +7,22 @@
 --   seq                   string, enqueue order
 --   job:<id>              hash  meta (JSON written by the client: kind payload queue scope
 --                               priority max_attempts max_stalls, decoded here only on rare
---                               paths), queue, scope (only when shared with other jobs; a job
---                               scoped to its own id has none, and needs no scope lock),
---                               attempt, stalls, lease (while leased)
---   q:<queue>:ready       zset  job id -> seq - priority * 2^40 (lowest first)
+--                               paths), queue, scope (only for a named scope, which other
+--                               jobs may share; a job in its default scope "job:<id>" has
+--                               none and needs no turn-taking), attempt, stalls, lease
+--   q:<queue>:ready       zset  job id -> seq - priority * 2^40 (lowest first); of a named
+--                               scope only its head is ever here, so every entry is claimable
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
---   q:<queue>:stats       hash  leased, completed
---   q:<queue>:dead        list  JSON dead-letter records, oldest first
+--   q:<queue>:stats       hash  leased, waiting, completed
+--   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
 --   queues                set   every queue that has had a job
---   live                  hash  shared scope -> lease id holding it
---   last                  hash  shared scope -> "epoch:counter" of the newest token granted
+--   head                  hash  named scope -> the one job of it that may be ready or leased
+--   wait:<scope>          zset  the scope's other ready jobs -> their ready score; the lowest
+--                               becomes head (and ready) when the head completes, dies or is
+--                               delayed, so a held scope blocks only itself
+--   live                  hash  named scope -> lease id holding it
+--   last                  hash  named scope -> "epoch:counter" of the newest token granted
+--                               (dropped with the head when the scope goes idle)
 --   leases                zset  lease id -> expiry (ms, Redis clock)
 --   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
 --
@@ -35,15 +41,59 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- Puts a job back where its next claim finds it: ready now, or delayed until `at`.
+-- A job becomes ready: into its queue, or aside into its scope's waiting set when another
+-- job holds the scope's turn (`scope` is nil for a default scope: always ready).
+local function enter(base, id, queue, scope, score)
+  if scope then
+    local head = redis.call('HGET', base .. 'head', scope)
+    if head and head ~= id then
+      redis.call('ZADD', base .. 'wait:' .. scope, score, id)
+      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
+      return
+    end
+    if not head then
+      redis.call('HSET', base .. 'head', scope, id)
+    end
+  end
+  redis.call('ZADD', base .. 'q:' .. queue .. ':ready', score, id)
+end
+
+-- Job `id` gives up its scope's turn (completed, dead or delayed): the scope's first waiting
+-- job becomes head and ready, or the idle scope's head and last token go.
+local function leave(base, id, scope)
+  if not scope or redis.call('HGET', base .. 'head', scope) ~= id then
+    return
+  end
+  local wait = base .. 'wait:' .. scope
+  while true do
+    local first = redis.call('ZRANGE', wait, 0, 0, 'WITHSCORES')
+    if #first == 0 then
+      redis.call('HDEL', base .. 'head', scope)
+      redis.call('HDEL', base .. 'last', scope)
+      return
+    end
+    redis.call('ZREM', wait, first[1])
+    local queue = redis.call('HGET', base .. 'job:' .. first[1], 'queue')
+    if queue then -- (a waiting entry without its job is dropped)
+      redis.call('HSET', base .. 'head', scope, first[1])
+      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', -1)
+      redis.call('ZADD', base .. 'q:' .. queue .. ':ready', first[2], first[1])
+      return
+    end
+  end
+end
+
+-- Puts a job back where its next claim finds it: ready now (keeping its scope's turn if it
+-- has it), or delayed until `at` (giving the turn up meanwhile).
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'queue', 'meta')
+  local f = redis.call('HMGET', job, 'queue', 'meta', 'scope')
   if at <= now then
     local seq = redis.call('INCR', base .. 'seq')
     local priority = cjson.decode(f[2]).priority
-    redis.call('ZADD', base .. 'q:' .. f[1] .. ':ready', seq - priority * PRIORITY_SPAN, id)
+    enter(base, id, f[1], f[3], seq - priority * PRIORITY_SPAN)
   else
+    leave(base, id, f[3])
     redis.call('ZADD', base .. 'q:' .. f[1] .. ':delayed', at, id)
   end
 end
@@ -53,15 +103,19 @@ local function job_of(entry)
   return entry and string.match(entry, '^[^\t]+')
 end
 
--- Moves a job to its queue's dead-letter list with the reason, as JSON.
-local function bury(base, id, reason)
+-- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest
+-- `keep` records of the queue, and hands its scope's turn on.
+local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
   local meta = cjson.decode(f[1])
-  redis.call('RPUSH', base .. 'q:' .. f[2] .. ':dead', cjson.encode({
-    id = id, queue = f[2], kind = meta.kind, payload = meta.payload, scope = f[3] or id,
+  local dead = base .. 'q:' .. f[2] .. ':dead'
+  redis.call('RPUSH', dead, cjson.encode({
+    id = id, queue = f[2], kind = meta.kind, payload = meta.payload, scope = f[3] or ('job:' .. id),
     attempt = tonumber(f[4] or '0'), stalls = tonumber(f[5] or '0'),
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason }))
+  redis.call('LTRIM', dead, -keep, -1)
+  leave(base, id, f[3])
   redis.call('DEL', job)
 end
 

@@ -1,12 +1,14 @@
 -- counts.lua: one consistent snapshot of a queue's counts.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  queue
--- Returns  {ready, delayed, leased, completed, dead} (due delayed jobs count as ready)
+-- Returns  {ready, waiting, delayed, leased, completed, dead} (due delayed jobs count as
+--          ready)
 -- Errors   none
 local base, queue = KEYS[1], ARGV[1]
 local now = now_ms()
 local q = base .. 'q:' .. queue .. ':'
 local due = redis.call('ZCOUNT', q .. 'delayed', '-inf', now)
-local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed')
-return { redis.call('ZCARD', q .. 'ready') + due, redis.call('ZCARD', q .. 'delayed') - due,
-  tonumber(stats[1] or '0'), tonumber(stats[2] or '0'), redis.call('LLEN', q .. 'dead') }
+local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed', 'waiting')
+return { redis.call('ZCARD', q .. 'ready') + due, tonumber(stats[3] or '0'),
+  redis.call('ZCARD', q .. 'delayed') - due, tonumber(stats[1] or '0'),
+  tonumber(stats[2] or '0'), redis.call('LLEN', q .. 'dead') }

@@ -1,7 +1,7 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 6 fields per job: id queue scope (empty when the job is scoped to
---          its own id) priority delay_ms meta (JSON: kind payload queue scope priority
+-- ARGV[1]  job count n, then 6 fields per job: id queue scope (empty for the job's default
+--          scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls)
 -- Returns  n
 -- Errors   none of its own (jobs are validated by the client before they are sent)
@@ -15,6 +15,7 @@ for i = 0, n - 1 do
   local id, queue, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local priority, delay = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
   if scope == '' then
+    scope = nil
     redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 6], 'queue', queue)
   else
     redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 6], 'queue', queue, 'scope', scope)
@@ -22,7 +23,7 @@ for i = 0, n - 1 do
   if delay > 0 then
     redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
   else
-    redis.call('ZADD', base .. 'q:' .. queue .. ':ready', last - n + i + 1 - priority * PRIORITY_SPAN, id)
+    enter(base, id, queue, scope, last - n + i + 1 - priority * PRIORITY_SPAN)
   end
   queues[queue] = true
 end

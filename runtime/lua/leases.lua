@@ -14,7 +14,7 @@ for i = 1, #listed, 2 do
   if entry then
     local id, epoch, counter, claimed, worker =
       string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-    local scope = redis.call('HGET', base .. 'job:' .. id, 'scope') or id
+    local scope = redis.call('HGET', base .. 'job:' .. id, 'scope') or ('job:' .. id)
     out[#out + 1] = { lease, id, scope, epoch, counter, worker,
       fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now) }
   end

@@ -1,6 +1,6 @@
 -- reap.lua: turns expired leases into stalls: the job is ready again, or dead after max_stalls.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  most leases to reap in this call
+-- ARGV[1]  most leases to reap in this call, ARGV[2] dead-letter records kept per queue
 -- Returns  flat triples {job id, queue, "1" if now dead else "0", ...}
 -- Errors   none
 local base = KEYS[1]
@@ -18,7 +18,8 @@ for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now
       local stalls = redis.call('HINCRBY', job, 'stalls', 1)
       local max = cjson.decode(redis.call('HGET', job, 'meta')).max_stalls
       if stalls > max then
-        bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')')
+        bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')',
+          tonumber(ARGV[2]))
         out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'
       else
         park(base, id, now, now)

@@ -16,7 +16,7 @@ for _ = 1, tonumber(ARGV[2]) do
   local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
     scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })
   redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'attempt', 0, 'stalls', 0)
-  if d.scope ~= d.id then
+  if d.scope ~= 'job:' .. d.id then
     redis.call('HSET', job, 'scope', d.scope)
   end
   park(base, d.id, now, now)

@@ -1,19 +1,22 @@
 -- settle.lua: completes, retries, dead-letters or reseeds finished jobs, each checked by lease.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  count, then 4 fields per settlement: lease id, action, arg, reason
---          action "complete" | "retry" (arg = delay ms) | "dead" | "fenced" (arg = the epoch
---          of the highest token the sink reported)
--- Returns  one entry per settlement: "ok", "stale" (lease not current: nothing changed), or
---          "reseeded:<epoch>" (a fenced settlement moved the coordinator to that epoch)
+-- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 4 fields per settlement:
+--          lease id, action, arg, reason
+--          action "complete" | "retry" (arg = delay ms) | "dead" | "release" (back to ready,
+--          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
+--          reported)
+-- Returns  one entry per settlement: "ok", "stale" (lease not current: nothing changed),
+--          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
+--          changed), or "reseeded:<epoch>" (a fenced settlement moved the coordinator there)
 -- Errors   none
 local base = KEYS[1]
 local now = now_ms()
-local count = tonumber(ARGV[1])
+local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Look every lease up at once: its expiry and its job.
 local all, expiries, jobs = {}, {}, {}
 for i = 0, count - 1 do
-  all[#all + 1] = ARGV[2 + i * 4]
+  all[#all + 1] = ARGV[3 + i * 4]
 end
 for i = 1, #all, 500 do
   local chunk = { unpack(all, i, math.min(i + 499, #all)) }
@@ -27,11 +30,13 @@ end
 
 local out, released, finished, leased, completed = {}, {}, {}, {}, {}
 for i = 0, count - 1 do
-  local o = 1 + i * 4
+  local o = 2 + i * 4
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local expiry, id = expiries[i + 1], jobs[i + 1]
   if not expiry or tonumber(expiry) <= now or not id then
     out[#out + 1] = 'stale'
+  elseif action == 'fenced' and tonumber(arg) >= 8388607 then
+    out[#out + 1] = 'exhausted'
   else
     released[#released + 1] = lease
     local job = base .. 'job:' .. id
@@ -43,12 +48,16 @@ for i = 0, count - 1 do
       end
       leased[queue] = (leased[queue] or 0) + 1
       if action == 'complete' then
+        leave(base, id, f[2])
         finished[#finished + 1] = job
         completed[queue] = (completed[queue] or 0) + 1
       elseif action == 'retry' then
         park(base, id, now + tonumber(arg), now)
       elseif action == 'dead' then
-        bury(base, id, reason)
+        bury(base, id, reason, keep)
+      elseif action == 'release' then
+        redis.call('HINCRBY', job, 'attempt', -1)
+        park(base, id, now, now)
       else
         -- A sink holds a token at least as new as this current lease's: the counter
         -- regressed. Move above the sink's epoch now, remember it as a floor for later

@@ -202,6 +202,25 @@ string_id!(
     Scope
 );
 
+impl Scope {
+    /// The reserved prefix of default scopes: `job:` followed by a job id.
+    const JOB_PREFIX: &'static str = "job:";
+
+    /// The default scope of a job enqueued without one: `job:<id>`. It lives in a namespace
+    /// of its own — [`NewJob::validate`](crate::NewJob::validate) refuses a named scope of
+    /// this form — so a named scope can never collide with another job's default scope (two
+    /// live leases on one scope, DESIGN.md invariant 3).
+    pub fn of_job(id: JobId) -> Self {
+        Self(format!("{}{id}", Self::JOB_PREFIX))
+    }
+
+    /// The job whose default scope this is, if it is one.
+    pub fn job(&self) -> Option<JobId> {
+        let id = self.0.strip_prefix(Self::JOB_PREFIX)?;
+        Uuid::try_parse(id).ok().map(JobId::from)
+    }
+}
+
 string_id!(
     /// Names one logical write of one generation; a second write with the same
     /// (scope, token, key) is a duplicate, not applied twice.

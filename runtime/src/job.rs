@@ -10,6 +10,37 @@ use crate::ids::{JobId, Lease, Scope};
 /// Default cap on an encoded payload; big blobs belong in object storage, not in the queue.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 
+/// Longest kind, queue or scope name, in bytes: names end up in Redis keys and metric labels.
+pub const MAX_NAME_BYTES: usize = 512;
+
+/// Priorities are folded into one sorted-set score with the enqueue order in Redis, which
+/// keeps them exact in a double only within this range; every backend enforces it.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
+
+/// Longest delay (ten years): keeps every deadline exact in milliseconds on every backend.
+pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Checks a kind, queue or scope name: non-empty, at most [`MAX_NAME_BYTES`], no control
+/// characters (they would corrupt logs, keys and the tab-separated records of the Redis
+/// backend).
+pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidJob(format!("{what} is empty")));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidJob(format!(
+            "{what} is {} bytes, the limit is {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::InvalidJob(format!(
+            "{what} {name:?} contains a control character"
+        )));
+    }
+    Ok(())
+}
+
 /// A job to enqueue. Built with [`NewJob::new`] and refined with the `with_*` methods.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewJob {
@@ -19,7 +50,7 @@ pub struct NewJob {
     pub kind: String,
     /// JSON payload, kept encoded so a worker can dead-letter a payload it cannot decode.
     pub payload: String,
-    /// Protected resource; `None` means the job's own id.
+    /// Protected resource; `None` means the job's own default scope ([`Scope::of_job`]).
     pub scope: Option<Scope>,
     /// Higher runs first among ready jobs of one queue.
     pub priority: i32,
@@ -89,13 +120,31 @@ impl NewJob {
         self
     }
 
-    /// Checks what every backend requires before accepting the job.
+    /// Checks what every backend requires before accepting the job: names (see
+    /// [`MAX_NAME_BYTES`]; a named scope may not take the reserved form of a default scope,
+    /// `job:<uuid>`), payload size, [`PRIORITY_RANGE`], [`MAX_DELAY`], at least one attempt.
     pub fn validate(&self, max_payload_bytes: usize) -> Result<()> {
-        if self.kind.is_empty() {
-            return Err(Error::InvalidJob("kind is empty".into()));
+        check_name("kind", &self.kind)?;
+        check_name("queue", &self.queue)?;
+        if let Some(scope) = &self.scope {
+            check_name("scope", scope.as_str())?;
+            if scope.job().is_some() {
+                return Err(Error::InvalidJob(format!(
+                    "scope {scope} is reserved: `job:<uuid>` is the default scope of a job"
+                )));
+            }
         }
-        if self.queue.is_empty() {
-            return Err(Error::InvalidJob("queue is empty".into()));
+        if !PRIORITY_RANGE.contains(&self.priority) {
+            return Err(Error::InvalidJob(format!(
+                "priority {} is outside {PRIORITY_RANGE:?}",
+                self.priority
+            )));
+        }
+        if self.delay > MAX_DELAY {
+            return Err(Error::InvalidJob(format!(
+                "delay {:?} is longer than {MAX_DELAY:?}",
+                self.delay
+            )));
         }
         if self.payload.len() > max_payload_bytes {
             return Err(Error::InvalidJob(format!(
@@ -204,6 +253,10 @@ pub enum Settlement {
         /// Why.
         reason: String,
     },
+    /// Give the job back unfinished (a worker draining past its deadline): ready again at
+    /// once, the attempt not counted and no stall charged, the lease revoked atomically. A
+    /// late write of the released run is still fenced once the job is claimed again.
+    Release,
     /// A fenced sink refused this (still current) lease: a sink holds `highest`, at least as
     /// new as this lease's token, so the coordinator's counters regressed. The coordinator
     /// moves to an epoch above `highest` and runs the job again at once, without spending an
@@ -225,6 +278,9 @@ pub struct QueueCounts {
     pub delayed: u64,
     /// Held by a lease.
     pub leased: u64,
+    /// Ready, but another job of the same scope holds its turn: waits aside until that job
+    /// completes, dies or is delayed, so it never blocks jobs of other scopes.
+    pub waiting: u64,
     /// Completed.
     pub completed: u64,
     /// Dead-lettered.
@@ -234,7 +290,7 @@ pub struct QueueCounts {
 impl QueueCounts {
     /// Jobs not yet completed or dead.
     pub fn pending(&self) -> u64 {
-        self.ready + self.delayed + self.leased
+        self.ready + self.waiting + self.delayed + self.leased
     }
 }
 

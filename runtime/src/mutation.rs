@@ -229,7 +229,9 @@ mod tests {
         let Some(Value::Hash(h)) = data.get("b") else {
             panic!()
         };
-        assert_eq!(h["n"], i64::MIN.to_string());
+        assert_eq!(h["n"], "-2", "MAX + MIN + -1");
+        apply_all(&mut data, vec![incr("b", "n", i64::MIN + 2)]).unwrap();
+        apply_all(&mut data, vec![incr("b", "n", -1)]).unwrap_err();
     }
 
     #[test]

@@ -121,8 +121,8 @@ struct Pending {
 /// Metric handles of one (queue, kind), looked up once instead of per job.
 struct KindMetrics {
     duration: Histogram,
-    /// By outcome: completed, retried, dead, fenced.
-    finished: [Counter; 4],
+    /// By outcome: completed, retried, dead, fenced, released.
+    finished: [Counter; 5],
 }
 
 impl KindMetrics {
@@ -136,6 +136,7 @@ impl KindMetrics {
                 finished("retried"),
                 finished("dead"),
                 finished("fenced"),
+                finished("released"),
             ],
         }
     }
@@ -155,6 +156,8 @@ pub struct Worker {
     frozen: bool,
     next_queue: usize,
     drain: Option<oneshot::Sender<usize>>,
+    /// Jobs given back unfinished at the drain deadline.
+    released: usize,
     /// An unreachable backend gets exponentially fewer claims and settlement retries (and log
     /// lines), not one per poll tick.
     claim_backoff: Backoff,
@@ -164,6 +167,9 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// How long releasing unfinished jobs may take after the drain deadline.
+    const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// A worker that claims from `coordinator`, runs handlers from `registry`, and gives them
     /// `sinks`. Fails on an invalid config.
     pub fn new(
@@ -186,6 +192,7 @@ impl Worker {
             frozen: false,
             next_queue: 0,
             drain: None,
+            released: 0,
             claim_backoff: Backoff::default(),
             settle_backoff: Backoff::default(),
             metrics: HashMap::new(),
@@ -330,7 +337,7 @@ impl Worker {
     fn check_drained(&mut self, ctx: &mut Context<Self>) {
         if self.running.is_empty() && self.pending.is_empty() && !self.settling {
             if let Some(done) = self.drain.take() {
-                let _ = done.send(0);
+                let _ = done.send(self.released);
                 ctx.stop();
             }
         }
@@ -427,6 +434,7 @@ impl Handler<JobFinished> for Worker {
             Settlement::Retry { .. } => 1,
             Settlement::Dead { .. } => 2,
             Settlement::Fenced { .. } => 3,
+            Settlement::Release => 4,
         };
         match &settlement {
             Settlement::Complete => {
@@ -441,17 +449,11 @@ impl Handler<JobFinished> for Worker {
             Settlement::Fenced { reason, .. } => {
                 tracing::warn!(job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
             }
+            Settlement::Release => {
+                tracing::info!(job = %job.id, kind = %job.kind, "job released unfinished")
+            }
         }
-        let known = self
-            .metrics
-            .get(&job.queue)
-            .is_some_and(|k| k.contains_key(&job.kind));
-        if !known {
-            let handles = KindMetrics::new(&job.queue, &job.kind);
-            let by_kind = self.metrics.entry(job.queue.clone()).or_default();
-            by_kind.insert(job.kind.clone(), handles);
-        }
-        let metrics = &self.metrics[&job.queue][&job.kind];
+        let metrics = self.metrics(&job);
         metrics
             .duration
             .record(running.started.elapsed().as_secs_f64());
@@ -463,6 +465,53 @@ impl Handler<JobFinished> for Worker {
         });
         self.flush(ctx);
         self.fill(ctx);
+    }
+}
+
+impl Worker {
+    fn metrics(&mut self, job: &Job) -> &KindMetrics {
+        let known = self
+            .metrics
+            .get(&job.queue)
+            .is_some_and(|k| k.contains_key(&job.kind));
+        if !known {
+            let handles = KindMetrics::new(&job.queue, &job.kind);
+            let by_kind = self.metrics.entry(job.queue.clone()).or_default();
+            by_kind.insert(job.kind.clone(), handles);
+        }
+        &self.metrics[&job.queue][&job.kind]
+    }
+
+    /// The drain deadline passed: every unfinished job is given back to the coordinator
+    /// (`Settlement::Release`: ready at once, no attempt, no stall) rather than left to
+    /// expire, so a rolling restart charges nothing. Their handlers are cancelled; one that
+    /// still writes is fenced once the job runs again.
+    fn release_unfinished(&mut self, ctx: &mut Context<Self>) {
+        let unfinished: Vec<(LeaseId, Running)> = self.running.drain().collect();
+        self.released = unfinished.len();
+        if self.released > 0 {
+            tracing::warn!(worker = %self.config.name, released = self.released, "drain deadline passed; releasing unfinished jobs");
+        }
+        for (lease, running) in unfinished {
+            running.cancel.cancel();
+            self.metrics(&running.job).finished[4].increment(1);
+            self.pending.push(Pending {
+                lease,
+                settlement: Settlement::Release,
+                job: running.job,
+            });
+        }
+        self.flush(ctx);
+        self.check_drained(ctx);
+        // An unreachable coordinator cannot take the jobs back: stop anyway after a while;
+        // their leases then expire and the reaper requeues them (as stalls).
+        ctx.run_later(Self::RELEASE_TIMEOUT, |act, ctx| {
+            if let Some(done) = act.drain.take() {
+                tracing::warn!(worker = %act.config.name, unsettled = act.pending.len(), "could not release every job; stopping");
+                let _ = done.send(act.released);
+                ctx.stop();
+            }
+        });
     }
 }
 
@@ -484,9 +533,9 @@ impl Handler<Freeze> for Worker {
     }
 }
 
-/// Stops claiming, waits up to `deadline` for running handlers, then cancels the rest and
-/// stops. Answers with how many handlers were still running when it gave up; their leases
-/// expire and the reaper requeues their jobs.
+/// Stops claiming, waits up to `deadline` for running handlers, then cancels the rest,
+/// releases their jobs back to the coordinator (ready at once, no attempt or stall charged)
+/// and stops. Answers with how many jobs were released unfinished.
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct Drain {
@@ -502,14 +551,8 @@ impl Handler<Drain> for Worker {
         self.drain = Some(tx);
         tracing::info!(worker = %self.config.name, running = self.running.len(), "draining");
         ctx.run_later(msg.deadline, |act, ctx| {
-            for running in act.running.values() {
-                running.cancel.cancel();
-            }
-            if let Some(done) = act.drain.take() {
-                let abandoned = act.running.len();
-                tracing::warn!(worker = %act.config.name, abandoned, "drain deadline passed");
-                let _ = done.send(abandoned);
-                ctx.stop();
+            if act.drain.is_some() {
+                act.release_unfinished(ctx);
             }
         });
         self.check_drained(ctx);

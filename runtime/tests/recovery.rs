@@ -155,7 +155,7 @@ impl World {
                             .settle(vec![(
                                 claim.lease.id,
                                 Settlement::Fenced {
-                                    highest: rejection.highest(),
+                                    highest: rejection.highest().unwrap(),
                                     reason: rejection.to_string(),
                                 },
                             )])

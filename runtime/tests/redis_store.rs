@@ -74,6 +74,9 @@ mod delegate {
         async fn retry_dead(&self, q: &str, limit: usize) -> Result<usize> {
             self.store.retry_dead(q, limit).await
         }
+        async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
+            self.store.purge_dead(q, limit).await
+        }
     }
 
     #[async_trait]

@@ -4,9 +4,14 @@
 //! because no `.await` happens while it is held — so every trait method is one critical
 //! section, the in-memory equivalent of one Lua script. Time is `tokio::time::Instant`, so
 //! tests drive lease expiry with `tokio::time::pause()` / `advance()`.
+//!
+//! The lease store mirrors the Redis scripts step for step (the differential property test
+//! runs both on the same histories): tokens come from one counter per coordinator, a shared
+//! scope lets one job at a time be ready or leased (its *head*) while its other jobs wait
+//! aside, and delayed jobs become ready in bounded batches.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,10 +21,15 @@ use tokio::time::Instant;
 use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
-use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::job::{
+    Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+};
 use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
-use crate::store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
+use crate::store::{
+    promotions_per_claim, FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped,
+    DEFAULT_DEAD_RETENTION,
+};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave half a critical section behind (every
@@ -34,19 +44,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct MemoryLeaseStore {
     state: Mutex<LeaseState>,
     max_payload_bytes: usize,
+    dead_retention: usize,
 }
 
 #[derive(Debug, Default)]
 struct LeaseState {
     epoch: u32,
+    /// The last counter granted in `epoch` (token = epoch << 40 | counter).
+    counter: u64,
     seq: u64,
-    /// Jobs not yet completed or dead; where each one waits is in its queue's sets or `leases`.
+    /// Jobs not yet completed or dead; where each one waits is in its queue's sets, a
+    /// scope's waiting set, or `leases`.
     jobs: HashMap<JobId, Job>,
     queues: HashMap<String, QueueState>,
+    /// Shared (named) scopes with work: state goes when the scope is idle, so memory is
+    /// bounded by live work, not by scopes ever seen.
     scopes: HashMap<Scope, ScopeState>,
-    /// Jobs scoped to their own id: their scope state goes when they do, or a long-running
-    /// embedded coordinator would keep one entry per job it ever ran.
-    own_scope: HashSet<JobId>,
     leases: HashMap<LeaseId, LeaseRecord>,
     expiries: BTreeSet<(Instant, LeaseId)>,
 }
@@ -60,14 +73,21 @@ struct QueueState {
     delayed: BTreeSet<DelayedKey>,
     priority: HashMap<JobId, i32>,
     leased: u64,
+    waiting: u64,
     completed: u64,
-    dead: Vec<DeadJob>,
+    dead: VecDeque<DeadJob>,
 }
 
 #[derive(Debug, Default)]
 struct ScopeState {
-    last: Option<FencingToken>,
+    /// The one job of the scope that may be ready or leased.
+    head: Option<JobId>,
+    /// Its lease while it has one.
     live: Option<LeaseId>,
+    /// Newest token granted on the scope while it has had work without pause.
+    last: Option<FencingToken>,
+    /// The scope's other ready jobs, in ready order, each remembering its queue.
+    waiting: BTreeSet<(ReadyKey, String)>,
 }
 
 #[derive(Debug)]
@@ -96,16 +116,23 @@ impl MemoryLeaseStore {
     pub fn with_epoch(epoch: u32) -> Self {
         Self {
             state: Mutex::new(LeaseState {
-                epoch,
+                epoch: epoch.min(FencingToken::MAX_EPOCH),
                 ..LeaseState::default()
             }),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            dead_retention: DEFAULT_DEAD_RETENTION,
         }
     }
 
     /// Caps encoded payload size at enqueue.
     pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Keeps at most `max` (at least 1) dead-lettered jobs per queue; the oldest go first.
+    pub fn with_dead_retention(mut self, max: usize) -> Self {
+        self.dead_retention = max.max(1);
         self
     }
 }
@@ -116,53 +143,121 @@ impl LeaseState {
         self.seq
     }
 
-    /// Puts a job where it belongs for its next claim.
+    /// The scope of `id` if other jobs may share it (a named scope). A default scope
+    /// (`job:<id>`) is the job's alone, so it needs no turn-taking state.
+    fn shared_scope(&self, id: JobId) -> Option<Scope> {
+        let scope = &self.jobs.get(&id)?.scope;
+        scope.job().is_none().then(|| scope.clone())
+    }
+
+    /// Puts a job where it belongs for its next claim: ready now (if its scope's turn is
+    /// free or already its own, else waiting aside), or delayed until `at` (giving up its
+    /// scope's turn meanwhile).
     fn park(&mut self, id: JobId, at: Instant, now: Instant) {
         let seq = self.next_seq();
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
-        let queue = self.queues.entry(job.queue.clone()).or_default();
+        let queue = job.queue.clone();
         if at <= now {
-            let priority = queue.priority.get(&id).copied().unwrap_or_default();
-            queue.ready.insert((Reverse(priority), seq, id));
+            let priority = self.queues.get(&queue).and_then(|q| q.priority.get(&id));
+            let key = (Reverse(priority.copied().unwrap_or_default()), seq, id);
+            self.enter(key, queue);
         } else {
-            queue.delayed.insert((at, seq, id));
+            self.leave(id);
+            self.queues
+                .entry(queue)
+                .or_default()
+                .delayed
+                .insert((at, seq, id));
         }
     }
 
-    fn promote_due(&mut self, queue: &str, now: Instant) {
-        let Some(q) = self.queues.get_mut(queue) else {
+    /// A job becomes ready: into its queue, or aside if another job holds its scope's turn.
+    fn enter(&mut self, key: ReadyKey, queue: String) {
+        let id = key.2;
+        if let Some(scope) = self.shared_scope(id) {
+            let state = self.scopes.entry(scope).or_default();
+            match state.head {
+                Some(head) if head != id => {
+                    state.waiting.insert((key, queue.clone()));
+                    self.queues.entry(queue).or_default().waiting += 1;
+                    return;
+                }
+                _ => state.head = Some(id),
+            }
+        }
+        self.queues.entry(queue).or_default().ready.insert(key);
+    }
+
+    /// `id` gives up its scope's turn (completed, dead, or delayed): the scope's first
+    /// waiting job becomes ready, or the idle scope's state goes.
+    fn leave(&mut self, id: JobId) {
+        let Some(scope) = self.shared_scope(id) else {
+            return;
+        };
+        let Some(state) = self.scopes.get_mut(&scope) else {
+            return;
+        };
+        if state.head != Some(id) {
+            return;
+        }
+        match state.waiting.pop_first() {
+            Some((key, queue)) => {
+                state.head = Some(key.2);
+                let q = self.queues.entry(queue).or_default();
+                q.waiting -= 1;
+                q.ready.insert(key);
+            }
+            None => {
+                state.head = None;
+                if state.live.is_none() {
+                    self.scopes.remove(&scope);
+                }
+            }
+        }
+    }
+
+    /// Moves at most `limit` due delayed jobs to ready, earliest first: bounded work per
+    /// claim however many fell due at once.
+    fn promote_due(&mut self, queue: &str, now: Instant, limit: usize) {
+        let Some(q) = self.queues.get(queue) else {
             return;
         };
         let due: Vec<DelayedKey> = q
             .delayed
-            .range(..=(now, u64::MAX, JobId::from(uuid::Uuid::max())))
+            .iter()
+            .take_while(|(at, _, _)| *at <= now)
+            .take(limit)
             .copied()
             .collect();
         for key in due {
-            q.delayed.remove(&key);
-            let id = key.2;
-            let priority = q.priority.get(&id).copied().unwrap_or_default();
-            q.ready.insert((Reverse(priority), key.1, id));
+            if let Some(q) = self.queues.get_mut(queue) {
+                q.delayed.remove(&key);
+            }
+            self.park(key.2, now, now);
         }
     }
 
-    /// The scope's next token, moving to a new epoch rather than wrapping the counter.
-    fn mint(&mut self, scope: &Scope) -> FencingToken {
-        let last = self.scopes.get(scope).and_then(|s| s.last);
-        let token = match last {
-            None => FencingToken::new(self.epoch, 1),
-            Some(last) => match last.successor(self.epoch) {
-                Some(token) => token,
-                None => {
-                    self.epoch = self.epoch.max(last.epoch()) + 1;
-                    FencingToken::new(self.epoch, 1)
-                }
-            },
-        };
-        self.scopes.entry(scope.clone()).or_default().last = Some(token);
-        token
+    /// The next `n` tokens, one counter per coordinator; the counter never wraps — running
+    /// out moves to the next epoch, and running out of epochs is an error before anything
+    /// changed.
+    fn mint(&mut self, n: usize) -> Result<Vec<FencingToken>> {
+        let n = n as u64;
+        let (mut epoch, mut counter) = (self.epoch, self.counter);
+        if counter + n > FencingToken::MAX_COUNTER {
+            if epoch >= FencingToken::MAX_EPOCH {
+                return Err(Error::Epoch(format!(
+                    "epoch {epoch} is the largest and its counter is spent"
+                )));
+            }
+            (epoch, counter) = (epoch + 1, 0);
+        }
+        self.epoch = epoch;
+        self.counter = counter + n;
+        Ok((1..=n)
+            .map(|i| FencingToken::new(epoch, counter + i))
+            .collect())
     }
 
     /// Removes a current lease, returning its job id, or `None` if `lease` is not current.
@@ -173,7 +268,15 @@ impl LeaseState {
         }
         let record = self.leases.remove(&lease)?;
         self.expiries.remove(&(record.expires_at, lease));
-        let job = self.jobs.get(&record.job)?;
+        self.drop_lease(lease, record.job);
+        Some(record.job)
+    }
+
+    /// A lease is gone: its scope is no longer held, its queue has one job fewer leased.
+    fn drop_lease(&mut self, lease: LeaseId, id: JobId) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
         if let Some(scope) = self.scopes.get_mut(&job.scope) {
             if scope.live == Some(lease) {
                 scope.live = None;
@@ -182,23 +285,26 @@ impl LeaseState {
         if let Some(q) = self.queues.get_mut(&job.queue) {
             q.leased = q.leased.saturating_sub(1);
         }
-        Some(record.job)
     }
 
-    /// The job completed: nothing will be granted on its own scope again. (A dead job keeps
-    /// its scope state: `retry_dead` may bring it back, and its next token must still be
-    /// higher than the last.)
-    fn forget_scope(&mut self, id: JobId, scope: &Scope) {
-        if self.own_scope.remove(&id) {
-            self.scopes.remove(scope);
+    fn complete(&mut self, id: JobId) {
+        self.leave(id);
+        if let Some(job) = self.jobs.remove(&id) {
+            let q = self.queues.entry(job.queue).or_default();
+            q.priority.remove(&id);
+            q.completed += 1;
         }
     }
 
-    fn bury(&mut self, id: JobId, reason: String) {
+    fn bury(&mut self, id: JobId, reason: String, retention: usize) {
+        self.leave(id);
         if let Some(job) = self.jobs.remove(&id) {
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
-            q.dead.push(DeadJob { job, reason });
+            q.dead.push_back(DeadJob { job, reason });
+            while q.dead.len() > retention {
+                q.dead.pop_front();
+            }
         }
     }
 }
@@ -214,12 +320,9 @@ impl LeaseStore for MemoryLeaseStore {
         let mut ids = Vec::with_capacity(jobs.len());
         for new in jobs {
             let id = JobId::new();
-            if new.scope.is_none() {
-                state.own_scope.insert(id);
-            }
             let job = Job {
                 id,
-                scope: new.scope.unwrap_or_else(|| Scope::new(id.to_string())),
+                scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),
                 queue: new.queue,
                 kind: new.kind,
                 payload: new.payload,
@@ -244,33 +347,53 @@ impl LeaseStore for MemoryLeaseStore {
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let now = Instant::now();
         let expires_at = now + ttl;
         let mut state = lock(&self.state);
-        state.promote_due(queue, now);
+        state.promote_due(queue, now, promotions_per_claim(n));
         let Some(q) = state.queues.get(queue) else {
             return Ok(Vec::new());
         };
-        // Pick first, mutate after: skipping a busy scope must not disturb queue order.
+        // Every ready job of a shared scope is its scope's head, so the first n ready jobs
+        // are claimable. The check stays as a guard for invariant 3: a job whose scope is
+        // held anyway waits aside instead of getting a second live lease.
         let mut picked = Vec::new();
-        let mut scopes_taken = BTreeSet::new();
+        let mut aside = Vec::new();
+        let mut taken = HashSet::new();
         for key in &q.ready {
             if picked.len() == n {
                 break;
             }
             let scope = &state.jobs[&key.2].scope;
-            let busy = state.scopes.get(scope).is_some_and(|s| s.live.is_some());
-            if !busy && scopes_taken.insert(scope.clone()) {
+            let held = state.scopes.get(scope).is_some_and(|s| s.live.is_some());
+            if held || !taken.insert(scope.clone()) {
+                aside.push(*key);
+            } else {
                 picked.push(*key);
             }
         }
+        let tokens = state.mint(picked.len())?;
+        for key in aside {
+            let q = state.queues.get_mut(queue).expect("queue exists");
+            q.ready.remove(&key);
+            q.waiting += 1;
+            let scope = state.jobs[&key.2].scope.clone();
+            let s = state.scopes.entry(scope).or_default();
+            s.waiting.insert((key, queue.to_owned()));
+        }
         let mut claims = Vec::with_capacity(picked.len());
-        for key in picked {
+        for (key, token) in picked.into_iter().zip(tokens) {
             let id = key.2;
             let lease_id = LeaseId::new();
-            let scope = state.jobs[&id].scope.clone();
-            let token = state.mint(&scope);
-            state.scopes.entry(scope.clone()).or_default().live = Some(lease_id);
+            if let Some(scope) = state.shared_scope(id) {
+                let s = state.scopes.entry(scope).or_default();
+                s.head = Some(id);
+                s.live = Some(lease_id);
+                s.last = Some(token);
+            }
             state.leases.insert(
                 lease_id,
                 LeaseRecord {
@@ -292,7 +415,7 @@ impl LeaseStore for MemoryLeaseStore {
                 lease: Lease {
                     id: lease_id,
                     token,
-                    scope,
+                    scope: job.scope.clone(),
                     expires_at,
                 },
             });
@@ -323,25 +446,36 @@ impl LeaseStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         let mut results = Vec::with_capacity(settlements.len());
         for (lease, settlement) in settlements {
+            // Checked before the lease is taken, so an impossible reseed changes nothing.
+            if let Settlement::Fenced { highest, .. } = &settlement {
+                if highest.epoch() >= FencingToken::MAX_EPOCH {
+                    results.push(Err(Error::Epoch(format!(
+                        "a sink holds token {highest}: no epoch left above it"
+                    ))));
+                    continue;
+                }
+            }
             let Some(id) = state.take_current(lease, now) else {
                 results.push(Err(Error::LeaseNotCurrent(lease)));
                 continue;
             };
             match settlement {
-                Settlement::Complete => {
-                    if let Some(job) = state.jobs.remove(&id) {
-                        state.forget_scope(id, &job.scope);
-                        let q = state.queues.entry(job.queue).or_default();
-                        q.priority.remove(&id);
-                        q.completed += 1;
+                Settlement::Complete => state.complete(id),
+                Settlement::Retry { delay, .. } => state.park(id, now + delay.min(MAX_DELAY), now),
+                Settlement::Dead { reason } => state.bury(id, reason, self.dead_retention),
+                Settlement::Release => {
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.attempt = job.attempt.saturating_sub(1);
                     }
+                    state.park(id, now, now);
                 }
-                Settlement::Retry { delay, .. } => state.park(id, now + delay, now),
-                Settlement::Dead { reason } => state.bury(id, reason),
                 Settlement::Fenced { highest, .. } => {
-                    // Grant above the sink from now on: the next token of every scope is in
-                    // a newer epoch than anything the sink has seen.
-                    state.epoch = state.epoch.max(highest.epoch() + 1);
+                    // Grant above the sink from now on: the next token is in a newer epoch
+                    // than anything the sink has seen.
+                    if state.epoch <= highest.epoch() {
+                        state.epoch = highest.epoch() + 1;
+                        state.counter = 0;
+                    }
                     state.park(id, now, now);
                 }
             }
@@ -366,27 +500,19 @@ impl LeaseStore for MemoryLeaseStore {
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
+            state.drop_lease(lease, record.job);
             let Some(job) = state.jobs.get_mut(&record.job) else {
                 continue;
             };
             job.stalls += 1;
-            let (queue, scope) = (job.queue.clone(), job.scope.clone());
-            let outcome = on_stall(job.stalls, job.max_stalls);
-            if let Some(s) = state.scopes.get_mut(&scope) {
-                if s.live == Some(lease) {
-                    s.live = None;
-                }
-            }
-            if let Some(q) = state.queues.get_mut(&queue) {
-                q.leased = q.leased.saturating_sub(1);
-            }
-            let dead = match outcome {
+            let queue = job.queue.clone();
+            let dead = match on_stall(job.stalls, job.max_stalls) {
                 StallOutcome::Requeue => {
                     state.park(record.job, now, now);
                     false
                 }
                 StallOutcome::Dead(reason) => {
-                    state.bury(record.job, reason);
+                    state.bury(record.job, reason, self.dead_retention);
                     true
                 }
             };
@@ -401,17 +527,20 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let now = Instant::now();
-        let mut state = lock(&self.state);
-        state.promote_due(queue, now);
+        let state = lock(&self.state);
         Ok(state
             .queues
             .get(queue)
-            .map(|q| QueueCounts {
-                ready: q.ready.len() as u64,
-                delayed: q.delayed.len() as u64,
-                leased: q.leased,
-                completed: q.completed,
-                dead: q.dead.len() as u64,
+            .map(|q| {
+                let due = q.delayed.iter().take_while(|(at, ..)| *at <= now).count() as u64;
+                QueueCounts {
+                    ready: q.ready.len() as u64 + due,
+                    waiting: q.waiting,
+                    delayed: q.delayed.len() as u64 - due,
+                    leased: q.leased,
+                    completed: q.completed,
+                    dead: q.dead.len() as u64,
+                }
             })
             .unwrap_or_default())
     }
@@ -426,7 +555,12 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
-        Ok(lock(&self.state).scopes.get(scope).and_then(|s| s.last))
+        let state = lock(&self.state);
+        Ok(match scope.job() {
+            // A default scope has a token while its job holds a lease.
+            Some(id) => state.leases.values().find(|l| l.job == id).map(|l| l.token),
+            None => state.scopes.get(scope).and_then(|s| s.last),
+        })
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -476,6 +610,18 @@ impl LeaseStore for MemoryLeaseStore {
             state.park(id, now, now);
         }
         Ok(count)
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut state = lock(&self.state);
+        Ok(match state.queues.get_mut(queue) {
+            Some(q) => {
+                let n = limit.min(q.dead.len());
+                q.dead.drain(..n).for_each(drop);
+                n
+            }
+            None => 0,
+        })
     }
 }
 
@@ -545,7 +691,7 @@ mod tests {
             .collect();
         store.settle(done).await.unwrap();
         let state = lock(&store.state);
-        assert_eq!(state.scopes.len(), 1, "only the shared scope remains");
-        assert!(state.own_scope.is_empty());
+        assert!(state.scopes.is_empty(), "idle scopes leave no state behind");
+        assert!(state.jobs.is_empty());
     }
 }

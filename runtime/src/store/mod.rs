@@ -15,6 +15,16 @@ use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 pub use crate::mutation::{Mutation, Value};
 
 pub mod epoch;
+
+/// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
+pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
+
+/// How many due delayed jobs one claim of `n` moves to ready: enough to keep up with what
+/// claims consume, never so many that one call blocks the backend (the Redis claim script
+/// runs while every other client waits).
+pub(crate) fn promotions_per_claim(n: usize) -> usize {
+    n.saturating_mul(2).saturating_add(16)
+}
 pub mod memory;
 pub mod redis;
 
@@ -58,6 +68,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Moves up to `limit` dead-lettered jobs of `queue` back to ready with fresh attempts,
     /// oldest first; returns how many.
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+
+    /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 }
 
 /// A live lease, for status output.

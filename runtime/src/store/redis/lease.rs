@@ -14,9 +14,11 @@ use tokio::time::Instant;
 use super::{garbage, parse, round_trip, Link};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
-use crate::job::{Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::job::{
+    Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+};
 use crate::store::epoch::EpochSource;
-use crate::store::{LeaseInfo, LeaseStore, Reaped};
+use crate::store::{promotions_per_claim, LeaseInfo, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION};
 
 macro_rules! coordinator_script {
     ($file:literal) => {
@@ -38,10 +40,7 @@ static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
 static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
 static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
-
-/// Priorities are folded into one sorted-set score with the enqueue order (see common.lua),
-/// which keeps them exact in a double only within this range.
-const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
+static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 
 /// The coordinator on Redis. All keys live under one hash tag `{prefix}`.
 #[derive(Clone)]
@@ -50,6 +49,7 @@ pub struct RedisLeaseStore {
     base: String,
     epochs: Option<Arc<dyn EpochSource>>,
     max_payload_bytes: usize,
+    dead_retention: usize,
 }
 
 impl RedisLeaseStore {
@@ -60,6 +60,7 @@ impl RedisLeaseStore {
             base: format!("{{{prefix}}}:"),
             epochs: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            dead_retention: DEFAULT_DEAD_RETENTION,
         }
     }
 
@@ -73,6 +74,12 @@ impl RedisLeaseStore {
     /// Caps encoded payload size at enqueue.
     pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Keeps at most `max` (at least 1) dead-lettered jobs per queue; the oldest go first.
+    pub fn with_dead_retention(mut self, max: usize) -> Self {
+        self.dead_retention = max.max(1);
         self
     }
 
@@ -149,12 +156,6 @@ impl LeaseStore for RedisLeaseStore {
     async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
         for job in &jobs {
             job.validate(self.max_payload_bytes)?;
-            if !PRIORITY_RANGE.contains(&job.priority) {
-                return Err(Error::InvalidJob(format!(
-                    "priority {} is outside {PRIORITY_RANGE:?}",
-                    job.priority
-                )));
-            }
         }
         let ids: Vec<JobId> = jobs.iter().map(|_| JobId::new()).collect();
         let mut invocation = ENQUEUE.key(&self.base);
@@ -170,15 +171,11 @@ impl LeaseStore for RedisLeaseStore {
                 max_stalls: job.max_stalls,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
-            // A job scoped to its own id stores no scope: no other job can share it.
-            let shared = job
-                .scope
-                .map(|s| s.to_string())
-                .filter(|s| *s != id.to_string());
+            // A job in its default scope stores none: no other job can share it.
             invocation
                 .arg(id.to_string())
                 .arg(job.queue)
-                .arg(shared.unwrap_or_default())
+                .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
                 .arg(job.priority)
                 .arg(job.delay.as_millis() as u64)
                 .arg(meta);
@@ -211,6 +208,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(queue)
                 .arg(worker)
                 .arg(ttl.as_millis() as u64)
+                .arg(promotions_per_claim(n))
                 .arg(&leases);
             let sent = Instant::now();
             round_trip("claim");
@@ -231,10 +229,11 @@ impl LeaseStore for RedisLeaseStore {
                         <[String; 7]>::try_from(r)
                             .map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
                     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
-                    let scope = meta.scope.unwrap_or_else(|| Scope::new(id.as_str()));
+                    let job_id = JobId::from(parse::<uuid::Uuid>(&id)?);
+                    let scope = meta.scope.unwrap_or_else(|| Scope::of_job(job_id));
                     Ok(Claim {
                         job: Job {
-                            id: JobId::from(parse::<uuid::Uuid>(&id)?),
+                            id: job_id,
                             queue: queue.to_owned(),
                             kind: meta.kind,
                             payload: meta.payload,
@@ -284,14 +283,17 @@ impl LeaseStore for RedisLeaseStore {
             return Ok(Vec::new());
         }
         let mut invocation = SETTLE.key(&self.base);
-        invocation.arg(settlements.len());
+        invocation.arg(settlements.len()).arg(self.dead_retention);
         for (lease, settlement) in &settlements {
             let (action, arg, reason) = match settlement {
                 Settlement::Complete => ("complete", 0u64, ""),
-                Settlement::Retry { delay, reason } => {
-                    ("retry", delay.as_millis() as u64, reason.as_str())
-                }
+                Settlement::Retry { delay, reason } => (
+                    "retry",
+                    delay.min(&MAX_DELAY).as_millis() as u64,
+                    reason.as_str(),
+                ),
                 Settlement::Dead { reason } => ("dead", 0, reason.as_str()),
+                Settlement::Release => ("release", 0, ""),
                 Settlement::Fenced { highest, reason } => {
                     ("fenced", u64::from(highest.epoch()), reason.as_str())
                 }
@@ -315,6 +317,12 @@ impl LeaseStore for RedisLeaseStore {
                 out.push(Err(Error::LeaseNotCurrent(*lease)));
                 continue;
             }
+            if result == "exhausted" {
+                out.push(Err(Error::Epoch(format!(
+                    "lease {lease}: a sink holds a token in the largest epoch; none left above it"
+                ))));
+                continue;
+            }
             if let Some(epoch) = result.strip_prefix("reseeded:") {
                 self.record_reseed(parse(epoch)?).await;
             }
@@ -329,6 +337,7 @@ impl LeaseStore for RedisLeaseStore {
         let flat: Vec<String> = REAP
             .key(&self.base)
             .arg(max)
+            .arg(self.dead_retention)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -345,7 +354,7 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let mut conn = self.conn().await?;
-        let [ready, delayed, leased, completed, dead]: [u64; 5] = COUNTS
+        let [ready, waiting, delayed, leased, completed, dead]: [u64; 6] = COUNTS
             .key(&self.base)
             .arg(queue)
             .invoke_async(&mut conn)
@@ -353,6 +362,7 @@ impl LeaseStore for RedisLeaseStore {
             .map_err(|e| self.link.broken(e))?;
         Ok(QueueCounts {
             ready,
+            waiting,
             delayed,
             leased,
             completed,
@@ -415,7 +425,11 @@ impl LeaseStore for RedisLeaseStore {
             .arg(format!("{}last", self.base))
             .arg(scope.as_str())
             .cmd("HGET")
-            .arg(format!("{}job:{scope}", self.base))
+            .arg(format!(
+                "{}job:{}",
+                self.base,
+                scope.job().map(|id| id.to_string()).unwrap_or_default()
+            ))
             .arg("lease")
             .query_async(&mut conn)
             .await
@@ -484,6 +498,17 @@ impl LeaseStore for RedisLeaseStore {
                 })
             })
             .collect()
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        PURGE_DEAD
+            .key(&self.base)
+            .arg(queue)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
     }
 
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
