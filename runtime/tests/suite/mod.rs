@@ -355,6 +355,191 @@ pub async fn enqueue_rejects_bad_jobs_whole(store: Arc<dyn LeaseStore>) {
     );
 }
 
+/// Issue 7, case 4: every name a careless caller can send is checked before anything is
+/// stored, the same way on every backend, and a named scope can never be another job's
+/// default scope (which used to give two live leases on one scope).
+pub async fn names_are_checked_and_default_scopes_are_private(store: Arc<dyn LeaseStore>) {
+    let a = store.enqueue(vec![job("a")]).await.unwrap()[0];
+    let bad = [
+        job("b").with_scope(Scope::of_job(a)),
+        job("b").with_scope(""),
+        job("b").with_scope("line\nbreak"),
+        job("b").with_scope("x".repeat(MAX_NAME_BYTES + 1)),
+        job("b").with_queue(""),
+        job("b").with_queue("tab\tqueue"),
+        job("\u{7f}"),
+        job("b").with_priority(5000),
+        job("b").with_priority(i32::MIN),
+        job("b").with_delay(Duration::MAX),
+    ];
+    for b in bad {
+        let r = store.enqueue(vec![job("fine"), b.clone()]).await;
+        assert!(
+            matches!(r, Err(Error::InvalidJob(_))),
+            "{b:?} accepted: {r:?}"
+        );
+    }
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(counts.ready, 1, "a refused batch left jobs behind");
+    let ok = store
+        .enqueue(vec![job("b").with_scope("job:42").with_priority(4096)])
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let claims = claim(&*store, 10).await;
+    assert_eq!(claims.len(), 2);
+    let mine = claims.iter().find(|c| c.job.id == a).unwrap();
+    assert_eq!(mine.lease.scope, Scope::of_job(a));
+    assert_eq!(mine.job.scope, Scope::of_job(a));
+    assert_eq!(mine.lease.scope.job(), Some(a));
+}
+
+/// Issue 7, case 9: jobs of a held scope wait aside, so `claim(n)` returns
+/// min(n, ready jobs whose scope is free) however many blocked jobs sit ahead of them.
+pub async fn a_held_scope_blocks_only_itself(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![job("hot").with_scope("hot")])
+        .await
+        .unwrap();
+    let holder = claim(&*store, 1).await.remove(0);
+    let blocked: Vec<NewJob> = (0..3000)
+        .map(|_| job("hot").with_scope("hot").with_priority(9))
+        .collect();
+    store.enqueue(blocked).await.unwrap();
+    let free: Vec<NewJob> = (0..5)
+        .map(|i| job("free").with_scope(format!("free:{i}")))
+        .collect();
+    store.enqueue(free).await.unwrap();
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.waiting, counts.leased), (5, 3000, 1));
+    let got = claim(&*store, 10).await;
+    assert_eq!(
+        got.len(),
+        5,
+        "free scopes did not all flow past the held one"
+    );
+    assert!(got.iter().all(|c| c.job.kind == "free"));
+    assert!(claim(&*store, 10).await.is_empty());
+    // Blocked ahead of free ones that were enqueued *before* the scope was held, too.
+    store
+        .enqueue((0..100).map(|_| job("cold").with_scope("cold")).collect())
+        .await
+        .unwrap();
+    store
+        .enqueue(vec![job("late").with_scope("late")])
+        .await
+        .unwrap();
+    let got = claim(&*store, 10).await;
+    let kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["cold", "late"]);
+    // The holder finishes: the next job of its scope (and only one) becomes claimable.
+    settle(&*store, holder.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let next = claim(&*store, 10).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.kind, "hot");
+    assert!(next[0].lease.token > holder.lease.token);
+    // A retry with a delay gives the scope's turn to the next job meanwhile.
+    settle(
+        &*store,
+        next[0].lease.id,
+        Settlement::Retry {
+            delay: Duration::from_secs(3600),
+            reason: "later".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let after = claim(&*store, 10).await;
+    assert_eq!(after.len(), 1);
+    assert_ne!(after[0].job.id, next[0].job.id);
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(counts.waiting, 2998 + 99);
+    assert_eq!(counts.delayed, 1);
+}
+
+/// Issue 7, case 8: a released job is ready again at once with its attempt not counted and
+/// no stall charged; the released lease is powerless.
+pub async fn release_gives_the_job_back_uncharged(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![job("r").with_scope("rel"), job("w").with_scope("rel")])
+        .await
+        .unwrap();
+    let first = claim(&*store, 5).await;
+    assert_eq!(first.len(), 1);
+    let c = &first[0];
+    assert_eq!((c.job.kind.as_str(), c.job.attempt), ("r", 1));
+    settle(&*store, c.lease.id, Settlement::Release)
+        .await
+        .unwrap();
+    let again = claim(&*store, 5).await;
+    assert_eq!(again.len(), 1, "released job lost its scope's turn");
+    assert_eq!(
+        (again[0].job.id, again[0].job.attempt, again[0].job.stalls),
+        (c.job.id, 1, 0)
+    );
+    assert!(again[0].lease.token > c.lease.token);
+    assert!(matches!(
+        settle(&*store, c.lease.id, Settlement::Complete).await,
+        Err(Error::LeaseNotCurrent(_))
+    ));
+    assert_eq!(
+        store.renew(&[c.lease.id], TTL).await.unwrap(),
+        vec![c.lease.id]
+    );
+}
+
+/// Issue 7, cases 6-7: a reseed above the last epoch is a typed error that changes nothing;
+/// dead letters can be purged.
+pub async fn epoch_limit_and_dead_purge(store: Arc<dyn LeaseStore>) {
+    store.enqueue(vec![job("e")]).await.unwrap();
+    let c = claim(&*store, 1).await.remove(0);
+    let top = FencingToken::new(FencingToken::MAX_EPOCH, 5);
+    let r = settle(
+        &*store,
+        c.lease.id,
+        Settlement::Fenced {
+            highest: top,
+            reason: "x".into(),
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(Error::Epoch(_))), "{r:?}");
+    assert!(!r.unwrap_err().is_retryable());
+    assert_eq!(
+        store.counts("default").await.unwrap().leased,
+        1,
+        "the refused reseed changed state"
+    );
+    settle(
+        &*store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "d0".into(),
+        },
+    )
+    .await
+    .unwrap();
+    store.enqueue(vec![job("d1"), job("d2")]).await.unwrap();
+    for c in claim(&*store, 2).await {
+        settle(
+            &*store,
+            c.lease.id,
+            Settlement::Dead {
+                reason: c.job.kind.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(store.purge_dead("default", 2).await.unwrap(), 2);
+    let left = store.dead("default", 10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].reason, "d2", "purge takes the oldest first");
+    assert_eq!(store.purge_dead("default", 10).await.unwrap(), 1);
+    assert_eq!(store.purge_dead("nowhere", 10).await.unwrap(), 0);
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -369,6 +554,10 @@ macro_rules! lease_store_suite {
             fenced_settlement_reseeds_above_the_sink,
             status_views_and_dead_letter_retry,
             enqueue_rejects_bad_jobs_whole,
+            names_are_checked_and_default_scopes_are_private,
+            a_held_scope_blocks_only_itself,
+            release_gives_the_job_back_uncharged,
+            epoch_limit_and_dead_purge,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
