@@ -83,9 +83,13 @@ pub struct WorkerArgs {
     /// same recovery for workers on many hosts.
     #[arg(long, env = "PALISADE_EPOCH_POSTGRES_URL", value_name = "URL")]
     epoch_postgres: Option<String>,
-    /// On SIGTERM / SIGINT, how long running handlers get to finish.
+    /// On SIGTERM / SIGINT, how long running handlers get to finish; jobs still running
+    /// then are released back to ready (no attempt counted, no stall charged).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain: Duration,
+    /// Dead-lettered jobs kept per queue; the oldest go first (see `palisade dead purge`).
+    #[arg(long, default_value_t = palisade::store::DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    dead_retention: usize,
 }
 
 /// Runs one worker process until SIGTERM / SIGINT, then drains.
@@ -99,7 +103,8 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
     System::new().block_on(async move {
-        let (pool, mut store) = args.redis.store().await?;
+        let (pool, store) = args.redis.store().await?;
+        let mut store = store.with_dead_retention(args.dead_retention);
         if let Some(path) = &args.epoch_file {
             store = store.with_epoch_source(Arc::new(FileEpochSource::new(path)));
         }
@@ -141,8 +146,8 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             _ = actix_rt::signal::ctrl_c() => {}
         }
         tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
-        let abandoned = worker.send(Drain { deadline: args.drain }).await?;
-        tracing::info!(worker = %name, abandoned, "drained; exiting");
+        let released = worker.send(Drain { deadline: args.drain }).await?;
+        tracing::info!(worker = %name, released, "drained; exiting");
         anyhow::Ok(())
     })
 }
@@ -177,6 +182,9 @@ pub struct EnqueueArgs {
     /// Handler failures allowed before the job is dead.
     #[arg(long, default_value_t = 5)]
     max_attempts: u32,
+    /// Expired leases (stalls) allowed before the job is dead.
+    #[arg(long, default_value_t = 3)]
+    max_stalls: u32,
     /// Largest payload accepted, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_PAYLOAD_BYTES)]
     max_payload_bytes: usize,
@@ -189,6 +197,7 @@ pub fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
         .with_queue(&args.queue)
         .with_priority(args.priority)
         .with_max_attempts(args.max_attempts)
+        .with_max_stalls(args.max_stalls)
         .with_delay(args.delay.unwrap_or_default());
     if let Some(scope) = &args.scope {
         job = job.with_scope(scope.as_str());
@@ -248,9 +257,9 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             println!("{out}");
             return anyhow::Ok(());
         }
-        println!("{:<20} {:>8} {:>8} {:>8} {:>10} {:>6}", "queue", "ready", "delayed", "leased", "completed", "dead");
+        println!("{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}", "queue", "ready", "waiting", "delayed", "leased", "completed", "dead");
         for (queue, c) in &queues {
-            println!("{queue:<20} {:>8} {:>8} {:>8} {:>10} {:>6}", c.ready, c.delayed, c.leased, c.completed, c.dead);
+            println!("{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}", c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead);
         }
         println!("\nlive leases ({}, soonest expiry first):", leases.len());
         for l in &leases {
@@ -270,13 +279,16 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `palisade dead list|retry`.
+/// `palisade dead list|retry|purge`.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum DeadCommand {
     /// Print dead-lettered jobs with their reasons, one JSON object per line, oldest first.
     List(DeadArgs),
     /// Move dead-lettered jobs back to ready with fresh attempts, oldest first.
     Retry(DeadArgs),
+    /// Delete dead-lettered jobs for good, oldest first (workers also keep at most
+    /// `--dead-retention` per queue).
+    Purge(DeadArgs),
 }
 
 /// Arguments of `palisade dead`.
@@ -306,6 +318,11 @@ pub fn dead(command: DeadCommand) -> anyhow::Result<()> {
                 let (_, store) = args.redis.store().await?;
                 let moved = store.retry_dead(&args.queue, args.limit).await?;
                 println!("{moved} jobs moved back to {}", args.queue);
+            }
+            DeadCommand::Purge(args) => {
+                let (_, store) = args.redis.store().await?;
+                let purged = store.purge_dead(&args.queue, args.limit).await?;
+                println!("{purged} dead jobs of {} deleted", args.queue);
             }
         }
         anyhow::Ok(())

@@ -26,7 +26,7 @@ enum Command {
     Enqueue(palisade_jobs::cli::EnqueueArgs),
     /// Show queue counts, live leases with their age, and a scope's newest token.
     Status(palisade_jobs::cli::StatusArgs),
-    /// List or retry dead-lettered jobs.
+    /// List, retry or purge dead-lettered jobs.
     #[command(subcommand)]
     Dead(palisade_jobs::cli::DeadCommand),
 }

@@ -22,6 +22,16 @@ struct WorkerProcess {
 
 impl WorkerProcess {
     fn start(redis: &RedisServer, sink: &RedisServer, name: &str, lease: &str) -> Self {
+        Self::start_with(redis, sink, name, lease, &[])
+    }
+
+    fn start_with(
+        redis: &RedisServer,
+        sink: &RedisServer,
+        name: &str,
+        lease: &str,
+        extra: &[&str],
+    ) -> Self {
         let metrics_port = free_port();
         let child = Command::new(BIN)
             .args([
@@ -33,6 +43,7 @@ impl WorkerProcess {
             ])
             .args(["--name", name, "--lease", lease, "--concurrency", "8"])
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -165,9 +176,9 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
         counts(&redis)["completed"] == 1
     });
     assert_eq!(balance(&sink, 7), 250);
-    let b_token = status(&redis, "account:7")["scope"]["highest_token"]
-        .as_u64()
-        .unwrap();
+    // The coordinator forgets an idle scope's token; the sink's fence keeps B's.
+    let fence = sink.cli(&["GET", "palisade-sink:{account:7}:fence"]).unwrap();
+    let b_token: u64 = fence.split('\t').next().unwrap().parse().unwrap();
     assert!(b_token > a_token);
     // Stay stopped for at least twice the lease.
     std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
@@ -286,4 +297,63 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
     for w in workers {
         assert!(w.terminate().success());
     }
+}
+
+/// Issue 7, case 8: three rolling restarts with jobs in flight. Each old worker gets SIGTERM
+/// while its handlers are mid-job; at the drain deadline it releases them (no attempt, no
+/// stall). Jobs allow no stall at all (`--max-stalls 0`: one stall would kill them) and the
+/// lease is 30 s, so a job left to expire could neither survive nor finish in time: every job
+/// completing quickly, none dead, balances exact, is the proof.
+#[test]
+fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let mut want = [0i64; 6];
+    for i in 0..18u32 {
+        let (account, cents) = (i % 6, 10 + i64::from(i));
+        want[account as usize] += cents;
+        let json = format!(r#"{{"account":{account},"cents":{cents},"hold_ms":700}}"#);
+        let scope = format!("account:{account}");
+        palisade(
+            &redis,
+            &[
+                "enqueue",
+                "ledger.deposit",
+                &json,
+                "--scope",
+                &scope,
+                "--max-stalls",
+                "0",
+            ],
+        );
+    }
+    let drain = ["--drain", "150ms"];
+    let mut worker = WorkerProcess::start_with(&redis, &sink, "roll-0", "30s", &drain);
+    let started = Instant::now();
+    for round in 1..=3 {
+        wait_for("jobs in flight", Duration::from_secs(20), || {
+            counts(&redis)["leased"].as_u64() > Some(0)
+        });
+        let next =
+            WorkerProcess::start_with(&redis, &sink, &format!("roll-{round}"), "30s", &drain);
+        assert!(worker.terminate().success(), "round {round}: unclean exit");
+        worker = next;
+    }
+    wait_for("every job settled", Duration::from_secs(25), || {
+        let c = counts(&redis);
+        c["ready"] == 0 && c["waiting"] == 0 && c["leased"] == 0 && c["delayed"] == 0
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "finished only after a lease could have expired"
+    );
+    let c = counts(&redis);
+    assert_eq!(
+        (c["completed"].as_u64(), c["dead"].as_u64()),
+        (Some(18), Some(0)),
+        "{c}"
+    );
+    for (account, cents) in want.iter().enumerate() {
+        assert_eq!(balance(&sink, account as u32), *cents, "account {account}");
+    }
+    assert!(worker.terminate().success());
 }
