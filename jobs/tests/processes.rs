@@ -177,7 +177,9 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
     });
     assert_eq!(balance(&sink, 7), 250);
     // The coordinator forgets an idle scope's token; the sink's fence keeps B's.
-    let fence = sink.cli(&["GET", "palisade-sink:{account:7}:fence"]).unwrap();
+    let fence = sink
+        .cli(&["GET", "palisade-sink:{account:7}:fence"])
+        .unwrap();
     let b_token: u64 = fence.split('\t').next().unwrap().parse().unwrap();
     assert!(b_token > a_token);
     // Stay stopped for at least twice the lease.

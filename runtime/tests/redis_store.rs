@@ -100,3 +100,61 @@ mod delegate {
 
 lease_store_suite!(lease_store());
 fenced_store_suite!(fenced_store());
+
+/// Issue 7, case 7 (Redis): one claim makes a bounded number of due delayed jobs ready (it
+/// used to promote 1,000 at once, blocking Redis to hand out one job), the rest follow with
+/// later claims; dead letters are trimmed to the retention.
+#[tokio::test]
+async fn claims_promote_boundedly_and_dead_letters_are_trimmed() {
+    use palisade::{LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "bound").with_dead_retention(2);
+    let delayed = (0..1000)
+        .map(|_| NewJob::raw("d", "null").with_delay(Duration::from_millis(20)))
+        .collect();
+    store.enqueue(delayed).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let ttl = Duration::from_secs(30);
+    assert_eq!(store.claim("default", "t", 1, ttl).await.unwrap().len(), 1);
+    let left: usize = server
+        .cli(&["ZCARD", "{bound}:q:default:delayed"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(left, 1000 - 18, "one claim of 1 promotes 2n + 16 due jobs");
+    let mut claimed = 1;
+    for _ in 0..20 {
+        claimed += store.claim("default", "t", 100, ttl).await.unwrap().len();
+    }
+    assert_eq!(claimed, 1000, "every due job is claimed in the end");
+
+    store
+        .enqueue(
+            (0..3)
+                .map(|i| NewJob::raw(format!("dead{i}"), "null"))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let claims = store.claim("default", "t", 3, ttl).await.unwrap();
+    for c in &claims {
+        let dead = Settlement::Dead {
+            reason: c.job.kind.clone(),
+        };
+        store.settle(vec![(c.lease.id, dead)]).await.unwrap();
+    }
+    let kept: Vec<String> = store
+        .dead("default", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.reason)
+        .collect();
+    assert_eq!(
+        kept,
+        ["dead1", "dead2"],
+        "the oldest dead letter goes first"
+    );
+}

@@ -38,6 +38,12 @@ struct Args {
     /// Spread jobs over this many shared scopes (e.g. accounts) instead of one scope per job.
     #[arg(long)]
     scopes: Option<usize>,
+    /// Simulate a paused worker holding this many hot scopes: each hot scope's first job is
+    /// claimed under a lease nobody renews or settles, and 100 more jobs per hot scope are
+    /// queued *ahead* of the measured jobs (higher priority). Measures how fast free scopes
+    /// flow past held ones.
+    #[arg(long, default_value_t = 0)]
+    pause_holder: usize,
 }
 
 /// A Redis's cumulative counters, for deltas.
@@ -138,6 +144,20 @@ fn main() {
             Some(p) => redis_stats(p).await,
             None => RedisStats::default(),
         };
+        if args.pause_holder > 0 {
+            let hot: Vec<NewJob> = (0..args.pause_holder)
+                .flat_map(|h| (0..101).map(move |_| NewJob::raw("noop", "null").with_scope(format!("hot:{h}")).with_priority(10)))
+                .collect();
+            for chunk in hot.chunks(1000) {
+                coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
+            }
+            let held = coordinator
+                .send(ClaimJobs { queue: "default".into(), worker: "paused".into(), n: args.pause_holder, ttl: Duration::from_secs(3600) })
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(held.len(), args.pause_holder, "the paused holder got every hot scope");
+        }
         let t0 = Instant::now();
         let jobs: Vec<NewJob> = (0..args.jobs)
             .map(|i| match args.scopes {
@@ -188,6 +208,7 @@ fn main() {
         }
         loop {
             let counts = coordinator.send(CountJobs("default".into())).await.unwrap().unwrap();
+            // (The hot scopes' jobs never complete: their holder is paused for the whole run.)
             if counts.completed as usize >= args.jobs {
                 break;
             }
@@ -203,7 +224,10 @@ fn main() {
             (None, true) => "embedded + fenced memory sink write",
             (None, false) => "embedded",
         };
-        let scopes = args.scopes.map_or("one scope per job".to_string(), |n| format!("{n} shared scopes"));
+        let mut scopes = args.scopes.map_or("one scope per job".to_string(), |n| format!("{n} shared scopes"));
+        if args.pause_holder > 0 {
+            scopes += &format!(", a paused holder of {} hot scopes with {} jobs queued ahead", args.pause_holder, args.pause_holder * 100);
+        }
         println!(
             "{mode}: {} no-op jobs, {} worker(s) x {} concurrency, {scopes}",
             args.jobs, args.workers, args.concurrency

@@ -694,4 +694,41 @@ mod tests {
         assert!(state.scopes.is_empty(), "idle scopes leave no state behind");
         assert!(state.jobs.is_empty());
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_promote_boundedly_and_dead_letters_are_trimmed() {
+        let store = MemoryLeaseStore::new().with_dead_retention(2);
+        let delayed = (0..1000)
+            .map(|_| NewJob::raw("d", "null").with_delay(Duration::from_millis(20)))
+            .collect();
+        store.enqueue(delayed).await.unwrap();
+        tokio::time::advance(Duration::from_millis(60)).await;
+        let ttl = Duration::from_secs(30);
+        assert_eq!(store.claim("default", "t", 1, ttl).await.unwrap().len(), 1);
+        let left = lock(&store.state).queues["default"].delayed.len();
+        assert_eq!(left, 1000 - 18, "one claim of 1 promotes 2n + 16 due jobs");
+        let mut claimed = 1;
+        for _ in 0..20 {
+            claimed += store.claim("default", "t", 100, ttl).await.unwrap().len();
+        }
+        assert_eq!(claimed, 1000);
+        let jobs = (0..3)
+            .map(|i| NewJob::raw(format!("dead{i}"), "null"))
+            .collect();
+        store.enqueue(jobs).await.unwrap();
+        for c in store.claim("default", "t", 3, ttl).await.unwrap() {
+            let dead = Settlement::Dead {
+                reason: c.job.kind.clone(),
+            };
+            store.settle(vec![(c.lease.id, dead)]).await.unwrap();
+        }
+        let kept: Vec<String> = store
+            .dead("default", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.reason)
+            .collect();
+        assert_eq!(kept, ["dead1", "dead2"]);
+    }
 }

@@ -1,0 +1,790 @@
+//! Differential property tests: the in-memory and the Redis backends run the same random
+//! histories side by side and must give the same answers and end in the same state.
+//!
+//! - Sink: `MemoryFencedStore` and `RedisFencedStore` get the same batches of fenced writes
+//!   (every admission outcome; mutation lists mixing every kind, edge-case increments and
+//!   non-canonical stored integers). Answers are compared exactly (a refused mutation's message
+//!   word for word), errors by variant; then every data key and every scope's fence.
+//! - Coordinator: `MemoryLeaseStore` and `RedisLeaseStore` get the same operations. Job ids,
+//!   lease ids and tokens differ between backends by design (random UUIDs, different epochs),
+//!   so they are compared through a bijection — jobs by enqueue position, leases by claim —
+//!   and tokens by their relative order only.
+//!
+//! One private redis-server per test function; every case has a fresh key prefix and a fresh
+//! memory store. Time is real: a lease meant to expire gets a 1 ms ttl followed by a 5 ms
+//! sleep, every other deadline is a minute or an hour away, so no answer depends on timing
+//! closer than a few milliseconds.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::{Debug, Display};
+use std::time::Duration;
+
+use common::RedisServer;
+use deadpool_redis::Pool;
+use palisade::*;
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::TestCaseError;
+
+type CaseResult = Result<(), TestCaseError>;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn fresh_prefix() -> String {
+    format!("diff-{}", uuid::Uuid::new_v4())
+}
+
+/// The variant name of an error: backends may word the same failure differently.
+fn variant(e: &Error) -> String {
+    let debug = format!("{e:?}");
+    debug.split('(').next().unwrap_or_default().to_owned()
+}
+
+/// Same `Ok` value, or errors of the same variant.
+fn same<T: PartialEq + Debug>(
+    what: impl Display,
+    memory: Result<T, &Error>,
+    redis: Result<T, &Error>,
+) -> CaseResult {
+    let agree = match (&memory, &redis) {
+        (Ok(m), Ok(r)) => m == r,
+        (Err(m), Err(r)) => variant(m) == variant(r),
+        _ => false,
+    };
+    if agree {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(format!(
+            "{what}: backends disagree\n  memory: {memory:?}\n  redis:  {redis:?}"
+        )))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sink
+// ---------------------------------------------------------------------------------------------
+
+/// Stored values: canonical integers at and past the `i64` edges, and strings Redis'
+/// `string2ll` refuses although a lax parser would take them.
+const VALUES: &[&str] = &[
+    "007",
+    "-0",
+    "",
+    "+1",
+    "9223372036854775808",
+    "12",
+    "0",
+    "-7",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "x",
+];
+
+fn data_key() -> impl Strategy<Value = String> {
+    (0..4u8).prop_map(|k| format!("k{k}"))
+}
+
+fn field() -> impl Strategy<Value = String> {
+    (0..3u8).prop_map(|f| format!("f{f}"))
+}
+
+fn value() -> impl Strategy<Value = String> {
+    prop::sample::select(VALUES).prop_map(str::to_owned)
+}
+
+fn by() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        Just(0),
+        Just(1),
+        Just(-1),
+        Just(i64::MAX),
+        Just(i64::MIN),
+        Just((1 << 53) + 1),
+        Just(-((1 << 53) + 1)),
+        -20i64..20,
+        any::<i64>(),
+    ]
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        1 => (data_key(), value()).prop_map(|(key, value)| Mutation::Set { key, value }),
+        2 => (data_key(), prop::collection::vec((field(), value()), 0..4))
+            .prop_map(|(key, fields)| Mutation::HashSet { key, fields }),
+        3 => (data_key(), field(), by())
+            .prop_map(|(key, field, by)| Mutation::HashIncr { key, field, by }),
+    ]
+}
+
+/// One write: token 1..=6, normally presented by the token's own lease, sometimes by another
+/// lease (a token conflict); idempotency keys from a small set, so duplicates are common.
+#[derive(Clone, Debug)]
+struct WriteSpec {
+    scope: u8,
+    token: u64,
+    impostor: bool,
+    key: u8,
+    mutations: Vec<Mutation>,
+}
+
+#[derive(Clone, Debug)]
+struct SinkBatch {
+    /// Sent as single `write`s instead of one `write_batch`.
+    one_by_one: bool,
+    writes: Vec<WriteSpec>,
+}
+
+fn sink_history() -> impl Strategy<Value = Vec<SinkBatch>> {
+    let write = (
+        0..3u8,
+        1..=6u64,
+        prop::bool::weighted(0.15),
+        0..5u8,
+        prop::collection::vec(mutation(), 0..=4),
+    )
+        .prop_map(|(scope, token, impostor, key, mutations)| WriteSpec {
+            scope,
+            token,
+            impostor,
+            key,
+            mutations,
+        });
+    let batch = (
+        prop::bool::weighted(0.25),
+        prop::collection::vec(write, 1..5),
+    )
+        .prop_map(|(one_by_one, writes)| SinkBatch { one_by_one, writes });
+    prop::collection::vec(batch, 1..16)
+}
+
+fn sink_scope(i: u8) -> Scope {
+    Scope::new(format!("s{i}"))
+}
+
+/// Three fixed leases, so a failing case replays exactly.
+fn sink_lease(i: u64) -> LeaseId {
+    LeaseId::from(uuid::Uuid::from_u128(0x1ea5e000 + u128::from(i % 3)))
+}
+
+fn fenced_write(w: &WriteSpec) -> FencedWrite {
+    FencedWrite {
+        scope: sink_scope(w.scope),
+        fence: Fence {
+            token: FencingToken::from_u64(w.token),
+            lease: sink_lease(w.token + u64::from(w.impostor)),
+        },
+        key: IdempotencyKey::new(format!("i{}", w.key)),
+        mutations: w.mutations.clone(),
+    }
+}
+
+async fn send(
+    store: &dyn FencedStore,
+    writes: &[FencedWrite],
+    one_by_one: bool,
+) -> Result<Vec<Result<Admission>>> {
+    if !one_by_one {
+        return store.write_batch(writes.to_vec()).await;
+    }
+    let mut results = Vec::with_capacity(writes.len());
+    for w in writes {
+        results.push(store.write(w.clone()).await);
+    }
+    Ok(results)
+}
+
+async fn sink_case(pool: &Pool, history: &[SinkBatch]) -> CaseResult {
+    let memory = MemoryFencedStore::new();
+    let redis = RedisFencedStore::new(pool.clone(), &fresh_prefix());
+    for (b, batch) in history.iter().enumerate() {
+        let writes: Vec<FencedWrite> = batch.writes.iter().map(fenced_write).collect();
+        let m = send(&memory, &writes, batch.one_by_one).await;
+        let r = send(&redis, &writes, batch.one_by_one).await;
+        same(
+            format_args!("batch {b}"),
+            m.as_ref().map(Vec::len),
+            r.as_ref().map(Vec::len),
+        )?;
+        if let (Ok(m), Ok(r)) = (m, r) {
+            for (i, (m, r)) in m.iter().zip(&r).enumerate() {
+                same(
+                    format_args!("batch {b}, write {i} {:?}", writes[i]),
+                    m.as_ref(),
+                    r.as_ref(),
+                )?;
+            }
+        }
+    }
+    for k in 0..4 {
+        let key = format!("k{k}");
+        let m = memory.read(&key).await;
+        let r = redis.read(&key).await;
+        same(format_args!("final read({key})"), m.as_ref(), r.as_ref())?;
+    }
+    for s in 0..3 {
+        let scope = sink_scope(s);
+        let m = memory.highest(&scope).await;
+        let r = redis.highest(&scope).await;
+        same(
+            format_args!("final highest({scope})"),
+            m.as_ref(),
+            r.as_ref(),
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn fenced_stores_agree_on_random_write_histories() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let rt = runtime();
+    let config = ProptestConfig {
+        cases: 200,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(history in sink_history())| {
+        rt.block_on(sink_case(&pool, &history))?;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinator
+// ---------------------------------------------------------------------------------------------
+
+const QUEUES: [&str; 2] = ["a", "b"];
+/// A lease that outlives any case.
+const LONG: Duration = Duration::from_secs(60);
+/// A lease that has expired on both backends once [`EXPIRE`] has passed.
+const SHORT: Duration = Duration::from_millis(1);
+const EXPIRE: Duration = Duration::from_millis(5);
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[derive(Clone, Debug)]
+struct JobSpec {
+    queue: usize,
+    /// A named scope `s0`..`s2`, or the job's default scope.
+    scope: Option<u8>,
+    priority: i32,
+    delayed: bool,
+    max_attempts: u32,
+    max_stalls: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Complete,
+    Retry {
+        later: bool,
+    },
+    Dead,
+    Release,
+    /// With the token of the settled lease itself.
+    Fenced,
+}
+
+/// The lease an operation names: one still believed current, any lease ever granted (most
+/// of them settled or expired by then), or one neither backend ever granted.
+#[derive(Clone, Debug)]
+enum Pick {
+    Live(Index),
+    Any(Index),
+    Unknown,
+}
+
+/// `counts` and `dead` of both queues are compared after every operation, so they are no
+/// operation of their own.
+#[derive(Clone, Debug)]
+enum Op {
+    Enqueue(Vec<JobSpec>),
+    /// A short (1 ms) claim takes one job: leases granted by one claim expire at the same
+    /// instant, and the order in which a reaper takes such ties (by random lease id) is left
+    /// open by both backends — and decides the jobs' ready order from then on.
+    Claim {
+        queue: usize,
+        n: usize,
+        short: bool,
+    },
+    Renew(Vec<Pick>),
+    Settle(Vec<(Pick, Outcome)>),
+    Reap,
+    RetryDead {
+        queue: usize,
+        limit: usize,
+    },
+    PurgeDead {
+        queue: usize,
+        limit: usize,
+    },
+}
+
+fn job_spec() -> impl Strategy<Value = JobSpec> {
+    (
+        0..2usize,
+        prop::option::of(0..3u8),
+        prop::sample::select(vec![-2, 0, 3]),
+        prop::bool::weighted(0.2),
+        1..=3u32,
+        0..=2u32,
+    )
+        .prop_map(
+            |(queue, scope, priority, delayed, max_attempts, max_stalls)| JobSpec {
+                queue,
+                scope,
+                priority,
+                delayed,
+                max_attempts,
+                max_stalls,
+            },
+        )
+}
+
+fn pick() -> impl Strategy<Value = Pick> {
+    prop_oneof![
+        3 => any::<Index>().prop_map(Pick::Live),
+        2 => any::<Index>().prop_map(Pick::Any),
+        1 => Just(Pick::Unknown),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Complete),
+        Just(Outcome::Retry { later: false }),
+        Just(Outcome::Retry { later: true }),
+        Just(Outcome::Dead),
+        Just(Outcome::Release),
+        Just(Outcome::Fenced),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(job_spec(), 1..=3).prop_map(Op::Enqueue),
+        4 => (0..2usize, 1..4usize, prop::bool::weighted(0.3))
+            .prop_map(|(queue, n, short)| Op::Claim { queue, n, short }),
+        1 => prop::collection::vec(pick(), 1..4).prop_map(Op::Renew),
+        3 => prop::collection::vec((pick(), outcome()), 1..4).prop_map(Op::Settle),
+        2 => Just(Op::Reap),
+        1 => (0..2usize, 1..3usize).prop_map(|(queue, limit)| Op::RetryDead { queue, limit }),
+        1 => (0..2usize, 1..3usize).prop_map(|(queue, limit)| Op::PurgeDead { queue, limit }),
+    ]
+}
+
+fn coordinator_history() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(op(), 1..60)
+}
+
+fn new_job(no: usize, spec: &JobSpec) -> NewJob {
+    let job = NewJob::raw("k", format!("{{\"job\":{no}}}"))
+        .with_queue(QUEUES[spec.queue])
+        .with_priority(spec.priority)
+        .with_delay(if spec.delayed { HOUR } else { Duration::ZERO })
+        .with_max_attempts(spec.max_attempts)
+        .with_max_stalls(spec.max_stalls);
+    match spec.scope {
+        Some(s) => job.with_scope(format!("s{s}")),
+        None => job,
+    }
+}
+
+/// A job with its id (and a default scope's id) replaced by the enqueue position.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct JobView {
+    no: usize,
+    queue: String,
+    kind: String,
+    payload: String,
+    scope: String,
+    attempt: u32,
+    stalls: u32,
+    max_attempts: u32,
+    max_stalls: u32,
+}
+
+/// One backend and the ids it handed out, by enqueue position and by claim.
+struct Side {
+    store: Box<dyn LeaseStore>,
+    job_nos: HashMap<JobId, usize>,
+    leases: Vec<LeaseId>,
+    lease_nos: HashMap<LeaseId, usize>,
+    /// Token of each lease, in grant order.
+    tokens: Vec<FencingToken>,
+}
+
+impl Side {
+    fn new(store: impl LeaseStore) -> Self {
+        Self {
+            store: Box::new(store),
+            job_nos: HashMap::new(),
+            leases: Vec::new(),
+            lease_nos: HashMap::new(),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// The enqueue position of a job (`usize::MAX` for a job this side never handed out,
+    /// which then fails the comparison).
+    fn job_no(&self, id: JobId) -> usize {
+        self.job_nos.get(&id).copied().unwrap_or(usize::MAX)
+    }
+
+    fn scope(&self, scope: &Scope) -> String {
+        match scope.job() {
+            Some(id) => format!("job#{}", self.job_no(id)),
+            None => scope.to_string(),
+        }
+    }
+
+    fn job(&self, job: &Job) -> JobView {
+        JobView {
+            no: self.job_no(job.id),
+            queue: job.queue.clone(),
+            kind: job.kind.clone(),
+            payload: job.payload.clone(),
+            scope: self.scope(&job.scope),
+            attempt: job.attempt,
+            stalls: job.stalls,
+            max_attempts: job.max_attempts,
+            max_stalls: job.max_stalls,
+        }
+    }
+
+    /// The claim number of a lease, `None` for one this side never granted.
+    fn lease_no(&self, lease: LeaseId) -> Option<usize> {
+        self.lease_nos.get(&lease).copied()
+    }
+
+    /// The lease with claim number `no`, or a fresh unknown one.
+    fn lease(&self, no: Option<usize>) -> LeaseId {
+        no.map_or_else(LeaseId::new, |no| self.leases[no])
+    }
+
+    fn granted(&mut self, lease: &Lease) {
+        self.lease_nos.insert(lease.id, self.leases.len());
+        self.leases.push(lease.id);
+        self.tokens.push(lease.token);
+    }
+
+    fn settlement(&self, no: Option<usize>, outcome: Outcome) -> Settlement {
+        match outcome {
+            Outcome::Complete => Settlement::Complete,
+            Outcome::Retry { later } => Settlement::Retry {
+                delay: if later { HOUR } else { Duration::ZERO },
+                reason: "flaky".into(),
+            },
+            Outcome::Dead => Settlement::Dead {
+                reason: "fatal".into(),
+            },
+            Outcome::Release => Settlement::Release,
+            Outcome::Fenced => Settlement::Fenced {
+                highest: no.map_or(FencingToken::from_u64(1), |no| self.tokens[no]),
+                reason: "fenced".into(),
+            },
+        }
+    }
+
+    fn dead(&self, dead: &[DeadJob]) -> Vec<(JobView, String)> {
+        dead.iter()
+            .map(|d| (self.job(&d.job), d.reason.clone()))
+            .collect()
+    }
+}
+
+struct Coordinators {
+    memory: Side,
+    redis: Side,
+    /// Per claim number: whether the lease is still believed current (claimed for a minute
+    /// and not settled yet). Only steers which leases operations name.
+    live: Vec<bool>,
+    enqueued: usize,
+}
+
+impl Coordinators {
+    fn resolve(&self, pick: &Pick) -> Option<usize> {
+        let any = |i: &Index| (!self.live.is_empty()).then(|| i.index(self.live.len()));
+        match pick {
+            Pick::Unknown => None,
+            Pick::Any(i) => any(i),
+            Pick::Live(i) => {
+                let live: Vec<usize> = (0..self.live.len()).filter(|&n| self.live[n]).collect();
+                if live.is_empty() {
+                    any(i)
+                } else {
+                    Some(live[i.index(live.len())])
+                }
+            }
+        }
+    }
+
+    async fn step(&mut self, s: usize, op: &Op) -> CaseResult {
+        let (mem, red) = (&mut self.memory, &mut self.redis);
+        match op {
+            Op::Enqueue(specs) => {
+                let jobs: Vec<NewJob> = specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| new_job(self.enqueued + i, spec))
+                    .collect();
+                let m = mem.store.enqueue(jobs.clone()).await;
+                let r = red.store.enqueue(jobs).await;
+                same(
+                    format_args!("step {s} enqueue"),
+                    m.as_ref().map(Vec::len),
+                    r.as_ref().map(Vec::len),
+                )?;
+                if let (Ok(m), Ok(r)) = (m, r) {
+                    for (m, r) in m.into_iter().zip(r) {
+                        mem.job_nos.insert(m, self.enqueued);
+                        red.job_nos.insert(r, self.enqueued);
+                        self.enqueued += 1;
+                    }
+                }
+            }
+            &Op::Claim { queue, n, short } => {
+                let (n, ttl) = if short { (1, SHORT) } else { (n, LONG) };
+                let m = mem.store.claim(QUEUES[queue], "w", n, ttl).await;
+                let r = red.store.claim(QUEUES[queue], "w", n, ttl).await;
+                if short {
+                    tokio::time::sleep(EXPIRE).await;
+                }
+                let view = |side: &Side, claims: &Vec<Claim>| {
+                    claims
+                        .iter()
+                        .map(|c| (side.job(&c.job), side.scope(&c.lease.scope)))
+                        .collect::<Vec<_>>()
+                };
+                same(
+                    format_args!("step {s} claim({}, {n}, {ttl:?})", QUEUES[queue]),
+                    m.as_ref().map(|c| view(mem, c)),
+                    r.as_ref().map(|c| view(red, c)),
+                )?;
+                if let (Ok(m), Ok(r)) = (m, r) {
+                    for (m, r) in m.iter().zip(&r) {
+                        mem.granted(&m.lease);
+                        red.granted(&r.lease);
+                        self.live.push(!short);
+                    }
+                }
+            }
+            Op::Renew(picks) => {
+                let nos: Vec<Option<usize>> = picks.iter().map(|p| self.resolve(p)).collect();
+                let (mem, red) = (&self.memory, &self.redis);
+                let lm: Vec<LeaseId> = nos.iter().map(|&no| mem.lease(no)).collect();
+                let lr: Vec<LeaseId> = nos.iter().map(|&no| red.lease(no)).collect();
+                let m = mem.store.renew(&lm, LONG).await;
+                let r = red.store.renew(&lr, LONG).await;
+                let view = |side: &Side, lost: &Vec<LeaseId>| {
+                    lost.iter().map(|&l| side.lease_no(l)).collect::<Vec<_>>()
+                };
+                same(
+                    format_args!("step {s} renew {nos:?} (claim numbers, None = unknown)"),
+                    m.as_ref().map(|l| view(mem, l)),
+                    r.as_ref().map(|l| view(red, l)),
+                )?;
+            }
+            Op::Settle(picks) => {
+                let mut nos: Vec<(Option<usize>, Outcome)> =
+                    picks.iter().map(|(p, o)| (self.resolve(p), *o)).collect();
+                let mut seen_hack = std::collections::HashSet::new();
+                nos.retain(|(no, _)| no.is_none() || seen_hack.insert(*no));
+                let (mem, red) = (&self.memory, &self.redis);
+                let batch = |side: &Side| {
+                    nos.iter()
+                        .map(|&(no, o)| (side.lease(no), side.settlement(no, o)))
+                        .collect::<Vec<_>>()
+                };
+                let m = mem.store.settle(batch(mem)).await;
+                let r = red.store.settle(batch(red)).await;
+                let view = |results: &Vec<Result<()>>| {
+                    results
+                        .iter()
+                        .map(|e| e.as_ref().map(drop).map_err(variant))
+                        .collect::<Vec<_>>()
+                };
+                same(
+                    format_args!("step {s} settle {nos:?} (claim numbers, None = unknown)"),
+                    m.as_ref().map(view),
+                    r.as_ref().map(view),
+                )?;
+                if let Ok(m) = m {
+                    for ((no, _), result) in nos.iter().zip(m) {
+                        if let (Some(no), Ok(())) = (no, result) {
+                            self.live[*no] = false;
+                        }
+                    }
+                }
+            }
+            Op::Reap => {
+                let m = mem.store.reap(10).await;
+                let r = red.store.reap(10).await;
+                let view = |side: &Side, reaped: &Vec<Reaped>| {
+                    let mut v: Vec<_> = reaped
+                        .iter()
+                        .map(|x| (side.job_no(x.job), x.queue.clone(), x.dead))
+                        .collect();
+                    v.sort();
+                    v
+                };
+                same(
+                    format_args!("step {s} reap"),
+                    m.as_ref().map(|x| view(mem, x)),
+                    r.as_ref().map(|x| view(red, x)),
+                )?;
+            }
+            &Op::RetryDead { queue, limit } => {
+                let m = mem.store.retry_dead(QUEUES[queue], limit).await;
+                let r = red.store.retry_dead(QUEUES[queue], limit).await;
+                same(
+                    format_args!("step {s} retry_dead({}, {limit})", QUEUES[queue]),
+                    m.as_ref(),
+                    r.as_ref(),
+                )?;
+            }
+            &Op::PurgeDead { queue, limit } => {
+                let m = mem.store.purge_dead(QUEUES[queue], limit).await;
+                let r = red.store.purge_dead(QUEUES[queue], limit).await;
+                same(
+                    format_args!("step {s} purge_dead({}, {limit})", QUEUES[queue]),
+                    m.as_ref(),
+                    r.as_ref(),
+                )?;
+            }
+        }
+        self.compare_queues(s).await
+    }
+
+    async fn compare_queues(&self, s: usize) -> CaseResult {
+        let (mem, red) = (&self.memory, &self.redis);
+        for queue in QUEUES {
+            let m = mem.store.counts(queue).await;
+            let r = red.store.counts(queue).await;
+            same(
+                format_args!("after step {s}: counts({queue})"),
+                m.as_ref(),
+                r.as_ref(),
+            )?;
+            let m = mem.store.dead(queue, 1000).await;
+            let r = red.store.dead(queue, 1000).await;
+            same(
+                format_args!("after step {s}: dead({queue})"),
+                m.as_ref().map(|d| mem.dead(d)),
+                r.as_ref().map(|d| red.dead(d)),
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn compare_final(&self) -> CaseResult {
+        let (mem, red) = (&self.memory, &self.redis);
+        // Tokens: the same relative order of every token granted (their values differ: the
+        // backends start in different epochs).
+        let (tm, tr) = (&mem.tokens, &red.tokens);
+        for i in 0..tm.len() {
+            for j in i + 1..tm.len() {
+                prop_assert_eq!(
+                    tm[i].cmp(&tm[j]),
+                    tr[i].cmp(&tr[j]),
+                    "order of the tokens of claims {} and {}: memory {:?}, redis {:?}",
+                    i,
+                    j,
+                    tm,
+                    tr
+                );
+            }
+        }
+        same(
+            "queues",
+            mem.store.queues().await.as_ref(),
+            red.store.queues().await.as_ref(),
+        )?;
+        let view = |side: &Side, leases: &Vec<LeaseInfo>| {
+            let mut v: Vec<_> = leases
+                .iter()
+                .map(|l| {
+                    (
+                        side.lease_no(l.lease),
+                        side.job_no(l.job),
+                        side.scope(&l.scope),
+                        side.tokens.iter().position(|t| *t == l.token),
+                        l.worker.clone(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let m = mem.store.leases(1000).await;
+        let r = red.store.leases(1000).await;
+        same(
+            "leases (claim no, job no, scope, claim no of its token, worker)",
+            m.as_ref().map(|l| view(mem, l)),
+            r.as_ref().map(|l| view(red, l)),
+        )?;
+        // Newest token per scope, as the claim number that got it: named scopes, then every
+        // job's default scope.
+        let mut scopes: Vec<(String, Scope, Scope)> = (0..3)
+            .map(|s| {
+                let scope = Scope::new(format!("s{s}"));
+                (scope.to_string(), scope.clone(), scope)
+            })
+            .collect();
+        let mut by_no: Vec<(usize, JobId, JobId)> = Vec::new();
+        for (&m, &no) in &mem.job_nos {
+            if let Some((&r, _)) = red.job_nos.iter().find(|(_, &n)| n == no) {
+                by_no.push((no, m, r));
+            }
+        }
+        by_no.sort();
+        for (no, m, r) in by_no {
+            scopes.push((format!("job#{no}"), Scope::of_job(m), Scope::of_job(r)));
+        }
+        for (name, sm, sr) in scopes {
+            let m = mem.store.highest_token(&sm).await;
+            let r = red.store.highest_token(&sr).await;
+            let view = |side: &Side, t: &Option<FencingToken>| {
+                t.map(|t| side.tokens.iter().position(|x| *x == t))
+            };
+            same(
+                format_args!("highest_token({name}) as a claim number"),
+                m.as_ref().map(|t| view(mem, t)),
+                r.as_ref().map(|t| view(red, t)),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+async fn coordinator_case(pool: &Pool, history: &[Op]) -> CaseResult {
+    let mut c = Coordinators {
+        memory: Side::new(MemoryLeaseStore::new()),
+        redis: Side::new(RedisLeaseStore::new(pool.clone(), &fresh_prefix())),
+        live: Vec::new(),
+        enqueued: 0,
+    };
+    for (s, op) in history.iter().enumerate() {
+        c.step(s, op).await?;
+    }
+    c.compare_final().await
+}
+
+#[test]
+fn lease_stores_agree_on_random_histories() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let rt = runtime();
+    let config = ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(history in coordinator_history())| {
+        rt.block_on(coordinator_case(&pool, &history))?;
+    });
+}
