@@ -41,6 +41,19 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
+-- A job's meta record, decoded. Written by our client, but a record another program
+-- overwrote must not make a script fail halfway (Redis does not roll back): it decodes to
+-- defaults that send the job to the dead letters with its raw meta as the payload.
+local function meta_of(raw)
+  local ok, meta = pcall(cjson.decode, raw or '')
+  if ok and type(meta) == 'table' and type(meta.priority) == 'number'
+    and type(meta.max_stalls) == 'number' then
+    return meta
+  end
+  return { kind = '', payload = raw or '', priority = 0, max_attempts = 1, max_stalls = 0,
+    corrupt = true }
+end
+
 -- A job becomes ready: into its queue, or aside into its scope's waiting set when another
 -- job holds the scope's turn (`scope` is nil for a default scope: always ready).
 local function enter(base, id, queue, scope, score)
@@ -90,7 +103,7 @@ local function park(base, id, at, now)
   local f = redis.call('HMGET', job, 'queue', 'meta', 'scope')
   if at <= now then
     local seq = redis.call('INCR', base .. 'seq')
-    local priority = cjson.decode(f[2]).priority
+    local priority = meta_of(f[2]).priority
     enter(base, id, f[1], f[3], seq - priority * PRIORITY_SPAN)
   else
     leave(base, id, f[3])
@@ -108,7 +121,7 @@ end
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
-  local meta = cjson.decode(f[1])
+  local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
   redis.call('RPUSH', dead, cjson.encode({
     id = id, queue = f[2], kind = meta.kind, payload = meta.payload, scope = f[3] or ('job:' .. id),

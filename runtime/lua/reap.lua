@@ -16,7 +16,7 @@ for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now
     if queue then
       local job = base .. 'job:' .. id
       local stalls = redis.call('HINCRBY', job, 'stalls', 1)
-      local max = cjson.decode(redis.call('HGET', job, 'meta')).max_stalls
+      local max = meta_of(redis.call('HGET', job, 'meta')).max_stalls
       if stalls > max then
         bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')',
           tonumber(ARGV[2]))

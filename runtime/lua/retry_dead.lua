@@ -11,7 +11,13 @@ for _ = 1, tonumber(ARGV[2]) do
   if not raw then
     break
   end
-  local d = cjson.decode(raw)
+  local ok, d = pcall(cjson.decode, raw)
+  if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
+    or type(d.scope) ~= 'string' then
+    -- Not a record we wrote: keep it (at the end) rather than fail halfway or drop it.
+    redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
+    break
+  end
   local job = base .. 'job:' .. d.id
   local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
     scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })

@@ -64,10 +64,19 @@ impl FencedSink {
             let results: Vec<Result<Admission>> = match result {
                 Ok(results) => results,
                 Err(e) => {
+                    // Every write of the batch gets the batch's error, keeping its class: a
+                    // permanent error must not turn retryable on the way to the handler.
                     let why = e.to_string();
+                    let retryable = e.is_retryable();
                     replies
                         .iter()
-                        .map(|_| Err(Error::Unavailable(why.clone())))
+                        .map(|_| {
+                            Err(if retryable {
+                                Error::Unavailable(why.clone())
+                            } else {
+                                Error::Backend(why.clone())
+                            })
+                        })
                         .collect()
                 }
             };
@@ -103,7 +112,7 @@ impl Actor for FencedSink {
     type Context = Context<Self>;
 
     fn started(&mut self, _: &mut Self::Context) {
-        for reason in ["stale_token", "token_conflict"] {
+        for reason in ["stale_token", "token_conflict", "mutation"] {
             counter!(m::FENCE_REJECTIONS, "sink" => self.name.to_string(), "reason" => reason)
                 .increment(0);
         }

@@ -314,10 +314,29 @@ impl Worker {
                     act.settle_backoff.succeeded();
                     for (p, result) in batch.iter().zip(results) {
                         act.renewal().do_send(ForgetLease(p.lease));
-                        if let Err(e) = result {
-                            tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
-                            counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone()).increment(1);
+                        match result {
+                            Ok(()) => {}
+                            Err(e @ Error::LeaseNotCurrent(_)) => {
+                                tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
+                                counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone()).increment(1);
+                            }
+                            Err(e) => {
+                                // Refused for another reason (an exhausted epoch): the lease
+                                // runs out and the reaper requeues the job.
+                                tracing::error!(lease = %p.lease, job = %p.job.id, error = %e, "settlement failed");
+                                counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                            }
                         }
+                    }
+                }
+                Err(e) if !e.is_retryable() => {
+                    // Retrying a permanent error repeats it forever: give the settlements
+                    // up loudly. Their leases run out and the reaper requeues the jobs (as
+                    // stalls), so nothing is lost.
+                    tracing::error!(error = %e, jobs = batch.len(), "settlement failed permanently; leaving the jobs to the reaper");
+                    counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                    for p in &batch {
+                        act.renewal().do_send(ForgetLease(p.lease));
                     }
                 }
                 Err(e) => {

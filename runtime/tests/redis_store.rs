@@ -158,3 +158,36 @@ async fn claims_promote_boundedly_and_dead_letters_are_trimmed() {
         "the oldest dead letter goes first"
     );
 }
+
+/// Issue 7, case 5: errors are classified by what the caller should do. Unreachable is
+/// transient; a script error (a key of the wrong type) and a reply that does not decode are
+/// permanent, so they are never retried as if transient.
+#[tokio::test]
+async fn errors_are_classified_by_what_to_do() {
+    use palisade::{Error, LeaseStore, NewJob};
+    use std::time::Duration;
+    let ttl = Duration::from_secs(30);
+    let mut server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "errs");
+    let ids = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+
+    // A job record another program scribbled over: the claim's reply does not decode.
+    let job = format!("{{errs}}:job:{}", ids[0]);
+    server.cli(&["HSET", &job, "meta", "not json"]).unwrap();
+    let garbage = store.claim("default", "t", 1, ttl).await;
+    assert!(matches!(garbage, Err(Error::Backend(_))), "{garbage:?}");
+    assert!(!garbage.unwrap_err().is_retryable());
+
+    // A coordinator key of the wrong type: the script fails (before any change).
+    server.cli(&["DEL", "{errs}:seq"]).unwrap();
+    server.cli(&["HSET", "{errs}:seq", "x", "1"]).unwrap();
+    let script = store.enqueue(vec![NewJob::raw("k", "null")]).await;
+    assert!(matches!(script, Err(Error::Backend(_))), "{script:?}");
+    assert!(!script.unwrap_err().is_retryable());
+
+    server.stop();
+    let down = store.counts("default").await;
+    assert!(matches!(down, Err(Error::Unavailable(_))), "{down:?}");
+    assert!(down.unwrap_err().is_retryable());
+}
