@@ -167,7 +167,7 @@ pub struct EnqueueArgs {
     kind: String,
     /// Payload as JSON, checked against the kind's payload type before anything is sent.
     json: String,
-    /// Protected scope (jobs sharing it run one at a time); default: the job's own id.
+    /// Protected scope (jobs sharing it run one at a time); default: the job's own `job:<id>`.
     #[arg(long)]
     scope: Option<String>,
     /// Queue.

@@ -28,16 +28,18 @@ for i = 1, #all, 500 do
   end
 end
 
-local out, released, finished, leased, completed = {}, {}, {}, {}, {}
+local out, released, finished, leased, completed, settled = {}, {}, {}, {}, {}, {}
 for i = 0, count - 1 do
   local o = 2 + i * 4
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local expiry, id = expiries[i + 1], jobs[i + 1]
-  if not expiry or tonumber(expiry) <= now or not id then
+  if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
+    -- (a lease named twice in one batch is current only for its first settlement)
     out[#out + 1] = 'stale'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[#out + 1] = 'exhausted'
   else
+    settled[lease] = true
     released[#released + 1] = lease
     local job = base .. 'job:' .. id
     local f = redis.call('HMGET', job, 'queue', 'scope')
@@ -73,6 +75,7 @@ for i = 0, count - 1 do
         if tonumber(e[2] or '0') < floor then
           redis.call('HSET', base .. 'epoch', 'floor', floor)
         end
+        redis.call('HINCRBY', job, 'attempt', -1)
         park(base, id, now, now)
         result = 'reseeded:' .. fmt(cur)
       end

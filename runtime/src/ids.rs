@@ -198,7 +198,7 @@ macro_rules! string_id {
 
 string_id!(
     /// The protected resource a lease covers ("account:42"). Coordinator and sink use the same
-    /// string; a job without an explicit scope is scoped to its own id.
+    /// string; a job without an explicit scope gets its default scope `job:<id>`.
     Scope
 );
 

@@ -591,10 +591,10 @@ impl Coordinators {
                 )?;
             }
             Op::Settle(picks) => {
-                let mut nos: Vec<(Option<usize>, Outcome)> =
+                // Picked with replacement: a lease named twice in one batch is settled by its
+                // first entry and not current for the second.
+                let nos: Vec<(Option<usize>, Outcome)> =
                     picks.iter().map(|(p, o)| (self.resolve(p), *o)).collect();
-                let mut seen_hack = std::collections::HashSet::new();
-                nos.retain(|(no, _)| no.is_none() || seen_hack.insert(*no));
                 let (mem, red) = (&self.memory, &self.redis);
                 let batch = |side: &Side| {
                     nos.iter()

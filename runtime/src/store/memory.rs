@@ -476,6 +476,10 @@ impl LeaseStore for MemoryLeaseStore {
                         state.epoch = highest.epoch() + 1;
                         state.counter = 0;
                     }
+                    // Not the job's fault: the attempt does not count.
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.attempt = job.attempt.saturating_sub(1);
+                    }
                     state.park(id, now, now);
                 }
             }

@@ -540,6 +540,44 @@ pub async fn epoch_limit_and_dead_purge(store: Arc<dyn LeaseStore>) {
     assert_eq!(store.purge_dead("nowhere", 10).await.unwrap(), 0);
 }
 
+/// A lease named twice in one settle batch is current for its first settlement only (found
+/// by the differential test: Redis used to complete the job twice and hand its scope's turn
+/// to the deleted job). A fenced settlement does not spend an attempt.
+pub async fn one_settlement_per_lease_per_batch(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![job("x").with_scope("dup")])
+        .await
+        .unwrap();
+    let c = claim(&*store, 1).await.remove(0);
+    let results = store
+        .settle(vec![
+            (c.lease.id, Settlement::Complete),
+            (c.lease.id, Settlement::Release),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok());
+    assert!(
+        matches!(results[1], Err(Error::LeaseNotCurrent(_))),
+        "{results:?}"
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.leased, counts.completed), (0, 0, 1));
+    store
+        .enqueue(vec![job("y").with_scope("dup")])
+        .await
+        .unwrap();
+    let y = claim(&*store, 1).await.remove(0);
+    assert_eq!(y.job.kind, "y", "the scope's turn went to a deleted job");
+    let fenced = Settlement::Fenced {
+        highest: y.lease.token,
+        reason: "regressed".into(),
+    };
+    settle(&*store, y.lease.id, fenced).await.unwrap();
+    let again = claim(&*store, 1).await.remove(0);
+    assert_eq!((again.job.id, again.job.attempt), (y.job.id, 1));
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -558,6 +596,7 @@ macro_rules! lease_store_suite {
             a_held_scope_blocks_only_itself,
             release_gives_the_job_back_uncharged,
             epoch_limit_and_dead_purge,
+            one_settlement_per_lease_per_batch,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
