@@ -88,7 +88,7 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain: Duration,
     /// Dead-lettered jobs kept per queue; the oldest go first (see `palisade dead purge`).
-    #[arg(long, default_value_t = palisade::store::DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = palisade::store::DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=(1 << 40)))]
     dead_retention: usize,
 }
 

@@ -101,6 +101,9 @@ end
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'queue', 'meta', 'scope')
+  if not f[1] then
+    return -- a job record that vanished (or lost its queue): nothing to park
+  end
   if at <= now then
     local seq = redis.call('INCR', base .. 'seq')
     local priority = meta_of(f[2]).priority

@@ -6,6 +6,8 @@
 --          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
 --          reported)
 -- Returns  one entry per settlement: "ok", "stale" (lease not current: nothing changed),
+--          "invalid" (unknown action or an arg that is not a non-negative integer: nothing
+--          changed),
 --          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
 --          changed), or "reseeded:<epoch>" (a fenced settlement moved the coordinator there)
 -- Errors   none
@@ -28,6 +30,13 @@ for i = 1, #all, 500 do
   end
 end
 
+-- Every entry is checked before it changes anything (Redis does not roll a script back).
+local ACTIONS = { complete = true, retry = true, dead = true, release = true, fenced = true }
+local function valid(action, arg)
+  local n = tonumber(arg)
+  return ACTIONS[action] and n ~= nil and n == n and n >= 0 and n < 1e15
+end
+
 local out, released, finished, leased, completed, settled = {}, {}, {}, {}, {}, {}
 for i = 0, count - 1 do
   local o = 2 + i * 4
@@ -36,6 +45,8 @@ for i = 0, count - 1 do
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
     -- (a lease named twice in one batch is current only for its first settlement)
     out[#out + 1] = 'stale'
+  elseif not valid(action, arg) then
+    out[#out + 1] = 'invalid'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[#out + 1] = 'exhausted'
   else
@@ -60,7 +71,7 @@ for i = 0, count - 1 do
       elseif action == 'release' then
         redis.call('HINCRBY', job, 'attempt', -1)
         park(base, id, now, now)
-      else
+      elseif action == 'fenced' then
         -- A sink holds a token at least as new as this current lease's: the counter
         -- regressed. Move above the sink's epoch now, remember it as a floor for later
         -- recoveries, and run the job again under a fresh token.

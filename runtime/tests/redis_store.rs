@@ -191,3 +191,99 @@ async fn errors_are_classified_by_what_to_do() {
     assert!(matches!(down, Err(Error::Unavailable(_))), "{down:?}");
     assert!(down.unwrap_err().is_retryable());
 }
+
+/// Found by the adversarial review of the scripts: configuration and records no script may
+/// fail halfway on. Huge retentions (which used to reach Redis as `1e+19` after the first
+/// change), a job record deleted while its job was delayed, and a settlement the script does
+/// not understand.
+#[tokio::test]
+async fn scripts_never_fail_halfway_on_odd_config_or_records() {
+    use palisade::{
+        Admission, Fence, FencedStore, FencedWrite, FencingToken, IdempotencyKey, LeaseId,
+        LeaseStore, Mutation, NewJob, RedisFencedStore, Scope, Settlement,
+    };
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+
+    let sink =
+        RedisFencedStore::new(pool.clone(), "odd").with_key_retention(Duration::MAX, usize::MAX);
+    let lease = LeaseId::new();
+    let writes = ["a", "b"]
+        .map(|k| FencedWrite {
+            scope: Scope::new(k),
+            fence: Fence {
+                token: FencingToken::from_u64(1),
+                lease,
+            },
+            key: IdempotencyKey::new("k1"),
+            mutations: vec![Mutation::Set {
+                key: k.into(),
+                value: "v".into(),
+            }],
+        })
+        .to_vec();
+    let results = sink.write_batch(writes).await.unwrap();
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(Admission::Applied))),
+        "{results:?}"
+    );
+
+    let store = RedisLeaseStore::new(pool, "odd").with_dead_retention(usize::MAX);
+    let ids = store
+        .enqueue(vec![
+            NewJob::raw("gone", "null").with_delay(Duration::from_millis(5)),
+            NewJob::raw("stays", "null").with_delay(Duration::from_millis(5)),
+            NewJob::raw("dies", "null").with_max_stalls(0),
+        ])
+        .await
+        .unwrap();
+    server
+        .cli(&["DEL", &format!("{{odd}}:job:{}", ids[0])])
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let claims = store
+        .claim("default", "t", 3, Duration::from_millis(1))
+        .await
+        .unwrap();
+    let mut kinds: Vec<&str> = claims.iter().map(|c| c.job.kind.as_str()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["dies", "stays"]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reaped = store.reap(10).await.unwrap();
+    assert_eq!(reaped.iter().filter(|r| r.dead).count(), 1);
+    assert_eq!(store.dead("default", 10).await.unwrap().len(), 1);
+
+    // A settlement the script does not know changes nothing (the Rust API cannot send one;
+    // another client could).
+    store
+        .enqueue(vec![NewJob::raw("s", "null").with_scope("odd-scope")])
+        .await
+        .unwrap();
+    let c = store
+        .claim("default", "t", 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    let script = concat!(
+        include_str!("../lua/common.lua"),
+        include_str!("../lua/settle.lua")
+    );
+    let lease = c.lease.id.to_string();
+    for (action, arg) in [("completed", "8388607"), ("retry", "nan"), ("retry", "x")] {
+        let out = server
+            .cli(&[
+                "EVAL", script, "1", "{odd}:", "1", "5", &lease, action, arg, "why",
+            ])
+            .unwrap();
+        assert_eq!(out, "invalid", "{action} {arg}");
+    }
+    let done = store
+        .settle(vec![(c.lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(
+        done[0].is_ok(),
+        "the lease survived the invalid settlements: {done:?}"
+    );
+}

@@ -28,7 +28,7 @@ use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
 use crate::store::{
     promotions_per_claim, FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped,
-    DEFAULT_DEAD_RETENTION,
+    DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,9 +130,10 @@ impl MemoryLeaseStore {
         self
     }
 
-    /// Keeps at most `max` (at least 1) dead-lettered jobs per queue; the oldest go first.
+    /// Keeps at most `max` (clamped to 1..=[`MAX_DEAD_RETENTION`]) dead-lettered jobs per
+    /// queue; the oldest go first.
     pub fn with_dead_retention(mut self, max: usize) -> Self {
-        self.dead_retention = max.max(1);
+        self.dead_retention = max.clamp(1, MAX_DEAD_RETENTION);
         self
     }
 }

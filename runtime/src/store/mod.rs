@@ -19,6 +19,10 @@ pub mod epoch;
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
 
+/// Largest dead-letter retention (2^40): larger numbers would reach a Lua script as a double
+/// printed in exponent form, which Redis refuses halfway through a script.
+pub const MAX_DEAD_RETENTION: usize = 1 << 40;
+
 /// How many due delayed jobs one claim of `n` moves to ready: enough to keep up with what
 /// claims consume, never so many that one call blocks the backend (the Redis claim script
 /// runs while every other client waits).

@@ -17,6 +17,9 @@ use crate::ids::{FencingToken, LeaseId, Scope};
 use crate::mutation::{Mutation, Value};
 use crate::store::{FencedStore, FencedWrite};
 
+/// Longest idempotency-key retention (100 years).
+const MAX_KEY_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 static FENCED_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/fenced_write.lua")));
 
@@ -46,11 +49,13 @@ impl RedisFencedStore {
     }
 
     /// Bounds the idempotency record per scope: keys older than `retention`, and all but the
-    /// newest `max_keys`, are forgotten (a same-token retry after that would apply again).
-    /// Keys of older tokens are dropped at once: an older generation can never write again.
+    /// newest `max_keys`, are forgotten (a repeat of such a write after that would apply
+    /// again). Keys are kept across tokens, so a re-run under a newer token is still a
+    /// duplicate. Clamped to at most 100 years and 2^40 keys: larger numbers would reach the
+    /// script as doubles in exponent form, which Redis refuses halfway through a write.
     pub fn with_key_retention(mut self, retention: Duration, max_keys: usize) -> Self {
-        self.retention = retention;
-        self.max_keys = max_keys.max(1);
+        self.retention = retention.clamp(Duration::from_millis(1), MAX_KEY_RETENTION);
+        self.max_keys = max_keys.clamp(1, 1 << 40);
         self
     }
 

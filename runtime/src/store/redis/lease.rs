@@ -18,7 +18,9 @@ use crate::job::{
     Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::store::epoch::EpochSource;
-use crate::store::{promotions_per_claim, LeaseInfo, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION};
+use crate::store::{
+    promotions_per_claim, LeaseInfo, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
+};
 
 macro_rules! coordinator_script {
     ($file:literal) => {
@@ -77,9 +79,10 @@ impl RedisLeaseStore {
         self
     }
 
-    /// Keeps at most `max` (at least 1) dead-lettered jobs per queue; the oldest go first.
+    /// Keeps at most `max` (clamped to 1..=[`MAX_DEAD_RETENTION`]) dead-lettered jobs per
+    /// queue; the oldest go first.
     pub fn with_dead_retention(mut self, max: usize) -> Self {
-        self.dead_retention = max.max(1);
+        self.dead_retention = max.clamp(1, MAX_DEAD_RETENTION);
         self
     }
 
@@ -222,9 +225,13 @@ impl LeaseStore for RedisLeaseStore {
                 }
                 Err(e) => return Err(self.link.broken(e)),
             };
-            return rows
-                .into_iter()
-                .map(|r| {
+            // Rows decode one by one: a corrupt job record must not take the good claims of
+            // the same batch down with it (their leases were granted already). A row that does
+            // not decode is logged and left to expire; the reaper dead-letters it.
+            let mut claims = Vec::with_capacity(rows.len());
+            let mut first_error = None;
+            for r in rows {
+                let decoded = (|| {
                     let [id, lease, epoch, counter, meta, attempt, stalls] =
                         <[String; 7]>::try_from(r)
                             .map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
@@ -250,8 +257,19 @@ impl LeaseStore for RedisLeaseStore {
                             expires_at: sent + ttl,
                         },
                     })
-                })
-                .collect();
+                })();
+                match decoded {
+                    Ok(claim) => claims.push(claim),
+                    Err(e) => {
+                        tracing::error!(queue, error = %e, "claimed a job whose record does not decode; leaving it to the reaper");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            return match first_error {
+                Some(e) if claims.is_empty() => Err(e),
+                _ => Ok(claims),
+            };
         }
         Err(Error::Unavailable(
             "redis: token counters vanished again right after a new epoch was established".into(),
@@ -315,6 +333,12 @@ impl LeaseStore for RedisLeaseStore {
         for ((lease, _), result) in settlements.iter().zip(results) {
             if result == "stale" {
                 out.push(Err(Error::LeaseNotCurrent(*lease)));
+                continue;
+            }
+            if result == "invalid" {
+                out.push(Err(garbage(format_args!(
+                    "lease {lease}: the settle script refused the settlement's arguments"
+                ))));
                 continue;
             }
             if result == "exhausted" {
