@@ -359,3 +359,65 @@ fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
     }
     assert!(worker.terminate().success());
 }
+
+/// Issue 7, case 9, with real processes: a worker holding a hot scope is SIGSTOPped, then 60
+/// more jobs of that scope are queued *ahead* of 30 jobs of free scopes. The held scope's jobs
+/// wait aside; the two healthy workers complete the free scopes' jobs long before the stopped
+/// worker's lease expires. (The previous claim script looked at the first 2n + 16 ready jobs
+/// only — all of the hot scope — and completed nothing for a whole lease: this test fails on
+/// it.)
+#[test]
+fn a_paused_worker_blocks_only_the_scopes_it_holds() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let workers: Vec<WorkerProcess> = ["p0", "p1", "p2"]
+        .iter()
+        .map(|name| WorkerProcess::start(&redis, &sink, name, "8s"))
+        .collect();
+    deposit(&redis, 0, 1, 3000);
+    let mut holder = String::new();
+    wait_for(
+        "a worker to hold the hot scope",
+        Duration::from_secs(20),
+        || {
+            holder = status(&redis, "-")["leases"][0]["worker"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            !holder.is_empty()
+        },
+    );
+    let paused: usize = holder.trim_start_matches('p').parse().unwrap();
+    workers[paused].signal("-STOP");
+    let stopped = Instant::now();
+    for _ in 0..60 {
+        deposit(&redis, 0, 1, 0);
+    }
+    for account in 1..=30 {
+        deposit(&redis, account, i64::from(account), 0);
+    }
+    // Well inside the 8 s lease: the free scopes' jobs all complete.
+    wait_for(
+        "free scopes to flow past the held one",
+        Duration::from_secs(6),
+        || counts(&redis)["completed"].as_u64() >= Some(30),
+    );
+    assert!(
+        stopped.elapsed() < Duration::from_secs(8),
+        "progress only after the lease"
+    );
+    workers[paused].signal("-CONT");
+    wait_for("every job settled", Duration::from_secs(60), || {
+        counts(&redis)["completed"] == 91
+    });
+    assert_eq!(balance(&sink, 0), 61);
+    for account in 1..=30 {
+        assert_eq!(
+            balance(&sink, account),
+            i64::from(account),
+            "account {account}"
+        );
+    }
+    for w in workers {
+        assert!(w.terminate().success());
+    }
+}
