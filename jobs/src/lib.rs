@@ -1,17 +1,15 @@
-//! Palisade's sample job handlers — the template users copy — and the `palisade` binary's
-//! subcommands built from them.
+//! Palisade's sample job handlers and the embedded demo. The `palisade` binary is
+//! [`palisade::cli::App`] over [`registry`] plus the `demo` subcommand (`src/main.rs`).
 //!
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`) and [`registry`].
 //! - `demo`: the embedded demo (`palisade demo`).
-//! - `cli`: `palisade worker | enqueue | status | dead` against Redis.
 
 use std::time::Duration;
 
 use palisade::{JobContext, JobError, Mutation, NewJob, Registry};
 use serde::{Deserialize, Serialize};
 
-pub mod cli;
 pub mod demo;
 
 /// Kind name of [`deposit`].

@@ -38,10 +38,19 @@ impl WorkerProcess {
                 "worker",
                 "--redis",
                 &redis.url(),
-                "--sink-redis",
-                &sink.url(),
+                "--sink",
+                &format!("ledger={}", sink.url()),
             ])
-            .args(["--name", name, "--lease", lease, "--concurrency", "8"])
+            .args([
+                "--name",
+                name,
+                "--lease",
+                lease,
+                "--concurrency",
+                "8",
+                "--arbiters",
+                "1",
+            ])
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -137,7 +146,7 @@ fn counts(redis: &RedisServer) -> Value {
 fn balance(sink: &RedisServer, account: u32) -> i64 {
     sink.cli(&[
         "HGET",
-        &format!("palisade-sink:d:account:{account}"),
+        &format!("palisade-ledger:d:account:{account}"),
         "balance",
     ])
     .and_then(|v| v.parse().ok())
@@ -178,7 +187,7 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
     assert_eq!(balance(&sink, 7), 250);
     // The coordinator forgets an idle scope's token; the sink's fence keeps B's.
     let fence = sink
-        .cli(&["GET", "palisade-sink:{account:7}:fence"])
+        .cli(&["GET", "palisade-ledger:{account:7}:fence"])
         .unwrap();
     let b_token: u64 = fence.split('\t').next().unwrap().parse().unwrap();
     assert!(b_token > a_token);
@@ -420,4 +429,71 @@ fn a_paused_worker_blocks_only_the_scopes_it_holds() {
     for w in workers {
         assert!(w.terminate().success());
     }
+}
+
+/// `/healthz` answers while the process runs; `/readyz` follows Redis and the drain; logs can
+/// be JSON lines for a log shipper.
+#[test]
+fn health_readiness_and_json_logs() {
+    use std::io::{BufRead, BufReader};
+    let (mut redis, sink) = (RedisServer::start(), RedisServer::start());
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args([
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--sink",
+            &format!("ledger={}", sink.url()),
+        ])
+        .args([
+            "--name",
+            "h",
+            "--lease",
+            "2s",
+            "--drain",
+            "100ms",
+            "--log-format",
+            "json",
+        ])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["fields"]["message"], "worker started", "{first}");
+    assert_eq!(first["level"], "INFO");
+    let get = |path: &str| http_get(port, path);
+    wait_for("ready", Duration::from_secs(10), || {
+        get("/readyz").as_deref() == Some("ready\n")
+    });
+    assert_eq!(get("/healthz").as_deref(), Some("ok\n"));
+    redis.stop();
+    wait_for("not ready without Redis", Duration::from_secs(10), || {
+        get("/readyz").as_deref() == Some("not ready\n")
+    });
+    assert_eq!(
+        get("/healthz").as_deref(),
+        Some("ok\n"),
+        "alive all the same"
+    );
+    redis.restart();
+    wait_for("ready again", Duration::from_secs(15), || {
+        get("/readyz").as_deref() == Some("ready\n")
+    });
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        rest.iter().any(|l| l.contains("drained; exiting")),
+        "no drain line in {rest:?}"
+    );
 }

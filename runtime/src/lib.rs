@@ -22,7 +22,8 @@
 //!   [`Renewal`], [`FencedSink`]), messages beside their handlers.
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
 //!   [`Registry`].
-//! - `metrics`: metric names and the Prometheus exporter.
+//! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
+//! - `cli` (feature `cli`, on by default): [`cli::App`], a user's whole worker binary.
 //!
 //! # Defining a job
 //!
@@ -51,6 +52,8 @@
 //! ```
 
 mod admission;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod context;
 mod coordinator;
 mod error;

@@ -4,6 +4,13 @@
 //! scopes, which would make a series per job.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
 
 use metrics::{describe_counter, describe_histogram, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -84,37 +91,113 @@ pub fn describe() {
     }
 }
 
+/// Readiness of a process, as `/readyz` reports it: ready while its backends answer and it
+/// is not draining. Cheap to clone; every clone sees the same state.
+#[derive(Clone, Debug)]
+pub struct Health(Arc<AtomicBool>);
+
+impl Health {
+    /// Starts not ready (a worker reports ready once its backend has answered).
+    pub fn new() -> Self {
+        Self(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// Sets readiness.
+    pub fn set_ready(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+
+    /// Current readiness.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of
-/// its own, so a busy or paused worker arbiter cannot starve scrapes. Returns a handle that
-/// renders the same text in-process.
+/// its own, so a busy or paused worker arbiter cannot starve scrapes; `/healthz` answers 200
+/// while the process runs, `/readyz` 200 or 503 from a [`Health`] that is always ready.
+/// Returns a handle that renders the same text in-process.
 ///
 /// Call it once per process. Fails if `addr` cannot be bound or a recorder is already set.
 pub fn serve_prometheus(addr: SocketAddr) -> Result<PrometheusHandle> {
+    let health = Health::new();
+    health.set_ready(true);
+    serve(addr, health)
+}
+
+/// [`serve_prometheus`] with `/readyz` answering from `health`.
+pub fn serve(addr: SocketAddr, health: Health) -> Result<PrometheusHandle> {
     let fail =
-        |e: &dyn std::fmt::Display| Error::Config(format!("metrics exporter on {addr}: {e}"));
+        |e: &dyn std::fmt::Display| Error::Config(format!("metrics listener on {addr}: {e}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(&e))?;
-    let (recorder, exporter) = {
-        let _guard = runtime.enter();
-        PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .build()
-            .map_err(|e| fail(&e))?
-    };
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .map_err(|e| fail(&e))?;
+    let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| fail(&e))?;
+    let served = handle.clone();
     std::thread::Builder::new()
         .name("palisade-metrics".into())
-        .spawn(move || {
-            if let Err(e) = runtime.block_on(exporter) {
-                tracing::error!(error = ?e, "metrics exporter stopped");
-            }
-        })
+        .spawn(move || runtime.block_on(listen(listener, served, health)))
         .map_err(|e| fail(&e))?;
     describe();
     Ok(handle)
+}
+
+/// Answers `/metrics`, `/healthz` and `/readyz` until the process exits, and runs the
+/// recorder's upkeep (histogram maintenance) between scrapes.
+async fn listen(listener: tokio::net::TcpListener, handle: PrometheusHandle, health: Health) {
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (handle, health) = (handle.clone(), health.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let response = route(request.uri().path(), &handle, &health);
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
+    let (status, body) = match path {
+        "/metrics" => (StatusCode::OK, handle.render()),
+        "/healthz" => (StatusCode::OK, "ok\n".to_owned()),
+        "/readyz" if health.is_ready() => (StatusCode::OK, "ready\n".to_owned()),
+        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()),
+        _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
 }
 
 /// Sums every sample of counter `name` in Prometheus text `text` whose labels include all of

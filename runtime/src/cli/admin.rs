@@ -1,0 +1,274 @@
+//! `enqueue`, `status` and `dead list|retry|purge`: short commands against the coordinator.
+
+use std::io::BufRead as _;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+
+use super::{runtime, RedisArgs};
+use crate::context::Registry;
+use crate::ids::Scope;
+use crate::job::{NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::store::LeaseStore;
+
+/// `enqueue`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct EnqueueArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Job kind, one of the kinds this binary handles.
+    kind: String,
+    /// Payload as JSON, checked against the kind's payload type before anything is sent.
+    /// Leave it out with --stdin.
+    #[arg(required_unless_present = "stdin")]
+    json: Option<String>,
+    /// Read payloads from stdin instead, one JSON document per line, and enqueue them in
+    /// batches of 1,000 (one round trip each). A bad line refuses the whole input.
+    #[arg(long, conflicts_with = "json")]
+    stdin: bool,
+    /// Protected scope (jobs sharing it run one at a time); default: the job's own
+    /// `job:<id>`. `{field}` is replaced by the payload's top-level field, e.g.
+    /// `--scope 'account:{account}'`.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Queue.
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Not claimable before this much time has passed, e.g. 30s or 5m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+    /// Higher runs first (-4096..=4096).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Handler failures allowed before the job is dead.
+    #[arg(long, default_value_t = 5)]
+    max_attempts: u32,
+    /// Expired leases (stalls) allowed before the job is dead.
+    #[arg(long, default_value_t = 3)]
+    max_stalls: u32,
+    /// Largest payload accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_PAYLOAD_BYTES)]
+    max_payload_bytes: usize,
+}
+
+impl EnqueueArgs {
+    /// The job for one payload, checked against the handler's payload type and every
+    /// backend's rules before anything is sent.
+    fn job(&self, registry: &Registry, payload: &str) -> anyhow::Result<NewJob> {
+        registry.check(&self.kind, payload)?;
+        let mut job = NewJob::raw(&self.kind, payload)
+            .with_queue(&self.queue)
+            .with_priority(self.priority)
+            .with_max_attempts(self.max_attempts)
+            .with_max_stalls(self.max_stalls)
+            .with_delay(self.delay.unwrap_or_default());
+        if let Some(template) = &self.scope {
+            job = job.with_scope(fill(template, payload)?);
+        }
+        job.validate(self.max_payload_bytes)?;
+        Ok(job)
+    }
+}
+
+/// `template` with every `{field}` replaced by that top-level field of the JSON `payload`.
+fn fill(template: &str, payload: &str) -> anyhow::Result<String> {
+    if !template.contains('{') {
+        return Ok(template.to_owned());
+    }
+    let value: serde_json::Value = serde_json::from_str(payload)?;
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .with_context(|| format!("scope {template:?}: unclosed '{{'"))?;
+        let field = &rest[open + 1..open + close];
+        let text = match value.get(field) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => v.to_string(),
+            _ => bail!("scope {template:?}: the payload has no scalar field {field:?}"),
+        };
+        out.push_str(&rest[..open]);
+        out.push_str(&text);
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Enqueues one job, or every line of stdin, and prints the ids.
+pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<()> {
+    let jobs = match &args.json {
+        Some(json) => vec![args.job(registry, json)?],
+        None => std::io::stdin()
+            .lock()
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.as_ref().is_ok_and(|l| l.trim().is_empty()))
+            .map(|(n, line)| {
+                let line = line?;
+                args.job(registry, &line)
+                    .with_context(|| format!("stdin line {}", n + 1))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    };
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let store = store.with_max_payload_bytes(args.max_payload_bytes);
+        for batch in jobs.chunks(1000) {
+            for id in store.enqueue(batch.to_vec()).await? {
+                println!("{id}");
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// `status`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct StatusArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Also show the newest token granted for this scope.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Most live leases to list.
+    #[arg(long, default_value_t = 20)]
+    leases: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints queue counts, live leases and, for `--scope`, the newest token.
+pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let mut queues = Vec::new();
+        for queue in store.queues().await? {
+            let counts = store.counts(&queue).await?;
+            queues.push((queue, counts));
+        }
+        let leases = store.leases(args.leases).await?;
+        let highest = match &args.scope {
+            Some(scope) => Some(store.highest_token(&Scope::new(scope.as_str())).await?),
+            None => None,
+        };
+        if args.json {
+            let out = json!({
+                "queues": queues.iter().map(|(q, c)| (q.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
+                "leases": leases.iter().map(|l| json!({
+                    "lease": l.lease, "job": l.job, "scope": l.scope, "token": l.token,
+                    "epoch": l.token.epoch(), "counter": l.token.counter(), "worker": l.worker,
+                    "age_ms": l.age.as_millis() as u64, "expires_in_ms": l.expires_in.as_millis() as u64,
+                })).collect::<Vec<_>>(),
+                "scope": args.scope.as_ref().map(|s| json!({
+                    "scope": s, "highest_token": highest.flatten(),
+                })),
+            });
+            println!("{out}");
+            return anyhow::Ok(());
+        }
+        println!(
+            "{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
+            "queue", "ready", "waiting", "delayed", "leased", "completed", "dead"
+        );
+        for (queue, c) in &queues {
+            println!(
+                "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
+                c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead
+            );
+        }
+        println!("\nlive leases ({}, soonest expiry first):", leases.len());
+        for l in &leases {
+            println!(
+                "  {}  job {}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s",
+                l.lease,
+                l.job,
+                l.scope,
+                l.token.epoch(),
+                l.token.counter(),
+                l.worker,
+                l.age.as_secs_f64(),
+                l.expires_in.as_secs_f64()
+            );
+        }
+        if let (Some(scope), Some(highest)) = (&args.scope, highest) {
+            match highest {
+                Some(t) => println!(
+                    "\nnewest token for {scope}: {}:{} (as stored by sinks: {t})",
+                    t.epoch(),
+                    t.counter()
+                ),
+                None => println!("\nno token is held for {scope} (it has no pending work)"),
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// `dead list|retry|purge`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum DeadCommand {
+    /// Print dead-lettered jobs with their reasons, one JSON object per line, oldest first.
+    List(DeadArgs),
+    /// Move dead-lettered jobs back to ready with fresh attempts, oldest first.
+    Retry(DeadArgs),
+    /// Delete dead-lettered jobs for good, oldest first (workers also keep at most
+    /// `--dead-retention` per queue).
+    Purge(DeadArgs),
+}
+
+/// Arguments of `dead`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct DeadArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Queue.
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Most jobs to list, retry or purge.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+/// Runs `dead ...`.
+pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        match command {
+            DeadCommand::List(args) => {
+                let (_, store) = args.redis.store().await?;
+                for dead in store.dead(&args.queue, args.limit).await? {
+                    println!("{}", serde_json::to_string(&dead)?);
+                }
+            }
+            DeadCommand::Retry(args) => {
+                let (_, store) = args.redis.store().await?;
+                let moved = store.retry_dead(&args.queue, args.limit).await?;
+                println!("{moved} jobs moved back to {}", args.queue);
+            }
+            DeadCommand::Purge(args) => {
+                let (_, store) = args.redis.store().await?;
+                let purged = store.purge_dead(&args.queue, args.limit).await?;
+                println!("{purged} dead jobs of {} deleted", args.queue);
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn scope_templates_take_payload_fields() {
+        let p = r#"{"account":42,"region":"eu","vip":true}"#;
+        assert_eq!(fill("account:{account}", p).unwrap(), "account:42");
+        assert_eq!(fill("{region}/{account}/{vip}", p).unwrap(), "eu/42/true");
+        assert_eq!(fill("plain", "not json").unwrap(), "plain");
+        assert!(fill("account:{missing}", p).is_err());
+        assert!(fill("account:{account", p).is_err());
+    }
+}

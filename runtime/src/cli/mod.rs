@@ -1,0 +1,268 @@
+//! `palisade::cli::App`: the whole command line of a user's worker binary, built from the
+//! user's [`Registry`] and the names of the fenced sinks its handlers write to.
+//!
+//! ```no_run
+//! # let registry = palisade::Registry::new();
+//! fn main() -> std::process::ExitCode {
+//!     palisade::cli::App::new(registry).sink("inventory").run()
+//! }
+//! ```
+//!
+//! The binary then has `worker`, `enqueue`, `status` and `dead list|retry|purge`, plus any
+//! subcommand the user adds with [`App::subcommand`]. Where each sink lives is configuration,
+//! not code: `--sink inventory=redis://…`, or `PALISADE_SINK_INVENTORY_URL`, and by default
+//! the coordinator's own Redis.
+//!
+//! # Layout
+//! - this file: [`App`], the connection flags every subcommand shares, logging, exit codes.
+//! - `worker`: `worker` — N [`Worker`](crate::Worker)s on N arbiters, the named sinks, the
+//!   `/metrics` `/healthz` `/readyz` listener, and the drain on SIGTERM.
+//! - `admin`: `enqueue`, `status`, `dead list|retry|purge`.
+//!
+//! # Exit codes
+//! - `0`: the command succeeded (a worker: it drained cleanly after SIGTERM / SIGINT).
+//! - `1`: reserved for a user subcommand's own "ran, but the check failed".
+//! - `2`: bad usage, bad configuration or input, or a backend that cannot be reached; one line
+//!   on stderr says which (`palisade <command>: …`, passwords shown as `***`).
+
+mod admin;
+mod worker;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{ArgMatches, FromArgMatches, Subcommand};
+use deadpool_redis::Pool;
+
+use crate::context::Registry;
+use crate::store::redis::{ping, pool_with_ca, redacted};
+use crate::RedisLeaseStore;
+
+/// A user's worker binary: built from their [`Registry`] and sink names, run from `main`.
+pub struct App {
+    registry: Registry,
+    sinks: Vec<String>,
+    name: String,
+    about: String,
+    extra: Vec<Extra>,
+}
+
+type Run = Box<dyn FnOnce(&ArgMatches) -> ExitCode>;
+
+struct Extra {
+    command: clap::Command,
+    run: Run,
+}
+
+#[derive(Subcommand)]
+enum Builtin {
+    /// Run workers against Redis until SIGTERM / SIGINT, then drain.
+    Worker(worker::WorkerArgs),
+    /// Enqueue one job (or one per line of stdin); prints the job ids.
+    Enqueue(admin::EnqueueArgs),
+    /// Show queue counts, live leases with their age, and a scope's newest token.
+    Status(admin::StatusArgs),
+    /// List, retry or purge dead-lettered jobs.
+    #[command(subcommand)]
+    Dead(admin::DeadCommand),
+}
+
+impl App {
+    /// The command line for the jobs in `registry`.
+    pub fn new(registry: Registry) -> Self {
+        let name = std::env::args_os()
+            .next()
+            .map(PathBuf::from)
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "palisade".into());
+        Self {
+            registry,
+            sinks: Vec::new(),
+            name,
+            about: "Fenced job workers built on Palisade.".into(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Declares a fenced sink by the name handlers use (`ctx.sink("inventory")`). Where it
+    /// lives is configured at run time: `--sink inventory=redis://…`,
+    /// `PALISADE_SINK_INVENTORY_URL`, or by default the coordinator's Redis. Its keys start
+    /// with `<prefix>-<name>:`.
+    pub fn sink(mut self, name: impl Into<String>) -> Self {
+        self.sinks.push(name.into());
+        self
+    }
+
+    /// The binary's name in `--help` (default: the executable's file name).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The one-line description in `--help`.
+    pub fn about(mut self, about: impl Into<String>) -> Self {
+        self.about = about.into();
+        self
+    }
+
+    /// Adds a subcommand of the user's own: `command` describes its arguments (clap), `run`
+    /// gets the parsed matches and returns the exit code. Logging is set up before `run` is
+    /// called (errors only, unless `RUST_LOG` says otherwise).
+    pub fn subcommand(
+        mut self,
+        command: clap::Command,
+        run: impl FnOnce(&ArgMatches) -> ExitCode + 'static,
+    ) -> Self {
+        self.extra.push(Extra {
+            command,
+            run: Box::new(run),
+        });
+        self
+    }
+
+    /// Parses the process's arguments and runs the chosen subcommand.
+    pub fn run(self) -> ExitCode {
+        self.run_from(std::env::args_os())
+    }
+
+    /// Parses `args` (the first is the binary's name) and runs the chosen subcommand.
+    pub fn run_from<I, T>(self, args: I) -> ExitCode
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut command = Builtin::augment_subcommands(
+            clap::Command::new(self.name.clone())
+                .about(self.about.clone())
+                .version(env!("CARGO_PKG_VERSION"))
+                .subcommand_required(true)
+                .arg(
+                    clap::Arg::new("log-format")
+                        .long("log-format")
+                        .global(true)
+                        .value_parser(["text", "json"])
+                        .default_value("text")
+                        .help("Log lines as plain text or as JSON objects (one per line)"),
+                ),
+        );
+        for extra in &self.extra {
+            command = command.subcommand(extra.command.clone());
+        }
+        let matches = match command.try_get_matches_from(args) {
+            Ok(matches) => matches,
+            Err(e) => {
+                let _ = e.print();
+                return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            }
+        };
+        let json = matches.get_one::<String>("log-format").map(String::as_str) == Some("json");
+        let (sub, sub_matches) = matches.subcommand().expect("a subcommand is required");
+        let App {
+            registry,
+            sinks,
+            extra,
+            ..
+        } = self;
+        if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
+            init_logging("error", json);
+            return (extra.run)(sub_matches);
+        }
+        let builtin = match Builtin::from_arg_matches(&matches) {
+            Ok(builtin) => builtin,
+            Err(e) => {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+        };
+        init_logging(
+            if matches!(builtin, Builtin::Worker(_)) {
+                "info"
+            } else {
+                "warn"
+            },
+            json,
+        );
+        let result = match builtin {
+            Builtin::Worker(args) => worker::run(args, registry, &sinks),
+            Builtin::Enqueue(args) => admin::enqueue(args, &registry),
+            Builtin::Status(args) => admin::status(args),
+            Builtin::Dead(command) => admin::dead(command),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{} {sub}: {e:#}", self_name(&matches));
+                ExitCode::from(2)
+            }
+        }
+    }
+}
+
+fn self_name(_: &ArgMatches) -> String {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "palisade".into())
+}
+
+/// Logs to stderr at `default` level unless `RUST_LOG` says otherwise; `json` writes one JSON
+/// object per line (for log shippers). A second call (tests) keeps the first subscriber.
+fn init_logging(default: &str, json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Where the coordinator lives: flags every subcommand shares.
+#[derive(Clone, Debug, clap::Args)]
+struct RedisArgs {
+    /// Redis URL: redis://[user:password@]host[:port][/db], or rediss:// for TLS. The
+    /// password never appears in logs or output.
+    #[arg(long, env = "PALISADE_REDIS_URL", value_name = "URL")]
+    redis: String,
+    /// Key prefix of this Palisade installation (several can share one Redis). Every process
+    /// of one installation — workers and producers — must use the same prefix.
+    #[arg(long, env = "PALISADE_PREFIX", default_value = "palisade")]
+    prefix: String,
+    /// PEM certificate authority to trust for rediss:// URLs (default: the system's).
+    #[arg(long, env = "PALISADE_REDIS_CA_FILE", value_name = "PATH")]
+    redis_ca_file: Option<PathBuf>,
+}
+
+impl RedisArgs {
+    fn pool(&self, url: &str) -> anyhow::Result<Pool> {
+        Ok(pool_with_ca(url, self.redis_ca_file.as_deref())?)
+    }
+
+    /// A pool for `url` that has answered a PING.
+    async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Pool> {
+        let pool = self.pool(url)?;
+        ping(&pool)
+            .await
+            .with_context(|| format!("cannot reach {what} at {}", redacted(url)))?;
+        Ok(pool)
+    }
+
+    async fn store(&self) -> anyhow::Result<(Pool, RedisLeaseStore)> {
+        let pool = self.reachable(&self.redis, "Redis").await?;
+        let store = RedisLeaseStore::new(pool.clone(), &self.prefix);
+        Ok((pool, store))
+    }
+}
+
+/// A current-thread runtime for the short admin commands.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}

@@ -1,0 +1,305 @@
+//! `worker`: N [`Worker`]s on N arbiter threads against one Redis coordinator, with the
+//! named fenced sinks, the `/metrics` `/healthz` `/readyz` listener, and a drain on SIGTERM.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+use deadpool_redis::Pool;
+
+use super::RedisArgs;
+use crate::context::{Registry, Sinks};
+use crate::coordinator::Coordinator;
+use crate::metrics::Health;
+use crate::sink::FencedSink;
+use crate::store::epoch::{FileEpochSource, PostgresEpochSource};
+use crate::store::redis::{ping, redacted};
+use crate::store::{DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
+use crate::worker::{Drain, Worker, WorkerConfig};
+use crate::RedisFencedStore;
+
+/// `worker`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct WorkerArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Queues to claim from, comma-separated, each with an optional weight: `critical:3,default`
+    /// claims from `critical` three times for every claim from `default` (weighted round
+    /// robin, as in Sidekiq). A queue with nothing ready costs one empty claim in its turn.
+    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = parse_queue)]
+    queues: Vec<(String, u32)>,
+    /// Handlers running at once on each arbiter (also the most jobs claimed per round trip).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Worker arbiters (threads) in this process, each running its own `Worker` with its own
+    /// renewals; default: one per core.
+    #[arg(long)]
+    arbiters: Option<usize>,
+    /// Lease length; renewed every third of it. A paused worker loses its jobs after this.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// Worker name shown in `status` (default: host-pid; `/N` is appended per arbiter).
+    #[arg(long)]
+    name: Option<String>,
+    /// Serve /metrics (Prometheus), /healthz (alive) and /readyz (Redis reachable, not
+    /// draining) on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Where a declared fenced sink lives: `NAME=URL` (repeatable). Also
+    /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
+    /// Durable epoch file (fsynced): recovery from Redis data loss without a refused write.
+    /// Every worker of one prefix on this host must use the same file.
+    #[arg(
+        long,
+        env = "PALISADE_EPOCH_FILE",
+        value_name = "PATH",
+        conflicts_with = "epoch_postgres"
+    )]
+    epoch_file: Option<PathBuf>,
+    /// Durable epochs in a Postgres row (table palisade_epochs, named after --prefix): the
+    /// same recovery for workers on many hosts.
+    #[arg(long, env = "PALISADE_EPOCH_POSTGRES_URL", value_name = "URL")]
+    epoch_postgres: Option<String>,
+    /// On SIGTERM / SIGINT, how long running handlers get to finish; jobs still running
+    /// then are released back to ready (no attempt counted, no stall charged).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    drain: Duration,
+    /// Dead-lettered jobs kept per queue; the oldest go first (see `dead purge`).
+    #[arg(long, default_value_t = DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DEAD_RETENTION as u64))]
+    dead_retention: usize,
+}
+
+/// `name` or `name:weight` (weight 1..=100).
+fn parse_queue(s: &str) -> Result<(String, u32), String> {
+    let (name, weight) = match s.rsplit_once(':') {
+        Some((name, w)) => match w.parse::<u32>() {
+            Ok(w) if (1..=100).contains(&w) => (name, w),
+            _ => return Err(format!("{s:?}: the weight after ':' must be 1..=100")),
+        },
+        None => (s, 1),
+    };
+    crate::job::check_name("queue", name).map_err(|e| e.to_string())?;
+    Ok((name.to_owned(), weight))
+}
+
+/// The claim rotation for weighted queues: `a:2,b` → `[a, b, a]`, spread rather than
+/// bunched, so a heavy queue does not starve the others between its turns.
+fn rotation(queues: &[(String, u32)]) -> Vec<String> {
+    let rounds = queues.iter().map(|(_, w)| *w).max().unwrap_or(1);
+    (0..rounds)
+        .flat_map(|round| {
+            queues
+                .iter()
+                .filter(move |(_, w)| *w > round)
+                .map(|(q, _)| q.clone())
+        })
+        .collect()
+}
+
+/// Resolves where each declared sink lives: `--sink NAME=URL`, then
+/// `PALISADE_SINK_<NAME>_URL`, then the coordinator's Redis.
+fn sink_urls(
+    declared: &[String],
+    flags: &[String],
+    env: impl Fn(&str) -> Option<String>,
+    default: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut given = HashMap::new();
+    for flag in flags {
+        let Some((name, url)) = flag.split_once('=') else {
+            bail!("--sink {flag:?}: expected NAME=URL");
+        };
+        if !declared.iter().any(|d| d == name) {
+            bail!(
+                "--sink {name}: this binary declares no sink of that name (declared: {})",
+                declared.join(", ")
+            );
+        }
+        given.insert(name.to_owned(), url.to_owned());
+    }
+    Ok(declared
+        .iter()
+        .map(|name| {
+            let var: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let url = given
+                .remove(name)
+                .or_else(|| env(&format!("PALISADE_SINK_{var}_URL")))
+                .unwrap_or_else(|| default.to_owned());
+            (name.clone(), url)
+        })
+        .collect())
+}
+
+/// Runs the worker process until SIGTERM / SIGINT, then drains.
+pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> anyhow::Result<()> {
+    if args.lease < Duration::from_millis(300) {
+        bail!("--lease must be at least 300ms (it is renewed every third of it)");
+    }
+    let arbiters = args
+        .arbiters
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if !(1..=256).contains(&arbiters) {
+        bail!("--arbiters must be 1..=256");
+    }
+    let sink_urls = sink_urls(
+        declared,
+        &args.sinks,
+        |var| std::env::var(var).ok(),
+        &args.redis.redis,
+    )?;
+    for (name, url) in &sink_urls {
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            bail!(
+                "sink {name}: {} is not a redis:// or rediss:// URL",
+                redacted(url)
+            );
+        }
+    }
+    let health = Health::new();
+    if let Some(addr) = args.metrics {
+        crate::metrics::serve(addr, health.clone())
+            .with_context(|| format!("serving /metrics on {addr}"))?;
+    }
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+    System::new().block_on(async move {
+        let (pool, store) = args.redis.store().await?;
+        let mut store = store.with_dead_retention(args.dead_retention);
+        if let Some(path) = &args.epoch_file {
+            store = store.with_epoch_source(Arc::new(FileEpochSource::new(path)));
+        }
+        if let Some(url) = &args.epoch_postgres {
+            let source = PostgresEpochSource::connect(url, &args.redis.prefix)
+                .await
+                .context("connecting to the Postgres epoch source")?;
+            store = store.with_epoch_source(Arc::new(source));
+        }
+        // One pool per distinct URL: sinks on the coordinator's Redis share its pool.
+        let mut pools: HashMap<String, Pool> = HashMap::new();
+        pools.insert(args.redis.redis.clone(), pool.clone());
+        let mut sinks = Sinks::new();
+        for (sink, url) in &sink_urls {
+            if !pools.contains_key(url) {
+                let what = format!("the Redis of sink {sink}");
+                pools.insert(url.clone(), args.redis.reachable(url, &what).await?);
+            }
+            let store = RedisFencedStore::new(pools[url].clone(), &format!("{}-{sink}", args.redis.prefix));
+            sinks = sinks.with(sink.clone(), FencedSink::new(sink.clone(), Arc::new(store)).start());
+        }
+        let coordinator = Coordinator::new(Arc::new(store))
+            .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
+            .start();
+        let queues = rotation(&args.queues);
+        let mut workers = Vec::with_capacity(arbiters);
+        for i in 0..arbiters {
+            let config = WorkerConfig {
+                queues: queues.clone(),
+                concurrency: args.concurrency,
+                batch: args.concurrency,
+                lease_ttl: args.lease,
+                poll_interval: Duration::from_millis(20),
+                ..WorkerConfig::new(if arbiters == 1 { name.clone() } else { format!("{name}/{i}") })
+            };
+            let worker = Worker::new(config, coordinator.clone(), registry.clone(), sinks.clone())?;
+            let arbiter = Arbiter::new();
+            let addr = Worker::start_in_arbiter(&arbiter.handle(), move |_| worker);
+            workers.push((arbiter, addr));
+        }
+        tracing::info!(worker = %name, arbiters, redis = %redacted(&args.redis.redis), queues = ?args.queues, sinks = ?sink_urls.iter().map(|(n, u)| format!("{n}={}", redacted(u))).collect::<Vec<_>>(), "worker started");
+
+        // Ready while Redis answers and we are not draining.
+        let draining = Arc::new(AtomicBool::new(false));
+        let (probe, probe_health, probe_draining) = (pool.clone(), health.clone(), draining.clone());
+        actix::spawn(async move {
+            loop {
+                let up = ping(&probe).await.is_ok();
+                probe_health.set_ready(up && !probe_draining.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        draining.store(true, Ordering::Relaxed);
+        health.set_ready(false);
+        tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
+        let drains = workers.iter().map(|(_, addr)| addr.send(Drain { deadline: args.drain }));
+        let released: usize = futures_util::future::join_all(drains)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap_or(0))
+            .sum();
+        for (arbiter, _) in workers {
+            arbiter.stop();
+        }
+        tracing::info!(worker = %name, released, "drained; exiting");
+        anyhow::Ok(())
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_queues_rotate_spread_out() {
+        let q = |s: &str| parse_queue(s).unwrap();
+        assert_eq!(q("critical:3"), ("critical".into(), 3));
+        assert_eq!(q("default"), ("default".into(), 1));
+        assert!(parse_queue("x:0").is_err());
+        assert!(parse_queue("x:101").is_err());
+        assert!(parse_queue(":2").is_err());
+        let r = rotation(&[q("a:3"), q("b"), q("c:2")]);
+        assert_eq!(r, ["a", "b", "c", "a", "c", "a"]);
+    }
+
+    #[test]
+    fn sinks_are_configured_by_flag_then_env_then_default() {
+        let declared = [
+            "ledger".to_owned(),
+            "in-ventory".to_owned(),
+            "audit".to_owned(),
+        ];
+        let env =
+            |var: &str| (var == "PALISADE_SINK_IN_VENTORY_URL").then(|| "redis://inv".to_owned());
+        let flags = ["ledger=redis://ledger".to_owned()];
+        let urls = sink_urls(&declared, &flags, env, "redis://coordinator").unwrap();
+        assert_eq!(
+            urls,
+            [
+                ("ledger".into(), "redis://ledger".into()),
+                ("in-ventory".into(), "redis://inv".into()),
+                ("audit".into(), "redis://coordinator".into()),
+            ]
+        );
+        assert!(sink_urls(&declared, &["nope=redis://x".into()], env, "d").is_err());
+        assert!(sink_urls(&declared, &["ledger".into()], env, "d").is_err());
+    }
+}
