@@ -185,6 +185,17 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
         .position(|n| *n == paused_name)
         .unwrap();
     workers[paused].signal("-STOP");
+    // Kill another worker while it holds jobs (right away, while there is plenty of work).
+    let killed = (paused + 1) % 3;
+    wait_for("the victim to hold jobs", Duration::from_secs(20), || {
+        status(&redis)["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["worker"] == ["a", "b", "c"][killed])
+    });
+    workers[killed].signal("-KILL");
+    let _spare = Proc::worker(&redis, "d");
     // Someone else writes SKU 0 under a newer token: the paused holder is now stale.
     let fence = || {
         redis
@@ -197,23 +208,12 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
         Duration::from_secs(30),
         || fence() > paused_token,
     );
-    // Kill another worker while it holds jobs.
-    let killed = (paused + 1) % 3;
-    wait_for("the victim to hold jobs", Duration::from_secs(20), || {
-        status(&redis)["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|l| l["worker"] == ["a", "b", "c"][killed])
-    });
-    workers[killed].signal("-KILL");
     workers[paused].signal("-CONT");
     wait_for(
         "the paused holder's late write to be refused",
         Duration::from_secs(30),
         || stale_refusals(&workers[paused]) >= 1,
     );
-    let _spare = Proc::worker(&redis, "d");
     wait_for("every job settled", Duration::from_secs(90), || {
         let q = &status(&redis)["queues"]["default"];
         q["completed"] == JOBS
