@@ -109,7 +109,7 @@ impl Handler<Enqueue> for Coordinator {
 /// Claims up to `n` jobs of `queue` for `worker`, each under a lease of `ttl`.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<Claim>>")]
-pub struct ClaimJobs {
+pub(crate) struct ClaimJobs {
     /// Queue to claim from.
     pub queue: String,
     /// Claiming worker's name (for status output).
@@ -136,7 +136,7 @@ impl Handler<ClaimJobs> for Coordinator {
 /// Extends leases; answers with the ones that are lost.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<LeaseId>>")]
-pub struct RenewLeases {
+pub(crate) struct RenewLeases {
     /// Leases to extend.
     pub leases: Vec<LeaseId>,
     /// New length, from now.
@@ -155,7 +155,7 @@ impl Handler<RenewLeases> for Coordinator {
 /// Completes, retries or dead-letters finished jobs, each checked by lease id.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<Result<()>>>")]
-pub struct SettleJobs(pub Vec<(LeaseId, Settlement)>);
+pub(crate) struct SettleJobs(pub Vec<(LeaseId, Settlement)>);
 
 impl Handler<SettleJobs> for Coordinator {
     type Result = ResponseFuture<Result<Vec<Result<()>>>>;

@@ -13,13 +13,14 @@
 //! - `admission`: the admission rule as a pure function ([`ScopeFence`], [`Admission`]).
 //! - `mutation`: what a write changes ([`Mutation`]) and the pure all-or-nothing rule for
 //!   when a mutation list fits the data (Redis' own integer rules, exact `i64`).
-//! - `policy`: pure retry / stall decisions ([`RetryPolicy`], [`on_stall`]).
+//! - `policy`: pure retry / stall decisions ([`RetryPolicy`]).
 //! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
 //! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`]; `store::memory`,
 //!   `store::redis` (one Lua script per operation, `runtime/lua/`) and `store::epoch`
 //!   (durable [`EpochSource`]s).
 //! - `coordinator`, `worker`, `renewal`, `sink`: one actor each ([`Coordinator`], [`Worker`],
-//!   [`Renewal`], [`FencedSink`]), messages beside their handlers.
+//!   `Renewal` (internal: one per worker), [`FencedSink`]), messages beside their handlers;
+//!   a notification lives with its sender (`renewal` sends `LeaseLost` to the worker).
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
 //!   [`Registry`].
 //! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
@@ -69,9 +70,7 @@ mod worker;
 
 pub use admission::{Admission, Fence, Rejection, ScopeFence};
 pub use context::{JobContext, Registry, SinkHandle, Sinks};
-pub use coordinator::{
-    ClaimJobs, Coordinator, CountJobs, Enqueue, ListDead, RenewLeases, SettleJobs,
-};
+pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
@@ -79,11 +78,10 @@ pub use job::{
     MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
-pub use policy::{on_stall, RetryPolicy, StallOutcome};
-pub use renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
+pub use policy::RetryPolicy;
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
-pub use worker::{Drain, Freeze, JobFinished, LeaseLost, LossReason, Worker, WorkerConfig};
+pub use worker::{Drain, Freeze, Worker, WorkerConfig};

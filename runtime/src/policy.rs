@@ -77,7 +77,7 @@ impl RetryPolicy {
 
 /// What the reaper does with a job whose lease expired before it settled.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StallOutcome {
+pub(crate) enum StallOutcome {
     /// Claimable again; the next claim counts as a new attempt.
     Requeue,
     /// Too many stalls: dead with this reason.
@@ -85,7 +85,7 @@ pub enum StallOutcome {
 }
 
 /// Decides a stall; `stalls` is the count *including* this one.
-pub fn on_stall(stalls: u32, max_stalls: u32) -> StallOutcome {
+pub(crate) fn on_stall(stalls: u32, max_stalls: u32) -> StallOutcome {
     if stalls > max_stalls {
         StallOutcome::Dead(format!(
             "lease expired {stalls} times (max_stalls = {max_stalls})"

@@ -16,10 +16,9 @@ use tokio::time::Instant;
 use crate::coordinator::{Coordinator, RenewLeases};
 use crate::ids::{Lease, LeaseId};
 use crate::metrics as m;
-use crate::worker::{LeaseLost, LossReason};
 
 /// Renews every lease one worker holds.
-pub struct Renewal {
+pub(crate) struct Renewal {
     coordinator: Addr<Coordinator>,
     worker: Recipient<LeaseLost>,
     ttl: Duration,
@@ -119,7 +118,7 @@ impl Actor for Renewal {
 /// Starts renewing a lease.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct TrackLease(pub Lease);
+pub(crate) struct TrackLease(pub Lease);
 
 impl Handler<TrackLease> for Renewal {
     type Result = ();
@@ -132,7 +131,7 @@ impl Handler<TrackLease> for Renewal {
 /// Stops renewing a lease (its job settled).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ForgetLease(pub LeaseId);
+pub(crate) struct ForgetLease(pub LeaseId);
 
 impl Handler<ForgetLease> for Renewal {
     type Result = ();
@@ -145,7 +144,7 @@ impl Handler<ForgetLease> for Renewal {
 /// Fault injection: stop (`true`) or resume (`false`) renewing, as a paused process would.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct SuspendRenewals(pub bool);
+pub(crate) struct SuspendRenewals(pub bool);
 
 impl Handler<SuspendRenewals> for Renewal {
     type Result = ();
@@ -153,4 +152,32 @@ impl Handler<SuspendRenewals> for Renewal {
     fn handle(&mut self, msg: SuspendRenewals, _: &mut Self::Context) {
         self.suspended = msg.0;
     }
+}
+
+/// Why a worker considers a lease lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LossReason {
+    /// The coordinator said it is not current.
+    Expired,
+    /// Its deadline passed without a confirmed renewal.
+    Unconfirmed,
+}
+
+impl LossReason {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Unconfirmed => "unconfirmed",
+        }
+    }
+}
+
+/// The lease of a running job is gone; its handler's cancellation token fires.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct LeaseLost {
+    /// The lost lease.
+    pub lease: LeaseId,
+    /// How it was lost.
+    pub reason: LossReason,
 }

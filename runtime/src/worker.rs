@@ -24,7 +24,7 @@ use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
 use crate::metrics as m;
 use crate::policy::RetryPolicy;
-use crate::renewal::{ForgetLease, Renewal, SuspendRenewals, TrackLease};
+use crate::renewal::{ForgetLease, LeaseLost, Renewal, SuspendRenewals, TrackLease};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -387,34 +387,6 @@ impl Actor for Worker {
     }
 }
 
-/// Why a worker considers a lease lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LossReason {
-    /// The coordinator said it is not current.
-    Expired,
-    /// Its deadline passed without a confirmed renewal.
-    Unconfirmed,
-}
-
-impl LossReason {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Expired => "expired",
-            Self::Unconfirmed => "unconfirmed",
-        }
-    }
-}
-
-/// The lease of a running job is gone; its handler's cancellation token fires.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct LeaseLost {
-    /// The lost lease.
-    pub lease: LeaseId,
-    /// How it was lost.
-    pub reason: LossReason,
-}
-
 impl Handler<LeaseLost> for Worker {
     type Result = ();
 
@@ -429,7 +401,7 @@ impl Handler<LeaseLost> for Worker {
 /// A handler returned (or panicked).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct JobFinished {
+pub(crate) struct JobFinished {
     /// Lease it ran under.
     pub lease: LeaseId,
     /// What it returned.

@@ -206,10 +206,9 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
 
     // A's completion is refused, atomically and without touching anything.
     let refused = h
-        .coordinator
-        .send(SettleJobs(vec![(a.lease, Settlement::Complete)]))
+        .store
+        .settle(vec![(a.lease, Settlement::Complete)])
         .await
-        .unwrap()
         .unwrap();
     assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(l))] if l == a.lease));
 

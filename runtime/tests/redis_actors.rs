@@ -17,6 +17,7 @@ struct Setup {
     _coordinator_redis: RedisServer,
     _sink_redis: RedisServer,
     coordinator: Addr<Coordinator>,
+    store: RedisLeaseStore,
     sink: RedisFencedStore,
     sinks: Sinks,
 }
@@ -27,7 +28,7 @@ fn setup() -> Setup {
         store::redis::pool(&coordinator_redis.url()).unwrap(),
         "actors",
     );
-    let coordinator = Coordinator::new(Arc::new(store))
+    let coordinator = Coordinator::new(Arc::new(store.clone()))
         .with_reap_interval(Duration::from_millis(50))
         .start();
     let sink = RedisFencedStore::new(store::redis::pool(&sink_redis.url()).unwrap(), "ledger");
@@ -39,6 +40,7 @@ fn setup() -> Setup {
         _coordinator_redis: coordinator_redis,
         _sink_redis: sink_redis,
         coordinator,
+        store,
         sink,
         sinks,
     }
@@ -142,10 +144,9 @@ async fn stale_holder_is_refused_by_the_redis_sink_and_coordinator() {
         }))
     );
     let refused = s
-        .coordinator
-        .send(SettleJobs(vec![(a_lease.id, Settlement::Complete)]))
+        .store
+        .settle(vec![(a_lease.id, Settlement::Complete)])
         .await
-        .unwrap()
         .unwrap();
     assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(_))]));
     tokio::time::sleep(TTL).await;

@@ -138,26 +138,22 @@ fn main() {
             }
             _ => Sinks::new(),
         };
+        if args.pause_holder > 0 {
+            let hot: Vec<NewJob> = (0..args.pause_holder)
+                .flat_map(|h| (0..101).map(move |_| NewJob::raw("noop", "null").with_scope(format!("hot:{h}")).with_priority(10)))
+                .collect();
+            for chunk in hot.chunks(1000) {
+                store.enqueue(chunk.to_vec()).await.unwrap();
+            }
+            let held = store.claim("default", "paused", args.pause_holder, Duration::from_secs(3600)).await.unwrap();
+            assert_eq!(held.len(), args.pause_holder, "the paused holder got every hot scope");
+        }
         let coordinator = Coordinator::new(store).start();
 
         let before = match &pool {
             Some(p) => redis_stats(p).await,
             None => RedisStats::default(),
         };
-        if args.pause_holder > 0 {
-            let hot: Vec<NewJob> = (0..args.pause_holder)
-                .flat_map(|h| (0..101).map(move |_| NewJob::raw("noop", "null").with_scope(format!("hot:{h}")).with_priority(10)))
-                .collect();
-            for chunk in hot.chunks(1000) {
-                coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
-            }
-            let held = coordinator
-                .send(ClaimJobs { queue: "default".into(), worker: "paused".into(), n: args.pause_holder, ttl: Duration::from_secs(3600) })
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(held.len(), args.pause_holder, "the paused holder got every hot scope");
-        }
         let t0 = Instant::now();
         let jobs: Vec<NewJob> = (0..args.jobs)
             .map(|i| match args.scopes {

@@ -2,9 +2,9 @@
 //! user's [`Registry`] and the names of the fenced sinks its handlers write to.
 //!
 //! ```no_run
-//! # let registry = palisade::Registry::new();
+//! # mod my_jobs { pub fn registry() -> palisade::Registry { palisade::Registry::new() } }
 //! fn main() -> std::process::ExitCode {
-//!     palisade::cli::App::new(registry).sink("inventory").run()
+//!     palisade::cli::App::new(my_jobs::registry()).sink("inventory").run()
 //! }
 //! ```
 //!

@@ -13,10 +13,13 @@ use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, RetryMethod};
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool_redis::{Manager, Runtime};
 
 use crate::error::{Error, Result};
 
+/// The connection pool [`pool`] returns, re-exported so users need no version-matched
+/// `deadpool-redis` dependency of their own to name it.
+pub use deadpool_redis::Pool;
 pub use fenced::RedisFencedStore;
 pub use lease::RedisLeaseStore;
 
