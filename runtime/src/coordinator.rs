@@ -92,17 +92,7 @@ impl Handler<Enqueue> for Coordinator {
 
     fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
-        Box::pin(async move {
-            let mut per_queue: std::collections::HashMap<String, u64> = Default::default();
-            for job in &msg.0 {
-                *per_queue.entry(job.queue.clone()).or_default() += 1;
-            }
-            let ids = store.enqueue(msg.0).await?;
-            for (queue, n) in per_queue {
-                counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(n);
-            }
-            Ok(ids)
-        })
+        Box::pin(async move { crate::client::enqueue_counted(&*store, msg.0).await })
     }
 }
 

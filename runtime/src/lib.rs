@@ -21,6 +21,7 @@
 //! - `coordinator`, `worker`, `renewal`, `sink`: one actor each ([`Coordinator`], [`Worker`],
 //!   `Renewal` (internal: one per worker), [`FencedSink`]), messages beside their handlers;
 //!   a notification lives with its sender (`renewal` sends `LeaseLost` to the worker).
+//! - `client`: [`Client`], the producer's plain async handle (tokio only, no actors).
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
 //!   [`Registry`].
 //! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
@@ -55,6 +56,7 @@
 mod admission;
 #[cfg(feature = "cli")]
 pub mod cli;
+mod client;
 mod context;
 mod coordinator;
 mod error;
@@ -69,6 +71,7 @@ pub mod store;
 mod worker;
 
 pub use admission::{Admission, Fence, Rejection, ScopeFence};
+pub use client::Client;
 pub use context::{JobContext, Registry, SinkHandle, Sinks};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};

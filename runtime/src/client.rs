@@ -1,0 +1,78 @@
+//! `Client`: what a producer (a web service, a cron script) needs — enqueue jobs and read
+//! counts — as a plain async handle. Tokio only: no actix `System`, no actors, so it drops
+//! into an axum or actix-web handler as is.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use metrics::counter;
+
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::job::{DeadJob, NewJob, QueueCounts};
+use crate::metrics as m;
+use crate::store::redis::{ping, pool};
+use crate::store::LeaseStore;
+use crate::RedisLeaseStore;
+
+/// A cheap-to-clone handle for producers: enqueue one or many jobs (delayed ones too, with
+/// [`NewJob::with_delay`]) and read queue counts, against Redis or an embedded coordinator.
+#[derive(Clone)]
+pub struct Client {
+    store: Arc<dyn LeaseStore>,
+}
+
+impl Client {
+    /// A client of the Redis coordinator at `url` whose keys start with `prefix` — the same
+    /// prefix the workers use (`--prefix`, default `palisade`). Fails within seconds if
+    /// Redis cannot be reached.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self> {
+        let pool = pool(url)?;
+        ping(&pool).await?;
+        Ok(Self::new(Arc::new(RedisLeaseStore::new(pool, prefix))))
+    }
+
+    /// A client of any coordinator store, e.g. the [`MemoryLeaseStore`](crate::MemoryLeaseStore)
+    /// an embedded [`Coordinator`](crate::Coordinator) runs on.
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        Self { store }
+    }
+
+    /// Enqueues one job; returns its id.
+    pub async fn enqueue(&self, job: NewJob) -> Result<JobId> {
+        let mut ids = self.enqueue_many(vec![job]).await?;
+        Ok(ids.remove(0))
+    }
+
+    /// Enqueues jobs all or none, in one round trip; returns their ids in order.
+    pub async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        enqueue_counted(&*self.store, jobs).await
+    }
+
+    /// Counts of one queue.
+    pub async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        self.store.counts(queue).await
+    }
+
+    /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
+    pub async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        self.store.dead(queue, limit).await
+    }
+}
+
+/// Enqueues and counts the jobs per queue in `palisade_jobs_enqueued_total`: the one enqueue
+/// path of [`Client`] and the [`Coordinator`](crate::Coordinator) actor.
+pub(crate) async fn enqueue_counted(
+    store: &dyn LeaseStore,
+    jobs: Vec<NewJob>,
+) -> Result<Vec<JobId>> {
+    let mut per_queue: HashMap<String, u64> = HashMap::new();
+    for job in &jobs {
+        *per_queue.entry(job.queue.clone()).or_default() += 1;
+    }
+    let ids = store.enqueue(jobs).await?;
+    for (queue, n) in per_queue {
+        counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(n);
+    }
+    Ok(ids)
+}
