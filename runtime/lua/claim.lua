@@ -1,15 +1,18 @@
 -- claim.lua: claims up to n ready jobs of one queue in one round trip.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  queue, ARGV[2] worker name, ARGV[3] lease ttl (ms), ARGV[4] most due delayed jobs
---          to make ready in this call, ARGV[5..] one fresh random lease id per job wanted
---          (n = #ARGV - 4)
+--          to make ready in this call, ARGV[5] k, ARGV[6..5+k] the kinds the worker handles
+--          (k = 0: every kind), then one fresh random lease id per job wanted
+--          (n = #ARGV - 5 - k)
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls}
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
 --          is minted before that.
 local base, queue, worker, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local n = #ARGV - 4
+local k = tonumber(ARGV[5])
+local first_lease = 6 + k
+local n = #ARGV - first_lease + 1
 local epoch = epoch_intact(base)
 if not epoch then
   return redis.error_reply('PALISADE_EPOCH token counters are not proven intact')
@@ -19,28 +22,48 @@ local now = now_ms()
 -- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
 -- of due jobs never blocks Redis for long.
 local delayed = base .. 'q:' .. queue .. ':delayed'
-local ready = base .. 'q:' .. queue .. ':ready'
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))) do
   redis.call('ZREM', delayed, id)
   park(base, id, now, now)
 end
 
+-- Only kinds the worker handles are looked at: jobs of other kinds wait for a worker that
+-- has them (a mixed fleet during a rolling deploy never dead-letters them as unknown). The
+-- candidates are the first few of each kind's ready set, merged by score.
+local kinds = {}
+if k == 0 then
+  kinds = redis.call('SMEMBERS', base .. 'q:' .. queue .. ':kinds')
+else
+  for i = 6, 5 + k do
+    kinds[#kinds + 1] = ARGV[i]
+  end
+end
+local candidates = {}
+for _, kind in ipairs(kinds) do
+  local key = ready_key(base, queue, kind)
+  local got = redis.call('ZRANGE', key, 0, n * 2 + 15, 'WITHSCORES')
+  for i = 1, #got, 2 do
+    candidates[#candidates + 1] = { got[i], tonumber(got[i + 1]), got[i + 1], key }
+  end
+end
+table.sort(candidates, function(a, b) return a[2] < b[2] end)
+
 -- Of a named scope only its head is ever ready (enter/leave in common.lua), so the first n
--- ready jobs are claimable however many jobs of held scopes exist. The live-lease check
+-- candidates are claimable however many jobs of held scopes exist. The live-lease check
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
 -- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 local out, taken, picked, expiries, owners = {}, {}, {}, {}, {}
-local head = redis.call('ZRANGE', ready, 0, n * 2 + 15, 'WITHSCORES')
-for i = 1, #head, 2 do
+for _, c in ipairs(candidates) do
   if #out >= n then
     break
   end
-  local id, score = head[i], head[i + 1]
+  local id, score, key = c[1], c[3], c[4]
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
   local scope = f[2] or ('job:' .. id)
-  picked[#picked + 1] = id
+  picked[key] = picked[key] or {}
+  table.insert(picked[key], id)
   if not f[1] then
     -- a ready entry without its job: dropped
   elseif taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1) then
@@ -48,7 +71,7 @@ for i = 1, #head, 2 do
     redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
   else
     taken[scope] = true
-    local lease = ARGV[4 + #out + 1]
+    local lease = ARGV[first_lease + #out]
     counter = counter + 1
     local attempt = fmt(tonumber(f[3] or '0') + 1)
     redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
@@ -64,8 +87,8 @@ for i = 1, #head, 2 do
     out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
   end
 end
-if #picked > 0 then
-  bulk('ZREM', ready, picked)
+for key, ids in pairs(picked) do
+  bulk('ZREM', key, ids)
 end
 if #out > 0 then
   redis.call('SET', base .. 'counter', counter)

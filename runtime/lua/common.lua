@@ -9,9 +9,13 @@
 --                               priority max_attempts max_stalls, decoded here only on rare
 --                               paths), queue, scope (only for a named scope, which other
 --                               jobs may share; a job in its default scope "job:<id>" has
---                               none and needs no turn-taking), attempt, stalls, lease
---   q:<queue>:ready       zset  job id -> seq - priority * 2^40 (lowest first); of a named
---                               scope only its head is ever here, so every entry is claimable
+--                               none and needs no turn-taking), kind, attempt, stalls, lease
+--   q:<queue>\t<kind>    zset  ready jobs of one kind: job id -> seq - priority * 2^40
+--                               (lowest first). One set per kind, so a worker claims only
+--                               kinds it has handlers for (a tab cannot occur in validated
+--                               names, so the key is unambiguous). Of a named scope only its
+--                               head is ever ready, so every entry is claimable.
+--   q:<queue>:kinds       set   kinds that have had a ready set in the queue
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
 --   q:<queue>:stats       hash  leased, waiting, completed
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
@@ -54,9 +58,15 @@ local function meta_of(raw)
     corrupt = true }
 end
 
--- A job becomes ready: into its queue, or aside into its scope's waiting set when another
--- job holds the scope's turn (`scope` is nil for a default scope: always ready).
-local function enter(base, id, queue, scope, score)
+-- The ready set of one kind of one queue.
+local function ready_key(base, queue, kind)
+  return base .. 'q:' .. queue .. '\t' .. kind
+end
+
+-- A job becomes ready: into its queue's set for its kind, or aside into its scope's waiting
+-- set when another job holds the scope's turn (`scope` is nil for a default scope: always
+-- ready). `listed` says the caller already added the kind to the queue's kinds.
+local function enter(base, id, queue, kind, scope, score, listed)
   if scope then
     local head = redis.call('HGET', base .. 'head', scope)
     if head and head ~= id then
@@ -68,7 +78,10 @@ local function enter(base, id, queue, scope, score)
       redis.call('HSET', base .. 'head', scope, id)
     end
   end
-  redis.call('ZADD', base .. 'q:' .. queue .. ':ready', score, id)
+  if not listed then
+    redis.call('SADD', base .. 'q:' .. queue .. ':kinds', kind)
+  end
+  redis.call('ZADD', ready_key(base, queue, kind), score, id)
 end
 
 -- Job `id` gives up its scope's turn (completed, dead or delayed): the scope's first waiting
@@ -86,11 +99,12 @@ local function leave(base, id, scope)
       return
     end
     redis.call('ZREM', wait, first[1])
-    local queue = redis.call('HGET', base .. 'job:' .. first[1], 'queue')
-    if queue then -- (a waiting entry without its job is dropped)
+    local f = redis.call('HMGET', base .. 'job:' .. first[1], 'queue', 'kind')
+    if f[1] and f[2] then -- (a waiting entry without its job is dropped)
       redis.call('HSET', base .. 'head', scope, first[1])
-      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', -1)
-      redis.call('ZADD', base .. 'q:' .. queue .. ':ready', first[2], first[1])
+      redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'waiting', -1)
+      redis.call('SADD', base .. 'q:' .. f[1] .. ':kinds', f[2])
+      redis.call('ZADD', ready_key(base, f[1], f[2]), first[2], first[1])
       return
     end
   end
@@ -100,14 +114,14 @@ end
 -- has it), or delayed until `at` (giving the turn up meanwhile).
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'queue', 'meta', 'scope')
+  local f = redis.call('HMGET', job, 'queue', 'meta', 'scope', 'kind')
   if not f[1] then
     return -- a job record that vanished (or lost its queue): nothing to park
   end
   if at <= now then
     local seq = redis.call('INCR', base .. 'seq')
-    local priority = meta_of(f[2]).priority
-    enter(base, id, f[1], f[3], seq - priority * PRIORITY_SPAN)
+    local meta = meta_of(f[2])
+    enter(base, id, f[1], f[4] or meta.kind, f[3], seq - meta.priority * PRIORITY_SPAN)
   else
     leave(base, id, f[3])
     redis.call('ZADD', base .. 'q:' .. f[1] .. ':delayed', at, id)

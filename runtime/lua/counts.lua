@@ -9,6 +9,10 @@ local now = now_ms()
 local q = base .. 'q:' .. queue .. ':'
 local due = redis.call('ZCOUNT', q .. 'delayed', '-inf', now)
 local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed', 'waiting')
-return { redis.call('ZCARD', q .. 'ready') + due, tonumber(stats[3] or '0'),
+local ready = 0
+for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
+  ready = ready + redis.call('ZCARD', base .. 'q:' .. queue .. '\t' .. kind)
+end
+return { ready + due, tonumber(stats[3] or '0'),
   redis.call('ZCARD', q .. 'delayed') - due, tonumber(stats[1] or '0'),
   tonumber(stats[2] or '0'), redis.call('LLEN', q .. 'dead') }

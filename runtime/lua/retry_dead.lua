@@ -13,7 +13,7 @@ for _ = 1, tonumber(ARGV[2]) do
   end
   local ok, d = pcall(cjson.decode, raw)
   if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
-    or type(d.scope) ~= 'string' then
+    or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' then
     -- Not a record we wrote: keep it (at the end) rather than fail halfway or drop it.
     redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
     break
@@ -21,7 +21,7 @@ for _ = 1, tonumber(ARGV[2]) do
   local job = base .. 'job:' .. d.id
   local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
     scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })
-  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'attempt', 0, 'stalls', 0)
+  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)
   if d.scope ~= 'job:' .. d.id then
     redis.call('HSET', job, 'scope', d.scope)
   end

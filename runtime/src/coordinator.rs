@@ -102,6 +102,8 @@ impl Handler<Enqueue> for Coordinator {
 pub(crate) struct ClaimJobs {
     /// Queue to claim from.
     pub queue: String,
+    /// Kinds the worker has handlers for; only those are claimed.
+    pub kinds: Vec<String>,
     /// Claiming worker's name (for status output).
     pub worker: String,
     /// Batch size.
@@ -116,7 +118,9 @@ impl Handler<ClaimJobs> for Coordinator {
     fn handle(&mut self, msg: ClaimJobs, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let claims = store.claim(&msg.queue, &msg.worker, msg.n, msg.ttl).await?;
+            let claims = store
+                .claim_kinds(&msg.queue, &msg.kinds, &msg.worker, msg.n, msg.ttl)
+                .await?;
             counter!(m::CLAIMS, "queue" => msg.queue).increment(claims.len() as u64);
             Ok(claims)
         })

@@ -147,6 +147,8 @@ pub struct Worker {
     config: WorkerConfig,
     coordinator: Addr<Coordinator>,
     registry: Registry,
+    /// The registry's kinds: claims ask for these only.
+    kinds: Vec<String>,
     sinks: Sinks,
     renewal: Option<Addr<Renewal>>,
     running: HashMap<LeaseId, Running>,
@@ -179,10 +181,19 @@ impl Worker {
         sinks: Sinks,
     ) -> Result<Self> {
         config.validate()?;
+        let mut kinds: Vec<String> = registry.kinds().map(str::to_owned).collect();
+        kinds.sort_unstable();
+        if kinds.is_empty() {
+            return Err(Error::Config(format!(
+                "worker {:?}: the registry has no job kinds",
+                config.name
+            )));
+        }
         Ok(Self {
             config,
             coordinator,
             registry,
+            kinds,
             sinks,
             renewal: None,
             running: HashMap::new(),
@@ -220,6 +231,7 @@ impl Worker {
         self.claiming = true;
         let request = self.coordinator.send(ClaimJobs {
             queue,
+            kinds: self.kinds.clone(),
             worker: self.config.name.clone(),
             n,
             ttl: self.config.lease_ttl,

@@ -270,6 +270,8 @@ const HOUR: Duration = Duration::from_secs(3600);
 #[derive(Clone, Debug)]
 struct JobSpec {
     queue: usize,
+    /// Kind `k0`..`k2`.
+    kind: u8,
     /// A named scope `s0`..`s2`, or the job's default scope.
     scope: Option<u8>,
     priority: i32,
@@ -311,6 +313,8 @@ enum Op {
         queue: usize,
         n: usize,
         short: bool,
+        /// Claim only these kinds (`k<i>`); empty: every kind.
+        kinds: Vec<u8>,
     },
     Renew(Vec<Pick>),
     Settle(Vec<(Pick, Outcome)>),
@@ -327,7 +331,7 @@ enum Op {
 
 fn job_spec() -> impl Strategy<Value = JobSpec> {
     (
-        0..2usize,
+        (0..2usize, 0..3u8),
         prop::option::of(0..3u8),
         prop::sample::select(vec![-2, 0, 3]),
         prop::bool::weighted(0.2),
@@ -335,8 +339,9 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         0..=2u32,
     )
         .prop_map(
-            |(queue, scope, priority, delayed, max_attempts, max_stalls)| JobSpec {
+            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls)| JobSpec {
                 queue,
+                kind,
                 scope,
                 priority,
                 delayed,
@@ -368,8 +373,13 @@ fn outcome() -> impl Strategy<Value = Outcome> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => prop::collection::vec(job_spec(), 1..=3).prop_map(Op::Enqueue),
-        4 => (0..2usize, 1..4usize, prop::bool::weighted(0.3))
-            .prop_map(|(queue, n, short)| Op::Claim { queue, n, short }),
+        4 => (
+            0..2usize,
+            1..4usize,
+            prop::bool::weighted(0.3),
+            prop_oneof![Just(vec![]), prop::collection::btree_set(0..3u8, 1..=2).prop_map(|s| s.into_iter().collect())],
+        )
+            .prop_map(|(queue, n, short, kinds)| Op::Claim { queue, n, short, kinds }),
         1 => prop::collection::vec(pick(), 1..4).prop_map(Op::Renew),
         3 => prop::collection::vec((pick(), outcome()), 1..4).prop_map(Op::Settle),
         2 => Just(Op::Reap),
@@ -383,7 +393,7 @@ fn coordinator_history() -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn new_job(no: usize, spec: &JobSpec) -> NewJob {
-    let job = NewJob::raw("k", format!("{{\"job\":{no}}}"))
+    let job = NewJob::raw(format!("k{}", spec.kind), format!("{{\"job\":{no}}}"))
         .with_queue(QUEUES[spec.queue])
         .with_priority(spec.priority)
         .with_delay(if spec.delayed { HOUR } else { Duration::ZERO })
@@ -548,10 +558,23 @@ impl Coordinators {
                     }
                 }
             }
-            &Op::Claim { queue, n, short } => {
-                let (n, ttl) = if short { (1, SHORT) } else { (n, LONG) };
-                let m = mem.store.claim(QUEUES[queue], "w", n, ttl).await;
-                let r = red.store.claim(QUEUES[queue], "w", n, ttl).await;
+            Op::Claim {
+                queue,
+                n,
+                short,
+                kinds,
+            } => {
+                let (queue, short) = (*queue, *short);
+                let (n, ttl) = if short { (1, SHORT) } else { (*n, LONG) };
+                let kinds: Vec<String> = kinds.iter().map(|k| format!("k{k}")).collect();
+                let m = mem
+                    .store
+                    .claim_kinds(QUEUES[queue], &kinds, "w", n, ttl)
+                    .await;
+                let r = red
+                    .store
+                    .claim_kinds(QUEUES[queue], &kinds, "w", n, ttl)
+                    .await;
                 if short {
                     tokio::time::sleep(EXPIRE).await;
                 }

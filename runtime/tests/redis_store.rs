@@ -44,8 +44,15 @@ mod delegate {
         async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
             self.store.enqueue(jobs).await
         }
-        async fn claim(&self, q: &str, w: &str, n: usize, ttl: Duration) -> Result<Vec<Claim>> {
-            self.store.claim(q, w, n, ttl).await
+        async fn claim_kinds(
+            &self,
+            q: &str,
+            kinds: &[String],
+            w: &str,
+            n: usize,
+            ttl: Duration,
+        ) -> Result<Vec<Claim>> {
+            self.store.claim_kinds(q, kinds, w, n, ttl).await
         }
         async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
             self.store.renew(leases, ttl).await

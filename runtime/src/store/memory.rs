@@ -11,7 +11,7 @@
 //! aside, and delayed jobs become ready in bounded batches.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -69,13 +69,25 @@ type DelayedKey = (Instant, u64, JobId);
 
 #[derive(Debug, Default)]
 struct QueueState {
-    ready: BTreeSet<ReadyKey>,
+    /// Ready jobs by kind, so a worker claims only kinds it has handlers for.
+    ready: BTreeMap<String, BTreeSet<ReadyKey>>,
     delayed: BTreeSet<DelayedKey>,
     priority: HashMap<JobId, i32>,
     leased: u64,
     waiting: u64,
     completed: u64,
     dead: VecDeque<DeadJob>,
+}
+
+impl QueueState {
+    fn remove_ready(&mut self, kind: &str, key: &ReadyKey) {
+        if let Some(set) = self.ready.get_mut(kind) {
+            set.remove(key);
+            if set.is_empty() {
+                self.ready.remove(kind);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -188,7 +200,9 @@ impl LeaseState {
                 _ => state.head = Some(id),
             }
         }
-        self.queues.entry(queue).or_default().ready.insert(key);
+        let kind = self.jobs[&id].kind.clone();
+        let q = self.queues.entry(queue).or_default();
+        q.ready.entry(kind).or_default().insert(key);
     }
 
     /// `id` gives up its scope's turn (completed, dead, or delayed): the scope's first
@@ -206,9 +220,10 @@ impl LeaseState {
         match state.waiting.pop_first() {
             Some((key, queue)) => {
                 state.head = Some(key.2);
+                let kind = self.jobs[&key.2].kind.clone();
                 let q = self.queues.entry(queue).or_default();
                 q.waiting -= 1;
-                q.ready.insert(key);
+                q.ready.entry(kind).or_default().insert(key);
             }
             None => {
                 state.head = None;
@@ -341,9 +356,10 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(ids)
     }
 
-    async fn claim(
+    async fn claim_kinds(
         &self,
         queue: &str,
+        kinds: &[String],
         worker: &str,
         n: usize,
         ttl: Duration,
@@ -358,35 +374,48 @@ impl LeaseStore for MemoryLeaseStore {
         let Some(q) = state.queues.get(queue) else {
             return Ok(Vec::new());
         };
-        // Every ready job of a shared scope is its scope's head, so the first n ready jobs
+        // Only the kinds asked for (all when none are named): the first few of each kind's
+        // ready set, merged in ready order — the same candidates the Redis script looks at.
+        let mut candidates: Vec<(ReadyKey, String)> = q
+            .ready
+            .iter()
+            .filter(|(kind, _)| kinds.is_empty() || kinds.contains(kind))
+            .flat_map(|(kind, set)| {
+                set.iter()
+                    .take(promotions_per_claim(n))
+                    .map(move |key| (*key, kind.clone()))
+            })
+            .collect();
+        candidates.sort();
+        // Every ready job of a shared scope is its scope's head, so the first n candidates
         // are claimable. The check stays as a guard for invariant 3: a job whose scope is
         // held anyway waits aside instead of getting a second live lease.
         let mut picked = Vec::new();
         let mut aside = Vec::new();
         let mut taken = HashSet::new();
-        for key in &q.ready {
+        for (key, kind) in candidates {
             if picked.len() == n {
                 break;
             }
             let scope = &state.jobs[&key.2].scope;
             let held = state.scopes.get(scope).is_some_and(|s| s.live.is_some());
             if held || !taken.insert(scope.clone()) {
-                aside.push(*key);
+                aside.push((key, kind));
             } else {
-                picked.push(*key);
+                picked.push((key, kind));
             }
         }
         let tokens = state.mint(picked.len())?;
-        for key in aside {
+        for (key, kind) in aside {
             let q = state.queues.get_mut(queue).expect("queue exists");
-            q.ready.remove(&key);
+            q.remove_ready(&kind, &key);
             q.waiting += 1;
             let scope = state.jobs[&key.2].scope.clone();
             let s = state.scopes.entry(scope).or_default();
             s.waiting.insert((key, queue.to_owned()));
         }
         let mut claims = Vec::with_capacity(picked.len());
-        for (key, token) in picked.into_iter().zip(tokens) {
+        for ((key, kind), token) in picked.into_iter().zip(tokens) {
             let id = key.2;
             let lease_id = LeaseId::new();
             if let Some(scope) = state.shared_scope(id) {
@@ -407,7 +436,7 @@ impl LeaseStore for MemoryLeaseStore {
             );
             state.expiries.insert((expires_at, lease_id));
             let q = state.queues.get_mut(queue).expect("queue exists");
-            q.ready.remove(&key);
+            q.remove_ready(&kind, &key);
             q.leased += 1;
             let job = state.jobs.get_mut(&id).expect("picked job exists");
             job.attempt += 1;
@@ -539,7 +568,7 @@ impl LeaseStore for MemoryLeaseStore {
             .map(|q| {
                 let due = q.delayed.iter().take_while(|(at, ..)| *at <= now).count() as u64;
                 QueueCounts {
-                    ready: q.ready.len() as u64 + due,
+                    ready: q.ready.values().map(|s| s.len() as u64).sum::<u64>() + due,
                     waiting: q.waiting,
                     delayed: q.delayed.len() as u64 - due,
                     leased: q.leased,

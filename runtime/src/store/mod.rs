@@ -39,9 +39,28 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>>;
 
     /// Claims up to `n` ready jobs of `queue` whose scope has no live lease, granting each a
-    /// fresh lease id and the scope's next fencing token, valid for `ttl`.
-    async fn claim(&self, queue: &str, worker: &str, n: usize, ttl: Duration)
-        -> Result<Vec<Claim>>;
+    /// fresh lease id and the next fencing token, valid for `ttl` — only jobs whose kind is
+    /// in `kinds` (every kind when `kinds` is empty), so a worker never claims a job it has
+    /// no handler for: such jobs wait for a worker that has one.
+    async fn claim_kinds(
+        &self,
+        queue: &str,
+        kinds: &[String],
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>>;
+
+    /// [`claim_kinds`](Self::claim_kinds) of every kind.
+    async fn claim(
+        &self,
+        queue: &str,
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        self.claim_kinds(queue, &[], worker, n, ttl).await
+    }
 
     /// Extends every still-current lease in `leases` by `ttl`; returns the ones that are not
     /// current any more (expired, reaped, replaced). Lost leases are never revived.

@@ -578,6 +578,44 @@ pub async fn one_settlement_per_lease_per_batch(store: Arc<dyn LeaseStore>) {
     assert_eq!((again.job.id, again.job.attempt), (y.job.id, 1));
 }
 
+/// Issue 8, case 6: a worker claims only kinds it has handlers for, however many jobs of
+/// other kinds sit ahead; those wait (visible as ready) for a worker that has them.
+pub async fn claims_only_the_kinds_asked_for(store: Arc<dyn LeaseStore>) {
+    let others: Vec<NewJob> = (0..3000).map(|_| job("other").with_priority(5)).collect();
+    store.enqueue(others).await.unwrap();
+    store
+        .enqueue(vec![
+            job("mine"),
+            job("also-mine").with_scope("m"),
+            job("mine").with_priority(1),
+        ])
+        .await
+        .unwrap();
+    let kinds = ["mine".to_owned(), "also-mine".to_owned()];
+    let got = store
+        .claim_kinds("default", &kinds, "w", 10, TTL)
+        .await
+        .unwrap();
+    let kinds_got: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(
+        kinds_got,
+        ["mine", "mine", "also-mine"],
+        "ready order within the asked kinds"
+    );
+    assert_eq!(got[0].job.attempt, 1);
+    assert_eq!(store.counts("default").await.unwrap().ready, 3000);
+    assert!(store
+        .claim_kinds("default", &kinds, "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.claim("default", "w", 4, TTL).await.unwrap().len(),
+        4,
+        "no kinds: any kind"
+    );
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -597,6 +635,7 @@ macro_rules! lease_store_suite {
             release_gives_the_job_back_uncharged,
             epoch_limit_and_dead_purge,
             one_settlement_per_lease_per_batch,
+            claims_only_the_kinds_asked_for,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -164,6 +164,7 @@ impl LeaseStore for RedisLeaseStore {
         let mut invocation = ENQUEUE.key(&self.base);
         invocation.arg(jobs.len());
         for (id, job) in ids.iter().zip(jobs) {
+            let kind = job.kind.clone();
             let meta = serde_json::to_string(&Meta {
                 kind: job.kind,
                 payload: job.payload,
@@ -178,6 +179,7 @@ impl LeaseStore for RedisLeaseStore {
             invocation
                 .arg(id.to_string())
                 .arg(job.queue)
+                .arg(kind)
                 .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
                 .arg(job.priority)
                 .arg(job.delay.as_millis() as u64)
@@ -192,9 +194,10 @@ impl LeaseStore for RedisLeaseStore {
         Ok(ids)
     }
 
-    async fn claim(
+    async fn claim_kinds(
         &self,
         queue: &str,
+        kinds: &[String],
         worker: &str,
         n: usize,
         ttl: Duration,
@@ -212,6 +215,8 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(worker)
                 .arg(ttl.as_millis() as u64)
                 .arg(promotions_per_claim(n))
+                .arg(kinds.len())
+                .arg(kinds)
                 .arg(&leases);
             let sent = Instant::now();
             round_trip("claim");
