@@ -497,3 +497,40 @@ fn health_readiness_and_json_logs() {
         "no drain line in {rest:?}"
     );
 }
+
+/// Issue 8, case 6: in a mixed fleet mid-deploy, a worker never claims a kind it has no
+/// handler for. Another binary's jobs wait (ready) instead of being dead-lettered as unknown,
+/// while this binary's own jobs run.
+#[test]
+fn a_worker_leaves_kinds_it_does_not_handle_alone() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = palisade::Client::connect(&redis.url(), "palisade")
+            .await
+            .unwrap();
+        let foreign = (0..20).map(|i| palisade::NewJob::raw("newer.binary.kind", format!("{i}")));
+        client.enqueue_many(foreign.collect()).await.unwrap();
+    });
+    deposit(&redis, 5, 70, 0);
+    let worker = WorkerProcess::start(&redis, &sink, "old", "2s");
+    wait_for("its own job done", Duration::from_secs(20), || {
+        counts(&redis)["completed"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let c = counts(&redis);
+    assert_eq!(
+        (
+            c["ready"].as_u64(),
+            c["dead"].as_u64(),
+            c["leased"].as_u64()
+        ),
+        (Some(20), Some(0), Some(0)),
+        "{c}"
+    );
+    assert_eq!(balance(&sink, 5), 70);
+    assert!(worker.terminate().success());
+}
