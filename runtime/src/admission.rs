@@ -24,7 +24,8 @@ pub struct Fence {
 pub enum Admission {
     /// The mutation was applied.
     Applied,
-    /// Same (scope, token, key) was applied before; nothing was applied now.
+    /// A write with the same (scope, idempotency key) was applied before — by this
+    /// generation or an earlier one, within the key retention; nothing was applied now.
     Duplicate,
     /// The writer no longer owns the scope; nothing was applied.
     Rejected(Rejection),

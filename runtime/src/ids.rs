@@ -222,8 +222,9 @@ impl Scope {
 }
 
 string_id!(
-    /// Names one logical write of one generation; a second write with the same
-    /// (scope, token, key) is a duplicate, not applied twice.
+    /// Names one logical write of a job; a second write with the same (scope, key) is a
+    /// duplicate, not applied twice — a same-token retry and the same write repeated by a
+    /// re-run under a newer token alike (kept across generations, within the retention).
     IdempotencyKey
 );
 

@@ -25,8 +25,9 @@ static FENCED_WRITE: LazyLock<Script> =
 
 /// A fenced sink on Redis: admission, mutation and idempotency record in one script.
 ///
-/// Keys: `{prefix}:{<scope>}:fence` (a string "token TAB lease") and `:keys` per scope
-/// (hash-tagged by scope), data under `{prefix}:d:<key>`. In Redis Cluster every data key a
+/// Keys, for `RedisFencedStore::new(pool, "ledger")`: `ledger:{<scope>}:fence` (a string
+/// "token TAB lease") and `ledger:{<scope>}:keys` per scope (hash-tagged by scope), data
+/// under `ledger:d:<key>`. In Redis Cluster every data key a
 /// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
 /// works.
 #[derive(Clone)]

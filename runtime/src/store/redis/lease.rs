@@ -1,5 +1,5 @@
 //! The coordinator on Redis: one Lua script per operation (`runtime/lua/`, each prefixed with
-//! `common.lua`), all keys under one hash tag `{prefix}`.
+//! `common.lua`); for prefix `palisade` every key starts with the hash tag `{palisade}:`.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -44,7 +44,8 @@ static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 
-/// The coordinator on Redis. All keys live under one hash tag `{prefix}`.
+/// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
+/// Redis Cluster hash tag, so each script touches one slot.
 #[derive(Clone)]
 pub struct RedisLeaseStore {
     link: Link,
@@ -55,7 +56,7 @@ pub struct RedisLeaseStore {
 }
 
 impl RedisLeaseStore {
-    /// A coordinator whose keys start with `{prefix}:`.
+    /// A coordinator whose keys start with `{<prefix>}:` (the braces are literal: a hash tag).
     pub fn new(pool: Pool, prefix: &str) -> Self {
         Self {
             link: Link::new(pool),
@@ -108,7 +109,7 @@ impl RedisLeaseStore {
             }
             None => 0,
         };
-        let (epoch, moved): (String, String) = ESTABLISH_EPOCH
+        let (epoch, moved, fresh): (String, String, String) = ESTABLISH_EPOCH
             .key(&self.base)
             .arg(candidate)
             .invoke_async(&mut conn)
@@ -122,7 +123,15 @@ impl RedisLeaseStore {
                 _ => self.link.broken(e),
             })?;
         let epoch: u32 = parse(&epoch)?;
-        if moved == "1" {
+        if moved == "1" && fresh == "1" {
+            // The normal first start on an empty Redis (or a Redis that lost everything,
+            // which the sinks' fences cover).
+            tracing::info!(
+                epoch,
+                durable = self.epochs.is_some(),
+                "token counters initialised (no epoch record found)"
+            );
+        } else if moved == "1" {
             tracing::warn!(
                 epoch,
                 durable = self.epochs.is_some(),
