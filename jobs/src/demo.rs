@@ -177,14 +177,27 @@ fn plan(args: &DemoArgs, rng: &mut StdRng) -> Plan {
         plan.jobs
             .push(NewJob::new(crate::SEND_EMAIL, &email).expect("encodes"));
     }
-    // Poison: bad input must end dead with a reason, never lost and never a panic.
-    plan.jobs
-        .push(NewJob::raw("ledger.withdraw", r#"{"account":1}"#));
+    // Poison: bad input must end dead with a reason, never lost and never a panic. A payload
+    // that does not decode; and two maximal deposits into one account, of which the second
+    // would overflow i64: the sink refuses it whole (`Rejection::Mutation`), so exactly one
+    // of the two ends dead. (A kind no worker handles is not poison: it waits for a worker
+    // that has a handler.)
     plan.jobs
         .push(NewJob::raw(DEPOSIT, r#"{"account":"one","cents":5}"#));
+    for _ in 0..2 {
+        let huge = format!(r#"{{"account":{OVERFLOW_ACCOUNT},"cents":{}}}"#, i64::MAX);
+        plan.jobs.push(
+            NewJob::raw(DEPOSIT, huge)
+                .with_scope(crate::account_key(OVERFLOW_ACCOUNT))
+                .with_max_attempts(1),
+        );
+    }
     plan.poison = 2;
     plan
 }
+
+/// The account the overflow poison writes to (outside the checked accounts).
+const OVERFLOW_ACCOUNT: u32 = 999_999;
 
 /// Runs the demo; `Ok(true)` iff every invariant held.
 pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
