@@ -44,6 +44,10 @@ struct Args {
     /// flow past held ones.
     #[arg(long, default_value_t = 0)]
     pause_holder: usize,
+    /// CPU-bound handlers: each job spins this many microseconds on its worker's arbiter
+    /// thread (compare `--workers 1` and `--workers 2`: one arbiter is one core).
+    #[arg(long, default_value_t = 0)]
+    cpu_us: u64,
 }
 
 /// A Redis's cumulative counters, for deltas.
@@ -183,13 +187,17 @@ fn main() {
                 poll_interval: Duration::from_millis(1),
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
-            let (latencies, write) = (latencies.clone(), args.sink);
+            let (latencies, write, cpu) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us));
             let registry = Registry::new().register("noop", move |ctx: JobContext, _: ()| {
                 let latencies = latencies.clone();
                 async move {
                     // The lease deadline is claim-request time + ttl.
                     let claimed = ctx.lease().expires_at - ttl;
                     latencies.lock().unwrap().push(claimed.elapsed());
+                    let spin = Instant::now();
+                    while spin.elapsed() < cpu {
+                        std::hint::spin_loop();
+                    }
                     if write {
                         let incr = Mutation::HashIncr { key: format!("n:{}", ctx.lease().scope), field: "n".into(), by: 1 };
                         ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
