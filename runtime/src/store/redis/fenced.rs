@@ -10,7 +10,7 @@ use deadpool_redis::redis::{self, Script};
 use deadpool_redis::Pool;
 use serde::Serialize;
 
-use super::{garbage, parse, round_trip, Link};
+use super::connection::{garbage, parse, round_trip, Link};
 use crate::admission::{Admission, Fence, Rejection};
 use crate::error::Result;
 use crate::ids::{FencingToken, LeaseId, Scope};

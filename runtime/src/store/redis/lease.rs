@@ -1,19 +1,23 @@
 //! The coordinator on Redis: one Lua script per operation (`runtime/lua/`, each prefixed with
 //! `common.lua`); for prefix `palisade` every key starts with the hash tag `{palisade}:`.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use deadpool_redis::redis;
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{self, Script};
 use deadpool_redis::Pool;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::{garbage, parse, round_trip, Link};
+use super::connection::{garbage, parse, round_trip, Link};
+use super::scripts::{
+    decode_claim, decode_lease_row, token, Meta, CLAIM, COUNTS, ENQUEUE, ESTABLISH_EPOCH, LEASES,
+    PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
+};
 use crate::error::{Error, Result};
-use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
+use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
     Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
@@ -21,28 +25,6 @@ use crate::store::epoch::EpochSource;
 use crate::store::{
     promotions_per_claim, LeaseInfo, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
 };
-
-macro_rules! coordinator_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../../lua/common.lua"),
-                include_str!(concat!("../../../lua/", $file))
-            ))
-        })
-    };
-}
-
-static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
-static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
-static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
-static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
-static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
-static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
-static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
-static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
-static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
-static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
 /// Redis Cluster hash tag, so each script touches one slot.
@@ -156,13 +138,6 @@ impl RedisLeaseStore {
     }
 }
 
-/// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
-/// record, never a panic.
-fn token(epoch: &str, counter: &str) -> Result<FencingToken> {
-    FencingToken::try_new(parse(epoch)?, parse(counter)?)
-        .ok_or_else(|| garbage(format_args!("token {epoch}:{counter} out of range")))
-}
-
 #[async_trait]
 impl LeaseStore for RedisLeaseStore {
     async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
@@ -245,33 +220,7 @@ impl LeaseStore for RedisLeaseStore {
             let mut claims = Vec::with_capacity(rows.len());
             let mut first_error = None;
             for r in rows {
-                let decoded = (|| {
-                    let [id, lease, epoch, counter, meta, attempt, stalls] =
-                        <[String; 7]>::try_from(r)
-                            .map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
-                    let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
-                    let job_id = JobId::from(parse::<uuid::Uuid>(&id)?);
-                    let scope = meta.scope.unwrap_or_else(|| Scope::of_job(job_id));
-                    Ok(Claim {
-                        job: Job {
-                            id: job_id,
-                            queue: queue.to_owned(),
-                            kind: meta.kind,
-                            payload: meta.payload,
-                            scope: scope.clone(),
-                            attempt: parse(&attempt)?,
-                            stalls: parse(&stalls)?,
-                            max_attempts: meta.max_attempts,
-                            max_stalls: meta.max_stalls,
-                        },
-                        lease: Lease {
-                            id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
-                            token: token(&epoch, &counter)?,
-                            scope,
-                            expires_at: sent + ttl,
-                        },
-                    })
-                })();
+                let decoded = decode_claim(r, queue, sent + ttl);
                 match decoded {
                     Ok(claim) => claims.push(claim),
                     Err(e) => {
@@ -519,23 +468,7 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let millis = |s: &str| parse::<i64>(s).map(|ms| Duration::from_millis(ms.max(0) as u64));
-        rows.into_iter()
-            .map(|r| {
-                let [lease, job, scope, epoch, counter, worker, age, expires_in] =
-                    <[String; 8]>::try_from(r)
-                        .map_err(|r| garbage(format_args!("bad lease row {r:?}")))?;
-                Ok(LeaseInfo {
-                    lease: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
-                    job: JobId::from(parse::<uuid::Uuid>(&job)?),
-                    scope: Scope::new(scope),
-                    token: token(&epoch, &counter)?,
-                    worker,
-                    age: millis(&age)?,
-                    expires_in: millis(&expires_in)?,
-                })
-            })
-            .collect()
+        rows.into_iter().map(decode_lease_row).collect()
     }
 
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
@@ -559,17 +492,4 @@ impl LeaseStore for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))
     }
-}
-
-/// What the client writes into a job's `meta` field at enqueue and reads back at claim; the
-/// scripts decode it only on rare paths (retry, stall, dead-letter).
-#[derive(serde::Serialize, Deserialize)]
-struct Meta {
-    kind: String,
-    payload: String,
-    queue: String,
-    scope: Option<Scope>,
-    priority: i32,
-    max_attempts: u32,
-    max_stalls: u32,
 }

@@ -1,0 +1,108 @@
+//! The coordinator's scripts (`runtime/lua/`, each prefixed with `common.lua`), loaded once
+//! and run by EVALSHA, with the decoders of their replies beside them: every reply shape is
+//! decoded here and nowhere else.
+//!
+//! Tokens travel in two forms, each forced by its reader: coordinator scripts return a
+//! token as its epoch and counter (Lua's doubles cannot hold `epoch << 40 | counter`
+//! exactly), decoded by [`token`]; the sink script compares 20-digit zero-padded decimals
+//! (string order = numeric order), made by `fenced::padded`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use deadpool_redis::redis::Script;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::connection::{garbage, parse};
+use crate::error::Result;
+use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
+use crate::job::{Claim, Job};
+use crate::store::LeaseInfo;
+
+macro_rules! coordinator_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../../lua/common.lua"),
+                include_str!(concat!("../../../lua/", $file))
+            ))
+        })
+    };
+}
+
+pub(super) static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
+pub(super) static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
+pub(super) static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
+pub(super) static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
+pub(super) static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
+pub(super) static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
+pub(super) static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
+pub(super) static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
+pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
+pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
+
+/// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
+/// record, never a panic.
+pub(super) fn token(epoch: &str, counter: &str) -> Result<FencingToken> {
+    FencingToken::try_new(parse(epoch)?, parse(counter)?)
+        .ok_or_else(|| garbage(format_args!("token {epoch}:{counter} out of range")))
+}
+
+/// One row of `claim.lua`: `{job id, lease id, epoch, counter, meta, attempt, stalls}`.
+pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -> Result<Claim> {
+    let [id, lease, epoch, counter, meta, attempt, stalls] =
+        <[String; 7]>::try_from(row).map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
+    let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
+    let job_id = JobId::from(parse::<uuid::Uuid>(&id)?);
+    let scope = meta.scope.unwrap_or_else(|| Scope::of_job(job_id));
+    Ok(Claim {
+        job: Job {
+            id: job_id,
+            queue: queue.to_owned(),
+            kind: meta.kind,
+            payload: meta.payload,
+            scope: scope.clone(),
+            attempt: parse(&attempt)?,
+            stalls: parse(&stalls)?,
+            max_attempts: meta.max_attempts,
+            max_stalls: meta.max_stalls,
+        },
+        lease: Lease {
+            id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
+            token: token(&epoch, &counter)?,
+            scope,
+            expires_at,
+        },
+    })
+}
+
+/// One row of `leases.lua`: `{lease, job, scope, epoch, counter, worker, age ms, expires in
+/// ms}`.
+pub(super) fn decode_lease_row(row: Vec<String>) -> Result<LeaseInfo> {
+    let millis = |s: &str| parse::<i64>(s).map(|ms| Duration::from_millis(ms.max(0) as u64));
+    let [lease, job, scope, epoch, counter, worker, age, expires_in] =
+        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad lease row {r:?}")))?;
+    Ok(LeaseInfo {
+        lease: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
+        job: JobId::from(parse::<uuid::Uuid>(&job)?),
+        scope: Scope::new(scope),
+        token: token(&epoch, &counter)?,
+        worker,
+        age: millis(&age)?,
+        expires_in: millis(&expires_in)?,
+    })
+}
+
+/// What the client writes into a job's `meta` field at enqueue and reads back at claim; the
+/// scripts decode it only on rare paths (retry, stall, dead-letter).
+#[derive(serde::Serialize, Deserialize)]
+pub(super) struct Meta {
+    pub(super) kind: String,
+    pub(super) payload: String,
+    pub(super) queue: String,
+    pub(super) scope: Option<Scope>,
+    pub(super) priority: i32,
+    pub(super) max_attempts: u32,
+    pub(super) max_stalls: u32,
+}
