@@ -62,3 +62,66 @@ fn bad_worker_flags_are_refused() {
         "clap rejects an unparsable duration"
     );
 }
+
+fn palisade(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.code(), text)
+}
+
+/// Found by trying the CLI as a careless user: each of these used to be accepted, panic, leak
+/// a password or fail much later. Each must end at once with exit code 2, no panic, no secret.
+#[test]
+fn careless_worker_configurations_are_refused_up_front() {
+    let redis = ["worker", "--redis", "redis://127.0.0.1:1"];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--concurrency", "0"], "concurrency"),
+        (&["--concurrency", "100000000"], "concurrency"),
+        (&["--queues", "a,a"], "twice"),
+        (&["--queues", "a:3,a:2"], "twice"),
+        (&["--sink", "ledger=x", "--sink", "ledger=y"], "twice"),
+        (&["--sink", "ledger="], "empty"),
+        (&["--sink", "nope=redis://x"], "declares no sink"),
+        (&["--name", "a\nb"], "control character"),
+        (&["--prefix", ""], "prefix is empty"),
+    ];
+    for (extra, why) in cases {
+        let args: Vec<&str> = redis.iter().chain(extra.iter()).copied().collect();
+        let (code, text) = palisade(&args, &[]);
+        assert_eq!(code, Some(2), "{extra:?}: {text}");
+        assert!(text.contains(why), "{extra:?}: expected {why:?} in {text}");
+        assert!(!text.contains("panicked"), "{extra:?}: {text}");
+    }
+    // A corrupt durable epoch file stops the worker before it connects to anything.
+    let file = std::env::temp_dir().join(format!("palisade-epoch-{}", std::process::id()));
+    std::fs::write(&file, "garbage").unwrap();
+    let path = file.to_string_lossy().to_string();
+    let (code, text) = palisade(&[&redis[..], &["--epoch-file", &path]].concat(), &[]);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("does not hold an epoch"), "{text}");
+}
+
+#[test]
+fn secrets_stay_out_of_help_and_errors() {
+    let env = [
+        ("PALISADE_REDIS_URL", "redis://u:hunter2@h:1"),
+        ("PALISADE_EPOCH_POSTGRES_URL", "postgres://pg:pgsecret@db/x"),
+    ];
+    for command in ["worker", "enqueue", "status"] {
+        let (code, text) = palisade(&[command, "--help"], &env);
+        assert_eq!(code, Some(0));
+        assert!(
+            !text.contains("hunter2") && !text.contains("pgsecret"),
+            "{command}: {text}"
+        );
+    }
+    let (code, text) = palisade(&["status", "--redis", "u:pw123@127.0.0.1:6405"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(!text.contains("pw123"), "{text}");
+}

@@ -534,3 +534,94 @@ fn a_worker_leaves_kinds_it_does_not_handle_alone() {
     assert_eq!(balance(&sink, 5), 70);
     assert!(worker.terminate().success());
 }
+
+/// Found by trying the CLI as a user: `enqueue --stdin | head -1` used to panic on the closed
+/// pipe after the first batch and enqueue only part of the input.
+#[test]
+fn a_closed_stdout_does_not_cut_an_enqueue_short() {
+    use std::io::{BufRead, BufReader, Write};
+    let redis = RedisServer::start();
+    let mut child = Command::new(BIN)
+        .args([
+            "enqueue",
+            "ledger.deposit",
+            "--stdin",
+            "--scope",
+            "account:{account}",
+        ])
+        .env("PALISADE_REDIS_URL", redis.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines: String = (0..2500)
+        .map(|i| format!("{{\"account\":{},\"cents\":1}}\n", i % 9))
+        .collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader goes away after one line, like `| head -1`.
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    let c = counts(&redis);
+    assert_eq!(
+        c["ready"].as_u64().unwrap() + c["waiting"].as_u64().unwrap(),
+        2500,
+        "{c}"
+    );
+}
+
+/// A drain that cannot hand its jobs back (Redis gone) says so and exits non-zero, instead of
+/// reporting a clean release; `/metrics` carries Prometheus' content type.
+#[test]
+fn a_drain_that_cannot_release_fails_loudly() {
+    use std::io::{Read, Write};
+    let (mut redis, sink) = (RedisServer::start(), RedisServer::start());
+    let worker = WorkerProcess::start_with(&redis, &sink, "d", "5s", &["--drain", "200ms"]);
+    let mut raw = String::new();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", worker.metrics_port)).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    stream.read_to_string(&mut raw).unwrap();
+    assert!(
+        raw.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{raw}"
+    );
+    deposit(&redis, 1, 5, 30_000);
+    wait_for("the job to be held", Duration::from_secs(20), || {
+        counts(&redis)["leased"] == 1
+    });
+    redis.stop();
+    let mut worker = worker;
+    worker.signal("-TERM");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = worker.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "worker did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "a failed release must not look like a clean drain"
+    );
+}

@@ -87,4 +87,4 @@ pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
-pub use worker::{Drain, Freeze, Worker, WorkerConfig};
+pub use worker::{Drain, Drained, Freeze, Worker, WorkerConfig};

@@ -195,8 +195,17 @@ fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Ful
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()),
         _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
     };
+    let content_type = if path == "/metrics" {
+        "text/plain; version=0.0.4; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
     response
 }
 

@@ -66,8 +66,12 @@ impl FencedSink {
                 Err(e) => {
                     // Every write of the batch gets the batch's error, keeping its class: a
                     // permanent error must not turn retryable on the way to the handler.
-                    let why = e.to_string();
-                    let retryable = e.is_retryable();
+                    let (why, retryable) = match &e {
+                        Error::Unavailable(why) | Error::Backend(why) => {
+                            (why.clone(), e.is_retryable())
+                        }
+                        other => (other.to_string(), other.is_retryable()),
+                    };
                     replies
                         .iter()
                         .map(|_| {

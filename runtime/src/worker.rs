@@ -157,7 +157,9 @@ pub struct Worker {
     settling: bool,
     frozen: bool,
     next_queue: usize,
-    drain: Option<oneshot::Sender<usize>>,
+    drain: Option<oneshot::Sender<Drained>>,
+    /// Settlements in the batch on its way to the coordinator.
+    in_flight: usize,
     /// Jobs given back unfinished at the drain deadline.
     released: usize,
     /// An unreachable backend gets exponentially fewer claims and settlement retries (and log
@@ -203,6 +205,7 @@ impl Worker {
             frozen: false,
             next_queue: 0,
             drain: None,
+            in_flight: 0,
             released: 0,
             claim_backoff: Backoff::default(),
             settle_backoff: Backoff::default(),
@@ -313,6 +316,7 @@ impl Worker {
         }
         self.settling = true;
         let batch = std::mem::take(&mut self.pending);
+        self.in_flight = batch.len();
         let request = self.coordinator.send(SettleJobs(
             batch
                 .iter()
@@ -321,6 +325,7 @@ impl Worker {
         ));
         ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
             act.settling = false;
+            act.in_flight = 0;
             match result.map_err(Error::from).and_then(|r| r) {
                 Ok(results) => {
                     act.settle_backoff.succeeded();
@@ -368,7 +373,10 @@ impl Worker {
     fn check_drained(&mut self, ctx: &mut Context<Self>) {
         if self.running.is_empty() && self.pending.is_empty() && !self.settling {
             if let Some(done) = self.drain.take() {
-                let _ = done.send(self.released);
+                let _ = done.send(Drained {
+                    released: self.released,
+                    unsettled: 0,
+                });
                 ctx.stop();
             }
         }
@@ -510,8 +518,12 @@ impl Worker {
         // their leases then expire and the reaper requeues them (as stalls).
         ctx.run_later(Self::RELEASE_TIMEOUT, |act, ctx| {
             if let Some(done) = act.drain.take() {
-                tracing::warn!(worker = %act.config.name, unsettled = act.pending.len(), "could not release every job; stopping");
-                let _ = done.send(act.released);
+                let unsettled = act.pending.len() + act.in_flight;
+                tracing::warn!(worker = %act.config.name, unsettled, "could not settle or release every job; stopping");
+                let _ = done.send(Drained {
+                    released: act.released,
+                    unsettled,
+                });
                 ctx.stop();
             }
         });
@@ -536,18 +548,28 @@ impl Handler<Freeze> for Worker {
     }
 }
 
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Jobs still running at the deadline, given back to the coordinator.
+    pub released: usize,
+    /// Settlements (releases included) that never reached the coordinator (it was
+    /// unreachable); their leases expire and the reaper requeues the jobs as stalls.
+    pub unsettled: usize,
+}
+
 /// Stops claiming, waits up to `deadline` for running handlers, then cancels the rest,
 /// releases their jobs back to the coordinator (ready at once, no attempt or stall charged)
-/// and stops. Answers with how many jobs were released unfinished.
+/// and stops.
 #[derive(Message)]
-#[rtype(result = "usize")]
+#[rtype(result = "Drained")]
 pub struct Drain {
     /// How long running handlers get to finish.
     pub deadline: Duration,
 }
 
 impl Handler<Drain> for Worker {
-    type Result = ResponseFuture<usize>;
+    type Result = ResponseFuture<Drained>;
 
     fn handle(&mut self, msg: Drain, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
@@ -559,7 +581,7 @@ impl Handler<Drain> for Worker {
             }
         });
         self.check_drained(ctx);
-        Box::pin(async move { rx.await.unwrap_or(0) })
+        Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }
 

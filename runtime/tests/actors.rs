@@ -609,12 +609,12 @@ async fn drain_waits_for_running_handlers() {
     while h.counts().await.leased < 5 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let abandoned = worker
+    let drained = worker
         .send(Drain {
             deadline: Duration::from_secs(5),
         })
         .await
         .unwrap();
-    assert_eq!(abandoned, 0);
+    assert_eq!(drained, Drained::default());
     assert_eq!(h.counts().await.completed, 5);
 }

@@ -76,7 +76,8 @@ fn fill(template: &str, payload: &str) -> anyhow::Result<String> {
     if !template.contains('{') {
         return Ok(template.to_owned());
     }
-    let value: serde_json::Value = serde_json::from_str(payload)?;
+    let value: serde_json::Value = serde_json::from_str(payload)
+        .with_context(|| format!("scope {template:?}: the payload is not a JSON object"))?;
     let mut out = String::new();
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -86,7 +87,11 @@ fn fill(template: &str, payload: &str) -> anyhow::Result<String> {
         let field = &rest[open + 1..open + close];
         let text = match value.get(field) {
             Some(serde_json::Value::String(s)) => s.clone(),
-            Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => v.to_string(),
+            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+            Some(v @ serde_json::Value::Bool(_)) => v.to_string(),
+            Some(serde_json::Value::Number(n)) => {
+                bail!("scope {template:?}: field {field:?} = {n} is not an integer")
+            }
             _ => bail!("scope {template:?}: the payload has no scalar field {field:?}"),
         };
         out.push_str(&rest[..open]);
@@ -113,16 +118,42 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             })
             .collect::<anyhow::Result<Vec<_>>>()?,
     };
-    runtime()?.block_on(async {
+    let ids = runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
         let store = store.with_max_payload_bytes(args.max_payload_bytes);
+        let mut ids = Vec::with_capacity(jobs.len());
         for batch in jobs.chunks(1000) {
-            for id in store.enqueue(batch.to_vec()).await? {
-                println!("{id}");
-            }
+            // Each batch is all or nothing; say exactly how far a failure got.
+            let done = ids.len();
+            let more = store.enqueue(batch.to_vec()).await.with_context(|| {
+                format!(
+                    "{done} of {} jobs were enqueued (input lines 1..={done}); nothing after that",
+                    jobs.len()
+                )
+            })?;
+            ids.extend(more);
         }
-        anyhow::Ok(())
-    })
+        anyhow::Ok(ids)
+    })?;
+    // Printed after everything is enqueued: a reader that goes away (`| head`) must not
+    // decide how much is enqueued.
+    print_lines(ids.iter().map(ToString::to_string))
+}
+
+/// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.
+fn print_lines(lines: impl Iterator<Item = String>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        match writeln!(out, "{line}") {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            other => other?,
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 /// `status`.
@@ -151,12 +182,13 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             queues.push((queue, counts));
         }
         let leases = store.leases(args.leases).await?;
+        let mut out: Vec<String> = Vec::new();
         let highest = match &args.scope {
             Some(scope) => Some(store.highest_token(&Scope::new(scope.as_str())).await?),
             None => None,
         };
         if args.json {
-            let out = json!({
+            let json = json!({
                 "queues": queues.iter().map(|(q, c)| (q.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
                 "leases": leases.iter().map(|l| json!({
                     "lease": l.lease, "job": l.job, "scope": l.scope, "token": l.token,
@@ -167,22 +199,24 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "scope": s, "highest_token": highest.flatten(),
                 })),
             });
-            println!("{out}");
-            return anyhow::Ok(());
+            return print_lines(std::iter::once(json.to_string()));
         }
-        println!(
+        out.push(format!(
             "{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
             "queue", "ready", "waiting", "delayed", "leased", "completed", "dead"
-        );
+        ));
         for (queue, c) in &queues {
-            println!(
+            out.push(format!(
                 "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
                 c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead
-            );
+            ));
         }
-        println!("\nlive leases ({}, soonest expiry first):", leases.len());
+        out.push(format!(
+            "\nlive leases ({}, soonest expiry first):",
+            leases.len()
+        ));
         for l in &leases {
-            println!(
+            out.push(format!(
                 "  {}  job {}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s",
                 l.lease,
                 l.job,
@@ -192,19 +226,21 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 l.worker,
                 l.age.as_secs_f64(),
                 l.expires_in.as_secs_f64()
-            );
+            ));
         }
         if let (Some(scope), Some(highest)) = (&args.scope, highest) {
             match highest {
-                Some(t) => println!(
+                Some(t) => out.push(format!(
                     "\nnewest token for {scope}: {}:{} (as stored by sinks: {t})",
                     t.epoch(),
                     t.counter()
-                ),
-                None => println!("\nno token is held for {scope} (it has no pending work)"),
+                )),
+                None => out.push(format!(
+                    "\nno token is held for {scope} (it has no pending work)"
+                )),
             }
         }
-        anyhow::Ok(())
+        print_lines(out.into_iter())
     })
 }
 
@@ -239,9 +275,12 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
         match command {
             DeadCommand::List(args) => {
                 let (_, store) = args.redis.store().await?;
-                for dead in store.dead(&args.queue, args.limit).await? {
-                    println!("{}", serde_json::to_string(&dead)?);
-                }
+                let dead = store.dead(&args.queue, args.limit).await?;
+                let lines: Vec<String> = dead
+                    .iter()
+                    .map(serde_json::to_string)
+                    .collect::<Result<_, _>>()?;
+                print_lines(lines.into_iter())?;
             }
             DeadCommand::Retry(args) => {
                 let (_, store) = args.redis.store().await?;

@@ -46,6 +46,7 @@ pub struct App {
     sinks: Vec<String>,
     name: String,
     about: String,
+    version: String,
     extra: Vec<Extra>,
 }
 
@@ -82,6 +83,7 @@ impl App {
             sinks: Vec::new(),
             name,
             about: "Fenced job workers built on Palisade.".into(),
+            version: format!("(palisade {})", env!("CARGO_PKG_VERSION")),
             extra: Vec::new(),
         }
     }
@@ -98,6 +100,13 @@ impl App {
     /// The binary's name in `--help` (default: the executable's file name).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// The version `--version` prints (e.g. `env!("CARGO_PKG_VERSION")` of your crate); by
+    /// default the Palisade library's.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
         self
     }
 
@@ -136,7 +145,7 @@ impl App {
         let mut command = Builtin::augment_subcommands(
             clap::Command::new(self.name.clone())
                 .about(self.about.clone())
-                .version(env!("CARGO_PKG_VERSION"))
+                .version(self.version.clone())
                 .subcommand_required(true)
                 .arg(
                     clap::Arg::new("log-format")
@@ -163,6 +172,7 @@ impl App {
             registry,
             sinks,
             extra,
+            name,
             ..
         } = self;
         if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
@@ -193,19 +203,16 @@ impl App {
         match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("{} {sub}: {e:#}", self_name(&matches));
+                if json {
+                    // One more JSON line for the log shipper, not a stray text line.
+                    tracing::error!(command = sub, "{name} {sub}: {e:#}");
+                } else {
+                    eprintln!("{name} {sub}: {e:#}");
+                }
                 ExitCode::from(2)
             }
         }
     }
-}
-
-fn self_name(_: &ArgMatches) -> String {
-    std::env::args_os()
-        .next()
-        .map(PathBuf::from)
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "palisade".into())
 }
 
 /// Logs to stderr at `default` level unless `RUST_LOG` says otherwise; `json` writes one JSON
@@ -213,8 +220,10 @@ fn self_name(_: &ArgMatches) -> String {
 fn init_logging(default: &str, json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()
@@ -228,7 +237,12 @@ fn init_logging(default: &str, json: bool) {
 struct RedisArgs {
     /// Redis URL: redis://[user:password@]host[:port][/db], or rediss:// for TLS. The
     /// password never appears in logs or output.
-    #[arg(long, env = "PALISADE_REDIS_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "PALISADE_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     redis: String,
     /// Key prefix of this Palisade installation (several can share one Redis). Every process
     /// of one installation — workers and producers — must use the same prefix.

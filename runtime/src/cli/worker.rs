@@ -33,8 +33,9 @@ pub(super) struct WorkerArgs {
     /// robin, as in Sidekiq). A queue with nothing ready costs one empty claim in its turn.
     #[arg(long, value_delimiter = ',', default_value = "default", value_parser = parse_queue)]
     queues: Vec<(String, u32)>,
-    /// Handlers running at once on each arbiter (also the most jobs claimed per round trip).
-    #[arg(long, default_value_t = 32)]
+    /// Handlers running at once on each arbiter (also the most jobs claimed per round trip),
+    /// 1..=10000.
+    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     concurrency: usize,
     /// Worker arbiters (threads) in this process, each running its own `Worker` with its own
     /// renewals; default: one per core.
@@ -65,7 +66,12 @@ pub(super) struct WorkerArgs {
     epoch_file: Option<PathBuf>,
     /// Durable epochs in a Postgres row (table palisade_epochs, named after --prefix): the
     /// same recovery for workers on many hosts.
-    #[arg(long, env = "PALISADE_EPOCH_POSTGRES_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "PALISADE_EPOCH_POSTGRES_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     epoch_postgres: Option<String>,
     /// On SIGTERM / SIGINT, how long running handlers get to finish; jobs still running
     /// then are released back to ready (no attempt counted, no stall charged).
@@ -76,8 +82,9 @@ pub(super) struct WorkerArgs {
     dead_retention: usize,
 }
 
-/// `name` or `name:weight` (weight 1..=100).
+/// `name` or `name:weight` (weight 1..=100); spaces around either are ignored.
 fn parse_queue(s: &str) -> Result<(String, u32), String> {
+    let s = s.trim();
     let (name, weight) = match s.rsplit_once(':') {
         Some((name, w)) => match w.parse::<u32>() {
             Ok(w) if (1..=100).contains(&w) => (name, w),
@@ -85,6 +92,7 @@ fn parse_queue(s: &str) -> Result<(String, u32), String> {
         },
         None => (s, 1),
     };
+    let name = name.trim();
     crate::job::check_name("queue", name).map_err(|e| e.to_string())?;
     Ok((name.to_owned(), weight))
 }
@@ -116,13 +124,18 @@ fn sink_urls(
         let Some((name, url)) = flag.split_once('=') else {
             bail!("--sink {flag:?}: expected NAME=URL");
         };
+        if url.is_empty() {
+            bail!("--sink {name}=: the URL is empty");
+        }
         if !declared.iter().any(|d| d == name) {
             bail!(
                 "--sink {name}: this binary declares no sink of that name (declared: {})",
                 declared.join(", ")
             );
         }
-        given.insert(name.to_owned(), url.to_owned());
+        if given.insert(name.to_owned(), url.to_owned()).is_some() {
+            bail!("--sink {name} is given twice");
+        }
     }
     Ok(declared
         .iter()
@@ -156,6 +169,24 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if !(1..=256).contains(&arbiters) {
         bail!("--arbiters must be 1..=256");
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
+        bail!("--queues names {dup:?} twice (give it one weight instead)");
+    }
+    crate::job::check_name("prefix", &args.redis.prefix)?;
+    if let Some(name) = &args.name {
+        crate::job::check_name("worker name", name)?;
+    }
+    if registry.kinds().next().is_none() {
+        bail!("the registry has no job kinds: register a handler before running workers");
+    }
+    // A durable epoch file that cannot serve (corrupt, exhausted, unwritable) would make
+    // every claim fail: refuse to start instead.
+    if let Some(path) = &args.epoch_file {
+        FileEpochSource::new(path)
+            .check()
+            .with_context(|| format!("--epoch-file {}", path.display()))?;
     }
     let sink_urls = sink_urls(
         declared,
@@ -227,10 +258,15 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
 
         // Ready while Redis answers and we are not draining.
         let draining = Arc::new(AtomicBool::new(false));
-        let (probe, probe_health, probe_draining) = (pool.clone(), health.clone(), draining.clone());
+        // Every Redis this process needs: the coordinator's and each sink's.
+        let probes: Vec<Pool> = pools.values().cloned().collect();
+        let (probe_health, probe_draining) = (health.clone(), draining.clone());
         actix::spawn(async move {
             loop {
-                let up = ping(&probe).await.is_ok();
+                let mut up = true;
+                for probe in &probes {
+                    up &= ping(probe).await.is_ok();
+                }
                 probe_health.set_ready(up && !probe_draining.load(Ordering::Relaxed));
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -245,13 +281,19 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         health.set_ready(false);
         tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
         let drains = workers.iter().map(|(_, addr)| addr.send(Drain { deadline: args.drain }));
-        let released: usize = futures_util::future::join_all(drains)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap_or(0))
-            .sum();
+        let (mut released, mut unsettled) = (0, 0);
+        for drained in futures_util::future::join_all(drains).await.into_iter().flatten() {
+            released += drained.released;
+            unsettled += drained.unsettled;
+        }
         for (arbiter, _) in workers {
             arbiter.stop();
+        }
+        if unsettled > 0 {
+            bail!(
+                "{unsettled} jobs could not be settled or released before exiting (is Redis \
+                 reachable?); their leases expire and the reaper requeues them as stalls"
+            );
         }
         tracing::info!(worker = %name, released, "drained; exiting");
         anyhow::Ok(())

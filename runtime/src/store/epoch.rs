@@ -37,6 +37,46 @@ impl FileEpochSource {
         Self { path: path.into() }
     }
 
+    /// Checks, without changing it, that the file can serve epochs: its folder can hold the
+    /// file and its lock, and the file (if any) holds an epoch with room above it. Meant for
+    /// start-up, so a bad file stops a worker at once instead of failing every claim.
+    pub fn check(&self) -> Result<()> {
+        let epoch = |e: std::io::Error| {
+            let what = format!("epoch file {}: {e}", self.path.display());
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Error::Epoch(what)
+            } else {
+                Error::Config(what)
+            }
+        };
+        let dir = self
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(epoch)?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path.with_extension("lock"))
+            .map_err(epoch)?;
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => match text.trim().parse::<u32>() {
+                Ok(e) if e < FencingToken::MAX_EPOCH => Ok(()),
+                Ok(e) => Err(Error::Epoch(format!(
+                    "epoch file {} holds epoch {e}: none left above it",
+                    self.path.display()
+                ))),
+                Err(e) => Err(Error::Epoch(format!(
+                    "epoch file {} does not hold an epoch: {e}",
+                    self.path.display()
+                ))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(epoch(e)),
+        }
+    }
+
     fn bump(path: &Path, at_least: u32) -> std::io::Result<u32> {
         let dir = path
             .parent()
@@ -201,7 +241,11 @@ mod tests {
         assert_eq!(reopened.next_epoch(3).await.unwrap(), 11);
         std::fs::write(&path, "garbage").unwrap();
         assert!(matches!(reopened.next_epoch(0).await, Err(Error::Epoch(_))));
+        assert!(matches!(reopened.check(), Err(Error::Epoch(_))));
+        std::fs::write(&path, "41").unwrap();
+        assert!(reopened.check().is_ok());
         std::fs::write(&path, format!("{}", FencingToken::MAX_EPOCH)).unwrap();
+        assert!(matches!(reopened.check(), Err(Error::Epoch(_))));
         let exhausted = reopened.next_epoch(0).await;
         assert!(matches!(exhausted, Err(Error::Epoch(_))), "{exhausted:?}");
         assert!(!exhausted.unwrap_err().is_retryable());

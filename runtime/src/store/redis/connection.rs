@@ -13,16 +13,18 @@ use crate::error::{Error, Result};
 
 /// `url` with any password replaced by `***`, for logs and error messages.
 pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
+    // Without a scheme (a typo), everything before the last '@' is still userinfo.
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url.rfind('@') {
+        Some(at) if at >= start => {
+            let userinfo = &url[start..at];
             let user = userinfo.split_once(':').map_or("", |(user, _)| user);
             let shown = if userinfo.contains(':') {
                 format!("{user}:***")
             } else {
                 "***".into()
             };
-            format!("{}{shown}{}", &url[..scheme + 3], &url[at..])
+            format!("{}{shown}{}", &url[..start], &url[at..])
         }
         _ => url.to_owned(),
     }
@@ -203,6 +205,7 @@ mod tests {
         );
         assert_eq!(redacted("rediss://token@host"), "rediss://***@host");
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redacted("u:pw123@127.0.0.1:6405"), "u:***@127.0.0.1:6405");
         let err = pool("redis://:s3cret@host:notaport")
             .err()
             .unwrap()
