@@ -93,7 +93,11 @@ fn registry(worker: String, story: Arc<Story>, pause: Option<Duration>) -> Regis
             let (worker, story) = (worker.clone(), story.clone());
             async move {
                 let (job, token) = (ctx.job().id, ctx.lease().token);
-                let pausing = pause.is_some() && story.armed.swap(false, Ordering::SeqCst);
+                // Pause on a deposit that will write (not one that first fails on purpose),
+                // so the late write is there to be refused.
+                let pausing = pause.is_some()
+                    && ctx.job().attempt > d.fail_first_attempts
+                    && story.armed.swap(false, Ordering::SeqCst);
                 if pausing {
                     let pause = pause.unwrap();
                     let _ = story.victim.set(job);
