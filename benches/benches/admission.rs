@@ -24,14 +24,18 @@ fn admission(c: &mut Criterion) {
         let mut t = 0;
         b.iter(|| {
             t += 1;
-            scope.admit(fence(t, lease), &key)
+            scope.admit(fence(t, lease), &key, FencingToken::ZERO)
         })
     });
     c.bench_function("admit/stale_rejection", |b| {
         let mut scope = ScopeFence::default();
-        scope.admit(fence(100, lease), &IdempotencyKey::new("k"));
+        scope.admit(
+            fence(100, lease),
+            &IdempotencyKey::new("k"),
+            FencingToken::ZERO,
+        );
         let key = IdempotencyKey::new("j");
-        b.iter(|| scope.admit(fence(99, LeaseId::new()), &key))
+        b.iter(|| scope.admit(fence(99, LeaseId::new()), &key, FencingToken::ZERO))
     });
 }
 

@@ -2,14 +2,25 @@
 -- write, for a batch of writes that arrived together (group commit: one round trip for many
 -- handlers' writes). Each write is decided and applied on its own, exactly as if sent alone:
 -- one write's refusal, bad mutation or error does not affect the others.
--- KEYS     two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
+-- KEYS[1]  the sink's low watermark: a string, the largest coordinator watermark seen (20-digit
+--          zero-padded token; every lease below it is no longer current)
+-- KEYS[2]  the sink's collection queue: a zset, score 0, members "padded token TAB scope" in
+--          lexicographic (= token) order, one per fence set
+-- KEYS[3..] two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
 --          zero-padded decimal), and the scope's idempotency zset (keys of applied writes ->
 --          apply time ms, kept across generations, bounded by retention time and count)
 -- ARGV[1]  key retention (ms), ARGV[2] most keys kept per scope, ARGV[3] data key prefix,
--- ARGV[4..] four per write: presented token (20-digit zero-padded, so string order is
+-- ARGV[4]  fence key prefix (a swept scope's fence is ARGV[4] .. "{" .. scope .. "}:fence"),
+-- ARGV[5]  the watermark the client last heard from the coordinator (padded), ARGV[6] most
+--          fences to collect in this call,
+-- ARGV[7..] four per write: presented token (20-digit zero-padded, so string order is
 --          numeric order and Lua's doubles never see it), presented lease id, idempotency key,
 --          mutations as JSON: a list of {"S", key, value} | {"H", key, {field, value, ...}} |
 --          {"I", key, field, by} with `by` a decimal string (never a Lua number)
+-- First the watermark is raised to ARGV[5] if higher, and at most ARGV[6] fences below it are
+-- forgotten (safe: every write they would refuse is below the watermark; keys are kept —
+-- runtime/src/admission.rs has the proof). Then each write is decided; a token below the
+-- watermark is stale even where no fence is kept.
 -- Returns  one array per write: {"applied"} | {"duplicate"} | {"stale", highest, its lease} |
 --          {"conflict", token, lease holding it} | {"mutation", why} (the mutation list does
 --          not fit; nothing changed, not even the fence) | {"error", why} (this write's own
@@ -17,7 +28,7 @@
 -- Errors   none: every check runs before the first change, because Redis does not roll a
 --          script back. The rule is the one in runtime/src/mutation.rs; messages match it
 --          word for word (the differential test compares them).
-local retention, most, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local retention, most, prefix, fences = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -163,6 +174,53 @@ local function well_formed(mutations)
   return true
 end
 
+-- The watermark only grows; a corrupt stored one counts as none (0).
+local watermark = redis.pcall('GET', KEYS[1])
+if type(watermark) ~= 'string' or not string.match(watermark, '^%d+$') or #watermark ~= 20 then
+  watermark = '00000000000000000000'
+end
+if string.match(ARGV[5], '^%d+$') and #ARGV[5] == 20 and ARGV[5] > watermark then
+  watermark = ARGV[5]
+  redis.call('SET', KEYS[1], watermark)
+end
+
+-- Bounded collection: fences whose token is below the watermark. (A queue key of the wrong
+-- type — another program under our prefix — disables collection, never the writes.)
+local queue_type = redis.call('TYPE', KEYS[2]).ok
+local collecting = queue_type == 'zset' or queue_type == 'none'
+local due = {}
+if collecting then
+  due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
+end
+do
+  for _, member in ipairs(due) do
+    redis.call('ZREM', KEYS[2], member)
+    local scope = string.match(member, '^%d+\t(.*)$')
+    if scope then
+      local fence = fences .. '{' .. scope .. '}:fence'
+      local held = redis.pcall('GET', fence)
+      if type(held) == 'string' then
+        local token = string.match(held, '^(%d+)\t')
+        if token and #token == 20 and token < watermark then
+          redis.call('DEL', fence)
+        end
+      end
+    end
+  end
+end
+
+-- The scope a fence key belongs to (fence keys are ARGV[4] .. "{" .. scope .. "}:fence").
+local function scope_of(fence)
+  return string.sub(fence, #fences + 2, -8)
+end
+
+-- Remembers to look at this fence once the watermark passes its token.
+local function queue_for_collection(fence, token)
+  if collecting then
+    redis.call('ZADD', KEYS[2], 0, token .. '\t' .. scope_of(fence))
+  end
+end
+
 local function write(fence, keys, token, lease, key, encoded)
   -- Reads first, each guarded: a fence or key record of the wrong type (another program
   -- writing under our prefix) fails this write alone, before anything changed.
@@ -181,6 +239,9 @@ local function write(fence, keys, token, lease, key, encoded)
   if not string.match(token, '^%d+$') or #token ~= 20 then
     return { 'error', 'the presented token is not a 20-digit decimal' }
   end
+  if token < watermark then
+    return { 'stale', watermark, '' }
+  end
   if h[1] then
     if token < h[1] then
       return { 'stale', h[1], h[2] }
@@ -194,6 +255,7 @@ local function write(fence, keys, token, lease, key, encoded)
     -- Still fence in the newer generation, so every older one is refused from now on.
     if advance then
       redis.call('SET', fence, token .. '\t' .. lease)
+      queue_for_collection(fence, token)
     end
     return { 'duplicate' }
   end
@@ -210,6 +272,7 @@ local function write(fence, keys, token, lease, key, encoded)
   end
   if advance then
     redis.call('SET', fence, token .. '\t' .. lease)
+    queue_for_collection(fence, token)
   end
   redis.call('ZADD', keys, now, key)
   redis.call('ZREMRANGEBYSCORE', keys, '-inf', now - retention)
@@ -221,8 +284,8 @@ local function write(fence, keys, token, lease, key, encoded)
 end
 
 local out = {}
-for i = 0, #KEYS / 2 - 1 do
-  local a = 4 + i * 4
-  out[#out + 1] = write(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+for i = 0, (#KEYS - 2) / 2 - 1 do
+  local a = 7 + i * 4
+  out[#out + 1] = write(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
 return out

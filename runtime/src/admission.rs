@@ -3,6 +3,31 @@
 //! No I/O and no clock. Each [`FencedStore`](crate::FencedStore) backend carries this exact
 //! decision to its storage in one atomic operation (a critical section in memory, one Lua script
 //! in Redis); a read followed by a separate write would re-open the race this rule closes.
+//!
+//! # The low watermark, and why forgetting a fence is safe
+//!
+//! The coordinator publishes a low watermark `W`: every lease whose token is below `W` is no
+//! longer current (it expired, settled or was revoked), and `W` only grows. It is the smallest
+//! token among the coordinator's live leases, or the next token to grant when none is live;
+//! new leases get tokens above every earlier one, so a value that was `W` once stays a lower
+//! bound of every current lease forever. A sink keeps the largest `W` it has been given (0
+//! before any) and refuses every write with `token < W` as [`Rejection::StaleToken`]
+//! `{ highest: W }` — first, before looking for the scope's fence at all.
+//!
+//! *Claim:* a sink may drop the fence `(F, lease)` of a scope once `F < W` without admitting
+//! any write the fence would have refused. *Sketch:* the fence refuses exactly the writes with
+//! `T < F`, and those with `T == F` from another lease. Every such `T` is `≤ F < W`, so the
+//! `W` check — which never forgets, because `W` only grows — refuses them too. The writes the
+//! `W` check refuses beyond that (`F ≤ T < W`) come from leases that are no longer current,
+//! whose writes must be refused anyway. So after the drop the scope behaves exactly as before,
+//! and a later write (`T ≥ W > F`) re-creates the fence as it would have advanced it.
+//!
+//! Idempotency keys are a different matter: a job that wrote and then stalled is re-run under
+//! a *newer* token, above `W`, and its repeated write must still be a
+//! [`Admission::Duplicate`]. So keys are not dropped with the fence; they go when their
+//! retention (time and count per scope) has passed. Sink state is therefore bounded by the
+//! scopes whose fence is at or above `W` (the live ones) plus the retained keys — not by the
+//! jobs ever run.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -120,8 +145,20 @@ impl ScopeFence {
     /// Idempotency keys remembered per scope.
     pub const MAX_KEYS: usize = 10_000;
 
-    /// Decides a write without changing anything.
-    pub fn decide(&self, presented: Fence, key: &IdempotencyKey) -> Admission {
+    /// Decides a write without changing anything; `watermark` is the largest low watermark
+    /// the sink has been given (0 before any, see the module docs).
+    pub fn decide(
+        &self,
+        presented: Fence,
+        key: &IdempotencyKey,
+        watermark: FencingToken,
+    ) -> Admission {
+        if presented.token < watermark {
+            return Admission::Rejected(Rejection::StaleToken {
+                presented: presented.token,
+                highest: watermark,
+            });
+        }
         if let Some(highest) = self.highest {
             if presented.token < highest.token {
                 return Admission::Rejected(Rejection::StaleToken {
@@ -148,8 +185,13 @@ impl ScopeFence {
     ///
     /// A duplicate from a newer generation still advances `highest`: the sink has now seen
     /// that generation, so every older one must be refused from here on.
-    pub fn admit(&mut self, presented: Fence, key: &IdempotencyKey) -> Admission {
-        let admission = self.decide(presented, key);
+    pub fn admit(
+        &mut self,
+        presented: Fence,
+        key: &IdempotencyKey,
+        watermark: FencingToken,
+    ) -> Admission {
+        let admission = self.decide(presented, key, watermark);
         if let Admission::Rejected(_) = admission {
             return admission;
         }
@@ -166,6 +208,28 @@ impl ScopeFence {
             }
         }
         admission
+    }
+
+    /// Forgets the fence if its token is below `watermark` (safe: see the module docs); the
+    /// keys stay. Returns whether it did.
+    pub fn collect(&mut self, watermark: FencingToken) -> bool {
+        let below = self.highest.is_some_and(|h| h.token < watermark);
+        if below {
+            self.highest = None;
+        }
+        below
+    }
+
+    /// Forgets one idempotency key (its retention has passed).
+    pub fn forget_key(&mut self, key: &IdempotencyKey) {
+        if self.keys.remove(key) {
+            self.order.retain(|k| k != key);
+        }
+    }
+
+    /// Neither a fence nor a key left: the scope's state can go.
+    pub fn is_empty(&self) -> bool {
+        self.highest.is_none() && self.keys.is_empty()
     }
 }
 
@@ -184,11 +248,63 @@ mod tests {
         IdempotencyKey::new(k)
     }
 
+    const NO_W: FencingToken = FencingToken::ZERO;
+
+    #[test]
+    fn below_the_watermark_is_stale_even_without_a_fence() {
+        let mut scope = ScopeFence::default();
+        let a = LeaseId::new();
+        let w = FencingToken::from_u64(50);
+        assert_eq!(
+            scope.admit(fence(49, a), &key("k"), w),
+            Admission::Rejected(Rejection::StaleToken {
+                presented: FencingToken::from_u64(49),
+                highest: w,
+            })
+        );
+        assert_eq!(scope, ScopeFence::default(), "a refusal changes nothing");
+        assert_eq!(scope.admit(fence(50, a), &key("k"), w), Admission::Applied);
+        // The watermark check comes first: it refuses even a key the scope already has.
+        assert!(matches!(
+            scope.admit(fence(50, a), &key("k"), FencingToken::from_u64(51)),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+    }
+
+    #[test]
+    fn collecting_a_fence_below_the_watermark_keeps_keys_and_refusals() {
+        let mut scope = ScopeFence::default();
+        let (a, b) = (LeaseId::new(), LeaseId::new());
+        scope.admit(fence(7, a), &key("job/0"), NO_W);
+        let w = FencingToken::from_u64(9);
+        assert!(!scope.collect(FencingToken::from_u64(7)), "not below yet");
+        assert!(scope.collect(w));
+        assert_eq!(scope.highest, None);
+        assert!(!scope.is_empty(), "keys outlive the fence");
+        // Everything the fence refused is still refused, by the watermark.
+        assert!(matches!(
+            scope.admit(fence(7, a), &key("late"), w),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+        // A re-run under a newer token is still a duplicate, and fences again.
+        assert_eq!(
+            scope.admit(fence(12, b), &key("job/0"), w),
+            Admission::Duplicate
+        );
+        assert_eq!(scope.highest, Some(fence(12, b)));
+        scope.forget_key(&key("job/0"));
+        assert!(scope.collect(FencingToken::from_u64(13)));
+        assert!(scope.is_empty());
+    }
+
     #[test]
     fn first_write_is_applied_and_becomes_highest() {
         let mut scope = ScopeFence::default();
         let a = LeaseId::new();
-        assert_eq!(scope.admit(fence(71, a), &key("k")), Admission::Applied);
+        assert_eq!(
+            scope.admit(fence(71, a), &key("k"), NO_W),
+            Admission::Applied
+        );
         assert_eq!(scope.highest, Some(fence(71, a)));
     }
 
@@ -196,9 +312,9 @@ mod tests {
     fn lower_token_is_stale() {
         let mut scope = ScopeFence::default();
         let (a, b) = (LeaseId::new(), LeaseId::new());
-        scope.admit(fence(72, b), &key("k"));
+        scope.admit(fence(72, b), &key("k"), NO_W);
         assert_eq!(
-            scope.admit(fence(71, a), &key("other")),
+            scope.admit(fence(71, a), &key("other"), NO_W),
             Admission::Rejected(Rejection::StaleToken {
                 presented: FencingToken::from_u64(71),
                 highest: FencingToken::from_u64(72),
@@ -215,9 +331,9 @@ mod tests {
     fn equal_token_from_another_lease_conflicts() {
         let mut scope = ScopeFence::default();
         let (a, b) = (LeaseId::new(), LeaseId::new());
-        scope.admit(fence(5, a), &key("k"));
+        scope.admit(fence(5, a), &key("k"), NO_W);
         assert_eq!(
-            scope.admit(fence(5, b), &key("fresh")),
+            scope.admit(fence(5, b), &key("fresh"), NO_W),
             Admission::Rejected(Rejection::TokenConflict {
                 token: FencingToken::from_u64(5),
                 held_by: a,
@@ -230,9 +346,18 @@ mod tests {
     fn same_generation_retry_is_a_duplicate() {
         let mut scope = ScopeFence::default();
         let a = LeaseId::new();
-        assert_eq!(scope.admit(fence(5, a), &key("k")), Admission::Applied);
-        assert_eq!(scope.admit(fence(5, a), &key("k")), Admission::Duplicate);
-        assert_eq!(scope.admit(fence(5, a), &key("k2")), Admission::Applied);
+        assert_eq!(
+            scope.admit(fence(5, a), &key("k"), NO_W),
+            Admission::Applied
+        );
+        assert_eq!(
+            scope.admit(fence(5, a), &key("k"), NO_W),
+            Admission::Duplicate
+        );
+        assert_eq!(
+            scope.admit(fence(5, a), &key("k2"), NO_W),
+            Admission::Applied
+        );
     }
 
     #[test]
@@ -241,11 +366,11 @@ mod tests {
         let (a, b) = (LeaseId::new(), LeaseId::new());
         // A applied, then stalled before settling; B re-runs the job with the same key.
         assert_eq!(
-            scope.admit(fence(5, a), &key("job-1/0")),
+            scope.admit(fence(5, a), &key("job-1/0"), NO_W),
             Admission::Applied
         );
         assert_eq!(
-            scope.admit(fence(6, b), &key("job-1/0")),
+            scope.admit(fence(6, b), &key("job-1/0"), NO_W),
             Admission::Duplicate
         );
         assert_eq!(
@@ -254,7 +379,7 @@ mod tests {
             "the newer generation is fenced in"
         );
         assert!(matches!(
-            scope.admit(fence(5, a), &key("job-1/1")),
+            scope.admit(fence(5, a), &key("job-1/1"), NO_W),
             Admission::Rejected(Rejection::StaleToken { .. })
         ));
     }
@@ -264,16 +389,19 @@ mod tests {
         let mut scope = ScopeFence::default();
         let a = LeaseId::new();
         for i in 0..=ScopeFence::MAX_KEYS {
-            scope.admit(fence(1, a), &key(&i.to_string()));
+            scope.admit(fence(1, a), &key(&i.to_string()), NO_W);
         }
         assert_eq!(scope.keys.len(), ScopeFence::MAX_KEYS);
         assert_eq!(
-            scope.admit(fence(1, a), &key("0")),
+            scope.admit(fence(1, a), &key("0"), NO_W),
             Admission::Applied,
             "oldest forgotten"
         );
         // Re-admitting "0" pushed out "1"; "2" is still remembered.
-        assert_eq!(scope.admit(fence(1, a), &key("2")), Admission::Duplicate);
+        assert_eq!(
+            scope.admit(fence(1, a), &key("2"), NO_W),
+            Admission::Duplicate
+        );
     }
 
     #[test]

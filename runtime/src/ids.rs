@@ -72,7 +72,7 @@ uuid_id!(
 /// Stored and compared as a plain `u64`, so a sink (Lua, SQL `BIGINT`) needs no knowledge of
 /// the split. The epoch moves whenever the coordinator cannot prove its counters survived; the
 /// counter never wraps — running out of counter moves to the next epoch instead.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct FencingToken(u64);
 
@@ -104,6 +104,9 @@ impl FencingToken {
         (epoch <= u64::from(Self::MAX_EPOCH) && counter <= Self::MAX_COUNTER)
             .then(|| Self::new(epoch as u32, counter))
     }
+
+    /// The smallest token: below every token ever granted (a watermark before any is known).
+    pub const ZERO: Self = Self(0);
 
     /// Reinterprets a stored integer.
     pub fn from_u64(raw: u64) -> Self {

@@ -15,17 +15,31 @@ struct Attempt {
     generation: usize,
     key: u8,
     impostor: bool,
+    /// Before this attempt, the coordinator publishes a watermark at this generation's token
+    /// (it only grows: a lower one is ignored).
+    raise_watermark: Option<usize>,
+    /// Before this attempt, the sink collects the scope's fence if it is below the watermark.
+    collect: bool,
 }
 
 fn attempts() -> impl Strategy<Value = Vec<Attempt>> {
     prop::collection::vec(
-        (0usize..6, 0u8..4, prop::bool::weighted(0.1)).prop_map(|(generation, key, impostor)| {
-            Attempt {
-                generation,
-                key,
-                impostor,
-            }
-        }),
+        (
+            0usize..6,
+            0u8..4,
+            prop::bool::weighted(0.1),
+            prop::option::weighted(0.15, 0usize..6),
+            prop::bool::weighted(0.3),
+        )
+            .prop_map(
+                |(generation, key, impostor, raise_watermark, collect)| Attempt {
+                    generation,
+                    key,
+                    impostor,
+                    raise_watermark,
+                    collect,
+                },
+            ),
         1..60,
     )
 }
@@ -100,9 +114,21 @@ fn at_most_once_per_key(history: &[Record]) -> Result<(), String> {
     Ok(())
 }
 
-/// The rule restated over the whole history instead of the compact per-scope state: the
-/// optimised state must decide exactly like it.
-fn reference_decision(history: &[Record], fence: Fence, key: &IdempotencyKey) -> Admission {
+/// The rule restated over the whole history instead of the compact per-scope state (which
+/// may also have forgotten its fence below the watermark): the optimised state must decide
+/// exactly like it.
+fn reference_decision(
+    history: &[Record],
+    fence: Fence,
+    key: &IdempotencyKey,
+    watermark: FencingToken,
+) -> Admission {
+    if fence.token < watermark {
+        return Admission::Rejected(Rejection::StaleToken {
+            presented: fence.token,
+            highest: watermark,
+        });
+    }
     let seen: Vec<&Record> = history.iter().filter(accepted).collect();
     if let Some(highest) = seen.iter().map(|r| r.fence.token).max() {
         if fence.token < highest {
@@ -148,11 +174,18 @@ proptest! {
         let impostors: Vec<LeaseId> = (0..6).map(|_| LeaseId::new()).collect();
         let mut scope = ScopeFence::default();
         let mut history = Vec::new();
+        let mut watermark = FencingToken::ZERO;
         for a in &attempts {
+            if let Some(g) = a.raise_watermark {
+                watermark = watermark.max(gens[g].token);
+            }
+            if a.collect {
+                scope.collect(watermark);
+            }
             let fence = fence_for(a, &gens, &impostors);
             let key = IdempotencyKey::new(format!("k{}", a.key));
-            let expected = reference_decision(&history, fence, &key);
-            let admission = scope.admit(fence, &key);
+            let expected = reference_decision(&history, fence, &key, watermark);
+            let admission = scope.admit(fence, &key, watermark);
             prop_assert_eq!(&admission, &expected);
             history.push(Record { fence, key, admission });
         }

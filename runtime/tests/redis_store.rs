@@ -96,6 +96,9 @@ mod delegate {
         async fn write_batch(&self, w: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
             self.store.write_batch(w).await
         }
+        fn observe_watermark(&self, w: FencingToken) {
+            self.store.observe_watermark(w)
+        }
         async fn read(&self, key: &str) -> Result<Option<Value>> {
             self.store.read(key).await
         }

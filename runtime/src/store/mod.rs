@@ -23,6 +23,13 @@ pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
 /// printed in exponent form, which Redis refuses halfway through a script.
 pub const MAX_DEAD_RETENTION: usize = 1 << 40;
 
+/// How many fences (and, in memory, expired keys) one sink call of `writes` writes may
+/// forget: more than the call can add, so state shrinks back to the live scopes; bounded, so
+/// no call blocks the backend for long. The same on every backend, so they agree exactly.
+pub(crate) fn collect_budget(writes: usize) -> usize {
+    writes.saturating_mul(2).saturating_add(16)
+}
+
 /// How many due delayed jobs one claim of `n` moves to ready: enough to keep up with what
 /// claims consume, never so many that one call blocks the backend (the Redis claim script
 /// runs while every other client waits).
@@ -153,6 +160,15 @@ pub trait FencedStore: Send + Sync + 'static {
             results.push(self.write(write).await);
         }
         Ok(results)
+    }
+
+    /// Takes note of the coordinator's low watermark (every lease with a lower token is no
+    /// longer current; see the `admission` module docs). From the next write call on, the
+    /// sink refuses writes below it and may forget fences below it. Cheap and local: a remote
+    /// backend sends it with its next write. The default ignores it (a sink that keeps every
+    /// fence is safe, only not bounded).
+    fn observe_watermark(&self, watermark: FencingToken) {
+        let _ = watermark;
     }
 
     /// Reads a value back (for checks and status; not fenced).

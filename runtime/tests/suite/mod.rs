@@ -1195,6 +1195,82 @@ pub async fn one_bad_write_fails_only_itself(sink: Arc<dyn FencedStore>, ns: Str
     );
 }
 
+/// Issue 9: a write below the coordinator's low watermark is stale even where the sink keeps
+/// no fence, so fences below it can be forgotten; idempotency keys are kept, so a re-run of a
+/// job that wrote before it stalled is still a duplicate after the collection.
+pub async fn the_watermark_refuses_and_lets_fences_go(sink: Arc<dyn FencedStore>, ns: String) {
+    let (a, b, c) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    let (s1, s2, s3) = (format!("{ns}s1"), format!("{ns}s2"), format!("{ns}s3"));
+    let k = format!("{ns}k");
+    assert_eq!(
+        sink.write(write(&s1, fence(5, a), "job1/0", set(&k, "a")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.write(write(&s2, fence(6, b), "job2/0", set(&k, "b")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    sink.observe_watermark(FencingToken::from_u64(7));
+    // The next call applies the watermark and collects the fences below it.
+    assert_eq!(
+        sink.write(write(&s3, fence(8, c), "job3/0", set(&k, "c")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.highest(&Scope::new(&*s1)).await.unwrap(),
+        None,
+        "fence below W kept"
+    );
+    assert_eq!(sink.highest(&Scope::new(&*s2)).await.unwrap(), None);
+    assert_eq!(
+        sink.highest(&Scope::new(&*s3)).await.unwrap(),
+        Some(fence(8, c))
+    );
+    // The paused holder of s1 wakes up: no fence, but the watermark refuses it.
+    assert_eq!(
+        sink.write(write(&s1, fence(5, a), "job1/1", set(&k, "late")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(5),
+            highest: FencingToken::from_u64(7),
+        })
+    );
+    // The job re-runs under a newer token: its write is still a duplicate, and fences again.
+    let rerun = LeaseId::new();
+    assert_eq!(
+        sink.write(write(&s1, fence(9, rerun), "job1/0", set(&k, "again")))
+            .await
+            .unwrap(),
+        Admission::Duplicate
+    );
+    assert_eq!(
+        sink.highest(&Scope::new(&*s1)).await.unwrap(),
+        Some(fence(9, rerun))
+    );
+    // A lower watermark later changes nothing; the token at W itself is fine.
+    sink.observe_watermark(FencingToken::from_u64(3));
+    assert!(matches!(
+        sink.write(write(&s2, fence(6, b), "job2/1", set(&k, "x")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken { .. })
+    ));
+    assert_eq!(
+        sink.write(write(&s2, fence(7, b), "job2/2", set(&k, "d")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(sink.read(&k).await.unwrap(), Some(Value::Text("d".into())));
+}
+
 #[macro_export]
 macro_rules! fenced_store_suite {
     ($make:expr) => {
@@ -1207,6 +1283,7 @@ macro_rules! fenced_store_suite {
             a_bad_step_applies_nothing,
             integers_are_exact_and_strict,
             one_bad_write_fails_only_itself,
+            the_watermark_refuses_and_lets_fences_go,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -2,7 +2,8 @@
 //! idempotency record in one script (`runtime/lua/fenced_write.lua`) per batch of writes.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ use crate::admission::{Admission, Fence, Rejection};
 use crate::error::Result;
 use crate::ids::{FencingToken, LeaseId, Scope};
 use crate::mutation::{Mutation, Value};
-use crate::store::{FencedStore, FencedWrite};
+use crate::store::{collect_budget, FencedStore, FencedWrite};
 
 /// Longest idempotency-key retention (100 years).
 const MAX_KEY_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -27,7 +28,8 @@ static FENCED_WRITE: LazyLock<Script> =
 ///
 /// Keys, for `RedisFencedStore::new(pool, "ledger")`: `ledger:{<scope>}:fence` (a string
 /// "token TAB lease") and `ledger:{<scope>}:keys` per scope (hash-tagged by scope), data
-/// under `ledger:d:<key>`. In Redis Cluster every data key a
+/// under `ledger:d:<key>`, and the sink's low watermark `ledger:watermark` with its
+/// collection queue `ledger:collect` (fences forgotten once the watermark passes them). In Redis Cluster every data key a
 /// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
 /// works.
 #[derive(Clone)]
@@ -36,6 +38,8 @@ pub struct RedisFencedStore {
     prefix: String,
     retention: Duration,
     max_keys: usize,
+    /// The largest coordinator watermark observed; sent with the next script call.
+    watermark: Arc<AtomicU64>,
 }
 
 impl RedisFencedStore {
@@ -46,6 +50,7 @@ impl RedisFencedStore {
             prefix: prefix.to_owned(),
             retention: Duration::from_secs(24 * 3600),
             max_keys: 10_000,
+            watermark: Arc::default(),
         }
     }
 
@@ -147,10 +152,16 @@ impl FencedStore for RedisFencedStore {
             return Ok(Vec::new());
         }
         let mut invocation = FENCED_WRITE.prepare_invoke();
+        let watermark = FencingToken::from_u64(self.watermark.load(Ordering::Relaxed));
         invocation
+            .key(format!("{}:watermark", self.prefix))
+            .key(format!("{}:collect", self.prefix))
             .arg(self.retention.as_millis() as u64)
             .arg(self.max_keys)
-            .arg(self.data_prefix());
+            .arg(self.data_prefix())
+            .arg(format!("{}:", self.prefix))
+            .arg(padded(watermark))
+            .arg(collect_budget(writes.len()));
         for write in &writes {
             invocation
                 .key(self.fence_key(&write.scope))
@@ -178,6 +189,11 @@ impl FencedStore for RedisFencedStore {
             .zip(replies)
             .map(|(write, reply)| decode(write, &reply))
             .collect())
+    }
+
+    fn observe_watermark(&self, watermark: FencingToken) {
+        self.watermark
+            .fetch_max(watermark.as_u64(), Ordering::Relaxed);
     }
 
     async fn read(&self, key: &str) -> Result<Option<Value>> {
