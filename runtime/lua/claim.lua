@@ -53,7 +53,7 @@ table.sort(candidates, function(a, b) return a[2] < b[2] end)
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
 -- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
-local out, taken, picked, expiries, owners = {}, {}, {}, {}, {}
+local out, taken, picked, expiries, owners, tracked = {}, {}, {}, {}, {}, {}
 for _, c in ipairs(candidates) do
   if #out >= n then
     break
@@ -82,6 +82,8 @@ for _, c in ipairs(candidates) do
     end
     expiries[#expiries + 1] = now + ttl
     expiries[#expiries + 1] = lease
+    tracked[#tracked + 1] = counter
+    tracked[#tracked + 1] = lease
     owners[#owners + 1] = lease
     owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
     out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
@@ -94,6 +96,8 @@ if #out > 0 then
   redis.call('SET', base .. 'counter', counter)
   bulk('ZADD', base .. 'leases', expiries)
   bulk('HSET', base .. 'lease_job', owners)
+  bulk('ZADD', base .. 'tokens:' .. epoch, tracked)
+  redis.call('ZADD', base .. 'token_epochs', epoch, epoch)
   redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', #out)
 end
 return out

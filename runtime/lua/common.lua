@@ -28,6 +28,10 @@
 --   last                  hash  named scope -> "epoch:counter" of the newest token granted
 --                               (dropped with the head when the scope goes idle)
 --   leases                zset  lease id -> expiry (ms, Redis clock)
+--   tokens:<epoch>        zset  live lease id -> its token's counter, per epoch (scores stay
+--                               exact: counters are below 2^40)
+--   token_epochs          zset  epochs with live leases (epoch -> epoch)
+--   watermark             hash  epoch, counter: the low watermark last published (only grows)
 --   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
 --
 -- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
@@ -149,10 +153,53 @@ local function bury(base, id, reason, keep)
   redis.call('DEL', job)
 end
 
+-- A lease is no longer live: its token leaves the watermark's reckoning.
+local function untrack(base, lease, epoch)
+  local key = base .. 'tokens:' .. epoch
+  redis.call('ZREM', key, lease)
+  if redis.call('ZCARD', key) == 0 then
+    redis.call('ZREM', base .. 'token_epochs', epoch)
+  end
+end
+
+-- The epoch of a lease_job entry ("job id TAB epoch TAB counter ...").
+local function epoch_of(entry)
+  return entry and string.match(entry, '^[^\t]*\t([^\t]*)')
+end
+
+-- The low watermark (DESIGN.md §4): the smallest token among live leases, or the next token
+-- to grant when none is live; never lower than one published before. Returns {epoch, counter}
+-- (the counter may be 2^40 when the epoch is spent: the token is then the next epoch's 0).
+local function watermark(base)
+  local first_epoch = redis.call('ZRANGE', base .. 'token_epochs', 0, 0)[1]
+  local e, c
+  if first_epoch then
+    local first = redis.call('ZRANGE', base .. 'tokens:' .. first_epoch, 0, 0, 'WITHSCORES')
+    e, c = tonumber(first_epoch), tonumber(first[2])
+  else
+    local cur, counter = redis.call('HGET', base .. 'epoch', 'epoch'), redis.call('GET', base .. 'counter')
+    if not cur or not counter then
+      return nil
+    end
+    e, c = tonumber(cur), tonumber(counter) + 1
+  end
+  local was = redis.call('HMGET', base .. 'watermark', 'epoch', 'counter')
+  local we, wc = tonumber(was[1] or '-1'), tonumber(was[2] or '0')
+  if we > e or (we == e and wc >= c) then
+    return { we, wc }
+  end
+  redis.call('HSET', base .. 'watermark', 'epoch', fmt(e), 'counter', fmt(c))
+  return { e, c }
+end
+
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
-local function release(base, lease, id)
+local function release(base, lease, id, entry)
   redis.call('ZREM', base .. 'leases', lease)
   redis.call('HDEL', base .. 'lease_job', lease)
+  local epoch = epoch_of(entry)
+  if epoch then
+    untrack(base, lease, epoch)
+  end
   local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope')
   if f[1] then
     if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then

@@ -8,11 +8,12 @@ local now = now_ms()
 local out = {}
 for _, lease in ipairs(redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', 0,
   tonumber(ARGV[1]))) do
-  local id = job_of(redis.call('HGET', base .. 'lease_job', lease))
+  local entry = redis.call('HGET', base .. 'lease_job', lease)
+  local id = job_of(entry)
   if not id then
     redis.call('ZREM', base .. 'leases', lease)
   else
-    local queue = release(base, lease, id)
+    local queue = release(base, lease, id, entry)
     if queue then
       local job = base .. 'job:' .. id
       local stalls = redis.call('HINCRBY', job, 'stalls', 1)

@@ -5,7 +5,9 @@
 --          action "complete" | "retry" (arg = delay ms) | "dead" | "release" (back to ready,
 --          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
 --          reported)
--- Returns  one entry per settlement: "ok", "stale" (lease not current: nothing changed),
+-- Returns  one entry per settlement, then "w:<epoch>:<counter>", the low watermark after the
+--          batch (or "w:" before any epoch exists). Per settlement: "ok", "stale" (lease not
+--          current: nothing changed),
 --          "invalid" (unknown action or an arg that is not a non-negative integer: nothing
 --          changed),
 --          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
@@ -16,7 +18,7 @@ local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Look every lease up at once: its expiry and its job.
-local all, expiries, jobs = {}, {}, {}
+local all, expiries, jobs, entries = {}, {}, {}, {}
 for i = 0, count - 1 do
   all[#all + 1] = ARGV[3 + i * 4]
 end
@@ -27,6 +29,7 @@ for i = 1, #all, 500 do
   for k = 1, #chunk do
     expiries[i + k - 1] = e[k]
     jobs[i + k - 1] = job_of(j[k])
+    entries[i + k - 1] = j[k]
   end
 end
 
@@ -52,6 +55,10 @@ for i = 0, count - 1 do
   else
     settled[lease] = true
     released[#released + 1] = lease
+    local lease_epoch = epoch_of(entries[i + 1])
+    if lease_epoch then
+      untrack(base, lease, lease_epoch)
+    end
     local job = base .. 'job:' .. id
     local f = redis.call('HMGET', job, 'queue', 'scope')
     local queue, result = f[1], 'ok'
@@ -108,4 +115,6 @@ for queue, count in pairs(leased) do
     redis.call('HINCRBY', stats, 'completed', completed[queue])
   end
 end
+local w = watermark(base)
+out[#out + 1] = w and ('w:' .. fmt(w[1]) .. ':' .. fmt(w[2])) or 'w:'
 return out

@@ -33,6 +33,13 @@ impl Sinks {
         Arc::make_mut(&mut self.0).insert(name.into(), sink);
         self
     }
+
+    /// Passes the coordinator's low watermark on to every sink.
+    pub(crate) fn observe_watermark(&self, watermark: crate::ids::FencingToken) {
+        for sink in self.0.values() {
+            sink.do_send(crate::sink::ObserveWatermark(watermark));
+        }
+    }
 }
 
 /// Everything a handler needs about the claim it runs under.

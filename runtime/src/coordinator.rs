@@ -11,7 +11,7 @@ use actix::prelude::*;
 use metrics::counter;
 
 use crate::error::Result;
-use crate::ids::{JobId, LeaseId};
+use crate::ids::{FencingToken, JobId, LeaseId};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
 use crate::store::LeaseStore;
@@ -146,17 +146,21 @@ impl Handler<RenewLeases> for Coordinator {
     }
 }
 
-/// Completes, retries or dead-letters finished jobs, each checked by lease id.
+/// Completes, retries or dead-letters finished jobs, each checked by lease id. Answers with
+/// each settlement's result and the low watermark after them (for the worker's sinks).
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Result<()>>>")]
+#[rtype(result = "Result<(Vec<Result<()>>, Option<FencingToken>)>")]
 pub(crate) struct SettleJobs(pub Vec<(LeaseId, Settlement)>);
 
 impl Handler<SettleJobs> for Coordinator {
-    type Result = ResponseFuture<Result<Vec<Result<()>>>>;
+    type Result = ResponseFuture<Result<(Vec<Result<()>>, Option<FencingToken>)>>;
 
     fn handle(&mut self, msg: SettleJobs, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
-        Box::pin(async move { store.settle(msg.0).await })
+        Box::pin(async move {
+            let results = store.settle(msg.0).await?;
+            Ok((results, store.watermark()))
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::admission::{Admission, Fence};
 use crate::error::{Error, Result};
-use crate::ids::Scope;
+use crate::ids::{FencingToken, Scope};
 use crate::metrics as m;
 use crate::store::{FencedStore, FencedWrite, Value};
 
@@ -140,6 +140,20 @@ impl Handler<Write> for FencedSink {
                 .await
                 .map_err(|_| Error::Unavailable("fenced sink stopped before answering".into()))?
         })
+    }
+}
+
+/// The coordinator's low watermark, passed on by a worker after it settled jobs: the store
+/// refuses writes below it and may forget fences below it (see the `admission` module docs).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct ObserveWatermark(pub FencingToken);
+
+impl Handler<ObserveWatermark> for FencedSink {
+    type Result = ();
+
+    fn handle(&mut self, msg: ObserveWatermark, _: &mut Self::Context) {
+        self.store.observe_watermark(msg.0);
     }
 }
 

@@ -327,8 +327,11 @@ impl Worker {
             act.settling = false;
             act.in_flight = 0;
             match result.map_err(Error::from).and_then(|r| r) {
-                Ok(results) => {
+                Ok((results, watermark)) => {
                     act.settle_backoff.succeeded();
+                    if let Some(w) = watermark {
+                        act.sinks.observe_watermark(w);
+                    }
                     for (p, result) in batch.iter().zip(results) {
                         act.renewal().do_send(ForgetLease(p.lease));
                         match result {

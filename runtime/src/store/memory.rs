@@ -62,6 +62,10 @@ struct LeaseState {
     scopes: HashMap<Scope, ScopeState>,
     leases: HashMap<LeaseId, LeaseRecord>,
     expiries: BTreeSet<(Instant, LeaseId)>,
+    /// Live leases by token: the low watermark is the first one.
+    live_tokens: BTreeSet<(FencingToken, LeaseId)>,
+    /// The low watermark published last (only grows).
+    watermark: Option<FencingToken>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -284,12 +288,14 @@ impl LeaseState {
         }
         let record = self.leases.remove(&lease)?;
         self.expiries.remove(&(record.expires_at, lease));
-        self.drop_lease(lease, record.job);
+        self.drop_lease(lease, record.job, record.token);
         Some(record.job)
     }
 
-    /// A lease is gone: its scope is no longer held, its queue has one job fewer leased.
-    fn drop_lease(&mut self, lease: LeaseId, id: JobId) {
+    /// A lease is gone: its token leaves the watermark's reckoning, its scope is no longer
+    /// held, its queue has one job fewer leased.
+    fn drop_lease(&mut self, lease: LeaseId, id: JobId, token: FencingToken) {
+        self.live_tokens.remove(&(token, lease));
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
@@ -301,6 +307,18 @@ impl LeaseState {
         if let Some(q) = self.queues.get_mut(&job.queue) {
             q.leased = q.leased.saturating_sub(1);
         }
+    }
+
+    /// The low watermark (DESIGN.md §4): the smallest live token, or the next token to grant
+    /// when none is live; never lower than one published before.
+    fn publish_watermark(&mut self) -> FencingToken {
+        let next = FencingToken::from_u64(
+            (u64::from(self.epoch) << FencingToken::COUNTER_BITS) + self.counter + 1,
+        );
+        let w = self.live_tokens.first().map_or(next, |(t, _)| *t);
+        let w = self.watermark.map_or(w, |was| was.max(w));
+        self.watermark = Some(w);
+        w
     }
 
     fn complete(&mut self, id: JobId) {
@@ -435,6 +453,7 @@ impl LeaseStore for MemoryLeaseStore {
                 },
             );
             state.expiries.insert((expires_at, lease_id));
+            state.live_tokens.insert((token, lease_id));
             let q = state.queues.get_mut(queue).expect("queue exists");
             q.remove_ready(&kind, &key);
             q.leased += 1;
@@ -515,7 +534,12 @@ impl LeaseStore for MemoryLeaseStore {
             }
             results.push(Ok(()));
         }
+        state.publish_watermark();
         Ok(results)
+    }
+
+    fn watermark(&self) -> Option<FencingToken> {
+        lock(&self.state).watermark
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
@@ -534,7 +558,7 @@ impl LeaseStore for MemoryLeaseStore {
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
-            state.drop_lease(lease, record.job);
+            state.drop_lease(lease, record.job, record.token);
             let Some(job) = state.jobs.get_mut(&record.job) else {
                 continue;
             };

@@ -77,6 +77,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// gets `Err(LeaseNotCurrent)` and changes nothing.
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>>;
 
+    /// The low watermark as of the latest [`settle`](Self::settle): every lease with a lower
+    /// token is no longer current (see the `admission` module docs). `None` before any. Local
+    /// and cheap: backends compute it inside the settle operation.
+    fn watermark(&self) -> Option<FencingToken> {
+        None
+    }
+
     /// Moves up to `max` expired leases' jobs back to ready (a stall) or to dead.
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>>;
 

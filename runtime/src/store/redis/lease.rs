@@ -1,6 +1,7 @@
 //! The coordinator on Redis: one Lua script per operation (`runtime/lua/`, each prefixed with
 //! `common.lua`); for prefix `palisade` every key starts with the hash tag `{palisade}:`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Link};
 use super::scripts::{
-    decode_claim, decode_lease_row, token, Meta, CLAIM, COUNTS, ENQUEUE, ESTABLISH_EPOCH, LEASES,
+    decode_claim, decode_lease_row, decode_watermark, token, Meta, CLAIM, COUNTS, ENQUEUE, ESTABLISH_EPOCH, LEASES,
     PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
 };
 use crate::error::{Error, Result};
@@ -35,6 +36,8 @@ pub struct RedisLeaseStore {
     epochs: Option<Arc<dyn EpochSource>>,
     max_payload_bytes: usize,
     dead_retention: usize,
+    /// The low watermark from the latest settle reply (0 before any).
+    watermark: Arc<AtomicU64>,
 }
 
 impl RedisLeaseStore {
@@ -46,6 +49,7 @@ impl RedisLeaseStore {
             epochs: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             dead_retention: DEFAULT_DEAD_RETENTION,
+            watermark: Arc::default(),
         }
     }
 
@@ -287,11 +291,23 @@ impl LeaseStore for RedisLeaseStore {
         }
         round_trip("settle");
         let mut conn = self.conn().await?;
-        let results: Vec<String> = invocation
+        let mut results: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
         drop(conn);
+        if let Some(w) = results.pop() {
+            if let Some(w) = decode_watermark(&w)? {
+                self.watermark.fetch_max(w.as_u64(), Ordering::Relaxed);
+            }
+        }
+        if results.len() != settlements.len() {
+            return Err(garbage(format_args!(
+                "{} settle results for {} settlements",
+                results.len(),
+                settlements.len()
+            )));
+        }
         let mut out = Vec::with_capacity(results.len());
         for ((lease, _), result) in settlements.iter().zip(results) {
             if result == "stale" {
@@ -316,6 +332,11 @@ impl LeaseStore for RedisLeaseStore {
             out.push(Ok(()));
         }
         Ok(out)
+    }
+
+    fn watermark(&self) -> Option<FencingToken> {
+        let w = self.watermark.load(Ordering::Relaxed);
+        (w > 0).then(|| FencingToken::from_u64(w))
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {

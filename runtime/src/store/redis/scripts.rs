@@ -49,6 +49,28 @@ pub(super) fn token(epoch: &str, counter: &str) -> Result<FencingToken> {
         .ok_or_else(|| garbage(format_args!("token {epoch}:{counter} out of range")))
 }
 
+/// The last element of `settle.lua`'s reply: `"w:<epoch>:<counter>"` (or `"w:"` before any
+/// epoch). The counter may be 2^40 — the next epoch's token 0 — so the token is built from its
+/// integer value, not from parts.
+pub(super) fn decode_watermark(reply: &str) -> Result<Option<FencingToken>> {
+    let Some(rest) = reply.strip_prefix("w:") else {
+        return Err(garbage(format_args!("bad watermark {reply:?}")));
+    };
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let (epoch, counter) = rest
+        .split_once(':')
+        .ok_or_else(|| garbage(format_args!("bad watermark {reply:?}")))?;
+    let (epoch, counter): (u64, u64) = (parse(epoch)?, parse(counter)?);
+    if epoch > u64::from(FencingToken::MAX_EPOCH) || counter > FencingToken::MAX_COUNTER + 1 {
+        return Err(garbage(format_args!("watermark {reply:?} out of range")));
+    }
+    Ok(Some(FencingToken::from_u64(
+        (epoch << FencingToken::COUNTER_BITS) + counter,
+    )))
+}
+
 /// One row of `claim.lua`: `{job id, lease id, epoch, counter, meta, attempt, stalls}`.
 pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -> Result<Claim> {
     let [id, lease, epoch, counter, meta, attempt, stalls] =
