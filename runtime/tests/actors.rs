@@ -416,6 +416,9 @@ impl LeaseStore for FlakyRenewals {
     async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
         self.inner.purge_dead(q, limit).await
     }
+    fn watermark(&self) -> Option<FencingToken> {
+        self.inner.watermark()
+    }
 }
 
 #[actix::test]

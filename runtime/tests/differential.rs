@@ -138,6 +138,8 @@ struct WriteSpec {
 struct SinkBatch {
     /// Sent as single `write`s instead of one `write_batch`.
     one_by_one: bool,
+    /// Before the batch, both sinks observe this low watermark (collections follow).
+    watermark: Option<u64>,
     writes: Vec<WriteSpec>,
 }
 
@@ -158,9 +160,14 @@ fn sink_history() -> impl Strategy<Value = Vec<SinkBatch>> {
         });
     let batch = (
         prop::bool::weighted(0.25),
+        prop::option::weighted(0.3, 0..=7u64),
         prop::collection::vec(write, 1..5),
     )
-        .prop_map(|(one_by_one, writes)| SinkBatch { one_by_one, writes });
+        .prop_map(|(one_by_one, watermark, writes)| SinkBatch {
+            one_by_one,
+            watermark,
+            writes,
+        });
     prop::collection::vec(batch, 1..16)
 }
 
@@ -204,6 +211,10 @@ async fn sink_case(pool: &Pool, history: &[SinkBatch]) -> CaseResult {
     let memory = MemoryFencedStore::new();
     let redis = RedisFencedStore::new(pool.clone(), &fresh_prefix());
     for (b, batch) in history.iter().enumerate() {
+        if let Some(w) = batch.watermark {
+            memory.observe_watermark(FencingToken::from_u64(w));
+            redis.observe_watermark(FencingToken::from_u64(w));
+        }
         let writes: Vec<FencedWrite> = batch.writes.iter().map(fenced_write).collect();
         let m = send(&memory, &writes, batch.one_by_one).await;
         let r = send(&redis, &writes, batch.one_by_one).await;
@@ -220,6 +231,17 @@ async fn sink_case(pool: &Pool, history: &[SinkBatch]) -> CaseResult {
                     r.as_ref(),
                 )?;
             }
+        }
+        // Collections happen at the same points on both: the fences they keep agree too.
+        for s in 0..3 {
+            let scope = sink_scope(s);
+            let m = memory.highest(&scope).await;
+            let r = redis.highest(&scope).await;
+            same(
+                format_args!("after batch {b}, highest({scope})"),
+                m.as_ref(),
+                r.as_ref(),
+            )?;
         }
     }
     for k in 0..4 {

@@ -84,6 +84,9 @@ mod delegate {
         async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
             self.store.purge_dead(q, limit).await
         }
+        fn watermark(&self) -> Option<FencingToken> {
+            self.store.watermark()
+        }
     }
 
     #[async_trait]

@@ -616,6 +616,50 @@ pub async fn claims_only_the_kinds_asked_for(store: Arc<dyn LeaseStore>) {
     );
 }
 
+/// Issue 9: the coordinator's low watermark is the smallest live token (or the next token
+/// when none is live): below every current lease, never lower than before.
+pub async fn the_watermark_stays_below_every_live_lease(store: Arc<dyn LeaseStore>) {
+    assert_eq!(store.watermark(), None, "nothing published before a settle");
+    store
+        .enqueue(vec![job("a"), job("b"), job("c")])
+        .await
+        .unwrap();
+    let claims = claim(&*store, 3).await;
+    let t: Vec<FencingToken> = claims.iter().map(|c| c.lease.token).collect();
+    assert!(t[0] < t[1] && t[1] < t[2]);
+    settle(&*store, claims[1].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.watermark(),
+        Some(t[0]),
+        "the oldest live lease holds it back"
+    );
+    settle(&*store, claims[0].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(store.watermark(), Some(t[2]));
+    settle(&*store, claims[2].lease.id, Settlement::Release)
+        .await
+        .unwrap();
+    let idle = store.watermark().unwrap();
+    assert!(idle > t[2], "no live lease: the next token");
+    // A refused settlement publishes too, and the watermark never goes back.
+    assert!(settle(&*store, claims[0].lease.id, Settlement::Complete)
+        .await
+        .is_err());
+    assert_eq!(store.watermark(), Some(idle));
+    let again = claim(&*store, 1).await.remove(0);
+    assert!(
+        again.lease.token >= idle,
+        "every new lease is at or above it"
+    );
+    settle(&*store, again.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert!(store.watermark().unwrap() > again.lease.token);
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -636,6 +680,7 @@ macro_rules! lease_store_suite {
             epoch_limit_and_dead_purge,
             one_settlement_per_lease_per_batch,
             claims_only_the_kinds_asked_for,
+            the_watermark_stays_below_every_live_lease,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Link};
 use super::scripts::{
-    decode_claim, decode_lease_row, decode_watermark, token, Meta, CLAIM, COUNTS, ENQUEUE, ESTABLISH_EPOCH, LEASES,
-    PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
+    decode_claim, decode_lease_row, decode_watermark, token, Meta, CLAIM, COUNTS, ENQUEUE,
+    ESTABLISH_EPOCH, LEASES, PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
