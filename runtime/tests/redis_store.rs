@@ -300,3 +300,24 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         "the lease survived the invalid settlements: {done:?}"
     );
 }
+
+/// Issue 9: 100,000 default-scoped jobs with a sink write leave the sink's state bounded once
+/// their leases are behind the watermark and the key retention has passed: what remains is
+/// the live scopes and the retained keys, not one fence per job ever run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_state_stays_bounded_by_live_scopes() {
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let retention = Duration::from_millis(300);
+    let sink = RedisFencedStore::new(pool, "bounded").with_key_retention(retention, 10_000);
+    suite::drive_default_scoped_writes(&sink, 100_000, retention).await;
+    let keys: u64 = server.cli(&["DBSIZE"]).unwrap().parse().unwrap();
+    // The total, the watermark, the collection queue, the probe scope's fence and keys.
+    assert!(keys <= 8, "{keys} keys left after 100,000 jobs");
+    let used: u64 = server
+        .cli(&["MEMORY", "USAGE", "bounded:collect"])
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(used < 64 * 1024, "collection queue holds {used} bytes");
+}

@@ -890,4 +890,60 @@ mod tests {
             .collect();
         assert_eq!(kept, ["dead1", "dead2"]);
     }
+
+    #[tokio::test]
+    async fn sink_state_stays_bounded_by_live_scopes() {
+        let retention = Duration::from_millis(300);
+        let sink = MemoryFencedStore::new().with_key_retention(retention);
+        drive(&sink, retention).await;
+        let state = lock(&sink.state);
+        assert!(
+            state.fences.len() <= 2,
+            "{} scopes held",
+            state.fences.len()
+        );
+        assert!(state.collectable.len() <= 2, "{}", state.collectable.len());
+        assert!(state.applied.len() <= 50_000, "{}", state.applied.len());
+    }
+
+    /// The suite's workload (tests/suite), inlined: unit tests cannot reach it.
+    async fn drive(sink: &MemoryFencedStore, retention: Duration) {
+        use crate::admission::Fence;
+        use crate::ids::IdempotencyKey;
+        use crate::mutation::Mutation;
+        let mut token = 0u64;
+        let w = |scope: Scope, token: u64, key: String| FencedWrite {
+            scope,
+            fence: Fence {
+                token: FencingToken::from_u64(token),
+                lease: LeaseId::new(),
+            },
+            key: IdempotencyKey::new(key),
+            mutations: vec![Mutation::HashIncr {
+                key: "total".into(),
+                field: "n".into(),
+                by: 1,
+            }],
+        };
+        while token < 100_000 {
+            let batch: Vec<FencedWrite> = (0..1000)
+                .map(|_| {
+                    token += 1;
+                    let id = JobId::new();
+                    w(Scope::of_job(id), token, format!("{id}/0"))
+                })
+                .collect();
+            sink.write_batch(batch).await.unwrap();
+            sink.observe_watermark(FencingToken::from_u64(token.saturating_sub(300)));
+        }
+        tokio::time::sleep(retention + Duration::from_millis(100)).await;
+        sink.observe_watermark(FencingToken::from_u64(token + 1));
+        let probe = Scope::of_job(JobId::new());
+        for i in 0..100 {
+            let nudge = (0..500)
+                .map(|k| w(probe.clone(), token + 1, format!("n{i}/{k}")))
+                .collect();
+            sink.write_batch(nudge).await.unwrap();
+        }
+    }
 }

@@ -1316,6 +1316,56 @@ pub async fn the_watermark_refuses_and_lets_fences_go(sink: Arc<dyn FencedStore>
     assert_eq!(sink.read(&k).await.unwrap(), Some(Value::Text("d".into())));
 }
 
+/// Issue 9's workload: `jobs` default-scoped jobs (`job:<id>`), each with one fenced write,
+/// while the coordinator's watermark trails the newest token by a few hundred in-flight
+/// leases; then every lease ends (watermark above all), the key retention passes, and a few
+/// more calls give the sink the chance to collect. The caller measures what is left.
+pub async fn drive_default_scoped_writes(sink: &dyn FencedStore, jobs: u64, retention: Duration) {
+    let total = format!("total:{}", LeaseId::new());
+    let mut token = 0;
+    while token < jobs {
+        let batch: Vec<FencedWrite> = (0..1000.min(jobs - token))
+            .map(|_| {
+                token += 1;
+                let id = JobId::new();
+                write(
+                    Scope::of_job(id).as_str(),
+                    fence(token, LeaseId::new()),
+                    &format!("{id}/0"),
+                    vec![Mutation::HashIncr {
+                        key: total.clone(),
+                        field: "n".into(),
+                        by: 1,
+                    }],
+                )
+            })
+            .collect();
+        let results = sink.write_batch(batch).await.unwrap();
+        assert!(results.iter().all(|r| matches!(r, Ok(Admission::Applied))));
+        sink.observe_watermark(FencingToken::from_u64(token.saturating_sub(300)));
+    }
+    tokio::time::sleep(retention + Duration::from_millis(100)).await;
+    sink.observe_watermark(FencingToken::from_u64(token + 1));
+    let probe = Scope::of_job(JobId::new());
+    for i in 0..100 {
+        let nudge: Vec<FencedWrite> = (0..500)
+            .map(|k| {
+                write(
+                    probe.as_str(),
+                    fence(token + 1, LeaseId::from(uuid::Uuid::nil())),
+                    &format!("n{i}/{k}"),
+                    vec![],
+                )
+            })
+            .collect();
+        sink.write_batch(nudge).await.unwrap();
+    }
+    let Some(Value::Hash(h)) = sink.read(&total).await.unwrap() else {
+        panic!("no total")
+    };
+    assert_eq!(h["n"], jobs.to_string(), "every write applied exactly once");
+}
+
 #[macro_export]
 macro_rules! fenced_store_suite {
     ($make:expr) => {
