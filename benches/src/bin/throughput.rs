@@ -48,6 +48,13 @@ struct Args {
     /// thread (compare `--workers 1` and `--workers 2`: one arbiter is one core).
     #[arg(long, default_value_t = 0)]
     cpu_us: u64,
+    /// Idempotency-key retention of the Redis sink (the library's default: 24 h).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    key_retention: Duration,
+    /// After the run, wait out the key retention, let the sink collect, and report the
+    /// Redis bytes left per job (use with a short --key-retention, e.g. 2s).
+    #[arg(long)]
+    measure_memory: bool,
 }
 
 /// A Redis's cumulative counters, for deltas.
@@ -55,6 +62,7 @@ struct Args {
 struct RedisStats {
     commands: BTreeMap<String, u64>,
     cpu_seconds: f64,
+    used_memory: i64,
 }
 
 async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
@@ -74,6 +82,9 @@ async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
             stats.commands.insert(name.to_owned(), calls);
+        }
+        if let Some(v) = line.strip_prefix("used_memory:") {
+            stats.used_memory = v.trim().parse().unwrap_or(0);
         }
         for key in ["used_cpu_sys:", "used_cpu_user:"] {
             if let Some(v) = line.strip_prefix(key) {
@@ -131,9 +142,12 @@ fn main() {
             }
             None => (Arc::new(MemoryLeaseStore::new()), None),
         };
+        let mut redis_sink = None;
         let sinks = match (&pool, args.sink) {
             (Some(pool), true) => {
-                let sink = RedisFencedStore::new(pool.clone(), &format!("{prefix}-sink"));
+                let sink = RedisFencedStore::new(pool.clone(), &format!("{prefix}-sink"))
+                    .with_key_retention(args.key_retention, 10_000);
+                redis_sink = Some(sink.clone());
                 Sinks::new().with("bench", FencedSink::new("bench", Arc::new(sink)).start())
             }
             (None, true) => {
@@ -152,7 +166,7 @@ fn main() {
             let held = store.claim("default", "paused", args.pause_holder, Duration::from_secs(3600)).await.unwrap();
             assert_eq!(held.len(), args.pause_holder, "the paused holder got every hot scope");
         }
-        let coordinator = Coordinator::new(store).start();
+        let coordinator = Coordinator::new(store.clone()).start();
 
         let before = match &pool {
             Some(p) => redis_stats(p).await,
@@ -199,7 +213,9 @@ fn main() {
                         std::hint::spin_loop();
                     }
                     if write {
-                        let incr = Mutation::HashIncr { key: format!("n:{}", ctx.lease().scope), field: "n".into(), by: 1 };
+                        // One shared data key: what is measured afterwards is the sink's own state, not
+                        // the data the jobs wrote.
+                        let incr = Mutation::HashIncr { key: "n".into(), field: "n".into(), by: 1 };
                         ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
                     }
                     Ok(())
@@ -264,6 +280,55 @@ fn main() {
                 (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6,
                 (after_enqueue.cpu_seconds - before.cpu_seconds) / n * 1e6
             );
+            // Memory model: bytes left per finished job, right after the run and — with a
+            // sink — once the key retention has passed and the sink has collected.
+            let left = |s: &RedisStats| (s.used_memory - before.used_memory) as f64 / n;
+            println!(
+                "  Redis memory per queued job: {:.0} B; left per finished job: {:.0} B right after the run",
+                left(&after_enqueue),
+                left(&after)
+            );
+            if let (true, Some(sink), Some(w)) = (args.measure_memory, &redis_sink, store.watermark()) {
+                tokio::time::sleep(args.key_retention + Duration::from_millis(200)).await;
+                sink.observe_watermark(w);
+                let probe = Scope::new(format!("probe:{prefix}"));
+                for i in 0..(args.jobs / 400 + 2) {
+                    let nudge: Vec<FencedWrite> = (0..200)
+                        .map(|k| FencedWrite {
+                            scope: probe.clone(),
+                            fence: Fence { token: w, lease: LeaseId::from(uuid::Uuid::nil()) },
+                            key: IdempotencyKey::new(format!("{i}/{k}")),
+                            mutations: vec![],
+                        })
+                        .collect();
+                    sink.write_batch(nudge).await.unwrap();
+                }
+                let mut conn = pool.get().await.unwrap();
+                let mut expired = 0u64;
+                // Expired keys are reclaimed lazily by Redis; touch what is left so the
+                // measurement shows what the store keeps, not Redis' expiry backlog.
+                let mut cursor = 0u64;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(1000).query_async(&mut conn).await.unwrap();
+                    for key in keys {
+                        let exists: u64 = redis::cmd("EXISTS").arg(&key).query_async(&mut conn).await.unwrap();
+                        expired += 1 - exists;
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+                let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+                drop(conn);
+                println!("  Redis keys left: {size} (expired keys reclaimed by the scan: {expired})");
+                let collected = redis_stats(pool).await;
+                println!(
+                    "  Redis memory left per finished job: {:.0} B after the {:?} key retention and collection",
+                    left(&collected),
+                    args.key_retention
+                );
+            }
             let mut conn = pool.get().await.unwrap();
             for pattern in [format!("{{{prefix}}}:*"), format!("{prefix}-sink:*")] {
                 let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
