@@ -1245,7 +1245,10 @@ pub async fn one_bad_write_fails_only_itself(sink: Arc<dyn FencedStore>, ns: Str
 /// job that wrote before it stalled is still a duplicate after the collection.
 pub async fn the_watermark_refuses_and_lets_fences_go(sink: Arc<dyn FencedStore>, ns: String) {
     let (a, b, c) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
-    let (s1, s2, s3) = (format!("{ns}s1"), format!("{ns}s2"), format!("{ns}s3"));
+    // s1 is a default-scoped job's scope (`job:<id>`), the case that used to leave a fence
+    // behind per job forever.
+    let s1 = Scope::of_job(JobId::new()).to_string();
+    let (s2, s3) = (format!("{ns}s2"), format!("{ns}s3"));
     let k = format!("{ns}k");
     assert_eq!(
         sink.write(write(&s1, fence(5, a), "job1/0", set(&k, "a")))
