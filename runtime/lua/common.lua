@@ -170,7 +170,7 @@ end
 -- The low watermark (DESIGN.md §4): the smallest token among live leases, or the next token
 -- to grant when none is live; never lower than one published before. Returns {epoch, counter}
 -- (the counter may be 2^40 when the epoch is spent: the token is then the next epoch's 0).
-local function watermark(base)
+local function compute_watermark(base)
   local first_epoch = redis.call('ZRANGE', base .. 'token_epochs', 0, 0)[1]
   local e, c
   if first_epoch then
@@ -190,6 +190,17 @@ local function watermark(base)
   end
   redis.call('HSET', base .. 'watermark', 'epoch', fmt(e), 'counter', fmt(c))
   return { e, c }
+end
+
+-- `compute_watermark`, but never an error: a record it cannot read (another program writing
+-- under our prefix) means "no watermark this time" — it runs last, after the caller's changes,
+-- and Redis does not roll a script back.
+local function watermark(base)
+  local ok, w = pcall(compute_watermark, base)
+  if ok and w and w[1] and w[2] then
+    return w
+  end
+  return nil
 end
 
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
@@ -231,7 +242,7 @@ local function epoch_intact(base)
   if not e[1] or e[2] ~= run_id() or not counter then
     return nil
   end
-  if tonumber(counter) > 1099511627775 - 1000000 then
+  if not tonumber(counter) or tonumber(counter) > 1099511627775 - 1000000 then
     return nil
   end
   return e[1]

@@ -174,12 +174,18 @@ local function well_formed(mutations)
   return true
 end
 
--- The watermark only grows; a corrupt stored one counts as none (0).
+-- The watermark only grows. A stored one that is corrupt fails every write of the call
+-- closed (fences below it may have been forgotten: treating it as 0 would let their stale
+-- holders in); a missing one is a fresh sink's 0.
 local watermark = redis.pcall('GET', KEYS[1])
-if type(watermark) ~= 'string' or not string.match(watermark, '^%d+$') or #watermark ~= 20 then
+local corrupt = false
+if watermark == false then
   watermark = '00000000000000000000'
+elseif type(watermark) ~= 'string' or not string.match(watermark, '^%d+$') or #watermark ~= 20 then
+  corrupt = true
+  watermark = '99999999999999999999'
 end
-if string.match(ARGV[5], '^%d+$') and #ARGV[5] == 20 and ARGV[5] > watermark then
+if not corrupt and string.match(ARGV[5], '^%d+$') and #ARGV[5] == 20 and ARGV[5] > watermark then
   watermark = ARGV[5]
   redis.call('SET', KEYS[1], watermark)
 end
@@ -189,7 +195,7 @@ end
 local queue_type = redis.call('TYPE', KEYS[2]).ok
 local collecting = queue_type == 'zset' or queue_type == 'none'
 local due = {}
-if collecting then
+if collecting and not corrupt then
   due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
 end
 do
@@ -222,6 +228,9 @@ local function queue_for_collection(fence, token)
 end
 
 local function write(fence, keys, token, lease, key, encoded)
+  if corrupt then
+    return { 'error', "the sink's watermark record is corrupt; refusing to write until it is repaired" }
+  end
   -- Reads first, each guarded: a fence or key record of the wrong type (another program
   -- writing under our prefix) fails this write alone, before anything changed.
   local held = redis.pcall('GET', fence)

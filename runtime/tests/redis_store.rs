@@ -321,3 +321,77 @@ async fn sink_state_stays_bounded_by_live_scopes() {
         .unwrap_or(0);
     assert!(used < 64 * 1024, "collection queue holds {used} bytes");
 }
+
+/// Found by the adversarial review of the watermark: a corrupt stored watermark must fail the
+/// sink closed (fences below it may be gone), and corrupt coordinator records must never make
+/// a settle fail after its changes (it used to: the jobs were settled, the caller told "error").
+#[tokio::test]
+async fn corrupt_watermark_records_fail_safe() {
+    use palisade::{
+        Admission, Error, Fence, FencedStore, FencedWrite, FencingToken, IdempotencyKey, LeaseId,
+        LeaseStore, Mutation, NewJob, RedisFencedStore, Scope, Settlement,
+    };
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+
+    let sink = RedisFencedStore::new(pool.clone(), "wm");
+    let write = |token: u64, key: &str| FencedWrite {
+        scope: Scope::new("s1"),
+        fence: Fence {
+            token: FencingToken::from_u64(token),
+            lease: LeaseId::from(uuid::Uuid::nil()),
+        },
+        key: IdempotencyKey::new(key),
+        mutations: vec![Mutation::Set {
+            key: "x".into(),
+            value: format!("t{token}"),
+        }],
+    };
+    assert_eq!(
+        sink.write(write(50, "a")).await.unwrap(),
+        Admission::Applied
+    );
+    sink.observe_watermark(FencingToken::from_u64(100));
+    assert!(matches!(
+        sink.write(write(49, "b")).await.unwrap(),
+        Admission::Rejected(_)
+    ));
+    server.cli(&["SET", "wm:watermark", "oops"]).unwrap();
+    let r = sink.write(write(49, "c")).await;
+    assert!(
+        matches!(r, Err(Error::Backend(_))),
+        "a corrupt watermark must fail closed: {r:?}"
+    );
+    assert_eq!(server.cli(&["GET", "wm:d:x"]).as_deref(), Some("t50"));
+
+    let store = RedisLeaseStore::new(pool, "wmc");
+    store
+        .enqueue(vec![NewJob::raw("k", "null"), NewJob::raw("k", "null")])
+        .await
+        .unwrap();
+    let claims = store
+        .claim("default", "t", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    server
+        .cli(&["HSET", "{wmc}:watermark", "epoch", "garbage"])
+        .unwrap();
+    let done = store
+        .settle(vec![(claims[0].lease.id, Settlement::Complete)])
+        .await;
+    assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
+    server.cli(&["SET", "{wmc}:counter", "7x"]).unwrap();
+    let done = store
+        .settle(vec![(claims[1].lease.id, Settlement::Complete)])
+        .await;
+    assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
+    // A corrupt counter is "not provably intact": the next claim moves to a new epoch.
+    store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    let next = store
+        .claim("default", "t", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1);
+    assert!(next[0].lease.token > claims[1].lease.token);
+}

@@ -29,9 +29,11 @@ static FENCED_WRITE: LazyLock<Script> =
 /// Keys, for `RedisFencedStore::new(pool, "ledger")`: `ledger:{<scope>}:fence` (a string
 /// "token TAB lease") and `ledger:{<scope>}:keys` per scope (hash-tagged by scope), data
 /// under `ledger:d:<key>`, and the sink's low watermark `ledger:watermark` with its
-/// collection queue `ledger:collect` (fences forgotten once the watermark passes them). In Redis Cluster every data key a
-/// write touches must hash to its scope's slot; on a single Redis (the tested setup) any key
-/// works.
+/// collection queue `ledger:collect` (fences forgotten once the watermark passes them). A sink serves one coordinator
+/// (tokens of two coordinators are not comparable, and one's watermark would refuse the
+/// other's leases; `cli::App` gives every installation prefix its own sink prefix), and runs
+/// on a single Redis node: its scripts touch the watermark, the collection queue and the
+/// swept fences across hash slots, so it is not for Redis Cluster yet.
 #[derive(Clone)]
 pub struct RedisFencedStore {
     link: Link,
