@@ -8,7 +8,7 @@ mod redis_server;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get};
+use common::{free_port, http_get, wait_for};
 use redis_server::RedisServer;
 use serde_json::Value;
 
@@ -108,17 +108,6 @@ impl Drop for WorkerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn palisade(redis: &RedisServer, args: &[&str]) -> String {

@@ -3,14 +3,16 @@
 //! private Redis, one is SIGSTOPped past its lease and another killed with -9 mid-run, and
 //! every total is exact, a stale write was refused, nothing is pending and nothing is dead.
 
+#[path = "../../../jobs/tests/common/mod.rs"]
+mod common;
 #[path = "../../../runtime/tests/common/mod.rs"]
 mod redis_server;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{free_port, http_get, wait_for};
 use redis_server::RedisServer;
 use serde_json::Value;
 
@@ -25,11 +27,7 @@ struct Proc {
 
 impl Proc {
     fn worker(redis: &RedisServer, name: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = Command::new(BIN)
             .args([
                 "worker",
@@ -55,16 +53,7 @@ impl Proc {
     }
 
     fn metrics(&self) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        Some(response.split_once("\r\n\r\n")?.1.to_owned())
+        http_get(self.port, "/metrics")
     }
 
     fn signal(&self, signal: &str) {
@@ -82,17 +71,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn cli(redis: &RedisServer, args: &[&str]) -> String {

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -27,4 +27,16 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     Some(response.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// Polls `ok` every 50 ms until it holds, or panics naming `what` after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
 }
