@@ -666,6 +666,21 @@ impl Coordinators {
                         }
                     }
                 }
+                // The low watermark each settle publishes: the same counter, in the same epoch
+                // relative to each backend's first one (memory starts at 0, Redis at 1, and a
+                // reseed moves both one above the lease's epoch).
+                let relative = |side: &Side| {
+                    let first = side.tokens.first()?.epoch();
+                    let w = side.store.watermark()?;
+                    Some((w.epoch().checked_sub(first), w.counter()))
+                };
+                if !mem.tokens.is_empty() {
+                    same(
+                        format_args!("step {s} watermark after settle (epoch relative, counter)"),
+                        Ok(relative(mem)),
+                        Ok(relative(red)),
+                    )?;
+                }
             }
             Op::Reap => {
                 let m = mem.store.reap(10).await;
