@@ -41,6 +41,7 @@ local function valid(action, arg)
 end
 
 local out, released, finished, leased, completed, settled = {}, {}, {}, {}, {}, {}
+local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
 for i = 0, count - 1 do
   local o = 2 + i * 4
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -57,7 +58,8 @@ for i = 0, count - 1 do
     released[#released + 1] = lease
     local lease_epoch = epoch_of(entries[i + 1])
     if lease_epoch then
-      untrack(base, lease, lease_epoch)
+      by_epoch[lease_epoch] = by_epoch[lease_epoch] or {}
+      table.insert(by_epoch[lease_epoch], lease)
     end
     local job = base .. 'job:' .. id
     local f = redis.call('HMGET', job, 'queue', 'scope')
@@ -104,6 +106,13 @@ end
 if #released > 0 then
   bulk('ZREM', base .. 'leases', released)
   bulk('HDEL', base .. 'lease_job', released)
+end
+for epoch, leases in pairs(by_epoch) do
+  local key = base .. 'tokens:' .. epoch
+  bulk('ZREM', key, leases)
+  if redis.call('ZCARD', key) == 0 then
+    redis.call('ZREM', base .. 'token_epochs', epoch)
+  end
 end
 for i = 1, #finished, 500 do
   redis.call('DEL', unpack(finished, i, math.min(i + 499, #finished)))
