@@ -105,6 +105,14 @@ impl FencingToken {
             .then(|| Self::new(epoch as u32, counter))
     }
 
+    /// The token at `counter` in `epoch` where `counter` may be one past the last
+    /// (`MAX_COUNTER + 1`, which is the next epoch's token 0): the form a low watermark takes
+    /// when it is "the next token to grant". `None` when out of range.
+    pub(crate) fn watermark_at(epoch: u64, counter: u64) -> Option<Self> {
+        (epoch <= u64::from(Self::MAX_EPOCH) && counter <= Self::MAX_COUNTER + 1)
+            .then(|| Self((epoch << Self::COUNTER_BITS) + counter))
+    }
+
     /// The smallest token: below every token ever granted (a watermark before any is known).
     pub const ZERO: Self = Self(0);
 

@@ -154,11 +154,11 @@ pub struct Worker {
     running: HashMap<LeaseId, Running>,
     pending: Vec<Pending>,
     claiming: bool,
-    settling: bool,
     frozen: bool,
     next_queue: usize,
     drain: Option<oneshot::Sender<Drained>>,
-    /// Settlements in the batch on its way to the coordinator.
+    /// Settlements in the batch on its way to the coordinator (0: none in flight; a batch is
+    /// never empty).
     in_flight: usize,
     /// Jobs given back unfinished at the drain deadline.
     released: usize,
@@ -201,7 +201,6 @@ impl Worker {
             running: HashMap::new(),
             pending: Vec::new(),
             claiming: false,
-            settling: false,
             frozen: false,
             next_queue: 0,
             drain: None,
@@ -311,10 +310,9 @@ impl Worker {
 
     /// Sends finished jobs' settlements in one batch; more pile up while one is in flight.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.settling || self.pending.is_empty() || !self.settle_backoff.ready() {
+        if self.in_flight > 0 || self.pending.is_empty() || !self.settle_backoff.ready() {
             return;
         }
-        self.settling = true;
         let batch = std::mem::take(&mut self.pending);
         self.in_flight = batch.len();
         let request = self.coordinator.send(SettleJobs(
@@ -324,7 +322,6 @@ impl Worker {
                 .collect(),
         ));
         ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
-            act.settling = false;
             act.in_flight = 0;
             match result.map_err(Error::from).and_then(|r| r) {
                 Ok((results, watermark)) => {
@@ -374,7 +371,7 @@ impl Worker {
     }
 
     fn check_drained(&mut self, ctx: &mut Context<Self>) {
-        if self.running.is_empty() && self.pending.is_empty() && !self.settling {
+        if self.running.is_empty() && self.pending.is_empty() && self.in_flight == 0 {
             if let Some(done) = self.drain.take() {
                 let _ = done.send(Drained {
                     released: self.released,

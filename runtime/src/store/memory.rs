@@ -102,8 +102,8 @@ struct ScopeState {
     live: Option<LeaseId>,
     /// Newest token granted on the scope while it has had work without pause.
     last: Option<FencingToken>,
-    /// The scope's other ready jobs, in ready order, each remembering its queue.
-    waiting: BTreeSet<(ReadyKey, String)>,
+    /// The scope's other ready jobs, in ready order (each job's queue is in its record).
+    waiting: BTreeSet<ReadyKey>,
 }
 
 #[derive(Debug)]
@@ -179,7 +179,7 @@ impl LeaseState {
         if at <= now {
             let priority = self.queues.get(&queue).and_then(|q| q.priority.get(&id));
             let key = (Reverse(priority.copied().unwrap_or_default()), seq, id);
-            self.enter(key, queue);
+            self.enter(key);
         } else {
             self.leave(id);
             self.queues
@@ -191,13 +191,14 @@ impl LeaseState {
     }
 
     /// A job becomes ready: into its queue, or aside if another job holds its scope's turn.
-    fn enter(&mut self, key: ReadyKey, queue: String) {
+    fn enter(&mut self, key: ReadyKey) {
         let id = key.2;
+        let queue = self.jobs[&id].queue.clone();
         if let Some(scope) = self.shared_scope(id) {
             let state = self.scopes.entry(scope).or_default();
             match state.head {
                 Some(head) if head != id => {
-                    state.waiting.insert((key, queue.clone()));
+                    state.waiting.insert(key);
                     self.queues.entry(queue).or_default().waiting += 1;
                     return;
                 }
@@ -222,9 +223,10 @@ impl LeaseState {
             return;
         }
         match state.waiting.pop_first() {
-            Some((key, queue)) => {
+            Some(key) => {
                 state.head = Some(key.2);
-                let kind = self.jobs[&key.2].kind.clone();
+                let job = &self.jobs[&key.2];
+                let (queue, kind) = (job.queue.clone(), job.kind.clone());
                 let q = self.queues.entry(queue).or_default();
                 q.waiting -= 1;
                 q.ready.entry(kind).or_default().insert(key);
@@ -311,14 +313,13 @@ impl LeaseState {
 
     /// The low watermark (DESIGN.md §4): the smallest live token, or the next token to grant
     /// when none is live; never lower than one published before.
-    fn publish_watermark(&mut self) -> FencingToken {
-        let next = FencingToken::from_u64(
-            (u64::from(self.epoch) << FencingToken::COUNTER_BITS) + self.counter + 1,
-        );
+    fn publish_watermark(&mut self) {
+        // (Always in range: `mint` keeps the counter ≤ MAX_COUNTER. Were it not, 0 is the
+        // one watermark that is always safe.)
+        let next = FencingToken::watermark_at(u64::from(self.epoch), self.counter + 1)
+            .unwrap_or(FencingToken::ZERO);
         let w = self.live_tokens.first().map_or(next, |(t, _)| *t);
-        let w = self.watermark.map_or(w, |was| was.max(w));
-        self.watermark = Some(w);
-        w
+        self.watermark = Some(self.watermark.map_or(w, |was| was.max(w)));
     }
 
     fn complete(&mut self, id: JobId) {
@@ -430,7 +431,7 @@ impl LeaseStore for MemoryLeaseStore {
             q.waiting += 1;
             let scope = state.jobs[&key.2].scope.clone();
             let s = state.scopes.entry(scope).or_default();
-            s.waiting.insert((key, queue.to_owned()));
+            s.waiting.insert(key);
         }
         let mut claims = Vec::with_capacity(picked.len());
         for ((key, kind), token) in picked.into_iter().zip(tokens) {

@@ -62,13 +62,9 @@ pub(super) fn decode_watermark(reply: &str) -> Result<Option<FencingToken>> {
     let (epoch, counter) = rest
         .split_once(':')
         .ok_or_else(|| garbage(format_args!("bad watermark {reply:?}")))?;
-    let (epoch, counter): (u64, u64) = (parse(epoch)?, parse(counter)?);
-    if epoch > u64::from(FencingToken::MAX_EPOCH) || counter > FencingToken::MAX_COUNTER + 1 {
-        return Err(garbage(format_args!("watermark {reply:?} out of range")));
-    }
-    Ok(Some(FencingToken::from_u64(
-        (epoch << FencingToken::COUNTER_BITS) + counter,
-    )))
+    FencingToken::watermark_at(parse(epoch)?, parse(counter)?)
+        .map(Some)
+        .ok_or_else(|| garbage(format_args!("watermark {reply:?} out of range")))
 }
 
 /// One row of `claim.lua`: `{job id, lease id, epoch, counter, meta, attempt, stalls}`.
