@@ -153,10 +153,17 @@ local function bury(base, id, reason, keep)
   redis.call('DEL', job)
 end
 
--- A lease is no longer live: its token leaves the watermark's reckoning.
-local function untrack(base, lease, epoch)
+-- Calls a variadic command on `args` in chunks (Lua's unpack has a stack limit).
+local function bulk(command, key, args)
+  for i = 1, #args, 500 do
+    redis.call(command, key, unpack(args, i, math.min(i + 499, #args)))
+  end
+end
+
+-- Leases of one epoch are no longer live: their tokens leave the watermark's reckoning.
+local function untrack(base, epoch, leases)
   local key = base .. 'tokens:' .. epoch
-  redis.call('ZREM', key, lease)
+  bulk('ZREM', key, leases)
   if redis.call('ZCARD', key) == 0 then
     redis.call('ZREM', base .. 'token_epochs', epoch)
   end
@@ -209,7 +216,7 @@ local function release(base, lease, id, entry)
   redis.call('HDEL', base .. 'lease_job', lease)
   local epoch = epoch_of(entry)
   if epoch then
-    untrack(base, lease, epoch)
+    untrack(base, epoch, { lease })
   end
   local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope')
   if f[1] then
@@ -221,12 +228,6 @@ local function release(base, lease, id, entry)
   return f[1]
 end
 
--- Calls a variadic command on `args` in chunks (Lua's unpack has a stack limit).
-local function bulk(command, key, args)
-  for i = 1, #args, 500 do
-    redis.call(command, key, unpack(args, i, math.min(i + 499, #args)))
-  end
-end
 
 -- The Redis run id: it changes on every restart, even one that reloads persisted data.
 local function run_id()

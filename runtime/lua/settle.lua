@@ -108,11 +108,7 @@ if #released > 0 then
   bulk('HDEL', base .. 'lease_job', released)
 end
 for epoch, leases in pairs(by_epoch) do
-  local key = base .. 'tokens:' .. epoch
-  bulk('ZREM', key, leases)
-  if redis.call('ZCARD', key) == 0 then
-    redis.call('ZREM', base .. 'token_epochs', epoch)
-  end
+  untrack(base, epoch, leases)
 end
 for i = 1, #finished, 500 do
   redis.call('DEL', unpack(finished, i, math.min(i + 499, #finished)))

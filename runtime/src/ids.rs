@@ -135,19 +135,6 @@ impl FencingToken {
     pub fn counter(&self) -> u64 {
         self.0 & Self::MAX_COUNTER
     }
-
-    /// The next token to grant after `self` while the coordinator is in `epoch`.
-    ///
-    /// Returns `None` when the counter is exhausted in `epoch`: the caller must move to a new
-    /// epoch rather than wrap.
-    pub fn successor(self, epoch: u32) -> Option<Self> {
-        if epoch > self.epoch() {
-            return Some(Self::new(epoch, 1));
-        }
-        let counter = self.counter();
-        (epoch == self.epoch() && counter < Self::MAX_COUNTER)
-            .then(|| Self::new(self.epoch(), counter + 1))
-    }
 }
 
 impl fmt::Display for FencingToken {
@@ -272,19 +259,6 @@ mod tests {
         assert_eq!(b.epoch(), 2);
         assert_eq!(b.counter(), 1);
         assert_eq!(FencingToken::from_u64(b.as_u64()), b);
-    }
-
-    #[test]
-    fn successor_never_wraps() {
-        let last = FencingToken::new(3, FencingToken::MAX_COUNTER);
-        assert_eq!(last.successor(3), None);
-        assert_eq!(last.successor(4), Some(FencingToken::new(4, 1)));
-        assert_eq!(
-            FencingToken::new(3, 7).successor(3),
-            Some(FencingToken::new(3, 8))
-        );
-        // A coordinator that fell behind a token's epoch must not mint below it.
-        assert_eq!(FencingToken::new(5, 7).successor(4), None);
     }
 
     #[test]
