@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{free_port, http_get};
+use common::{free_ports, http_get};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -62,9 +62,50 @@ fn dashboards_and_alerts_reference_only_exported_metrics() {
     assert!(status.success(), "promtool rejected alerts.yml");
 }
 
+/// A private Prometheus scraping `target` every second. Another test may take the chosen port
+/// between our probe and Prometheus' bind; Prometheus then exits, and we try another port.
+fn start_prometheus(target: u16) -> (Reaped, u16, PathBuf) {
+    for _ in 0..5 {
+        let [port] = free_ports();
+        let dir = std::env::temp_dir().join(format!("palisade-prom-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: palisade\n    \
+                 static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+            ),
+        )
+        .unwrap();
+        let mut child = Reaped(
+            Command::new("prometheus")
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("prometheus is installed (.ci/run installs it)"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && child.0.try_wait().unwrap().is_none() {
+            if http_get(port, "/-/ready").is_some_and(|body| body.contains("Prometheus")) {
+                return (child, port, dir);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    panic!("no private Prometheus came up after five tries");
+}
+
 #[test]
 fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
-    let (demo_port, prom_port) = (free_port(), free_port());
+    let [demo_port, prom_port] = free_ports();
     let _demo = Reaped(
         Command::new(env!("CARGO_BIN_EXE_palisade"))
             .args([
@@ -81,35 +122,15 @@ fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
             .spawn()
             .unwrap(),
     );
-    let dir = std::env::temp_dir().join(format!("palisade-prom-{prom_port}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: palisade\n    \
-             static_configs: [{{targets: ['127.0.0.1:{demo_port}']}}]\n"
-        ),
-    )
-    .unwrap();
-    let _prometheus = Reaped(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus is installed (.ci/run installs it)"),
-    );
+    let (mut prometheus, prom_port, dir) = start_prometheus(demo_port);
     let query =
         "/api/v1/query?query=sum(palisade_fence_rejections_total%7Breason%3D%22stale_token%22%7D)";
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     while Instant::now() < deadline {
+        if let Some(status) = prometheus.0.try_wait().unwrap() {
+            panic!("prometheus exited ({status})");
+        }
         if let Some(body) = http_get(prom_port, query) {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             if v["data"]["result"][0]["value"][1] == "1" {

@@ -15,6 +15,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `N` distinct loopback ports nobody listens on right now: all are held until the last is
+/// bound, so two calls in a row cannot hand out the same port (the kernel may reuse a port as
+/// soon as its listener closes).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
+}
+
 /// A plain HTTP/1.1 GET; returns the body, or `None` if the server is not up (yet).
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
