@@ -123,6 +123,43 @@ impl Rejection {
     }
 }
 
+/// The admission rule of DESIGN.md §4 on the facts a backend has read under its lock: the
+/// scope's newest generation (`None` if the sink keeps no fence for it), whether the write's
+/// idempotency key was applied before, and the sink's low watermark. Decides without
+/// changing anything; every backend calls this, so there is one rule.
+pub fn decide(
+    highest: Option<Fence>,
+    presented: Fence,
+    key_applied: bool,
+    watermark: FencingToken,
+) -> Admission {
+    if presented.token < watermark {
+        return Admission::Rejected(Rejection::StaleToken {
+            presented: presented.token,
+            highest: watermark,
+        });
+    }
+    if let Some(highest) = highest {
+        if presented.token < highest.token {
+            return Admission::Rejected(Rejection::StaleToken {
+                presented: presented.token,
+                highest: highest.token,
+            });
+        }
+        if presented.token == highest.token && presented.lease != highest.lease {
+            return Admission::Rejected(Rejection::TokenConflict {
+                token: presented.token,
+                held_by: highest.lease,
+                presented_by: presented.lease,
+            });
+        }
+    }
+    if key_applied {
+        return Admission::Duplicate;
+    }
+    Admission::Applied
+}
+
 /// A sink's per-scope fencing state: the newest generation it has seen and the idempotency
 /// keys of the writes it applied.
 ///
@@ -153,31 +190,7 @@ impl ScopeFence {
         key: &IdempotencyKey,
         watermark: FencingToken,
     ) -> Admission {
-        if presented.token < watermark {
-            return Admission::Rejected(Rejection::StaleToken {
-                presented: presented.token,
-                highest: watermark,
-            });
-        }
-        if let Some(highest) = self.highest {
-            if presented.token < highest.token {
-                return Admission::Rejected(Rejection::StaleToken {
-                    presented: presented.token,
-                    highest: highest.token,
-                });
-            }
-            if presented.token == highest.token && presented.lease != highest.lease {
-                return Admission::Rejected(Rejection::TokenConflict {
-                    token: presented.token,
-                    held_by: highest.lease,
-                    presented_by: presented.lease,
-                });
-            }
-        }
-        if self.keys.contains(key) {
-            return Admission::Duplicate;
-        }
-        Admission::Applied
+        decide(self.highest, presented, self.keys.contains(key), watermark)
     }
 
     /// Decides a write and records it. The caller applies the mutation in the same critical

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use actix::Addr;
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, Fence};
@@ -16,11 +17,20 @@ use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, Lease};
 use crate::job::{Job, JobError};
 use crate::sink::{FencedSink, Write};
+use crate::store::postgres::{BoxError, Fenced, FencedTx, PostgresSink};
 use crate::store::{FencedWrite, Mutation};
 
 /// The fenced sinks a worker's handlers may write to, by name.
 #[derive(Clone, Default)]
-pub struct Sinks(Arc<HashMap<String, Addr<FencedSink>>>);
+pub struct Sinks(Arc<SinkMap>);
+
+#[derive(Clone, Default)]
+struct SinkMap {
+    /// `ctx.sink(name)`: `Mutation` writes through a [`FencedSink`] actor.
+    actors: HashMap<String, Addr<FencedSink>>,
+    /// `ctx.postgres(name)`: fenced transactions, run on the handler's own task.
+    postgres: HashMap<String, Arc<PostgresSink>>,
+}
 
 impl Sinks {
     /// No sinks.
@@ -28,16 +38,29 @@ impl Sinks {
         Self::default()
     }
 
-    /// Adds a sink under `name`.
+    /// Adds a sink under `name`, for `ctx.sink(name)`.
     pub fn with(mut self, name: impl Into<String>, sink: Addr<FencedSink>) -> Self {
-        Arc::make_mut(&mut self.0).insert(name.into(), sink);
+        Arc::make_mut(&mut self.0).actors.insert(name.into(), sink);
+        self
+    }
+
+    /// Adds a Postgres sink under `name`, for `ctx.postgres(name)` (add a [`FencedSink`] over
+    /// a [`PostgresFencedStore`](crate::PostgresFencedStore) of the same sink with
+    /// [`Sinks::with`] for `ctx.sink(name)` as well: both share its fences).
+    pub fn with_postgres(mut self, name: impl Into<String>, sink: Arc<PostgresSink>) -> Self {
+        Arc::make_mut(&mut self.0)
+            .postgres
+            .insert(name.into(), sink);
         self
     }
 
     /// Passes the coordinator's low watermark on to every sink.
     pub(crate) fn observe_watermark(&self, watermark: crate::ids::FencingToken) {
-        for sink in self.0.values() {
+        for sink in self.0.actors.values() {
             sink.do_send(crate::sink::ObserveWatermark(watermark));
+        }
+        for sink in self.0.postgres.values() {
+            sink.observe_watermark(watermark);
         }
     }
 }
@@ -88,19 +111,117 @@ impl JobContext {
         let addr = self
             .sinks
             .0
+            .actors
             .get(name)
             .cloned()
             .ok_or_else(|| Error::UnknownSink(name.to_owned()))?;
         Ok(SinkHandle {
             addr,
-            fence: Fence {
-                token: self.lease.token,
-                lease: self.lease.id,
-            },
+            fence: self.fence(),
             lease: self.lease.clone(),
             job: self.job.id,
             writes: self.writes.clone(),
         })
+    }
+
+    /// The generation this lease's writes present.
+    fn fence(&self) -> Fence {
+        Fence {
+            token: self.lease.token,
+            lease: self.lease.id,
+        }
+    }
+
+    /// A handle to the Postgres sink called `name`, whose transactions are fenced by this
+    /// lease: `ctx.postgres("orders")?.transaction("pay", |tx| Box::pin(async move { .. }))`.
+    pub fn postgres(&self, name: &str) -> Result<PostgresHandle> {
+        let sink = self
+            .sinks
+            .0
+            .postgres
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownSink(name.to_owned()))?;
+        Ok(PostgresHandle {
+            sink,
+            name: name.to_owned(),
+            scope: self.lease.scope.clone(),
+            fence: self.fence(),
+            job: self.job.id,
+        })
+    }
+}
+
+/// Fenced transactions on one Postgres sink under one lease.
+pub struct PostgresHandle {
+    sink: Arc<PostgresSink>,
+    name: String,
+    scope: crate::ids::Scope,
+    fence: Fence,
+    job: crate::ids::JobId,
+}
+
+impl PostgresHandle {
+    /// Runs `f` in one transaction fenced by this lease (see [`PostgresSink::transaction`]):
+    /// the scope's fence is locked and checked first, so a stale holder's `f` never runs;
+    /// `key` names this write within the job (stored as `<job id>/<key>`, the same in every
+    /// run of the job), so a re-run gets [`Fenced::Duplicate`] with the first run's result
+    /// instead of running `f` again.
+    ///
+    /// ```no_run
+    /// # async fn handler(ctx: palisade::JobContext) -> Result<(), palisade::JobError> {
+    /// let pg = ctx.postgres("orders")?;
+    /// let paid: i64 = pg
+    ///     .transaction("pay", |tx| {
+    ///         Box::pin(async move {
+    ///             let row = tx
+    ///                 .query_one("UPDATE invoice SET paid = true WHERE id = 7 RETURNING total", &[])
+    ///                 .await?;
+    ///             tx.outbox("email").push("receipt", &row.get::<_, i64>(0)).await?;
+    ///             Ok(row.get(0))
+    ///         })
+    ///     })
+    ///     .await?
+    ///     .accepted()
+    ///     .map_err(|r| palisade::JobError::fatal(r.to_string()))?;
+    /// # let _ = paid; Ok(()) }
+    /// ```
+    pub async fn transaction<R, F>(&self, key: &str, f: F) -> Result<Fenced<R>>
+    where
+        R: Serialize + DeserializeOwned + Send,
+        F: for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send,
+    {
+        let key = IdempotencyKey::new(format!("{}/{key}", self.job));
+        let result = self
+            .sink
+            .transaction(&self.scope, self.fence, &key, f)
+            .await;
+        let admission = result.as_ref().map(Fenced::admission).map_err(|e| {
+            // `record` only reads the error; a copy keeps the caller's error intact.
+            Error::Backend(e.to_string())
+        });
+        crate::sink::record(&self.name, &self.scope, &admission);
+        result
+    }
+
+    /// Records one effect for `target` in its own fenced transaction (inside a transaction,
+    /// use [`FencedTx::outbox`] instead, so the effect commits with the rows).
+    pub async fn push_outbox(
+        &self,
+        target: &str,
+        key: &str,
+        payload: &impl Serialize,
+    ) -> Result<Fenced<()>> {
+        let payload = serde_json::to_value(payload)
+            .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
+        let (target, push_key) = (target.to_owned(), key.to_owned());
+        self.transaction(&format!("outbox/{target}/{key}"), move |tx| {
+            Box::pin(async move {
+                tx.outbox(&target).push(&push_key, &payload).await?;
+                Ok(())
+            })
+        })
+        .await
     }
 }
 

@@ -44,6 +44,17 @@ pub enum Error {
     /// corrupt. No token was granted.
     #[error("epoch: {0}")]
     Epoch(String),
+    /// Transient, and not knowing: the commit of a fenced transaction was sent but its
+    /// answer was lost (the connection dropped). The write may or may not have applied;
+    /// retrying with the same idempotency key resolves it — to `Applied` (once) if it did not,
+    /// to `Duplicate` if it did — never a second application.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// A fenced transaction's own closure returned an error: the transaction was rolled back
+    /// and nothing applied. Permanent — the closure decided; return a `tokio_postgres::Error`
+    /// from it to keep a database error's class instead.
+    #[error("transaction aborted: {0}")]
+    Aborted(String),
     /// An actor the operation needed has stopped (shutdown in progress).
     #[error("actor mailbox closed: {0}")]
     Mailbox(#[from] actix::MailboxError),
@@ -53,7 +64,10 @@ impl Error {
     /// Whether repeating the same operation later can succeed. Retry policy lives here and
     /// nowhere else.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Mailbox(_))
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Mailbox(_)
+        )
     }
 }
 
@@ -67,6 +81,7 @@ mod tests {
     #[test]
     fn only_transient_errors_are_retryable() {
         assert!(Error::Unavailable("connection refused".into()).is_retryable());
+        assert!(Error::OutcomeUnknown("COMMIT: connection closed".into()).is_retryable());
         for permanent in [
             Error::Backend(
                 "ERR user_script:1: Script attempted to access nonexistent global".into(),
@@ -75,6 +90,7 @@ mod tests {
             Error::Config("bad url".into()),
             Error::InvalidJob("empty kind".into()),
             Error::Payload("not json".into()),
+            Error::Aborted("invoice 7 not found".into()),
             Error::LeaseNotCurrent(LeaseId::new()),
         ] {
             assert!(!permanent.is_retryable(), "{permanent}");

@@ -70,9 +70,9 @@ mod sink;
 pub mod store;
 mod worker;
 
-pub use admission::{Admission, Fence, Rejection, ScopeFence};
+pub use admission::{decide, Admission, Fence, Rejection, ScopeFence};
 pub use client::Client;
-pub use context::{JobContext, Registry, SinkHandle, Sinks};
+pub use context::{JobContext, PostgresHandle, Registry, SinkHandle, Sinks};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
@@ -85,6 +85,10 @@ pub use policy::RetryPolicy;
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
+pub use store::postgres::{
+    BoxError, Fenced, FencedTx, OutboxCounts, OutboxEntry, OutboxWriter, PostgresFencedStore,
+    PostgresSink,
+};
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
 pub use worker::{Drain, Drained, Freeze, Worker, WorkerConfig};

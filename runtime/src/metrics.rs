@@ -42,6 +42,13 @@ pub const JOB_DURATION: &str = "palisade_job_duration_seconds";
 /// Backend operations that failed. Labels: op.
 pub const BACKEND_ERRORS: &str = "palisade_backend_errors_total";
 
+/// Outbox entries delivered to their target. Labels: target.
+pub const OUTBOX_DELIVERED: &str = "palisade_outbox_delivered_total";
+/// Outbox deliveries that failed and will be tried again. Labels: target.
+pub const OUTBOX_RETRIED: &str = "palisade_outbox_retried_total";
+/// Outbox entries given up on after their last attempt (state `dead`). Labels: target.
+pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
+
 /// Client round trips to Redis on the hot paths. Labels: op.
 pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
 
@@ -59,6 +66,9 @@ pub const ALL: &[&str] = &[
     JOB_DURATION,
     BACKEND_ERRORS,
     REDIS_ROUND_TRIPS,
+    OUTBOX_DELIVERED,
+    OUTBOX_RETRIED,
+    OUTBOX_DEAD,
 ];
 
 /// Registers help text for every Palisade metric with the installed recorder.
@@ -76,6 +86,15 @@ pub fn describe() {
     describe_counter!(SINK_WRITES, "Fenced sink writes by outcome");
     describe_counter!(FENCE_REJECTIONS, "Fenced sink rejections by reason");
     describe_histogram!(JOB_DURATION, Unit::Seconds, "Handler run time");
+    describe_counter!(OUTBOX_DELIVERED, "Outbox entries delivered, by target");
+    describe_counter!(
+        OUTBOX_RETRIED,
+        "Outbox deliveries that failed and will be retried, by target"
+    );
+    describe_counter!(
+        OUTBOX_DEAD,
+        "Outbox entries dead after their last attempt, by target"
+    );
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
     describe_counter!(
         REDIS_ROUND_TRIPS,

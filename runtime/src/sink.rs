@@ -85,31 +85,31 @@ impl FencedSink {
                 }
             };
             for ((result, reply), scope) in results.into_iter().zip(replies).zip(scopes) {
-                act.record(&scope, &result);
+                record(&act.name, &scope, &result);
                 let _ = reply.send(result);
             }
             act.flush(ctx);
         }));
     }
+}
 
-    fn record(&self, scope: &Scope, result: &Result<Admission>) {
-        let name = &self.name;
-        let outcome = match result {
-            Ok(Admission::Applied) => "applied",
-            Ok(Admission::Duplicate) => "duplicate",
-            Ok(Admission::Rejected(rejection)) => {
-                tracing::warn!(sink = %name, %scope, %rejection, "fenced write refused");
-                counter!(m::FENCE_REJECTIONS, "sink" => name.to_string(), "reason" => rejection.reason())
-                    .increment(1);
-                "rejected"
-            }
-            Err(e) => {
-                tracing::warn!(sink = %name, %scope, error = %e, "fenced write failed");
-                "error"
-            }
-        };
-        counter!(m::SINK_WRITES, "sink" => name.to_string(), "outcome" => outcome).increment(1);
-    }
+/// Counts and logs one fenced write's outcome under sink `name`, whichever backend decided it.
+pub(crate) fn record(name: &str, scope: &Scope, result: &Result<Admission>) {
+    let outcome = match result {
+        Ok(Admission::Applied) => "applied",
+        Ok(Admission::Duplicate) => "duplicate",
+        Ok(Admission::Rejected(rejection)) => {
+            tracing::warn!(sink = %name, %scope, %rejection, "fenced write refused");
+            counter!(m::FENCE_REJECTIONS, "sink" => name.to_string(), "reason" => rejection.reason())
+                .increment(1);
+            "rejected"
+        }
+        Err(e) => {
+            tracing::warn!(sink = %name, %scope, error = %e, "fenced write failed");
+            "error"
+        }
+    };
+    counter!(m::SINK_WRITES, "sink" => name.to_string(), "outcome" => outcome).increment(1);
 }
 
 impl Actor for FencedSink {

@@ -1,7 +1,9 @@
-//! Differential property tests: the in-memory and the Redis backends run the same random
-//! histories side by side and must give the same answers and end in the same state.
+//! Differential property tests: the in-memory and the Redis (and, for sinks, Postgres)
+//! backends run the same random histories side by side and must give the same answers and
+//! end in the same state.
 //!
-//! - Sink: `MemoryFencedStore` and `RedisFencedStore` get the same batches of fenced writes
+//! - Sink: `MemoryFencedStore` and `RedisFencedStore` (and `PostgresFencedStore`) get the same
+//!   batches of fenced writes
 //!   (every admission outcome; mutation lists mixing every kind, edge-case increments and
 //!   non-canonical stored integers). Answers are compared exactly (a refused mutation's message
 //!   word for word), errors by variant; then every data key and every scope's fence.
@@ -207,28 +209,29 @@ async fn send(
     Ok(results)
 }
 
-async fn sink_case(pool: &Pool, history: &[SinkBatch]) -> CaseResult {
+/// Runs `history` on a fresh memory sink and on `redis` (a fresh sink of the backend under
+/// test: Redis or Postgres) and compares every answer and the state after every batch.
+async fn sink_case(other: &dyn FencedStore, history: &[SinkBatch]) -> CaseResult {
     let memory = MemoryFencedStore::new();
-    let redis = RedisFencedStore::new(pool.clone(), &fresh_prefix());
     for (b, batch) in history.iter().enumerate() {
         if let Some(w) = batch.watermark {
             memory.observe_watermark(FencingToken::from_u64(w));
-            redis.observe_watermark(FencingToken::from_u64(w));
+            other.observe_watermark(FencingToken::from_u64(w));
         }
         let writes: Vec<FencedWrite> = batch.writes.iter().map(fenced_write).collect();
         let m = send(&memory, &writes, batch.one_by_one).await;
-        let r = send(&redis, &writes, batch.one_by_one).await;
+        let o = send(other, &writes, batch.one_by_one).await;
         same(
             format_args!("batch {b}"),
             m.as_ref().map(Vec::len),
-            r.as_ref().map(Vec::len),
+            o.as_ref().map(Vec::len),
         )?;
-        if let (Ok(m), Ok(r)) = (m, r) {
-            for (i, (m, r)) in m.iter().zip(&r).enumerate() {
+        if let (Ok(m), Ok(o)) = (m, o) {
+            for (i, (m, o)) in m.iter().zip(&o).enumerate() {
                 same(
                     format_args!("batch {b}, write {i} {:?}", writes[i]),
                     m.as_ref(),
-                    r.as_ref(),
+                    o.as_ref(),
                 )?;
             }
         }
@@ -236,28 +239,28 @@ async fn sink_case(pool: &Pool, history: &[SinkBatch]) -> CaseResult {
         for s in 0..3 {
             let scope = sink_scope(s);
             let m = memory.highest(&scope).await;
-            let r = redis.highest(&scope).await;
+            let o = other.highest(&scope).await;
             same(
                 format_args!("after batch {b}, highest({scope})"),
                 m.as_ref(),
-                r.as_ref(),
+                o.as_ref(),
             )?;
         }
     }
     for k in 0..4 {
         let key = format!("k{k}");
         let m = memory.read(&key).await;
-        let r = redis.read(&key).await;
-        same(format_args!("final read({key})"), m.as_ref(), r.as_ref())?;
+        let o = other.read(&key).await;
+        same(format_args!("final read({key})"), m.as_ref(), o.as_ref())?;
     }
     for s in 0..3 {
         let scope = sink_scope(s);
         let m = memory.highest(&scope).await;
-        let r = redis.highest(&scope).await;
+        let o = other.highest(&scope).await;
         same(
             format_args!("final highest({scope})"),
             m.as_ref(),
-            r.as_ref(),
+            o.as_ref(),
         )?;
     }
     Ok(())
@@ -273,7 +276,27 @@ fn fenced_stores_agree_on_random_write_histories() {
         ..ProptestConfig::default()
     };
     proptest!(config, |(history in sink_history())| {
-        rt.block_on(sink_case(&pool, &history))?;
+        let redis = RedisFencedStore::new(pool.clone(), &fresh_prefix());
+        rt.block_on(sink_case(&redis, &history))?;
+    });
+}
+
+/// The same histories against Postgres (each case in a schema of its own, dropped after).
+#[test]
+fn memory_and_postgres_sinks_agree_on_random_write_histories() {
+    let rt = runtime();
+    let config = ProptestConfig {
+        cases: 200,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(history in sink_history())| {
+        let (_, url) = common::fresh_postgres_schema();
+        let postgres = rt
+            .block_on(PostgresFencedStore::connect(&url))
+            .expect("PostgreSQL is running (.ci/run starts it)");
+        let verdict = rt.block_on(sink_case(&postgres, &history));
+        rt.block_on(common::drop_postgres_schema(postgres.sink()));
+        verdict?;
     });
 }
 

@@ -4,12 +4,10 @@
 
 use std::collections::HashSet;
 
-use palisade::{EpochSource, PostgresEpochSource};
+mod common;
 
-fn postgres_url() -> String {
-    std::env::var("PALISADE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
+use common::postgres_url;
+use palisade::{EpochSource, PostgresEpochSource};
 
 async fn source() -> PostgresEpochSource {
     let name = format!("test-{}", uuid::Uuid::new_v4());

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
+use super::postgres::postgres_error;
+
 use crate::error::{Error, Result};
 use crate::ids::FencingToken;
 
@@ -149,14 +151,7 @@ impl PostgresEpochSource {
     /// Epochs for the coordinator called `name` (use its key prefix), in table
     /// `palisade_epochs` of the database at `url` (created if missing).
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
-        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-        let pool = deadpool_postgres::Pool::builder(manager)
-            .max_size(2)
-            .build()
-            .map_err(|e| Error::Config(format!("postgres pool: {e}")))?;
+        let pool = super::postgres::pool(url, 2)?;
         let source = Self {
             pool,
             name: name.to_owned(),
@@ -181,18 +176,7 @@ impl PostgresEpochSource {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Error::Unavailable(format!("postgres: {e}")))
-    }
-}
-
-/// tokio-postgres prints a server error as just "db error"; the message is what helps.
-fn postgres_error(e: tokio_postgres::Error) -> Error {
-    match e.as_db_error() {
-        Some(db) => Error::Unavailable(format!("postgres: {}", db.message())),
-        None => Error::Unavailable(format!("postgres: {e}")),
+        self.pool.get().await.map_err(super::postgres::pool_error)
     }
 }
 

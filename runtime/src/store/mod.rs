@@ -37,6 +37,7 @@ pub(crate) fn promotions_per_claim(n: usize) -> usize {
     n.saturating_mul(2).saturating_add(16)
 }
 pub mod memory;
+pub mod postgres;
 pub mod redis;
 
 /// The coordinator's state: queues, leases and per-scope fencing counters.

@@ -238,3 +238,26 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The machine's PostgreSQL (`.ci/run` starts it): `PALISADE_TEST_POSTGRES_URL`, default
+/// `postgres://postgres@127.0.0.1:5432/test`.
+pub fn postgres_url() -> String {
+    std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema name no other test uses, and the sink URL that selects it.
+pub fn fresh_postgres_schema() -> (String, String) {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{}?schema={schema}", postgres_url());
+    (schema, url)
+}
+
+/// Drops a test's schema (and everything in it) through the sink's own pool.
+pub async fn drop_postgres_schema(sink: &palisade::PostgresSink) {
+    let client = sink.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", sink.schema()))
+        .await
+        .unwrap();
+}

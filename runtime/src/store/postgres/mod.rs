@@ -1,0 +1,631 @@
+//! Fenced Postgres: the admission rule of DESIGN.md §4 inside the user's own database, in the
+//! same transaction as the user's own SQL.
+//!
+//! Every fenced transaction runs these steps on one connection, under READ COMMITTED:
+//!
+//! 1. **Lock or create the scope's fence row**: `INSERT .. ON CONFLICT (scope) DO UPDATE ..
+//!    RETURNING token, lease`. The statement waits for any other writer of the scope and then
+//!    holds the row lock until commit, so the very first write of a scope is serialised too
+//!    (two writers racing to create the row meet at the unique index).
+//! 2. **Read the rest of the facts** — the published low watermark and whether the
+//!    idempotency key was applied — in a *second* statement. Under READ COMMITTED each
+//!    statement sees what was committed when it started, so this one sees every key and
+//!    watermark committed by whoever held the lock before us; read in step 1's statement, it
+//!    could miss them (its snapshot predates the wait for the lock).
+//! 3. **Decide** with [`admission::decide`](crate::admission::decide), the one rule every
+//!    backend uses. A refusal rolls the transaction back: nothing changed, not even the row
+//!    step 1 created.
+//! 4. **Apply** — the user's closure ([`PostgresSink::transaction`]) or a `Mutation` list
+//!    ([`PostgresFencedStore`]) — then advance the fence and record the key (with the
+//!    closure's result) in one statement, and commit.
+//!
+//! Collection: a process that learns a higher watermark publishes it in `meta` and, in the
+//! same statement, deletes a bounded number of fence rows below it and of keys past their
+//! retention (`FOR UPDATE SKIP LOCKED`: never waits for a writer, never a long lock). A
+//! writer that waited on a row the collector deleted creates it afresh and then, in step 2,
+//! reads the raised watermark: the `admission` module's proof carries over unchanged.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::admission::{self, Admission, Fence, Rejection};
+use crate::error::{Error, Result};
+use crate::ids::{FencingToken, IdempotencyKey, LeaseId, Scope};
+
+mod fenced;
+mod migrate;
+pub mod outbox;
+
+pub use fenced::PostgresFencedStore;
+pub use outbox::{OutboxCounts, OutboxEntry, OutboxWriter};
+
+/// What a closure given to [`PostgresSink::transaction`] may fail with: its own error type or
+/// a `tokio_postgres::Error`, both through `?`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The outcome of a fenced transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fenced<R> {
+    /// The closure ran and its transaction committed; its result.
+    Applied(R),
+    /// The key was applied before (by this generation or an earlier one): the closure did not
+    /// run; the result recorded when it did.
+    Duplicate(R),
+    /// The writer no longer owns the scope: the closure did not run, nothing changed.
+    Rejected(Rejection),
+}
+
+impl<R> Fenced<R> {
+    /// The admission, without the result.
+    pub fn admission(&self) -> Admission {
+        match self {
+            Self::Applied(_) => Admission::Applied,
+            Self::Duplicate(_) => Admission::Duplicate,
+            Self::Rejected(r) => Admission::Rejected(r.clone()),
+        }
+    }
+
+    /// The result of an applied or duplicate transaction, the rejection otherwise — so a
+    /// handler can write `pg.transaction(..).await?.accepted()?`.
+    pub fn accepted(self) -> Result<R, Rejection> {
+        match self {
+            Self::Applied(r) | Self::Duplicate(r) => Ok(r),
+            Self::Rejected(r) => Err(r),
+        }
+    }
+}
+
+/// A fenced sink in a Postgres database: fence rows, idempotency keys and the outbox in one
+/// schema (default `palisade`), created and upgraded by embedded, versioned migrations.
+///
+/// Handlers reach it through [`JobContext::postgres`](crate::JobContext::postgres); a
+/// [`PostgresFencedStore`] over the same schema serves `ctx.sink(..)` `Mutation` writes.
+pub struct PostgresSink {
+    pool: deadpool_postgres::Pool,
+    schema: String,
+    sql: Statements,
+    retention: Duration,
+    /// Largest watermark observed, and largest one this process has published (0: none).
+    observed: AtomicU64,
+    published: AtomicU64,
+    /// When this process last swept expired keys (ms since `started`).
+    started: Instant,
+    swept_ms: AtomicU64,
+}
+
+/// Parses `url`, taking out the `schema` query parameter (which libpq does not know).
+fn split_schema(url: &str) -> Result<(String, String)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), "palisade".to_owned()));
+    };
+    let mut schema = "palisade".to_owned();
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.strip_prefix("schema=") {
+            Some(name) => schema = name.to_owned(),
+            None => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, schema))
+}
+
+/// A schema name we can splice into SQL: an unquoted Postgres identifier, lower case.
+fn checked_schema(name: &str) -> Result<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(format!("\"{name}\""))
+    } else {
+        Err(Error::Config(format!(
+            "Postgres schema {name:?}: use 1-63 lower-case letters, digits and '_', not starting \
+             with a digit"
+        )))
+    }
+}
+
+/// A pool for `url` (`postgres://…`), checked for syntax only; connections open lazily.
+pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(max_size)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(10)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| Error::Config(format!("postgres pool: {e}")))
+}
+
+/// Classifies a Postgres error by what the caller should do. tokio-postgres prints a server
+/// error as just "db error", so the server's code and message are spelled out.
+pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            let message = format!("postgres {code}: {}", db.message());
+            // 08: connection, 40: serialization failure / deadlock, 53: resources,
+            // 57P: shutdown or crash, 55P03: lock not available.
+            let transient = ["08", "40", "53", "57P"]
+                .iter()
+                .any(|c| code.starts_with(c))
+                || code == "55P03";
+            if transient {
+                Error::Unavailable(message)
+            } else {
+                Error::Backend(message)
+            }
+        }
+        None if e.is_closed() || io_cause(&e) => Error::Unavailable(format!("postgres: {e}")),
+        None => Error::Backend(format!("postgres: {e}")),
+    }
+}
+
+fn io_cause(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => postgres_error(e),
+        other => Error::Unavailable(format!("postgres pool: {other}")),
+    }
+}
+
+/// A token as Postgres BIGINT: tokens stay below 2^63 (epochs below 2^23, DESIGN §5).
+pub(crate) fn bigint(token: FencingToken) -> Result<i64> {
+    i64::try_from(token.as_u64())
+        .map_err(|_| Error::Backend(format!("token {token} does not fit a Postgres BIGINT")))
+}
+
+/// The SQL, with the schema spliced in once.
+struct Statements {
+    lock_fence: String,
+    facts: String,
+    finish: String,
+    collect: String,
+    highest: String,
+    lock_data: String,
+    write_data: String,
+    read_data: String,
+    push_outbox: String,
+}
+
+impl Statements {
+    fn new(s: &str) -> Self {
+        Self {
+            lock_fence: format!(
+                "INSERT INTO {s}.fence (scope) VALUES ($1) \
+                 ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope \
+                 RETURNING token, lease"
+            ),
+            facts: format!(
+                "SELECT m.watermark, k.key IS NOT NULL, k.result FROM {s}.meta m \
+                 LEFT JOIN {s}.keys k ON k.scope = $1 AND k.key = $2"
+            ),
+            // Advance the fence (never lower it) and, if applied, record the key.
+            finish: format!(
+                "WITH f AS (UPDATE {s}.fence SET token = $3, lease = $4 \
+                     WHERE scope = $1 AND (token IS NULL OR token < $3)) \
+                 INSERT INTO {s}.keys (scope, key, token, result) \
+                 SELECT $1, $2, $3, $5 WHERE $6 ON CONFLICT DO NOTHING"
+            ),
+            collect: format!(
+                "WITH raise AS (UPDATE {s}.meta SET watermark = $1 WHERE watermark < $1), \
+                 w AS (SELECT GREATEST($1, watermark) AS w FROM {s}.meta), \
+                 gone AS (DELETE FROM {s}.fence WHERE scope IN ( \
+                     SELECT scope FROM {s}.fence WHERE token < (SELECT w FROM w) \
+                     ORDER BY token LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1), \
+                 expired AS (DELETE FROM {s}.keys WHERE (scope, key) IN ( \
+                     SELECT scope, key FROM {s}.keys \
+                     WHERE applied_at < now() - $3 * interval '1 millisecond' \
+                     ORDER BY applied_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1) \
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM expired)"
+            ),
+            highest: format!("SELECT token, lease FROM {s}.fence WHERE scope = $1"),
+            // Lock every key the mutations touch, in one order (no deadlock between two
+            // writers of overlapping keys), creating the missing ones to lock them too.
+            lock_data: format!(
+                "INSERT INTO {s}.data (key) SELECT k FROM unnest($1::text[]) AS k ORDER BY k \
+                 ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING key, value"
+            ),
+            write_data: format!(
+                "UPDATE {s}.data d SET value = x.value \
+                 FROM unnest($1::text[], $2::jsonb[]) AS x(key, value) WHERE d.key = x.key"
+            ),
+            read_data: format!("SELECT value FROM {s}.data WHERE key = $1 AND value IS NOT NULL"),
+            push_outbox: format!(
+                "INSERT INTO {s}.outbox (target, scope, key, token, payload) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (target, scope, key) DO NOTHING"
+            ),
+        }
+    }
+}
+
+/// What step 2 read under the fence lock.
+struct Facts {
+    highest: Option<Fence>,
+    watermark: FencingToken,
+    key_applied: bool,
+    result: Option<serde_json::Value>,
+}
+
+impl PostgresSink {
+    /// Idempotency keys are kept this long unless configured otherwise.
+    pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+    /// Connects to `url` (`postgres://user@host/db`, optionally `?schema=name`; default schema
+    /// `palisade`) and brings the schema to this version (creating it if missing). Fails with
+    /// [`Error::Config`] on a bad URL or schema name, [`Error::Unavailable`] if the server
+    /// cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (url, schema) = split_schema(url)?;
+        let schema = checked_schema(&schema)?;
+        let max = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
+        let sink = Self {
+            pool: pool(&url, max)?,
+            sql: Statements::new(&schema),
+            schema,
+            retention: Self::DEFAULT_KEY_RETENTION,
+            observed: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            started: Instant::now(),
+            swept_ms: AtomicU64::new(0),
+        };
+        migrate::run(&sink.pool, &sink.schema).await?;
+        Ok(sink)
+    }
+
+    /// Forgets idempotency keys after `retention` (a repeat of such a write after that
+    /// applies again).
+    pub fn with_key_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The quoted schema name, for SQL of the caller's own (tests, status).
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The connection pool, for the caller's own unfenced reads.
+    pub fn pool(&self) -> &deadpool_postgres::Pool {
+        &self.pool
+    }
+
+    /// Takes note of the coordinator's low watermark; published with the next write.
+    pub fn observe_watermark(&self, watermark: FencingToken) {
+        self.observed
+            .fetch_max(watermark.as_u64(), Ordering::Relaxed);
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Publishes the observed watermark if it grew, and forgets at most `budget` fences
+    /// below it and `budget` keys past their retention. One autocommit statement.
+    async fn collect(&self, client: &deadpool_postgres::Object, budget: usize) -> Result<()> {
+        let w = self.observed.load(Ordering::Relaxed);
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        // Without a new watermark, sweep keys at most once a second per process.
+        let sweep_due = now_ms.saturating_sub(self.swept_ms.load(Ordering::Relaxed)) >= 1000;
+        if w <= self.published.load(Ordering::Relaxed) && !sweep_due {
+            return Ok(());
+        }
+        let w_sql = bigint(FencingToken::from_u64(w))?;
+        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
+        let retention_ms = self.retention.as_millis() as f64;
+        let statement = client
+            .prepare_cached(&self.sql.collect)
+            .await
+            .map_err(postgres_error)?;
+        client
+            .query_one(&statement, &[&w_sql, &budget, &retention_ms])
+            .await
+            .map_err(postgres_error)?;
+        self.published.fetch_max(w, Ordering::Relaxed);
+        self.swept_ms.store(now_ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Steps 1 and 2: the fence lock, then the facts.
+    async fn open(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Facts> {
+        let lock = tx
+            .prepare_cached(&self.sql.lock_fence)
+            .await
+            .map_err(postgres_error)?;
+        let row = tx
+            .query_one(&lock, &[&scope])
+            .await
+            .map_err(postgres_error)?;
+        let token: Option<i64> = row.get(0);
+        let lease: Option<Uuid> = row.get(1);
+        let highest = match (token, lease) {
+            (Some(t), Some(l)) => Some(Fence {
+                token: FencingToken::from_u64(u64::try_from(t).map_err(|_| {
+                    Error::Backend(format!("fence of {scope:?} holds a negative token {t}"))
+                })?),
+                lease: LeaseId::from(l),
+            }),
+            _ => None,
+        };
+        let facts = tx
+            .prepare_cached(&self.sql.facts)
+            .await
+            .map_err(postgres_error)?;
+        let row = tx
+            .query_one(&facts, &[&scope, &key])
+            .await
+            .map_err(postgres_error)?;
+        let watermark: i64 = row.get(0);
+        Ok(Facts {
+            highest,
+            watermark: FencingToken::from_u64(u64::try_from(watermark).unwrap_or(0)),
+            key_applied: row.get(1),
+            result: row.get(2),
+        })
+    }
+
+    /// Step 4's bookkeeping: advance the fence to `fence`, and record `key` with `result`
+    /// if the write applied.
+    async fn finish(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        scope: &str,
+        key: &str,
+        fence: Fence,
+        applied: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let statement = tx
+            .prepare_cached(&self.sql.finish)
+            .await
+            .map_err(postgres_error)?;
+        let is_applied = applied.is_some();
+        let result = applied.filter(|v| !v.is_null());
+        tx.execute(
+            &statement,
+            &[
+                &scope,
+                &key,
+                &bigint(fence.token)?,
+                fence.lease.as_uuid(),
+                &result,
+                &is_applied,
+            ],
+        )
+        .await
+        .map_err(postgres_error)?;
+        Ok(())
+    }
+
+    /// Commits; a lost answer to COMMIT is [`Error::OutcomeUnknown`].
+    async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<()> {
+        tx.commit().await.map_err(|e| {
+            // An error about the transaction itself (a deferred constraint, a serialization
+            // failure) means it rolled back. The connection going away — dropped, or the
+            // server process terminated or shutting down (08, 57P) — says nothing about
+            // whether the commit record was written first.
+            let connection_lost = e.as_db_error().is_none_or(|db| {
+                ["08", "57P"]
+                    .iter()
+                    .any(|c| db.code().code().starts_with(c))
+            });
+            if connection_lost {
+                Error::OutcomeUnknown(format!("postgres COMMIT: {}", postgres_error(e)))
+            } else {
+                postgres_error(e)
+            }
+        })
+    }
+
+    /// Runs `f` in one fenced transaction for `scope` under `fence`, keyed by `key`:
+    /// refused → `f` never runs, nothing changes; key applied before → `f` never runs, the
+    /// recorded result comes back; otherwise `f` runs on the transaction and its result is
+    /// recorded with the key in the same commit. An error from `f` rolls everything back:
+    /// a `tokio_postgres::Error` or a palisade [`Error`] keeps its class (a serialization
+    /// failure is retryable), any other error is [`Error::Aborted`].
+    pub async fn transaction<R, F>(
+        &self,
+        scope: &Scope,
+        fence: Fence,
+        key: &IdempotencyKey,
+        f: F,
+    ) -> Result<Fenced<R>>
+    where
+        R: Serialize + DeserializeOwned + Send,
+        F: for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send,
+    {
+        let mut client = self.client().await?;
+        self.collect(&client, crate::store::collect_budget(1))
+            .await?;
+        let tx = client.transaction().await.map_err(postgres_error)?;
+        let facts = self.open(&tx, scope.as_str(), key.as_str()).await?;
+        match admission::decide(facts.highest, fence, facts.key_applied, facts.watermark) {
+            Admission::Rejected(rejection) => {
+                tx.rollback().await.map_err(postgres_error)?;
+                Ok(Fenced::Rejected(rejection))
+            }
+            Admission::Duplicate => {
+                let result =
+                    serde_json::from_value(facts.result.unwrap_or_default()).map_err(|e| {
+                        Error::Payload(format!(
+                            "the result recorded for key {key} does not decode: {e}"
+                        ))
+                    })?;
+                self.finish(&tx, scope.as_str(), key.as_str(), fence, None)
+                    .await?;
+                Self::commit(tx).await?;
+                Ok(Fenced::Duplicate(result))
+            }
+            Admission::Applied => {
+                let fenced = FencedTx {
+                    tx,
+                    sink: self,
+                    scope: scope.clone(),
+                    token: fence.token,
+                    key: key.as_str().to_owned(),
+                };
+                let value = match f(&fenced).await {
+                    Ok(value) => value,
+                    Err(e) => {
+                        let _ = fenced.tx.rollback().await;
+                        return Err(closure_error(e));
+                    }
+                };
+                let json = serde_json::to_value(&value)
+                    .map_err(|e| Error::Payload(format!("transaction result: {e}")))?;
+                let tx = fenced.tx;
+                self.finish(&tx, scope.as_str(), key.as_str(), fence, Some(json))
+                    .await?;
+                Self::commit(tx).await?;
+                Ok(Fenced::Applied(value))
+            }
+        }
+    }
+
+    /// The newest generation accepted for `scope`.
+    pub async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(&self.sql.highest, &[&scope.as_str()])
+            .await
+            .map_err(postgres_error)?;
+        Ok(row.and_then(|row| {
+            let token: Option<i64> = row.get(0);
+            let lease: Option<Uuid> = row.get(1);
+            Some(Fence {
+                token: FencingToken::from_u64(u64::try_from(token?).ok()?),
+                lease: LeaseId::from(lease?),
+            })
+        }))
+    }
+}
+
+/// What a closure's error means for the caller: a database error keeps its class, as does
+/// one of ours (from [`OutboxWriter::push`]); anything else is the closure's own decision.
+fn closure_error(e: BoxError) -> Error {
+    match e.downcast::<tokio_postgres::Error>() {
+        Ok(pg) => postgres_error(*pg),
+        Err(e) => match e.downcast::<Error>() {
+            Ok(ours) => *ours,
+            Err(other) => Error::Aborted(other.to_string()),
+        },
+    }
+}
+
+/// The transaction a fenced closure runs on: everything of
+/// [`deadpool_postgres::Transaction`] (through `Deref`: `execute`, `query`,
+/// `prepare_cached`, …) plus [`FencedTx::outbox`], which records an effect in the same
+/// transaction.
+pub struct FencedTx<'t> {
+    tx: deadpool_postgres::Transaction<'t>,
+    sink: &'t PostgresSink,
+    scope: Scope,
+    token: FencingToken,
+    /// The transaction's idempotency key, which prefixes its outbox keys so a re-run of the
+    /// job pushes under the same keys.
+    key: String,
+}
+
+impl<'t> std::ops::Deref for FencedTx<'t> {
+    type Target = deadpool_postgres::Transaction<'t>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl FencedTx<'_> {
+    /// The outbox of `target` ("email"), written in this transaction: an effect recorded
+    /// here exists iff the transaction commits, so a stale generation cannot record one.
+    pub fn outbox(&self, target: &str) -> OutboxWriter<'_> {
+        OutboxWriter::new(self, target)
+    }
+
+    /// The scope this transaction is fenced on.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+}
+
+/// Shared with [`PostgresFencedStore`]: one `Mutation` write as a fenced transaction.
+pub(crate) async fn write_mutations(
+    sink: &PostgresSink,
+    client: &mut deadpool_postgres::Object,
+    write: crate::store::FencedWrite,
+) -> Result<Admission> {
+    let tx = client.transaction().await.map_err(postgres_error)?;
+    let scope = write.scope.as_str();
+    let key = write.key.as_str();
+    let facts = sink.open(&tx, scope, key).await?;
+    let decided = admission::decide(
+        facts.highest,
+        write.fence,
+        facts.key_applied,
+        facts.watermark,
+    );
+    match decided {
+        Admission::Rejected(_) => {
+            tx.rollback().await.map_err(postgres_error)?;
+            return Ok(decided);
+        }
+        Admission::Duplicate => {
+            sink.finish(&tx, scope, key, write.fence, None).await?;
+        }
+        Admission::Applied => {
+            if let Err(why) = fenced::apply(sink, &tx, write.mutations).await? {
+                tx.rollback().await.map_err(postgres_error)?;
+                return Ok(Admission::Rejected(Rejection::Mutation { why }));
+            }
+            sink.finish(&tx, scope, key, write.fence, Some(serde_json::Value::Null))
+                .await?;
+        }
+    }
+    PostgresSink::commit(tx).await?;
+    Ok(decided)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_comes_out_of_the_url_and_is_checked() {
+        let (url, schema) =
+            split_schema("postgres://u@h/db?schema=orders_x&sslmode=disable").unwrap();
+        assert_eq!(url, "postgres://u@h/db?sslmode=disable");
+        assert_eq!(schema, "orders_x");
+        assert_eq!(split_schema("postgres://u@h/db").unwrap().1, "palisade");
+        assert_eq!(checked_schema("orders_x").unwrap(), "\"orders_x\"");
+        for bad in ["", "1abc", "Orders", "a;drop", "a\"b", &"x".repeat(64)] {
+            assert!(checked_schema(bad).is_err(), "{bad:?}");
+        }
+    }
+}

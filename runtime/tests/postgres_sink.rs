@@ -1,0 +1,380 @@
+//! The Postgres fenced sink against the machine's real PostgreSQL (`.ci/run` starts it), each
+//! test in a schema of its own: the `FencedStore` conformance suite, and the fenced
+//! transaction's own promises — a stale holder's closure never runs, a duplicate returns the
+//! first result, a lost COMMIT is `OutcomeUnknown` and resolves on retry, and hundreds of
+//! racing writers on one scope (first row included) keep tokens monotonic in commit order.
+
+mod common;
+mod suite;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{drop_postgres_schema, fresh_postgres_schema};
+use palisade::*;
+
+async fn sink() -> Arc<PostgresSink> {
+    let (_, url) = fresh_postgres_schema();
+    Arc::new(
+        PostgresSink::connect(&url)
+            .await
+            .expect("PostgreSQL is running (.ci/run starts it)"),
+    )
+}
+
+async fn fenced_store() -> Arc<dyn FencedStore> {
+    Arc::new(PostgresFencedStore::new(sink().await))
+}
+
+fenced_store_suite!(fenced_store());
+
+fn fence(token: u64) -> Fence {
+    Fence {
+        token: FencingToken::from_u64(token),
+        lease: LeaseId::from(uuid::Uuid::from_u128(u128::from(token))),
+    }
+}
+
+/// A user table the closures write, in the test's schema.
+async fn user_table(sink: &PostgresSink) -> String {
+    let table = format!("{}.ledger", sink.schema());
+    sink.pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id bigserial PRIMARY KEY, token bigint NOT NULL, note text)"
+        ))
+        .await
+        .unwrap();
+    table
+}
+
+async fn rows(sink: &PostgresSink, sql: &str) -> Vec<tokio_postgres::Row> {
+    sink.pool()
+        .get()
+        .await
+        .unwrap()
+        .query(sql, &[])
+        .await
+        .unwrap()
+}
+
+/// Inserts one ledger row under `fence`, counting how often the closure ran.
+async fn insert(
+    sink: &PostgresSink,
+    table: &str,
+    scope: &Scope,
+    f: Fence,
+    key: &str,
+    ran: &Arc<AtomicUsize>,
+) -> Result<Fenced<i64>> {
+    let (table, ran) = (table.to_owned(), ran.clone());
+    let token = f.token.as_u64() as i64;
+    sink.transaction(scope, f, &IdempotencyKey::new(key), move |tx| {
+        Box::pin(async move {
+            ran.fetch_add(1, Ordering::SeqCst);
+            let row = tx
+                .query_one(
+                    &format!("INSERT INTO {table} (token) VALUES ($1) RETURNING id"),
+                    &[&token],
+                )
+                .await?;
+            Ok(row.get::<_, i64>(0))
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_stale_holder_never_runs_and_a_duplicate_returns_the_first_result() {
+    let sink = sink().await;
+    let table = user_table(&sink).await;
+    let scope = Scope::new("invoice:7");
+    let ran = Arc::new(AtomicUsize::new(0));
+    // The first write of a scope is fenced too: it creates the fence row.
+    let first = insert(&sink, &table, &scope, fence(10), "job/pay", &ran).await;
+    let Ok(Fenced::Applied(id)) = first else {
+        panic!("{first:?}")
+    };
+    // The holder of 10 was paused; 11 took over and wrote.
+    let newer = insert(&sink, &table, &scope, fence(11), "job2/pay", &ran).await;
+    assert!(matches!(newer, Ok(Fenced::Applied(_))), "{newer:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    // 10 wakes up: refused, its closure never runs.
+    let late = insert(&sink, &table, &scope, fence(10), "job/late", &ran).await;
+    assert_eq!(
+        late.unwrap(),
+        Fenced::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(10),
+            highest: FencingToken::from_u64(11),
+        })
+    );
+    // Same token, another lease: a conflict, not a write.
+    let impostor = Fence {
+        token: FencingToken::from_u64(11),
+        lease: LeaseId::new(),
+    };
+    let conflict = insert(&sink, &table, &scope, impostor, "x", &ran).await;
+    assert!(matches!(
+        conflict,
+        Ok(Fenced::Rejected(Rejection::TokenConflict { .. }))
+    ));
+    // Job 1 re-runs under 12 and repeats its write: the first result, no second run.
+    let rerun = insert(&sink, &table, &scope, fence(12), "job/pay", &ran).await;
+    assert_eq!(rerun.unwrap(), Fenced::Duplicate(id));
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "no closure ran for refusals or repeats"
+    );
+    assert_eq!(
+        sink.highest(&scope).await.unwrap(),
+        Some(fence(12)),
+        "a duplicate advances the fence"
+    );
+    assert_eq!(
+        rows(&sink, &format!("SELECT 1 FROM {table}")).await.len(),
+        2
+    );
+    drop_postgres_schema(&sink).await;
+}
+
+#[tokio::test]
+async fn a_failing_closure_rolls_back_everything_and_keeps_its_class() {
+    let sink = sink().await;
+    let table = user_table(&sink).await;
+    let scope = Scope::new("s");
+    let outcome: Result<Fenced<()>> = sink
+        .transaction(&scope, fence(3), &IdempotencyKey::new("k"), |tx| {
+            let table = table.clone();
+            Box::pin(async move {
+                tx.execute(&format!("INSERT INTO {table} (token) VALUES (3)"), &[])
+                    .await?;
+                tx.outbox("email").push("receipt", &"hello").await?;
+                Err("invoice 7 is already paid".into())
+            })
+        })
+        .await;
+    assert!(
+        matches!(&outcome, Err(Error::Aborted(why)) if why.contains("already paid")),
+        "{outcome:?}"
+    );
+    let sql_error: Result<Fenced<()>> = sink
+        .transaction(&scope, fence(3), &IdempotencyKey::new("k"), |tx| {
+            Box::pin(async move {
+                tx.execute("SELECT * FROM no_such_table", &[]).await?;
+                Ok(())
+            })
+        })
+        .await;
+    assert!(
+        matches!(&sql_error, Err(Error::Backend(why)) if why.contains("42P01")),
+        "{sql_error:?}"
+    );
+    // Nothing of either stayed: no row, no outbox entry, no fence, no key.
+    assert!(rows(&sink, &format!("SELECT 1 FROM {table}"))
+        .await
+        .is_empty());
+    assert_eq!(sink.outbox_counts().await.unwrap(), OutboxCounts::default());
+    assert_eq!(sink.highest(&scope).await.unwrap(), None);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let retry = insert(&sink, &table, &scope, fence(3), "k", &ran).await;
+    assert!(
+        matches!(retry, Ok(Fenced::Applied(_))),
+        "the key was not recorded: {retry:?}"
+    );
+    drop_postgres_schema(&sink).await;
+}
+
+/// Issue 10, case 3: the connection is killed (`pg_terminate_backend`) while COMMIT runs.
+/// A deferred constraint trigger makes the COMMIT wait, so the kill lands inside it; the
+/// caller hears `OutcomeUnknown` (retryable), and the retry with the same key applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cut_off_is_outcome_unknown_and_a_retry_resolves_it() {
+    let sink = sink().await;
+    let table = user_table(&sink).await;
+    let s = sink.schema();
+    sink.pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.note = 'slow' THEN PERFORM pg_sleep(3); END IF; RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON {table}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.slow_commit();"
+        ))
+        .await
+        .unwrap();
+    let scope = Scope::new("s");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let write = |note: &'static str| {
+        let (table, runs) = (table.clone(), runs.clone());
+        let sink = sink.clone();
+        let scope = scope.clone();
+        async move {
+            sink.transaction(
+                &scope,
+                fence(5),
+                &IdempotencyKey::new("job/pay"),
+                move |tx| {
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tx.execute(
+                            &format!("INSERT INTO {table} (token, note) VALUES (5, $1)"),
+                            &[&note],
+                        )
+                        .await?;
+                        Ok(note.to_owned())
+                    })
+                },
+            )
+            .await
+        }
+    };
+    let killer = {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            let client = sink.pool().get().await.unwrap();
+            for _ in 0..200 {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                let killed = client
+                    .query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE wait_event = 'PgSleep' AND query = 'COMMIT'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                if !killed.is_empty() {
+                    return true;
+                }
+            }
+            false
+        })
+    };
+    let cut = write("slow").await;
+    assert!(killer.await.unwrap(), "the COMMIT was never seen waiting");
+    assert!(
+        matches!(&cut, Err(Error::OutcomeUnknown(_))),
+        "a lost COMMIT answer must be OutcomeUnknown, got {cut:?}"
+    );
+    assert!(cut.unwrap_err().is_retryable());
+    // The retry (same key) resolves it: the killed COMMIT did not apply, so this applies once.
+    let retry = write("fast").await.unwrap();
+    assert_eq!(retry, Fenced::Applied("fast".to_owned()));
+    let again = write("fast").await.unwrap();
+    assert_eq!(again, Fenced::Duplicate("fast".to_owned()));
+    let applied = rows(&sink, &format!("SELECT note FROM {table}")).await;
+    assert_eq!(applied.len(), 1, "applied exactly once");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    drop_postgres_schema(&sink).await;
+}
+
+/// Issue 10, case 4: 300 writers with random tokens race on one scope that has no fence row
+/// yet, under READ COMMITTED, several per idempotency key. Every accepted token is at least
+/// the one accepted before it in commit order (the ledger's serial, taken under the fence
+/// lock, is that order); the fence ends at the highest accepted token; each key applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_keep_tokens_monotonic_in_commit_order() {
+    let sink = sink().await;
+    let table = user_table(&sink).await;
+    let scope = Scope::new("hot");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        let (sink, table, scope, ran) = (sink.clone(), table.clone(), scope.clone(), ran.clone());
+        // Tokens 1..=60, five writers each (same token, same lease: one generation retrying);
+        // keys shared by pairs of generations, so duplicates cross tokens too.
+        let token = 1 + (i * 7919) % 60;
+        let key = format!("key{}", token / 2);
+        tasks.push(tokio::spawn(async move {
+            insert(&sink, &table, &scope, fence(token), &key, &ran).await
+        }));
+    }
+    let mut accepted = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Fenced::Applied(_)) | Ok(Fenced::Duplicate(_)) | Ok(Fenced::Rejected(_)) => {}
+            Err(e) => assert!(e.is_retryable(), "only transient errors allowed: {e}"),
+        }
+        accepted.push(());
+    }
+    let ledger: Vec<(i64, i64)> =
+        rows(&sink, &format!("SELECT id, token FROM {table} ORDER BY id"))
+            .await
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    assert!(!ledger.is_empty());
+    for pair in ledger.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].1,
+            "token went down in commit order: {pair:?}"
+        );
+    }
+    let keys: std::collections::HashSet<i64> = ledger.iter().map(|(_, t)| t / 2).collect();
+    assert_eq!(keys.len(), ledger.len(), "a key applied twice: {ledger:?}");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        ledger.len(),
+        "closures ran only for applied writes"
+    );
+    let highest = sink.highest(&scope).await.unwrap().unwrap();
+    assert!(highest.token.as_u64() as i64 >= ledger.last().unwrap().1);
+    assert_eq!(
+        highest.token.as_u64(),
+        60,
+        "the newest generation reached the fence"
+    );
+    drop_postgres_schema(&sink).await;
+}
+
+#[tokio::test]
+async fn bad_urls_and_schemas_are_config_errors_and_a_dead_server_is_unavailable() {
+    for url in [
+        "not a url",
+        "postgres://postgres@127.0.0.1/test?schema=Bad-Name",
+        "postgres://postgres@127.0.0.1/test?schema=",
+    ] {
+        let e = PostgresSink::connect(url).await.err().unwrap();
+        assert!(matches!(e, Error::Config(_)), "{url}: {e}");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = PostgresSink::connect(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .await
+        .err()
+        .unwrap();
+    assert!(e.is_retryable(), "{e}");
+}
+
+#[tokio::test]
+async fn migrations_are_versioned_and_safe_to_run_from_many_hosts_at_once() {
+    let (schema, url) = fresh_postgres_schema();
+    let starts = (0..6).map(|_| PostgresSink::connect(&url));
+    let sinks = futures_util::future::join_all(starts).await;
+    for s in &sinks {
+        assert!(s.is_ok(), "{:?}", s.as_ref().err());
+    }
+    let sink = sinks.into_iter().next().unwrap().unwrap();
+    let versions = rows(&sink, &format!("SELECT version FROM {schema}.migrations")).await;
+    assert_eq!(versions.len(), 1, "each migration applied once");
+    // A schema from a newer build is refused, not half-used.
+    rows(
+        &sink,
+        &format!("INSERT INTO {schema}.migrations (version) VALUES (999)"),
+    )
+    .await;
+    let e = PostgresSink::connect(&url).await.err().unwrap();
+    assert!(
+        matches!(&e, Error::Config(why) if why.contains("999")),
+        "{e}"
+    );
+    drop_postgres_schema(&sink).await;
+}
