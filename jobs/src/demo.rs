@@ -17,8 +17,9 @@ use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use palisade::{
-    Coordinator, CountJobs, Drain, Enqueue, FencedSink, JobContext, JobError, JobId,
-    MemoryFencedStore, MemoryLeaseStore, NewJob, Registry, Sinks, Value, Worker, WorkerConfig,
+    Coordinator, CountJobs, Drain, Enqueue, FencedSink, FencedStore, JobContext, JobError, JobId,
+    MemoryFencedStore, MemoryLeaseStore, NewJob, PostgresFencedStore, RedisFencedStore, Registry,
+    Sinks, Value, Worker, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -52,6 +53,39 @@ pub struct DemoArgs {
     /// Random seed for the job mix (printed, so a run can be replayed).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Keep the ledger in a real sink instead of memory: `postgres://…` (a fresh schema
+    /// `palisade_demo_<id>` unless the URL names one with `?schema=`) or `redis://…` (a fresh
+    /// key prefix). The coordinator stays embedded.
+    #[arg(long, value_name = "URL")]
+    pub sink: Option<String>,
+}
+
+/// The demo's ledger store: memory, or a fresh namespace in the sink the user named.
+async fn ledger_store(url: Option<&str>) -> anyhow::Result<Arc<dyn FencedStore>> {
+    let id = format!("{:08x}", rand::random::<u32>());
+    Ok(match url {
+        None => Arc::new(MemoryFencedStore::new()),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let url = if url.contains("schema=") {
+                url.to_owned()
+            } else {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}schema=palisade_demo_{id}")
+            };
+            let store = PostgresFencedStore::connect(&url)
+                .await
+                .with_context(|| format!("the demo's Postgres sink at {url}"))?;
+            println!("ledger: Postgres schema {}", store.sink().schema());
+            Arc::new(store)
+        }
+        Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            let pool = palisade::store::redis::pool(url)?;
+            let prefix = format!("palisade-demo-{id}");
+            println!("ledger: Redis key prefix {prefix}");
+            Arc::new(RedisFencedStore::new(pool, &prefix))
+        }
+        Some(other) => bail!("--sink {other:?}: expected postgres://… or redis://…"),
+    })
 }
 
 /// What happened to the job the GC-prone worker paused on.
@@ -228,12 +262,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let story = Arc::new(Story::default());
     story.armed.store(true, Ordering::SeqCst);
     let total = plan.jobs.len() as u64;
-    let sink_store = Arc::new(MemoryFencedStore::new());
 
     let system = System::new();
     let outcome = system.block_on({
-        let (story, sink_store, args) = (story.clone(), sink_store.clone(), args.clone());
+        let (story, args) = (story.clone(), args.clone());
         async move {
+            let sink_store = ledger_store(args.sink.as_deref()).await?;
             let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new()))
                 .with_reap_interval(lease / 10)
                 .start();
@@ -299,7 +333,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
             let elapsed = started.elapsed();
             let mut balances = BTreeMap::new();
             for account in plan.expected.keys() {
-                let v = sink_store_read(&sink_store, &account_key(*account)).await?;
+                let v = sink_store_read(&*sink_store, &account_key(*account)).await?;
                 balances.insert(*account, v);
             }
             System::current().stop();
@@ -406,8 +440,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     Ok(violations.is_empty())
 }
 
-async fn sink_store_read(store: &MemoryFencedStore, key: &str) -> anyhow::Result<i64> {
-    use palisade::FencedStore as _;
+async fn sink_store_read(store: &dyn FencedStore, key: &str) -> anyhow::Result<i64> {
     Ok(match store.read(key).await? {
         Some(Value::Hash(h)) => h.get("balance").map_or(Ok(0), |v| v.parse())?,
         None => 0,

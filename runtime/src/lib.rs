@@ -65,6 +65,7 @@ mod job;
 pub mod metrics;
 mod mutation;
 mod policy;
+mod relay;
 mod renewal;
 mod sink;
 pub mod store;
@@ -82,6 +83,7 @@ pub use job::{
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
+pub use relay::{OutboxRelay, RelayConfig, Target};
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};

@@ -8,16 +8,18 @@
 //! }
 //! ```
 //!
-//! The binary then has `worker`, `enqueue`, `status` and `dead list|retry|purge`, plus any
-//! subcommand the user adds with [`App::subcommand`]. Where each sink lives is configuration,
-//! not code: `--sink inventory=redis://…`, or `PALISADE_SINK_INVENTORY_URL`, and by default
-//! the coordinator's own Redis.
+//! The binary then has `worker`, `enqueue`, `status`, `dead list|retry|purge` and `relay`,
+//! plus any subcommand the user adds with [`App::subcommand`]. Where each sink lives is
+//! configuration, not code: `--sink inventory=redis://…` or `--sink
+//! orders=postgres://…?schema=orders`, or `PALISADE_SINK_INVENTORY_URL`, and by default the
+//! coordinator's own Redis.
 //!
 //! # Layout
 //! - this file: [`App`], the connection flags every subcommand shares, logging, exit codes.
 //! - `worker`: `worker` — N [`Worker`](crate::Worker)s on N arbiters, the named sinks, the
 //!   `/metrics` `/healthz` `/readyz` listener, and the drain on SIGTERM.
 //! - `admin`: `enqueue`, `status`, `dead list|retry|purge`.
+//! - `relay`: `relay` and `worker --relay` — outbox relays for the Postgres sinks.
 //!
 //! # Exit codes
 //! - `0`: the command succeeded (a worker: it drained cleanly after SIGTERM / SIGINT).
@@ -26,6 +28,7 @@
 //!   on stderr says which (`palisade <command>: …`, passwords shown as `***`).
 
 mod admin;
+mod relay;
 mod worker;
 
 use std::ffi::OsString;
@@ -68,6 +71,8 @@ enum Builtin {
     /// List, retry or purge dead-lettered jobs.
     #[command(subcommand)]
     Dead(admin::DeadCommand),
+    /// Deliver the outboxes of the postgres:// sinks until SIGTERM / SIGINT.
+    Relay(relay::RelayCommand),
 }
 
 impl App {
@@ -187,7 +192,7 @@ impl App {
             }
         };
         init_logging(
-            if matches!(builtin, Builtin::Worker(_)) {
+            if matches!(builtin, Builtin::Worker(_) | Builtin::Relay(_)) {
                 "info"
             } else {
                 "warn"
@@ -199,6 +204,7 @@ impl App {
             Builtin::Enqueue(args) => admin::enqueue(args, &registry),
             Builtin::Status(args) => admin::status(args),
             Builtin::Dead(command) => admin::dead(command),
+            Builtin::Relay(args) => relay::run(args, &sinks),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -12,12 +12,14 @@ use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use deadpool_redis::Pool;
 
+use super::relay::{is_postgres, postgres_sinks, RelayArgs};
 use super::RedisArgs;
 use crate::context::{Registry, Sinks};
 use crate::coordinator::Coordinator;
 use crate::metrics::Health;
 use crate::sink::FencedSink;
 use crate::store::epoch::{FileEpochSource, PostgresEpochSource};
+use crate::store::postgres::{PostgresFencedStore, PostgresSink};
 use crate::store::redis::{ping, redacted};
 use crate::store::{DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
 use crate::worker::{Drain, Worker, WorkerConfig};
@@ -51,10 +53,16 @@ pub(super) struct WorkerArgs {
     /// draining) on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// Where a declared fenced sink lives: `NAME=URL` (repeatable). Also
+    /// Where a declared fenced sink lives: `NAME=URL` (repeatable), `redis://`, `rediss://`
+    /// or `postgres://…[?schema=NAME]` (default schema `palisade`). Also
     /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
     #[arg(long = "sink", value_name = "NAME=URL")]
     sinks: Vec<String>,
+    /// Also run an outbox relay for every postgres:// sink in this process (see `relay`).
+    #[arg(long)]
+    relay: bool,
+    #[command(flatten)]
+    relay_args: RelayArgs,
     /// Durable epoch file (fsynced): recovery from Redis data loss without a refused write.
     /// Every worker of one prefix on this host must use the same file.
     #[arg(
@@ -113,7 +121,7 @@ fn rotation(queues: &[(String, u32)]) -> Vec<String> {
 
 /// Resolves where each declared sink lives: `--sink NAME=URL`, then
 /// `PALISADE_SINK_<NAME>_URL`, then the coordinator's Redis.
-fn sink_urls(
+pub(super) fn sink_urls(
     declared: &[String],
     flags: &[String],
     env: impl Fn(&str) -> Option<String>,
@@ -195,12 +203,15 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         &args.redis.redis,
     )?;
     for (name, url) in &sink_urls {
-        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        if !(url.starts_with("redis://") || url.starts_with("rediss://") || is_postgres(url)) {
             bail!(
-                "sink {name}: {} is not a redis:// or rediss:// URL",
+                "sink {name}: {} is not a redis://, rediss:// or postgres:// URL",
                 redacted(url)
             );
         }
+    }
+    if args.relay {
+        args.relay_args.check()?;
     }
     let health = Health::new();
     if let Some(addr) = args.metrics {
@@ -227,7 +238,14 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         let mut pools: HashMap<String, Pool> = HashMap::new();
         pools.insert(args.redis.redis.clone(), pool.clone());
         let mut sinks = Sinks::new();
-        for (sink, url) in &sink_urls {
+        let postgres = postgres_sinks(&sink_urls).await?;
+        for (sink, pg) in &postgres {
+            let store = PostgresFencedStore::new(pg.clone());
+            sinks = sinks
+                .with(sink.clone(), FencedSink::new(sink.clone(), Arc::new(store)).start())
+                .with_postgres(sink.clone(), pg.clone());
+        }
+        for (sink, url) in sink_urls.iter().filter(|(_, url)| !is_postgres(url)) {
             if !pools.contains_key(url) {
                 let what = format!("the Redis of sink {sink}");
                 pools.insert(url.clone(), args.redis.reachable(url, &what).await?);
@@ -235,6 +253,11 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
             let store = RedisFencedStore::new(pools[url].clone(), &format!("{}-{sink}", args.redis.prefix));
             sinks = sinks.with(sink.clone(), FencedSink::new(sink.clone(), Arc::new(store)).start());
         }
+        let _relays = if args.relay {
+            args.relay_args.start(&postgres, &args.redis).await?
+        } else {
+            Vec::new()
+        };
         let coordinator = Coordinator::new(Arc::new(store))
             .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
             .start();
@@ -258,14 +281,18 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
 
         // Ready while Redis answers and we are not draining.
         let draining = Arc::new(AtomicBool::new(false));
-        // Every Redis this process needs: the coordinator's and each sink's.
+        // Every backend this process needs: the coordinator's Redis and each sink's.
         let probes: Vec<Pool> = pools.values().cloned().collect();
+        let pg_probes: Vec<Arc<PostgresSink>> = postgres.iter().map(|(_, pg)| pg.clone()).collect();
         let (probe_health, probe_draining) = (health.clone(), draining.clone());
         actix::spawn(async move {
             loop {
                 let mut up = true;
                 for probe in &probes {
                     up &= ping(probe).await.is_ok();
+                }
+                for probe in &pg_probes {
+                    up &= probe.ping().await.is_ok();
                 }
                 probe_health.set_ready(up && !probe_draining.load(Ordering::Relaxed));
                 tokio::time::sleep(Duration::from_secs(1)).await;

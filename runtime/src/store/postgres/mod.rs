@@ -320,6 +320,16 @@ impl PostgresSink {
             .fetch_max(watermark.as_u64(), Ordering::Relaxed);
     }
 
+    /// One round trip (`SELECT 1`), for readiness probes.
+    pub async fn ping(&self) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(postgres_error)?;
+        Ok(())
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool.get().await.map_err(pool_error)
     }

@@ -1,0 +1,204 @@
+//! `relay` (and `worker --relay`): [`OutboxRelay`]s delivering the outboxes of the Postgres
+//! sinks, to targets configured as `--target NAME=URL`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+
+use super::RedisArgs;
+use crate::client::Client;
+use crate::metrics::Health;
+use crate::relay::{OutboxRelay, RelayConfig, Target};
+use crate::store::postgres::PostgresSink;
+use crate::store::redis::redacted;
+
+/// Where outbox entries go, and how hard to try.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct RelayArgs {
+    /// An outbox target: `NAME=URL` (repeatable). `http://…` or `https://…` receives one POST
+    /// per entry (JSON body, `Idempotency-Key: <scope>/<key>`); `queue:QUEUE` enqueues each
+    /// entry (`{"kind", "payload", "scope"}`) as a job into QUEUE of this coordinator.
+    #[arg(long = "target", value_name = "NAME=URL")]
+    targets: Vec<String>,
+    /// Delivery attempts before an entry is dead.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    outbox_attempts: u32,
+    /// How long a relay holds an entry it is delivering (a delivery times out at half of it);
+    /// another relay takes the entry after this if the first died.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    outbox_lease: Duration,
+    /// Delay before the second attempt; doubles per attempt (jittered), at most 10 minutes.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    outbox_backoff: Duration,
+}
+
+/// `relay`: only the relays, no handlers.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct RelayCommand {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Where a declared sink lives, `NAME=URL` (repeatable; also `PALISADE_SINK_<NAME>_URL`):
+    /// the outbox of every `postgres://` sink is relayed.
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
+    #[command(flatten)]
+    relay: RelayArgs,
+    /// Serve /metrics, /healthz and /readyz on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+}
+
+/// `NAME=URL` flags, checked before anything connects.
+fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let mut seen = std::collections::HashSet::new();
+    flags
+        .iter()
+        .map(|flag| {
+            let Some((name, url)) = flag.split_once('=') else {
+                bail!("--target {flag:?}: expected NAME=URL");
+            };
+            crate::job::check_name("outbox target", name)?;
+            let known = url.starts_with("http://")
+                || url.starts_with("https://")
+                || url.strip_prefix("queue:").is_some_and(|q| !q.is_empty());
+            if !known {
+                bail!("--target {name}: {url:?} is neither http(s)://… nor queue:QUEUE");
+            }
+            if !seen.insert(name.to_owned()) {
+                bail!("--target {name} is given twice");
+            }
+            Ok((name.to_owned(), url.to_owned()))
+        })
+        .collect()
+}
+
+impl RelayArgs {
+    /// Checks the flags (before the process connects anywhere).
+    pub(super) fn check(&self) -> anyhow::Result<()> {
+        if self.targets.is_empty() {
+            bail!("a relay needs at least one --target NAME=URL");
+        }
+        parse_targets(&self.targets).map(drop)
+    }
+
+    /// Starts one relay per sink on the current arbiter.
+    pub(super) async fn start(
+        &self,
+        sinks: &[(String, Arc<PostgresSink>)],
+        redis: &RedisArgs,
+    ) -> anyhow::Result<Vec<Addr<OutboxRelay>>> {
+        if sinks.is_empty() {
+            bail!("no postgres:// sink to relay (give one with --sink NAME=postgres://…)");
+        }
+        let mut client = None;
+        let mut targets = HashMap::new();
+        for (name, url) in parse_targets(&self.targets)? {
+            let target = match url.strip_prefix("queue:") {
+                Some(queue) => {
+                    crate::job::check_name("queue", queue)?;
+                    if client.is_none() {
+                        let (_, store) = redis.store().await?;
+                        client = Some(Client::new(Arc::new(store)));
+                    }
+                    Target::Enqueue {
+                        client: client.clone().expect("just set"),
+                        queue: queue.to_owned(),
+                    }
+                }
+                None => Target::Http(url),
+            };
+            targets.insert(name, target);
+        }
+        let config = RelayConfig {
+            lease: self.outbox_lease,
+            max_attempts: self.outbox_attempts,
+            backoff: self.outbox_backoff,
+            ..RelayConfig::default()
+        };
+        let mut relays = Vec::new();
+        for (name, sink) in sinks {
+            let relay = OutboxRelay::new(sink.clone(), targets.clone(), config.clone())
+                .with_context(|| format!("relay of sink {name}"))?;
+            relays.push(relay.start());
+        }
+        tracing::info!(sinks = ?sinks.iter().map(|(n, _)| n).collect::<Vec<_>>(), targets = ?self.targets.iter().map(|t| redacted(t)).collect::<Vec<_>>(), "outbox relay started");
+        Ok(relays)
+    }
+}
+
+/// Connects every sink whose URL is `postgres://` or `postgresql://`.
+pub(super) async fn postgres_sinks(
+    sink_urls: &[(String, String)],
+) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
+    let mut sinks = Vec::new();
+    for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
+        let sink = PostgresSink::connect(url)
+            .await
+            .with_context(|| format!("sink {name} at {}", redacted(url)))?;
+        sinks.push((name.clone(), Arc::new(sink)));
+    }
+    Ok(sinks)
+}
+
+pub(super) fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Runs relays until SIGTERM / SIGINT.
+pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()> {
+    args.relay.check()?;
+    let sink_urls = super::worker::sink_urls(
+        declared,
+        &args.sinks,
+        |var| std::env::var(var).ok(),
+        &args.redis.redis,
+    )?;
+    let health = Health::new();
+    if let Some(addr) = args.metrics {
+        crate::metrics::serve(addr, health.clone())
+            .with_context(|| format!("serving /metrics on {addr}"))?;
+    }
+    System::new().block_on(async move {
+        let sinks = postgres_sinks(&sink_urls).await?;
+        let _relays = args.relay.start(&sinks, &args.redis).await?;
+        health.set_ready(true);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        // Entries being delivered now keep their lease until it runs out, then another relay
+        // (or this one, restarted) delivers them again: at least once, nothing lost.
+        tracing::info!("signal received; relay stopping");
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_checked_before_anything_connects() {
+        let ok = parse_targets(&[
+            "email=https://hooks.example/receipts".into(),
+            "followup=queue:billing".into(),
+        ])
+        .unwrap();
+        assert_eq!(ok[1], ("followup".into(), "queue:billing".into()));
+        for bad in [
+            "email",
+            "email=ftp://x",
+            "=http://x",
+            "email=queue:",
+            "a b=http://x",
+        ] {
+            assert!(parse_targets(&[bad.into()]).is_err(), "{bad}");
+        }
+        assert!(parse_targets(&["a=http://x".into(), "a=http://y".into()]).is_err());
+    }
+}

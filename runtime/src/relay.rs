@@ -1,0 +1,320 @@
+//! `OutboxRelay`: delivers the effects fenced transactions recorded in a Postgres sink's
+//! outbox, at least once each.
+//!
+//! The outbox entry exists only if the transaction that pushed it committed, and a stale
+//! generation's transaction never commits, so a stale holder cannot even *record* an effect;
+//! the relay then only has to be reliable. Each round it leases up to `batch` due entries of
+//! its targets (row leases: several relays never deliver one entry at once, and a relay that
+//! dies leaves its entries to be taken again once the lease runs out), delivers them
+//! concurrently and marks each: delivered, retried later with exponential backoff and jitter,
+//! or dead after `max_attempts` (or at once, when the receiver refuses the request itself).
+//!
+//! Targets:
+//! - [`Target::Http`]: `POST <url>` with the payload as JSON and `Idempotency-Key:
+//!   <scope>/<key>` — the same for every attempt and every run of the job, so the receiver can
+//!   drop repeats (the relay is at least once by nature: it may deliver and die before it marks).
+//! - [`Target::Enqueue`]: enqueues a Palisade job (`{"kind": .., "payload": .., "scope": ..}`),
+//!   so a job can fence its follow-up jobs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use metrics::counter;
+use rand::Rng as _;
+use serde::Deserialize;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::job::NewJob;
+use crate::metrics as m;
+use crate::store::postgres::{OutboxEntry, PostgresSink};
+
+/// Where the entries of one outbox target go.
+#[derive(Clone)]
+pub enum Target {
+    /// `POST` to this `http://` or `https://` URL.
+    Http(String),
+    /// Enqueue the entry as a job into `queue` through `client`.
+    Enqueue {
+        /// The coordinator to enqueue into.
+        client: Client,
+        /// Queue for the follow-up jobs.
+        queue: String,
+    },
+}
+
+/// What an [`Target::Enqueue`] entry's payload holds.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FollowUp {
+    kind: String,
+    #[serde(default)]
+    payload: serde_json::Value,
+    scope: Option<String>,
+}
+
+/// Pace and patience of a relay.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// Most entries leased per round.
+    pub batch: usize,
+    /// How long a leased entry is this relay's; a delivery times out at half of it.
+    pub lease: Duration,
+    /// Pause between rounds that found nothing to do.
+    pub poll: Duration,
+    /// Attempts before an entry is dead.
+    pub max_attempts: u32,
+    /// Delay before the second attempt; doubles per attempt up to `max_backoff`, each delay
+    /// jittered down to half at random so failed entries do not retry in lock step.
+    pub backoff: Duration,
+    /// Longest delay between attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch: 64,
+            lease: Duration::from_secs(60),
+            poll: Duration::from_millis(200),
+            max_attempts: 12,
+            backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(600),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// The delay before attempt `attempts + 1`, jittered to [½, 1] of the exponential value.
+    fn delay_after(&self, attempts: i32) -> Duration {
+        let doublings = u32::try_from(attempts.saturating_sub(1))
+            .unwrap_or(0)
+            .min(30);
+        let full = self
+            .backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff);
+        full.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+}
+
+/// Delivers one Postgres sink's outbox (see the module docs).
+pub struct OutboxRelay {
+    sink: Arc<PostgresSink>,
+    targets: Arc<HashMap<String, Target>>,
+    names: Arc<[String]>,
+    config: RelayConfig,
+    http: reqwest::Client,
+    busy: bool,
+}
+
+/// How one delivery attempt went.
+enum Attempt {
+    Delivered,
+    /// Worth another attempt later.
+    Failed(String),
+    /// The receiver refused the request itself; repeating it would get the same answer.
+    Refused(String),
+}
+
+impl OutboxRelay {
+    /// A relay for `targets` of `sink`'s outbox. Entries of other targets are left to other
+    /// relays.
+    pub fn new(
+        sink: Arc<PostgresSink>,
+        targets: HashMap<String, Target>,
+        config: RelayConfig,
+    ) -> Result<Self> {
+        if targets.is_empty() {
+            return Err(Error::Config(
+                "an outbox relay needs at least one target".into(),
+            ));
+        }
+        if config.batch == 0 || config.max_attempts == 0 || config.lease < Duration::from_secs(1) {
+            return Err(Error::Config(
+                "relay batch and max attempts must be positive, the lease at least 1s".into(),
+            ));
+        }
+        for (name, target) in &targets {
+            if let Target::Http(url) = target {
+                if reqwest::Url::parse(url)
+                    .map_or(true, |u| !matches!(u.scheme(), "http" | "https"))
+                {
+                    return Err(Error::Config(format!(
+                        "outbox target {name}: {url:?} is not an http:// or https:// URL"
+                    )));
+                }
+            }
+        }
+        // A delivery must end well inside the lease, or a second relay could take the entry
+        // while the first is still sending it.
+        let http = reqwest::Client::builder()
+            .timeout(config.lease / 2)
+            .build()
+            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        let mut names: Vec<String> = targets.keys().cloned().collect();
+        names.sort();
+        Ok(Self {
+            sink,
+            targets: Arc::new(targets),
+            names: names.into(),
+            config,
+            http,
+            busy: false,
+        })
+    }
+
+    fn round(&mut self, ctx: &mut Context<Self>) {
+        if self.busy {
+            return;
+        }
+        self.busy = true;
+        let (sink, targets, names) = (self.sink.clone(), self.targets.clone(), self.names.clone());
+        let (config, http) = (self.config.clone(), self.http.clone());
+        let work = async move {
+            let entries = match sink.claim_outbox(&names, config.batch, config.lease).await {
+                Ok(entries) => entries,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox relay: claiming entries failed");
+                    return 0;
+                }
+            };
+            let n = entries.len();
+            let deliveries = entries.into_iter().map(|entry| {
+                let target = targets[&entry.target].clone();
+                let (sink, config, http) = (sink.clone(), config.clone(), http.clone());
+                async move {
+                    let attempt = deliver(&target, &http, &entry).await;
+                    settle(&sink, &config, &entry, attempt).await;
+                }
+            });
+            futures_util::future::join_all(deliveries).await;
+            n
+        };
+        ctx.spawn(work.into_actor(self).map(|n, act, ctx| {
+            act.busy = false;
+            // A full batch suggests more is due: go again without waiting for the poll.
+            if n == act.config.batch {
+                act.round(ctx);
+            }
+        }));
+    }
+}
+
+/// One attempt at one entry.
+async fn deliver(target: &Target, http: &reqwest::Client, entry: &OutboxEntry) -> Attempt {
+    match target {
+        Target::Http(url) => {
+            let sent = http
+                .post(url)
+                .header("Idempotency-Key", entry.idempotency_key())
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(entry.payload.to_string())
+                .send()
+                .await;
+            match sent {
+                Ok(response) if response.status().is_success() => Attempt::Delivered,
+                Ok(response) => {
+                    let status = response.status();
+                    let why = format!("{url} answered {status}");
+                    // 408 and 429 ask to come back later; any other 4xx refuses the request.
+                    if status.is_client_error() && status != 408 && status != 429 {
+                        Attempt::Refused(why)
+                    } else {
+                        Attempt::Failed(why)
+                    }
+                }
+                Err(e) => Attempt::Failed(format!("{url}: {e}")),
+            }
+        }
+        Target::Enqueue { client, queue } => {
+            let follow_up: FollowUp = match serde_json::from_value(entry.payload.clone()) {
+                Ok(f) => f,
+                Err(e) => {
+                    return Attempt::Refused(format!(
+                        "not a follow-up job ({{\"kind\", \"payload\", \"scope\"}}): {e}"
+                    ))
+                }
+            };
+            let mut job = NewJob::raw(follow_up.kind, follow_up.payload.to_string())
+                .with_queue(queue.clone());
+            if let Some(scope) = follow_up.scope {
+                job = job.with_scope(scope);
+            }
+            match client.enqueue(job).await {
+                Ok(_) => Attempt::Delivered,
+                Err(e) if e.is_retryable() => Attempt::Failed(e.to_string()),
+                Err(e) => Attempt::Refused(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Marks the entry after an attempt and counts it.
+async fn settle(sink: &PostgresSink, config: &RelayConfig, entry: &OutboxEntry, attempt: Attempt) {
+    let target = entry.target.clone();
+    let marked = match attempt {
+        Attempt::Delivered => {
+            counter!(m::OUTBOX_DELIVERED, "target" => target).increment(1);
+            sink.outbox_delivered(entry).await
+        }
+        Attempt::Failed(why) if entry.attempts < config.max_attempts as i32 => {
+            counter!(m::OUTBOX_RETRIED, "target" => target).increment(1);
+            tracing::info!(id = entry.id, attempts = entry.attempts, error = %why, "outbox delivery failed; will retry");
+            let delay = config.delay_after(entry.attempts);
+            sink.outbox_failed(entry, &why, Some(delay)).await
+        }
+        Attempt::Failed(why) | Attempt::Refused(why) => {
+            counter!(m::OUTBOX_DEAD, "target" => target).increment(1);
+            tracing::warn!(id = entry.id, attempts = entry.attempts, error = %why, "outbox entry is dead");
+            sink.outbox_failed(entry, &why, None).await
+        }
+    };
+    match marked {
+        Ok(true) => {}
+        // Our lease ran out first: another relay may deliver it again (at least once).
+        Ok(false) => tracing::warn!(
+            id = entry.id,
+            "outbox lease lost before the entry was marked"
+        ),
+        Err(e) => tracing::warn!(id = entry.id, error = %e, "outbox entry could not be marked"),
+    }
+}
+
+impl Actor for OutboxRelay {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        for target in self.names.iter() {
+            for metric in [m::OUTBOX_DELIVERED, m::OUTBOX_RETRIED, m::OUTBOX_DEAD] {
+                counter!(metric, "target" => target.clone()).increment(0);
+            }
+        }
+        self.round(ctx);
+        ctx.run_interval(self.config.poll, |act, ctx| act.round(ctx));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_is_capped_and_jittered_down_to_half() {
+        let config = RelayConfig {
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(1000),
+            ..RelayConfig::default()
+        };
+        for _ in 0..100 {
+            let first = config.delay_after(1);
+            assert!((50..=100).contains(&first.as_millis()), "{first:?}");
+            let fourth = config.delay_after(4);
+            assert!((400..=800).contains(&fourth.as_millis()), "{fourth:?}");
+            let late = config.delay_after(i32::MAX);
+            assert!((500..=1000).contains(&late.as_millis()), "{late:?}");
+        }
+    }
+}
