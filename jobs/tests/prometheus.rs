@@ -105,7 +105,7 @@ fn start_prometheus(target: u16) -> (Reaped, u16, PathBuf) {
 
 #[test]
 fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
-    let [demo_port, prom_port] = free_ports();
+    let [demo_port] = free_ports();
     let _demo = Reaped(
         Command::new(env!("CARGO_BIN_EXE_palisade"))
             .args([
