@@ -148,6 +148,9 @@ impl OutboxRelay {
                 }
             }
         }
+        // reqwest's rustls comes without a crypto provider so that the one the Redis TLS path
+        // already uses (ring) serves both; install it unless the process chose another.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         // A delivery must end well inside the lease, or a second relay could take the entry
         // while the first is still sending it.
         let http = reqwest::Client::builder()

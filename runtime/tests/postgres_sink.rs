@@ -378,3 +378,84 @@ async fn migrations_are_versioned_and_safe_to_run_from_many_hosts_at_once() {
     );
     drop_postgres_schema(&sink).await;
 }
+
+/// The second target kind: an outbox entry becomes a Palisade job, so a job fences its
+/// follow-up jobs; an entry that is not a follow-up is dead with the reason, not retried.
+#[actix_rt::test]
+async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
+    use actix::Actor as _;
+    let sink = sink().await;
+    let store = Arc::new(MemoryLeaseStore::new());
+    let pushed: Result<Fenced<()>> = sink
+        .transaction(&Scope::new("order:1"), fence(1), &IdempotencyKey::new("job/ship"), |tx| {
+            Box::pin(async move {
+                let ship = serde_json::json!({"kind": "ship", "payload": {"order": 1}, "scope": "order:1"});
+                tx.outbox("jobs").push("ship", &ship).await?;
+                tx.outbox("jobs").push("bad", &serde_json::json!({"nope": 1})).await?;
+                Ok(())
+            })
+        })
+        .await;
+    assert_eq!(pushed.unwrap(), Fenced::Applied(()));
+    let target = Target::Enqueue {
+        client: Client::new(store.clone()),
+        queue: "followups".into(),
+    };
+    let config = RelayConfig {
+        poll: Duration::from_millis(20),
+        ..RelayConfig::default()
+    };
+    let targets = std::collections::HashMap::from([("jobs".to_owned(), target)]);
+    let _relay = OutboxRelay::new(sink.clone(), targets, config)
+        .unwrap()
+        .start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let counts = loop {
+        let counts = sink.outbox_counts().await.unwrap();
+        if counts.pending == 0 || std::time::Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((counts.delivered, counts.dead), (1, 1));
+    let claims = store
+        .claim("followups", "t", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].job.kind, "ship");
+    assert_eq!(claims[0].lease.scope, Scope::new("order:1"));
+    let why: String = rows(
+        &sink,
+        &format!(
+            "SELECT last_error FROM {}.outbox WHERE state = 'dead'",
+            sink.schema()
+        ),
+    )
+    .await[0]
+        .get(0);
+    assert!(why.contains("not a follow-up job"), "{why}");
+    drop_postgres_schema(&sink).await;
+}
+
+#[test]
+fn relay_configuration_is_checked() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sink = rt.block_on(sink());
+    let http =
+        |url: &str| std::collections::HashMap::from([("t".to_owned(), Target::Http(url.into()))]);
+    for bad in ["ftp://x", "not a url"] {
+        assert!(matches!(
+            OutboxRelay::new(sink.clone(), http(bad), RelayConfig::default()),
+            Err(Error::Config(_))
+        ));
+    }
+    assert!(OutboxRelay::new(sink.clone(), Default::default(), RelayConfig::default()).is_err());
+    let zero = RelayConfig {
+        batch: 0,
+        ..RelayConfig::default()
+    };
+    assert!(OutboxRelay::new(sink.clone(), http("http://x"), zero).is_err());
+    assert!(OutboxRelay::new(sink.clone(), http("https://x"), RelayConfig::default()).is_ok());
+    rt.block_on(drop_postgres_schema(&sink));
+}

@@ -225,7 +225,9 @@ impl App {
 /// object per line (for log shippers). A second call (tests) keeps the first subscriber.
 fn init_logging(default: &str, json: bool) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // tokio-postgres logs server NOTICEs ("schema already exists, skipping") at info.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},tokio_postgres=warn")));
     use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -1,0 +1,228 @@
+//! The fenced outbox with real parts: effects recorded by fenced transactions in the real
+//! PostgreSQL, a real `palisade relay` process that is kill -9'd mid-delivery and restarted,
+//! and a local HTTP receiver that fails some requests and counts deliveries per
+//! `Idempotency-Key`. Every effect of a current generation arrives (at least once, with a
+//! stable key); none of a stale generation is ever recorded, so none is sent.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::wait_for;
+use palisade::{Fence, Fenced, FencingToken, IdempotencyKey, LeaseId, PostgresSink, Scope};
+
+const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+
+/// A tiny HTTP/1.1 server: answers every third request 503 (so the relay must retry) and
+/// the others 200, and records the `Idempotency-Key` and body of each successful POST.
+struct Receiver {
+    port: u16,
+    delivered: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Receiver {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delivered = Arc::new(Mutex::new(Vec::new()));
+        let seen = delivered.clone();
+        std::thread::spawn(move || {
+            let mut requests = 0u64;
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                requests += 1;
+                let fail = requests % 3 == 0;
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let (mut key, mut length) = (None, 0usize);
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':') {
+                            match name.to_ascii_lowercase().as_str() {
+                                "idempotency-key" => key = Some(value.trim().to_owned()),
+                                "content-length" => length = value.trim().parse().unwrap_or(0),
+                                _ => {}
+                            }
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    let _ = reader.read_exact(&mut body);
+                    let status = if fail {
+                        "503 Service Unavailable"
+                    } else {
+                        let key = key.unwrap_or_else(|| "<missing>".into());
+                        seen.lock()
+                            .unwrap()
+                            .push((key, String::from_utf8_lossy(&body).into_owned()));
+                        "200 OK"
+                    };
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                });
+            }
+        });
+        Self { port, delivered }
+    }
+
+    fn by_key(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for (key, _) in self.delivered.lock().unwrap().iter() {
+            *counts.entry(key.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+struct Relay(Child);
+
+impl Relay {
+    fn start(sink_url: &str, receiver: &Receiver) -> Self {
+        Self(
+            Command::new(BIN)
+                // The relay needs the coordinator only for queue: targets; this one has none.
+                .args(["relay", "--redis", "redis://127.0.0.1:1"])
+                .args(["--sink", &format!("ledger={sink_url}")])
+                .args([
+                    "--target",
+                    &format!("email=http://127.0.0.1:{}/hooks/email", receiver.port),
+                ])
+                .args(["--outbox-lease", "2s", "--outbox-backoff", "20ms"])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("palisade binary runs"),
+        )
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fence(token: u64) -> Fence {
+    Fence {
+        token: FencingToken::from_u64(token),
+        lease: LeaseId::from(uuid::Uuid::from_u128(u128::from(token))),
+    }
+}
+
+/// One job run: a fenced transaction that pushes `effects` receipts.
+async fn run_job(
+    sink: &PostgresSink,
+    scope: &str,
+    token: u64,
+    job: &str,
+    effects: u32,
+) -> Fenced<()> {
+    sink.transaction(
+        &Scope::new(scope),
+        fence(token),
+        &IdempotencyKey::new(format!("{job}/settle")),
+        move |tx| {
+            Box::pin(async move {
+                for e in 0..effects {
+                    tx.outbox("email").push(&format!("receipt{e}"), &e).await?;
+                }
+                Ok(())
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[test]
+fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = format!("{base}?schema={schema}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt
+        .block_on(PostgresSink::connect(&url))
+        .expect("PostgreSQL is running (.ci/run starts it)");
+    let mut current = 0;
+    rt.block_on(async {
+        for i in 0..60u64 {
+            let scope = format!("invoice:{i}");
+            // The current generation (token 1000+i) settles the invoice with 3 receipts...
+            assert_eq!(
+                run_job(&sink, &scope, 1000 + i, &format!("job{i}"), 3).await,
+                Fenced::Applied(())
+            );
+            current += 3;
+            // ...then the stale one (paused holder, token i) wakes and tries: refused, and
+            // its receipt is never recorded.
+            let stale = run_job(&sink, &scope, i, &format!("stale{i}"), 1).await;
+            assert!(matches!(stale, Fenced::Rejected(_)), "{stale:?}");
+            // A re-run of the current job repeats its pushes: a duplicate, nothing new.
+            let rerun = run_job(&sink, &scope, 2000 + i, &format!("job{i}"), 3).await;
+            assert_eq!(rerun, Fenced::Duplicate(()));
+        }
+    });
+    assert_eq!(
+        rt.block_on(sink.outbox_counts()).unwrap().pending,
+        current as u64
+    );
+
+    let receiver = Receiver::start();
+    let relay = Relay::start(&url, &receiver);
+    wait_for("some deliveries", Duration::from_secs(30), || {
+        receiver.delivered.lock().unwrap().len() >= 30
+    });
+    drop(relay); // kill -9 (Child::kill is SIGKILL), mid-delivery
+    let _relay = Relay::start(&url, &receiver);
+    wait_for("every entry delivered", Duration::from_secs(60), || {
+        rt.block_on(sink.outbox_counts()).unwrap().pending == 0
+    });
+    let counts = rt.block_on(sink.outbox_counts()).unwrap();
+    assert_eq!((counts.delivered, counts.dead), (current as u64, 0));
+    let by_key = receiver.by_key();
+    assert_eq!(
+        by_key.len(),
+        current,
+        "every current effect arrived: {by_key:?}"
+    );
+    for key in by_key.keys() {
+        // invoice:<i>/job<i>/settle/receipt<e>: stable per effect, never a stale one.
+        assert!(key.starts_with("invoice:") && key.contains("/job"), "{key}");
+        assert!(
+            !key.contains("stale"),
+            "a stale generation's effect was sent: {key}"
+        );
+    }
+    assert!(
+        receiver
+            .delivered
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(_, body)| body.parse::<u32>().is_ok()),
+        "bodies are the pushed JSON payloads"
+    );
+    let client = rt.block_on(sink.pool().get()).unwrap();
+    rt.block_on(client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
+        .unwrap();
+}
