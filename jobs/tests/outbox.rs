@@ -36,7 +36,7 @@ impl Receiver {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 requests += 1;
-                let fail = requests % 3 == 0;
+                let fail = requests.is_multiple_of(3);
                 let seen = seen.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
