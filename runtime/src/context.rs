@@ -17,7 +17,9 @@ use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, Lease};
 use crate::job::{Job, JobError};
 use crate::sink::{FencedSink, Write};
-use crate::store::postgres::{BoxError, Fenced, FencedTx, PostgresSink};
+use crate::store::postgres::{
+    check_key_part, inside_transaction_of, Fenced, PostgresSink, TransactionFn,
+};
 use crate::store::{FencedWrite, Mutation};
 
 /// The fenced sinks a worker's handlers may write to, by name.
@@ -117,6 +119,7 @@ impl JobContext {
             .ok_or_else(|| Error::UnknownSink(name.to_owned()))?;
         Ok(SinkHandle {
             addr,
+            postgres: self.sinks.0.postgres.get(name).cloned(),
             fence: self.fence(),
             lease: self.lease.clone(),
             job: self.job.id,
@@ -164,8 +167,8 @@ pub struct PostgresHandle {
 impl PostgresHandle {
     /// Runs `f` in one transaction fenced by this lease (see [`PostgresSink::transaction`]):
     /// the scope's fence is locked and checked first, so a stale holder's `f` never runs;
-    /// `key` names this write within the job (stored as `<job id>/<key>`, the same in every
-    /// run of the job), so a re-run gets [`Fenced::Duplicate`] with the first run's result
+    /// `key` names this write within the job (1-200 bytes, no `/`; stored as
+    /// `<job id>/tx/<key>`, the same in every run of the job), so a re-run gets [`Fenced::Duplicate`] with the first run's result
     /// instead of running `f` again.
     ///
     /// ```no_run
@@ -189,9 +192,43 @@ impl PostgresHandle {
     pub async fn transaction<R, F>(&self, key: &str, f: F) -> Result<Fenced<R>>
     where
         R: Serialize + DeserializeOwned + Send,
-        F: for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send,
+        F: TransactionFn<R>,
     {
-        let key = IdempotencyKey::new(format!("{}/{key}", self.job));
+        check_key_part("transaction key", key)?;
+        self.run(format!("{}/tx/{key}", self.job), f).await
+    }
+
+    /// Records one effect for `target` in its own fenced transaction (inside a transaction,
+    /// use [`FencedTx::outbox`] instead, so the effect commits with the rows). Keyed by
+    /// `key` within the job, like [`transaction`](Self::transaction).
+    pub async fn push_outbox(
+        &self,
+        target: &str,
+        key: &str,
+        payload: &impl Serialize,
+    ) -> Result<Fenced<()>> {
+        check_key_part("outbox target", target)?;
+        check_key_part("outbox key", key)?;
+        let payload = serde_json::to_value(payload)
+            .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
+        let (target_name, push_key) = (target.to_owned(), key.to_owned());
+        let stored = format!("{}/outbox/{target}/{key}", self.job);
+        self.run(stored, move |tx| {
+            Box::pin(async move {
+                tx.outbox(&target_name).push(&push_key, &payload).await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// One fenced transaction under the full stored key, counted in the sink metrics.
+    async fn run<R, F>(&self, key: String, f: F) -> Result<Fenced<R>>
+    where
+        R: Serialize + DeserializeOwned + Send,
+        F: TransactionFn<R>,
+    {
+        let key = IdempotencyKey::new(key);
         let result = self
             .sink
             .transaction(&self.scope, self.fence, &key, f)
@@ -203,32 +240,15 @@ impl PostgresHandle {
         crate::sink::record(&self.name, &self.scope, &admission);
         result
     }
-
-    /// Records one effect for `target` in its own fenced transaction (inside a transaction,
-    /// use [`FencedTx::outbox`] instead, so the effect commits with the rows).
-    pub async fn push_outbox(
-        &self,
-        target: &str,
-        key: &str,
-        payload: &impl Serialize,
-    ) -> Result<Fenced<()>> {
-        let payload = serde_json::to_value(payload)
-            .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
-        let (target, push_key) = (target.to_owned(), key.to_owned());
-        self.transaction(&format!("outbox/{target}/{key}"), move |tx| {
-            Box::pin(async move {
-                tx.outbox(&target).push(&push_key, &payload).await?;
-                Ok(())
-            })
-        })
-        .await
-    }
 }
 
 /// Writes to one fenced sink under one lease.
 #[derive(Clone)]
 pub struct SinkHandle {
     addr: Addr<FencedSink>,
+    /// The Postgres sink behind it, if it is one (to refuse a write from inside one of its
+    /// own transactions, which would wait for that transaction's lock).
+    postgres: Option<Arc<PostgresSink>>,
     fence: Fence,
     lease: Lease,
     job: crate::ids::JobId,
@@ -253,6 +273,13 @@ impl SinkHandle {
         key: IdempotencyKey,
         mutations: Vec<Mutation>,
     ) -> Result<Admission> {
+        if self.postgres.as_deref().is_some_and(inside_transaction_of) {
+            return Err(Error::InvalidJob(
+                "a fenced write cannot go to the Postgres sink whose transaction it runs \
+                 inside (it would wait for that transaction's lock); write through `tx`"
+                    .into(),
+            ));
+        }
         self.addr
             .send(Write(FencedWrite {
                 scope: self.lease.scope.clone(),

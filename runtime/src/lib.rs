@@ -89,7 +89,7 @@ pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::postgres::{
     BoxError, Fenced, FencedTx, OutboxCounts, OutboxEntry, OutboxWriter, PostgresFencedStore,
-    PostgresSink,
+    PostgresSink, TransactionFn,
 };
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};

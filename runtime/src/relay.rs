@@ -155,6 +155,9 @@ impl OutboxRelay {
         // while the first is still sending it.
         let http = reqwest::Client::builder()
             .timeout(config.lease / 2)
+            // A redirect would turn the POST into a body-less GET (301/302/303) and could be
+            // taken for a delivery; a moved receiver is a configuration matter.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         let mut names: Vec<String> = targets.keys().cloned().collect();
@@ -222,13 +225,19 @@ async fn deliver(target: &Target, http: &reqwest::Client, entry: &OutboxEntry) -
                 Ok(response) => {
                     let status = response.status();
                     let why = format!("{url} answered {status}");
-                    // 408 and 429 ask to come back later; any other 4xx refuses the request.
-                    if status.is_client_error() && status != 408 && status != 429 {
+                    // 408, 425 and 429 ask to come back later, and 409 is what a receiver
+                    // that dedupes by Idempotency-Key answers while it still processes the
+                    // same key; any other 4xx refuses the request itself, and a redirect
+                    // means the target is misconfigured.
+                    let later = [408, 409, 425, 429].contains(&status.as_u16());
+                    if status.is_redirection() || (status.is_client_error() && !later) {
                         Attempt::Refused(why)
                     } else {
                         Attempt::Failed(why)
                     }
                 }
+                // A request that cannot even be built will never be sent.
+                Err(e) if e.is_builder() => Attempt::Refused(format!("{url}: {e}")),
                 Err(e) => Attempt::Failed(format!("{url}: {e}")),
             }
         }

@@ -459,3 +459,187 @@ fn relay_configuration_is_checked() {
     assert!(OutboxRelay::new(sink.clone(), http("https://x"), RelayConfig::default()).is_ok());
     rt.block_on(drop_postgres_schema(&sink));
 }
+
+/// Issue 10 attack findings, through a real worker: `ctx.sink` writes, transactions and
+/// outbox pushes of one job live in separate key namespaces (none is mistaken for a
+/// duplicate of another), a fenced write to the same sink from inside a transaction's
+/// closure is refused at once instead of waiting forever for its own lock, and key names
+/// that could collide or break a header are refused.
+#[actix_rt::test]
+async fn one_job_mixing_writes_transactions_and_pushes_on_one_sink() {
+    use actix::Actor as _;
+    let sink = sink().await;
+    let table = user_table(&sink).await;
+    let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new())).start();
+    let store = PostgresFencedStore::new(sink.clone());
+    let sinks = Sinks::new()
+        .with("pg", FencedSink::new("pg", Arc::new(store)).start())
+        .with_postgres("pg", sink.clone());
+    let (tx_report, mut report) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+    let registry = Registry::new().register("mixed", move |ctx: JobContext, _: ()| {
+        let (report, table) = (tx_report.clone(), table.clone());
+        async move {
+            let mut seen = Vec::new();
+            let handle = ctx.sink("pg")?;
+            let set = vec![Mutation::Set {
+                key: "k".into(),
+                value: "v".into(),
+            }];
+            seen.push(format!("{:?}", handle.write(set).await));
+            let (inner_pg, inner_sink) = (ctx.postgres("pg")?, ctx.sink("pg")?);
+            let pg = ctx.postgres("pg")?;
+            let tx = pg
+                .transaction("0", move |tx| {
+                    Box::pin(async move {
+                        tx.execute(&format!("INSERT INTO {table} (token) VALUES (1)"), &[])
+                            .await?;
+                        let nested = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            inner_pg.push_outbox("email", "n", &1),
+                        )
+                        .await;
+                        let write =
+                            tokio::time::timeout(Duration::from_secs(5), inner_sink.write(vec![]))
+                                .await;
+                        Ok(format!("{nested:?} | {write:?}"))
+                    })
+                })
+                .await;
+            seen.push(format!("{tx:?}"));
+            seen.push(format!(
+                "{:?}",
+                pg.push_outbox("email", "0", &"receipt").await
+            ));
+            for bad in ["", "a/b", "line\nbreak"] {
+                seen.push(format!(
+                    "{:?}",
+                    pg.transaction(bad, |_| Box::pin(async { Ok(()) })).await
+                ));
+            }
+            report.send(seen).unwrap();
+            Ok(())
+        }
+    });
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(10),
+        ..WorkerConfig::new("w")
+    };
+    let _worker = Worker::new(config, coordinator.clone(), registry, sinks)
+        .unwrap()
+        .start();
+    coordinator
+        .send(Enqueue(vec![NewJob::raw("mixed", "null")]))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(30), report.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen[0], "Ok(Applied)", "{seen:#?}");
+    assert!(
+        seen[1].starts_with("Ok(Applied(\"Ok(Err(InvalidJob("),
+        "nested push refused at once: {seen:#?}"
+    );
+    assert!(
+        seen[1].contains("| Ok(Err(InvalidJob("),
+        "nested sink write refused at once: {seen:#?}"
+    );
+    assert_eq!(
+        seen[2], "Ok(Applied(()))",
+        "the push is not a duplicate of write 0: {seen:#?}"
+    );
+    for bad in &seen[3..] {
+        assert!(bad.starts_with("Err(InvalidJob("), "{seen:#?}");
+    }
+    assert_eq!(sink.outbox_counts().await.unwrap().pending, 1);
+    drop_postgres_schema(&sink).await;
+}
+
+/// Issue 10 attack finding 1: the fence protocol needs READ COMMITTED; a server (or role)
+/// whose default is SERIALIZABLE must not change it — not for writes, not for migrations
+/// run from many hosts at once.
+#[tokio::test]
+async fn transactions_run_read_committed_whatever_the_server_default() {
+    let (_, url) = fresh_postgres_schema();
+    let url = format!("{url}&options=-cdefault_transaction_isolation%3Dserializable");
+    let starts = (0..4).map(|_| PostgresSink::connect(&url));
+    let sinks: Vec<_> = futures_util::future::join_all(starts).await;
+    for s in &sinks {
+        assert!(s.is_ok(), "{:?}", s.as_ref().err());
+    }
+    let sink = sinks.into_iter().next().unwrap().unwrap();
+    let level: Fenced<String> = sink
+        .transaction(
+            &Scope::new("s"),
+            fence(1),
+            &IdempotencyKey::new("k"),
+            |tx| {
+                Box::pin(async move {
+                    let row = tx.query_one("SHOW transaction_isolation", &[]).await?;
+                    Ok(row.get::<_, String>(0))
+                })
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(level, Fenced::Applied("read committed".to_owned()));
+    drop_postgres_schema(&sink).await;
+}
+
+/// Issue 10 attack finding 9: a closure that ends the transaction itself (raw COMMIT) is
+/// reported, not taken for an applied write; the fence was advanced before the closure ran,
+/// so even then a stale holder stays refused.
+#[tokio::test]
+async fn a_closure_that_commits_on_its_own_is_an_error_and_the_fence_holds() {
+    let sink = sink().await;
+    let scope = Scope::new("s");
+    let outcome: Result<Fenced<()>> = sink
+        .transaction(&scope, fence(9), &IdempotencyKey::new("k"), |tx| {
+            Box::pin(async move {
+                tx.batch_execute("COMMIT").await?;
+                Ok(())
+            })
+        })
+        .await;
+    assert!(
+        matches!(&outcome, Err(Error::Backend(why)) if why.contains("ended inside its closure")),
+        "{outcome:?}"
+    );
+    assert_eq!(sink.highest(&scope).await.unwrap(), Some(fence(9)));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let table = user_table(&sink).await;
+    let stale = insert(&sink, &table, &scope, fence(8), "old", &ran)
+        .await
+        .unwrap();
+    assert!(matches!(
+        stale,
+        Fenced::Rejected(Rejection::StaleToken { .. })
+    ));
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    drop_postgres_schema(&sink).await;
+}
+
+/// Issue 10 attack finding 5: durations far beyond any sane setting do not break writes.
+#[tokio::test]
+async fn huge_retentions_and_watermarks_do_not_break_writes() {
+    let (_, url) = fresh_postgres_schema();
+    let sink = PostgresSink::connect(&url)
+        .await
+        .unwrap()
+        .with_key_retention(Duration::MAX);
+    let store = PostgresFencedStore::new(Arc::new(sink));
+    let w = |t: u64| FencedWrite {
+        scope: Scope::new("s"),
+        fence: fence(t),
+        key: IdempotencyKey::new(format!("k{t}")),
+        mutations: vec![],
+    };
+    assert_eq!(store.write(w(5)).await.unwrap(), Admission::Applied);
+    store.observe_watermark(FencingToken::from_u64(u64::MAX));
+    assert!(matches!(
+        store.write(w(6)).await.unwrap(),
+        Admission::Rejected(Rejection::StaleToken { .. })
+    ));
+    drop_postgres_schema(store.sink()).await;
+}

@@ -4,6 +4,7 @@
 //!
 //! Embedded:  `cargo run --release -p palisade-benches --bin throughput -- --jobs 200000`
 //! Redis:     `cargo run --release -p palisade-benches --bin throughput -- --redis redis://127.0.0.1:6390 --jobs 20000 [--sink]`
+//! Postgres:  `… --redis redis://127.0.0.1:6390 --jobs 20000 --postgres postgres://postgres@127.0.0.1/test`
 //!
 //! Against Redis it uses a fresh key prefix and deletes its keys afterwards; run it against a
 //! Redis nothing else uses, or the command and CPU counts include other clients' work.
@@ -35,6 +36,10 @@ struct Args {
     /// Each job makes one fenced write to a Redis sink (same Redis).
     #[arg(long)]
     sink: bool,
+    /// Each job runs one fenced transaction on a Postgres sink at this URL (a fresh schema,
+    /// dropped afterwards) that updates one row of a 1,000-row table.
+    #[arg(long, value_name = "URL", conflicts_with = "sink")]
+    postgres: Option<String>,
     /// Spread jobs over this many shared scopes (e.g. accounts) instead of one scope per job.
     #[arg(long)]
     scopes: Option<usize>,
@@ -156,6 +161,31 @@ fn main() {
             }
             _ => Sinks::new(),
         };
+        let bench_schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
+        let postgres_sink = match &args.postgres {
+            Some(url) => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                let sink = PostgresSink::connect(&format!("{url}{sep}schema={bench_schema}"))
+                    .await
+                    .expect("postgres reachable");
+                sink.pool()
+                    .get()
+                    .await
+                    .unwrap()
+                    .batch_execute(&format!(
+                        "CREATE TABLE {bench_schema}.account (id bigint PRIMARY KEY, n bigint NOT NULL);
+                         INSERT INTO {bench_schema}.account SELECT i, 0 FROM generate_series(0, 999) i;"
+                    ))
+                    .await
+                    .unwrap();
+                Some(Arc::new(sink))
+            }
+            None => None,
+        };
+        let sinks = match &postgres_sink {
+            Some(pg) => sinks.with_postgres("pg", pg.clone()),
+            None => sinks,
+        };
         if args.pause_holder > 0 {
             let hot: Vec<NewJob> = (0..args.pause_holder)
                 .flat_map(|h| (0..101).map(move |_| NewJob::raw("noop", "null").with_scope(format!("hot:{h}")).with_priority(10)))
@@ -202,8 +232,9 @@ fn main() {
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
             let (latencies, write, cpu) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us));
+            let update = args.postgres.is_some().then(|| format!("UPDATE {bench_schema}.account SET n = n + 1 WHERE id = $1"));
             let registry = Registry::new().register("noop", move |ctx: JobContext, _: ()| {
-                let latencies = latencies.clone();
+                let (latencies, update) = (latencies.clone(), update.clone());
                 async move {
                     // The lease deadline is claim-request time + ttl.
                     let claimed = ctx.lease().expires_at - ttl;
@@ -217,6 +248,18 @@ fn main() {
                         // the data the jobs wrote.
                         let incr = Mutation::HashIncr { key: "n".into(), field: "n".into(), by: 1 };
                         ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
+                    }
+                    if let Some(update) = update {
+                        let row = (ctx.job().id.as_uuid().as_u128() % 1000) as i64;
+                        ctx.postgres("pg")?
+                            .transaction("w", move |tx| {
+                                Box::pin(async move {
+                                    tx.execute(&update, &[&row]).await?;
+                                    Ok(())
+                                })
+                            })
+                            .await?
+                            .accepted()?;
                     }
                     Ok(())
                 }
@@ -238,11 +281,13 @@ fn main() {
         let n = args.jobs as f64;
         let mut lat = latencies.lock().unwrap().clone();
         lat.sort();
-        let mode = match (&args.redis, args.sink) {
-            (Some(_), true) => "redis + fenced redis sink write",
-            (Some(_), false) => "redis",
-            (None, true) => "embedded + fenced memory sink write",
-            (None, false) => "embedded",
+        let mode = match (&args.redis, args.sink, args.postgres.is_some()) {
+            (Some(_), _, true) => "redis + fenced postgres transaction (one row update)",
+            (None, _, true) => "embedded + fenced postgres transaction (one row update)",
+            (Some(_), true, _) => "redis + fenced redis sink write",
+            (Some(_), false, _) => "redis",
+            (None, true, _) => "embedded + fenced memory sink write",
+            (None, false, _) => "embedded",
         };
         let mut scopes = args.scopes.map_or("one scope per job".to_string(), |n| format!("{n} shared scopes"));
         if args.pause_holder > 0 {
@@ -336,6 +381,16 @@ fn main() {
                     let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
                 }
             }
+        }
+        if let Some(pg) = &postgres_sink {
+            let client = pg.pool().get().await.unwrap();
+            let total: i64 = client
+                .query_one(&format!("SELECT sum(n)::bigint FROM {bench_schema}.account"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(total as usize, args.jobs, "every job's row update applied exactly once");
+            client.batch_execute(&format!("DROP SCHEMA {bench_schema} CASCADE")).await.unwrap();
         }
         for a in arbiters {
             a.stop();

@@ -105,9 +105,17 @@ impl FencedStore for PostgresFencedStore {
             .collect(&client, collect_budget(writes.len()))
             .await?;
         let mut results = Vec::with_capacity(writes.len());
+        let mut broken = Ok(());
         for write in writes {
-            results.push(write_mutations(&self.sink, &mut client, write).await);
+            let result = write_mutations(&self.sink, &mut client, write).await;
+            if let Err(e) = &result {
+                if e.is_retryable() {
+                    broken = Err(Error::Unavailable(e.to_string()));
+                }
+            }
+            results.push(result);
         }
+        super::discard_if_broken(client, &broken);
         Ok(results)
     }
 

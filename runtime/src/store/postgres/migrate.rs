@@ -13,7 +13,7 @@ const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../sql/001_fence.sq
 /// Brings `schema` (quoted) to the newest version this build knows.
 pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<()> {
     let mut client = pool.get().await.map_err(pool_error)?;
-    let tx = client.transaction().await.map_err(postgres_error)?;
+    let tx = super::begin(&mut client).await?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext($1))",
         &[&format!("palisade migrations {schema}")],

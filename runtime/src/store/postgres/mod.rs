@@ -48,6 +48,18 @@ pub use outbox::{OutboxCounts, OutboxEntry, OutboxWriter};
 /// a `tokio_postgres::Error`, both through `?`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The closure of a fenced transaction: given the transaction, it returns a future of its
+/// result, borrowing the transaction (`|tx| Box::pin(async move { .. })`).
+pub trait TransactionFn<R>:
+    for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send
+{
+}
+
+impl<R, F> TransactionFn<R> for F where
+    F: for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send
+{
+}
+
 /// The outcome of a fenced transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fenced<R> {
@@ -193,17 +205,42 @@ pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> Error {
     }
 }
 
+/// Checks one part of a key a handler names (a transaction key, an outbox target or push
+/// key): non-empty, at most 200 bytes, no `/` (the separator of the stored key, so two
+/// different names can never make the same key) and no control characters (keys travel in
+/// an HTTP header).
+pub(crate) fn check_key_part(what: &str, part: &str) -> Result<()> {
+    if part.is_empty()
+        || part.len() > 200
+        || part.contains('/')
+        || part.chars().any(char::is_control)
+    {
+        return Err(Error::InvalidJob(format!(
+            "{what} {part:?}: use 1-200 bytes without '/' or control characters"
+        )));
+    }
+    Ok(())
+}
+
 /// A token as Postgres BIGINT: tokens stay below 2^63 (epochs below 2^23, DESIGN §5).
 pub(crate) fn bigint(token: FencingToken) -> Result<i64> {
     i64::try_from(token.as_u64())
         .map_err(|_| Error::Backend(format!("token {token} does not fit a Postgres BIGINT")))
 }
 
+/// A duration as SQL milliseconds (`$n * interval '1 millisecond'`), capped at 100 years:
+/// Postgres intervals overflow near 178 million years, and nothing here needs more.
+pub(crate) fn sql_millis(d: Duration) -> f64 {
+    d.min(Duration::from_secs(100 * 365 * 24 * 3600))
+        .as_millis() as f64
+}
+
 /// The SQL, with the schema spliced in once.
 struct Statements {
     lock_fence: String,
     facts: String,
-    finish: String,
+    advance: String,
+    record: String,
     collect: String,
     highest: String,
     lock_data: String,
@@ -218,18 +255,22 @@ impl Statements {
             lock_fence: format!(
                 "INSERT INTO {s}.fence (scope) VALUES ($1) \
                  ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope \
-                 RETURNING token, lease"
+                 RETURNING token, lease, txid_current()"
             ),
             facts: format!(
                 "SELECT m.watermark, k.key IS NOT NULL, k.result FROM {s}.meta m \
                  LEFT JOIN {s}.keys k ON k.scope = $1 AND k.key = $2"
             ),
-            // Advance the fence (never lower it) and, if applied, record the key.
-            finish: format!(
-                "WITH f AS (UPDATE {s}.fence SET token = $3, lease = $4 \
-                     WHERE scope = $1 AND (token IS NULL OR token < $3)) \
-                 INSERT INTO {s}.keys (scope, key, token, result) \
-                 SELECT $1, $2, $3, $5 WHERE $6 ON CONFLICT DO NOTHING"
+            // Advance the fence (never lower it).
+            advance: format!(
+                "UPDATE {s}.fence SET token = $2, lease = $3 \
+                 WHERE scope = $1 AND (token IS NULL OR token < $2)"
+            ),
+            // Record an applied key — only if this is still the transaction that took the
+            // fence lock (a closure may have ended it with a COMMIT or ROLLBACK of its own).
+            record: format!(
+                "INSERT INTO {s}.keys (scope, key, token, result) \
+                 SELECT $1, $2, $3, $4 WHERE txid_current() = $5 ON CONFLICT DO NOTHING"
             ),
             collect: format!(
                 "WITH raise AS (UPDATE {s}.meta SET watermark = $1 WHERE watermark < $1), \
@@ -263,8 +304,10 @@ impl Statements {
     }
 }
 
-/// What step 2 read under the fence lock.
+/// What steps 1 and 2 read under the fence lock.
 struct Facts {
+    /// The transaction holding the lock.
+    xid: i64,
     highest: Option<Fence>,
     watermark: FencingToken,
     key_applied: bool,
@@ -344,9 +387,10 @@ impl PostgresSink {
         if w <= self.published.load(Ordering::Relaxed) && !sweep_due {
             return Ok(());
         }
-        let w_sql = bigint(FencingToken::from_u64(w))?;
+        // A watermark past BIGINT (no real coordinator reaches it) refuses everything anyway.
+        let w_sql = i64::try_from(w).unwrap_or(i64::MAX);
         let budget = i64::try_from(budget).unwrap_or(i64::MAX);
-        let retention_ms = self.retention.as_millis() as f64;
+        let retention_ms = sql_millis(self.retention);
         let statement = client
             .prepare_cached(&self.sql.collect)
             .await
@@ -377,6 +421,7 @@ impl PostgresSink {
             .map_err(postgres_error)?;
         let token: Option<i64> = row.get(0);
         let lease: Option<Uuid> = row.get(1);
+        let xid: i64 = row.get(2);
         let highest = match (token, lease) {
             (Some(t), Some(l)) => Some(Fence {
                 token: FencingToken::from_u64(u64::try_from(t).map_err(|_| {
@@ -396,6 +441,7 @@ impl PostgresSink {
             .map_err(postgres_error)?;
         let watermark: i64 = row.get(0);
         Ok(Facts {
+            xid,
             highest,
             watermark: FencingToken::from_u64(u64::try_from(watermark).unwrap_or(0)),
             key_applied: row.get(1),
@@ -403,35 +449,53 @@ impl PostgresSink {
         })
     }
 
-    /// Step 4's bookkeeping: advance the fence to `fence`, and record `key` with `result`
-    /// if the write applied.
-    async fn finish(
+    /// Moves the fence up to `fence` (before the write's own changes, so that even a
+    /// closure that ends the transaction early leaves the fence advanced).
+    async fn advance(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        scope: &str,
+        fence: Fence,
+    ) -> Result<()> {
+        let statement = tx
+            .prepare_cached(&self.sql.advance)
+            .await
+            .map_err(postgres_error)?;
+        tx.execute(
+            &statement,
+            &[&scope, &bigint(fence.token)?, fence.lease.as_uuid()],
+        )
+        .await
+        .map_err(postgres_error)?;
+        Ok(())
+    }
+
+    /// Records the applied `key` with the write's `result` in the transaction `xid` that
+    /// holds the fence lock; an error if that transaction is no longer the current one.
+    async fn record(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         scope: &str,
         key: &str,
-        fence: Fence,
-        applied: Option<serde_json::Value>,
+        token: FencingToken,
+        result: Option<serde_json::Value>,
+        xid: i64,
     ) -> Result<()> {
         let statement = tx
-            .prepare_cached(&self.sql.finish)
+            .prepare_cached(&self.sql.record)
             .await
             .map_err(postgres_error)?;
-        let is_applied = applied.is_some();
-        let result = applied.filter(|v| !v.is_null());
-        tx.execute(
-            &statement,
-            &[
-                &scope,
-                &key,
-                &bigint(fence.token)?,
-                fence.lease.as_uuid(),
-                &result,
-                &is_applied,
-            ],
-        )
-        .await
-        .map_err(postgres_error)?;
+        let result = result.filter(|v| !v.is_null());
+        let n = tx
+            .execute(&statement, &[&scope, &key, &bigint(token)?, &result, &xid])
+            .await
+            .map_err(postgres_error)?;
+        if n != 1 {
+            return Err(Error::Backend(format!(
+                "the fenced transaction for key {key:?} was ended inside its closure (a COMMIT \
+                 or ROLLBACK in its SQL?); its changes are not covered by the fence"
+            )));
+        }
         Ok(())
     }
 
@@ -470,12 +534,42 @@ impl PostgresSink {
     ) -> Result<Fenced<R>>
     where
         R: Serialize + DeserializeOwned + Send,
-        F: for<'t> FnOnce(&'t FencedTx<'t>) -> BoxFuture<'t, Result<R, BoxError>> + Send,
+        F: TransactionFn<R>,
     {
+        let me = self as *const Self as usize;
+        if inside_transaction_of(self) {
+            // The outer transaction holds the fence lock this one would wait for, forever.
+            return Err(Error::InvalidJob(
+                "a fenced transaction cannot start another on the same Postgres sink from \
+                 inside its closure; write through the closure's `tx` instead"
+                    .into(),
+            ));
+        }
+        bigint(fence.token)?;
         let mut client = self.client().await?;
-        self.collect(&client, crate::store::collect_budget(1))
+        let result = self
+            .transaction_on(&mut client, me, scope, fence, key, f)
+            .await;
+        discard_if_broken(client, &result);
+        result
+    }
+
+    async fn transaction_on<R, F>(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        me: usize,
+        scope: &Scope,
+        fence: Fence,
+        key: &IdempotencyKey,
+        f: F,
+    ) -> Result<Fenced<R>>
+    where
+        R: Serialize + DeserializeOwned + Send,
+        F: TransactionFn<R>,
+    {
+        self.collect(client, crate::store::collect_budget(1))
             .await?;
-        let tx = client.transaction().await.map_err(postgres_error)?;
+        let tx = begin(client).await?;
         let facts = self.open(&tx, scope.as_str(), key.as_str()).await?;
         match admission::decide(facts.highest, fence, facts.key_applied, facts.watermark) {
             Admission::Rejected(rejection) => {
@@ -489,12 +583,12 @@ impl PostgresSink {
                             "the result recorded for key {key} does not decode: {e}"
                         ))
                     })?;
-                self.finish(&tx, scope.as_str(), key.as_str(), fence, None)
-                    .await?;
+                self.advance(&tx, scope.as_str(), fence).await?;
                 Self::commit(tx).await?;
                 Ok(Fenced::Duplicate(result))
             }
             Admission::Applied => {
+                self.advance(&tx, scope.as_str(), fence).await?;
                 let fenced = FencedTx {
                     tx,
                     sink: self,
@@ -502,7 +596,7 @@ impl PostgresSink {
                     token: fence.token,
                     key: key.as_str().to_owned(),
                 };
-                let value = match f(&fenced).await {
+                let value = match IN_FENCED_TX.scope(me, f(&fenced)).await {
                     Ok(value) => value,
                     Err(e) => {
                         let _ = fenced.tx.rollback().await;
@@ -512,8 +606,15 @@ impl PostgresSink {
                 let json = serde_json::to_value(&value)
                     .map_err(|e| Error::Payload(format!("transaction result: {e}")))?;
                 let tx = fenced.tx;
-                self.finish(&tx, scope.as_str(), key.as_str(), fence, Some(json))
-                    .await?;
+                self.record(
+                    &tx,
+                    scope.as_str(),
+                    key.as_str(),
+                    fence.token,
+                    Some(json),
+                    facts.xid,
+                )
+                .await?;
                 Self::commit(tx).await?;
                 Ok(Fenced::Applied(value))
             }
@@ -536,6 +637,41 @@ impl PostgresSink {
             })
         }))
     }
+}
+
+tokio::task_local! {
+    /// The sink whose fenced transaction the current task's closure runs in (its address):
+    /// a nested fenced write to the same sink would wait for the outer transaction's lock.
+    static IN_FENCED_TX: usize;
+}
+
+/// Whether the current task is inside a fenced transaction's closure on `sink`.
+pub(crate) fn inside_transaction_of(sink: &PostgresSink) -> bool {
+    let me = sink as *const PostgresSink as usize;
+    IN_FENCED_TX.try_with(|outer| *outer == me).unwrap_or(false)
+}
+
+/// Keeps a connection that failed with a transient error out of the pool: it may be closing
+/// (a terminated backend), and the pool's quick check could hand it to the retry before it
+/// notices.
+pub(crate) fn discard_if_broken<T>(client: deadpool_postgres::Object, result: &Result<T>) {
+    if result.as_ref().is_err_and(Error::is_retryable) {
+        drop(deadpool_postgres::Object::take(client));
+    }
+}
+
+/// Starts a transaction at READ COMMITTED whatever the server's default: the fence protocol
+/// relies on each statement seeing what was committed before it (see the module docs);
+/// under REPEATABLE READ step 2 would read a snapshot from before the lock wait.
+pub(crate) async fn begin(
+    client: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(postgres_error)
 }
 
 /// What a closure's error means for the caller: a database error keeps its class, as does
@@ -591,9 +727,10 @@ pub(crate) async fn write_mutations(
     client: &mut deadpool_postgres::Object,
     write: crate::store::FencedWrite,
 ) -> Result<Admission> {
-    let tx = client.transaction().await.map_err(postgres_error)?;
+    let tx = begin(client).await?;
     let scope = write.scope.as_str();
     let key = write.key.as_str();
+    bigint(write.fence.token)?;
     let facts = sink.open(&tx, scope, key).await?;
     let decided = admission::decide(
         facts.highest,
@@ -607,14 +744,15 @@ pub(crate) async fn write_mutations(
             return Ok(decided);
         }
         Admission::Duplicate => {
-            sink.finish(&tx, scope, key, write.fence, None).await?;
+            sink.advance(&tx, scope, write.fence).await?;
         }
         Admission::Applied => {
             if let Err(why) = fenced::apply(sink, &tx, write.mutations).await? {
                 tx.rollback().await.map_err(postgres_error)?;
                 return Ok(Admission::Rejected(Rejection::Mutation { why }));
             }
-            sink.finish(&tx, scope, key, write.fence, Some(serde_json::Value::Null))
+            sink.advance(&tx, scope, write.fence).await?;
+            sink.record(&tx, scope, key, write.fence.token, None, facts.xid)
                 .await?;
         }
     }

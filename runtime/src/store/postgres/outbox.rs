@@ -36,11 +36,8 @@ impl<'a> OutboxWriter<'a> {
     /// <scope>/<transaction key>/<key>`, the same for every run of the job, so it can drop a
     /// repeat. A second push of the same key in one transaction is ignored.
     pub async fn push(&self, key: &str, payload: &impl Serialize) -> Result<()> {
-        if self.target.is_empty() || key.is_empty() {
-            return Err(Error::InvalidJob(
-                "an outbox target and key must not be empty".into(),
-            ));
-        }
+        super::check_key_part("outbox target", &self.target)?;
+        super::check_key_part("outbox key", key)?;
         let payload = serde_json::to_value(payload)
             .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
         let key = format!("{}/{key}", self.tx.key);
@@ -129,7 +126,7 @@ impl PostgresSink {
                 ),
                 &[
                     &lease,
-                    &(ttl.as_millis() as f64),
+                    &super::sql_millis(ttl),
                     &targets,
                     &i64::try_from(n).unwrap_or(i64::MAX),
                 ],
@@ -180,7 +177,7 @@ impl PostgresSink {
     ) -> Result<bool> {
         let s = &self.schema;
         let client = self.client().await?;
-        let retry_ms = retry_in.map(|d| d.as_millis() as f64);
+        let retry_ms = retry_in.map(super::sql_millis);
         let n = client
             .execute(
                 &format!(
