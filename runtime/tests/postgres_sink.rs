@@ -643,3 +643,108 @@ async fn huge_retentions_and_watermarks_do_not_break_writes() {
     ));
     drop_postgres_schema(store.sink()).await;
 }
+
+/// A receiver that answers by path: `/moved` 302 (to `/elsewhere`), `/gone` 404, `/busy` 409
+/// the first time and 200 after; returns its port and the paths it got, in order.
+fn picky_receiver() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let paths = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let path = first.split(' ').nth(1).unwrap_or_default().to_owned();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                    break;
+                }
+            }
+            let busy_before = seen.lock().unwrap().iter().any(|p: &String| p == "/busy");
+            seen.lock().unwrap().push(path.clone());
+            let status = match path.as_str() {
+                "/moved" => "302 Found\r\nLocation: /elsewhere",
+                "/gone" => "404 Not Found",
+                "/busy" if !busy_before => "409 Conflict",
+                _ => "200 OK",
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    (port, paths)
+}
+
+/// Issue 10 attack findings 7 and 8: a redirect is not followed (it would turn the POST into
+/// a GET) and kills the entry with the reason, as a 404 does; a 409 (the receiver still
+/// processes the same Idempotency-Key) is retried until it succeeds.
+#[actix_rt::test]
+async fn the_relay_classifies_answers_and_never_follows_redirects() {
+    use actix::Actor as _;
+    let sink = sink().await;
+    let (port, paths) = picky_receiver();
+    let targets = std::collections::HashMap::from(["moved", "gone", "busy"].map(|t| {
+        (
+            t.to_owned(),
+            Target::Http(format!("http://127.0.0.1:{port}/{t}")),
+        )
+    }));
+    sink.transaction(
+        &Scope::new("s"),
+        fence(1),
+        &IdempotencyKey::new("job/tx/k"),
+        |tx| {
+            Box::pin(async move {
+                for target in ["moved", "gone", "busy"] {
+                    tx.outbox(target).push("e", &target).await?;
+                }
+                Ok(())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let config = RelayConfig {
+        poll: Duration::from_millis(20),
+        backoff: Duration::from_millis(10),
+        ..RelayConfig::default()
+    };
+    let _relay = OutboxRelay::new(sink.clone(), targets, config)
+        .unwrap()
+        .start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sink.outbox_counts().await.unwrap().pending > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let states: Vec<(String, String, i32)> = rows(
+        &sink,
+        &format!(
+            "SELECT target, state, attempts FROM {}.outbox ORDER BY target",
+            sink.schema()
+        ),
+    )
+    .await
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect();
+    assert_eq!(
+        states,
+        [
+            ("busy".to_owned(), "delivered".to_owned(), 2),
+            ("gone".to_owned(), "dead".to_owned(), 1),
+            ("moved".to_owned(), "dead".to_owned(), 1),
+        ]
+    );
+    assert!(
+        !paths.lock().unwrap().contains(&"/elsewhere".to_owned()),
+        "a redirect was followed"
+    );
+    drop_postgres_schema(&sink).await;
+}
