@@ -291,9 +291,11 @@ fn memory_and_postgres_sinks_agree_on_random_write_histories() {
     };
     proptest!(config, |(history in sink_history())| {
         let (_, url) = common::fresh_postgres_schema();
-        let postgres = rt
-            .block_on(PostgresFencedStore::connect(&url))
-            .expect("PostgreSQL is running (.ci/run starts it)");
+        let sink = rt
+            .block_on(PostgresSink::connect(&url))
+            .expect("PostgreSQL is running (.ci/run starts it)")
+            .with_collect_interval(Duration::ZERO);
+        let postgres = PostgresFencedStore::new(std::sync::Arc::new(sink));
         let verdict = rt.block_on(sink_case(&postgres, &history));
         rt.block_on(common::drop_postgres_schema(postgres.sink()));
         verdict?;

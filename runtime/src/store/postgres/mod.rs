@@ -105,9 +105,10 @@ pub struct PostgresSink {
     /// Largest watermark observed, and largest one this process has published (0: none).
     observed: AtomicU64,
     published: AtomicU64,
-    /// When this process last swept expired keys (ms since `started`).
+    /// When this process last collected (ms since `started`), and how often it may.
     started: Instant,
     swept_ms: AtomicU64,
+    collect_every: Duration,
 }
 
 /// Parses `url`, taking out the `schema` query parameter (which libpq does not know).
@@ -315,6 +316,9 @@ struct Facts {
 }
 
 impl PostgresSink {
+    /// How often one process publishes a grown watermark and collects, at most.
+    pub const DEFAULT_COLLECT_INTERVAL: Duration = Duration::from_millis(100);
+
     /// Idempotency keys are kept this long unless configured otherwise.
     pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
@@ -335,6 +339,7 @@ impl PostgresSink {
             published: AtomicU64::new(0),
             started: Instant::now(),
             swept_ms: AtomicU64::new(0),
+            collect_every: Self::DEFAULT_COLLECT_INTERVAL,
         };
         migrate::run(&sink.pool, &sink.schema).await?;
         Ok(sink)
@@ -344,6 +349,16 @@ impl PostgresSink {
     /// applies again).
     pub fn with_key_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// Publishes the watermark and collects at most this often per process (default 100 ms;
+    /// zero: at every write call whose watermark grew, as the memory and Redis sinks do).
+    /// Publishing takes the sink's one `meta` row lock, which every process would otherwise
+    /// queue for after each settle; in between, this process still refuses writes below the
+    /// watermark it observed.
+    pub fn with_collect_interval(mut self, every: Duration) -> Self {
+        self.collect_every = every;
         self
     }
 
@@ -382,9 +397,18 @@ impl PostgresSink {
     async fn collect(&self, client: &deadpool_postgres::Object, budget: usize) -> Result<()> {
         let w = self.observed.load(Ordering::Relaxed);
         let now_ms = self.started.elapsed().as_millis() as u64;
-        // Without a new watermark, sweep keys at most once a second per process.
-        let sweep_due = now_ms.saturating_sub(self.swept_ms.load(Ordering::Relaxed)) >= 1000;
-        if w <= self.published.load(Ordering::Relaxed) && !sweep_due {
+        let last = self.swept_ms.load(Ordering::Relaxed);
+        let since = now_ms.saturating_sub(last);
+        // Collect when the watermark grew (at most every `collect_every`), and sweep expired
+        // keys at least once a second; one caller at a time takes the turn.
+        let grew = w > self.published.load(Ordering::Relaxed);
+        let due = (grew && since >= self.collect_every.as_millis() as u64) || since >= 1000;
+        if !due
+            || self
+                .swept_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
             return Ok(());
         }
         // A watermark past BIGINT (no real coordinator reaches it) refuses everything anyway.
@@ -400,7 +424,6 @@ impl PostgresSink {
             .await
             .map_err(postgres_error)?;
         self.published.fetch_max(w, Ordering::Relaxed);
-        self.swept_ms.store(now_ms, Ordering::Relaxed);
         Ok(())
     }
 
@@ -439,11 +462,15 @@ impl PostgresSink {
             .query_one(&facts, &[&scope, &key])
             .await
             .map_err(postgres_error)?;
-        let watermark: i64 = row.get(0);
+        let stored: i64 = row.get(0);
+        // The watermark this process observed counts at once, published or not.
+        let watermark = u64::try_from(stored)
+            .unwrap_or(0)
+            .max(self.observed.load(Ordering::Relaxed));
         Ok(Facts {
             xid,
             highest,
-            watermark: FencingToken::from_u64(u64::try_from(watermark).unwrap_or(0)),
+            watermark: FencingToken::from_u64(watermark),
             key_applied: row.get(1),
             result: row.get(2),
         })
