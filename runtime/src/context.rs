@@ -199,7 +199,7 @@ impl PostgresHandle {
     }
 
     /// Records one effect for `target` in its own fenced transaction (inside a transaction,
-    /// use [`FencedTx::outbox`] instead, so the effect commits with the rows). Keyed by
+    /// use [`FencedTx::outbox`](crate::FencedTx::outbox) instead, so the effect commits with the rows). Keyed by
     /// `key` within the job, like [`transaction`](Self::transaction).
     pub async fn push_outbox(
         &self,

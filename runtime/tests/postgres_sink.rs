@@ -750,3 +750,107 @@ async fn the_relay_classifies_answers_and_never_follows_redirects() {
     );
     drop_postgres_schema(&sink).await;
 }
+
+/// A TCP proxy in front of PostgreSQL. Once armed, it forwards the next `COMMIT` to the
+/// server, swallows the server's answer and cuts the client off: the commit happened, and
+/// the client cannot know. Returns the proxy's port and the arming switch.
+fn commit_swallowing_proxy() -> (u16, Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::AtomicBool;
+    let url = common::postgres_url();
+    let upstream = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .map(|hp| {
+            if hp.contains(':') {
+                hp.to_owned()
+            } else {
+                format!("{hp}:5432")
+            }
+        })
+        .expect("host in the test Postgres URL");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let armed = Arc::new(AtomicBool::new(false));
+    let arm = armed.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let mut server = TcpStream::connect(&upstream).unwrap();
+            let swallow = Arc::new(AtomicBool::new(false));
+            let (mut to_client, mut from_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let swallowing = swallow.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n @ 1..) = from_server.read(&mut buf) {
+                    if swallowing.load(Ordering::SeqCst) {
+                        let _ = to_client.shutdown(Shutdown::Both);
+                        return;
+                    }
+                    if to_client.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Both);
+            });
+            let armed = arm.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n @ 1..) = client.read(&mut buf) {
+                    let commit = buf[..n].windows(7).any(|w| w == b"COMMIT\0");
+                    if commit && armed.swap(false, Ordering::SeqCst) {
+                        swallow.store(true, Ordering::SeqCst);
+                    }
+                    if server.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                let _ = server.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    (port, armed)
+}
+
+/// Issue 10, case 3, the other way round: the COMMIT reached the server and committed, but
+/// its answer was lost on the way back. The caller hears `OutcomeUnknown`; the retry with the
+/// same key finds the key and returns the first run's result as `Duplicate` — the closure
+/// does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_resolves_to_duplicate_on_retry() {
+    let (port, armed) = commit_swallowing_proxy();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test?schema={schema}");
+    let sink = Arc::new(PostgresSink::connect(&url).await.unwrap());
+    let table = user_table(&sink).await;
+    let scope = Scope::new("s");
+    let ran = Arc::new(AtomicUsize::new(0));
+    armed.store(true, Ordering::SeqCst);
+    let cut = insert(&sink, &table, &scope, fence(4), "job/pay", &ran).await;
+    assert!(matches!(&cut, Err(Error::OutcomeUnknown(_))), "{cut:?}");
+    assert!(
+        !armed.load(Ordering::SeqCst),
+        "the COMMIT went through the proxy"
+    );
+    let retry = insert(&sink, &table, &scope, fence(4), "job/pay", &ran)
+        .await
+        .unwrap();
+    let Fenced::Duplicate(id) = retry else {
+        panic!("the first COMMIT applied, so the retry must be a duplicate: {retry:?}")
+    };
+    let ids: Vec<i64> = rows(&sink, &format!("SELECT id FROM {table}"))
+        .await
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        ids,
+        [id],
+        "applied once, and the duplicate carries its result"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    drop_postgres_schema(&sink).await;
+}

@@ -12,7 +12,7 @@
 //!    statement sees what was committed when it started, so this one sees every key and
 //!    watermark committed by whoever held the lock before us; read in step 1's statement, it
 //!    could miss them (its snapshot predates the wait for the lock).
-//! 3. **Decide** with [`admission::decide`](crate::admission::decide), the one rule every
+//! 3. **Decide** with [`admission::decide`], the one rule every
 //!    backend uses. A refusal rolls the transaction back: nothing changed, not even the row
 //!    step 1 created.
 //! 4. **Apply** — the user's closure ([`PostgresSink::transaction`]) or a `Mutation` list
