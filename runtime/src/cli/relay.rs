@@ -61,7 +61,7 @@ fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
             let Some((name, url)) = flag.split_once('=') else {
                 bail!("--target {flag:?}: expected NAME=URL");
             };
-            crate::job::check_name("outbox target", name)?;
+            crate::store::postgres::check_key_part("outbox target", name)?;
             let known = url.starts_with("http://")
                 || url.starts_with("https://")
                 || url.strip_prefix("queue:").is_some_and(|q| !q.is_empty());
@@ -195,7 +195,7 @@ mod tests {
             "email=ftp://x",
             "=http://x",
             "email=queue:",
-            "a b=http://x",
+            "a/b=http://x",
         ] {
             assert!(parse_targets(&[bad.into()]).is_err(), "{bad}");
         }
