@@ -61,7 +61,9 @@ struct LeaseState {
     /// bounded by live work, not by scopes ever seen.
     scopes: HashMap<Scope, ScopeState>,
     leases: HashMap<LeaseId, LeaseRecord>,
-    expiries: BTreeSet<(Instant, LeaseId)>,
+    /// Live leases by expiry; ties in token order, so that reaping is deterministic given
+    /// the same calls at the same (virtual) times — lease ids are random.
+    expiries: BTreeSet<(Instant, FencingToken, LeaseId)>,
     /// Live leases by token: the low watermark is the first one.
     live_tokens: BTreeSet<(FencingToken, LeaseId)>,
     /// The low watermark published last (only grows).
@@ -289,7 +291,8 @@ impl LeaseState {
             return None;
         }
         let record = self.leases.remove(&lease)?;
-        self.expiries.remove(&(record.expires_at, lease));
+        self.expiries
+            .remove(&(record.expires_at, record.token, lease));
         self.drop_lease(lease, record.job, record.token);
         Some(record.job)
     }
@@ -453,7 +456,7 @@ impl LeaseStore for MemoryLeaseStore {
                     token,
                 },
             );
-            state.expiries.insert((expires_at, lease_id));
+            state.expiries.insert((expires_at, token, lease_id));
             state.live_tokens.insert((token, lease_id));
             let q = state.queues.get_mut(queue).expect("queue exists");
             q.remove_ready(&kind, &key);
@@ -480,10 +483,10 @@ impl LeaseStore for MemoryLeaseStore {
         for lease in leases {
             match state.leases.get_mut(lease) {
                 Some(record) if record.expires_at > now => {
-                    let old = (record.expires_at, *lease);
+                    let old = (record.expires_at, record.token, *lease);
                     record.expires_at = now + ttl;
                     state.expiries.remove(&old);
-                    state.expiries.insert((now + ttl, *lease));
+                    state.expiries.insert((now + ttl, old.1, *lease));
                 }
                 _ => lost.push(*lease),
             }
@@ -546,16 +549,16 @@ impl LeaseStore for MemoryLeaseStore {
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
         let now = Instant::now();
         let mut state = lock(&self.state);
-        let expired: Vec<(Instant, LeaseId)> = state
+        let expired: Vec<(Instant, FencingToken, LeaseId)> = state
             .expiries
             .iter()
-            .take_while(|(at, _)| *at <= now)
+            .take_while(|(at, ..)| *at <= now)
             .take(max)
             .copied()
             .collect();
         let mut reaped = Vec::with_capacity(expired.len());
-        for (at, lease) in expired {
-            state.expiries.remove(&(at, lease));
+        for (at, token, lease) in expired {
+            state.expiries.remove(&(at, token, lease));
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
@@ -635,7 +638,7 @@ impl LeaseStore for MemoryLeaseStore {
             .expiries
             .iter()
             .take(limit)
-            .filter_map(|(_, id)| {
+            .filter_map(|(_, _, id)| {
                 let record = state.leases.get(id)?;
                 Some(LeaseInfo {
                     lease: *id,
