@@ -4,6 +4,7 @@
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`) and [`registry`].
 //! - `demo`: the embedded demo (`palisade demo`).
+//! - `soak`: the chaos soak (`palisade soak`) and its job kind `soak.post`.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use palisade::{JobContext, JobError, Mutation, NewJob, Registry};
 use serde::{Deserialize, Serialize};
 
 pub mod demo;
+pub mod soak;
 
 /// Kind name of [`deposit`].
 pub const DEPOSIT: &str = "ledger.deposit";
@@ -103,4 +105,5 @@ pub fn registry() -> Registry {
     Registry::new()
         .register(DEPOSIT, deposit)
         .register(SEND_EMAIL, send_email)
+        .register(soak::POST, soak::post)
 }

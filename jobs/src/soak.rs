@@ -1,0 +1,842 @@
+//! `palisade soak`: a chaos soak with real processes and an offline history checker.
+//!
+//! K `palisade worker` processes (this binary: `palisade::cli::App`, the user's path) run
+//! `soak.post` jobs against a private Redis coordinator (AOF), a Redis sink and a Postgres
+//! sink with the outbox (each worker also relays it to a local HTTP receiver that fails now
+//! and then). A producer enqueues jobs on a few hot scopes (contention) and many cold ones.
+//! A seeded nemesis meanwhile SIGSTOPs workers past their lease, kill -9s and restarts them,
+//! restarts Redis (clean shutdown, AOF) and SIGSTOPs Redis shorter and longer than the lease.
+//! Then the faults stop, the work drains, and the checker reads the evidence: the Postgres
+//! ledger (one row per applied posting, serial taken under the fence lock), the Redis sink's
+//! balances, the receiver's deliveries, every worker's log of write attempts and the
+//! coordinator's counts.
+//!
+//! Faults not injected here: wiping the coordinator (its jobs would be gone; the recovery
+//! tests and the simulation cover the epoch path) and kill -9 of Redis (AOF `everysec` may lose
+//! the last second, which is Redis' durability setting, not ours).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use palisade::{Admission, Client, FencedStore, JobContext, JobError, Mutation, NewJob};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::LEDGER;
+
+/// Kind name of [`post`].
+pub const POST: &str = "soak.post";
+/// The Postgres sink `soak.post` writes its ledger rows to.
+pub const BOOKS: &str = "books";
+
+/// `soak.post` payload.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Post {
+    /// The producer's sequence number: names the posting in every piece of evidence.
+    pub nonce: u64,
+    /// Account; the job's scope is `account:{account}`.
+    pub account: u32,
+    /// Amount.
+    pub cents: i64,
+    /// Work this long before writing (a pause or kill can land in between).
+    pub hold_ms: u64,
+}
+
+/// One write attempt as a handler logged it (`PALISADE_SOAK_LOG`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Attempt {
+    /// `ledger` (Redis) or `books` (Postgres).
+    pub sink: String,
+    /// Scope written.
+    pub scope: String,
+    /// Token presented.
+    pub token: u64,
+    /// Lease presented.
+    pub lease: String,
+    /// Idempotency key.
+    pub key: String,
+    /// `applied`, `duplicate`, a rejection reason, or `error`.
+    pub outcome: String,
+}
+
+fn log_attempt(ctx: &JobContext, sink: &str, key: &str, outcome: &palisade::Result<Admission>) {
+    let Ok(path) = std::env::var("PALISADE_SOAK_LOG") else {
+        return;
+    };
+    let outcome = match outcome {
+        Ok(Admission::Applied) => "applied".to_owned(),
+        Ok(Admission::Duplicate) => "duplicate".to_owned(),
+        Ok(Admission::Rejected(r)) => r.reason().to_owned(),
+        Err(_) => "error".to_owned(),
+    };
+    let attempt = Attempt {
+        sink: sink.to_owned(),
+        scope: ctx.lease().scope.to_string(),
+        token: ctx.lease().token.as_u64(),
+        lease: ctx.lease().id.to_string(),
+        key: key.to_owned(),
+        outcome,
+    };
+    let mut line = serde_json::to_string(&attempt).expect("an Attempt is JSON");
+    line.push('\n');
+    // One append per line: lines of concurrent processes never interleave.
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = file.write_all(line.as_bytes());
+    }
+}
+
+/// `soak.post`: credits the account in the Redis sink, then records the posting in the
+/// Postgres ledger with a receipt in the outbox — both fenced by the job's lease, both keyed
+/// by job, so a re-run after a stall applies nothing twice.
+pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
+    tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+    let key = format!("{}/credit", ctx.job().id);
+    let credit = vec![Mutation::HashIncr {
+        key: crate::account_key(p.account),
+        field: "balance".into(),
+        by: p.cents,
+    }];
+    let written = ctx
+        .sink(LEDGER)?
+        .write_keyed(palisade::IdempotencyKey::new(key.as_str()), credit)
+        .await;
+    log_attempt(&ctx, LEDGER, &key, &written);
+    written?.accepted()?;
+    let Ok(books) = ctx.postgres(BOOKS) else {
+        return Ok(()); // no Postgres sink configured: the Redis half only
+    };
+    let token = ctx.lease().token.as_u64() as i64;
+    let scope = ctx.lease().scope.to_string();
+    let posted = books
+        .transaction("post", move |tx| {
+            Box::pin(async move {
+                tx.execute(
+                    "INSERT INTO soak_ledger (nonce, scope, token, cents) VALUES ($1, $2, $3, $4)",
+                    &[&(p.nonce as i64), &scope, &token, &p.cents],
+                )
+                .await?;
+                tx.outbox("receipt").push("r", &p.nonce).await?;
+                Ok(())
+            })
+        })
+        .await;
+    let outcome = posted
+        .as_ref()
+        .map(palisade::Fenced::admission)
+        .map_err(|e| {
+            palisade::Error::Backend(e.to_string()) // for the log line only
+        });
+    log_attempt(&ctx, BOOKS, &format!("{}/tx/post", ctx.job().id), &outcome);
+    posted?.accepted()?;
+    Ok(())
+}
+
+/// `palisade soak` flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SoakArgs {
+    /// How long faults are injected (then the work drains and the checker runs).
+    #[arg(long, default_value_t = 2.0)]
+    pub minutes: f64,
+    /// Nemesis and workload seed (printed; a run with the same seed injects the same kinds
+    /// of faults in the same order, though real processes never replay exactly).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Jobs enqueued per second.
+    #[arg(long, default_value_t = 40)]
+    pub rate: u32,
+    /// PostgreSQL for the ledger and the outbox (a fresh schema, dropped afterwards).
+    #[arg(
+        long,
+        env = "PALISADE_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    pub postgres: String,
+    /// Lease of the workers.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+}
+
+/// Everything the checker reads.
+#[derive(Debug, Default)]
+pub struct Evidence {
+    /// Postings the producer saw acknowledged: nonce → (account, cents).
+    pub acked: BTreeMap<u64, (u32, i64)>,
+    /// Ledger rows in commit order (serial taken under the fence lock): (nonce, scope,
+    /// token, cents).
+    pub ledger: Vec<(u64, String, u64, i64)>,
+    /// Redis sink balances by account.
+    pub balances: BTreeMap<u32, i64>,
+    /// Receipts the receiver accepted, by nonce.
+    pub deliveries: BTreeMap<u64, u32>,
+    /// Every logged write attempt.
+    pub attempts: Vec<Attempt>,
+    /// Jobs still pending and dead at the coordinator after the drain.
+    pub pending: u64,
+    /// Dead jobs.
+    pub dead: u64,
+    /// Outbox entries not delivered after the drain (pending or dead).
+    pub undelivered: u64,
+}
+
+/// The checker: every violation it finds, one line each (empty: all invariants hold).
+pub fn check(e: &Evidence) -> Vec<String> {
+    let mut violations = Vec::new();
+    // No stale write: in commit order, a scope's tokens never go down.
+    let mut highest: HashMap<&str, u64> = HashMap::new();
+    for (nonce, scope, token, _) in &e.ledger {
+        let h = highest.entry(scope.as_str()).or_insert(*token);
+        if token < h {
+            violations.push(format!(
+                "no_stale_write: posting {nonce} on {scope} with token {token} committed after {h}"
+            ));
+        }
+        *h = (*h).max(*token);
+    }
+    // At most once per key: one ledger row per posting.
+    let mut rows: BTreeMap<u64, (u32, i64)> = BTreeMap::new();
+    for (nonce, scope, _, cents) in &e.ledger {
+        let account = scope
+            .trim_start_matches("account:")
+            .parse()
+            .unwrap_or(u32::MAX);
+        if rows.insert(*nonce, (account, *cents)).is_some() {
+            violations.push(format!(
+                "at_most_once_per_key: posting {nonce} applied twice"
+            ));
+        }
+    }
+    // No lost job: every acknowledged posting was applied, and nothing is left over.
+    for (nonce, posting) in &e.acked {
+        match rows.get(nonce) {
+            Some(row) if row == posting => {}
+            Some(row) => violations.push(format!(
+                "no_lost_job: posting {nonce} applied as {row:?}, enqueued as {posting:?}"
+            )),
+            None => violations.push(format!(
+                "no_lost_job: acknowledged posting {nonce} never applied"
+            )),
+        }
+    }
+    if e.pending > 0 || e.dead > 0 {
+        violations.push(format!(
+            "no_lost_job: {} jobs pending and {} dead after the drain",
+            e.pending, e.dead
+        ));
+    }
+    // All or nothing, exactly once across sinks: the Redis balances are the sums of the
+    // postings the Postgres ledger holds (each job writes both, each keyed by job).
+    let mut sums: BTreeMap<u32, i64> = BTreeMap::new();
+    for (account, cents) in rows.values() {
+        *sums.entry(*account).or_default() += cents;
+    }
+    for account in sums
+        .keys()
+        .chain(e.balances.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let (want, have) = (
+            sums.get(account).copied().unwrap_or(0),
+            e.balances.get(account).copied().unwrap_or(0),
+        );
+        if want != have {
+            violations.push(format!("all_or_nothing: account {account} holds {have} in Redis, its postings sum to {want}"));
+        }
+    }
+    // Effects: every applied posting's receipt delivered, none for a posting never applied.
+    for nonce in rows.keys() {
+        if !e.deliveries.contains_key(nonce) {
+            violations.push(format!("outbox: posting {nonce}'s receipt never delivered"));
+        }
+    }
+    for nonce in e.deliveries.keys() {
+        if !rows.contains_key(nonce) {
+            violations.push(format!(
+                "outbox: a receipt for posting {nonce}, which was never applied"
+            ));
+        }
+    }
+    if e.undelivered > 0 {
+        violations.push(format!(
+            "outbox: {} entries not delivered after the drain",
+            e.undelivered
+        ));
+    }
+    violations
+}
+
+/// A private redis-server with an append-only file, restarted on the same port and file.
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut redis = Self {
+            port,
+            dir: dir.to_owned(),
+            child: None,
+        };
+        redis.spawn()?;
+        Ok(redis)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("redis-server is installed (.ci/run installs it)")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("redis-server did not come up on port {}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+
+    /// Clean shutdown (the AOF is flushed), then the same server again.
+    fn restart(&mut self) -> anyhow::Result<()> {
+        self.signal("-CONT");
+        self.signal("-TERM");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        self.spawn()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A worker process of this binary.
+struct Worker {
+    child: Child,
+    args: Vec<String>,
+}
+
+impl Worker {
+    fn start(args: &[String], log: &Path) -> anyhow::Result<Self> {
+        let child = Command::new(std::env::current_exe()?)
+            .args(args)
+            .env("PALISADE_SOAK_LOG", log)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Self {
+            child,
+            args: args.to_vec(),
+        })
+    }
+
+    fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Receipts: a local HTTP endpoint that answers one request in ten 503 and records the body
+/// (the posting's nonce) of the others.
+fn receiver(deliveries: Arc<Mutex<BTreeMap<u64, u32>>>) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            let deliveries = deliveries.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone a socket"));
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let status = if n % 10 == 9 {
+                    "503 Service Unavailable"
+                } else {
+                    if let Ok(nonce) = String::from_utf8_lossy(&body).trim().parse::<u64>() {
+                        *deliveries.lock().unwrap().entry(nonce).or_default() += 1;
+                    }
+                    "200 OK"
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// What the run did and found, for the final table.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Postings acknowledged by enqueue.
+    pub jobs: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u32>,
+    /// Write attempts refused as stale (both sinks).
+    pub stale_refused: usize,
+    /// Write attempts refused as a token conflict.
+    pub conflicts_refused: usize,
+    /// Duplicates (re-runs and retries recognised).
+    pub duplicates: usize,
+    /// Receipts delivered more than once (at least once, by design).
+    pub redelivered: u32,
+    /// The checker's findings.
+    pub violations: Vec<String>,
+}
+
+/// Runs the soak; the report says what happened and what the checker found.
+pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = std::env::temp_dir().join(format!("palisade-soak-{seed}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let log = dir.join("attempts.jsonl");
+    let mut redis = Redis::start(&dir)?;
+    let schema = format!("soak_{:08x}", rng.random::<u32>());
+    let sep = if args.postgres.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let books = format!(
+        "{}{sep}schema={schema}&options=-csearch_path%3D{schema}",
+        args.postgres
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let sink = rt
+        .block_on(palisade::PostgresSink::connect(&books))
+        .context("the soak's Postgres")?;
+    rt.block_on(async {
+        let client = sink.pool().get().await?;
+        client
+            .batch_execute(
+                "CREATE TABLE soak_ledger (id bigserial PRIMARY KEY, nonce bigint NOT NULL, \
+                 scope text NOT NULL, token bigint NOT NULL, cents bigint NOT NULL)",
+            )
+            .await?;
+        anyhow::Ok(())
+    })?;
+    let deliveries = Arc::new(Mutex::new(BTreeMap::new()));
+    let receipts = receiver(deliveries.clone())?;
+    println!(
+        "palisade soak: seed {seed}, {} workers, {} jobs/s, lease {:?}, {} minutes of faults",
+        args.workers, args.rate, args.lease, args.minutes
+    );
+    println!(
+        "  redis {} (AOF), postgres schema {schema}, work dir {}",
+        redis.url(),
+        dir.display()
+    );
+
+    let worker_args = |i: usize| -> Vec<String> {
+        [
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--name",
+            &format!("soak-{i}"),
+            "--lease",
+            &humantime::format_duration(args.lease).to_string(),
+            "--arbiters",
+            "1",
+            "--concurrency",
+            "8",
+            "--drain",
+            "2s",
+            "--sink",
+            &format!("{LEDGER}={}", redis.url()),
+            "--sink",
+            &format!("{BOOKS}={books}"),
+            "--relay",
+            "--target",
+            &format!("receipt=http://127.0.0.1:{receipts}/receipts"),
+            "--outbox-lease",
+            "5s",
+            "--outbox-backoff",
+            "50ms",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut workers: Vec<Worker> = (0..args.workers)
+        .map(|i| Worker::start(&worker_args(i), &log))
+        .collect::<Result<_, _>>()?;
+    let client = rt.block_on(Client::connect(&redis.url(), "palisade"))?;
+
+    let mut report = Report::default();
+    let mut acked = BTreeMap::new();
+    let mut nonce = 0u64;
+    let started = Instant::now();
+    let faults_for = Duration::from_secs_f64(args.minutes * 60.0);
+    let bar = ProgressBar::new(faults_for.as_secs()).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len}s  {msg}").expect("static template"),
+    );
+    let mut next_fault = Instant::now() + Duration::from_millis(rng.random_range(500..2000));
+    let mut resume: Vec<(Instant, Option<usize>)> = Vec::new(); // SIGCONT due (worker, or Redis)
+    let tick = Duration::from_secs(1) / args.rate.max(1);
+    while started.elapsed() < faults_for {
+        // Produce.
+        nonce += 1;
+        let account = if rng.random_bool(0.7) {
+            rng.random_range(0..5)
+        } else {
+            rng.random_range(100..100_000)
+        };
+        let posting = Post {
+            nonce,
+            account,
+            cents: rng.random_range(1..1000),
+            hold_ms: rng.random_range(0..300),
+        };
+        let job = NewJob::new(POST, &posting)?
+            .with_scope(crate::account_key(account))
+            .with_max_attempts(10_000)
+            .with_max_stalls(10_000);
+        let enqueued = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), client.enqueue(job)).await
+        });
+        if let Ok(Ok(_)) = enqueued {
+            acked.insert(nonce, (account, posting.cents));
+        } // else: unknown; the checker only requires acknowledged postings
+          // Resume what is due.
+        let now = Instant::now();
+        for (_, who) in resume.iter().filter(|(at, _)| *at <= now) {
+            match who {
+                Some(w) => workers[*w].signal("-CONT"),
+                None => redis.signal("-CONT"),
+            }
+        }
+        resume.retain(|(at, _)| *at > now);
+        // Inject.
+        if now >= next_fault {
+            let w = rng.random_range(0..workers.len());
+            let kind = match rng.random_range(0..10) {
+                0..=3 => {
+                    let pause = args.lease.mul_f64(rng.random_range(0.5..3.0));
+                    workers[w].signal("-STOP");
+                    resume.push((now + pause, Some(w)));
+                    "worker SIGSTOP"
+                }
+                4..=5 => {
+                    let args = workers[w].args.clone();
+                    workers[w] = Worker::start(&args, &log)?; // the old one is kill -9'd on drop
+                    "worker kill -9 + restart"
+                }
+                6..=7 => {
+                    let pause = args.lease.mul_f64(rng.random_range(0.3..2.0));
+                    redis.signal("-STOP");
+                    resume.push((now + pause, None));
+                    "redis SIGSTOP"
+                }
+                _ => {
+                    redis.restart()?;
+                    resume.retain(|(_, who)| who.is_some());
+                    "redis restart (AOF)"
+                }
+            };
+            *report.faults.entry(kind).or_default() += 1;
+            bar.set_message(format!("{} jobs, last fault: {kind}", acked.len()));
+            next_fault = now + Duration::from_millis(rng.random_range(1000..4000));
+        }
+        bar.set_position(started.elapsed().as_secs());
+        std::thread::sleep(tick.saturating_sub(Instant::now() - now));
+    }
+    bar.finish_and_clear();
+    // Heal: everything resumed, then drain.
+    redis.signal("-CONT");
+    for w in &workers {
+        w.signal("-CONT");
+    }
+    println!(
+        "  faults stopped after {:.0}s; draining",
+        started.elapsed().as_secs_f64()
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut evidence = Evidence {
+        acked,
+        ..Evidence::default()
+    };
+    loop {
+        let counts = rt.block_on(client.counts("default"));
+        let outbox = rt.block_on(sink.outbox_counts());
+        if let (Ok(c), Ok(o)) = (&counts, &outbox) {
+            evidence.pending = c.pending();
+            evidence.dead = c.dead;
+            evidence.undelivered = o.pending + o.dead;
+            if c.pending() == 0 && o.pending == 0 {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for w in &workers {
+        w.signal("-TERM");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    workers.clear();
+    // Collect the evidence.
+    rt.block_on(async {
+        let pg = sink.pool().get().await?;
+        for row in pg
+            .query(
+                "SELECT nonce, scope, token, cents FROM soak_ledger ORDER BY id",
+                &[],
+            )
+            .await?
+        {
+            evidence.ledger.push((
+                row.get::<_, i64>(0) as u64,
+                row.get(1),
+                row.get::<_, i64>(2) as u64,
+                row.get(3),
+            ));
+        }
+        let store = palisade::RedisFencedStore::new(
+            palisade::store::redis::pool(&redis.url())?,
+            &format!("palisade-{LEDGER}"),
+        );
+        let accounts: std::collections::BTreeSet<u32> = evidence
+            .ledger
+            .iter()
+            .filter_map(|(_, s, _, _)| s.trim_start_matches("account:").parse().ok())
+            .collect();
+        for account in accounts {
+            if let Some(palisade::Value::Hash(h)) = store.read(&crate::account_key(account)).await?
+            {
+                evidence.balances.insert(
+                    account,
+                    h.get("balance").and_then(|b| b.parse().ok()).unwrap_or(0),
+                );
+            }
+        }
+        pg.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await?;
+        anyhow::Ok(())
+    })?;
+    evidence.deliveries = deliveries.lock().unwrap().clone();
+    if let Ok(text) = std::fs::read_to_string(&log) {
+        evidence.attempts = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    }
+    report.jobs = evidence.acked.len();
+    report.stale_refused = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.outcome == "stale_token")
+        .count();
+    report.conflicts_refused = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.outcome == "token_conflict")
+        .count();
+    report.duplicates = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.outcome == "duplicate")
+        .count();
+    report.redelivered = evidence
+        .deliveries
+        .values()
+        .map(|n| n.saturating_sub(1))
+        .sum();
+    report.violations = check(&evidence);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+/// Prints the final table.
+pub fn print(report: &Report) {
+    println!("\n  {:<44} {:>8}", "postings acknowledged", report.jobs);
+    for (kind, n) in &report.faults {
+        println!("  {:<44} {:>8}", format!("fault: {kind}"), n);
+    }
+    println!(
+        "  {:<44} {:>8}",
+        "stale writes refused (attempted)", report.stale_refused
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "stale writes accepted",
+        report
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("no_stale_write"))
+            .count()
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "token conflicts refused", report.conflicts_refused
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "duplicates recognised (re-runs, retries)", report.duplicates
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "postings applied twice",
+        report
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("at_most_once"))
+            .count()
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "jobs lost",
+        report
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("no_lost_job"))
+            .count()
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "receipts delivered more than once", report.redelivered
+    );
+    println!("  {:<44} {:>8}", "violations", report.violations.len());
+    for v in report.violations.iter().take(20) {
+        println!("  VIOLATION: {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence() -> Evidence {
+        let mut e = Evidence::default();
+        for (nonce, account, token, cents) in [(1, 0, 5, 10), (2, 0, 7, 20), (3, 1, 6, 5)] {
+            e.acked.insert(nonce, (account, cents));
+            e.ledger
+                .push((nonce, format!("account:{account}"), token, cents));
+            e.deliveries.insert(nonce, 1);
+        }
+        e.balances = BTreeMap::from([(0, 30), (1, 5)]);
+        e
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        assert_eq!(check(&evidence()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_stale_write_is_caught() {
+        let mut e = evidence();
+        // A paused holder of token 6 committed after token 7 on account 0.
+        e.ledger.push((4, "account:0".into(), 6, 1));
+        e.acked.insert(4, (0, 1));
+        e.deliveries.insert(4, 1);
+        e.balances.insert(0, 31);
+        let v = check(&e);
+        assert!(v.iter().any(|v| v.starts_with("no_stale_write")), "{v:?}");
+    }
+
+    #[test]
+    fn a_half_applied_write_is_caught() {
+        let mut e = evidence();
+        // A refused posting left its Redis credit behind.
+        e.balances.insert(1, 5 + 700);
+        let v = check(&e);
+        assert!(v.iter().any(|v| v.starts_with("all_or_nothing")), "{v:?}");
+    }
+
+    #[test]
+    fn lost_doubled_and_stray_effects_are_caught() {
+        let mut e = evidence();
+        e.acked.insert(9, (2, 1)); // acknowledged, never applied
+        e.ledger.push((2, "account:0".into(), 8, 20)); // applied twice
+        e.deliveries.insert(77, 1); // a receipt for nothing
+        e.deliveries.remove(&1); // a receipt never sent
+        let v = check(&e).join("\n");
+        for what in [
+            "no_lost_job",
+            "at_most_once_per_key",
+            "never applied",
+            "never delivered",
+        ] {
+            assert!(v.contains(what), "{what} not reported:\n{v}");
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The chaos soak, short: `palisade soak --minutes 2` with real worker processes, a private
+//! Redis, the real PostgreSQL and a seeded nemesis; the offline checker must find nothing,
+//! and the run must actually have forced stale writes (a soak that never provoked one proves
+//! nothing). The checker's own planted-bug tests are in `src/soak.rs`.
+
+use std::process::Command;
+
+#[test]
+fn a_two_minute_soak_with_faults_keeps_every_invariant() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["soak", "--minutes", "2", "--seed", "20261130"])
+        .output()
+        .expect("palisade binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the soak found violations or could not run");
+    let count = |label: &str| -> u64 {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {label:?} line"))
+    };
+    assert_eq!(count("violations"), 0);
+    assert_eq!(count("stale writes accepted"), 0);
+    assert!(count("stale writes refused") > 0, "no stale write was provoked");
+    assert!(count("postings acknowledged") > 1000);
+}
