@@ -48,6 +48,10 @@ pub struct Post {
     pub cents: i64,
     /// Work this long before writing (a pause or kill can land in between).
     pub hold_ms: u64,
+    /// The credit carries a mutation list that does not fit (a type clash after a good
+    /// step): the sink must refuse it whole, and the job dies with the reason.
+    #[serde(default)]
+    pub poison: bool,
 }
 
 /// One write attempt as a handler logged it (`PALISADE_SOAK_LOG`).
@@ -65,9 +69,26 @@ pub struct Attempt {
     pub key: String,
     /// `applied`, `duplicate`, a rejection reason, or `error`.
     pub outcome: String,
+    /// When the write was sent and when its answer came (µs since the Unix epoch; all
+    /// processes run on one machine, one clock).
+    pub sent_us: u64,
+    /// See `sent_us`.
+    pub answered_us: u64,
 }
 
-fn log_attempt(ctx: &JobContext, sink: &str, key: &str, outcome: &palisade::Result<Admission>) {
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn log_attempt(
+    ctx: &JobContext,
+    sink: &str,
+    key: &str,
+    sent_us: u64,
+    outcome: &palisade::Result<Admission>,
+) {
     let Ok(path) = std::env::var("PALISADE_SOAK_LOG") else {
         return;
     };
@@ -84,6 +105,8 @@ fn log_attempt(ctx: &JobContext, sink: &str, key: &str, outcome: &palisade::Resu
         lease: ctx.lease().id.to_string(),
         key: key.to_owned(),
         outcome,
+        sent_us,
+        answered_us: now_us(),
     };
     let mut line = serde_json::to_string(&attempt).expect("an Attempt is JSON");
     line.push('\n');
@@ -97,34 +120,81 @@ fn log_attempt(ctx: &JobContext, sink: &str, key: &str, outcome: &palisade::Resu
     }
 }
 
-/// `soak.post`: credits the account in the Redis sink, then records the posting in the
-/// Postgres ledger with a receipt in the outbox — both fenced by the job's lease, both keyed
-/// by job, so a re-run after a stall applies nothing twice.
+/// `soak.post`, in three fenced steps, each logged:
+/// 1. a *beat* per run — keyed by the run's token, so a paused holder's beat is a new write,
+///    not a duplicate: only the fence stands between it and the data (Redis counter and a
+///    Postgres `soak_beats` row, whose commit order the checker reads);
+/// 2. the credit in the Redis sink, keyed by job (a `poison` posting's list does not fit and
+///    must be refused whole);
+/// 3. the posting in the Postgres ledger with a receipt in the outbox, keyed by job.
 pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
     tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
-    let key = format!("{}/credit", ctx.job().id);
-    let credit = vec![Mutation::HashIncr {
+    let (job, token) = (ctx.job().id, ctx.lease().token.as_u64());
+    let scope = ctx.lease().scope.to_string();
+    let books = ctx.postgres(BOOKS).ok();
+
+    let beat_key = format!("{job}/beat-{token}");
+    let beat = vec![Mutation::HashIncr {
+        key: format!("beats:{}", p.account),
+        field: "n".into(),
+        by: 1,
+    }];
+    let sent = now_us();
+    let written = ctx
+        .sink(LEDGER)?
+        .write_keyed(palisade::IdempotencyKey::new(beat_key.as_str()), beat)
+        .await;
+    log_attempt(&ctx, LEDGER, &beat_key, sent, &written);
+    written?.accepted()?;
+    if let Some(books) = &books {
+        let scope = scope.clone();
+        let sent = now_us();
+        let beat = books
+            .transaction(&format!("beat-{token}"), move |tx| {
+                Box::pin(async move {
+                    tx.execute(
+                        "INSERT INTO soak_beats (scope, token) VALUES ($1, $2)",
+                        &[&scope, &(token as i64)],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await;
+        log_outcome(&ctx, &format!("{job}/tx/beat-{token}"), sent, &beat);
+        beat?.accepted()?;
+    }
+
+    let key = format!("{job}/credit");
+    let mut credit = vec![Mutation::HashIncr {
         key: crate::account_key(p.account),
         field: "balance".into(),
         by: p.cents,
     }];
+    if p.poison {
+        credit.push(Mutation::Set {
+            key: crate::account_key(p.account),
+            value: "not a hash".into(),
+        });
+    }
+    let sent = now_us();
     let written = ctx
         .sink(LEDGER)?
         .write_keyed(palisade::IdempotencyKey::new(key.as_str()), credit)
         .await;
-    log_attempt(&ctx, LEDGER, &key, &written);
+    log_attempt(&ctx, LEDGER, &key, sent, &written);
     written?.accepted()?;
-    let Ok(books) = ctx.postgres(BOOKS) else {
+
+    let Some(books) = books else {
         return Ok(()); // no Postgres sink configured: the Redis half only
     };
-    let token = ctx.lease().token.as_u64() as i64;
-    let scope = ctx.lease().scope.to_string();
+    let sent = now_us();
     let posted = books
         .transaction("post", move |tx| {
             Box::pin(async move {
                 tx.execute(
                     "INSERT INTO soak_ledger (nonce, scope, token, cents) VALUES ($1, $2, $3, $4)",
-                    &[&(p.nonce as i64), &scope, &token, &p.cents],
+                    &[&(p.nonce as i64), &scope, &(token as i64), &p.cents],
                 )
                 .await?;
                 tx.outbox("receipt").push("r", &p.nonce).await?;
@@ -132,15 +202,24 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
             })
         })
         .await;
-    let outcome = posted
+    log_outcome(&ctx, &format!("{job}/tx/post"), sent, &posted);
+    posted?.accepted()?;
+    Ok(())
+}
+
+fn log_outcome(
+    ctx: &JobContext,
+    key: &str,
+    sent: u64,
+    outcome: &palisade::Result<palisade::Fenced<()>>,
+) {
+    let outcome = outcome
         .as_ref()
         .map(palisade::Fenced::admission)
         .map_err(|e| {
             palisade::Error::Backend(e.to_string()) // for the log line only
         });
-    log_attempt(&ctx, BOOKS, &format!("{}/tx/post", ctx.job().id), &outcome);
-    posted?.accepted()?;
-    Ok(())
+    log_attempt(ctx, BOOKS, key, sent, &outcome);
 }
 
 /// `palisade soak` flags.
@@ -179,6 +258,12 @@ pub struct Evidence {
     /// Ledger rows in commit order (serial taken under the fence lock): (nonce, scope,
     /// token, cents).
     pub ledger: Vec<(u64, String, u64, i64)>,
+    /// Beat rows in commit order: (scope, token).
+    pub beats: Vec<(String, u64)>,
+    /// Postings enqueued as poison (their credit must be refused whole).
+    pub poison: std::collections::BTreeSet<u64>,
+    /// Postings the coordinator holds as dead after the drain.
+    pub dead_nonces: std::collections::BTreeSet<u64>,
     /// Redis sink balances by account.
     pub balances: BTreeMap<u32, i64>,
     /// Receipts the receiver accepted, by nonce.
@@ -196,17 +281,38 @@ pub struct Evidence {
 /// The checker: every violation it finds, one line each (empty: all invariants hold).
 pub fn check(e: &Evidence) -> Vec<String> {
     let mut violations = Vec::new();
-    // No stale write: in commit order, a scope's tokens never go down.
-    let mut highest: HashMap<&str, u64> = HashMap::new();
-    for (nonce, scope, token, _) in &e.ledger {
-        let h = highest.entry(scope.as_str()).or_insert(*token);
-        if token < h {
-            violations.push(format!(
-                "no_stale_write: posting {nonce} on {scope} with token {token} committed after {h}"
-            ));
+    // No stale write, as the sinks' commit order shows it: a scope's tokens never go down in
+    // the ledger or in the beats (a paused holder's beat is a new write, not a duplicate).
+    for (what, rows) in [
+        (
+            "ledger",
+            e.ledger
+                .iter()
+                .map(|(n, s, t, _)| (Some(*n), s.as_str(), *t))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "beats",
+            e.beats
+                .iter()
+                .map(|(s, t)| (None, s.as_str(), *t))
+                .collect(),
+        ),
+    ] {
+        let mut highest: HashMap<&str, u64> = HashMap::new();
+        for (nonce, scope, token) in rows {
+            let h = highest.entry(scope).or_insert(token);
+            if token < *h {
+                violations.push(format!(
+                    "no_stale_write: {what} row {nonce:?} on {scope} with token {token} committed after {h}"
+                ));
+            }
+            *h = (*h).max(token);
         }
-        *h = (*h).max(*token);
     }
+    // No stale write, as the handlers saw it, per sink: a write accepted with a token below
+    // one the same sink had accepted for the scope before this write was even sent.
+    violations.extend(stale_by_time(&e.attempts));
     // At most once per key: one ledger row per posting.
     let mut rows: BTreeMap<u64, (u32, i64)> = BTreeMap::new();
     for (nonce, scope, _, cents) in &e.ledger {
@@ -220,22 +326,38 @@ pub fn check(e: &Evidence) -> Vec<String> {
             ));
         }
     }
-    // No lost job: every acknowledged posting was applied, and nothing is left over.
+    // No lost job: every acknowledged posting was applied — or, if poison, is dead — and
+    // nothing else is dead or left over.
     for (nonce, posting) in &e.acked {
+        let poison = e.poison.contains(nonce);
         match rows.get(nonce) {
+            Some(_) if poison => violations.push(format!(
+                "all_or_nothing: poison posting {nonce} was applied"
+            )),
             Some(row) if row == posting => {}
             Some(row) => violations.push(format!(
                 "no_lost_job: posting {nonce} applied as {row:?}, enqueued as {posting:?}"
+            )),
+            None if poison && e.dead_nonces.contains(nonce) => {}
+            None if poison => violations.push(format!(
+                "no_lost_job: poison posting {nonce} neither applied nor dead"
             )),
             None => violations.push(format!(
                 "no_lost_job: acknowledged posting {nonce} never applied"
             )),
         }
     }
-    if e.pending > 0 || e.dead > 0 {
+    for nonce in &e.dead_nonces {
+        if !e.poison.contains(nonce) {
+            violations.push(format!(
+                "no_lost_job: posting {nonce} is dead but was not poison"
+            ));
+        }
+    }
+    if e.pending > 0 {
         violations.push(format!(
-            "no_lost_job: {} jobs pending and {} dead after the drain",
-            e.pending, e.dead
+            "no_lost_job: {} jobs still pending after the drain",
+            e.pending
         ));
     }
     // All or nothing, exactly once across sinks: the Redis balances are the sums of the
@@ -275,6 +397,43 @@ pub fn check(e: &Evidence) -> Vec<String> {
             "outbox: {} entries not delivered after the drain",
             e.undelivered
         ));
+    }
+    violations
+}
+
+/// Per sink and scope: every accepted attempt's token must be at least the highest token the
+/// same sink had accepted — answered — before the attempt was sent.
+fn stale_by_time(attempts: &[Attempt]) -> Vec<String> {
+    let accepted = |a: &&Attempt| a.outcome == "applied" || a.outcome == "duplicate";
+    let mut by_scope: HashMap<(&str, &str), Vec<&Attempt>> = HashMap::new();
+    for a in attempts.iter().filter(accepted) {
+        by_scope
+            .entry((a.sink.as_str(), a.scope.as_str()))
+            .or_default()
+            .push(a);
+    }
+    let mut violations = Vec::new();
+    for ((sink, scope), mut list) in by_scope {
+        list.sort_by_key(|a| a.answered_us);
+        // Highest token among the first i answers.
+        let prefix: Vec<u64> = list
+            .iter()
+            .scan(0, |max, a| {
+                *max = (*max).max(a.token);
+                Some(*max)
+            })
+            .collect();
+        for a in &list {
+            let before = list.partition_point(|b| b.answered_us < a.sent_us);
+            if before > 0 && prefix[before - 1] > a.token {
+                violations.push(format!(
+                    "no_stale_write: {sink} accepted {} on {scope} with token {} after it had accepted {}",
+                    a.key,
+                    a.token,
+                    prefix[before - 1]
+                ));
+            }
+        }
     }
     violations
 }
@@ -446,8 +605,10 @@ pub struct Report {
     pub jobs: usize,
     /// Faults injected, by kind.
     pub faults: BTreeMap<&'static str, u32>,
-    /// Write attempts refused as stale (both sinks).
-    pub stale_refused: usize,
+    /// Write attempts refused as stale, per sink.
+    pub stale_refused: BTreeMap<String, usize>,
+    /// Poison postings refused whole.
+    pub mutations_refused: usize,
     /// Write attempts refused as a token conflict.
     pub conflicts_refused: usize,
     /// Duplicates (re-runs and retries recognised).
@@ -487,7 +648,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         client
             .batch_execute(
                 "CREATE TABLE soak_ledger (id bigserial PRIMARY KEY, nonce bigint NOT NULL, \
-                 scope text NOT NULL, token bigint NOT NULL, cents bigint NOT NULL)",
+                 scope text NOT NULL, token bigint NOT NULL, cents bigint NOT NULL); \
+                 CREATE TABLE soak_beats (id bigserial PRIMARY KEY, scope text NOT NULL, \
+                 token bigint NOT NULL)",
             )
             .await?;
         anyhow::Ok(())
@@ -541,6 +704,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
 
     let mut report = Report::default();
     let mut acked = BTreeMap::new();
+    let mut poison = std::collections::BTreeSet::new();
     let mut nonce = 0u64;
     let started = Instant::now();
     let faults_for = Duration::from_secs_f64(args.minutes * 60.0);
@@ -563,6 +727,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             account,
             cents: rng.random_range(1..1000),
             hold_ms: rng.random_range(0..300),
+            poison: rng.random_bool(0.02),
         };
         let job = NewJob::new(POST, &posting)?
             .with_scope(crate::account_key(account))
@@ -573,6 +738,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         });
         if let Ok(Ok(_)) = enqueued {
             acked.insert(nonce, (account, posting.cents));
+            if posting.poison {
+                poison.insert(nonce);
+            }
         } // else: unknown; the checker only requires acknowledged postings
           // Resume what is due.
         let now = Instant::now();
@@ -627,9 +795,11 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         "  faults stopped after {:.0}s; draining",
         started.elapsed().as_secs_f64()
     );
-    let deadline = Instant::now() + Duration::from_secs(180);
+    // The backlog a long run's faults leave behind drains at the hot scopes' pace.
+    let deadline = Instant::now() + Duration::from_secs(180).max(faults_for / 4);
     let mut evidence = Evidence {
         acked,
+        poison,
         ..Evidence::default()
     };
     loop {
@@ -670,6 +840,17 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
                 row.get(3),
             ));
         }
+        for row in pg
+            .query("SELECT scope, token FROM soak_beats ORDER BY id", &[])
+            .await?
+        {
+            evidence.beats.push((row.get(0), row.get::<_, i64>(1) as u64));
+        }
+        for dead in client.dead("default", 1_000_000).await? {
+            if let Ok(p) = serde_json::from_str::<Post>(&dead.job.payload) {
+                evidence.dead_nonces.insert(p.nonce);
+            }
+        }
         let store = palisade::RedisFencedStore::new(
             palisade::store::redis::pool(&redis.url())?,
             &format!("palisade-{LEDGER}"),
@@ -678,6 +859,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             .ledger
             .iter()
             .filter_map(|(_, s, _, _)| s.trim_start_matches("account:").parse().ok())
+            .chain(evidence.acked.values().map(|(account, _)| *account))
             .collect();
         for account in accounts {
             if let Some(palisade::Value::Hash(h)) = store.read(&crate::account_key(account)).await?
@@ -700,10 +882,17 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             .collect();
     }
     report.jobs = evidence.acked.len();
-    report.stale_refused = evidence
+    for a in evidence
         .attempts
         .iter()
         .filter(|a| a.outcome == "stale_token")
+    {
+        *report.stale_refused.entry(a.sink.clone()).or_default() += 1;
+    }
+    report.mutations_refused = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.outcome == "mutation")
         .count();
     report.conflicts_refused = evidence
         .attempts
@@ -731,9 +920,16 @@ pub fn print(report: &Report) {
     for (kind, n) in &report.faults {
         println!("  {:<44} {:>8}", format!("fault: {kind}"), n);
     }
+    for (sink, n) in &report.stale_refused {
+        println!(
+            "  {:<44} {:>8}",
+            format!("stale writes refused by {sink}"),
+            n
+        );
+    }
     println!(
         "  {:<44} {:>8}",
-        "stale writes refused (attempted)", report.stale_refused
+        "poison mutation lists refused whole", report.mutations_refused
     );
     println!(
         "  {:<44} {:>8}",
@@ -813,6 +1009,50 @@ mod tests {
         assert!(v.iter().any(|v| v.starts_with("no_stale_write")), "{v:?}");
     }
 
+    fn attempt(sink: &str, token: u64, outcome: &str, sent_us: u64, answered_us: u64) -> Attempt {
+        Attempt {
+            sink: sink.into(),
+            scope: "account:0".into(),
+            token,
+            lease: format!("lease-{token}"),
+            key: format!("job/beat-{token}"),
+            outcome: outcome.into(),
+            sent_us,
+            answered_us,
+        }
+    }
+
+    #[test]
+    fn a_stale_write_the_ledger_cannot_show_is_caught_by_the_attempt_times() {
+        let mut e = evidence();
+        e.attempts = vec![
+            attempt("ledger", 7, "applied", 100, 110),
+            // Overlapping in time: either order is possible, no verdict.
+            attempt("ledger", 6, "applied", 105, 120),
+            // Sent after 7's acceptance was answered: must have been refused.
+            attempt("books", 7, "applied", 100, 110),
+            attempt("books", 6, "stale_token", 200, 210),
+        ];
+        assert_eq!(check(&e), Vec::<String>::new());
+        e.attempts.push(attempt("ledger", 6, "duplicate", 300, 310));
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.contains("ledger accepted job/beat-6")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_stale_beat_is_caught_in_commit_order() {
+        let mut e = evidence();
+        e.beats = vec![("account:0".into(), 7), ("account:0".into(), 6)];
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.starts_with("no_stale_write: beats")),
+            "{v:?}"
+        );
+    }
+
     #[test]
     fn a_half_applied_write_is_caught() {
         let mut e = evidence();
@@ -820,6 +1060,22 @@ mod tests {
         e.balances.insert(1, 5 + 700);
         let v = check(&e);
         assert!(v.iter().any(|v| v.starts_with("all_or_nothing")), "{v:?}");
+    }
+
+    #[test]
+    fn a_half_applied_poison_posting_is_caught() {
+        let mut e = evidence();
+        // Poison posting 5 on account 1 was refused and died, but its first step stayed.
+        e.acked.insert(5, (1, 40));
+        e.poison.insert(5);
+        e.dead_nonces.insert(5);
+        assert_eq!(check(&e), Vec::<String>::new());
+        e.balances.insert(1, 5 + 40);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.starts_with("all_or_nothing: account 1")),
+            "{v:?}"
+        );
     }
 
     #[test]
