@@ -844,7 +844,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             .query("SELECT scope, token FROM soak_beats ORDER BY id", &[])
             .await?
         {
-            evidence.beats.push((row.get(0), row.get::<_, i64>(1) as u64));
+            evidence
+                .beats
+                .push((row.get(0), row.get::<_, i64>(1) as u64));
         }
         for dead in client.dead("default", 1_000_000).await? {
             if let Ok(p) = serde_json::from_str::<Post>(&dead.job.payload) {

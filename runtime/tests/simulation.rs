@@ -62,6 +62,8 @@ enum Event {
         key: String,
         mutations: Vec<Mutation>,
         outcome: std::result::Result<Admission, String>,
+        /// A refused write changed the scope's fence (it must not).
+        fence_moved: bool,
     },
     Fault(String),
     /// The coordinator lost its state; with `epoch` the new one starts in that epoch.
@@ -118,10 +120,13 @@ struct World {
     start: Instant,
     lease: Duration,
     epoch: u32,
+    /// Clock slack of the coordinator (see `one_live_lease_per_scope`).
+    slack: Duration,
 }
 
 impl World {
     fn new(seed: u64, backend: Backend, sink: Arc<dyn FencedStore>, lease: Duration) -> Self {
+        let backend_slack = matches!(backend, Backend::Redis(_));
         let coord: Arc<dyn LeaseStore> = match &backend {
             Backend::Memory => Arc::new(MemoryLeaseStore::new()),
             Backend::Redis(pool) => Arc::new(RedisLeaseStore::new(
@@ -141,6 +146,10 @@ impl World {
             start: Instant::now(),
             lease,
             epoch: 0,
+            slack: match backend_slack {
+                true => Duration::from_millis(2),
+                false => Duration::ZERO,
+            },
         }
     }
 
@@ -236,7 +245,13 @@ impl World {
     }
 
     async fn send(&mut self, w: usize, write: FencedWrite, lease: LeaseId) -> Result<Admission> {
+        let before = self.sink.highest(&write.scope).await.ok().flatten();
         let outcome = self.sink.write(write.clone()).await;
+        let after = self.sink.highest(&write.scope).await.ok().flatten();
+        // (A collection may drop the fence during the call; moving it is what counts.)
+        let fence_moved = matches!(outcome, Ok(Admission::Rejected(_)) | Err(_))
+            && after.is_some()
+            && after != before;
         self.history.push(Event::Write {
             worker: w,
             lease,
@@ -248,6 +263,7 @@ impl World {
                 .as_ref()
                 .map(Clone::clone)
                 .map_err(|e| e.to_string()),
+            fence_moved,
         });
         outcome
     }
@@ -325,8 +341,9 @@ impl World {
                 self.settle(w, i, how).await;
             }
             Err(e) => {
+                // Parked for a while: the scope's turn passes to its next job meanwhile.
                 let retry = Settlement::Retry {
-                    delay: Duration::ZERO,
+                    delay: Duration::from_millis(30),
                     reason: e.to_string(),
                 };
                 self.settle(w, i, retry).await;
@@ -562,8 +579,9 @@ fn one_token_one_lease(history: &[Event]) -> Check {
 
 /// Invariant 3: at the coordinator, a claim of a scope never overlaps another live lease of
 /// it (live: claimed, not ended, not past its latest expiry). Per coordinator incarnation.
-fn one_live_lease_per_scope(history: &[Event]) -> Check {
-    // lease -> (scope, expires, ended)
+/// `slack`: how much earlier than the recorded expiry the coordinator may consider a lease
+/// expired (zero in virtual time; Redis keeps milliseconds).
+fn one_live_lease_per_scope(history: &[Event], slack: Duration) -> Check {
     let mut live: BTreeMap<LeaseId, (Scope, Duration)> = BTreeMap::new();
     for e in history {
         match e {
@@ -576,8 +594,9 @@ fn one_live_lease_per_scope(history: &[Event]) -> Check {
                 token,
                 ..
             } => {
-                if let Some((other, (_, until))) =
-                    live.iter().find(|(_, (s, until))| s == scope && until > at)
+                if let Some((other, (_, until))) = live
+                    .iter()
+                    .find(|(_, (s, until))| s == scope && *until > *at + slack)
                 {
                     return violation(
                         "one_live_lease_per_scope",
@@ -594,6 +613,38 @@ fn one_live_lease_per_scope(history: &[Event]) -> Check {
             }
             Event::Ended { lease, how, .. } if *how != "refused" => {
                 live.remove(lease);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Invariant 4: a settlement the coordinator accepted came from a live lease — never from
+/// one that had expired, ended, or belongs to a coordinator that lost its state.
+fn stale_lease_is_powerless(history: &[Event], slack: Duration) -> Check {
+    let mut live: BTreeMap<LeaseId, Duration> = BTreeMap::new();
+    for e in history {
+        match e {
+            Event::StateLoss { .. } => live.clear(),
+            Event::Claimed { lease, expires, .. } => {
+                live.insert(*lease, *expires);
+            }
+            Event::Renewed { lease, expires, .. } => {
+                if let Some(until) = live.get_mut(lease) {
+                    *until = (*until).max(*expires);
+                }
+            }
+            Event::Ended { at, lease, how } => {
+                let until = live.remove(lease);
+                let accepted = !matches!(*how, "refused" | "lost");
+                if accepted && until.is_none_or(|until| until + slack <= *at) {
+                    return violation(
+                        "stale_lease_is_powerless",
+                        None,
+                        format!("lease {lease} settled ({how}) at {at:?}, live until {until:?}"),
+                    );
+                }
             }
             _ => {}
         }
@@ -733,6 +784,21 @@ fn model_apply(data: &mut BTreeMap<String, Value>, mutations: &[Mutation]) -> bo
 /// Invariant 8: every applied write applied whole, every refused one not at all — the sink's
 /// final data equals the model replaying exactly the applied writes.
 async fn all_or_nothing(world: &World) -> Check {
+    if let Some(Event::Write { scope, key, .. }) = world.history.iter().find(|e| {
+        matches!(
+            e,
+            Event::Write {
+                fence_moved: true,
+                ..
+            }
+        )
+    }) {
+        return violation(
+            "all_or_nothing",
+            Some(scope),
+            format!("{key} was refused but moved the fence"),
+        );
+    }
     let mut model = BTreeMap::new();
     let mut keys = BTreeSet::new();
     for e in &world.history {
@@ -798,7 +864,8 @@ async fn check(world: &World) -> Check {
     let h = &world.history;
     no_stale_write(h)?;
     one_token_one_lease(h)?;
-    one_live_lease_per_scope(h)?;
+    one_live_lease_per_scope(h, world.slack)?;
+    stale_lease_is_powerless(h, world.slack)?;
     at_most_once_per_key(h)?;
     monotonic_tokens(h)?;
     no_lost_job(world)?;
@@ -852,7 +919,7 @@ fn seeded_fault_schedules_keep_every_invariant() {
             let mut world = World::new(
                 seed,
                 Backend::Memory,
-                Arc::new(MemoryFencedStore::new()),
+                Arc::new(Flaky::new(MemoryFencedStore::new())),
                 Duration::from_millis(100),
             );
             world.run(300).await;
@@ -972,6 +1039,95 @@ fn a_seed_replays_exactly() {
 // Planted bugs: the checkers must catch them.
 // ---------------------------------------------------------------------------------------------
 
+/// A correct sink that fails every 23rd call before doing anything (an unreachable
+/// backend), deterministically: handlers then settle `Retry`, which hands the scope's turn to
+/// its next job.
+struct Flaky<S> {
+    inner: S,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl<S> Flaky<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            calls: Default::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: FencedStore> FencedStore for Flaky<S> {
+    async fn write(&self, w: FencedWrite) -> Result<Admission> {
+        if self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % 23
+            == 22
+        {
+            return Err(Error::Unavailable("sink unreachable (simulated)".into()));
+        }
+        self.inner.write(w).await
+    }
+    fn observe_watermark(&self, w: FencingToken) {
+        self.inner.observe_watermark(w)
+    }
+    async fn read(&self, key: &str) -> Result<Option<Value>> {
+        self.inner.read(key).await
+    }
+    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
+        self.inner.highest(scope).await
+    }
+}
+
+/// Planted bug: forgets fences below the watermark (as it may) but then decides without the
+/// watermark (as it must not) — the proof in the `admission` module docs, broken.
+#[derive(Default)]
+struct ForgetfulFence {
+    fences: Mutex<HashMap<Scope, ScopeFence>>,
+    watermark: Mutex<FencingToken>,
+    data: Mutex<BTreeMap<String, Value>>,
+}
+
+#[async_trait]
+impl FencedStore for ForgetfulFence {
+    async fn write(&self, w: FencedWrite) -> Result<Admission> {
+        let watermark = *self.watermark.lock().unwrap();
+        let mut fences = self.fences.lock().unwrap();
+        for fence in fences.values_mut() {
+            fence.collect(watermark);
+        }
+        let fence = fences.entry(w.scope.clone()).or_default();
+        let decided = fence.decide(w.fence, &w.key, FencingToken::ZERO);
+        if decided == Admission::Applied
+            && !model_apply(&mut self.data.lock().unwrap(), &w.mutations)
+        {
+            return Ok(Admission::Rejected(Rejection::Mutation {
+                why: "does not fit".into(),
+            }));
+        }
+        if let Admission::Rejected(_) = decided {
+            return Ok(decided);
+        }
+        Ok(fence.admit(w.fence, &w.key, FencingToken::ZERO))
+    }
+    fn observe_watermark(&self, w: FencingToken) {
+        let mut mine = self.watermark.lock().unwrap();
+        *mine = (*mine).max(w);
+    }
+    async fn read(&self, key: &str) -> Result<Option<Value>> {
+        Ok(self.data.lock().unwrap().get(key).cloned())
+    }
+    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
+        Ok(self
+            .fences
+            .lock()
+            .unwrap()
+            .get(scope)
+            .and_then(|f| f.highest))
+    }
+}
+
 /// A sink with "a lease check instead of a fence": it dedupes by key and applies whole, but
 /// never compares tokens.
 #[derive(Default)]
@@ -1058,6 +1214,7 @@ fn planted_bugs_are_caught() {
                     data: Mutex::default(),
                 }),
             ),
+            ("forgetful fence", Arc::new(ForgetfulFence::default())),
         ] {
             let rt = paused_runtime();
             let found = rt.block_on(async {
@@ -1075,6 +1232,11 @@ fn planted_bugs_are_caught() {
     assert!(
         no_fence.contains(&"no_stale_write"),
         "the dropped fence went unnoticed: {no_fence:?}"
+    );
+    let forgetful = caught.get("forgetful fence").cloned().unwrap_or_default();
+    assert!(
+        forgetful.contains(&"no_stale_write"),
+        "the watermark-less collection went unnoticed: {forgetful:?}"
     );
     assert!(
         half.contains(&"all_or_nothing"),
