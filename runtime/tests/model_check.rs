@@ -1,9 +1,11 @@
 //! Exhaustive model check (issue 11) with `stateright`: a coordinator granting leases on one
 //! scope, two workers, a network that delays, reorders, duplicates and loses writes, a
-//! coordinator that may lose its state once (with or without a durable epoch), and a sink
-//! deciding with the library's own admission rule ([`palisade::decide`]). Every reachable
-//! state within the bounds satisfies the invariants; a sink with the fence dropped, and one
-//! that half-applies a refused mutation list, each yield a counterexample trace.
+//! coordinator that may lose its state once (with or without a durable epoch), a low
+//! watermark published to the sink and fences collected below it, and a sink deciding with
+//! the library's own admission rule ([`palisade::decide`]). Every reachable state within the
+//! bounds satisfies the invariants; a sink with the fence dropped, one that collects fences
+//! but decides without the watermark, and one that half-applies a refused mutation list each
+//! yield a counterexample trace.
 //!
 //! Leases expire at any moment (the checker tries every interleaving), so "paused past its
 //! lease" is simply a worker that acts after `Expire`: the model's workers never consult the
@@ -20,6 +22,8 @@ enum Sink {
     NoFence,
     /// Planted bug: a refused mutation list leaves its first step applied.
     HalfApply,
+    /// Planted bug: forgets fences below the watermark, then decides without it.
+    Forgetful,
 }
 
 struct Fencing {
@@ -35,12 +39,24 @@ struct Grant {
     lease: u8,
 }
 
-/// A write on its way to the sink: every write is the job's one logical write (one
-/// idempotency key), repeated by each run; `bad` carries a mutation list that does not fit.
+/// A write on its way to the sink: the job's logical write (one idempotency key, repeated
+/// by each run), or — `per_run` — a write keyed by the run, which only the fence keeps a
+/// stale run from applying; `bad` carries a mutation list that does not fit.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 struct Msg {
     grant: Grant,
     bad: bool,
+    per_run: bool,
+}
+
+impl Msg {
+    fn key(&self) -> u8 {
+        if self.per_run {
+            10 + self.grant.lease
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -54,7 +70,8 @@ struct State {
     net: Vec<Msg>,
     // The sink.
     highest: Option<Grant>,
-    key_applied: bool,
+    keys_applied: Vec<u8>,
+    watermark: FencingToken,
     data: i64,
     // What an observer of the sink's answers has seen.
     applied_good: i64,
@@ -70,11 +87,18 @@ enum Action {
     Claim(usize),
     Expire,
     Complete(usize),
-    Send(usize, bool),
+    /// Worker, bad mutation list, keyed per run.
+    Send(usize, bool, bool),
     Deliver(usize),
     Redeliver(usize),
     Drop(usize),
-    LoseState { durable: bool },
+    LoseState {
+        durable: bool,
+    },
+    /// A worker passes the coordinator's low watermark to the sink (after a settle).
+    PublishWatermark,
+    /// The sink forgets the scope's fence if it is below its watermark.
+    Collect,
 }
 
 fn lease_id(lease: u8) -> LeaseId {
@@ -82,6 +106,20 @@ fn lease_id(lease: u8) -> LeaseId {
 }
 
 impl Fencing {
+    /// The coordinator's low watermark: the live lease's token, or the next token when none
+    /// is live (every lease below it is no longer current).
+    fn coordinator_watermark(&self, state: &State) -> FencingToken {
+        match state.holder {
+            Some(lease) => state
+                .workers
+                .iter()
+                .flatten()
+                .find(|g| g.lease == lease)
+                .map_or(FencingToken::ZERO, |g| g.token),
+            None => FencingToken::new(state.epoch, state.counter + 1),
+        }
+    }
+
     /// The sink's answer to one write, and its new state.
     fn deliver(&self, state: &mut State, msg: Msg) {
         let presented = Fence {
@@ -92,10 +130,13 @@ impl Fencing {
             token: g.token,
             lease: lease_id(g.lease),
         });
+        let key = msg.key();
+        let key_applied = state.keys_applied.contains(&key);
         let admission = match self.sink {
-            Sink::NoFence if state.key_applied => Admission::Duplicate,
+            Sink::NoFence if key_applied => Admission::Duplicate,
             Sink::NoFence => Admission::Applied,
-            _ => decide(highest, presented, state.key_applied, FencingToken::ZERO),
+            Sink::Forgetful => decide(highest, presented, key_applied, FencingToken::ZERO),
+            _ => decide(highest, presented, key_applied, state.watermark),
         };
         let admission = match admission {
             Admission::Applied if msg.bad => {
@@ -113,8 +154,9 @@ impl Fencing {
             Admission::Rejected(_) => {}
             accepted => {
                 if accepted == Admission::Applied {
-                    state.applied_twice |= state.key_applied;
-                    state.key_applied = true;
+                    state.applied_twice |= key_applied;
+                    state.keys_applied.push(key);
+                    state.keys_applied.sort_unstable();
                     state.data += 1;
                     state.applied_good += 1;
                 }
@@ -149,7 +191,8 @@ impl Model for Fencing {
             workers: vec![None; self.workers],
             net: Vec::new(),
             highest: None,
-            key_applied: false,
+            keys_applied: Vec::new(),
+            watermark: FencingToken::ZERO,
             data: 0,
             applied_good: 0,
             max_accepted: None,
@@ -170,8 +213,9 @@ impl Model for Fencing {
                 Some(_) => {
                     actions.push(Action::Complete(w));
                     if state.net.len() < 2 {
-                        actions.push(Action::Send(w, false));
-                        actions.push(Action::Send(w, true));
+                        actions.push(Action::Send(w, false, false));
+                        actions.push(Action::Send(w, true, false));
+                        actions.push(Action::Send(w, false, true));
                     }
                 }
             }
@@ -189,6 +233,12 @@ impl Model for Fencing {
         if !state.lost_state {
             actions.push(Action::LoseState { durable: true });
             actions.push(Action::LoseState { durable: false });
+        }
+        if self.coordinator_watermark(state) > state.watermark {
+            actions.push(Action::PublishWatermark);
+        }
+        if state.highest.is_some_and(|h| h.token < state.watermark) {
+            actions.push(Action::Collect);
         }
     }
 
@@ -213,9 +263,10 @@ impl Model for Fencing {
                     s.holder = None;
                 }
             }
-            Action::Send(w, bad) => s.net.push(Msg {
+            Action::Send(w, bad, per_run) => s.net.push(Msg {
                 grant: s.workers[w]?,
                 bad,
+                per_run,
             }),
             Action::Deliver(i) => {
                 let msg = s.net.remove(i);
@@ -232,6 +283,10 @@ impl Model for Fencing {
             // Redis restarted empty: every lease and counter gone. A durable epoch source
             // moves tokens to a new epoch; without one the counter starts over (a regression
             // the sink must refuse).
+            Action::PublishWatermark => {
+                s.watermark = s.watermark.max(self.coordinator_watermark(&s));
+            }
+            Action::Collect => s.highest = None,
             Action::LoseState { durable } => {
                 s.lost_state = true;
                 s.holder = None;
@@ -261,15 +316,21 @@ impl Model for Fencing {
     }
 }
 
+/// Explores every reachable state for the library's sink; a planted bug's run stops at the
+/// first failure (BFS: a shortest counterexample).
 fn check(sink: Sink) -> impl Checker<Fencing> {
-    Fencing {
+    let model = Fencing {
         workers: 2,
-        max_claims: 4,
+        max_claims: 3,
         sink,
-    }
-    .checker()
-    .spawn_bfs()
-    .join()
+    };
+    let checker = model.checker();
+    let checker = if sink == Sink::Fenced {
+        checker
+    } else {
+        checker.finish_when(stateright::HasDiscoveries::AnyFailures)
+    };
+    checker.spawn_bfs().join()
 }
 
 fn trace(path: stateright::Path<State, Action>) -> String {
@@ -313,11 +374,17 @@ fn a_dropped_fence_yields_a_counterexample() {
 }
 
 #[test]
+fn collecting_fences_without_the_watermark_yields_a_counterexample() {
+    let checker = check(Sink::Forgetful);
+    let path = checker.assert_any_discovery("no_stale_write");
+    println!("counterexample: {}", trace(path));
+}
+
+#[test]
 fn a_half_applied_write_yields_a_counterexample() {
     let checker = check(Sink::HalfApply);
     let path = checker.assert_any_discovery("all_or_nothing");
     println!("counterexample: {}", trace(path));
-    checker.assert_no_discovery("no_stale_write");
 }
 
 #[test]
