@@ -263,6 +263,40 @@ mod tests {
 
     const NO_W: FencingToken = FencingToken::ZERO;
 
+    /// A key forgotten by retention leaves the count retention working on the others
+    /// (a mutation test found `forget_key` could wreck the trim order unnoticed).
+    #[test]
+    fn forgetting_a_key_keeps_the_oldest_first_trim() {
+        let mut scope = ScopeFence::default();
+        let a = LeaseId::new();
+        for k in ["k0", "k1", "k2"] {
+            assert_eq!(scope.admit(fence(1, a), &key(k), NO_W), Admission::Applied);
+        }
+        scope.forget_key(&key("k1"));
+        assert_eq!(
+            scope.decide(fence(1, a), &key("k1"), NO_W),
+            Admission::Applied
+        );
+        // Fill up to the limit: the oldest remaining key (k0) goes first, k2 stays.
+        for i in 0..ScopeFence::MAX_KEYS - 2 {
+            scope.admit(fence(1, a), &key(&format!("n{i}")), NO_W);
+        }
+        assert_eq!(
+            scope.decide(fence(1, a), &key("k2"), NO_W),
+            Admission::Duplicate
+        );
+        scope.admit(fence(1, a), &key("last"), NO_W);
+        assert_eq!(
+            scope.decide(fence(1, a), &key("k0"), NO_W),
+            Admission::Applied
+        );
+        assert_eq!(
+            scope.decide(fence(1, a), &key("k2"), NO_W),
+            Admission::Duplicate
+        );
+        assert_eq!(scope.keys.len(), ScopeFence::MAX_KEYS);
+    }
+
     #[test]
     fn below_the_watermark_is_stale_even_without_a_fence() {
         let mut scope = ScopeFence::default();
