@@ -627,7 +627,8 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&dir)?;
     let log = dir.join("attempts.jsonl");
     let mut redis = Redis::start(&dir)?;
-    let schema = format!("soak_{:08x}", rng.random::<u32>());
+    // Not from the seed: a rerun of a seed must not meet a schema an interrupted run left.
+    let schema = format!("soak_{:08x}", rand::random::<u32>());
     let sep = if args.postgres.contains('?') {
         '&'
     } else {
