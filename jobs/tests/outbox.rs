@@ -226,3 +226,63 @@ fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
     rt.block_on(client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
         .unwrap();
 }
+
+#[test]
+fn operators_list_and_retry_dead_outbox_entries() {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = format!("{base}?schema={schema}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt.block_on(PostgresSink::connect(&url)).unwrap();
+    assert_eq!(
+        rt.block_on(run_job(&sink, "invoice:1", 5, "job1", 2)),
+        Fenced::Applied(())
+    );
+    let client = rt.block_on(sink.pool().get()).unwrap();
+    rt.block_on(client.batch_execute(&format!(
+        "UPDATE {schema}.outbox SET state = 'dead', attempts = 12, last_error = 'receiver said 410' \
+         WHERE key LIKE '%receipt0'"
+    )))
+    .unwrap();
+    let palisade = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let sink_flag = format!("ledger={url}");
+    let listed = palisade(&["outbox", "list", "--sink", &sink_flag]);
+    assert!(
+        listed.contains("pending 1, delivered 0, dead 1"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("after 12 attempts: receiver said 410"),
+        "{listed}"
+    );
+    let retried = palisade(&["outbox", "retry", "--sink", &sink_flag]);
+    assert!(
+        retried.contains("1 dead entries pending again"),
+        "{retried}"
+    );
+    assert_eq!(rt.block_on(sink.outbox_counts()).unwrap().pending, 2);
+    let none = Command::new(BIN)
+        .args(["outbox", "list"])
+        .env_remove("PALISADE_SINK_LEDGER_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        none.status.code(),
+        Some(2),
+        "no Postgres sink is a clear error"
+    );
+    rt.block_on(client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
+        .unwrap();
+}

@@ -437,6 +437,27 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
     .await[0]
         .get(0);
     assert!(why.contains("not a follow-up job"), "{why}");
+    // An operator retries it: pending again with fresh attempts (and dead again here, since
+    // it still is not a follow-up job).
+    let dead = sink.outbox_dead(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].2.starts_with("order:1/job/ship/"), "{dead:?}");
+    assert_eq!(sink.outbox_retry_dead(10).await.unwrap(), 1);
+    assert_eq!(sink.outbox_retry_dead(10).await.unwrap(), 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sink.outbox_counts().await.unwrap().dead == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again: i32 = rows(
+        &sink,
+        &format!(
+            "SELECT attempts FROM {}.outbox WHERE state = 'dead'",
+            sink.schema()
+        ),
+    )
+    .await[0]
+        .get(0);
+    assert_eq!(again, 1, "the retry started from zero attempts");
     drop_postgres_schema(&sink).await;
 }
 

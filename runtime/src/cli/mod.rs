@@ -73,6 +73,9 @@ enum Builtin {
     Dead(admin::DeadCommand),
     /// Deliver the outboxes of the postgres:// sinks until SIGTERM / SIGINT.
     Relay(relay::RelayCommand),
+    /// List or retry the outbox entries of the postgres:// sinks.
+    #[command(subcommand)]
+    Outbox(relay::OutboxCommand),
 }
 
 impl App {
@@ -205,6 +208,7 @@ impl App {
             Builtin::Status(args) => admin::status(args),
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
+            Builtin::Outbox(command) => relay::outbox(command, &sinks),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -52,6 +52,63 @@ pub(super) struct RelayCommand {
     metrics: Option<SocketAddr>,
 }
 
+/// `outbox list|retry`: the outboxes of the postgres:// sinks.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum OutboxCommand {
+    /// Entries by state, and the dead ones with their last error.
+    List(OutboxArgs),
+    /// Give dead entries a fresh set of attempts (pending again, due now).
+    Retry(OutboxArgs),
+}
+
+/// Which sinks, how many entries.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct OutboxArgs {
+    /// Where a declared sink lives, `NAME=postgres://…` (repeatable; also
+    /// `PALISADE_SINK_<NAME>_URL`).
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
+    /// Most dead entries listed or retried per sink, oldest first.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+/// Runs `outbox list` or `outbox retry`.
+pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Result<()> {
+    let (args, retry) = match command {
+        OutboxCommand::List(args) => (args, false),
+        OutboxCommand::Retry(args) => (args, true),
+    };
+    let urls = super::worker::sink_urls(declared, &args.sinks, |var| std::env::var(var).ok(), "")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let sinks = postgres_sinks(&urls).await?;
+        if sinks.is_empty() {
+            bail!(
+                "no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)"
+            );
+        }
+        for (name, sink) in sinks {
+            if retry {
+                let n = sink.outbox_retry_dead(args.limit).await?;
+                println!("{name}: {n} dead entries pending again");
+                continue;
+            }
+            let c = sink.outbox_counts().await?;
+            println!(
+                "{name}: pending {}, delivered {}, dead {}",
+                c.pending, c.delivered, c.dead
+            );
+            for (id, target, key, attempts, error) in sink.outbox_dead(args.limit).await? {
+                println!("  dead #{id} {target} {key} after {attempts} attempts: {error}");
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
 /// `NAME=URL` flags, checked before anything connects.
 fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     let mut seen = std::collections::HashSet::new();

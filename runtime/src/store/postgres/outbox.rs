@@ -194,6 +194,49 @@ impl PostgresSink {
         Ok(n == 1)
     }
 
+    /// Dead entries, oldest first, at most `limit`: (id, target, idempotency key, attempts,
+    /// last error).
+    pub async fn outbox_dead(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(i64, String, String, i32, String)>> {
+        let s = &self.schema;
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT id, target, scope || '/' || key, attempts, coalesce(last_error, '') \
+                     FROM {s}.outbox WHERE state = 'dead' ORDER BY id LIMIT $1"
+                ),
+                &[&i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(postgres_error)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect())
+    }
+
+    /// Gives up to `limit` dead entries, oldest first, a fresh set of attempts: pending and
+    /// due now. Returns how many.
+    pub async fn outbox_retry_dead(&self, limit: usize) -> Result<u64> {
+        let s = &self.schema;
+        let client = self.client().await?;
+        client
+            .execute(
+                &format!(
+                    "UPDATE {s}.outbox SET state = 'pending', attempts = 0, \
+                         next_attempt_at = now(), leased_until = NULL \
+                     WHERE id IN (SELECT id FROM {s}.outbox WHERE state = 'dead' \
+                         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)"
+                ),
+                &[&i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(postgres_error)
+    }
+
     /// Entries by state.
     pub async fn outbox_counts(&self) -> Result<OutboxCounts> {
         let s = &self.schema;
