@@ -134,6 +134,24 @@ pub async fn renew_extends_and_reports_lost(store: Arc<dyn LeaseStore>) {
         .await
         .unwrap();
     assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
+    // A lease that expired is lost even before the reaper has seen it: a renewal must not
+    // revive it (a mutation test found this unchecked).
+    store.enqueue(vec![job("x")]).await.unwrap();
+    let short = claim_ttl(&*store, Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.renew(&[short], TTL).await.unwrap(), [short]);
+    assert_eq!(
+        store.reap(10).await.unwrap().len(),
+        1,
+        "reaped, not revived"
+    );
+    assert_eq!(claim(&*store, 1).await.len(), 1, "the job runs again");
+}
+
+async fn claim_ttl(store: &dyn LeaseStore, ttl: Duration) -> LeaseId {
+    store.claim("default", "w", 1, ttl).await.unwrap()[0]
+        .lease
+        .id
 }
 
 pub async fn stale_lease_is_powerless(store: Arc<dyn LeaseStore>) {
