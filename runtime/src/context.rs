@@ -185,8 +185,7 @@ impl PostgresHandle {
     ///         })
     ///     })
     ///     .await?
-    ///     .accepted()
-    ///     .map_err(|r| palisade::JobError::fatal(r.to_string()))?;
+    ///     .accepted()?; // refused: JobError::Fenced, settled as the fence requires
     /// # let _ = paid; Ok(()) }
     /// ```
     pub async fn transaction<R, F>(&self, key: &str, f: F) -> Result<Fenced<R>>

@@ -88,8 +88,8 @@ pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
 pub use store::postgres::{
-    BoxError, Fenced, FencedTx, OutboxCounts, OutboxEntry, OutboxWriter, PostgresFencedStore,
-    PostgresSink, TransactionFn,
+    BoxError, Fenced, FencedTx, OutboxCounts, OutboxWriter, PostgresFencedStore, PostgresSink,
+    TransactionFn,
 };
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};

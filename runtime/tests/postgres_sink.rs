@@ -875,3 +875,38 @@ async fn a_lost_commit_answer_resolves_to_duplicate_on_retry() {
     assert_eq!(ran.load(Ordering::SeqCst), 1);
     drop_postgres_schema(&sink).await;
 }
+
+/// With the default collection interval (100 ms per process) the fence table still stays
+/// bounded by the live scopes: each collection takes a batch big enough to keep up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_stay_bounded_with_the_default_collection_interval() {
+    let (_, url) = fresh_postgres_schema();
+    let sink = Arc::new(PostgresSink::connect(&url).await.unwrap());
+    let write = |token: u64| {
+        let sink = sink.clone();
+        async move {
+            let scope = Scope::of_job(JobId::new());
+            sink.transaction(&scope, fence(token), &IdempotencyKey::new("w"), |_| {
+                Box::pin(async { Ok(()) })
+            })
+            .await
+            .unwrap()
+        }
+    };
+    for token in 1..=1500u64 {
+        assert_eq!(write(token).await, Fenced::Applied(()));
+        // The coordinator's watermark trails the newest token by a few in-flight leases.
+        sink.observe_watermark(FencingToken::from_u64(token.saturating_sub(20)));
+    }
+    sink.observe_watermark(FencingToken::from_u64(1501));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(write(1501).await, Fenced::Applied(()));
+    let left: i64 = rows(
+        &sink,
+        &format!("SELECT count(*) FROM {}.fence", sink.schema()),
+    )
+    .await[0]
+        .get(0);
+    assert!(left <= 1, "{left} fence rows left for 1 live scope");
+    drop_postgres_schema(&sink).await;
+}

@@ -134,6 +134,11 @@ fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 impl RelayArgs {
+    /// Whether any `--target` was given.
+    pub(super) fn has_targets(&self) -> bool {
+        !self.targets.is_empty()
+    }
+
     /// Checks the flags (before the process connects anywhere).
     pub(super) fn check(&self) -> anyhow::Result<()> {
         if self.targets.is_empty() {

@@ -212,6 +212,8 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
     }
     if args.relay {
         args.relay_args.check()?;
+    } else if args.relay_args.has_targets() {
+        bail!("--target only matters with --relay (or use the `relay` command)");
     }
     let health = Health::new();
     if let Some(addr) = args.metrics {

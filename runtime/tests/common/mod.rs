@@ -246,9 +246,30 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-/// A schema name no other test uses, and the sink URL that selects it.
+/// A schema name no other test uses, and the sink URL that selects it. Names carry their
+/// creation time; the first call of a test process drops test schemas over an hour old,
+/// which tests that failed (or never drop theirs) left behind.
 pub fn fresh_postgres_schema() -> (String, String) {
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    SWEEP.call_once(|| {
+        let sql = format!(
+            "DO $$ DECLARE s text; BEGIN FOR s IN SELECT nspname FROM pg_namespace \
+             WHERE nspname ~ '^ts_[0-9]+_' AND split_part(nspname, '_', 2)::bigint < {} \
+             LOOP EXECUTE format('DROP SCHEMA %I CASCADE', s); END LOOP; END $$",
+            now.saturating_sub(3600)
+        );
+        let _ = Command::new("psql")
+            .args([postgres_url().as_str(), "-qc", &sql])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    });
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let schema = format!("ts_{now}_{}", &id[..12]);
     let url = format!("{}?schema={schema}", postgres_url());
     (schema, url)
 }

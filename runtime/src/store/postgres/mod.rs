@@ -42,7 +42,8 @@ mod migrate;
 pub mod outbox;
 
 pub use fenced::PostgresFencedStore;
-pub use outbox::{OutboxCounts, OutboxEntry, OutboxWriter};
+pub(crate) use outbox::OutboxEntry;
+pub use outbox::{OutboxCounts, OutboxWriter};
 
 /// What a closure given to [`PostgresSink::transaction`] may fail with: its own error type or
 /// a `tokio_postgres::Error`, both through `?`.
@@ -152,9 +153,16 @@ fn checked_schema(name: &str) -> Result<String> {
 
 /// A pool for `url` (`postgres://…`), checked for syntax only; connections open lazily.
 pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool> {
-    let config: tokio_postgres::Config = url
+    let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
+    // A process paused inside a fenced transaction holds its scope's fence row lock; the
+    // server ends such a transaction after a minute idle, so the next holder does not wait
+    // forever (unless the URL sets its own value).
+    let options = config.get_options().unwrap_or_default().to_owned();
+    if !options.contains("idle_in_transaction_session_timeout") {
+        config.options(format!("{options} -c idle_in_transaction_session_timeout=60000").trim());
+    }
     let manager = deadpool_postgres::Manager::from_config(
         config,
         tokio_postgres::NoTls,
@@ -178,13 +186,7 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
         Some(db) => {
             let code = db.code().code();
             let message = format!("postgres {code}: {}", db.message());
-            // 08: connection, 40: serialization failure / deadlock, 53: resources,
-            // 57P: shutdown or crash, 55P03: lock not available.
-            let transient = ["08", "40", "53", "57P"]
-                .iter()
-                .any(|c| code.starts_with(c))
-                || code == "55P03";
-            if transient {
+            if transient_sqlstate(code) {
                 Error::Unavailable(message)
             } else {
                 Error::Backend(message)
@@ -193,6 +195,16 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
         None if e.is_closed() || io_cause(&e) => Error::Unavailable(format!("postgres: {e}")),
         None => Error::Backend(format!("postgres: {e}")),
     }
+}
+
+/// Whether a server error's SQLSTATE says "try again later": 08 connection, 40
+/// serialization failure or deadlock, 53 resources, 57P shutdown or crash, 57014 statement
+/// timeout, 55P03 lock not available, 25006 read-only (a replica, or a primary mid-failover).
+fn transient_sqlstate(code: &str) -> bool {
+    ["08", "40", "53", "57P"]
+        .iter()
+        .any(|c| code.starts_with(c))
+        || ["55P03", "57014", "25006"].contains(&code)
 }
 
 fn io_cause(e: &tokio_postgres::Error) -> bool {
@@ -319,6 +331,10 @@ impl PostgresSink {
     /// How often one process publishes a grown watermark and collects, at most.
     pub const DEFAULT_COLLECT_INTERVAL: Duration = Duration::from_millis(100);
 
+    /// Most fence rows (and, separately, expired keys) one collection deletes when collecting
+    /// by interval: 10 runs a second keep up with 20,000 writes a second per process.
+    const COLLECT_BATCH: usize = 2048;
+
     /// Idempotency keys are kept this long unless configured otherwise.
     pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
@@ -413,6 +429,13 @@ impl PostgresSink {
         }
         // A watermark past BIGINT (no real coordinator reaches it) refuses everything anyway.
         let w_sql = i64::try_from(w).unwrap_or(i64::MAX);
+        // Collecting once per interval instead of once per call, it must take more per run
+        // to keep up: a few thousand rows, still one short statement.
+        let budget = if self.collect_every.is_zero() {
+            budget
+        } else {
+            budget.max(Self::COLLECT_BATCH)
+        };
         let budget = i64::try_from(budget).unwrap_or(i64::MAX);
         let retention_ms = sql_millis(self.retention);
         let statement = client
@@ -790,6 +813,18 @@ pub(crate) async fn write_mutations(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sqlstates_are_classified_by_what_to_do() {
+        for transient in [
+            "08006", "40001", "40P01", "53300", "57P01", "57014", "55P03", "25006",
+        ] {
+            assert!(transient_sqlstate(transient), "{transient}");
+        }
+        for permanent in ["42P01", "23505", "22021", "42601", "25P02"] {
+            assert!(!transient_sqlstate(permanent), "{permanent}");
+        }
+    }
 
     #[test]
     fn schema_comes_out_of_the_url_and_is_checked() {

@@ -65,7 +65,7 @@ impl<'a> OutboxWriter<'a> {
 
 /// One outbox entry leased for delivery.
 #[derive(Clone, Debug, PartialEq)]
-pub struct OutboxEntry {
+pub(crate) struct OutboxEntry {
     /// Row id.
     pub id: i64,
     /// Where it goes ("email").
@@ -103,7 +103,7 @@ pub struct OutboxCounts {
 impl PostgresSink {
     /// Leases up to `n` due pending entries for the given targets for `ttl`, oldest first,
     /// skipping entries another relay holds. Counts the attempt.
-    pub async fn claim_outbox(
+    pub(crate) async fn claim_outbox(
         &self,
         targets: &[String],
         n: usize,
@@ -151,7 +151,7 @@ impl PostgresSink {
 
     /// Marks a leased entry delivered; `false` if the lease was lost meanwhile (another relay
     /// may deliver it again: at least once).
-    pub async fn outbox_delivered(&self, entry: &OutboxEntry) -> Result<bool> {
+    pub(crate) async fn outbox_delivered(&self, entry: &OutboxEntry) -> Result<bool> {
         let s = &self.schema;
         let client = self.client().await?;
         let n = client
@@ -169,7 +169,7 @@ impl PostgresSink {
     }
 
     /// Records a failed attempt: tried again after `retry_in`, or dead (`None`) with `error`.
-    pub async fn outbox_failed(
+    pub(crate) async fn outbox_failed(
         &self,
         entry: &OutboxEntry,
         error: &str,
