@@ -858,6 +858,44 @@ mod tests {
         assert!(state.jobs.is_empty());
     }
 
+    /// A lease is expired at its deadline exactly, for renew as for settle and reap
+    /// (mutation tests found the boundary unchecked).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_lost_at_its_deadline_exactly() {
+        let store = MemoryLeaseStore::new();
+        store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+        let ttl = Duration::from_millis(100);
+        let lease = store.claim("default", "w", 1, ttl).await.unwrap()[0]
+            .lease
+            .id;
+        tokio::time::advance(ttl - Duration::from_millis(1)).await;
+        assert_eq!(store.renew(&[lease], ttl).await.unwrap(), []);
+        tokio::time::advance(ttl).await;
+        assert_eq!(store.renew(&[lease], ttl).await.unwrap(), [lease]);
+    }
+
+    #[tokio::test]
+    async fn the_sink_holds_state_for_live_scopes_only() {
+        let sink = MemoryFencedStore::new().with_key_retention(Duration::ZERO);
+        let w = |scope: &str, token: u64| FencedWrite {
+            scope: Scope::new(scope),
+            fence: crate::admission::Fence {
+                token: FencingToken::from_u64(token),
+                lease: LeaseId::new(),
+            },
+            key: crate::ids::IdempotencyKey::new(format!("{scope}/{token}")),
+            mutations: vec![],
+        };
+        for (i, scope) in ["a", "b", "c"].into_iter().enumerate() {
+            sink.write(w(scope, i as u64 + 1)).await.unwrap();
+        }
+        assert_eq!(sink.scopes_held(), 3);
+        sink.observe_watermark(FencingToken::from_u64(10));
+        sink.write(w("d", 10)).await.unwrap();
+        sink.write(w("d", 11)).await.unwrap();
+        assert_eq!(sink.scopes_held(), 1, "only the live scope is left");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn claims_promote_boundedly_and_dead_letters_are_trimmed() {
         let store = MemoryLeaseStore::new().with_dead_retention(2);
