@@ -71,6 +71,8 @@ pub struct RelayConfig {
     pub backoff: Duration,
     /// Longest delay between attempts.
     pub max_backoff: Duration,
+    /// Delivered entries are deleted this long after delivery (a few hundred per round).
+    pub keep_delivered: Duration,
 }
 
 impl Default for RelayConfig {
@@ -82,6 +84,7 @@ impl Default for RelayConfig {
             max_attempts: 12,
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(600),
+            keep_delivered: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -188,6 +191,9 @@ impl OutboxRelay {
                 }
             };
             let n = entries.len();
+            if let Err(e) = sink.prune_outbox(config.keep_delivered, 256).await {
+                tracing::warn!(error = %e, "outbox relay: pruning delivered entries failed");
+            }
             let deliveries = entries.into_iter().map(|entry| {
                 let target = targets[&entry.target].clone();
                 let (sink, config, http) = (sink.clone(), config.clone(), http.clone());

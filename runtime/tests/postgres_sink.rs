@@ -366,7 +366,7 @@ async fn migrations_are_versioned_and_safe_to_run_from_many_hosts_at_once() {
     }
     let sink = sinks.into_iter().next().unwrap().unwrap();
     let versions = rows(&sink, &format!("SELECT version FROM {schema}.migrations")).await;
-    assert_eq!(versions.len(), 1, "each migration applied once");
+    assert_eq!(versions.len(), 2, "each migration applied once");
     // A schema from a newer build is refused, not half-used.
     rows(
         &sink,
@@ -908,5 +908,59 @@ async fn fences_stay_bounded_with_the_default_collection_interval() {
     .await[0]
         .get(0);
     assert!(left <= 1, "{left} fence rows left for 1 live scope");
+    drop_postgres_schema(&sink).await;
+}
+
+/// Delivered entries go after their retention: the outbox stays bounded by what is pending,
+/// dead or recent.
+#[actix_rt::test]
+async fn delivered_entries_are_pruned_after_their_retention() {
+    use actix::Actor as _;
+    let sink = sink().await;
+    let (port, _) = picky_receiver();
+    sink.transaction(
+        &Scope::new("s"),
+        fence(1),
+        &IdempotencyKey::new("job/tx/k"),
+        |tx| {
+            Box::pin(async move {
+                for e in ["a", "b", "c"] {
+                    tx.outbox("ok").push(e, &e).await?;
+                }
+                Ok(())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let targets = std::collections::HashMap::from([(
+        "ok".to_owned(),
+        Target::Http(format!("http://127.0.0.1:{port}/ok")),
+    )]);
+    let config = RelayConfig {
+        poll: Duration::from_millis(20),
+        keep_delivered: Duration::ZERO,
+        ..RelayConfig::default()
+    };
+    let _relay = OutboxRelay::new(sink.clone(), targets, config)
+        .unwrap()
+        .start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: i64 = rows(
+            &sink,
+            &format!("SELECT count(*) FROM {}.outbox", sink.schema()),
+        )
+        .await[0]
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} entries never pruned"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop_postgres_schema(&sink).await;
 }

@@ -8,7 +8,10 @@ use crate::error::{Error, Result};
 use super::{pool_error, postgres_error};
 
 /// `(version, SQL)`; `{schema}` stands for the quoted schema name. Append, never edit.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../sql/001_fence.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../../sql/001_fence.sql")),
+    (2, include_str!("../../../sql/002_outbox_prune.sql")),
+];
 
 /// Brings `schema` (quoted) to the newest version this build knows.
 pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<()> {

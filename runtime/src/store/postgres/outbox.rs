@@ -237,6 +237,28 @@ impl PostgresSink {
             .map_err(postgres_error)
     }
 
+    /// Deletes up to `limit` entries delivered more than `retention` ago, oldest first;
+    /// returns how many. Keeps the outbox bounded by what is pending, dead or recent.
+    pub(crate) async fn prune_outbox(&self, retention: Duration, limit: usize) -> Result<u64> {
+        let s = &self.schema;
+        let client = self.client().await?;
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {s}.outbox WHERE id IN (SELECT id FROM {s}.outbox \
+                     WHERE state = 'delivered' \
+                       AND delivered_at < now() - $1 * interval '1 millisecond' \
+                     ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                ),
+                &[
+                    &super::sql_millis(retention),
+                    &i64::try_from(limit).unwrap_or(i64::MAX),
+                ],
+            )
+            .await
+            .map_err(postgres_error)
+    }
+
     /// Entries by state.
     pub async fn outbox_counts(&self) -> Result<OutboxCounts> {
         let s = &self.schema;
