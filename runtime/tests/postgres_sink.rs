@@ -367,6 +367,20 @@ async fn migrations_are_versioned_and_safe_to_run_from_many_hosts_at_once() {
     let sink = sinks.into_iter().next().unwrap().unwrap();
     let versions = rows(&sink, &format!("SELECT version FROM {schema}.migrations")).await;
     assert_eq!(versions.len(), 2, "each migration applied once");
+    // A schema from the previous build (version 1) is upgraded in place at the next start.
+    rows(&sink, &format!("DROP INDEX {schema}.outbox_delivered")).await;
+    rows(
+        &sink,
+        &format!("DELETE FROM {schema}.migrations WHERE version = 2"),
+    )
+    .await;
+    PostgresSink::connect(&url).await.unwrap();
+    let index = rows(
+        &sink,
+        &format!("SELECT 1 FROM pg_indexes WHERE schemaname = '{schema}' AND indexname = 'outbox_delivered'"),
+    )
+    .await;
+    assert_eq!(index.len(), 1, "migration 2 applied on upgrade");
     // A schema from a newer build is refused, not half-used.
     rows(
         &sink,
