@@ -150,8 +150,8 @@ async fn run_job(
     .unwrap()
 }
 
-#[test]
-fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
+/// A runtime and a Postgres sink in a schema of this test's own (with its name and URL).
+fn fresh_sink() -> (tokio::runtime::Runtime, PostgresSink, String, String) {
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
     let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
@@ -163,6 +163,12 @@ fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
     let sink = rt
         .block_on(PostgresSink::connect(&url))
         .expect("PostgreSQL is running (.ci/run starts it)");
+    (rt, sink, schema, url)
+}
+
+#[test]
+fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
+    let (rt, sink, schema, url) = fresh_sink();
     let mut current = 0;
     rt.block_on(async {
         for i in 0..60u64 {
@@ -229,15 +235,7 @@ fn a_killed_relay_resumes_and_only_current_effects_are_sent() {
 
 #[test]
 fn operators_list_and_retry_dead_outbox_entries() {
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let url = format!("{base}?schema={schema}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sink = rt.block_on(PostgresSink::connect(&url)).unwrap();
+    let (rt, sink, schema, url) = fresh_sink();
     assert_eq!(
         rt.block_on(run_job(&sink, "invoice:1", 5, "job1", 2)),
         Fenced::Applied(())
