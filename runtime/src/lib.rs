@@ -16,14 +16,17 @@
 //! - `policy`: pure retry / stall decisions ([`RetryPolicy`]).
 //! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
 //! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`]; `store::memory`,
-//!   `store::redis` (one Lua script per operation, `runtime/lua/`) and `store::epoch`
-//!   (durable [`EpochSource`]s).
-//! - `coordinator`, `worker`, `renewal`, `sink`: one actor each ([`Coordinator`], [`Worker`],
-//!   `Renewal` (internal: one per worker), [`FencedSink`]), messages beside their handlers;
-//!   a notification lives with its sender (`renewal` sends `LeaseLost` to the worker).
+//!   `store::redis` (one Lua script per operation, `runtime/lua/`), `store::postgres`
+//!   ([`PostgresSink`]: fenced transactions on the user's own rows, the outbox, and
+//!   [`PostgresFencedStore`]; migrations in `runtime/sql/`) and `store::epoch` (durable
+//!   [`EpochSource`]s).
+//! - `coordinator`, `worker`, `renewal`, `sink`, `relay`: one actor each ([`Coordinator`],
+//!   [`Worker`], `Renewal` (internal: one per worker), [`FencedSink`], [`OutboxRelay`]),
+//!   messages beside their handlers; a notification lives with its sender (`renewal` sends
+//!   `LeaseLost` to the worker).
 //! - `client`: [`Client`], the producer's plain async handle (tokio only, no actors).
-//! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`]) and the handler
-//!   [`Registry`].
+//! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`], [`PostgresHandle`]) and
+//!   the handler [`Registry`].
 //! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
 //! - `cli` (feature `cli`, on by default): [`cli::App`], a user's whole worker binary.
 //!
