@@ -262,8 +262,8 @@ pub struct Evidence {
     pub beats: Vec<(String, u64)>,
     /// Postings enqueued as poison (their credit must be refused whole).
     pub poison: std::collections::BTreeSet<u64>,
-    /// Postings the coordinator holds as dead after the drain.
-    pub dead_nonces: std::collections::BTreeSet<u64>,
+    /// Postings the coordinator holds as dead after the drain, with the reason.
+    pub dead_nonces: BTreeMap<u64, String>,
     /// Redis sink balances by account.
     pub balances: BTreeMap<u32, i64>,
     /// Receipts the receiver accepted, by nonce.
@@ -338,7 +338,7 @@ pub fn check(e: &Evidence) -> Vec<String> {
             Some(row) => violations.push(format!(
                 "no_lost_job: posting {nonce} applied as {row:?}, enqueued as {posting:?}"
             )),
-            None if poison && e.dead_nonces.contains(nonce) => {}
+            None if poison && e.dead_nonces.contains_key(nonce) => {}
             None if poison => violations.push(format!(
                 "no_lost_job: poison posting {nonce} neither applied nor dead"
             )),
@@ -347,13 +347,9 @@ pub fn check(e: &Evidence) -> Vec<String> {
             )),
         }
     }
-    for nonce in &e.dead_nonces {
-        if !e.poison.contains(nonce) {
-            violations.push(format!(
-                "no_lost_job: posting {nonce} is dead but was not poison"
-            ));
-        }
-    }
+    // A non-poison posting that died is not lost (invariant 6: dead with its reason is an
+    // end), and the checks above hold for it; it is reported apart (`unexpected_dead`) with
+    // its reason, since a transient error taken for a permanent one is worth knowing.
     if e.pending > 0 {
         violations.push(format!(
             "no_lost_job: {} jobs still pending after the drain",
@@ -399,6 +395,15 @@ pub fn check(e: &Evidence) -> Vec<String> {
         ));
     }
     violations
+}
+
+/// Non-poison postings that died, with their reasons (not a violation: see `check`).
+pub fn unexpected_dead(e: &Evidence) -> Vec<String> {
+    e.dead_nonces
+        .iter()
+        .filter(|(nonce, _)| !e.poison.contains(nonce))
+        .map(|(nonce, reason)| format!("posting {nonce}: {reason}"))
+        .collect()
 }
 
 /// Per sink and scope: every accepted attempt's token must be at least the highest token the
@@ -617,6 +622,8 @@ pub struct Report {
     pub redelivered: u32,
     /// The checker's findings.
     pub violations: Vec<String>,
+    /// Non-poison postings that died (dead with a reason ends a job; worth a look).
+    pub unexpected_dead: Vec<String>,
 }
 
 /// Runs the soak; the report says what happened and what the checker found.
@@ -851,7 +858,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         }
         for dead in client.dead("default", 1_000_000).await? {
             if let Ok(p) = serde_json::from_str::<Post>(&dead.job.payload) {
-                evidence.dead_nonces.insert(p.nonce);
+                evidence.dead_nonces.insert(p.nonce, dead.reason.clone());
             }
         }
         let store = palisade::RedisFencedStore::new(
@@ -913,6 +920,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         .map(|n| n.saturating_sub(1))
         .sum();
     report.violations = check(&evidence);
+    report.unexpected_dead = unexpected_dead(&evidence);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
@@ -973,6 +981,14 @@ pub fn print(report: &Report) {
         "  {:<44} {:>8}",
         "receipts delivered more than once", report.redelivered
     );
+    println!(
+        "  {:<44} {:>8}",
+        "non-poison jobs dead (with reason)",
+        report.unexpected_dead.len()
+    );
+    for d in report.unexpected_dead.iter().take(20) {
+        println!("  DEAD: {d}");
+    }
     println!("  {:<44} {:>8}", "violations", report.violations.len());
     for v in report.violations.iter().take(20) {
         println!("  VIOLATION: {v}");
@@ -1071,7 +1087,7 @@ mod tests {
         // Poison posting 5 on account 1 was refused and died, but its first step stayed.
         e.acked.insert(5, (1, 40));
         e.poison.insert(5);
-        e.dead_nonces.insert(5);
+        e.dead_nonces.insert(5, "mutation refused".into());
         assert_eq!(check(&e), Vec::<String>::new());
         e.balances.insert(1, 5 + 40);
         let v = check(&e);
