@@ -7,19 +7,17 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::wait_for;
+use common::{http_receiver, wait_for};
 use palisade::{Fence, Fenced, FencingToken, IdempotencyKey, LeaseId, PostgresSink, Scope};
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
 
-/// A tiny HTTP/1.1 server: answers every third request 503 (so the relay must retry) and
-/// the others 200, and records the `Idempotency-Key` and body of each successful POST.
+/// A receiver that answers every third request 503 (so the relay must retry) and the others
+/// 200, recording the `Idempotency-Key` and body of each successful POST.
 struct Receiver {
     port: u16,
     delivered: Arc<Mutex<Vec<(String, String)>>>,
@@ -27,54 +25,15 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let delivered = Arc::new(Mutex::new(Vec::new()));
         let seen = delivered.clone();
-        std::thread::spawn(move || {
-            let mut requests = 0u64;
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                requests += 1;
-                let fail = requests.is_multiple_of(3);
-                let seen = seen.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let (mut key, mut length) = (None, 0usize);
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let line = line.trim_end();
-                        if line.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = line.split_once(':') {
-                            match name.to_ascii_lowercase().as_str() {
-                                "idempotency-key" => key = Some(value.trim().to_owned()),
-                                "content-length" => length = value.trim().parse().unwrap_or(0),
-                                _ => {}
-                            }
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    let _ = reader.read_exact(&mut body);
-                    let status = if fail {
-                        "503 Service Unavailable"
-                    } else {
-                        let key = key.unwrap_or_else(|| "<missing>".into());
-                        seen.lock()
-                            .unwrap()
-                            .push((key, String::from_utf8_lossy(&body).into_owned()));
-                        "200 OK"
-                    };
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    );
-                });
+        let port = http_receiver(move |request| {
+            if (request.number + 1).is_multiple_of(3) {
+                return "503 Service Unavailable";
             }
+            let key = request.key.unwrap_or_else(|| "<missing>".into());
+            seen.lock().unwrap().push((key, request.body));
+            "200 OK"
         });
         Self { port, delivered }
     }

@@ -10,53 +10,22 @@ mod common;
 #[path = "../../../runtime/tests/common/mod.rs"]
 mod redis_server;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get, wait_for};
+use common::{free_port, http_get, http_receiver, wait_for};
 use redis_server::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_invoice");
 
 /// Records the `Idempotency-Key` of every POST and answers 200.
 fn receiver() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let keys = Arc::new(Mutex::new(Vec::new()));
     let seen = keys.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut key, mut length) = (String::new(), 0usize);
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let line = line.trim_end().to_owned();
-                if line.is_empty() {
-                    break;
-                }
-                if let Some((name, value)) = line.split_once(':') {
-                    match name.to_ascii_lowercase().as_str() {
-                        "idempotency-key" => key = value.trim().to_owned(),
-                        "content-length" => length = value.trim().parse().unwrap_or(0),
-                        _ => {}
-                    }
-                }
-            }
-            let mut body = vec![0; length];
-            let _ = reader.read_exact(&mut body);
-            seen.lock().unwrap().push(key);
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            );
-        }
+    let port = http_receiver(move |request| {
+        seen.lock().unwrap().push(request.key.unwrap_or_default());
+        "200 OK"
     });
     (port, keys)
 }

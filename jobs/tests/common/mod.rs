@@ -2,8 +2,9 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A loopback port nobody listens on right now.
@@ -49,4 +50,59 @@ pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("timed out waiting for {what}");
+}
+
+/// One request a [`http_receiver`] got.
+pub struct Request {
+    /// 0-based, in the order connections were accepted.
+    pub number: u64,
+    /// Its `Idempotency-Key` header, if any.
+    pub key: Option<String>,
+    /// Its body.
+    pub body: String,
+}
+
+/// A local HTTP/1.1 endpoint standing in for an outbox target: `answer` gets every request
+/// (one connection each) and returns the status line to send back, e.g. `"200 OK"`. Returns
+/// the port.
+pub fn http_receiver(answer: impl Fn(Request) -> &'static str + Send + Sync + 'static) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for (number, stream) in (0u64..).zip(listener.incoming()) {
+            let Ok(mut stream) = stream else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let (mut key, mut length) = (None, 0usize);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim_end();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':') {
+                        match name.to_ascii_lowercase().as_str() {
+                            "idempotency-key" => key = Some(value.trim().to_owned()),
+                            "content-length" => length = value.trim().parse().unwrap_or(0),
+                            _ => {}
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let body = String::from_utf8_lossy(&body).into_owned();
+                let status = answer(Request { number, key, body });
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            });
+        }
+    });
+    port
 }
