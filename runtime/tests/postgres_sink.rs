@@ -38,6 +38,19 @@ fn fence(token: u64) -> Fence {
     }
 }
 
+/// Polls the sink's outbox counts every 20 ms until `done` holds, for 20 s at most; returns
+/// the last counts (the caller asserts on them).
+async fn outbox_when(sink: &PostgresSink, done: impl Fn(&OutboxCounts) -> bool) -> OutboxCounts {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let counts = sink.outbox_counts().await.unwrap();
+        if done(&counts) || std::time::Instant::now() > deadline {
+            return counts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A user table the closures write, in the test's schema.
 async fn user_table(sink: &PostgresSink) -> String {
     let table = format!("{}.ledger", sink.schema());
@@ -425,14 +438,7 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
     let _relay = OutboxRelay::new(sink.clone(), targets, config)
         .unwrap()
         .start();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let counts = loop {
-        let counts = sink.outbox_counts().await.unwrap();
-        if counts.pending == 0 || std::time::Instant::now() > deadline {
-            break counts;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let counts = outbox_when(&sink, |c| c.pending == 0).await;
     assert_eq!((counts.delivered, counts.dead), (1, 1));
     let claims = store
         .claim("followups", "t", 10, Duration::from_secs(30))
@@ -458,10 +464,7 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
     assert!(dead[0].2.starts_with("order:1/job/ship/"), "{dead:?}");
     assert_eq!(sink.outbox_retry_dead(10).await.unwrap(), 1);
     assert_eq!(sink.outbox_retry_dead(10).await.unwrap(), 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sink.outbox_counts().await.unwrap().dead == 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    outbox_when(&sink, |c| c.dead > 0).await;
     let again: i32 = rows(
         &sink,
         &format!(
@@ -756,10 +759,7 @@ async fn the_relay_classifies_answers_and_never_follows_redirects() {
     let _relay = OutboxRelay::new(sink.clone(), targets, config)
         .unwrap()
         .start();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sink.outbox_counts().await.unwrap().pending > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    outbox_when(&sink, |c| c.pending == 0).await;
     let states: Vec<(String, String, i32)> = rows(
         &sink,
         &format!(
@@ -959,22 +959,7 @@ async fn delivered_entries_are_pruned_after_their_retention() {
     let _relay = OutboxRelay::new(sink.clone(), targets, config)
         .unwrap()
         .start();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let left: i64 = rows(
-            &sink,
-            &format!("SELECT count(*) FROM {}.outbox", sink.schema()),
-        )
-        .await[0]
-            .get(0);
-        if left == 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{left} entries never pruned"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let left = outbox_when(&sink, |c| *c == OutboxCounts::default()).await;
+    assert_eq!(left, OutboxCounts::default(), "entries never pruned");
     drop_postgres_schema(&sink).await;
 }
