@@ -5,15 +5,22 @@
 //! sink with the outbox (each worker also relays it to a local HTTP receiver that fails now
 //! and then). A producer enqueues jobs on a few hot scopes (contention) and many cold ones.
 //! A seeded nemesis meanwhile SIGSTOPs workers past their lease, kill -9s and restarts them,
-//! restarts Redis (clean shutdown, AOF) and SIGSTOPs Redis shorter and longer than the lease.
+//! restarts Redis (clean shutdown, AOF), SIGSTOPs Redis shorter and longer than the lease,
+//! and wipes the coordinator (every coordinator key deleted at once, the epoch path; the
+//! workers keep their epochs in Postgres, `--epoch-postgres`).
 //! Then the faults stop, the work drains, and the checker reads the evidence: the Postgres
 //! ledger (one row per applied posting, serial taken under the fence lock), the Redis sink's
 //! balances, the receiver's deliveries, every worker's log of write attempts and the
 //! coordinator's counts.
 //!
-//! Faults not injected here: wiping the coordinator (its jobs would be gone; the recovery
-//! tests and the simulation cover the epoch path) and kill -9 of Redis (AOF `everysec` may lose
-//! the last second, which is Redis' durability setting, not ours).
+//! A wipe loses the coordinator's jobs: postings acknowledged before a wipe and never applied
+//! are counted as lost *with the wipe* (the operator's loss, reported, not a violation), and
+//! one whose Redis credit landed before its job vanished explains exactly its cents of the
+//! difference between the sinks. Everything else is checked as strictly as without wipes, and
+//! a holder from before a wipe must still be refused after it.
+//!
+//! Not injected: kill -9 of Redis (AOF `everysec` may lose the last second, which is Redis'
+//! durability setting, not ours).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write as _};
@@ -37,6 +44,9 @@ pub const POST: &str = "soak.post";
 /// The Postgres sink `soak.post` writes its ledger rows to.
 pub const BOOKS: &str = "books";
 
+/// The fault that deletes the coordinator's keys.
+const WIPE: &str = "coordinator wipe";
+
 /// `soak.post` payload.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Post {
@@ -59,6 +69,9 @@ pub struct Post {
 pub struct Attempt {
     /// `ledger` (Redis) or `books` (Postgres).
     pub sink: String,
+    /// The posting's nonce.
+    #[serde(default)]
+    pub nonce: u64,
     /// Scope written.
     pub scope: String,
     /// Token presented.
@@ -84,6 +97,7 @@ fn now_us() -> u64 {
 
 fn log_attempt(
     ctx: &JobContext,
+    nonce: u64,
     sink: &str,
     key: &str,
     sent_us: u64,
@@ -100,6 +114,7 @@ fn log_attempt(
     };
     let attempt = Attempt {
         sink: sink.to_owned(),
+        nonce,
         scope: ctx.lease().scope.to_string(),
         token: ctx.lease().token.as_u64(),
         lease: ctx.lease().id.to_string(),
@@ -144,7 +159,7 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         .sink(LEDGER)?
         .write_keyed(palisade::IdempotencyKey::new(beat_key.as_str()), beat)
         .await;
-    log_attempt(&ctx, LEDGER, &beat_key, sent, &written);
+    log_attempt(&ctx, p.nonce, LEDGER, &beat_key, sent, &written);
     written?.accepted()?;
     if let Some(books) = &books {
         let scope = scope.clone();
@@ -161,7 +176,13 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
                 })
             })
             .await;
-        log_outcome(&ctx, &format!("{job}/tx/beat-{token}"), sent, &beat);
+        log_outcome(
+            &ctx,
+            p.nonce,
+            &format!("{job}/tx/beat-{token}"),
+            sent,
+            &beat,
+        );
         beat?.accepted()?;
     }
 
@@ -182,7 +203,7 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         .sink(LEDGER)?
         .write_keyed(palisade::IdempotencyKey::new(key.as_str()), credit)
         .await;
-    log_attempt(&ctx, LEDGER, &key, sent, &written);
+    log_attempt(&ctx, p.nonce, LEDGER, &key, sent, &written);
     written?.accepted()?;
 
     let Some(books) = books else {
@@ -202,13 +223,14 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
             })
         })
         .await;
-    log_outcome(&ctx, &format!("{job}/tx/post"), sent, &posted);
+    log_outcome(&ctx, p.nonce, &format!("{job}/tx/post"), sent, &posted);
     posted?.accepted()?;
     Ok(())
 }
 
 fn log_outcome(
     ctx: &JobContext,
+    nonce: u64,
     key: &str,
     sent: u64,
     outcome: &palisade::Result<palisade::Fenced<()>>,
@@ -219,7 +241,7 @@ fn log_outcome(
         .map_err(|e| {
             palisade::Error::Backend(e.to_string()) // for the log line only
         });
-    log_attempt(ctx, BOOKS, key, sent, &outcome);
+    log_attempt(ctx, nonce, BOOKS, key, sent, &outcome);
 }
 
 /// `palisade soak` flags.
@@ -276,6 +298,21 @@ pub struct Evidence {
     pub dead: u64,
     /// Outbox entries not delivered after the drain (pending or dead).
     pub undelivered: u64,
+    /// The highest nonce acknowledged before the last coordinator wipe (0: no wipe).
+    pub wiped_through: u64,
+}
+
+impl Evidence {
+    /// Acknowledged postings a wipe took: acknowledged before the last wipe, never applied.
+    pub fn lost_with_wipe(&self) -> Vec<u64> {
+        let applied: std::collections::BTreeSet<u64> =
+            self.ledger.iter().map(|(n, ..)| *n).collect();
+        self.acked
+            .range(..=self.wiped_through)
+            .map(|(n, _)| *n)
+            .filter(|n| !applied.contains(n) && !self.dead_nonces.contains_key(n))
+            .collect()
+    }
 }
 
 /// The checker: every violation it finds, one line each (empty: all invariants hold).
@@ -327,8 +364,9 @@ pub fn check(e: &Evidence) -> Vec<String> {
         }
     }
     // No lost job: every acknowledged posting was applied — or, if poison, is dead — and
-    // nothing else is dead or left over.
-    for (nonce, posting) in &e.acked {
+    // nothing else is dead or left over; a wipe's losses are the wipe's (see the module).
+    let wiped: std::collections::BTreeSet<u64> = e.lost_with_wipe().into_iter().collect();
+    for (nonce, posting) in e.acked.iter().filter(|(n, _)| !wiped.contains(n)) {
         let poison = e.poison.contains(nonce);
         match rows.get(nonce) {
             Some(_) if poison => violations.push(format!(
@@ -361,6 +399,18 @@ pub fn check(e: &Evidence) -> Vec<String> {
     let mut sums: BTreeMap<u32, i64> = BTreeMap::new();
     for (account, cents) in rows.values() {
         *sums.entry(*account).or_default() += cents;
+    }
+    // A posting a wipe took after its credit landed: the credit stays, exactly once.
+    let credited: std::collections::BTreeSet<u64> = e
+        .attempts
+        .iter()
+        .filter(|a| a.sink == LEDGER && a.key.ends_with("/credit"))
+        .filter(|a| a.outcome == "applied" || a.outcome == "duplicate")
+        .map(|a| a.nonce)
+        .collect();
+    for nonce in wiped.iter().filter(|n| credited.contains(n)) {
+        let (account, cents) = e.acked[nonce];
+        *sums.entry(account).or_default() += cents;
     }
     for account in sums
         .keys()
@@ -502,6 +552,22 @@ impl Redis {
         }
     }
 
+    /// Deletes every key matching `pattern` in one script: all at once, as a wipe would.
+    fn wipe(&self, pattern: &str) -> anyhow::Result<()> {
+        let script = "local ks = redis.call('KEYS', ARGV[1]) \
+                      for i = 1, #ks, 1000 do \
+                      redis.call('DEL', unpack(ks, i, math.min(i + 999, #ks))) end \
+                      return #ks";
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "EVAL", script, "0", pattern])
+            .output()
+            .context("redis-cli is installed with redis-server")?;
+        if !out.status.success() || out.stdout.starts_with(b"(error)") {
+            bail!("wipe failed: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        Ok(())
+    }
+
     /// Clean shutdown (the AOF is flushed), then the same server again.
     fn restart(&mut self) -> anyhow::Result<()> {
         self.signal("-CONT");
@@ -531,12 +597,17 @@ struct Worker {
 
 impl Worker {
     fn start(args: &[String], log: &Path) -> anyhow::Result<Self> {
+        // Every worker's errors, for a worker that exits on its own.
+        let errors = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log.with_file_name("workers.log"))?;
         let child = Command::new(std::env::current_exe()?)
             .args(args)
             .env("PALISADE_SOAK_LOG", log)
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(errors)
             .spawn()?;
         Ok(Self {
             child,
@@ -624,6 +695,8 @@ pub struct Report {
     pub violations: Vec<String>,
     /// Non-poison postings that died (dead with a reason ends a job; worth a look).
     pub unexpected_dead: Vec<String>,
+    /// Acknowledged postings lost with a coordinator wipe.
+    pub lost_with_wipe: usize,
 }
 
 /// Runs the soak; the report says what happened and what the checker found.
@@ -645,6 +718,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         "{}{sep}schema={schema}&options=-csearch_path%3D{schema}",
         args.postgres
     );
+    let epochs = format!("{}{sep}options=-csearch_path%3D{schema}", args.postgres);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -701,6 +775,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             "5s",
             "--outbox-backoff",
             "50ms",
+            // A wipe must not cost a refused write: epochs survive it in Postgres.
+            "--epoch-postgres",
+            &epochs,
         ]
         .map(String::from)
         .to_vec()
@@ -714,6 +791,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     let mut acked = BTreeMap::new();
     let mut poison = std::collections::BTreeSet::new();
     let mut nonce = 0u64;
+    let mut evidence_wiped_through = 0u64;
     let started = Instant::now();
     let faults_for = Duration::from_secs_f64(args.minutes * 60.0);
     let bar = ProgressBar::new(faults_for.as_secs()).with_style(
@@ -752,6 +830,13 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         } // else: unknown; the checker only requires acknowledged postings
           // Resume what is due.
         let now = Instant::now();
+        for w in &mut workers {
+            if let Ok(Some(status)) = w.child.try_wait() {
+                let errors = std::fs::read_to_string(dir.join("workers.log")).unwrap_or_default();
+                let tail: Vec<&str> = errors.lines().rev().take(5).collect();
+                bail!("a worker exited on its own ({status}): {tail:?}");
+            }
+        }
         for (_, who) in resume.iter().filter(|(at, _)| *at <= now) {
             match who {
                 Some(w) => workers[*w].signal("-CONT"),
@@ -762,28 +847,41 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         // Inject.
         if now >= next_fault {
             let w = rng.random_range(0..workers.len());
-            let kind = match rng.random_range(0..10) {
-                0..=3 => {
+            // Every run meets the epoch path at least once, however the draws fall.
+            let wipe_due = !report.faults.contains_key(WIPE) && started.elapsed() > faults_for / 2;
+            let kind = match if wipe_due {
+                15
+            } else {
+                rng.random_range(0..16)
+            } {
+                0..=5 => {
                     let pause = args.lease.mul_f64(rng.random_range(0.5..3.0));
                     workers[w].signal("-STOP");
                     resume.push((now + pause, Some(w)));
                     "worker SIGSTOP"
                 }
-                4..=5 => {
+                6..=8 => {
                     let args = workers[w].args.clone();
                     workers[w] = Worker::start(&args, &log)?; // the old one is kill -9'd on drop
                     "worker kill -9 + restart"
                 }
-                6..=7 => {
+                9..=11 => {
                     let pause = args.lease.mul_f64(rng.random_range(0.3..2.0));
                     redis.signal("-STOP");
                     resume.push((now + pause, None));
                     "redis SIGSTOP"
                 }
-                _ => {
+                12..=14 => {
                     redis.restart()?;
                     resume.retain(|(_, who)| who.is_some());
                     "redis restart (AOF)"
+                }
+                _ => {
+                    redis.signal("-CONT");
+                    resume.retain(|(_, who)| who.is_some());
+                    redis.wipe("{palisade}:*")?;
+                    evidence_wiped_through = nonce;
+                    WIPE
                 }
             };
             *report.faults.entry(kind).or_default() += 1;
@@ -808,6 +906,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     let mut evidence = Evidence {
         acked,
         poison,
+        wiped_through: evidence_wiped_through,
         ..Evidence::default()
     };
     loop {
@@ -920,6 +1019,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         .map(|n| n.saturating_sub(1))
         .sum();
     report.violations = check(&evidence);
+    report.lost_with_wipe = evidence.lost_with_wipe().len();
     report.unexpected_dead = unexpected_dead(&evidence);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
@@ -979,6 +1079,10 @@ pub fn print(report: &Report) {
     );
     println!(
         "  {:<44} {:>8}",
+        "postings lost with a coordinator wipe", report.lost_with_wipe
+    );
+    println!(
+        "  {:<44} {:>8}",
         "receipts delivered more than once", report.redelivered
     );
     println!(
@@ -1031,6 +1135,7 @@ mod tests {
     fn attempt(sink: &str, token: u64, outcome: &str, sent_us: u64, answered_us: u64) -> Attempt {
         Attempt {
             sink: sink.into(),
+            nonce: 0,
             scope: "account:0".into(),
             token,
             lease: format!("lease-{token}"),
@@ -1093,6 +1198,38 @@ mod tests {
         let v = check(&e);
         assert!(
             v.iter().any(|v| v.starts_with("all_or_nothing: account 1")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_wipe_excuses_only_what_it_took() {
+        let mut e = evidence();
+        // Postings 4 and 5 were acknowledged before a wipe and never applied; 4's credit
+        // landed in Redis before its job vanished.
+        e.acked.insert(4, (0, 100));
+        e.acked.insert(5, (1, 7));
+        e.wiped_through = 5;
+        let mut credit = attempt("ledger", 9, "applied", 1, 2);
+        (credit.nonce, credit.key) = (4, "job4/credit".into());
+        e.attempts.push(credit);
+        e.balances.insert(0, 30 + 100);
+        assert_eq!(check(&e), Vec::<String>::new());
+        assert_eq!(e.lost_with_wipe(), vec![4, 5]);
+        // 5's credit in Redis with no credit attempt logged: not the wipe's doing.
+        e.balances.insert(1, 5 + 7);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.starts_with("all_or_nothing: account 1")),
+            "{v:?}"
+        );
+        e.balances.insert(1, 5);
+        // A posting acknowledged after the wipe is owed as before.
+        e.acked.insert(6, (1, 3));
+        let v = check(&e);
+        assert!(
+            v.iter()
+                .any(|v| v.contains("acknowledged posting 6 never applied")),
             "{v:?}"
         );
     }

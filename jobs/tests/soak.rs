@@ -39,5 +39,6 @@ fn a_two_minute_soak_with_faults_keeps_every_invariant() {
         "Postgres sink refused no stale write"
     );
     assert!(count("poison mutation lists refused whole") > 0);
+    assert!(count("fault: coordinator wipe") > 0);
     assert!(count("postings acknowledged") > 1000);
 }
