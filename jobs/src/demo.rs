@@ -270,6 +270,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
             let sink_store = ledger_store(args.sink.as_deref()).await?;
             let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new()))
                 .with_reap_interval(lease / 10)
+                // A demo lasts seconds: sample the queue often enough to see it drain.
+                .with_sample_interval(Some(Duration::from_millis(200)))
                 .start();
             let sink = FencedSink::new(LEDGER, sink_store.clone()).start();
             let sinks = Sinks::new().with(LEDGER, sink);

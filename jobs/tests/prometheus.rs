@@ -49,10 +49,29 @@ fn dashboards_and_alerts_reference_only_exported_metrics() {
     let names = [referenced_metrics(&dashboard), referenced_metrics(&alerts)].concat();
     assert!(names.len() > 10);
     for name in names {
+        // A histogram is exported as its _bucket, _sum and _count series.
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|base| palisade::metrics::ALL.contains(base))
+            .unwrap_or(&name);
         assert!(
-            palisade::metrics::ALL.contains(&name.as_str()),
+            palisade::metrics::ALL.contains(&base),
             "{name} is not a metric Palisade exports"
         );
+    }
+    assert_eq!(
+        parsed["uid"], "palisade-overview",
+        "the uid links and alerts point at"
+    );
+    let variables: Vec<&str> = parsed["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    for wanted in ["datasource", "instance", "queue", "kind"] {
+        assert!(variables.contains(&wanted), "no ${wanted} variable");
     }
     let status = Command::new("promtool")
         .args(["check", "rules"])
@@ -62,19 +81,23 @@ fn dashboards_and_alerts_reference_only_exported_metrics() {
     assert!(status.success(), "promtool rejected alerts.yml");
 }
 
-/// A private Prometheus scraping `target` every second. Another test may take the chosen port
-/// between our probe and Prometheus' bind; Prometheus then exits, and we try another port.
+/// A private Prometheus scraping `target` every second and evaluating the shipped alert rules
+/// every second. Another test may take the chosen port between our probe and Prometheus'
+/// bind; Prometheus then exits, and we try another port.
 fn start_prometheus(target: u16) -> (Reaped, u16, PathBuf) {
     for _ in 0..5 {
         let [port] = free_ports();
         let dir = std::env::temp_dir().join(format!("palisade-prom-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("prometheus.yml");
+        let rules = repo().join("dashboards/prometheus/alerts.yml");
         std::fs::write(
             &config,
             format!(
-                "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: palisade\n    \
-                 static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 rule_files: ['{}']\nscrape_configs:\n  - job_name: palisade\n    \
+                 static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n",
+                rules.display()
             ),
         )
         .unwrap();
@@ -134,6 +157,10 @@ fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
         if let Some(body) = http_get(prom_port, query) {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             if v["data"]["result"][0]["value"][1] == "1" {
+                // The sampler's gauges and the histograms have had a few scrapes by now.
+                std::thread::sleep(Duration::from_secs(8));
+                every_panel_and_alert_evaluates(prom_port);
+                every_exported_metric_has_help(demo_port);
                 let _ = std::fs::remove_dir_all(&dir);
                 return;
             }
@@ -142,4 +169,144 @@ fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
         std::thread::sleep(Duration::from_millis(250));
     }
     panic!("Prometheus never saw the stale rejection; last answer: {last}");
+}
+
+/// Percent-encodes a query parameter.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every target of every dashboard panel (and the annotation queries), with the variables as
+/// Grafana fills them for "All", goes through the private Prometheus' query API: each must be
+/// valid PromQL, and the fencing, queue and latency panels must show data from the run. Every
+/// alert rule must evaluate without error.
+fn every_panel_and_alert_evaluates(prom_port: u16) {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("dashboards/grafana/palisade.json")).unwrap(),
+    )
+    .unwrap();
+    let mut row = String::new();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            row = panel["title"].as_str().unwrap_or_default().to_owned();
+            continue;
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let title = panel["title"].as_str().unwrap_or_default().to_owned();
+            queries.push((
+                row.clone(),
+                title,
+                target["expr"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+    for annotation in dashboard["annotations"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(expr) = annotation["expr"].as_str() {
+            queries.push(("annotations".into(), "annotation".into(), expr.to_owned()));
+        }
+    }
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    let mut failures = Vec::new();
+    for (row, title, expr) in &queries {
+        let filled = expr
+            .replace("$instance", ".*")
+            .replace("$queue", ".*")
+            .replace("$kind", ".*")
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "1h");
+        let body = http_get(
+            prom_port,
+            &format!("/api/v1/query?query={}", encode(&filled)),
+        )
+        .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if v["status"] != "success" {
+            failures.push(format!("{row} / {title}: {filled}: {body}"));
+            continue;
+        }
+        let must_show = ["Fencing", "Queues", "Latency"].contains(&row.as_str());
+        let empty = v["data"]["result"].as_array().is_none_or(|r| r.is_empty());
+        if must_show && empty {
+            failures.push(format!("{row} / {title}: no data: {filled}"));
+        }
+    }
+    // The shipped rules, loaded by this Prometheus, evaluated every second against the run.
+    let body = http_get(prom_port, "/api/v1/rules").unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let rules: Vec<&serde_json::Value> = v["data"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .collect();
+    assert!(rules.len() >= 9, "alert rules not loaded: {body}");
+    for rule in rules {
+        if rule["health"] != "ok" {
+            failures.push(format!(
+                "alert {}: {} {}",
+                rule["name"], rule["health"], rule["lastError"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn promtool_unit_tests_cover_every_alert() {
+    let alerts = std::fs::read_to_string(repo().join("dashboards/prometheus/alerts.yml")).unwrap();
+    let tests =
+        std::fs::read_to_string(repo().join("dashboards/prometheus/alerts_test.yml")).unwrap();
+    for line in alerts.lines() {
+        if let Some(name) = line.trim().strip_prefix("- alert: ") {
+            assert!(
+                tests.contains(&format!("alertname: {name}")),
+                "no promtool test for {name}"
+            );
+        }
+    }
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(repo().join("dashboards/prometheus/alerts_test.yml"))
+        .output()
+        .expect("promtool is installed (.ci/run installs prometheus)");
+    assert!(
+        out.status.success(),
+        "promtool test rules failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every metric family in the process' `/metrics` has HELP text, and every family is one of
+/// Palisade's named metrics.
+fn every_exported_metric_has_help(port: u16) {
+    let text = http_get(port, "/metrics").expect("the demo serves /metrics");
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(families.len() >= 10, "{text}");
+    for family in families {
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "{family} is exported without HELP"
+        );
+        assert!(
+            palisade::metrics::ALL.contains(&family),
+            "{family} is exported but not in metrics::ALL"
+        );
+    }
 }

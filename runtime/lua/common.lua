@@ -122,12 +122,15 @@ local function park(base, id, at, now)
   if not f[1] then
     return -- a job record that vanished (or lost its queue): nothing to park
   end
+  -- 'at': when the job became claimable (the oldest-ready gauge); a requeued job keeps it.
   if at <= now then
+    redis.call('HSETNX', job, 'at', at)
     local seq = redis.call('INCR', base .. 'seq')
     local meta = meta_of(f[2])
     enter(base, id, f[1], f[4] or meta.kind, f[3], seq - meta.priority * PRIORITY_SPAN)
   else
     leave(base, id, f[3])
+    redis.call('HSET', job, 'at', at)
     redis.call('ZADD', base .. 'q:' .. f[1] .. ':delayed', at, id)
   end
 end

@@ -15,12 +15,14 @@ for i = 0, n - 1 do
   local o = 1 + i * 7
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
+  local at = now + math.max(delay, 0) -- claimable from (the oldest-ready gauge)
   if scope == '' then
     scope = nil
-    redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind)
+    redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
+      'at', at)
   else
     redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-      'scope', scope)
+      'scope', scope, 'at', at)
   end
   if delay > 0 then
     redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)

@@ -20,7 +20,7 @@ use crate::sink::{FencedSink, Write};
 use crate::store::postgres::{
     check_key_part, inside_transaction_of, Fenced, PostgresSink, TransactionFn,
 };
-use crate::store::{FencedWrite, Mutation};
+use crate::store::{FencedWrite, Mutation, RejectionNote};
 
 /// The fenced sinks a worker's handlers may write to, by name.
 #[derive(Clone, Default)]
@@ -73,7 +73,46 @@ pub struct JobContext {
     lease: Lease,
     cancel: CancellationToken,
     sinks: Sinks,
-    writes: Arc<AtomicU32>,
+    run: Arc<RunState>,
+}
+
+/// What one run of a handler shares with its sink handles: the sequence of derived write
+/// keys, and the fence rejections it met (the worker passes them to the coordinator's
+/// journal when the run ends, for operators).
+#[derive(Default)]
+pub(crate) struct RunState {
+    writes: AtomicU32,
+    rejections: std::sync::Mutex<Vec<RejectionNote>>,
+}
+
+impl RunState {
+    /// Notes `admission` if it is a rejection.
+    fn note(&self, sink: &str, lease: &Lease, admission: &Result<Admission>) {
+        if let Ok(Admission::Rejected(rejection)) = admission {
+            let note = RejectionNote {
+                at_ms: crate::store::unix_ms(),
+                sink: sink.to_owned(),
+                scope: lease.scope.to_string(),
+                token: lease.token.as_u64(),
+                reason: rejection.reason().to_owned(),
+                detail: rejection.to_string(),
+            };
+            self.rejections
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(note);
+        }
+    }
+
+    /// The rejections noted so far (taken: each is passed on once).
+    pub(crate) fn take_rejections(&self) -> Vec<RejectionNote> {
+        std::mem::take(
+            &mut self
+                .rejections
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
 }
 
 impl JobContext {
@@ -82,13 +121,14 @@ impl JobContext {
         lease: Lease,
         cancel: CancellationToken,
         sinks: Sinks,
+        run: Arc<RunState>,
     ) -> Self {
         Self {
             job,
             lease,
             cancel,
             sinks,
-            writes: Arc::default(),
+            run,
         }
     }
 
@@ -119,11 +159,12 @@ impl JobContext {
             .ok_or_else(|| Error::UnknownSink(name.to_owned()))?;
         Ok(SinkHandle {
             addr,
+            name: name.to_owned(),
             postgres: self.sinks.0.postgres.get(name).cloned(),
             fence: self.fence(),
             lease: self.lease.clone(),
             job: self.job.id,
-            writes: self.writes.clone(),
+            run: self.run.clone(),
         })
     }
 
@@ -151,6 +192,8 @@ impl JobContext {
             scope: self.lease.scope.clone(),
             fence: self.fence(),
             job: self.job.id,
+            lease: self.lease.clone(),
+            run: self.run.clone(),
         })
     }
 }
@@ -162,6 +205,8 @@ pub struct PostgresHandle {
     scope: crate::ids::Scope,
     fence: Fence,
     job: crate::ids::JobId,
+    lease: Lease,
+    run: Arc<RunState>,
 }
 
 impl PostgresHandle {
@@ -237,6 +282,7 @@ impl PostgresHandle {
             Error::Backend(e.to_string())
         });
         crate::sink::record(&self.name, &self.scope, &admission);
+        self.run.note(&self.name, &self.lease, &admission);
         result
     }
 }
@@ -245,13 +291,14 @@ impl PostgresHandle {
 #[derive(Clone)]
 pub struct SinkHandle {
     addr: Addr<FencedSink>,
+    name: String,
     /// The Postgres sink behind it, if it is one (to refuse a write from inside one of its
     /// own transactions, which would wait for that transaction's lock).
     postgres: Option<Arc<PostgresSink>>,
     fence: Fence,
     lease: Lease,
     job: crate::ids::JobId,
-    writes: Arc<AtomicU32>,
+    run: Arc<RunState>,
 }
 
 impl SinkHandle {
@@ -261,7 +308,7 @@ impl SinkHandle {
     /// the same writes in the same order gets `Duplicate`s, not second applications. A handler
     /// whose writes differ between runs should name them with [`SinkHandle::write_keyed`].
     pub async fn write(&self, mutations: Vec<Mutation>) -> Result<Admission> {
-        let seq = self.writes.fetch_add(1, Ordering::Relaxed);
+        let seq = self.run.writes.fetch_add(1, Ordering::Relaxed);
         let key = IdempotencyKey::new(format!("{}/{seq}", self.job));
         self.write_keyed(key, mutations).await
     }
@@ -279,14 +326,17 @@ impl SinkHandle {
                     .into(),
             ));
         }
-        self.addr
+        let admission = self
+            .addr
             .send(Write(FencedWrite {
                 scope: self.lease.scope.clone(),
                 fence: self.fence,
                 key,
                 mutations,
             }))
-            .await?
+            .await?;
+        self.run.note(&self.name, &self.lease, &admission);
+        admission
     }
 }
 

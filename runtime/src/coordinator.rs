@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::ids::{FencingToken, JobId, LeaseId};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
+use crate::sampler::Sampler;
 use crate::store::LeaseStore;
 
 /// Façade over a [`LeaseStore`] backend; one per process is enough.
@@ -21,6 +22,9 @@ pub struct Coordinator {
     store: Arc<dyn LeaseStore>,
     reap_every: Duration,
     reaping: bool,
+    /// How often the queue-depth [`Sampler`] ticks; `None`: no sampler.
+    sample_every: Option<Duration>,
+    sampler: Option<Addr<Sampler>>,
 }
 
 impl Coordinator {
@@ -33,7 +37,16 @@ impl Coordinator {
             store,
             reap_every: Duration::from_secs(1),
             reaping: false,
+            sample_every: Some(Duration::from_secs(5)),
+            sampler: None,
         }
+    }
+
+    /// Sets how often queue depth is sampled for the metrics (by one process per
+    /// coordinator, see [`Sampler`]); `None` turns this process' sampler off.
+    pub fn with_sample_interval(mut self, every: Option<Duration>) -> Self {
+        self.sample_every = every;
+        self
     }
 
     /// Sets how often expired leases are looked for. A stalled job waits up to this long
@@ -79,6 +92,9 @@ impl Actor for Coordinator {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.reap_every, Self::reap);
+        if let Some(every) = self.sample_every {
+            self.sampler = Some(Sampler::new(self.store.clone(), every).start());
+        }
     }
 }
 
@@ -194,5 +210,26 @@ impl Handler<ListDead> for Coordinator {
     fn handle(&mut self, msg: ListDead, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move { store.dead(&msg.queue, msg.limit).await })
+    }
+}
+
+/// Adds fence rejections to the coordinator's journal; best effort (a failure is logged and
+/// counted, the rejections themselves were already refused and counted by the sink).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct NoteRejections(pub Vec<crate::store::RejectionNote>);
+
+impl Handler<NoteRejections> for Coordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: NoteRejections, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move {
+            if let Err(e) = store.note_rejections(msg.0).await {
+                tracing::warn!(error = %e, "could not journal fence rejections");
+                metrics::counter!(crate::metrics::BACKEND_ERRORS, "op" => "note_rejections")
+                    .increment(1);
+            }
+        })
     }
 }

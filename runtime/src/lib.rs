@@ -70,6 +70,7 @@ mod mutation;
 mod policy;
 mod relay;
 mod renewal;
+mod sampler;
 mod sink;
 pub mod store;
 mod worker;
@@ -95,5 +96,5 @@ pub use store::postgres::{
     TransactionFn,
 };
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
-pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped};
+pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped, RejectionNote};
 pub use worker::{Drain, Drained, Freeze, Worker, WorkerConfig};

@@ -12,8 +12,9 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 
-use metrics::{describe_counter, describe_histogram, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 use crate::error::{Error, Result};
 
@@ -52,6 +53,24 @@ pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
 /// Client round trips to Redis on the hot paths. Labels: op.
 pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
 
+/// Jobs in a queue by state (ready|waiting|delayed|leased|dead), sampled by the one worker
+/// that holds the coordinator's sampler role. Labels: queue, state.
+pub const QUEUE_DEPTH: &str = "palisade_queue_depth";
+/// How long the job next in line has been claimable (0 when nothing is ready), sampled with
+/// [`QUEUE_DEPTH`]. Labels: queue.
+pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_seconds";
+/// From sending the claim that granted a lease to its handler starting. Labels: queue.
+pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
+/// One lease renewal round trip (all of a worker's leases in one call).
+pub const RENEWAL_DURATION: &str = "palisade_renewal_duration_seconds";
+
+/// Histogram buckets of every `_seconds` histogram: a millisecond to ten minutes, so one set
+/// fits claim latency, renewals and handler run times alike.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+];
+
 /// Every metric name above, for dashboards and tests that check they reference real metrics.
 pub const ALL: &[&str] = &[
     JOBS_ENQUEUED,
@@ -69,6 +88,10 @@ pub const ALL: &[&str] = &[
     OUTBOX_DELIVERED,
     OUTBOX_RETRIED,
     OUTBOX_DEAD,
+    QUEUE_DEPTH,
+    QUEUE_OLDEST_READY_AGE,
+    CLAIM_TO_START,
+    RENEWAL_DURATION,
 ];
 
 /// Registers help text for every Palisade metric with the installed recorder.
@@ -99,6 +122,25 @@ pub fn describe() {
     describe_counter!(
         REDIS_ROUND_TRIPS,
         "Client round trips to Redis, by operation"
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Jobs in a queue by state, sampled by the worker holding the sampler role"
+    );
+    describe_gauge!(
+        QUEUE_OLDEST_READY_AGE,
+        Unit::Seconds,
+        "How long the job next in line has been claimable (0: nothing ready)"
+    );
+    describe_histogram!(
+        CLAIM_TO_START,
+        Unit::Seconds,
+        "From sending the claim that granted a lease to its handler starting"
+    );
+    describe_histogram!(
+        RENEWAL_DURATION,
+        Unit::Seconds,
+        "One lease renewal round trip"
     );
     // Series that exist from the start read as 0 instead of "no data" in Grafana and let
     // `rate()` see the first increment.
@@ -138,6 +180,9 @@ impl Default for Health {
     }
 }
 
+/// A gauge not set for this long leaves the output (three missed samples and then some).
+const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of
 /// its own, so a busy or paused worker arbiter cannot starve scrapes; `/healthz` answers 200
 /// while the process runs, `/readyz` 200 or 503 from a [`Health`] that is always ready.
@@ -161,7 +206,13 @@ pub fn serve(addr: SocketAddr, health: Health) -> Result<PrometheusHandle> {
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(addr))
         .map_err(|e| fail(&e))?;
-    let recorder = PrometheusBuilder::new().build_recorder();
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .map_err(|e| fail(&e))?
+        // A sampler that lost its role stops updating its gauges; they leave the output
+        // instead of showing a stale depth beside the new sampler's.
+        .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
+        .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| fail(&e))?;
     let served = handle.clone();

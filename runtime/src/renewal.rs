@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use actix::prelude::*;
-use metrics::counter;
+use metrics::{counter, histogram};
 use tokio::time::Instant;
 
 use crate::coordinator::{Coordinator, RenewLeases};
@@ -79,6 +79,7 @@ impl Renewal {
             act.in_flight = false;
             match result {
                 Ok(Ok(lost)) => {
+                    histogram!(m::RENEWAL_DURATION).record(now.elapsed());
                     for lease in &lost {
                         act.lose(*lease, LossReason::Expired);
                     }

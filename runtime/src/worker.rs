@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{JobContext, Registry, Sinks};
-use crate::coordinator::{ClaimJobs, Coordinator, SettleJobs};
+use crate::context::{JobContext, Registry, RunState, Sinks};
+use crate::coordinator::{ClaimJobs, Coordinator, NoteRejections, SettleJobs};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
@@ -110,6 +110,7 @@ struct Running {
     job: Arc<Job>,
     cancel: CancellationToken,
     started: Instant,
+    run: Arc<RunState>,
 }
 
 struct Pending {
@@ -121,6 +122,7 @@ struct Pending {
 /// Metric handles of one (queue, kind), looked up once instead of per job.
 struct KindMetrics {
     duration: Histogram,
+    claim_to_start: Histogram,
     /// By outcome: completed, retried, dead, fenced, released.
     finished: [Counter; 5],
 }
@@ -131,6 +133,7 @@ impl KindMetrics {
         let finished = |outcome: &'static str| counter!(m::JOBS_FINISHED, "queue" => queue.to_owned(), "kind" => kind.to_owned(), "outcome" => outcome);
         Self {
             duration: histogram!(m::JOB_DURATION, &labels),
+            claim_to_start: histogram!(m::CLAIM_TO_START, "queue" => queue.to_owned()),
             finished: [
                 finished("completed"),
                 finished("retried"),
@@ -231,6 +234,7 @@ impl Worker {
         let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
         self.next_queue = self.next_queue.wrapping_add(1);
         self.claiming = true;
+        let sent = Instant::now();
         let request = self.coordinator.send(ClaimJobs {
             queue,
             kinds: self.kinds.clone(),
@@ -238,7 +242,7 @@ impl Worker {
             n,
             ttl: self.config.lease_ttl,
         });
-        ctx.spawn(request.into_actor(self).map(|result, act, ctx| {
+        ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
             act.claiming = false;
             match result.map_err(Error::from).and_then(|r| r) {
                 Ok(claims) => {
@@ -248,7 +252,7 @@ impl Worker {
                     }
                     if !claims.is_empty() {
                         for claim in claims {
-                            act.launch(claim, ctx);
+                            act.launch(claim, sent, ctx);
                         }
                         act.fill(ctx);
                     }
@@ -262,15 +266,24 @@ impl Worker {
         }));
     }
 
-    fn launch(&mut self, claim: Claim, ctx: &mut Context<Self>) {
+    /// Starts `claim`'s handler; `sent` is when the claim that granted it was sent.
+    fn launch(&mut self, claim: Claim, sent: Instant, ctx: &mut Context<Self>) {
         let Claim { job, lease } = claim;
         let job = Arc::new(job);
+        let claim_to_start = self.metrics(&job).claim_to_start.clone();
         let cancel = CancellationToken::new();
         self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
+        let state = Arc::new(RunState::default());
         let run = match self.registry.get(&job.kind) {
             Some(handler) => {
-                let jctx = JobContext::new(job.clone(), lease, cancel.clone(), self.sinks.clone());
+                let jctx = JobContext::new(
+                    job.clone(),
+                    lease,
+                    cancel.clone(),
+                    self.sinks.clone(),
+                    state.clone(),
+                );
                 handler(jctx, &job.payload)
             }
             None => {
@@ -284,10 +297,12 @@ impl Worker {
                 job,
                 cancel,
                 started: Instant::now(),
+                run: state,
             },
         );
         let worker = ctx.address();
         actix::spawn(async move {
+            claim_to_start.record(sent.elapsed());
             // A panicking handler must not take the worker down or lose the job: it becomes a
             // retry like any other failure.
             let outcome = AssertUnwindSafe(run)
@@ -436,6 +451,10 @@ impl Handler<JobFinished> for Worker {
             return;
         };
         let job = running.job;
+        let rejections = running.run.take_rejections();
+        if !rejections.is_empty() {
+            self.coordinator.do_send(NoteRejections(rejections));
+        }
         let settlement = self
             .config
             .retry

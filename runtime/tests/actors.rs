@@ -230,6 +230,13 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
         h.sink_store.read("account:42").await.unwrap(),
         Some(Value::Text("B".into()))
     );
+    // The refusal reached the coordinator's journal, for operators (`palisade ui`).
+    let journal = h.store.rejections(10).await.unwrap();
+    assert!(
+        matches!(&journal[..], [n] if n.sink == "ledger" && n.scope == "account:42"
+            && n.token == FencingToken::new(0, 71).as_u64() && n.reason == "stale_token"),
+        "{journal:?}"
+    );
     // B's fence (72) is below the watermark (73) by now: the sink forgot it, since the
     // watermark refuses everything the fence would (bounded state, DESIGN.md §4).
     assert_eq!(
@@ -418,6 +425,18 @@ impl LeaseStore for FlakyRenewals {
     }
     fn watermark(&self) -> Option<FencingToken> {
         self.inner.watermark()
+    }
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        self.inner.oldest_ready(queue).await
+    }
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        self.inner.hold_role(role, holder, ttl).await
+    }
+    async fn note_rejections(&self, notes: Vec<palisade::store::RejectionNote>) -> Result<()> {
+        self.inner.note_rejections(notes).await
+    }
+    async fn rejections(&self, limit: usize) -> Result<Vec<palisade::store::RejectionNote>> {
+        self.inner.rejections(limit).await
     }
 }
 

@@ -84,6 +84,18 @@ mod delegate {
         async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
             self.store.purge_dead(q, limit).await
         }
+        async fn oldest_ready(&self, q: &str) -> Result<Option<Duration>> {
+            self.store.oldest_ready(q).await
+        }
+        async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+            self.store.hold_role(role, holder, ttl).await
+        }
+        async fn note_rejections(&self, notes: Vec<store::RejectionNote>) -> Result<()> {
+            self.store.note_rejections(notes).await
+        }
+        async fn rejections(&self, limit: usize) -> Result<Vec<store::RejectionNote>> {
+            self.store.rejections(limit).await
+        }
         fn watermark(&self) -> Option<FencingToken> {
             self.store.watermark()
         }

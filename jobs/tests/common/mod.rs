@@ -26,15 +26,12 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     std::array::from_fn(|i| held[i].local_addr().unwrap().port())
 }
 
-/// A plain HTTP/1.1 GET; returns the body, or `None` if the server is not up (yet).
+/// A plain HTTP/1.0 GET (1.0, so no server answers in chunks); returns the body, or `None`
+/// if the server is not up (yet).
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     Some(response.split_once("\r\n\r\n")?.1.to_string())

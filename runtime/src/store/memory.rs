@@ -28,7 +28,7 @@ use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
 use crate::store::{
     collect_budget, promotions_per_claim, FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped,
-    DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
+    RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,6 +68,12 @@ struct LeaseState {
     live_tokens: BTreeSet<(FencingToken, LeaseId)>,
     /// The low watermark published last (only grows).
     watermark: Option<FencingToken>,
+    /// When each job not yet completed or dead was first claimable (due, if delayed).
+    ready_at: HashMap<JobId, Instant>,
+    /// Roles: holder and until when.
+    roles: HashMap<String, (String, Instant)>,
+    /// Fence rejections, newest first.
+    rejections: VecDeque<RejectionNote>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -178,6 +184,12 @@ impl LeaseState {
             return;
         };
         let queue = job.queue.clone();
+        // A job requeued after a stall or release keeps the time it first became ready.
+        if at <= now {
+            self.ready_at.entry(id).or_insert(at);
+        } else {
+            self.ready_at.insert(id, at);
+        }
         if at <= now {
             let priority = self.queues.get(&queue).and_then(|q| q.priority.get(&id));
             let key = (Reverse(priority.copied().unwrap_or_default()), seq, id);
@@ -259,7 +271,7 @@ impl LeaseState {
             if let Some(q) = self.queues.get_mut(queue) {
                 q.delayed.remove(&key);
             }
-            self.park(key.2, now, now);
+            self.park(key.2, key.0, now);
         }
     }
 
@@ -327,6 +339,7 @@ impl LeaseState {
 
     fn complete(&mut self, id: JobId) {
         self.leave(id);
+        self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
             let q = self.queues.entry(job.queue).or_default();
             q.priority.remove(&id);
@@ -336,6 +349,7 @@ impl LeaseState {
 
     fn bury(&mut self, id: JobId, reason: String, retention: usize) {
         self.leave(id);
+        self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
@@ -684,6 +698,57 @@ impl LeaseStore for MemoryLeaseStore {
             }
             None => 0,
         })
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        let Some(q) = state.queues.get(queue) else {
+            return Ok(None);
+        };
+        let heads = q
+            .ready
+            .values()
+            .filter_map(|set| set.first())
+            .map(|(_, _, id)| state.ready_at.get(id).copied().unwrap_or(now));
+        let due = q
+            .delayed
+            .first()
+            .map(|(at, ..)| *at)
+            .filter(|at| *at <= now);
+        Ok(heads
+            .chain(due)
+            .min()
+            .map(|at| now.saturating_duration_since(at)))
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let held_by_other = state
+            .roles
+            .get(role)
+            .is_some_and(|(who, until)| who != holder && *until > now);
+        if !held_by_other {
+            state
+                .roles
+                .insert(role.to_owned(), (holder.to_owned(), now + ttl));
+        }
+        Ok(!held_by_other)
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        let mut state = lock(&self.state);
+        for note in notes {
+            state.rejections.push_front(note);
+        }
+        state.rejections.truncate(REJECTION_JOURNAL);
+        Ok(())
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        let state = lock(&self.state);
+        Ok(state.rejections.iter().take(limit).cloned().collect())
     }
 }
 

@@ -109,6 +109,49 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+
+    /// How long the job next in line in `queue` has been claimable — per kind, the longest
+    /// (a due delayed job counts from when it fell due) — or `None` if nothing is ready.
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
+
+    /// Takes or keeps `role` for `holder` for `ttl`, by the coordinator's clock; `true` if
+    /// `holder` has it now. At most one holder at a time: roles that only one process per
+    /// coordinator should play (sampling queue depth for the metrics).
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool>;
+
+    /// Adds fence rejections to the coordinator's journal of recent ones (the newest
+    /// [`REJECTION_JOURNAL`] are kept), for operators.
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()>;
+
+    /// The newest `limit` journal entries, newest first.
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
+}
+
+/// Fence rejections the coordinator's journal keeps.
+pub const REJECTION_JOURNAL: usize = 1000;
+
+/// A fence rejection a worker met, as the journal keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectionNote {
+    /// When (ms since the Unix epoch, the worker's clock).
+    pub at_ms: u64,
+    /// Sink that refused.
+    pub sink: String,
+    /// Scope written.
+    pub scope: String,
+    /// Token presented.
+    pub token: u64,
+    /// `stale_token`, `token_conflict` or `mutation`.
+    pub reason: String,
+    /// The rejection in words.
+    pub detail: String,
+}
+
+/// Now, in ms since the Unix epoch (0 on a clock before it).
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A live lease, for status output.

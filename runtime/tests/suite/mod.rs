@@ -678,6 +678,68 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Arc<dyn LeaseStor
     assert!(store.watermark().unwrap() > again.lease.token);
 }
 
+/// The sampler's and the operator page's views: how long the next job has waited, one holder
+/// per role, and the journal of fence rejections (newest first, bounded).
+pub async fn operator_views_oldest_ready_role_and_journal(store: Arc<dyn LeaseStore>) {
+    assert_eq!(store.oldest_ready("default").await.unwrap(), None);
+    store.enqueue(vec![job("a")]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let age = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(
+        age >= Duration::from_millis(100) && age < Duration::from_secs(5),
+        "{age:?}"
+    );
+    // Released, it is next in line again and still counts from when it first became ready.
+    let lease = claim(&*store, 1).await.pop().unwrap().lease.id;
+    assert_eq!(store.oldest_ready("default").await.unwrap(), None);
+    settle(&*store, lease, Settlement::Release).await.unwrap();
+    let again = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(again >= age, "{again:?} < {age:?}");
+    // A delayed job counts from when it falls due.
+    store
+        .enqueue(vec![job("b")
+            .with_queue("later")
+            .with_delay(Duration::from_millis(100))])
+        .await
+        .unwrap();
+    assert_eq!(store.oldest_ready("later").await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let due = store.oldest_ready("later").await.unwrap().unwrap();
+    assert!(
+        due >= Duration::from_millis(100) && due < Duration::from_millis(1000),
+        "{due:?}"
+    );
+
+    let ttl = Duration::from_millis(200);
+    assert!(store.hold_role("sampler", "a", ttl).await.unwrap());
+    assert!(!store.hold_role("sampler", "b", ttl).await.unwrap());
+    assert!(store.hold_role("sampler", "a", ttl).await.unwrap());
+    assert!(store.hold_role("other", "b", ttl).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.hold_role("sampler", "b", ttl).await.unwrap());
+    assert!(!store.hold_role("sampler", "a", ttl).await.unwrap());
+
+    let note = |i: u64| store::RejectionNote {
+        at_ms: i,
+        sink: "ledger".into(),
+        scope: format!("s{i}"),
+        token: i,
+        reason: "stale_token".into(),
+        detail: format!("stale token {i}"),
+    };
+    assert!(store.rejections(10).await.unwrap().is_empty());
+    store.note_rejections(vec![note(1), note(2)]).await.unwrap();
+    store.note_rejections(vec![note(3)]).await.unwrap();
+    assert_eq!(store.rejections(2).await.unwrap(), vec![note(3), note(2)]);
+    let many: Vec<_> = (10..10 + store::REJECTION_JOURNAL as u64 + 5)
+        .map(note)
+        .collect();
+    store.note_rejections(many).await.unwrap();
+    let kept = store.rejections(usize::MAX).await.unwrap();
+    assert_eq!(kept.len(), store::REJECTION_JOURNAL);
+    assert_eq!(kept[0].token, 10 + store::REJECTION_JOURNAL as u64 + 4);
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -699,6 +761,7 @@ macro_rules! lease_store_suite {
             one_settlement_per_lease_per_batch,
             claims_only_the_kinds_asked_for,
             the_watermark_stays_below_every_live_lease,
+            operator_views_oldest_ready_role_and_journal,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::connection::{garbage, parse, round_trip, Link};
 use super::scripts::{
     decode_claim, decode_lease_row, decode_watermark, token, Meta, CLAIM, COUNTS, ENQUEUE,
-    ESTABLISH_EPOCH, LEASES, PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
+    ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
@@ -24,7 +24,8 @@ use crate::job::{
 };
 use crate::store::epoch::EpochSource;
 use crate::store::{
-    promotions_per_claim, LeaseInfo, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
+    promotions_per_claim, LeaseInfo, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
+    MAX_DEAD_RETENTION, REJECTION_JOURNAL,
 };
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
@@ -512,5 +513,65 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let mut conn = self.conn().await?;
+        let ms: i64 = OLDEST
+            .key(&self.base)
+            .arg(queue)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(u64::try_from(ms).ok().map(Duration::from_millis))
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let held: i64 = HOLD_ROLE
+            .key(format!("{}role:{role}", self.base))
+            .arg(holder)
+            .arg(ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(held == 1)
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        if notes.is_empty() {
+            return Ok(());
+        }
+        let key = format!("{}rejections", self.base);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for note in &notes {
+            let json = serde_json::to_string(note).map_err(garbage)?;
+            pipe.lpush(&key, json).ignore();
+        }
+        pipe.ltrim(&key, 0, REJECTION_JOURNAL as isize - 1).ignore();
+        let mut conn = self.conn().await?;
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}rejections", self.base))
+            .arg(0)
+            .arg(limit.min(REJECTION_JOURNAL) - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // An entry that does not parse (written by a newer version, say) is skipped.
+        Ok(raw
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect())
     }
 }

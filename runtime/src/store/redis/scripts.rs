@@ -41,6 +41,16 @@ pub(super) static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
 pub(super) static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
+pub(super) static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
+/// Takes or keeps a role: KEYS[1] the role's key, ARGV holder and ttl ms; 1 if held.
+pub(super) static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local cur = redis.call('GET', KEYS[1]) \
+         if cur == false or cur == ARGV[1] then \
+           redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
+         return 0",
+    )
+});
 
 /// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
 /// record, never a panic.

@@ -1,0 +1,93 @@
+//! `Sampler`: queue depth and the age of the next ready job, as gauges — sampled by one
+//! process per coordinator, not by every worker.
+//!
+//! Every [`Coordinator`](crate::Coordinator) runs one; each tick it asks the store for the
+//! `sampler` role (a lease by the coordinator's clock, [`LeaseStore::hold_role`]) and only
+//! the holder samples. N workers therefore cost one set of counting calls per tick, not N, and
+//! a dashboard reads one series per queue and state (a sampler that loses the role stops
+//! setting its gauges, which then leave its `/metrics` output: see `metrics::serve`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use metrics::gauge;
+
+use crate::metrics as m;
+use crate::store::LeaseStore;
+
+/// The role's name in the store.
+const ROLE: &str = "sampler";
+
+/// Samples every queue's depth while it holds the `sampler` role.
+pub struct Sampler {
+    store: Arc<dyn LeaseStore>,
+    /// Who asks for the role (unique per process and coordinator).
+    holder: String,
+    every: Duration,
+    in_flight: bool,
+}
+
+impl Sampler {
+    /// A sampler over `store` ticking `every`.
+    pub fn new(store: Arc<dyn LeaseStore>, every: Duration) -> Self {
+        Self {
+            store,
+            holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
+            every,
+            in_flight: false,
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight {
+            return;
+        }
+        self.in_flight = true;
+        let (store, holder) = (self.store.clone(), self.holder.clone());
+        // Three ticks: a holder that misses one keeps the role; one that stops, loses it.
+        let ttl = self.every * 3;
+        let pass = async move {
+            if store.hold_role(ROLE, &holder, ttl).await? {
+                sample(&*store).await?;
+            }
+            Ok::<(), crate::Error>(())
+        };
+        ctx.spawn(pass.into_actor(self).map(|result, act, _| {
+            act.in_flight = false;
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "queue depth sample failed; next tick tries again");
+                metrics::counter!(m::BACKEND_ERRORS, "op" => "sample").increment(1);
+            }
+        }));
+    }
+}
+
+/// One sample of every queue.
+async fn sample(store: &dyn LeaseStore) -> crate::Result<()> {
+    for queue in store.queues().await? {
+        let counts = store.counts(&queue).await?;
+        let oldest = store.oldest_ready(&queue).await?;
+        for (state, n) in [
+            ("ready", counts.ready),
+            ("waiting", counts.waiting),
+            ("delayed", counts.delayed),
+            ("leased", counts.leased),
+            ("dead", counts.dead),
+        ] {
+            gauge!(m::QUEUE_DEPTH, "queue" => queue.clone(), "state" => state).set(n as f64);
+        }
+        gauge!(m::QUEUE_OLDEST_READY_AGE, "queue" => queue.clone())
+            .set(oldest.unwrap_or_default().as_secs_f64());
+    }
+    Ok(())
+}
+
+impl Actor for Sampler {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.tick(ctx);
+        ctx.run_interval(self.every, Self::tick);
+    }
+}
