@@ -173,14 +173,7 @@ fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
 
 /// Percent-encodes a query parameter.
 fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
 /// Every target of every dashboard panel (and the annotation queries), with the variables as

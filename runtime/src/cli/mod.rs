@@ -29,6 +29,7 @@
 
 mod admin;
 mod relay;
+mod ui;
 mod worker;
 
 use std::ffi::OsString;
@@ -76,6 +77,9 @@ enum Builtin {
     /// List or retry the outbox entries of the postgres:// sinks.
     #[command(subcommand)]
     Outbox(relay::OutboxCommand),
+    /// Serve the operator page: queues, live leases, fence rejections, dead jobs (retry,
+    /// purge) on 127.0.0.1:8080 until SIGTERM / SIGINT.
+    Ui(ui::UiArgs),
 }
 
 impl App {
@@ -209,6 +213,7 @@ impl App {
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
+            Builtin::Ui(args) => ui::run(args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -283,6 +288,23 @@ impl RedisArgs {
         let pool = self.reachable(&self.redis, "Redis").await?;
         let store = RedisLeaseStore::new(pool.clone(), &self.prefix);
         Ok((pool, store))
+    }
+}
+
+/// Resolves at the first SIGTERM or SIGINT: when a long-running subcommand stops.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        // No SIGTERM handler could be installed: SIGINT still stops us.
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

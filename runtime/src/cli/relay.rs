@@ -228,11 +228,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
         let sinks = postgres_sinks(&sink_urls).await?;
         let _relays = args.relay.start(&sinks, &args.redis).await?;
         health.set_ready(true);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        super::shutdown_signal().await;
         // Entries being delivered now keep their lease until it runs out, then another relay
         // (or this one, restarted) delivers them again: at least once, nothing lost.
         tracing::info!("signal received; relay stopping");

@@ -301,11 +301,7 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
             }
         });
 
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        super::shutdown_signal().await;
         draining.store(true, Ordering::Relaxed);
         health.set_ready(false);
         tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
