@@ -58,6 +58,9 @@ pub struct DemoArgs {
     /// key prefix). The coordinator stays embedded.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,
+    /// Also draw the run — jobs/s, leases lost, stale writes refused, over time — into this SVG.
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// The demo's ledger store: memory, or a fresh namespace in the sink the user named.
@@ -264,8 +267,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let total = plan.jobs.len() as u64;
 
     let system = System::new();
+    let mut timeline = crate::report::Timeline::default();
     let outcome = system.block_on({
-        let (story, args) = (story.clone(), args.clone());
+        let (story, args, metrics, timeline) =
+            (story.clone(), args.clone(), metrics.clone(), &mut timeline);
         async move {
             let sink_store = ledger_store(args.sink.as_deref()).await?;
             let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new()))
@@ -310,7 +315,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
             // Time to settle all but the slow and the paused jobs: the throughput figure, since
             // their waits are idle time by design.
             let mut bulk = None;
+            let mut next_sample = Instant::now();
             let counts = loop {
+                if args.report.is_some() && Instant::now() >= next_sample {
+                    timeline.sample(started.elapsed().as_secs_f64(), &metrics.render());
+                    next_sample += Duration::from_millis(100);
+                }
                 let counts = coordinator.send(CountJobs("default".into())).await??;
                 bar.set_position(counts.completed + counts.dead);
                 if bulk.is_none() && counts.completed + counts.dead + plan.waiting >= total {
@@ -343,6 +353,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
         }
     })?;
     let (counts, elapsed, bulk, balances, plan) = outcome;
+    if let Some(path) = &args.report {
+        timeline.sample(elapsed.as_secs_f64(), &metrics.render());
+        timeline.plot(path)?;
+        println!("report: {}", path.display());
+    }
 
     let text = metrics.render();
     let m =

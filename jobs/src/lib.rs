@@ -12,6 +12,7 @@ use palisade::{JobContext, JobError, Mutation, NewJob, Registry};
 use serde::{Deserialize, Serialize};
 
 pub mod demo;
+pub mod report;
 pub mod soak;
 
 /// Kind name of [`deposit`].
