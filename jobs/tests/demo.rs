@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn demo_fences_off_the_paused_worker_and_serves_metrics() {
     let port = free_port();
+    let report = std::env::temp_dir().join(format!("palisade-demo-{port}.svg"));
     let child = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args([
             "demo",
@@ -22,6 +23,8 @@ fn demo_fences_off_the_paused_worker_and_serves_metrics() {
             "3",
         ])
         .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .arg("--report")
+        .arg(&report)
         .stdout(Stdio::piped())
         .spawn()
         .expect("palisade binary runs");
@@ -54,6 +57,9 @@ fn demo_fences_off_the_paused_worker_and_serves_metrics() {
     assert!(stdout.contains("stale-rejected 1"), "{stdout}");
     assert!(stdout.contains("write Rejected(StaleToken"), "{stdout}");
     assert!(stdout.contains("0 violations"), "{stdout}");
+    let svg = std::fs::read_to_string(&report).expect("the --report SVG was written");
+    let _ = std::fs::remove_file(&report);
+    assert!(svg.contains("<polyline") && svg.contains("stale writes refused"));
 }
 
 #[test]
