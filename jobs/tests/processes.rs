@@ -614,3 +614,52 @@ fn a_drain_that_cannot_release_fails_loudly() {
         "a failed release must not look like a clean drain"
     );
 }
+
+#[test]
+fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    // A deposit held for a minute keeps one job leased and its followers on the scope waiting.
+    deposit(&redis, 7, 1, 60_000);
+    for _ in 0..3 {
+        deposit(&redis, 7, 1, 0);
+    }
+    let workers = [
+        WorkerProcess::start(&redis, &sink, "sampler-a", "30s"),
+        WorkerProcess::start(&redis, &sink, "sampler-b", "30s"),
+    ];
+    let sampling = |w: &WorkerProcess| {
+        w.metrics()
+            .unwrap_or_default()
+            .contains("palisade_queue_depth{")
+    };
+    // The first sample comes at once, the next every 5 s: one process holds the role.
+    wait_for("a sampler", Duration::from_secs(15), || {
+        workers.iter().any(sampling)
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let holders: Vec<bool> = workers.iter().map(sampling).collect();
+    assert_eq!(holders.iter().filter(|h| **h).count(), 1, "{holders:?}");
+    let holder = holders.iter().position(|h| *h).unwrap();
+    let text = workers[holder].metrics().unwrap();
+    let depth = |state: &str| {
+        palisade::metrics::sample_sum(
+            &text,
+            "palisade_queue_depth",
+            &[("queue", "default"), ("state", state)],
+        )
+    };
+    assert_eq!((depth("leased"), depth("waiting")), (1, 3), "{text}");
+
+    // The holder dies; the role lapses (15 s) and the other process samples.
+    let [a, b] = workers;
+    let survivor = if holder == 0 {
+        drop(a);
+        b
+    } else {
+        drop(b);
+        a
+    };
+    wait_for("the survivor to sample", Duration::from_secs(30), || {
+        sampling(&survivor)
+    });
+}
