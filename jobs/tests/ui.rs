@@ -172,6 +172,28 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
     // A form from elsewhere (no valid token) changes nothing.
     let refused = post(ui_port, "/dead/retry", "csrf=guess&queue=default");
     assert!(refused.contains("403"), "{refused}");
+    // A page that rebinds its own name to 127.0.0.1 is not answered (it would be same-origin
+    // with the page and could read the token); no one may frame the page.
+    let mut stream = TcpStream::connect(("127.0.0.1", ui_port)).unwrap();
+    write!(
+        stream,
+        "GET / HTTP/1.0\r\nHost: evil.example:{ui_port}\r\n\r\n"
+    )
+    .unwrap();
+    let mut rebound = String::new();
+    stream.read_to_string(&mut rebound).unwrap();
+    assert!(rebound.starts_with("HTTP/1.0 421"), "{rebound}");
+    assert!(!rebound.contains("csrf"), "{rebound}");
+    let mut stream = TcpStream::connect(("127.0.0.1", ui_port)).unwrap();
+    write!(
+        stream,
+        "GET / HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"
+    )
+    .unwrap();
+    let mut own = String::new();
+    stream.read_to_string(&mut own).unwrap();
+    let own = own.to_ascii_lowercase();
+    assert!(own.contains("x-frame-options: deny") && own.contains("frame-ancestors 'none'"));
     assert_eq!(store.counts("default").await.unwrap().dead, 1);
 
     // The operator presses retry: the dead job is ready again.
@@ -199,7 +221,11 @@ fn basic_auth_guards_the_page_and_beyond_loopback_it_is_required() {
     let _ui = ui(&redis, port, &["--basic-auth", "ops:s3cret"]);
     let head = |auth: &str| {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(stream, "GET / HTTP/1.0\r\nHost: x\r\n{auth}\r\n").unwrap();
+        write!(
+            stream,
+            "GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n"
+        )
+        .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         response.lines().next().unwrap_or_default().to_owned()

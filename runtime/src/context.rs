@@ -97,10 +97,16 @@ impl RunState {
                 reason: rejection.reason().to_owned(),
                 detail: rejection.to_string(),
             };
-            self.rejections
+            let mut notes = self
+                .rejections
                 .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .push(note);
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            // A handler that keeps writing after its lease is gone keeps only the newest
+            // notes: as many as the journal holds.
+            if notes.len() >= crate::store::REJECTION_JOURNAL {
+                notes.remove(0);
+            }
+            notes.push(note);
         }
     }
 

@@ -37,22 +37,27 @@ impl Coordinator {
             store,
             reap_every: Duration::from_secs(1),
             reaping: false,
-            sample_every: Some(Duration::from_secs(5)),
+            sample_every: None,
             sampler: None,
         }
     }
 
-    /// Sets how often queue depth is sampled for the metrics (by one process per
-    /// coordinator, see [`Sampler`]); `None` turns this process' sampler off.
+    /// Samples queue depth for the metrics every `every` (clamped to 100 ms..=10 s, so the
+    /// gauges never idle out of `/metrics` between samples) while this process holds the
+    /// coordinator's `sampler` role — one process per coordinator samples, see [`Sampler`].
+    /// Off by default: turn it on in processes that serve `/metrics` (`palisade worker
+    /// --metrics` does); a process without a recorder would hold the role and export nothing.
     pub fn with_sample_interval(mut self, every: Option<Duration>) -> Self {
-        self.sample_every = every;
+        self.sample_every =
+            every.map(|e| e.clamp(Duration::from_millis(100), Duration::from_secs(10)));
         self
     }
 
     /// Sets how often expired leases are looked for. A stalled job waits up to this long
     /// past its lease's expiry before it is claimable again.
     pub fn with_reap_interval(mut self, every: Duration) -> Self {
-        self.reap_every = every;
+        // Zero would spin the arbiter.
+        self.reap_every = every.max(Duration::from_millis(1));
         self
     }
 
@@ -94,6 +99,13 @@ impl Actor for Coordinator {
         ctx.run_interval(self.reap_every, Self::reap);
         if let Some(every) = self.sample_every {
             self.sampler = Some(Sampler::new(self.store.clone(), every).start());
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        // Its interval would keep it running on its own.
+        if let Some(sampler) = self.sampler.take() {
+            sampler.do_send(crate::sampler::StopSampling);
         }
     }
 }

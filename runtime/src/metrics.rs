@@ -56,8 +56,9 @@ pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
 /// Jobs in a queue by state (ready|waiting|delayed|leased|dead), sampled by the one worker
 /// that holds the coordinator's sampler role. Labels: queue, state.
 pub const QUEUE_DEPTH: &str = "palisade_queue_depth";
-/// How long the job next in line has been claimable (0 when nothing is ready), sampled with
-/// [`QUEUE_DEPTH`]. Labels: queue.
+/// Age of the job next in line: since it first became claimable (enqueue time plus delay; a
+/// job requeued after a stall, release or retry keeps that time), 0 when nothing is ready.
+/// Sampled with [`QUEUE_DEPTH`]. Labels: queue.
 pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_seconds";
 /// From sending the claim that granted a lease to its handler starting. Labels: queue.
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
@@ -130,7 +131,7 @@ pub fn describe() {
     describe_gauge!(
         QUEUE_OLDEST_READY_AGE,
         Unit::Seconds,
-        "How long the job next in line has been claimable (0: nothing ready)"
+        "Age of the job next in line, since it first became claimable (0: nothing ready)"
     );
     describe_histogram!(
         CLAIM_TO_START,
@@ -183,7 +184,9 @@ impl Default for Health {
 /// A gauge not set for this long leaves the output (three missed samples and then some).
 const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Installs the global Prometheus recorder and serves `/metrics` on `addr` from a thread of
+/// Installs the global Prometheus recorder (histograms ending in `_seconds` get
+/// [`SECONDS_BUCKETS`]; a gauge not set for 30 s leaves the output, so a sampler that lost its
+/// role stops showing a stale depth — set your own gauges at least that often) and serves `/metrics` on `addr` from a thread of
 /// its own, so a busy or paused worker arbiter cannot starve scrapes; `/healthz` answers 200
 /// while the process runs, `/readyz` 200 or 503 from a [`Health`] that is always ready.
 /// Returns a handle that renders the same text in-process.

@@ -77,9 +77,10 @@ impl Renewal {
         });
         ctx.spawn(request.into_actor(self).map(move |result, act, _| {
             act.in_flight = false;
+            // Failed and slow renewals count too: they are the ones worth seeing.
+            histogram!(m::RENEWAL_DURATION).record(now.elapsed());
             match result {
                 Ok(Ok(lost)) => {
-                    histogram!(m::RENEWAL_DURATION).record(now.elapsed());
                     for lease in &lost {
                         act.lose(*lease, LossReason::Expired);
                     }

@@ -1,9 +1,9 @@
 //! `Sampler`: queue depth and the age of the next ready job, as gauges — sampled by one
 //! process per coordinator, not by every worker.
 //!
-//! Every [`Coordinator`](crate::Coordinator) runs one; each tick it asks the store for the
-//! `sampler` role (a lease by the coordinator's clock, [`LeaseStore::hold_role`]) and only
-//! the holder samples. N workers therefore cost one set of counting calls per tick, not N, and
+//! A [`Coordinator`](crate::Coordinator) with a sample interval runs one; each tick it asks
+//! the store for the `sampler` role (a lease by the coordinator's clock,
+//! [`LeaseStore::hold_role`]) and only the holder samples. N workers therefore cost one set of counting calls per tick, not N, and
 //! a dashboard reads one series per queue and state (a sampler that loses the role stops
 //! setting its gauges, which then leave its `/metrics` output: see `metrics::serve`).
 
@@ -46,7 +46,7 @@ impl Sampler {
         self.in_flight = true;
         let (store, holder) = (self.store.clone(), self.holder.clone());
         // Three ticks: a holder that misses one keeps the role; one that stops, loses it.
-        let ttl = self.every * 3;
+        let ttl = self.every.saturating_mul(3);
         let pass = async move {
             if store.hold_role(ROLE, &holder, ttl).await? {
                 sample(&*store).await?;
@@ -89,5 +89,18 @@ impl Actor for Sampler {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.tick(ctx);
         ctx.run_interval(self.every, Self::tick);
+    }
+}
+
+/// Stops the sampler (its coordinator stopped). The role lapses after three intervals.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct StopSampling;
+
+impl Handler<StopSampling> for Sampler {
+    type Result = ();
+
+    fn handle(&mut self, _: StopSampling, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }

@@ -155,6 +155,9 @@ pub struct Worker {
     sinks: Sinks,
     renewal: Option<Addr<Renewal>>,
     running: HashMap<LeaseId, Running>,
+    /// Handlers released at the drain deadline that have not returned yet: what they meet
+    /// afterwards (their late writes are fenced) still reaches the rejection journal.
+    released_runs: HashMap<LeaseId, Arc<RunState>>,
     pending: Vec<Pending>,
     claiming: bool,
     frozen: bool,
@@ -202,6 +205,7 @@ impl Worker {
             sinks,
             renewal: None,
             running: HashMap::new(),
+            released_runs: HashMap::new(),
             pending: Vec::new(),
             claiming: false,
             frozen: false,
@@ -448,13 +452,13 @@ impl Handler<JobFinished> for Worker {
 
     fn handle(&mut self, msg: JobFinished, ctx: &mut Self::Context) {
         let Some(running) = self.running.remove(&msg.lease) else {
+            if let Some(run) = self.released_runs.remove(&msg.lease) {
+                self.journal(&run);
+            }
             return;
         };
         let job = running.job;
-        let rejections = running.run.take_rejections();
-        if !rejections.is_empty() {
-            self.coordinator.do_send(NoteRejections(rejections));
-        }
+        self.journal(&running.run);
         let settlement = self
             .config
             .retry
@@ -499,6 +503,14 @@ impl Handler<JobFinished> for Worker {
 }
 
 impl Worker {
+    /// Passes the fence rejections `run` met on to the coordinator's journal.
+    fn journal(&self, run: &RunState) {
+        let rejections = run.take_rejections();
+        if !rejections.is_empty() {
+            self.coordinator.do_send(NoteRejections(rejections));
+        }
+    }
+
     fn metrics(&mut self, job: &Job) -> &KindMetrics {
         let known = self
             .metrics
@@ -524,6 +536,8 @@ impl Worker {
         }
         for (lease, running) in unfinished {
             running.cancel.cancel();
+            self.journal(&running.run);
+            self.released_runs.insert(lease, running.run.clone());
             self.metrics(&running.job).finished[4].increment(1);
             self.pending.push(Pending {
                 lease,

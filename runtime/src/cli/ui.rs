@@ -46,6 +46,11 @@ pub(super) struct UiArgs {
     /// Rows shown per table (live leases, rejections, dead jobs per queue).
     #[arg(long, default_value_t = 50)]
     rows: usize,
+    /// A host name (with port, as browsers send it: `ops.example:8080`) the page may be
+    /// reached by besides the listen address and localhost; repeatable. Requests naming any
+    /// other host are refused (DNS rebinding).
+    #[arg(long = "public-host", value_name = "HOST:PORT")]
+    public_hosts: Vec<String>,
 }
 
 /// Everything the page shows, read from the coordinator at one request.
@@ -94,8 +99,13 @@ fn age(d: Duration) -> String {
     }
 }
 
-/// A journal time (ms since the Unix epoch) in UTC, to the second.
+/// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
+/// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).
 fn when(at_ms: u64) -> String {
+    const YEAR_10000_MS: u64 = 253_402_300_800_000;
+    if at_ms >= YEAR_10000_MS {
+        return format!("{at_ms} ms");
+    }
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
 }
 
@@ -232,11 +242,35 @@ struct Ui {
     csrf: String,
     /// `Basic <base64(user:password)>`, when the page asks for it.
     authorization: Option<String>,
+    /// Host header values accepted (lower case).
+    hosts: Vec<String>,
+    /// Outcomes of recent actions, shown once after the redirect: the page shows only text
+    /// it wrote itself, never text from the URL.
+    flash: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
+}
+
+impl Ui {
+    /// Keeps `msg` for the redirect and returns its id.
+    fn flash(&self, msg: String) -> String {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut flash = self.flash.lock().unwrap_or_else(|p| p.into_inner());
+        flash.push_back((id.clone(), msg));
+        while flash.len() > 64 {
+            flash.pop_front();
+        }
+        id
+    }
+
+    fn take_flash(&self, id: &str) -> Option<String> {
+        let mut flash = self.flash.lock().unwrap_or_else(|p| p.into_inner());
+        let i = flash.iter().position(|(k, _)| k == id)?;
+        flash.remove(i).map(|(_, msg)| msg)
+    }
 }
 
 #[derive(Deserialize)]
 struct PageQuery {
-    msg: Option<String>,
+    flash: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -247,7 +281,10 @@ struct DeadForm {
 
 async fn page(State(ui): State<Arc<Ui>>, Query(q): Query<PageQuery>) -> Response {
     match snapshot(&*ui.store, &ui.source, ui.rows).await {
-        Ok(snap) => render(&snap, &ui.csrf, q.msg.as_deref()).into_response(),
+        Ok(snap) => {
+            let msg = q.flash.as_deref().and_then(|id| ui.take_flash(id));
+            render(&snap, &ui.csrf, msg.as_deref()).into_response()
+        }
         Err(e) => {
             tracing::warn!(error = %e, "ui: reading the coordinator failed");
             (
@@ -300,20 +337,65 @@ async fn dead_jobs(
         ),
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
-    after(outcome, done, &form.queue)
-}
-
-/// Back to the page (POST-redirect-GET), saying what happened.
-fn after(outcome: crate::Result<usize>, done: &str, queue: &str) -> Response {
     let msg = match outcome {
         Ok(n) => {
-            tracing::info!(queue, n, action = done, "ui: dead jobs");
-            format!("{done} {n} dead job(s) of queue {queue}.")
+            tracing::info!(queue = %form.queue, n, action = done, "ui: dead jobs");
+            format!("{done} {n} dead job(s) of queue {}.", form.queue)
         }
         Err(e) => format!("{done} nothing: {e}"),
     };
-    let query: String = form_urlencoded::byte_serialize(msg.as_bytes()).collect();
-    Redirect::to(&format!("/?msg={query}")).into_response()
+    // POST-redirect-GET: a reload does not repeat the action.
+    Redirect::to(&format!("/?flash={}", ui.flash(msg))).into_response()
+}
+
+/// Every response: refuses a Host this page is not served as (a DNS-rebinding page would
+/// otherwise be same-origin with it), and forbids framing (clickjacking) and caching.
+async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    if !host.is_some_and(|h| ui.hosts.contains(&h)) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "unknown host; add it with --public-host\n",
+        )
+            .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_FRAME_OPTIONS, "DENY".parse().expect("static"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        "frame-ancestors 'none'; script-src 'none'"
+            .parse()
+            .expect("static"),
+    );
+    headers.insert(header::CACHE_CONTROL, "no-store".parse().expect("static"));
+    response
+}
+
+/// The Host header values the page answers to: the listen address, localhost on its port,
+/// and the operator's `--public-host` names.
+fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
+    let port = listen.port();
+    let mut hosts = vec![
+        listen.to_string(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    if port == 80 {
+        // Browsers leave the default port out.
+        hosts.extend([
+            listen.ip().to_string(),
+            "localhost".into(),
+            "127.0.0.1".into(),
+        ]);
+    }
+    hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
+    hosts
 }
 
 /// Asks for basic auth when it is configured.
@@ -343,6 +425,7 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/dead/{action}", post(dead_jobs))
         .route_layer(axum::middleware::from_fn_with_state(ui.clone(), authorize))
         .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
         .with_state(ui)
 }
 
@@ -376,6 +459,7 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
+        let bound = listener.local_addr()?;
         let ui = Arc::new(Ui {
             store: Arc::new(store),
             source: format!(
@@ -386,8 +470,10 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
             rows: args.rows.max(1),
             csrf: uuid::Uuid::new_v4().simple().to_string(),
             authorization,
+            hosts: allowed_hosts(bound, &args.public_hosts),
+            flash: Default::default(),
         });
-        println!("palisade ui: http://{}/", listener.local_addr()?);
+        println!("palisade ui: http://{bound}/");
         tracing::info!(listen = %args.listen, "operator page serving");
         axum::serve(listener, router(ui))
             .with_graceful_shutdown(super::shutdown_signal())
@@ -415,6 +501,31 @@ mod tests {
         assert!(!page.contains("<script>alert"), "{page}");
         assert!(!page.contains("<b>ledger") && !page.contains("<i>done"));
         assert!(page.contains("&lt;script&gt;") && page.contains("3:7"));
+    }
+
+    #[test]
+    fn a_journal_time_past_year_9999_is_shown_raw() {
+        assert_eq!(when(0), "1970-01-01T00:00:00Z");
+        assert_eq!(when(u64::MAX), format!("{} ms", u64::MAX));
+        assert_eq!(when(253_402_300_800_000), "253402300800000 ms");
+        assert_eq!(when(253_402_300_799_000), "9999-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn the_page_answers_only_to_its_own_hosts() {
+        let hosts = allowed_hosts(
+            "127.0.0.1:8080".parse().unwrap(),
+            &["Ops.Example:443".into()],
+        );
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "[::1]:8080",
+            "ops.example:443",
+        ] {
+            assert!(hosts.contains(&ok.to_owned()), "{ok}");
+        }
+        assert!(!hosts.contains(&"evil.example:8080".to_owned()));
     }
 
     #[test]

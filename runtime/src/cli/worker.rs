@@ -262,6 +262,8 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         };
         let coordinator = Coordinator::new(Arc::new(store))
             .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
+            // Only a process that exports metrics may take the sampler role.
+            .with_sample_interval(args.metrics.map(|_| Duration::from_secs(5)))
             .start();
         let queues = rotation(&args.queues);
         let mut workers = Vec::with_capacity(arbiters);

@@ -27,8 +27,9 @@ use crate::job::{
 use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
 use crate::store::{
-    collect_budget, promotions_per_claim, FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped,
-    RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
+    check_role_ttl, collect_budget, promotions_per_claim, FencedStore, FencedWrite, LeaseInfo,
+    LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
+    REJECTION_JOURNAL,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -723,6 +724,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        check_role_ttl(ttl)?;
         let now = Instant::now();
         let mut state = lock(&self.state);
         let held_by_other = state
@@ -739,7 +741,8 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
         let mut state = lock(&self.state);
-        for note in notes {
+        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
+        for note in notes.into_iter().skip(skip) {
             state.rejections.push_front(note);
         }
         state.rejections.truncate(REJECTION_JOURNAL);

@@ -110,8 +110,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 
-    /// How long the job next in line in `queue` has been claimable — per kind, the longest
-    /// (a due delayed job counts from when it fell due) — or `None` if nothing is ready.
+    /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
+    /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
+    /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
+    /// is ready.
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
 
     /// Takes or keeps `role` for `holder` for `ttl`, by the coordinator's clock; `true` if
@@ -125,6 +127,20 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The newest `limit` journal entries, newest first.
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
+}
+
+/// Longest role lease [`LeaseStore::hold_role`] grants: a day (a role is renewed every few
+/// seconds; more is a mistake).
+pub const MAX_ROLE_TTL: Duration = Duration::from_secs(86_400);
+
+/// A role's ttl must be 1 ms ..= [`MAX_ROLE_TTL`], the same on every backend.
+pub(crate) fn check_role_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_ROLE_TTL {
+        return Err(crate::error::Error::Config(format!(
+            "role ttl {ttl:?} is outside 1ms..=1 day"
+        )));
+    }
+    Ok(())
 }
 
 /// Fence rejections the coordinator's journal keeps.

@@ -710,6 +710,15 @@ pub async fn operator_views_oldest_ready_role_and_journal(store: Arc<dyn LeaseSt
         "{due:?}"
     );
 
+    for bad in [Duration::ZERO, Duration::MAX, store::MAX_ROLE_TTL * 2] {
+        assert!(
+            matches!(
+                store.hold_role("sampler", "a", bad).await,
+                Err(Error::Config(_))
+            ),
+            "{bad:?}"
+        );
+    }
     let ttl = Duration::from_millis(200);
     assert!(store.hold_role("sampler", "a", ttl).await.unwrap());
     assert!(!store.hold_role("sampler", "b", ttl).await.unwrap());

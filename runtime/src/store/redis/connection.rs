@@ -11,8 +11,28 @@ use deadpool_redis::{Manager, Pool, Runtime};
 
 use crate::error::{Error, Result};
 
-/// `url` with any password replaced by `***`, for logs and error messages.
+/// `url` with any password replaced by `***` — in the userinfo, or a `pass`/`password`
+/// query parameter (`redis+unix://` URLs) — for logs, pages and error messages.
 pub fn redacted(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, Some(query)),
+        None => (url, None),
+    };
+    let mut shown = redacted_userinfo(url);
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if key == "pass" || key == "password" => format!("{key}=***"),
+                _ => param.to_owned(),
+            })
+            .collect();
+        shown = format!("{shown}?{}", params.join("&"));
+    }
+    shown
+}
+
+fn redacted_userinfo(url: &str) -> String {
     // Without a scheme (a typo), everything before the last '@' is still userinfo.
     let start = url.find("://").map_or(0, |i| i + 3);
     match url.rfind('@') {
@@ -206,6 +226,10 @@ mod tests {
         assert_eq!(redacted("rediss://token@host"), "rediss://***@host");
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redacted("u:pw123@127.0.0.1:6405"), "u:***@127.0.0.1:6405");
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?db=2&pass=s3cret&password=x"),
+            "redis+unix:///run/redis.sock?db=2&pass=***&password=***"
+        );
         let err = pool("redis://:s3cret@host:notaport")
             .err()
             .unwrap()

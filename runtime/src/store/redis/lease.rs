@@ -24,8 +24,8 @@ use crate::job::{
 };
 use crate::store::epoch::EpochSource;
 use crate::store::{
-    promotions_per_claim, LeaseInfo, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
-    MAX_DEAD_RETENTION, REJECTION_JOURNAL,
+    check_role_ttl, promotions_per_claim, LeaseInfo, LeaseStore, Reaped, RejectionNote,
+    DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
 };
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
@@ -527,11 +527,12 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        check_role_ttl(ttl)?;
         let mut conn = self.conn().await?;
         let held: i64 = HOLD_ROLE
             .key(format!("{}role:{role}", self.base))
             .arg(holder)
-            .arg(ttl.as_millis().max(1) as u64)
+            .arg(ttl.as_millis() as u64)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -545,7 +546,8 @@ impl LeaseStore for RedisLeaseStore {
         let key = format!("{}rejections", self.base);
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for note in &notes {
+        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
+        for note in &notes[skip..] {
             let json = serde_json::to_string(note).map_err(garbage)?;
             pipe.lpush(&key, json).ignore();
         }
