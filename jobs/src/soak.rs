@@ -147,6 +147,10 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
     let (job, token) = (ctx.job().id, ctx.lease().token.as_u64());
     let scope = ctx.lease().scope.to_string();
     let books = ctx.postgres(BOOKS).ok();
+    let plant = Plant::from_env();
+    if plant == Some(Plant::Stale) {
+        unfenced_beat(&scope, token).await?;
+    }
 
     let beat_key = format!("{job}/beat-{token}");
     let beat = vec![Mutation::HashIncr {
@@ -187,6 +191,17 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
     }
 
     let key = format!("{job}/credit");
+    if plant == Some(Plant::Half) && p.poison {
+        // The bug: the list split in two writes, so the good first step stays when the
+        // second is refused.
+        let first = vec![Mutation::HashIncr {
+            key: crate::account_key(p.account),
+            field: "balance".into(),
+            by: p.cents,
+        }];
+        let key = palisade::IdempotencyKey::new(format!("{job}/credit-half"));
+        ctx.sink(LEDGER)?.write_keyed(key, first).await?;
+    }
     let mut credit = vec![Mutation::HashIncr {
         key: crate::account_key(p.account),
         field: "balance".into(),
@@ -225,6 +240,55 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         .await;
     log_outcome(&ctx, p.nonce, &format!("{job}/tx/post"), sent, &posted);
     posted?.accepted()?;
+    Ok(())
+}
+
+/// A bug planted on purpose (`palisade soak --plant`), to show the checker catches it in a
+/// live run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Plant {
+    /// Each run's beat also goes into the Postgres beats table around the fence (a plain
+    /// INSERT): a paused holder's beat lands after its successor's.
+    Stale,
+    /// A poison posting's credit is sent as two writes: the good step is applied, the bad one
+    /// refused — half a posting.
+    Half,
+}
+
+impl Plant {
+    const ENV: &'static str = "PALISADE_SOAK_PLANT";
+
+    fn from_env() -> Option<Self> {
+        match std::env::var(Self::ENV).ok()?.as_str() {
+            "stale" => Some(Self::Stale),
+            "half" => Some(Self::Half),
+            _ => None,
+        }
+    }
+}
+
+/// The planted stale write: a beat row written with no fence at all.
+async fn unfenced_beat(scope: &str, token: u64) -> Result<(), JobError> {
+    static PLAIN: tokio::sync::OnceCell<palisade::PostgresSink> =
+        tokio::sync::OnceCell::const_new();
+    let sink = PLAIN
+        .get_or_try_init(|| async {
+            let url = std::env::var("PALISADE_SOAK_PLANT_URL").unwrap_or_default();
+            palisade::PostgresSink::connect(&url).await
+        })
+        .await?;
+    let client = sink
+        .pool()
+        .get()
+        .await
+        .map_err(|e| JobError::retry(e.to_string()))?;
+    client
+        .execute(
+            "INSERT INTO soak_beats (scope, token) VALUES ($1, $2)",
+            &[&scope, &(token as i64)],
+        )
+        .await
+        .map_err(|e| JobError::retry(e.to_string()))?;
     Ok(())
 }
 
@@ -270,6 +334,10 @@ pub struct SoakArgs {
     /// Lease of the workers.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
+    /// Plant a bug in the workload (the checker must then fail the run): `stale` writes the
+    /// Postgres beats around the fence, `half` splits poison postings in two writes.
+    #[arg(long, value_enum)]
+    pub plant: Option<Plant>,
 }
 
 /// Everything the checker reads.
@@ -596,7 +664,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(args: &[String], log: &Path) -> anyhow::Result<Self> {
+    fn start(args: &[String], log: &Path, plant: &[(&str, String)]) -> anyhow::Result<Self> {
         // Every worker's errors, for a worker that exits on its own.
         let errors = std::fs::OpenOptions::new()
             .append(true)
@@ -605,6 +673,7 @@ impl Worker {
         let child = Command::new(std::env::current_exe()?)
             .args(args)
             .env("PALISADE_SOAK_LOG", log)
+            .envs(plant.iter().map(|(k, v)| (*k, v)))
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(errors)
@@ -782,8 +851,15 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         .map(String::from)
         .to_vec()
     };
+    let plant: Vec<(&str, String)> = match args.plant {
+        Some(plant) => vec![
+            (Plant::ENV, format!("{plant:?}").to_lowercase()),
+            ("PALISADE_SOAK_PLANT_URL", books.clone()),
+        ],
+        None => Vec::new(),
+    };
     let mut workers: Vec<Worker> = (0..args.workers)
-        .map(|i| Worker::start(&worker_args(i), &log))
+        .map(|i| Worker::start(&worker_args(i), &log, &plant))
         .collect::<Result<_, _>>()?;
     let client = rt.block_on(Client::connect(&redis.url(), "palisade"))?;
 
@@ -862,7 +938,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
                 }
                 6..=8 => {
                     let args = workers[w].args.clone();
-                    workers[w] = Worker::start(&args, &log)?; // the old one is kill -9'd on drop
+                    workers[w] = Worker::start(&args, &log, &plant)?; // the old one is kill -9'd on drop
                     "worker kill -9 + restart"
                 }
                 9..=11 => {

@@ -42,3 +42,39 @@ fn a_two_minute_soak_with_faults_keeps_every_invariant() {
     assert!(count("fault: coordinator wipe") > 0);
     assert!(count("postings acknowledged") > 1000);
 }
+
+/// A live run with a bug planted in the workload: the checker must fail it, naming the
+/// invariant (its own unit tests plant the same bugs into synthetic evidence).
+fn planted(plant: &str, seed: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "soak",
+            "--minutes",
+            "0.75",
+            "--seed",
+            seed,
+            "--plant",
+            plant,
+        ])
+        .output()
+        .expect("palisade binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "a run with a planted bug passed");
+    stdout
+}
+
+#[test]
+fn a_live_run_with_a_write_around_the_fence_fails_no_stale_write() {
+    let stdout = planted("stale", "31");
+    assert!(
+        stdout.contains("VIOLATION: no_stale_write: beats"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_live_run_with_half_applied_postings_fails_all_or_nothing() {
+    let stdout = planted("half", "32");
+    assert!(stdout.contains("VIOLATION: all_or_nothing"), "{stdout}");
+}
