@@ -663,3 +663,45 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
         sampling(&survivor)
     });
 }
+
+#[test]
+fn concurrent_unique_enqueues_from_many_processes_add_one_job() {
+    let redis = RedisServer::start();
+    let enqueue = || {
+        Command::new(BIN)
+            .args([
+                "enqueue",
+                "ledger.deposit",
+                r#"{"account":9,"cents":5,"invoice":"INV-1"}"#,
+                "--unique",
+                "invoice:{invoice}",
+                "--unique-ttl",
+                "1h",
+            ])
+            .env("PALISADE_REDIS_URL", redis.url())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Eight producers at once, each in its own process and connection.
+    let children: Vec<Child> = (0..8).map(|_| enqueue()).collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let ids: std::collections::BTreeSet<String> = outputs
+        .iter()
+        .map(|o| {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8_lossy(&o.stdout).trim().to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let turned_away = outputs
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stderr).contains("holds its unique key"))
+        .count();
+    assert_eq!(turned_away, 7);
+    assert_eq!(counts(&redis)["ready"], 1);
+}

@@ -140,10 +140,31 @@ local function job_of(entry)
   return entry and string.match(entry, '^[^\t]+')
 end
 
+-- A job that is done (completed or dead) gives its unique key up: the key stays held until
+-- the ttl given at enqueue ends, then goes. A key some other job holds now is left alone.
+local function release_unique(base, id)
+  local u = redis.call('HMGET', base .. 'job:' .. id, 'unique', 'unique_until')
+  if not u[1] then
+    return
+  end
+  local key = base .. 'unique:' .. u[1]
+  -- TYPE first: GET would fail on a key of another type, and this runs after changes.
+  if redis.call('TYPE', key).ok ~= 'string' or redis.call('GET', key) ~= id then
+    return
+  end
+  local until_ms = tonumber(u[2] or '') or 0
+  if until_ms > now_ms() then
+    redis.call('PEXPIREAT', key, until_ms)
+  else
+    redis.call('DEL', key)
+  end
+end
+
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest
 -- `keep` records of the queue, and hands its scope's turn on.
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
+  release_unique(base, id)
   local f = redis.call('HMGET', job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
   local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'

@@ -1,36 +1,61 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 7 fields per job: id queue kind scope (empty for the job's
+-- ARGV[1]  job count n, then 9 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
---          max_attempts max_stalls)
--- Returns  n
--- Errors   none of its own (jobs are validated by the client before they are sent)
+--          max_attempts max_stalls) unique_key (empty: none) unique_ttl_ms
+-- Returns  per job, the id it goes by: its own, or — when another job (an earlier one of this
+--          batch included) holds its unique key — that job's, and then it is not added
+-- Errors   none of its own (jobs are validated by the client before they are sent); a key of
+--          the wrong type fails in the first loop, before anything changed
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
+local F = 9
+-- First, read-only: which jobs a unique key turns away.
+local out, held = {}, {}
+for i = 0, n - 1 do
+  local o = 1 + i * F
+  local ukey = ARGV[o + 8]
+  if ukey ~= '' then
+    local holder = held[ukey] or redis.call('GET', base .. 'unique:' .. ukey)
+    if holder then
+      out[i + 1] = holder
+    else
+      held[ukey] = ARGV[o + 1]
+    end
+  end
+end
 local last = redis.call('INCRBY', base .. 'seq', n)
 local queues = {}
 local kinds = {}
 for i = 0, n - 1 do
-  local o = 1 + i * 7
+  local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
-  local at = now + math.max(delay, 0) -- claimable from (the oldest-ready gauge)
-  if scope == '' then
-    scope = nil
-    redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-      'at', at)
-  else
-    redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-      'scope', scope, 'at', at)
+  if not out[i + 1] then -- not turned away
+    out[i + 1] = id
+    local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
+    local at = now + math.max(delay, 0) -- claimable from (the oldest-ready gauge)
+    if scope == '' then
+      scope = nil
+      redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
+        'at', at)
+    else
+      redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
+        'scope', scope, 'at', at)
+    end
+    if delay > 0 then
+      redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
+    else
+      enter(base, id, queue, kind, scope, last - n + i + 1 - priority * PRIORITY_SPAN, true)
+    end
+    if ARGV[o + 8] ~= '' then
+      redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)
+      redis.call('HSET', base .. 'job:' .. id, 'unique', ARGV[o + 8],
+        'unique_until', now + tonumber(ARGV[o + 9]))
+    end
+    queues[queue] = true
+    kinds[queue .. '\t' .. kind] = true
   end
-  if delay > 0 then
-    redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
-  else
-    enter(base, id, queue, kind, scope, last - n + i + 1 - priority * PRIORITY_SPAN, true)
-  end
-  queues[queue] = true
-  kinds[queue .. '\t' .. kind] = true
 end
 for queue in pairs(queues) do
   redis.call('SADD', base .. 'queues', queue)
@@ -39,4 +64,4 @@ for pair in pairs(kinds) do
   local queue, kind = string.match(pair, '^(.*)\t(.*)$')
   redis.call('SADD', base .. 'q:' .. queue .. ':kinds', kind)
 end
-return n
+return out

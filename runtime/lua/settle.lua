@@ -70,6 +70,7 @@ for i = 0, count - 1 do
       end
       leased[queue] = (leased[queue] or 0) + 1
       if action == 'complete' then
+        release_unique(base, id)
         leave(base, id, f[2])
         finished[#finished + 1] = job
         completed[queue] = (completed[queue] or 0) + 1

@@ -9,7 +9,7 @@ use metrics::counter;
 
 use crate::error::Result;
 use crate::ids::JobId;
-use crate::job::{DeadJob, NewJob, QueueCounts};
+use crate::job::{DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
 use crate::store::redis::{ping, pool};
 use crate::store::LeaseStore;
@@ -38,15 +38,23 @@ impl Client {
         Self { store }
     }
 
-    /// Enqueues one job; returns its id.
+    /// Enqueues one job; returns its id (for a job with a unique key another job holds, that
+    /// job's id: see [`Client::enqueue_unique`] to tell the two apart).
     pub async fn enqueue(&self, job: NewJob) -> Result<JobId> {
-        let mut ids = self.enqueue_many(vec![job]).await?;
-        Ok(ids.remove(0))
+        Ok(self.enqueue_unique(job).await?.id())
+    }
+
+    /// Enqueues one job and says whether it was added or another job holds its unique key
+    /// ([`NewJob::with_unique_key`]).
+    pub async fn enqueue_unique(&self, job: NewJob) -> Result<Enqueued> {
+        let mut done = enqueue_counted(&*self.store, vec![job]).await?;
+        Ok(done.remove(0))
     }
 
     /// Enqueues jobs all or none, in one round trip; returns their ids in order.
     pub async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
-        enqueue_counted(&*self.store, jobs).await
+        let done = enqueue_counted(&*self.store, jobs).await?;
+        Ok(done.into_iter().map(Enqueued::id).collect())
     }
 
     /// Counts of one queue.
@@ -60,19 +68,22 @@ impl Client {
     }
 }
 
-/// Enqueues and counts the jobs per queue in `palisade_jobs_enqueued_total`: the one enqueue
-/// path of [`Client`] and the [`Coordinator`](crate::Coordinator) actor.
+/// Enqueues and counts the jobs added per queue in `palisade_jobs_enqueued_total`: the one
+/// enqueue path of [`Client`] and the [`Coordinator`](crate::Coordinator) actor.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
     jobs: Vec<NewJob>,
-) -> Result<Vec<JobId>> {
+) -> Result<Vec<Enqueued>> {
+    let queues: Vec<String> = jobs.iter().map(|j| j.queue.clone()).collect();
+    let done = store.enqueue_all(jobs).await?;
     let mut per_queue: HashMap<String, u64> = HashMap::new();
-    for job in &jobs {
-        *per_queue.entry(job.queue.clone()).or_default() += 1;
+    for (queue, what) in queues.into_iter().zip(&done) {
+        if matches!(what, Enqueued::Added(_)) {
+            *per_queue.entry(queue).or_default() += 1;
+        }
     }
-    let ids = store.enqueue(jobs).await?;
     for (queue, n) in per_queue {
         counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(n);
     }
-    Ok(ids)
+    Ok(done)
 }

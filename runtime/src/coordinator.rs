@@ -44,7 +44,7 @@ impl Coordinator {
 
     /// Samples queue depth for the metrics every `every` (clamped to 100 ms..=10 s, so the
     /// gauges never idle out of `/metrics` between samples) while this process holds the
-    /// coordinator's `sampler` role — one process per coordinator samples, see [`Sampler`].
+    /// coordinator's `sampler` role — one process per coordinator samples (the `Sampler` actor).
     /// Off by default: turn it on in processes that serve `/metrics` (`palisade worker
     /// --metrics` does); a process without a recorder would hold the role and export nothing.
     pub fn with_sample_interval(mut self, every: Option<Duration>) -> Self {
@@ -120,7 +120,10 @@ impl Handler<Enqueue> for Coordinator {
 
     fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
-        Box::pin(async move { crate::client::enqueue_counted(&*store, msg.0).await })
+        Box::pin(async move {
+            let done = crate::client::enqueue_counted(&*store, msg.0).await?;
+            Ok(done.into_iter().map(crate::Enqueued::id).collect())
+        })
     }
 }
 

@@ -60,6 +60,37 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// Expired leases allowed before the job is dead.
     pub max_stalls: u32,
+    /// Idempotent enqueue: see [`NewJob::with_unique_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<UniqueKey>,
+}
+
+/// A job's unique key: while another job holds it, enqueueing this one adds nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UniqueKey {
+    /// The key (same rules as names: 1..=512 bytes, no control characters); one namespace
+    /// per coordinator, across queues and kinds.
+    pub key: String,
+    /// How long the key stays held after the holding job was enqueued, even once it is done.
+    pub ttl: Duration,
+}
+
+/// What enqueue did with one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Enqueued {
+    /// A new job.
+    Added(JobId),
+    /// Nothing: another job holds the unique key; this is its id.
+    Existing(JobId),
+}
+
+impl Enqueued {
+    /// The job's id, new or existing.
+    pub fn id(self) -> JobId {
+        match self {
+            Self::Added(id) | Self::Existing(id) => id,
+        }
+    }
 }
 
 impl NewJob {
@@ -81,7 +112,22 @@ impl NewJob {
             delay: Duration::ZERO,
             max_attempts: 5,
             max_stalls: 3,
+            unique: None,
         }
+    }
+
+    /// Makes the enqueue idempotent under `key`: while another job enqueued with the same
+    /// key is queued, delayed, waiting or running — or was enqueued less than `ttl` ago,
+    /// even if it is done — enqueueing this one adds nothing and returns that job's id
+    /// ([`Enqueued::Existing`]). Decided atomically by the backend, so concurrent producers
+    /// add exactly one job. A dead job gives its key up after `ttl` like a completed one;
+    /// retrying it from the dead letters does not take the key back.
+    pub fn with_unique_key(mut self, key: impl Into<String>, ttl: Duration) -> Self {
+        self.unique = Some(UniqueKey {
+            key: key.into(),
+            ttl,
+        });
+        self
     }
 
     /// Sets the queue.
@@ -154,6 +200,15 @@ impl NewJob {
         }
         if self.max_attempts == 0 {
             return Err(Error::InvalidJob("max_attempts must be at least 1".into()));
+        }
+        if let Some(unique) = &self.unique {
+            check_name("unique key", &unique.key)?;
+            if unique.ttl > MAX_DELAY {
+                return Err(Error::InvalidJob(format!(
+                    "unique key ttl {:?} is longer than {MAX_DELAY:?}",
+                    unique.ttl
+                )));
+            }
         }
         Ok(())
     }

@@ -377,8 +377,8 @@ struct FlakyRenewals {
 
 #[async_trait]
 impl LeaseStore for FlakyRenewals {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
-        self.inner.enqueue(jobs).await
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.inner.enqueue_all(jobs).await
     }
     async fn claim_kinds(
         &self,

@@ -325,6 +325,8 @@ struct JobSpec {
     delayed: bool,
     max_attempts: u32,
     max_stalls: u32,
+    /// A unique key `u0`..`u1` (ttl zero: held while the job is pending), or none.
+    unique: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -384,9 +386,10 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         prop::bool::weighted(0.2),
         1..=3u32,
         0..=2u32,
+        prop::option::weighted(0.3, 0..2u8),
     )
         .prop_map(
-            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls)| JobSpec {
+            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls, unique)| JobSpec {
                 queue,
                 kind,
                 scope,
@@ -394,6 +397,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 delayed,
                 max_attempts,
                 max_stalls,
+                unique,
             },
         )
 }
@@ -446,6 +450,10 @@ fn new_job(no: usize, spec: &JobSpec) -> NewJob {
         .with_delay(if spec.delayed { HOUR } else { Duration::ZERO })
         .with_max_attempts(spec.max_attempts)
         .with_max_stalls(spec.max_stalls);
+    let job = match spec.unique {
+        Some(u) => job.with_unique_key(format!("u{u}"), Duration::ZERO),
+        None => job,
+    };
     match spec.scope {
         Some(s) => job.with_scope(format!("s{s}")),
         None => job,
@@ -590,8 +598,8 @@ impl Coordinators {
                     .enumerate()
                     .map(|(i, spec)| new_job(self.enqueued + i, spec))
                     .collect();
-                let m = mem.store.enqueue(jobs.clone()).await;
-                let r = red.store.enqueue(jobs).await;
+                let m = mem.store.enqueue_all(jobs.clone()).await;
+                let r = red.store.enqueue_all(jobs).await;
                 same(
                     format_args!("step {s} enqueue"),
                     m.as_ref().map(Vec::len),
@@ -599,8 +607,20 @@ impl Coordinators {
                 )?;
                 if let (Ok(m), Ok(r)) = (m, r) {
                     for (m, r) in m.into_iter().zip(r) {
-                        mem.job_nos.insert(m, self.enqueued);
-                        red.job_nos.insert(r, self.enqueued);
+                        // Both added, or both turned away by the same earlier job.
+                        let answer = |side: &Side, e: Enqueued| match e {
+                            Enqueued::Added(_) => None,
+                            Enqueued::Existing(id) => Some(side.job_nos.get(&id).copied()),
+                        };
+                        same(
+                            format_args!("step {s} enqueue of job {}", self.enqueued),
+                            Ok(answer(mem, m)),
+                            Ok(answer(red, r)),
+                        )?;
+                        if let (Enqueued::Added(m), Enqueued::Added(r)) = (m, r) {
+                            mem.job_nos.insert(m, self.enqueued);
+                            red.job_nos.insert(r, self.enqueued);
+                        }
                         self.enqueued += 1;
                     }
                 }

@@ -41,8 +41,8 @@ mod delegate {
 
     #[async_trait]
     impl<S: LeaseStore> LeaseStore for OnPrivateRedis<S> {
-        async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
-            self.store.enqueue(jobs).await
+        async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+            self.store.enqueue_all(jobs).await
         }
         async fn claim_kinds(
             &self,

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::{runtime, RedisArgs};
 use crate::context::Registry;
 use crate::ids::Scope;
-use crate::job::{NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::job::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::store::LeaseStore;
 
 /// `enqueue`.
@@ -50,6 +50,14 @@ pub(super) struct EnqueueArgs {
     /// Largest payload accepted, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_PAYLOAD_BYTES)]
     max_payload_bytes: usize,
+    /// Idempotent enqueue: while another job holds this unique key (queued, running, or
+    /// enqueued less than --unique-ttl ago) nothing is added and that job's id is printed,
+    /// with a note on stderr. `{field}` is replaced as in --scope.
+    #[arg(long, value_name = "KEY")]
+    unique: Option<String>,
+    /// How long the unique key stays held after its job was enqueued, even once it is done.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "unique")]
+    unique_ttl: Duration,
 }
 
 impl EnqueueArgs {
@@ -65,6 +73,9 @@ impl EnqueueArgs {
             .with_delay(self.delay.unwrap_or_default());
         if let Some(template) = &self.scope {
             job = job.with_scope(fill(template, payload)?);
+        }
+        if let Some(template) = &self.unique {
+            job = job.with_unique_key(fill(template, payload)?, self.unique_ttl);
         }
         job.validate(self.max_payload_bytes)?;
         Ok(job)
@@ -125,7 +136,7 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
         for batch in jobs.chunks(1000) {
             // Each batch is all or nothing; say exactly how far a failure got.
             let done = ids.len();
-            let more = store.enqueue(batch.to_vec()).await.with_context(|| {
+            let more = store.enqueue_all(batch.to_vec()).await.with_context(|| {
                 format!(
                     "{done} of {} jobs were enqueued (input lines 1..={done}); nothing after that",
                     jobs.len()
@@ -135,9 +146,14 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
         }
         anyhow::Ok(ids)
     })?;
+    for (n, done) in ids.iter().enumerate() {
+        if let Enqueued::Existing(id) = done {
+            eprintln!("job {} not added: job {id} holds its unique key", n + 1);
+        }
+    }
     // Printed after everything is enqueued: a reader that goes away (`| head`) must not
     // decide how much is enqueued.
-    print_lines(ids.iter().map(ToString::to_string))
+    print_lines(ids.iter().map(|done| done.id().to_string()))
 }
 
 /// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.

@@ -22,7 +22,8 @@ use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DELAY,
 };
 use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
@@ -75,6 +76,13 @@ struct LeaseState {
     roles: HashMap<String, (String, Instant)>,
     /// Fence rejections, newest first.
     rejections: VecDeque<RejectionNote>,
+    /// Unique keys: the job holding each, and until when once that job is done (`None`
+    /// while it is not).
+    unique: HashMap<String, (JobId, Option<Instant>)>,
+    /// The unique key of each job that holds one, and when its ttl ends.
+    job_unique: HashMap<JobId, (String, Instant)>,
+    /// Keys of done jobs by the end of their ttl, to forget them then.
+    unique_expiries: BTreeSet<(Instant, String)>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -338,7 +346,43 @@ impl LeaseState {
         self.watermark = Some(self.watermark.map_or(w, |was| was.max(w)));
     }
 
+    /// A done job (completed or dead) gives its unique key up: held until its ttl ends.
+    fn release_unique(&mut self, id: JobId) {
+        let Some((key, until)) = self.job_unique.remove(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        match self.unique.get_mut(&key) {
+            Some(held) if held.0 == id && until > now => {
+                held.1 = Some(until);
+                self.unique_expiries.insert((until, key));
+            }
+            Some(held) if held.0 == id => {
+                self.unique.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets the unique keys whose ttl ended.
+    fn forget_unique_keys(&mut self, now: Instant) {
+        while let Some((until, key)) = self.unique_expiries.first().cloned() {
+            if until > now {
+                break;
+            }
+            self.unique_expiries.pop_first();
+            if self
+                .unique
+                .get(&key)
+                .is_some_and(|held| held.1 == Some(until))
+            {
+                self.unique.remove(&key);
+            }
+        }
+    }
+
     fn complete(&mut self, id: JobId) {
+        self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
@@ -349,6 +393,7 @@ impl LeaseState {
     }
 
     fn bury(&mut self, id: JobId, reason: String, retention: usize) {
+        self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
@@ -364,14 +409,19 @@ impl LeaseState {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
             job.validate(self.max_payload_bytes)?;
         }
         let now = Instant::now();
         let mut state = lock(&self.state);
-        let mut ids = Vec::with_capacity(jobs.len());
+        state.forget_unique_keys(now);
+        let mut out = Vec::with_capacity(jobs.len());
         for new in jobs {
+            if let Some(holder) = new.unique.as_ref().and_then(|u| state.unique.get(&u.key)) {
+                out.push(Enqueued::Existing(holder.0));
+                continue;
+            }
             let id = JobId::new();
             let job = Job {
                 id,
@@ -388,9 +438,13 @@ impl LeaseStore for MemoryLeaseStore {
             queue.priority.insert(id, new.priority);
             state.jobs.insert(id, job);
             state.park(id, now + new.delay, now);
-            ids.push(id);
+            if let Some(unique) = new.unique {
+                state.unique.insert(unique.key.clone(), (id, None));
+                state.job_unique.insert(id, (unique.key, now + unique.ttl));
+            }
+            out.push(Enqueued::Added(id));
         }
-        Ok(ids)
+        Ok(out)
     }
 
     async fn claim_kinds(

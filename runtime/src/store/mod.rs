@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
-use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
+use crate::job::{Claim, DeadJob, Enqueued, NewJob, QueueCounts, Settlement};
 pub use crate::mutation::{Mutation, Value};
 
 pub mod epoch;
@@ -43,8 +43,20 @@ pub mod redis;
 /// The coordinator's state: queues, leases and per-scope fencing counters.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Adds jobs; all or none.
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>>;
+    /// Adds jobs; all or none. A job whose unique key another job holds (an earlier one of
+    /// the same batch included) is not added: its entry is that job's id, as
+    /// [`Enqueued::Existing`].
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>>;
+
+    /// [`enqueue_all`](Self::enqueue_all), the ids only (new or existing).
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        Ok(self
+            .enqueue_all(jobs)
+            .await?
+            .into_iter()
+            .map(Enqueued::id)
+            .collect())
+    }
 
     /// Claims up to `n` ready jobs of `queue` whose scope has no live lease, granting each a
     /// fresh lease id and the next fencing token, valid for `ttl` — only jobs whose kind is

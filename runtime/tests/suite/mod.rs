@@ -749,6 +749,125 @@ pub async fn operator_views_oldest_ready_role_and_journal(store: Arc<dyn LeaseSt
     assert_eq!(kept[0].token, 10 + store::REJECTION_JOURNAL as u64 + 4);
 }
 
+/// `NewJob::with_unique_key`: a second enqueue while the first job is pending, or within its
+/// ttl after it is done, adds nothing and returns the first job's id; a batch is still all or
+/// nothing; the key goes after completion or death plus the ttl.
+pub async fn unique_keys_make_enqueue_idempotent(store: Arc<dyn LeaseStore>) {
+    let ttl = Duration::from_millis(300);
+    let keyed = |queue: &str, key: &str, ttl: Duration| {
+        job("a").with_queue(queue).with_unique_key(key, ttl)
+    };
+    let first = store
+        .enqueue_all(vec![keyed("q1", "k", ttl)])
+        .await
+        .unwrap();
+    let Enqueued::Added(a) = first[0] else {
+        panic!("{first:?}")
+    };
+    // Pending: the same key in another queue, of another kind, is still the same key.
+    let again = store
+        .enqueue_all(vec![job("b").with_queue("q2").with_unique_key("k", ttl)])
+        .await
+        .unwrap();
+    assert_eq!(again, vec![Enqueued::Existing(a)]);
+    assert_eq!(store.counts("q2").await.unwrap(), QueueCounts::default());
+
+    // In one batch, the second job with a key is turned away by the first.
+    let batch = store
+        .enqueue_all(vec![
+            keyed("q3", "x", ttl),
+            keyed("q3", "x", ttl),
+            job("c").with_queue("q3"),
+        ])
+        .await
+        .unwrap();
+    let (Enqueued::Added(c), Enqueued::Existing(c2), Enqueued::Added(_)) =
+        (batch[0], batch[1], batch[2])
+    else {
+        panic!("{batch:?}")
+    };
+    assert_eq!(c, c2);
+    assert_eq!(store.counts("q3").await.unwrap().ready, 2);
+
+    // Running, then done: held until the ttl (from enqueue) ends, then free.
+    let lease = store
+        .claim("q1", "suite", 1, TTL)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(lease.job.id, a);
+    let running = store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap();
+    assert_eq!(running, vec![a]);
+    settle(&*store, lease.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap(),
+        vec![a]
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let later = store
+        .enqueue_all(vec![keyed("q1", "k", ttl)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(later[0], Enqueued::Added(id) if id != a),
+        "{later:?}"
+    );
+
+    // A zero ttl holds only while the job is pending; death gives the key up too.
+    for (queue, end) in [
+        ("q4", Settlement::Complete),
+        (
+            "q5",
+            Settlement::Dead {
+                reason: "no".into(),
+            },
+        ),
+    ] {
+        let held = store
+            .enqueue(vec![keyed(queue, queue, Duration::ZERO)])
+            .await
+            .unwrap();
+        let lease = store
+            .claim(queue, "suite", 1, TTL)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        assert_eq!(lease.job.id, held[0]);
+        settle(&*store, lease.lease.id, end).await.unwrap();
+        let next = store
+            .enqueue_all(vec![keyed(queue, queue, Duration::ZERO)])
+            .await
+            .unwrap();
+        assert!(
+            matches!(next[0], Enqueued::Added(id) if id != held[0]),
+            "{queue}: {next:?}"
+        );
+    }
+
+    // Bad keys refuse the whole batch.
+    for bad in ["", "a\nb"] {
+        let refused = store
+            .enqueue_all(vec![keyed("q6", "fine", ttl), keyed("q6", bad, ttl)])
+            .await;
+        assert!(
+            matches!(refused, Err(Error::InvalidJob(_))),
+            "{bad:?}: {refused:?}"
+        );
+    }
+    let too_long = store.enqueue(vec![keyed("q6", "t", MAX_DELAY * 2)]).await;
+    assert!(matches!(too_long, Err(Error::InvalidJob(_))));
+    assert_eq!(store.counts("q6").await.unwrap(), QueueCounts::default());
+    let fine = store
+        .enqueue_all(vec![keyed("q6", "fine", ttl)])
+        .await
+        .unwrap();
+    assert!(matches!(fine[0], Enqueued::Added(_)));
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -771,6 +890,7 @@ macro_rules! lease_store_suite {
             claims_only_the_kinds_asked_for,
             the_watermark_stays_below_every_live_lease,
             operator_views_oldest_ready_role_and_journal,
+            unique_keys_make_enqueue_idempotent,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -20,7 +20,8 @@ use super::scripts::{
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DELAY,
 };
 use crate::store::epoch::EpochSource;
 use crate::store::{
@@ -145,7 +146,7 @@ impl RedisLeaseStore {
 
 #[async_trait]
 impl LeaseStore for RedisLeaseStore {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
             job.validate(self.max_payload_bytes)?;
         }
@@ -164,6 +165,9 @@ impl LeaseStore for RedisLeaseStore {
                 max_stalls: job.max_stalls,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
+            let (unique_key, unique_ttl) = job
+                .unique
+                .map_or((String::new(), 0), |u| (u.key, u.ttl.as_millis() as u64));
             // A job in its default scope stores none: no other job can share it.
             invocation
                 .arg(id.to_string())
@@ -172,15 +176,33 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
                 .arg(job.priority)
                 .arg(job.delay.as_millis() as u64)
-                .arg(meta);
+                .arg(meta)
+                .arg(unique_key)
+                .arg(unique_ttl);
         }
         round_trip("enqueue");
         let mut conn = self.conn().await?;
-        let _: u64 = invocation
+        let used: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        Ok(ids)
+        if used.len() != ids.len() {
+            return Err(garbage(format_args!(
+                "enqueue answered {} ids for {} jobs",
+                used.len(),
+                ids.len()
+            )));
+        }
+        ids.into_iter()
+            .zip(used)
+            .map(|(id, used)| {
+                if used == id.to_string() {
+                    Ok(Enqueued::Added(id))
+                } else {
+                    Ok(Enqueued::Existing(JobId::from(parse::<uuid::Uuid>(&used)?)))
+                }
+            })
+            .collect()
     }
 
     async fn claim_kinds(
