@@ -705,3 +705,75 @@ fn concurrent_unique_enqueues_from_many_processes_add_one_job() {
     assert_eq!(turned_away, 7);
     assert_eq!(counts(&redis)["ready"], 1);
 }
+
+/// The pid of the worker holding the scheduler role (`<pid>/<uuid>` in the role's key).
+fn scheduler_pid(redis: &RedisServer) -> Option<String> {
+    let holder = redis.cli(&["GET", "{palisade}:role:scheduler"])?;
+    holder.split('/').next().map(str::to_owned)
+}
+
+#[test]
+fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    palisade(
+        &redis,
+        &[
+            "schedule",
+            "add",
+            "tick",
+            "* * * * * *",
+            "email.send",
+            r#"{"to":"ops@example.com","millis":5}"#,
+        ],
+    );
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|i| WorkerProcess::start(&redis, &sink, &format!("sched-{i}"), "2s"))
+        .collect();
+    let started = Instant::now();
+    let holder = |workers: &[WorkerProcess]| {
+        let pid = scheduler_pid(&redis)?;
+        workers.iter().position(|w| w.pid() == pid)
+    };
+    std::thread::sleep(Duration::from_secs(8));
+    // The leader pauses across several ticks (its role lapses; another takes over), then
+    // wakes into a world that moved on.
+    let leader = holder(&workers).expect("a scheduler holds the role");
+    workers[leader].signal("-STOP");
+    std::thread::sleep(Duration::from_secs(6));
+    workers[leader].signal("-CONT");
+    std::thread::sleep(Duration::from_secs(8));
+    // The current leader is killed mid-run and restarted.
+    let leader = holder(&workers).expect("a scheduler holds the role");
+    workers[leader] = WorkerProcess::start(&redis, &sink, "sched-restarted", "2s");
+    while started.elapsed() < Duration::from_secs(66) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    palisade(&redis, &["schedule", "remove", "tick"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let keys = redis
+        .cli(&["KEYS", "{palisade}:unique:schedule:tick:*"])
+        .unwrap_or_default();
+    let mut ticks: Vec<i64> = keys
+        .lines()
+        .filter_map(|k| k.rsplit(':').next()?.parse().ok())
+        .collect();
+    ticks.sort();
+    assert!(ticks.len() >= 60, "{} ticks fired", ticks.len());
+    // Every second from the first tick to the last has its tick: none skipped.
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            1000,
+            "a tick is missing after {}",
+            pair[0]
+        );
+    }
+    // And exactly one job per tick: every job the schedule enqueued is accounted for once.
+    wait_for("the ticks' jobs to finish", Duration::from_secs(30), || {
+        counts(&redis)["ready"] == 0 && counts(&redis)["leased"] == 0
+    });
+    let c = counts(&redis);
+    let jobs = c["completed"].as_u64().unwrap() + c["dead"].as_u64().unwrap();
+    assert_eq!(jobs, ticks.len() as u64, "{c}");
+    drop(workers);
+}

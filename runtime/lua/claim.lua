@@ -4,7 +4,8 @@
 --          to make ready in this call, ARGV[5] k, ARGV[6..5+k] the kinds the worker handles
 --          (k = 0: every kind), then one fresh random lease id per job wanted
 --          (n = #ARGV - 5 - k)
--- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls}
+-- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls};
+--          none while the queue is paused ({prefix}:paused)
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
@@ -13,6 +14,10 @@ local base, queue, worker, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local k = tonumber(ARGV[5])
 local first_lease = 6 + k
 local n = #ARGV - first_lease + 1
+-- A paused queue hands out nothing (and promotes nothing): its jobs wait where they are.
+if redis.call('SISMEMBER', base .. 'paused', queue) == 1 then
+  return {}
+end
 local epoch = epoch_intact(base)
 if not epoch then
   return redis.error_reply('PALISADE_EPOCH token counters are not proven intact')

@@ -71,6 +71,8 @@ mod policy;
 mod relay;
 mod renewal;
 mod sampler;
+mod schedule;
+mod scheduler;
 mod sink;
 pub mod store;
 mod worker;
@@ -88,6 +90,8 @@ pub use job::{
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
 pub use relay::{OutboxRelay, RelayConfig, Target};
+pub use schedule::{CatchUp, Schedule, ScheduleSpec, TICK_KEY_TTL};
+pub use scheduler::Scheduler;
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
 pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};

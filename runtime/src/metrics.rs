@@ -64,6 +64,9 @@ pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_second
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
 /// One lease renewal round trip (all of a worker's leases in one call).
 pub const RENEWAL_DURATION: &str = "palisade_renewal_duration_seconds";
+/// Schedule ticks fired by the scheduler role holder. Labels: schedule, outcome (enqueued,
+/// or existing: another scheduler had enqueued the tick's job).
+pub const SCHEDULE_TICKS: &str = "palisade_schedule_ticks_total";
 
 /// Histogram buckets of every `_seconds` histogram: a millisecond to ten minutes, so one set
 /// fits claim latency, renewals and handler run times alike.
@@ -93,6 +96,7 @@ pub const ALL: &[&str] = &[
     QUEUE_OLDEST_READY_AGE,
     CLAIM_TO_START,
     RENEWAL_DURATION,
+    SCHEDULE_TICKS,
 ];
 
 /// Registers help text for every Palisade metric with the installed recorder.
@@ -137,6 +141,10 @@ pub fn describe() {
         CLAIM_TO_START,
         Unit::Seconds,
         "From sending the claim that granted a lease to its handler starting"
+    );
+    describe_counter!(
+        SCHEDULE_TICKS,
+        "Schedule ticks fired, by schedule and outcome (enqueued, or existing)"
     );
     describe_histogram!(
         RENEWAL_DURATION,

@@ -426,6 +426,30 @@ impl LeaseStore for FlakyRenewals {
     fn watermark(&self) -> Option<FencingToken> {
         self.inner.watermark()
     }
+    async fn now_ms(&self) -> Result<i64> {
+        self.inner.now_ms().await
+    }
+    async fn schedules(&self) -> Result<Vec<palisade::ScheduleSpec>> {
+        self.inner.schedules().await
+    }
+    async fn put_schedule(&self, spec: palisade::ScheduleSpec) -> Result<()> {
+        self.inner.put_schedule(spec).await
+    }
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        self.inner.remove_schedule(name).await
+    }
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        self.inner.schedule_mark(name).await
+    }
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        self.inner.advance_schedule(name, through).await
+    }
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.inner.set_paused(queue, paused).await
+    }
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.inner.paused().await
+    }
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
         self.inner.oldest_ready(queue).await
     }
@@ -642,4 +666,37 @@ async fn drain_waits_for_running_handlers() {
         .unwrap();
     assert_eq!(drained, Drained::default());
     assert_eq!(h.counts().await.completed, 5);
+}
+
+/// Two schedulers on one coordinator (real time: schedules fire by the coordinator's wall
+/// clock): one job per tick, not two, and the mark follows.
+#[actix::test]
+async fn two_schedulers_fire_each_tick_once() {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let every_second = || {
+        Schedule::new(
+            "tick",
+            "* * * * * *",
+            NewJob::raw("report", "null").with_queue("cron"),
+        )
+        .unwrap()
+    };
+    let started = store.now_ms().await.unwrap();
+    let _a = Scheduler::new(store.clone(), vec![every_second()])
+        .with_interval(Duration::from_millis(20))
+        .start();
+    let _b = Scheduler::new(store.clone(), vec![every_second()])
+        .with_interval(Duration::from_millis(20))
+        .start();
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    let ended = store.now_ms().await.unwrap();
+    // Whole seconds in (started, ended]: each fired once (give or take the last look).
+    let ticks = (ended / 1000 - started / 1000) as u64;
+    let ready = store.counts("cron").await.unwrap().ready;
+    assert!(
+        ready == ticks || ready + 1 == ticks,
+        "{ready} jobs for {ticks} ticks"
+    );
+    let mark = store.schedule_mark("tick").await.unwrap().unwrap();
+    assert!(mark > started && mark <= ended, "{mark}");
 }

@@ -84,6 +84,30 @@ mod delegate {
         async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
             self.store.purge_dead(q, limit).await
         }
+        async fn now_ms(&self) -> Result<i64> {
+            self.store.now_ms().await
+        }
+        async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+            self.store.schedules().await
+        }
+        async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+            self.store.put_schedule(spec).await
+        }
+        async fn remove_schedule(&self, name: &str) -> Result<bool> {
+            self.store.remove_schedule(name).await
+        }
+        async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+            self.store.schedule_mark(name).await
+        }
+        async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+            self.store.advance_schedule(name, through).await
+        }
+        async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+            self.store.set_paused(queue, paused).await
+        }
+        async fn paused(&self) -> Result<Vec<String>> {
+            self.store.paused().await
+        }
         async fn oldest_ready(&self, q: &str) -> Result<Option<Duration>> {
             self.store.oldest_ready(q).await
         }

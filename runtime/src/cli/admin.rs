@@ -198,6 +198,7 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             queues.push((queue, counts));
         }
         let leases = store.leases(args.leases).await?;
+        let paused = store.paused().await?;
         let mut out: Vec<String> = Vec::new();
         let highest = match &args.scope {
             Some(scope) => Some(store.highest_token(&Scope::new(scope.as_str())).await?),
@@ -214,6 +215,7 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 "scope": args.scope.as_ref().map(|s| json!({
                     "scope": s, "highest_token": highest.flatten(),
                 })),
+                "paused": paused,
             });
             return print_lines(std::iter::once(json.to_string()));
         }
@@ -222,8 +224,9 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             "queue", "ready", "waiting", "delayed", "leased", "completed", "dead"
         ));
         for (queue, c) in &queues {
+            let mark = if paused.contains(queue) { "  (paused)" } else { "" };
             out.push(format!(
-                "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
+                "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}{mark}",
                 c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead
             ));
         }
@@ -325,5 +328,176 @@ mod tests {
         assert_eq!(fill("plain", "not json").unwrap(), "plain");
         assert!(fill("account:{missing}", p).is_err());
         assert!(fill("account:{account", p).is_err());
+    }
+}
+
+/// `pause` and `resume`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct QueueArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The queue.
+    queue: String,
+}
+
+/// Pauses or resumes claims from a queue; nothing is moved or lost either way.
+pub(super) fn set_paused(args: QueueArgs, paused: bool) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        store.set_paused(&args.queue, paused).await?;
+        let what = if paused {
+            "paused: workers claim nothing from it until `resume`"
+        } else {
+            "resumed"
+        };
+        print_lines(std::iter::once(format!("queue {} {what}", args.queue)))
+    })
+}
+
+/// `schedule list|add|remove`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum ScheduleCommand {
+    /// Every schedule — this binary's and those kept in Redis — with when it last fired and
+    /// when it fires next.
+    List {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Keep a schedule in Redis; workers pick it up within a second.
+    Add(ScheduleAddArgs),
+    /// Remove a schedule kept in Redis.
+    Remove {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// `schedule add`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct ScheduleAddArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Name (replaces a kept schedule of that name).
+    name: String,
+    /// Cron pattern: 5 fields, or 6 with seconds first (`'*/10 * * * * *'`).
+    pattern: String,
+    /// Job kind, one of the kinds this binary handles.
+    kind: String,
+    /// Payload as JSON, checked against the kind's payload type.
+    json: String,
+    /// IANA time zone the pattern is read in.
+    #[arg(long, default_value = "UTC")]
+    tz: String,
+    /// Queue.
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Protected scope of each tick's job (default: the job's own).
+    #[arg(long)]
+    scope: Option<String>,
+    /// Ticks missed for longer than --grace: none, last, or all:N (the latest N).
+    #[arg(long, default_value = "last", value_parser = parse_catch_up)]
+    catch_up: crate::CatchUp,
+    /// A tick late by at most this much still fires.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+}
+
+fn parse_catch_up(s: &str) -> Result<crate::CatchUp, String> {
+    match s {
+        "none" => Ok(crate::CatchUp::None),
+        "last" => Ok(crate::CatchUp::Last),
+        _ => s
+            .strip_prefix("all:")
+            .and_then(|n| n.parse().ok())
+            .map(crate::CatchUp::All)
+            .ok_or_else(|| format!("{s:?}: want none, last or all:N")),
+    }
+}
+
+/// Runs `schedule list|add|remove`.
+pub(super) fn schedule(
+    command: ScheduleCommand,
+    registry: &Registry,
+    declared: &[crate::Schedule],
+) -> anyhow::Result<()> {
+    match command {
+        ScheduleCommand::Add(args) => {
+            registry.check(&args.kind, &args.json)?;
+            let mut job = NewJob::raw(&args.kind, &args.json).with_queue(&args.queue);
+            if let Some(scope) = &args.scope {
+                job = job.with_scope(scope.as_str());
+            }
+            let schedule = crate::Schedule::new(&args.name, &args.pattern, job)?
+                .in_time_zone(&args.tz)?
+                .with_catch_up(args.catch_up)
+                .with_grace(args.grace);
+            if declared.iter().any(|d| d.name() == args.name) {
+                bail!("this binary declares a schedule named {:?}; a kept one would be ignored", args.name);
+            }
+            runtime()?.block_on(async {
+                let (_, store) = args.redis.store().await?;
+                store.put_schedule(schedule.spec().clone()).await?;
+                print_lines(std::iter::once(format!("schedule {} kept", args.name)))
+            })
+        }
+        ScheduleCommand::Remove { redis, name } => runtime()?.block_on(async {
+            let (_, store) = redis.store().await?;
+            if !store.remove_schedule(&name).await? {
+                bail!("no kept schedule named {name:?}");
+            }
+            print_lines(std::iter::once(format!("schedule {name} removed")))
+        }),
+        ScheduleCommand::List { redis, json } => runtime()?.block_on(async {
+            let (_, store) = redis.store().await?;
+            let now = store.now_ms().await?;
+            let mut rows = Vec::new();
+            let kept = store.schedules().await?;
+            let all = declared
+                .iter()
+                .map(|s| (s.clone(), "code"))
+                .chain(kept.into_iter().filter_map(|spec| {
+                    crate::Schedule::try_from(spec).ok().map(|s| (s, "kept"))
+                }));
+            for (schedule, source) in all {
+                let mark = store.schedule_mark(schedule.name()).await?;
+                rows.push((schedule.clone(), source, mark, schedule.next_tick(now)));
+            }
+            let when = |ms: Option<i64>| {
+                ms.and_then(|ms| u64::try_from(ms).ok())
+                    .map(|ms| {
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + Duration::from_millis(ms),
+                        )
+                        .to_string()
+                    })
+                    .unwrap_or_else(|| "-".into())
+            };
+            if json {
+                let out: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|(s, source, mark, next)| {
+                        json!({"schedule": s.spec(), "source": source, "handled_through_ms": mark, "next_ms": next})
+                    })
+                    .collect();
+                return print_lines(std::iter::once(serde_json::Value::from(out).to_string()));
+            }
+            let mut out = vec![format!(
+                "{:<24} {:<20} {:<16} {:<6} {:<22} {:<22} kind",
+                "name", "pattern", "time zone", "source", "handled through", "next tick"
+            )];
+            for (s, source, mark, next) in &rows {
+                let spec = s.spec();
+                out.push(format!(
+                    "{:<24} {:<20} {:<16} {:<6} {:<22} {:<22} {}",
+                    spec.name, spec.pattern, spec.time_zone, source, when(*mark), when(*next), spec.job.kind
+                ));
+            }
+            print_lines(out.into_iter())
+        }),
     }
 }

@@ -48,6 +48,8 @@ use crate::RedisLeaseStore;
 pub struct App {
     registry: Registry,
     sinks: Vec<String>,
+    /// Recurring jobs given in code; a bad one is reported when the binary runs.
+    schedules: Vec<crate::Result<crate::Schedule>>,
     name: String,
     about: String,
     version: String,
@@ -77,6 +79,14 @@ enum Builtin {
     /// List or retry the outbox entries of the postgres:// sinks.
     #[command(subcommand)]
     Outbox(relay::OutboxCommand),
+    /// List, add or remove recurring schedules (those kept in Redis; `list` also shows the
+    /// ones this binary declares).
+    #[command(subcommand)]
+    Schedule(admin::ScheduleCommand),
+    /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
+    Pause(admin::QueueArgs),
+    /// Let workers claim from a paused queue again.
+    Resume(admin::QueueArgs),
     /// Serve the operator page: queues, live leases, fence rejections, dead jobs (retry,
     /// purge) on 127.0.0.1:8080 until SIGTERM / SIGINT.
     Ui(ui::UiArgs),
@@ -93,6 +103,7 @@ impl App {
         Self {
             registry,
             sinks: Vec::new(),
+            schedules: Vec::new(),
             name,
             about: "Fenced job workers built on Palisade.".into(),
             version: format!("(palisade {})", env!("CARGO_PKG_VERSION")),
@@ -106,6 +117,23 @@ impl App {
     /// with `<prefix>-<name>:`.
     pub fn sink(mut self, name: impl Into<String>) -> Self {
         self.sinks.push(name.into());
+        self
+    }
+
+    /// A recurring job: `job` is enqueued at every tick of the cron `pattern` (5 fields, or 6
+    /// with seconds first; UTC), exactly once per tick however many workers run — every
+    /// `worker` may take the scheduler role (see [`Scheduler`](crate::Scheduler)). For a time
+    /// zone or a catch-up policy, use [`App::schedule_with`]. A bad pattern makes every
+    /// subcommand fail with the reason.
+    pub fn schedule(mut self, name: impl Into<String>, pattern: &str, job: crate::NewJob) -> Self {
+        self.schedules
+            .push(crate::Schedule::new(name, pattern, job));
+        self
+    }
+
+    /// A recurring job built with [`Schedule`](crate::Schedule)'s options.
+    pub fn schedule_with(mut self, schedule: crate::Result<crate::Schedule>) -> Self {
+        self.schedules.push(schedule);
         self
     }
 
@@ -185,6 +213,7 @@ impl App {
             sinks,
             extra,
             name,
+            schedules,
             ..
         } = self;
         if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
@@ -206,14 +235,24 @@ impl App {
             },
             json,
         );
+        let schedules = match schedules.into_iter().collect::<crate::Result<Vec<_>>>() {
+            Ok(schedules) => schedules,
+            Err(e) => {
+                eprintln!("{name}: a schedule given in code is invalid: {e}");
+                return ExitCode::from(2);
+            }
+        };
         let result = match builtin {
-            Builtin::Worker(args) => worker::run(args, registry, &sinks),
+            Builtin::Worker(args) => worker::run(args, registry, &sinks, schedules),
+            Builtin::Schedule(command) => admin::schedule(command, &registry, &schedules),
             Builtin::Enqueue(args) => admin::enqueue(args, &registry),
             Builtin::Status(args) => admin::status(args),
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
             Builtin::Ui(args) => ui::run(args),
+            Builtin::Pause(args) => admin::set_paused(args, true),
+            Builtin::Resume(args) => admin::set_paused(args, false),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

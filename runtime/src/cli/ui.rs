@@ -60,6 +60,8 @@ pub(crate) struct Snapshot {
     pub source: String,
     /// Queues with their counts and how long the next ready job has waited.
     pub queues: Vec<(String, QueueCounts, Option<Duration>)>,
+    /// Paused queues.
+    pub paused: Vec<String>,
     /// Live leases, soonest to expire first.
     pub leases: Vec<LeaseInfo>,
     /// Recent fence rejections, newest first.
@@ -83,6 +85,7 @@ async fn snapshot(store: &dyn LeaseStore, source: &str, rows: usize) -> crate::R
         }
         snap.queues.push((queue, counts, oldest));
     }
+    snap.paused = store.paused().await?;
     snap.leases = store.leases(rows).await?;
     snap.rejections = store.rejections(rows).await?;
     Ok(snap)
@@ -148,7 +151,7 @@ pub(crate) fn render(snap: &Snapshot, csrf: &str, msg: Option<&str>) -> Markup {
                              th { "leased" } th { "dead" } th { "completed" } th { "next ready job waiting" } }
                         @for (queue, c, oldest) in &snap.queues {
                             tr data-queue=(queue) {
-                                td { (queue) }
+                                td { (queue) @if snap.paused.contains(queue) { " " em.paused { "(paused)" } } }
                                 td.n data-state="ready" { (c.ready) }
                                 td.n data-state="waiting" { (c.waiting) }
                                 td.n data-state="delayed" { (c.delayed) }

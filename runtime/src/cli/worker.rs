@@ -58,6 +58,10 @@ pub(super) struct WorkerArgs {
     /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
     #[arg(long = "sink", value_name = "NAME=URL")]
     sinks: Vec<String>,
+    /// Do not take the scheduler role (by default every worker may: one at a time fires the
+    /// binary's schedules and those kept in Redis).
+    #[arg(long)]
+    no_scheduler: bool,
     /// Also run an outbox relay for every postgres:// sink in this process (see `relay`).
     #[arg(long)]
     relay: bool,
@@ -168,7 +172,12 @@ pub(super) fn sink_urls(
 }
 
 /// Runs the worker process until SIGTERM / SIGINT, then drains.
-pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> anyhow::Result<()> {
+pub(super) fn run(
+    args: WorkerArgs,
+    registry: Registry,
+    declared: &[String],
+    schedules: Vec<crate::Schedule>,
+) -> anyhow::Result<()> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms (it is renewed every third of it)");
     }
@@ -260,7 +269,10 @@ pub(super) fn run(args: WorkerArgs, registry: Registry, declared: &[String]) -> 
         } else {
             Vec::new()
         };
-        let coordinator = Coordinator::new(Arc::new(store))
+        let store: Arc<dyn crate::LeaseStore> = Arc::new(store);
+        let _scheduler = (!args.no_scheduler)
+            .then(|| crate::Scheduler::new(store.clone(), schedules.clone()).start());
+        let coordinator = Coordinator::new(store)
             .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
             // Only a process that exports metrics may take the sampler role.
             .with_sample_interval(args.metrics.map(|_| Duration::from_secs(5)))

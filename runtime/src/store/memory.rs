@@ -27,10 +27,11 @@ use crate::job::{
 };
 use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
+use crate::schedule::ScheduleSpec;
 use crate::store::{
-    check_role_ttl, collect_budget, promotions_per_claim, FencedStore, FencedWrite, LeaseInfo,
-    LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
-    REJECTION_JOURNAL,
+    check_role_ttl, check_schedule, collect_budget, promotions_per_claim, unix_ms, FencedStore,
+    FencedWrite, LeaseInfo, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
+    MAX_DEAD_RETENTION, REJECTION_JOURNAL,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +84,11 @@ struct LeaseState {
     job_unique: HashMap<JobId, (String, Instant)>,
     /// Keys of done jobs by the end of their ttl, to forget them then.
     unique_expiries: BTreeSet<(Instant, String)>,
+    /// Paused queues: claims from them hand out nothing.
+    paused: BTreeSet<String>,
+    /// Kept schedules by name, and how far each schedule has been handled.
+    schedules: BTreeMap<String, ScheduleSpec>,
+    schedule_marks: HashMap<String, i64>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -461,6 +467,9 @@ impl LeaseStore for MemoryLeaseStore {
         let now = Instant::now();
         let expires_at = now + ttl;
         let mut state = lock(&self.state);
+        if state.paused.contains(queue) {
+            return Ok(Vec::new());
+        }
         state.promote_due(queue, now, promotions_per_claim(n));
         let Some(q) = state.queues.get(queue) else {
             return Ok(Vec::new());
@@ -753,6 +762,53 @@ impl LeaseStore for MemoryLeaseStore {
             }
             None => 0,
         })
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        Ok(unix_ms() as i64)
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        Ok(lock(&self.state).schedules.values().cloned().collect())
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        check_schedule(&spec)?;
+        lock(&self.state).schedules.insert(spec.name.clone(), spec);
+        Ok(())
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        Ok(lock(&self.state).schedules.remove(name).is_some())
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        Ok(lock(&self.state).schedule_marks.get(name).copied())
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        let mut state = lock(&self.state);
+        let mark = state
+            .schedule_marks
+            .entry(name.to_owned())
+            .or_insert(through);
+        *mark = (*mark).max(through);
+        Ok(())
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut state = lock(&self.state);
+        if paused {
+            state.paused.insert(queue.to_owned());
+        } else {
+            state.paused.remove(queue);
+        }
+        Ok(())
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        Ok(lock(&self.state).paused.iter().cloned().collect())
     }
 
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {

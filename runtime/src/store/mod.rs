@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
 use crate::job::{Claim, DeadJob, Enqueued, NewJob, QueueCounts, Settlement};
 pub use crate::mutation::{Mutation, Value};
+use crate::schedule::{Schedule, ScheduleSpec};
 
 pub mod epoch;
 
@@ -122,6 +123,34 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 
+    /// Pauses (`true`) or resumes a queue: while paused, claims from it hand out nothing;
+    /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
+    /// usual), so nothing is lost.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// The paused queues, sorted.
+    async fn paused(&self) -> Result<Vec<String>>;
+
+    /// The coordinator's clock, in ms since the Unix epoch: schedules fire by it, so hosts
+    /// whose clocks disagree agree on what is due.
+    async fn now_ms(&self) -> Result<i64>;
+
+    /// Schedules kept in the coordinator (`palisade schedule add`), by name.
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>>;
+
+    /// Adds or replaces a kept schedule (checked first: a bad one is refused).
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()>;
+
+    /// Removes a kept schedule; `true` if there was one.
+    async fn remove_schedule(&self, name: &str) -> Result<bool>;
+
+    /// The instant schedule `name` has been handled through (ms), if it ever fired.
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>>;
+
+    /// Raises schedule `name`'s mark to `through`; never lowers it (a scheduler that woke
+    /// from a pause cannot send it back).
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()>;
+
     /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
     /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
     /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
@@ -173,6 +202,11 @@ pub struct RejectionNote {
     pub reason: String,
     /// The rejection in words.
     pub detail: String,
+}
+
+/// Checks a schedule before it is kept (the same check on every backend).
+pub(crate) fn check_schedule(spec: &ScheduleSpec) -> Result<()> {
+    Schedule::try_from(spec.clone()).map(drop)
 }
 
 /// Now, in ms since the Unix epoch (0 on a clock before it).

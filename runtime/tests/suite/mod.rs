@@ -868,6 +868,102 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Arc<dyn LeaseStore>) {
     assert!(matches!(fine[0], Enqueued::Added(_)));
 }
 
+/// `set_paused`: claims from a paused queue hand out nothing, while its running job renews and
+/// completes, enqueue still adds, other queues run on; resumed, every job is there.
+pub async fn a_paused_queue_hands_out_nothing_and_loses_nothing(store: Arc<dyn LeaseStore>) {
+    store
+        .enqueue(vec![
+            job("a"),
+            job("a"),
+            job("a"),
+            job("b").with_queue("other"),
+        ])
+        .await
+        .unwrap();
+    let running = claim(&*store, 1).await.pop().unwrap();
+    store.set_paused("default", true).await.unwrap();
+    store.set_paused("default", true).await.unwrap(); // twice is once
+    assert_eq!(store.paused().await.unwrap(), vec!["default".to_owned()]);
+    assert!(claim(&*store, 5).await.is_empty());
+    store
+        .enqueue(vec![job("a").with_delay(Duration::from_millis(1))])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(claim(&*store, 5).await.is_empty());
+    assert_eq!(
+        store.renew(&[running.lease.id], TTL).await.unwrap(),
+        Vec::<LeaseId>::new()
+    );
+    settle(&*store, running.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let other = store.claim("other", "suite", 5, TTL).await.unwrap();
+    assert_eq!(other.len(), 1, "another queue is not paused");
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.completed), (3, 1), "{counts:?}");
+
+    assert!(matches!(
+        store.set_paused("", true).await,
+        Err(Error::InvalidJob(_))
+    ));
+    store.set_paused("default", false).await.unwrap();
+    store.set_paused("never-paused", false).await.unwrap();
+    assert!(store.paused().await.unwrap().is_empty());
+    assert_eq!(claim(&*store, 5).await.len(), 3);
+}
+
+/// Schedules kept in the coordinator, and each schedule's mark, which never goes back.
+pub async fn kept_schedules_and_their_marks(store: Arc<dyn LeaseStore>) {
+    let now = store.now_ms().await.unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!((now - wall).abs() < 5_000, "{now} vs {wall}");
+
+    let spec = |name: &str, pattern: &str| ScheduleSpec {
+        name: name.to_owned(),
+        ..Schedule::new("x", "* * * * *", job("report"))
+            .unwrap()
+            .spec()
+            .clone()
+            .with_pattern(pattern)
+    };
+    assert!(store.schedules().await.unwrap().is_empty());
+    store.put_schedule(spec("b", "0 7 * * 1-5")).await.unwrap();
+    store
+        .put_schedule(spec("a", "*/5 * * * * *"))
+        .await
+        .unwrap();
+    store
+        .put_schedule(spec("a", "*/10 * * * * *"))
+        .await
+        .unwrap(); // replaces
+    let kept = store.schedules().await.unwrap();
+    let names: Vec<(&str, &str)> = kept
+        .iter()
+        .map(|s| (s.name.as_str(), s.pattern.as_str()))
+        .collect();
+    assert_eq!(names, vec![("a", "*/10 * * * * *"), ("b", "0 7 * * 1-5")]);
+    for bad in [spec("c", "not cron"), spec("", "* * * * *")] {
+        assert!(matches!(
+            store.put_schedule(bad).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    assert!(store.remove_schedule("a").await.unwrap());
+    assert!(!store.remove_schedule("a").await.unwrap());
+    assert_eq!(store.schedules().await.unwrap().len(), 1);
+
+    assert_eq!(store.schedule_mark("b").await.unwrap(), None);
+    store.advance_schedule("b", 1_000).await.unwrap();
+    store.advance_schedule("b", 500).await.unwrap(); // a woken scheduler cannot send it back
+    assert_eq!(store.schedule_mark("b").await.unwrap(), Some(1_000));
+    store.advance_schedule("b", 2_000).await.unwrap();
+    assert_eq!(store.schedule_mark("b").await.unwrap(), Some(2_000));
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -891,6 +987,8 @@ macro_rules! lease_store_suite {
             the_watermark_stays_below_every_live_lease,
             operator_views_oldest_ready_role_and_journal,
             unique_keys_make_enqueue_idempotent,
+            a_paused_queue_hands_out_nothing_and_loses_nothing,
+            kept_schedules_and_their_marks,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -14,8 +14,9 @@ use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Link};
 use super::scripts::{
-    decode_claim, decode_lease_row, decode_watermark, token, Meta, CLAIM, COUNTS, ENQUEUE,
-    ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW, RETRY_DEAD, SETTLE,
+    decode_claim, decode_lease_row, decode_watermark, token, Meta, ADVANCE_SCHEDULE, CLAIM, COUNTS,
+    ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW, RETRY_DEAD,
+    SETTLE,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
@@ -23,10 +24,11 @@ use crate::job::{
     Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_DELAY,
 };
+use crate::schedule::ScheduleSpec;
 use crate::store::epoch::EpochSource;
 use crate::store::{
-    check_role_ttl, promotions_per_claim, LeaseInfo, LeaseStore, Reaped, RejectionNote,
-    DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
+    check_role_ttl, check_schedule, promotions_per_claim, LeaseInfo, LeaseStore, Reaped,
+    RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
 };
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
@@ -535,6 +537,100 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        let mut conn = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("HVALS")
+            .arg(format!("{}schedules", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut specs = raw
+            .iter()
+            .map(|r| serde_json::from_str(r).map_err(garbage))
+            .collect::<Result<Vec<ScheduleSpec>>>()?;
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(specs)
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        check_schedule(&spec)?;
+        let json = serde_json::to_string(&spec).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        redis::cmd("HSET")
+            .arg(format!("{}schedules", self.base))
+            .arg(&spec.name)
+            .arg(json)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let removed: u64 = redis::cmd("HDEL")
+            .arg(format!("{}schedules", self.base))
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(removed > 0)
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        let mut conn = self.conn().await?;
+        let mark: Option<i64> = redis::cmd("HGET")
+            .arg(format!("{}schedule_marks", self.base))
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(mark)
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        let mut conn = self.conn().await?;
+        ADVANCE_SCHEDULE
+            .key(format!("{}schedule_marks", self.base))
+            .arg(name)
+            .arg(through)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut conn = self.conn().await?;
+        let key = format!("{}paused", self.base);
+        let command = if paused { "SADD" } else { "SREM" };
+        redis::cmd(command)
+            .arg(key)
+            .arg(queue)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}paused", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        queues.sort();
+        Ok(queues)
     }
 
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {

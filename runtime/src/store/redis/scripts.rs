@@ -42,6 +42,15 @@ pub(super) static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead
 pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 pub(super) static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
+/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, ARGV name and ms.
+pub(super) static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
+         if cur == nil or tonumber(ARGV[2]) > cur then \
+           redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
+         return 0",
+    )
+});
 /// Takes or keeps a role: KEYS[1] the role's key, ARGV holder and ttl ms; 1 if held.
 pub(super) static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

@@ -1,0 +1,312 @@
+//! Recurring schedules: a cron pattern (seconds optional) in a time zone and the job each tick
+//! enqueues. Pure: which ticks are due is a function of the last tick handled and "now" (the
+//! coordinator's clock); the [`Scheduler`](crate::Scheduler) actor does the I/O.
+//!
+//! Exactly one job per tick: each tick's job is enqueued with the unique key
+//! `schedule:<name>:<tick ms>`, so however many schedulers fire a tick — a paused leader that
+//! wakes, a restarted one, two that both believe they hold the role — the enqueue adds one job.
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone as _, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::job::{check_name, NewJob};
+
+/// How long a tick's unique key is held: a scheduler that fires a tick again within this
+/// long adds nothing.
+pub const TICK_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Longest schedule name: the tick's unique key (`schedule:<name>:<ms>`) must stay a name.
+pub const MAX_SCHEDULE_NAME_BYTES: usize = 400;
+
+/// What happens to ticks missed for longer than the grace period (an outage, every scheduler
+/// down): none are fired, only the latest, or the latest `n`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CatchUp {
+    /// Skip them.
+    None,
+    /// Fire the latest one.
+    #[default]
+    Last,
+    /// Fire the latest `n`.
+    All(u32),
+}
+
+/// A recurring job. Built with [`Schedule::new`], refined with the `with_*` methods.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(try_from = "ScheduleSpec", into = "ScheduleSpec")]
+pub struct Schedule {
+    spec: ScheduleSpec,
+    cron: Cron,
+    tz: Tz,
+}
+
+/// A schedule as stored and sent: plain data, checked when it becomes a [`Schedule`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleSpec {
+    /// Name (1..=400 bytes, no control characters).
+    pub name: String,
+    /// Cron pattern, 5 fields or 6 with seconds first: `0 7 * * 1-5`, `*/10 * * * * *`.
+    pub pattern: String,
+    /// IANA time zone the pattern is read in, e.g. `Europe/Berlin`.
+    pub time_zone: String,
+    /// Ticks missed for longer than `grace` (every scheduler down).
+    pub catch_up: CatchUp,
+    /// A tick late by at most this much is still fired (a scheduler that took over, a slow
+    /// round trip); older ones are missed and follow `catch_up`.
+    pub grace: Duration,
+    /// The job each tick enqueues (its unique key is set per tick).
+    pub job: NewJob,
+}
+
+impl ScheduleSpec {
+    /// The same schedule with another pattern (not checked until it becomes a [`Schedule`]).
+    pub fn with_pattern(mut self, pattern: &str) -> Self {
+        self.pattern = pattern.to_owned();
+        self
+    }
+}
+
+impl TryFrom<ScheduleSpec> for Schedule {
+    type Error = Error;
+
+    fn try_from(spec: ScheduleSpec) -> Result<Self> {
+        check_name("schedule name", &spec.name)?;
+        if spec.name.len() > MAX_SCHEDULE_NAME_BYTES {
+            return Err(Error::InvalidJob(format!(
+                "schedule name is {} bytes, the limit is {MAX_SCHEDULE_NAME_BYTES}",
+                spec.name.len()
+            )));
+        }
+        let cron = Cron::from_str(&spec.pattern).map_err(|e| {
+            Error::InvalidJob(format!(
+                "schedule {}: pattern {:?}: {e}",
+                spec.name, spec.pattern
+            ))
+        })?;
+        let tz: Tz = spec.time_zone.parse().map_err(|e| {
+            Error::InvalidJob(format!(
+                "schedule {}: time zone {:?}: {e}",
+                spec.name, spec.time_zone
+            ))
+        })?;
+        spec.job.validate(usize::MAX)?;
+        Ok(Self { spec, cron, tz })
+    }
+}
+
+impl From<Schedule> for ScheduleSpec {
+    fn from(schedule: Schedule) -> Self {
+        schedule.spec
+    }
+}
+
+impl Schedule {
+    /// Enqueues `job` at every tick of `pattern` (UTC; see [`Schedule::in_time_zone`]).
+    /// Fails on a bad name or pattern, or a job that would not validate.
+    pub fn new(name: impl Into<String>, pattern: &str, job: NewJob) -> Result<Self> {
+        Self::try_from(ScheduleSpec {
+            name: name.into(),
+            pattern: pattern.to_owned(),
+            time_zone: "UTC".into(),
+            catch_up: CatchUp::default(),
+            grace: Duration::from_secs(60),
+            job,
+        })
+    }
+
+    /// Reads the pattern in the IANA time zone `tz` (daylight saving handled by the zone).
+    pub fn in_time_zone(mut self, tz: &str) -> Result<Self> {
+        self.spec.time_zone = tz.to_owned();
+        Self::try_from(self.spec)
+    }
+
+    /// Sets what happens to ticks missed for longer than the grace period (default: fire the
+    /// latest one).
+    pub fn with_catch_up(mut self, catch_up: CatchUp) -> Self {
+        self.spec.catch_up = catch_up;
+        self
+    }
+
+    /// Sets how late a tick may be and still fire (default 60 s).
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.spec.grace = grace;
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Its plain description.
+    pub fn spec(&self) -> &ScheduleSpec {
+        &self.spec
+    }
+
+    /// The ticks to fire now (ms since the Unix epoch, oldest first) and the instant handled
+    /// through: every tick after `last` (exclusive; `None`: never handled, so it starts now
+    /// and fires nothing from before it existed) up to `now` (inclusive) that is within the
+    /// grace period, plus the missed ones `catch_up` asks for.
+    pub(crate) fn due(&self, last: Option<i64>, now: i64) -> (Vec<i64>, i64) {
+        let grace = i64::try_from(self.spec.grace.as_millis()).unwrap_or(i64::MAX);
+        let after = last.unwrap_or(now);
+        let keep_old = match self.spec.catch_up {
+            CatchUp::None => 0,
+            CatchUp::Last => 1,
+            CatchUp::All(n) => n as usize,
+        };
+        // Backwards from now: every recent tick, then at most `keep_old` older ones — bounded
+        // work however long every scheduler was down. Ticks are whole seconds.
+        let mut ticks = Vec::new();
+        let mut old = 0;
+        let mut at = self.at(now.div_euclid(1000) * 1000).and_then(|t| {
+            match self.cron.is_time_matching(&t) {
+                Ok(true) => Some(t),
+                _ => self.cron.find_previous_occurrence(&t, false).ok(),
+            }
+        });
+        while let Some(tick) = at {
+            let ms = tick.timestamp_millis();
+            if ms <= after {
+                break;
+            }
+            if now - ms > grace {
+                if old == keep_old {
+                    break;
+                }
+                old += 1;
+            }
+            ticks.push(ms);
+            at = self.cron.find_previous_occurrence(&tick, false).ok();
+        }
+        ticks.reverse();
+        (ticks, after.max(now))
+    }
+
+    /// The first tick after `ms`.
+    pub(crate) fn next_tick(&self, ms: i64) -> Option<i64> {
+        let at = self.at(ms)?;
+        let next = self.cron.find_next_occurrence(&at, false).ok()?;
+        Some(next.timestamp_millis())
+    }
+
+    /// The job for `tick`: this schedule's job, unique per tick.
+    pub(crate) fn job_for(&self, tick: i64) -> NewJob {
+        self.spec
+            .job
+            .clone()
+            .with_unique_key(format!("schedule:{}:{tick}", self.spec.name), TICK_KEY_TTL)
+    }
+
+    fn at(&self, ms: i64) -> Option<DateTime<Tz>> {
+        Utc.timestamp_millis_opt(ms)
+            .single()
+            .map(|t| t.with_timezone(&self.tz))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_second() -> Schedule {
+        Schedule::new("tick", "* * * * * *", NewJob::raw("k", "null")).unwrap()
+    }
+
+    const T: i64 = 1_790_000_000_000; // a whole second
+
+    #[test]
+    fn every_tick_after_the_last_one_up_to_now() {
+        let s = every_second();
+        assert_eq!(
+            s.due(Some(T), T + 2_500),
+            (vec![T + 1000, T + 2000], T + 2_500)
+        );
+        assert_eq!(s.due(Some(T + 2_500), T + 2_900), (vec![], T + 2_900));
+        assert_eq!(
+            s.due(Some(T + 2_900), T + 3_000),
+            (vec![T + 3000], T + 3_000)
+        );
+        // Never handled: it starts now, firing nothing from before.
+        assert_eq!(s.due(None, T + 2_500), (vec![], T + 2_500));
+        // A clock that went back handles nothing twice.
+        assert_eq!(s.due(Some(T + 5_000), T + 3_000), (vec![], T + 5_000));
+    }
+
+    #[test]
+    fn missed_ticks_follow_catch_up() {
+        let base = every_second().with_grace(Duration::from_secs(2));
+        let now = T + 100_000;
+        let recent = vec![now - 2000, now - 1000, now];
+        let (none, _) = base.clone().with_catch_up(CatchUp::None).due(Some(T), now);
+        assert_eq!(none, recent);
+        let (last, _) = base.clone().with_catch_up(CatchUp::Last).due(Some(T), now);
+        assert_eq!(last, [vec![now - 3000], recent.clone()].concat());
+        let (all, _) = base
+            .clone()
+            .with_catch_up(CatchUp::All(3))
+            .due(Some(T), now);
+        assert_eq!(
+            all,
+            [vec![now - 5000, now - 4000, now - 3000], recent].concat()
+        );
+        // All(n) never reaches before the last tick handled.
+        let (few, _) = base
+            .with_catch_up(CatchUp::All(1000))
+            .due(Some(now - 4500), now);
+        assert_eq!(
+            few,
+            vec![now - 4000, now - 3000, now - 2000, now - 1000, now]
+        );
+    }
+
+    #[test]
+    fn patterns_read_in_their_time_zone() {
+        // 07:00 on weekdays in Berlin: 2026-11-30 is a Monday, 07:00 CET = 06:00 UTC.
+        let s = Schedule::new("standup", "0 7 * * 1-5", NewJob::raw("k", "null"))
+            .unwrap()
+            .in_time_zone("Europe/Berlin")
+            .unwrap();
+        let six_utc = Utc
+            .with_ymd_and_hms(2026, 11, 30, 6, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(s.due(Some(six_utc - 1), six_utc + 10).0, vec![six_utc]);
+        assert!(s.due(Some(six_utc), six_utc + 3_600_000).0.is_empty());
+    }
+
+    #[test]
+    fn bad_schedules_are_refused_with_the_reason() {
+        let job = || NewJob::raw("k", "null");
+        for (name, pattern) in [("", "* * * * *"), ("x", "61 * * * *"), ("x", "nonsense")] {
+            let e = Schedule::new(name, pattern, job()).unwrap_err();
+            assert!(matches!(e, Error::InvalidJob(_)), "{e}");
+        }
+        assert!(Schedule::new("x".repeat(401), "* * * * *", job()).is_err());
+        let e = Schedule::new("x", "* * * * *", job())
+            .unwrap()
+            .in_time_zone("Mars/Olympus")
+            .unwrap_err();
+        assert!(e.to_string().contains("Mars/Olympus"), "{e}");
+        assert!(Schedule::new("x", "* * * * *", NewJob::raw("", "null")).is_err());
+    }
+
+    #[test]
+    fn each_tick_has_its_own_unique_key_and_specs_round_trip() {
+        let s = every_second();
+        let key = |tick| s.job_for(tick).unique.unwrap().key;
+        assert_eq!(key(T), format!("schedule:tick:{T}"));
+        assert_ne!(key(T), key(T + 1000));
+        let json = serde_json::to_string(&s).unwrap();
+        let back: Schedule = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.spec(), s.spec());
+        let bad = json.replace("* * * * * *", "bad pattern");
+        assert!(serde_json::from_str::<Schedule>(&bad).is_err());
+    }
+}

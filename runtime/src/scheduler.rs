@@ -1,0 +1,125 @@
+//! `Scheduler`: fires recurring [`Schedule`]s — those given in code and those kept in the
+//! coordinator (`palisade schedule add`) — exactly once per tick, however many processes run
+//! one.
+//!
+//! Every tick it asks for the coordinator's `scheduler` role ([`LeaseStore::hold_role`]); the
+//! holder reads "now" from the coordinator (so hosts with skewed clocks agree), works out each
+//! schedule's due ticks from the mark the coordinator keeps ([`Schedule`] is pure), enqueues
+//! one job per tick under the tick's unique key, and raises the mark. The role only saves
+//! work: correctness comes from the unique keys — a leader paused mid-tick that wakes after
+//! another took over, or two processes that both believe they hold the role, enqueue the same
+//! tick's job under the same key, and the backend adds it once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use metrics::counter;
+
+use crate::job::Enqueued;
+use crate::metrics as m;
+use crate::schedule::Schedule;
+use crate::store::LeaseStore;
+
+/// The role's name in the store.
+const ROLE: &str = "scheduler";
+
+/// Fires schedules while it holds the coordinator's `scheduler` role.
+pub struct Scheduler {
+    store: Arc<dyn LeaseStore>,
+    /// Schedules given in code (kept ones are read from the store each tick).
+    schedules: Arc<Vec<Schedule>>,
+    holder: String,
+    every: Duration,
+    in_flight: bool,
+}
+
+impl Scheduler {
+    /// A scheduler over `store` for `schedules` (and every schedule kept in the store),
+    /// ticking every 250 ms.
+    pub fn new(store: Arc<dyn LeaseStore>, schedules: Vec<Schedule>) -> Self {
+        Self {
+            store,
+            schedules: Arc::new(schedules),
+            holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
+            every: Duration::from_millis(250),
+            in_flight: false,
+        }
+    }
+
+    /// Sets how often it looks (clamped to 10 ms..=10 s); the role lasts 12 looks, so another
+    /// process takes over within that long after the holder stops.
+    pub fn with_interval(mut self, every: Duration) -> Self {
+        self.every = every.clamp(Duration::from_millis(10), Duration::from_secs(10));
+        self
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight {
+            return;
+        }
+        self.in_flight = true;
+        let (store, holder, schedules) = (
+            self.store.clone(),
+            self.holder.clone(),
+            self.schedules.clone(),
+        );
+        let ttl = self.every.saturating_mul(12);
+        let pass = async move {
+            if !store.hold_role(ROLE, &holder, ttl).await? {
+                return Ok(());
+            }
+            let mut all: Vec<Schedule> = schedules.to_vec();
+            for spec in store.schedules().await? {
+                // A kept schedule with a code schedule's name: the code's wins.
+                if all.iter().any(|s| s.name() == spec.name) {
+                    continue;
+                }
+                match Schedule::try_from(spec) {
+                    Ok(schedule) => all.push(schedule),
+                    Err(e) => tracing::warn!(error = %e, "kept schedule skipped"),
+                }
+            }
+            for schedule in &all {
+                fire(&*store, schedule).await?;
+            }
+            Ok::<(), crate::Error>(())
+        };
+        ctx.spawn(pass.into_actor(self).map(|result, act, _| {
+            act.in_flight = false;
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "scheduler pass failed; next tick tries again");
+                counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
+            }
+        }));
+    }
+}
+
+/// Enqueues `schedule`'s due ticks, then raises its mark (a crash in between re-fires the
+/// same ticks next time, which their unique keys turn away).
+async fn fire(store: &dyn LeaseStore, schedule: &Schedule) -> crate::Result<()> {
+    let now = store.now_ms().await?;
+    let mark = store.schedule_mark(schedule.name()).await?;
+    let (ticks, through) = schedule.due(mark, now);
+    if !ticks.is_empty() {
+        let jobs = ticks.iter().map(|t| schedule.job_for(*t)).collect();
+        for done in store.enqueue_all(jobs).await? {
+            let outcome = match done {
+                Enqueued::Added(_) => "enqueued",
+                Enqueued::Existing(_) => "existing",
+            };
+            counter!(m::SCHEDULE_TICKS, "schedule" => schedule.name().to_owned(), "outcome" => outcome)
+                .increment(1);
+        }
+    }
+    store.advance_schedule(schedule.name(), through).await
+}
+
+impl Actor for Scheduler {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.tick(ctx);
+        ctx.run_interval(self.every, Self::tick);
+    }
+}
