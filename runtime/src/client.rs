@@ -7,7 +7,11 @@ use std::sync::Arc;
 
 use metrics::counter;
 
-use crate::error::Result;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
 use crate::ids::JobId;
 use crate::job::{DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
@@ -60,6 +64,60 @@ impl Client {
     /// Counts of one queue.
     pub async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         self.store.counts(queue).await
+    }
+
+    /// Job `id`'s result (its handler was registered with
+    /// [`Registry::register_with_result`](crate::Registry::register_with_result)), once it
+    /// completed and while the result is kept (a day): `None` before that. A result that
+    /// could not be kept (too large, not encodable) or does not decode as `T` is an
+    /// `Error::Payload` saying so.
+    pub async fn result<T: DeserializeOwned>(&self, id: JobId) -> Result<Option<T>> {
+        let Some(envelope) = self.store.result(id).await? else {
+            return Ok(None);
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        enum Kept<T> {
+            Ok(T),
+            Error(String),
+        }
+        match serde_json::from_str::<Kept<T>>(&envelope) {
+            Ok(Kept::Ok(value)) => Ok(Some(value)),
+            Ok(Kept::Error(why)) => Err(Error::Payload(format!("job {id}: {why}"))),
+            Err(e) => Err(Error::Payload(format!("job {id}'s result: {e}"))),
+        }
+    }
+
+    /// Waits up to `timeout` for job `id`'s result (see [`Client::result`]); `None` if it did
+    /// not come in time.
+    pub async fn wait<T: DeserializeOwned>(
+        &self,
+        id: JobId,
+        timeout: Duration,
+    ) -> Result<Option<T>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if let Some(value) = self.result(id).await? {
+                return Ok(Some(value));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Job `id`'s latest progress (`ctx.progress(..)`), if it reported any.
+    pub async fn progress(&self, id: JobId) -> Result<Option<serde_json::Value>> {
+        match self.store.progress(id).await? {
+            Some(json) => serde_json::from_str(&json)
+                .map(Some)
+                .map_err(|e| Error::Payload(format!("job {id}'s progress: {e}"))),
+            None => Ok(None),
+        }
     }
 
     /// Dead-lettered jobs of one queue, oldest first, at most `limit`.

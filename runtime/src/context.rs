@@ -79,13 +79,48 @@ pub struct JobContext {
 /// What one run of a handler shares with its sink handles: the sequence of derived write
 /// keys, and the fence rejections it met (the worker passes them to the coordinator's
 /// journal when the run ends, for operators).
-#[derive(Default)]
 pub(crate) struct RunState {
     writes: AtomicU32,
     rejections: std::sync::Mutex<Vec<RejectionNote>>,
+    /// The handler's result (JSON), for the worker to store with the completion.
+    result: std::sync::Mutex<Option<String>>,
+    /// Where `ctx.progress` goes.
+    progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
 }
 
+/// Largest result kept, in bytes of JSON: results are for answers, not for data.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
 impl RunState {
+    pub(crate) fn new(job: crate::ids::JobId, coordinator: Addr<crate::Coordinator>) -> Self {
+        Self {
+            writes: AtomicU32::new(0),
+            rejections: std::sync::Mutex::default(),
+            result: std::sync::Mutex::default(),
+            progress: Some((job, coordinator)),
+        }
+    }
+
+    /// Keeps the handler's result: its JSON, or a note that it could not be kept.
+    fn set_result(&self, result: &impl Serialize) {
+        let json = match serde_json::to_string(result) {
+            Ok(json) if json.len() <= MAX_RESULT_BYTES => format!("{{\"ok\":{json}}}"),
+            Ok(json) => {
+                tracing::warn!(bytes = json.len(), "job result too large to keep");
+                serde_json::json!({"error": format!("the result was {} bytes; the limit is {MAX_RESULT_BYTES}", json.len())}).to_string()
+            }
+            Err(e) => {
+                serde_json::json!({"error": format!("the result does not encode: {e}")}).to_string()
+            }
+        };
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(json);
+    }
+
+    /// The kept result (taken: stored once).
+    pub(crate) fn take_result(&self) -> Option<String> {
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Notes `admission` if it is a rejection.
     fn note(&self, sink: &str, lease: &Lease, admission: &Result<Admission>) {
         if let Ok(Admission::Rejected(rejection)) = admission {
@@ -146,6 +181,22 @@ impl JobContext {
     /// The lease it runs under.
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// Records how far the job has got (any serde value: `42`, `{"done": 3, "of": 10}`),
+    /// visible in `palisade status`, on the operator page and through
+    /// [`Client::progress`](crate::Client::progress) while the job runs. Best effort: sent
+    /// to the coordinator without waiting.
+    pub fn progress(&self, progress: &impl Serialize) {
+        match (serde_json::to_string(progress), &self.run.progress) {
+            (Ok(json), Some((job, coordinator))) if json.len() <= MAX_RESULT_BYTES => {
+                coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
+            }
+            (Ok(json), _) if json.len() > MAX_RESULT_BYTES => {
+                tracing::warn!(bytes = json.len(), "progress too large to record");
+            }
+            _ => {}
+        }
     }
 
     /// Fired when the worker learns the lease is lost or is shutting down past its drain
@@ -359,6 +410,28 @@ impl Registry {
     /// No handlers.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Registers `handler` for jobs of `kind` whose payload decodes as `T`, keeping what it
+    /// returns as the job's result ([`Client::result`](crate::Client::result),
+    /// [`Client::wait`](crate::Client::wait); up to [`MAX_RESULT_BYTES`] of JSON, kept
+    /// a day).
+    pub fn register_with_result<T, R, F, Fut>(self, kind: impl Into<String>, handler: F) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        F: Fn(JobContext, T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, JobError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.register(kind, move |ctx: JobContext, payload: T| {
+            let (handler, run) = (handler.clone(), ctx.run.clone());
+            async move {
+                let result = handler(ctx, payload).await?;
+                run.set_result(&result);
+                Ok(())
+            }
+        })
     }
 
     /// Registers `handler` for jobs of `kind` whose payload decodes as `T`. A payload that

@@ -248,3 +248,34 @@ impl Handler<NoteRejections> for Coordinator {
         })
     }
 }
+
+/// Keeps a job's result or progress; best effort (a failure is logged and counted).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) enum PutNote {
+    /// The result envelope, kept for the retention.
+    Result(crate::ids::JobId, String),
+    /// The latest progress.
+    Progress(crate::ids::JobId, String),
+}
+
+/// How long results are kept.
+pub const RESULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+impl Handler<PutNote> for Coordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: PutNote, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let done = match msg {
+                PutNote::Result(job, json) => store.put_result(job, json, RESULT_RETENTION).await,
+                PutNote::Progress(job, json) => store.put_progress(job, json).await,
+            };
+            if let Err(e) = done {
+                tracing::warn!(error = %e, "could not keep a job's result or progress");
+                metrics::counter!(crate::metrics::BACKEND_ERRORS, "op" => "put_note").increment(1);
+            }
+        })
+    }
+}

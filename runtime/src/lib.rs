@@ -79,7 +79,7 @@ mod worker;
 
 pub use admission::{decide, Admission, Fence, Rejection, ScopeFence};
 pub use client::Client;
-pub use context::{JobContext, PostgresHandle, Registry, SinkHandle, Sinks};
+pub use context::{JobContext, PostgresHandle, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
-use crate::coordinator::{ClaimJobs, Coordinator, NoteRejections, SettleJobs};
+use crate::coordinator::{ClaimJobs, Coordinator, NoteRejections, PutNote, SettleJobs};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
@@ -278,7 +278,7 @@ impl Worker {
         let cancel = CancellationToken::new();
         self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
-        let state = Arc::new(RunState::default());
+        let state = Arc::new(RunState::new(job.id, self.coordinator.clone()));
         let run = match self.registry.get(&job.kind) {
             Some(handler) => {
                 let jctx = JobContext::new(
@@ -463,6 +463,11 @@ impl Handler<JobFinished> for Worker {
             .config
             .retry
             .settle(&job, &msg.outcome, rand::random::<f64>());
+        if let (Settlement::Complete, Some(result)) = (&settlement, running.run.take_result()) {
+            // Sent with the settlement (not atomically with it: `Client::wait` waits for the
+            // result itself).
+            self.coordinator.do_send(PutNote::Result(job.id, result));
+        }
         let outcome = match &settlement {
             Settlement::Complete => 0,
             Settlement::Retry { .. } => 1,

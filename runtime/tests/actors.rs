@@ -426,6 +426,18 @@ impl LeaseStore for FlakyRenewals {
     fn watermark(&self) -> Option<FencingToken> {
         self.inner.watermark()
     }
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.inner.put_result(job, json, ttl).await
+    }
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.inner.result(job).await
+    }
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.inner.put_progress(job, json).await
+    }
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.inner.progress(job).await
+    }
     async fn now_ms(&self) -> Result<i64> {
         self.inner.now_ms().await
     }
@@ -699,4 +711,77 @@ async fn two_schedulers_fire_each_tick_once() {
     );
     let mark = store.schedule_mark("tick").await.unwrap().unwrap();
     assert!(mark > started && mark <= ended, "{mark}");
+}
+
+/// A handler's result comes back through `Client::wait`; its progress is visible while it
+/// runs; a result too large to keep is a clear error, not a silent loss.
+#[actix::test]
+async fn results_and_progress_reach_the_client() {
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct Total {
+        cents: i64,
+    }
+    let h = harness();
+    let gate = Arc::new(Notify::new());
+    let registry = {
+        let gate = gate.clone();
+        Registry::new()
+            .register_with_result("sum", move |ctx: JobContext, n: Vec<i64>| {
+                let gate = gate.clone();
+                async move {
+                    ctx.progress(&serde_json::json!({"done": 0, "of": n.len()}));
+                    gate.notified().await;
+                    Ok(Total {
+                        cents: n.iter().sum(),
+                    })
+                }
+            })
+            .register_with_result("huge", |_: JobContext, _: ()| async {
+                Ok("x".repeat(MAX_RESULT_BYTES + 1))
+            })
+    };
+    let _worker = h.worker("results", registry);
+    let client = Client::new(h.store.clone());
+    let sum = client
+        .enqueue(NewJob::new("sum", &vec![1, 2, 39]).unwrap())
+        .await
+        .unwrap();
+    let mut seen = None;
+    for _ in 0..200 {
+        seen = client.progress(sum).await.unwrap();
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, Some(serde_json::json!({"done": 0, "of": 3})));
+    assert_eq!(client.result::<Total>(sum).await.unwrap(), None);
+    gate.notify_one();
+    let total: Option<Total> = client.wait(sum, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(total, Some(Total { cents: 42 }));
+    // Asking for the wrong type says so.
+    assert!(matches!(
+        client.result::<String>(sum).await,
+        Err(Error::Payload(_))
+    ));
+
+    let huge = client.enqueue(NewJob::raw("huge", "null")).await.unwrap();
+    let mut answer = Ok(None);
+    for _ in 0..200 {
+        answer = client.result::<String>(huge).await;
+        if !matches!(answer, Ok(None)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        matches!(&answer, Err(Error::Payload(why)) if why.contains("the limit is")),
+        "{answer:?}"
+    );
+    // Nothing waited for comes: `wait` gives up at its deadline.
+    let never = client
+        .wait::<Total>(JobId::new(), Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(never, None);
 }

@@ -84,6 +84,18 @@ mod delegate {
         async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
             self.store.purge_dead(q, limit).await
         }
+        async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+            self.store.put_result(job, json, ttl).await
+        }
+        async fn result(&self, job: JobId) -> Result<Option<String>> {
+            self.store.result(job).await
+        }
+        async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+            self.store.put_progress(job, json).await
+        }
+        async fn progress(&self, job: JobId) -> Result<Option<String>> {
+            self.store.progress(job).await
+        }
         async fn now_ms(&self) -> Result<i64> {
             self.store.now_ms().await
         }

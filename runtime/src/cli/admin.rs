@@ -199,6 +199,10 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         let leases = store.leases(args.leases).await?;
         let paused = store.paused().await?;
+        let mut progress = Vec::with_capacity(leases.len());
+        for l in &leases {
+            progress.push(store.progress(l.job).await?);
+        }
         let mut out: Vec<String> = Vec::new();
         let highest = match &args.scope {
             Some(scope) => Some(store.highest_token(&Scope::new(scope.as_str())).await?),
@@ -207,10 +211,11 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         if args.json {
             let json = json!({
                 "queues": queues.iter().map(|(q, c)| (q.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
-                "leases": leases.iter().map(|l| json!({
+                "leases": leases.iter().zip(&progress).map(|(l, p)| json!({
                     "lease": l.lease, "job": l.job, "scope": l.scope, "token": l.token,
                     "epoch": l.token.epoch(), "counter": l.token.counter(), "worker": l.worker,
                     "age_ms": l.age.as_millis() as u64, "expires_in_ms": l.expires_in.as_millis() as u64,
+                    "progress": p.as_deref().and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok()),
                 })).collect::<Vec<_>>(),
                 "scope": args.scope.as_ref().map(|s| json!({
                     "scope": s, "highest_token": highest.flatten(),
@@ -234,9 +239,10 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             "\nlive leases ({}, soonest expiry first):",
             leases.len()
         ));
-        for l in &leases {
+        for (l, p) in leases.iter().zip(&progress) {
+            let p = p.as_deref().map(|p| format!("  progress {p}")).unwrap_or_default();
             out.push(format!(
-                "  {}  job {}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s",
+                "  {}  job {}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s{p}",
                 l.lease,
                 l.job,
                 l.scope,

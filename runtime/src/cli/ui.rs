@@ -62,8 +62,8 @@ pub(crate) struct Snapshot {
     pub queues: Vec<(String, QueueCounts, Option<Duration>)>,
     /// Paused queues.
     pub paused: Vec<String>,
-    /// Live leases, soonest to expire first.
-    pub leases: Vec<LeaseInfo>,
+    /// Live leases, soonest to expire first, with their jobs' latest progress.
+    pub leases: Vec<(LeaseInfo, Option<String>)>,
     /// Recent fence rejections, newest first.
     pub rejections: Vec<RejectionNote>,
     /// Dead jobs by queue, oldest first.
@@ -86,7 +86,10 @@ async fn snapshot(store: &dyn LeaseStore, source: &str, rows: usize) -> crate::R
         snap.queues.push((queue, counts, oldest));
     }
     snap.paused = store.paused().await?;
-    snap.leases = store.leases(rows).await?;
+    for lease in store.leases(rows).await? {
+        let progress = store.progress(lease.job).await?;
+        snap.leases.push((lease, progress));
+    }
     snap.rejections = store.rejections(rows).await?;
     Ok(snap)
 }
@@ -169,8 +172,8 @@ pub(crate) fn render(snap: &Snapshot, csrf: &str, msg: Option<&str>) -> Markup {
                 @else {
                     table #leases {
                         tr { th { "job" } th { "scope" } th { "token (epoch:counter)" } th { "age" }
-                             th { "expires in" } th { "worker" } }
-                        @for l in &snap.leases {
+                             th { "expires in" } th { "worker" } th { "progress" } }
+                        @for (l, progress) in &snap.leases {
                             tr {
                                 td { code { (l.job) } }
                                 td { (l.scope) }
@@ -178,6 +181,7 @@ pub(crate) fn render(snap: &Snapshot, csrf: &str, msg: Option<&str>) -> Markup {
                                 td.n { (age(l.age)) }
                                 td.n { (age(l.expires_in)) }
                                 td { (l.worker) }
+                                td { code { (progress.as_deref().map(|p| clip(p, 120)).unwrap_or_default()) } }
                             }
                         }
                     }

@@ -31,7 +31,7 @@ use crate::schedule::ScheduleSpec;
 use crate::store::{
     check_role_ttl, check_schedule, collect_budget, promotions_per_claim, unix_ms, FencedStore,
     FencedWrite, LeaseInfo, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
-    MAX_DEAD_RETENTION, REJECTION_JOURNAL,
+    MAX_DEAD_RETENTION, PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,6 +89,9 @@ struct LeaseState {
     /// Kept schedules by name, and how far each schedule has been handled.
     schedules: BTreeMap<String, ScheduleSpec>,
     schedule_marks: HashMap<String, i64>,
+    /// Results and progress records by job, with when each goes; and their expiries in order.
+    notes: HashMap<(JobId, bool), (String, Instant)>,
+    note_expiries: BTreeSet<(Instant, JobId, bool)>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -368,6 +371,32 @@ impl LeaseState {
             }
             _ => {}
         }
+    }
+
+    /// Keeps a result (`true`) or progress record for `ttl`, forgetting expired ones.
+    fn put_note(&mut self, job: JobId, result: bool, json: String, ttl: Duration) {
+        let now = Instant::now();
+        while let Some(&(at, id, kind)) = self.note_expiries.first() {
+            if at > now {
+                break;
+            }
+            self.note_expiries.pop_first();
+            if self
+                .notes
+                .get(&(id, kind))
+                .is_some_and(|(_, until)| *until == at)
+            {
+                self.notes.remove(&(id, kind));
+            }
+        }
+        let until = now.checked_add(ttl).unwrap_or(now + MAX_DELAY);
+        self.notes.insert((job, result), (json, until));
+        self.note_expiries.insert((until, job, result));
+    }
+
+    fn note(&self, job: JobId, result: bool) -> Option<String> {
+        let (json, until) = self.notes.get(&(job, result))?;
+        (*until > Instant::now()).then(|| json.clone())
     }
 
     /// Forgets the unique keys whose ttl ended.
@@ -762,6 +791,24 @@ impl LeaseStore for MemoryLeaseStore {
             }
             None => 0,
         })
+    }
+
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        lock(&self.state).put_note(job, true, json, ttl);
+        Ok(())
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        Ok(lock(&self.state).note(job, true))
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        lock(&self.state).put_note(job, false, json, PROGRESS_RETENTION);
+        Ok(())
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        Ok(lock(&self.state).note(job, false))
     }
 
     async fn now_ms(&self) -> Result<i64> {

@@ -151,6 +151,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// from a pause cannot send it back).
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()>;
 
+    /// Keeps job `job`'s result (JSON) for `ttl`.
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()>;
+
+    /// Job `job`'s result, while it is kept.
+    async fn result(&self, job: JobId) -> Result<Option<String>>;
+
+    /// Records job `job`'s progress (JSON; the latest wins, kept a day).
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()>;
+
+    /// Job `job`'s latest progress.
+    async fn progress(&self, job: JobId) -> Result<Option<String>>;
+
     /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
     /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
     /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
@@ -169,6 +181,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The newest `limit` journal entries, newest first.
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
 }
+
+/// How long progress records are kept.
+pub const PROGRESS_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Longest role lease [`LeaseStore::hold_role`] grants: a day (a role is renewed every few
 /// seconds; more is a mistake).

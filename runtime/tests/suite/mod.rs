@@ -964,6 +964,34 @@ pub async fn kept_schedules_and_their_marks(store: Arc<dyn LeaseStore>) {
     assert_eq!(store.schedule_mark("b").await.unwrap(), Some(2_000));
 }
 
+/// Results and progress records: kept, replaced, and gone after their time.
+pub async fn results_and_progress_are_kept_for_their_time(store: Arc<dyn LeaseStore>) {
+    let (a, b) = (JobId::new(), JobId::new());
+    assert_eq!(store.result(a).await.unwrap(), None);
+    store
+        .put_result(a, r#"{"ok":1}"#.into(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    store
+        .put_result(b, r#"{"ok":2}"#.into(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.result(a).await.unwrap().as_deref(),
+        Some(r#"{"ok":1}"#)
+    );
+    store.put_progress(a, "1".into()).await.unwrap();
+    store.put_progress(a, "2".into()).await.unwrap();
+    assert_eq!(store.progress(a).await.unwrap().as_deref(), Some("2"));
+    assert_eq!(store.progress(b).await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.result(a).await.unwrap(), None, "kept past its time");
+    assert_eq!(
+        store.result(b).await.unwrap().as_deref(),
+        Some(r#"{"ok":2}"#)
+    );
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -989,6 +1017,7 @@ macro_rules! lease_store_suite {
             unique_keys_make_enqueue_idempotent,
             a_paused_queue_hands_out_nothing_and_loses_nothing,
             kept_schedules_and_their_marks,
+            results_and_progress_are_kept_for_their_time,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

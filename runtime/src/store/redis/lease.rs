@@ -28,7 +28,8 @@ use crate::schedule::ScheduleSpec;
 use crate::store::epoch::EpochSource;
 use crate::store::{
     check_role_ttl, check_schedule, promotions_per_claim, LeaseInfo, LeaseStore, Reaped,
-    RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, REJECTION_JOURNAL,
+    RejectionNote, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION, PROGRESS_RETENTION,
+    REJECTION_JOURNAL,
 };
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
@@ -45,6 +46,27 @@ pub struct RedisLeaseStore {
 }
 
 impl RedisLeaseStore {
+    async fn put_note(&self, what: &str, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        let mut conn = self.conn().await?;
+        redis::cmd("SET")
+            .arg(format!("{}{what}:{job}", self.base))
+            .arg(json)
+            .arg("PX")
+            .arg(ttl.as_millis().clamp(1, MAX_DELAY.as_millis()) as u64)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn note(&self, what: &str, job: JobId) -> Result<Option<String>> {
+        let mut conn = self.conn().await?;
+        redis::cmd("GET")
+            .arg(format!("{}{what}:{job}", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
     /// A coordinator whose keys start with `{<prefix>}:` (the braces are literal: a hash tag).
     pub fn new(pool: Pool, prefix: &str) -> Self {
         Self {
@@ -537,6 +559,23 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.put_note("result", job, json, ttl).await
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.note("result", job).await
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.put_note("progress", job, json, PROGRESS_RETENTION)
+            .await
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.note("progress", job).await
     }
 
     async fn now_ms(&self) -> Result<i64> {
