@@ -777,3 +777,43 @@ fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() 
     assert_eq!(jobs, ticks.len() as u64, "{c}");
     drop(workers);
 }
+
+#[test]
+fn a_rate_limit_holds_across_worker_processes() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    palisade(&redis, &["limit", "default", "--jobs", "10", "--per", "1s"]);
+    let lines: String = (0..300)
+        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":1}}\n"))
+        .collect();
+    let mut enqueue = Command::new(BIN)
+        .args(["enqueue", "email.send", "--stdin"])
+        .env("PALISADE_REDIS_URL", redis.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(enqueue.stdin.as_mut().unwrap(), lines.as_bytes()).unwrap();
+    drop(enqueue.stdin.take());
+    assert!(enqueue.wait().unwrap().success());
+    let workers: Vec<WorkerProcess> = (0..3)
+        .map(|i| WorkerProcess::start(&redis, &sink, &format!("limited-{i}"), "5s"))
+        .collect();
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let c = counts(&redis);
+    let elapsed = started.elapsed().as_secs_f64();
+    let claimed = 300 - c["ready"].as_u64().unwrap();
+    // A full bucket (10) at the limit's start, then 10 per second — across three processes.
+    // The limit was set before the workers started, so its clock ran a little longer.
+    let allowed = 10 + (10.0 * (elapsed + 1.0)).floor() as u64;
+    assert!(
+        claimed <= allowed,
+        "{claimed} claimed in {elapsed:.1}s, allowed {allowed}"
+    );
+    assert!(
+        claimed >= 30,
+        "{claimed} claimed in {elapsed:.1}s: the limit is not a stop"
+    );
+    assert!(palisade(&redis, &["status"]).contains("limit 10 per 1s"));
+    drop(workers);
+}

@@ -5,7 +5,8 @@
 --          (k = 0: every kind), then one fresh random lease id per job wanted
 --          (n = #ARGV - 5 - k)
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls};
---          none while the queue is paused ({prefix}:paused)
+--          none while the queue is paused ({prefix}:paused), at most the whole tokens of its
+--          rate bucket when it is rate-limited
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
@@ -23,6 +24,22 @@ if not epoch then
   return redis.error_reply('PALISADE_EPOCH token counters are not proven intact')
 end
 local now = now_ms()
+
+-- A rate-limited queue ({prefix}:q:<queue>:rate, `palisade limit`) hands out at most the
+-- whole tokens of its bucket, which refills at jobs/per_ms up to jobs: shared by every worker,
+-- decided here, so the fleet never claims more than the limit.
+local rate_key = base .. 'q:' .. queue .. ':rate'
+local rate = redis.call('HMGET', rate_key, 'jobs', 'per_ms', 'tokens', 'at')
+local tokens = nil
+if rate[1] then
+  local jobs, per = tonumber(rate[1]), tonumber(rate[2])
+  local before, at = tonumber(rate[3] or rate[1]), tonumber(rate[4] or now)
+  tokens = math.min(jobs, before + math.max(0, now - at) * jobs / per)
+  n = math.min(n, math.floor(tokens))
+  if n <= 0 then
+    return {}
+  end
+end
 
 -- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
 -- of due jobs never blocks Redis for long.
@@ -104,5 +121,8 @@ if #out > 0 then
   bulk('ZADD', base .. 'tokens:' .. epoch, tracked)
   redis.call('ZADD', base .. 'token_epochs', epoch, epoch)
   redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', #out)
+end
+if tokens then
+  redis.call('HSET', rate_key, 'tokens', tokens - #out, 'at', now)
 end
 return out

@@ -95,7 +95,11 @@ impl Client {
         id: JobId,
         timeout: Duration,
     ) -> Result<Option<T>> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let start = tokio::time::Instant::now();
+        // A timeout too long to add is as good as forever (a century).
+        let deadline = start
+            .checked_add(timeout)
+            .unwrap_or_else(|| start + Duration::from_secs(100 * 365 * 86_400));
         let mut pause = Duration::from_millis(10);
         loop {
             if let Some(value) = self.result(id).await? {

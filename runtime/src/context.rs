@@ -86,7 +86,13 @@ pub(crate) struct RunState {
     result: std::sync::Mutex<Option<String>>,
     /// Where `ctx.progress` goes.
     progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
+    /// When progress was last sent, and the latest not sent yet.
+    progress_sent: std::sync::Mutex<(Option<std::time::Instant>, Option<String>)>,
 }
+
+/// Progress goes to the coordinator at most this often per job; the latest value always
+/// goes (with the next update, or when the job ends).
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Largest result kept, in bytes of JSON: results are for answers, not for data.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
@@ -98,6 +104,43 @@ impl RunState {
             rejections: std::sync::Mutex::default(),
             result: std::sync::Mutex::default(),
             progress: Some((job, coordinator)),
+            progress_sent: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Sends `json` as the job's progress now, or keeps it as the latest if one went out
+    /// less than [`PROGRESS_EVERY`] ago: a handler reporting in a tight loop cannot flood
+    /// the coordinator (and its renewals).
+    fn report_progress(&self, json: String) {
+        let Some((job, coordinator)) = &self.progress else {
+            return;
+        };
+        let mut sent = self.progress_sent.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if sent
+            .0
+            .is_some_and(|at| now.duration_since(at) < PROGRESS_EVERY)
+        {
+            sent.1 = Some(json);
+        } else {
+            *sent = (Some(now), None);
+            coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
+        }
+    }
+
+    /// Sends the latest progress not sent yet (the job ended).
+    pub(crate) fn flush_progress(&self) {
+        let Some((job, coordinator)) = &self.progress else {
+            return;
+        };
+        let latest = self
+            .progress_sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .take();
+        if let Some(json) = latest {
+            coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
         }
     }
 
@@ -186,16 +229,13 @@ impl JobContext {
     /// Records how far the job has got (any serde value: `42`, `{"done": 3, "of": 10}`),
     /// visible in `palisade status`, on the operator page and through
     /// [`Client::progress`](crate::Client::progress) while the job runs. Best effort: sent
-    /// to the coordinator without waiting.
+    /// to the coordinator without waiting, at most every 200 ms (the latest value always
+    /// arrives).
     pub fn progress(&self, progress: &impl Serialize) {
-        match (serde_json::to_string(progress), &self.run.progress) {
-            (Ok(json), Some((job, coordinator))) if json.len() <= MAX_RESULT_BYTES => {
-                coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
-            }
-            (Ok(json), _) if json.len() > MAX_RESULT_BYTES => {
-                tracing::warn!(bytes = json.len(), "progress too large to record");
-            }
-            _ => {}
+        match serde_json::to_string(progress) {
+            Ok(json) if json.len() <= MAX_RESULT_BYTES => self.run.report_progress(json),
+            Ok(json) => tracing::warn!(bytes = json.len(), "progress too large to record"),
+            Err(e) => tracing::warn!(error = %e, "progress does not encode"),
         }
     }
 

@@ -75,6 +75,34 @@ pub struct UniqueKey {
     pub ttl: Duration,
 }
 
+/// A queue's rate limit: at most `jobs` claims per `per`, shared by every worker (a token
+/// bucket that refills continuously and holds at most `jobs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// Claims allowed per period (and the largest burst).
+    pub jobs: u32,
+    /// The period.
+    pub per: Duration,
+}
+
+impl RateLimit {
+    /// Checks the limit: at least one job, a period of 1 ms ..= 1 day.
+    pub fn validate(&self) -> Result<()> {
+        if self.jobs == 0 {
+            return Err(Error::InvalidJob(
+                "a rate limit allows at least one job (pause the queue to stop it)".into(),
+            ));
+        }
+        if self.per < Duration::from_millis(1) || self.per > Duration::from_secs(86_400) {
+            return Err(Error::InvalidJob(format!(
+                "rate limit period {:?} is outside 1ms..=1 day",
+                self.per
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What enqueue did with one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Enqueued {

@@ -17,9 +17,21 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::job::{check_name, NewJob};
 
-/// How long a tick's unique key is held: a scheduler that fires a tick again within this
-/// long adds nothing.
-pub const TICK_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How far back a scheduler looks for missed ticks (catch-up never reaches further).
+pub const CATCH_UP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a tick's unique key is held: longer than any tick a scheduler can still fire
+/// (the catch-up window plus the longest grace), so a tick fired twice adds one job.
+pub const TICK_KEY_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
+
+/// Shortest grace: a tick must survive a scheduler's look interval and a role takeover.
+pub const MIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Longest grace.
+pub const MAX_GRACE: Duration = Duration::from_secs(3600);
+
+/// Most missed ticks `CatchUp::All` may fire.
+pub const MAX_CATCH_UP: u32 = 1000;
 
 /// Longest schedule name: the tick's unique key (`schedule:<name>:<ms>`) must stay a name.
 pub const MAX_SCHEDULE_NAME_BYTES: usize = 400;
@@ -95,7 +107,21 @@ impl TryFrom<ScheduleSpec> for Schedule {
                 spec.name, spec.time_zone
             ))
         })?;
-        spec.job.validate(usize::MAX)?;
+        spec.job
+            .validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)
+            .map_err(|e| Error::InvalidJob(format!("schedule {}: {e}", spec.name)))?;
+        if !(MIN_GRACE..=MAX_GRACE).contains(&spec.grace) {
+            return Err(Error::InvalidJob(format!(
+                "schedule {}: grace {:?} is outside {MIN_GRACE:?}..={MAX_GRACE:?}",
+                spec.name, spec.grace
+            )));
+        }
+        if matches!(spec.catch_up, CatchUp::All(n) if n > MAX_CATCH_UP) {
+            return Err(Error::InvalidJob(format!(
+                "schedule {}: catch-up reaches at most {MAX_CATCH_UP} ticks",
+                spec.name
+            )));
+        }
         Ok(Self { spec, cron, tz })
     }
 }
@@ -155,38 +181,42 @@ impl Schedule {
     /// grace period, plus the missed ones `catch_up` asks for.
     pub(crate) fn due(&self, last: Option<i64>, now: i64) -> (Vec<i64>, i64) {
         let grace = i64::try_from(self.spec.grace.as_millis()).unwrap_or(i64::MAX);
-        let after = last.unwrap_or(now);
+        let window = CATCH_UP_WINDOW.as_millis() as i64;
+        let Some(last) = last else {
+            return (Vec::new(), now); // new: it starts now
+        };
         let keep_old = match self.spec.catch_up {
             CatchUp::None => 0,
             CatchUp::Last => 1,
             CatchUp::All(n) => n as usize,
         };
-        // Backwards from now: every recent tick, then at most `keep_old` older ones — bounded
-        // work however long every scheduler was down. Ticks are whole seconds.
-        let mut ticks = Vec::new();
-        let mut old = 0;
-        let mut at = self.at(now.div_euclid(1000) * 1000).and_then(|t| {
-            match self.cron.is_time_matching(&t) {
-                Ok(true) => Some(t),
-                _ => self.cron.find_previous_occurrence(&t, false).ok(),
-            }
-        });
-        while let Some(tick) = at {
-            let ms = tick.timestamp_millis();
-            if ms <= after {
+        // Forward from the last tick handled (whole seconds; never further back than the
+        // catch-up window), the way croner reads daylight-saving changes: a time the clocks
+        // skip fires once at the first valid time, a time they repeat fires once.
+        let from = last.max(now.saturating_sub(window)).div_euclid(1000) * 1000;
+        let mut old = std::collections::VecDeque::new();
+        let mut recent = Vec::new();
+        let mut at = self.at(from);
+        while let Some(t) = at.and_then(|t| self.cron.find_next_occurrence(&t, false).ok()) {
+            let ms = t.timestamp_millis();
+            if ms > now {
                 break;
             }
-            if now - ms > grace {
-                if old == keep_old {
-                    break;
+            if ms > last {
+                if now - ms <= grace {
+                    recent.push(ms);
+                } else if keep_old > 0 {
+                    if old.len() == keep_old {
+                        old.pop_front();
+                    }
+                    old.push_back(ms);
                 }
-                old += 1;
             }
-            ticks.push(ms);
-            at = self.cron.find_previous_occurrence(&tick, false).ok();
+            at = Some(t);
         }
-        ticks.reverse();
-        (ticks, after.max(now))
+        let mut ticks: Vec<i64> = old.into();
+        ticks.extend(recent);
+        (ticks, last.max(now))
     }
 
     /// The first tick after `ms`.
@@ -235,35 +265,37 @@ mod tests {
         );
         // Never handled: it starts now, firing nothing from before.
         assert_eq!(s.due(None, T + 2_500), (vec![], T + 2_500));
+        assert_eq!(s.due(Some(T + 2_500), T + 3_100).0, vec![T + 3000]);
         // A clock that went back handles nothing twice.
         assert_eq!(s.due(Some(T + 5_000), T + 3_000), (vec![], T + 5_000));
     }
 
     #[test]
     fn missed_ticks_follow_catch_up() {
-        let base = every_second().with_grace(Duration::from_secs(2));
+        let base = every_second().with_grace(Duration::from_secs(5));
         let now = T + 100_000;
-        let recent = vec![now - 2000, now - 1000, now];
-        let (none, _) = base.clone().with_catch_up(CatchUp::None).due(Some(T), now);
-        assert_eq!(none, recent);
-        let (last, _) = base.clone().with_catch_up(CatchUp::Last).due(Some(T), now);
-        assert_eq!(last, [vec![now - 3000], recent.clone()].concat());
-        let (all, _) = base
-            .clone()
-            .with_catch_up(CatchUp::All(3))
-            .due(Some(T), now);
+        let recent: Vec<i64> = (0..=5).rev().map(|s| now - s * 1000).collect();
+        let due =
+            |c: CatchUp, last: i64, now: i64| base.clone().with_catch_up(c).due(Some(last), now).0;
+        assert_eq!(due(CatchUp::None, T, now), recent);
         assert_eq!(
-            all,
-            [vec![now - 5000, now - 4000, now - 3000], recent].concat()
+            due(CatchUp::Last, T, now),
+            [vec![now - 6000], recent.clone()].concat()
         );
-        // All(n) never reaches before the last tick handled.
-        let (few, _) = base
-            .with_catch_up(CatchUp::All(1000))
-            .due(Some(now - 4500), now);
         assert_eq!(
-            few,
-            vec![now - 4000, now - 3000, now - 2000, now - 1000, now]
+            due(CatchUp::All(3), T, now),
+            [vec![now - 8000, now - 7000, now - 6000], recent].concat()
         );
+        // All(n) never reaches before the last tick handled, nor past the window.
+        assert_eq!(
+            due(CatchUp::All(1000), now - 7500, now).first(),
+            Some(&(now - 7000))
+        );
+        let window = CATCH_UP_WINDOW.as_millis() as i64;
+        let far = now + 3 * window;
+        let capped = due(CatchUp::All(1000), T, far);
+        assert_eq!(capped.len(), 1000 + 6);
+        assert!(capped[0] > far - window);
     }
 
     #[test]
@@ -281,6 +313,64 @@ mod tests {
         assert!(s.due(Some(six_utc), six_utc + 3_600_000).0.is_empty());
     }
 
+    /// Looks at 24 hours the way a scheduler does (a pass every 10 s) and returns every tick
+    /// fired.
+    fn a_day_of_passes(s: &Schedule, start: i64) -> Vec<i64> {
+        let (mut fired, mut mark, mut now) = (Vec::new(), start, start);
+        while now < start + 86_400_000 {
+            now += 10_000;
+            let (ticks, through) = s.due(Some(mark), now);
+            fired.extend(ticks);
+            mark = through;
+        }
+        fired
+    }
+
+    #[test]
+    fn daylight_saving_changes_fire_each_day_once() {
+        let berlin = |pattern: &str| {
+            Schedule::new("d", pattern, NewJob::raw("k", "null"))
+                .unwrap()
+                .in_time_zone("Europe/Berlin")
+                .unwrap()
+        };
+        // Local midnight before each 2026 change, in UTC.
+        let spring = Utc
+            .with_ymd_and_hms(2026, 3, 28, 23, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        let autumn = Utc
+            .with_ymd_and_hms(2026, 10, 24, 22, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        // 02:30 does not exist on 2026-03-29 in Berlin and happens twice on 2026-10-25.
+        for (start, what) in [(spring, "spring forward"), (autumn, "fall back")] {
+            let fired = a_day_of_passes(&berlin("30 2 * * *"), start);
+            assert_eq!(fired.len(), 1, "{what}: {fired:?}");
+        }
+        // An hourly pattern fires once per local hour: the skipped 02:00 never, the repeated
+        // 02:00 once — never twice for one local time, at most two real hours apart.
+        for start in [spring, autumn] {
+            let s = berlin("0 * * * *");
+            let fired = a_day_of_passes(&s, start);
+            let local: Vec<String> = fired
+                .iter()
+                .map(|ms| s.at(*ms).unwrap().format("%d %H:%M").to_string())
+                .collect();
+            let mut distinct = local.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), local.len(), "{local:?}");
+            assert!((23..=24).contains(&fired.len()), "{local:?}");
+            assert!(
+                fired
+                    .windows(2)
+                    .all(|w| [3_600_000, 7_200_000].contains(&(w[1] - w[0]))),
+                "{local:?}"
+            );
+        }
+    }
+
     #[test]
     fn bad_schedules_are_refused_with_the_reason() {
         let job = || NewJob::raw("k", "null");
@@ -289,6 +379,16 @@ mod tests {
             assert!(matches!(e, Error::InvalidJob(_)), "{e}");
         }
         assert!(Schedule::new("x".repeat(401), "* * * * *", job()).is_err());
+        let ok = || Schedule::new("x", "* * * * *", job()).unwrap();
+        for bad in [
+            ok().with_grace(Duration::ZERO),
+            ok().with_grace(Duration::from_secs(7200)),
+            ok().with_catch_up(CatchUp::All(MAX_CATCH_UP + 1)),
+        ] {
+            assert!(Schedule::try_from(bad.spec().clone()).is_err());
+        }
+        let big = NewJob::raw("k", format!("\"{}\"", "x".repeat(300 * 1024)));
+        assert!(Schedule::new("x", "* * * * *", big).is_err());
         let e = Schedule::new("x", "* * * * *", job())
             .unwrap()
             .in_time_zone("Mars/Olympus")

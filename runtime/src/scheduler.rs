@@ -25,6 +25,11 @@ use crate::store::LeaseStore;
 const ROLE: &str = "scheduler";
 
 /// Fires schedules while it holds the coordinator's `scheduler` role.
+///
+/// The holder fires the schedules it was given *and* every schedule kept in the coordinator.
+/// Where several binaries (or versions, during a rolling deploy) share a coordinator, keep
+/// the schedules in the coordinator — `palisade worker` stores its binary's code schedules
+/// there at start — so that whichever process holds the role fires all of them.
 pub struct Scheduler {
     store: Arc<dyn LeaseStore>,
     /// Schedules given in code (kept ones are read from the store each tick).
@@ -80,8 +85,13 @@ impl Scheduler {
                     Err(e) => tracing::warn!(error = %e, "kept schedule skipped"),
                 }
             }
+            let now = store.now_ms().await?;
+            // One schedule failing (its job refused, say) does not hold up the others.
             for schedule in &all {
-                fire(&*store, schedule).await?;
+                if let Err(e) = fire(&*store, schedule, now).await {
+                    tracing::warn!(schedule = schedule.name(), error = %e, "schedule not fired; next pass tries again");
+                    counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
+                }
             }
             Ok::<(), crate::Error>(())
         };
@@ -96,14 +106,14 @@ impl Scheduler {
 }
 
 /// Enqueues `schedule`'s due ticks, then raises its mark (a crash in between re-fires the
-/// same ticks next time, which their unique keys turn away).
-async fn fire(store: &dyn LeaseStore, schedule: &Schedule) -> crate::Result<()> {
-    let now = store.now_ms().await?;
+/// same ticks next time, which their unique keys turn away). Writes nothing when nothing is
+/// due.
+async fn fire(store: &dyn LeaseStore, schedule: &Schedule, now: i64) -> crate::Result<()> {
     let mark = store.schedule_mark(schedule.name()).await?;
     let (ticks, through) = schedule.due(mark, now);
-    if !ticks.is_empty() {
-        let jobs = ticks.iter().map(|t| schedule.job_for(*t)).collect();
-        for done in store.enqueue_all(jobs).await? {
+    for chunk in ticks.chunks(1000) {
+        let jobs = chunk.iter().map(|t| schedule.job_for(*t)).collect();
+        for done in crate::client::enqueue_counted(store, jobs).await? {
             let outcome = match done {
                 Enqueued::Added(_) => "enqueued",
                 Enqueued::Existing(_) => "existing",
@@ -112,7 +122,10 @@ async fn fire(store: &dyn LeaseStore, schedule: &Schedule) -> crate::Result<()> 
                 .increment(1);
         }
     }
-    store.advance_schedule(schedule.name(), through).await
+    if mark.is_none() || !ticks.is_empty() {
+        store.advance_schedule(schedule.name(), through).await?;
+    }
+    Ok(())
 }
 
 impl Actor for Scheduler {

@@ -117,6 +117,9 @@ struct Pending {
     lease: LeaseId,
     settlement: Settlement,
     job: Arc<Job>,
+    /// The handler's result, kept only once the coordinator accepted the completion: a run
+    /// fenced off (its lease no longer current) leaves no result behind.
+    result: Option<String>,
 }
 
 /// Metric handles of one (queue, kind), looked up once instead of per job.
@@ -351,7 +354,12 @@ impl Worker {
                     for (p, result) in batch.iter().zip(results) {
                         act.renewal().do_send(ForgetLease(p.lease));
                         match result {
-                            Ok(()) => {}
+                            Ok(()) => {
+                                if let Some(json) = &p.result {
+                                    act.coordinator
+                                        .do_send(PutNote::Result(p.job.id, json.clone()));
+                                }
+                            }
                             Err(e @ Error::LeaseNotCurrent(_)) => {
                                 tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
                                 counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone()).increment(1);
@@ -459,15 +467,15 @@ impl Handler<JobFinished> for Worker {
         };
         let job = running.job;
         self.journal(&running.run);
+        running.run.flush_progress();
         let settlement = self
             .config
             .retry
             .settle(&job, &msg.outcome, rand::random::<f64>());
-        if let (Settlement::Complete, Some(result)) = (&settlement, running.run.take_result()) {
-            // Sent with the settlement (not atomically with it: `Client::wait` waits for the
-            // result itself).
-            self.coordinator.do_send(PutNote::Result(job.id, result));
-        }
+        let result = match &settlement {
+            Settlement::Complete => running.run.take_result(),
+            _ => None,
+        };
         let outcome = match &settlement {
             Settlement::Complete => 0,
             Settlement::Retry { .. } => 1,
@@ -501,6 +509,7 @@ impl Handler<JobFinished> for Worker {
             lease: msg.lease,
             settlement,
             job,
+            result,
         });
         self.flush(ctx);
         self.fill(ctx);
@@ -548,6 +557,7 @@ impl Worker {
                 lease,
                 settlement: Settlement::Release,
                 job: running.job,
+                result: None,
             });
         }
         self.flush(ctx);

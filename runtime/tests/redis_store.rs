@@ -114,6 +114,12 @@ mod delegate {
         async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
             self.store.advance_schedule(name, through).await
         }
+        async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+            self.store.set_rate_limit(queue, limit).await
+        }
+        async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+            self.store.rate_limit(queue).await
+        }
         async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
             self.store.set_paused(queue, paused).await
         }

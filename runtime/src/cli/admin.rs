@@ -228,8 +228,17 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             "{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
             "queue", "ready", "waiting", "delayed", "leased", "completed", "dead"
         ));
+        let mut limits = std::collections::HashMap::new();
+        for (queue, _) in &queues {
+            if let Some(l) = store.rate_limit(queue).await? {
+                limits.insert(queue.clone(), l);
+            }
+        }
         for (queue, c) in &queues {
-            let mark = if paused.contains(queue) { "  (paused)" } else { "" };
+            let mut mark = if paused.contains(queue) { "  (paused)".to_owned() } else { String::new() };
+            if let Some(l) = limits.get(queue) {
+                mark.push_str(&format!("  (limit {} per {})", l.jobs, humantime::format_duration(l.per)));
+            }
             out.push(format!(
                 "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}{mark}",
                 c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead
@@ -506,4 +515,44 @@ pub(super) fn schedule(
             print_lines(out.into_iter())
         }),
     }
+}
+
+/// `limit`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct LimitArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The queue.
+    queue: String,
+    /// Claims allowed per --per, shared by every worker (also the largest burst).
+    #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+    jobs: Option<u32>,
+    /// The period, e.g. 1s or 1m.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    per: Duration,
+    /// Lift the queue's limit.
+    #[arg(long)]
+    off: bool,
+}
+
+/// Sets or lifts a queue's rate limit.
+pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
+    let limit = args.jobs.map(|jobs| crate::RateLimit {
+        jobs,
+        per: args.per,
+    });
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        store.set_rate_limit(&args.queue, limit).await?;
+        let said = match limit {
+            Some(l) => format!(
+                "queue {}: at most {} jobs per {}",
+                args.queue,
+                l.jobs,
+                humantime::format_duration(l.per)
+            ),
+            None => format!("queue {}: no rate limit", args.queue),
+        };
+        print_lines(std::iter::once(said))
+    })
 }

@@ -83,6 +83,8 @@ enum Builtin {
     /// ones this binary declares).
     #[command(subcommand)]
     Schedule(admin::ScheduleCommand),
+    /// Set or lift a queue's rate limit (claims per period, shared by every worker).
+    Limit(admin::LimitArgs),
     /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
     Pause(admin::QueueArgs),
     /// Let workers claim from a paused queue again.
@@ -242,6 +244,12 @@ impl App {
                 return ExitCode::from(2);
             }
         };
+        let mut names: Vec<&str> = schedules.iter().map(|s| s.name()).collect();
+        names.sort_unstable();
+        if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
+            eprintln!("{name}: two schedules given in code are named {:?}", dup[0]);
+            return ExitCode::from(2);
+        }
         let result = match builtin {
             Builtin::Worker(args) => worker::run(args, registry, &sinks, schedules),
             Builtin::Schedule(command) => admin::schedule(command, &registry, &schedules),
@@ -251,6 +259,7 @@ impl App {
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
             Builtin::Ui(args) => ui::run(args),
+            Builtin::Limit(args) => admin::limit(args),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),
         };

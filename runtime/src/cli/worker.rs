@@ -270,8 +270,16 @@ pub(super) fn run(
             Vec::new()
         };
         let store: Arc<dyn crate::LeaseStore> = Arc::new(store);
-        let _scheduler = (!args.no_scheduler)
-            .then(|| crate::Scheduler::new(store.clone(), schedules.clone()).start());
+        // This binary's schedules are kept in the coordinator, so that whichever worker holds
+        // the scheduler role — of this binary or another — fires them.
+        for schedule in &schedules {
+            store
+                .put_schedule(schedule.spec().clone())
+                .await
+                .with_context(|| format!("keeping schedule {}", schedule.name()))?;
+        }
+        let _scheduler =
+            (!args.no_scheduler).then(|| crate::Scheduler::new(store.clone(), Vec::new()).start());
         let coordinator = Coordinator::new(store)
             .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
             // Only a process that exports metrics may take the sampler role.

@@ -22,8 +22,8 @@ use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_DELAY,
+    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
@@ -86,6 +86,8 @@ struct LeaseState {
     unique_expiries: BTreeSet<(Instant, String)>,
     /// Paused queues: claims from them hand out nothing.
     paused: BTreeSet<String>,
+    /// Rate-limited queues: the limit, the bucket's tokens and when they were counted.
+    rates: HashMap<String, (RateLimit, f64, Instant)>,
     /// Kept schedules by name, and how far each schedule has been handled.
     schedules: BTreeMap<String, ScheduleSpec>,
     schedule_marks: HashMap<String, i64>,
@@ -499,6 +501,19 @@ impl LeaseStore for MemoryLeaseStore {
         if state.paused.contains(queue) {
             return Ok(Vec::new());
         }
+        // The same bucket arithmetic as claim.lua, in ms.
+        let bucket = state.rates.get(queue).map(|(limit, before, at)| {
+            let per = limit.per.as_millis() as f64;
+            let refill = now.saturating_duration_since(*at).as_millis() as f64;
+            (f64::from(limit.jobs)).min(before + refill * f64::from(limit.jobs) / per)
+        });
+        let n = match bucket {
+            Some(bucket) => n.min(bucket.floor() as usize),
+            None => n,
+        };
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         state.promote_due(queue, now, promotions_per_claim(n));
         let Some(q) = state.queues.get(queue) else {
             return Ok(Vec::new());
@@ -579,6 +594,10 @@ impl LeaseStore for MemoryLeaseStore {
                     expires_at,
                 },
             });
+        }
+        if let (Some(bucket), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
+            rate.1 = bucket - claims.len() as f64;
+            rate.2 = now;
         }
         Ok(claims)
     }
@@ -826,7 +845,10 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        Ok(lock(&self.state).schedules.remove(name).is_some())
+        let mut state = lock(&self.state);
+        // A schedule added again under this name starts from then, not from the old mark.
+        state.schedule_marks.remove(name);
+        Ok(state.schedules.remove(name).is_some())
     }
 
     async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
@@ -841,6 +863,28 @@ impl LeaseStore for MemoryLeaseStore {
             .or_insert(through);
         *mark = (*mark).max(through);
         Ok(())
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut state = lock(&self.state);
+        match limit {
+            Some(limit) => {
+                limit.validate()?;
+                let full = f64::from(limit.jobs);
+                state
+                    .rates
+                    .insert(queue.to_owned(), (limit, full, Instant::now()));
+            }
+            None => {
+                state.rates.remove(queue);
+            }
+        }
+        Ok(())
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        Ok(lock(&self.state).rates.get(queue).map(|(limit, ..)| *limit))
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
-use crate::job::{Claim, DeadJob, Enqueued, NewJob, QueueCounts, Settlement};
+use crate::job::{Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement};
 pub use crate::mutation::{Mutation, Value};
 use crate::schedule::{Schedule, ScheduleSpec};
 
@@ -127,6 +127,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
     /// usual), so nothing is lost.
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// Sets (`Some`) or lifts a queue's rate limit; a new limit starts with a full bucket.
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()>;
+
+    /// A queue's rate limit.
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>>;
 
     /// The paused queues, sorted.
     async fn paused(&self) -> Result<Vec<String>>;

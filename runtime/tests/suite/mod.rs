@@ -952,8 +952,14 @@ pub async fn kept_schedules_and_their_marks(store: Arc<dyn LeaseStore>) {
             Err(Error::InvalidJob(_))
         ));
     }
+    store.advance_schedule("a", 7).await.unwrap();
     assert!(store.remove_schedule("a").await.unwrap());
     assert!(!store.remove_schedule("a").await.unwrap());
+    assert_eq!(
+        store.schedule_mark("a").await.unwrap(),
+        None,
+        "added again, it starts afresh"
+    );
     assert_eq!(store.schedules().await.unwrap().len(), 1);
 
     assert_eq!(store.schedule_mark("b").await.unwrap(), None);
@@ -992,6 +998,65 @@ pub async fn results_and_progress_are_kept_for_their_time(store: Arc<dyn LeaseSt
     );
 }
 
+/// `set_rate_limit`: at most the bucket's whole tokens per claim, refilled at the rate, shared
+/// by every claimer; other queues and lifted limits are unaffected.
+pub async fn a_rate_limited_queue_hands_out_no_more_than_its_rate(store: Arc<dyn LeaseStore>) {
+    let jobs: Vec<NewJob> = (0..40).map(|_| job("a")).collect();
+    store.enqueue(jobs).await.unwrap();
+    let limit = RateLimit {
+        jobs: 5,
+        per: Duration::from_secs(1),
+    };
+    store.set_rate_limit("default", Some(limit)).await.unwrap();
+    assert_eq!(store.rate_limit("default").await.unwrap(), Some(limit));
+    assert_eq!(store.rate_limit("other").await.unwrap(), None);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        claim(&*store, 100).await.len(),
+        5,
+        "a full bucket: the burst"
+    );
+    assert_eq!(claim(&*store, 100).await.len(), 0, "empty until it refills");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let refilled = claim(&*store, 100).await.len();
+    // 5 per second for ~0.45 s: 2 whole tokens (3 if this machine slept long).
+    assert!((2..=3).contains(&refilled), "{refilled}");
+    // However it is asked (many small claims), the total follows the rate.
+    let mut total = 5 + refilled;
+    while started.elapsed() < Duration::from_millis(1_500) {
+        total += claim(&*store, 1).await.len();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let allowed = 5 + (started.elapsed().as_secs_f64() * 5.0).floor() as usize;
+    assert!(
+        total <= allowed && total >= allowed - 2,
+        "{total} of {allowed}"
+    );
+    for bad in [
+        RateLimit {
+            jobs: 0,
+            per: Duration::from_secs(1),
+        },
+        RateLimit {
+            jobs: 1,
+            per: Duration::ZERO,
+        },
+        RateLimit {
+            jobs: 1,
+            per: Duration::from_secs(86_401),
+        },
+    ] {
+        assert!(matches!(
+            store.set_rate_limit("default", Some(bad)).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    store.set_rate_limit("default", None).await.unwrap();
+    assert_eq!(store.rate_limit("default").await.unwrap(), None);
+    let rest = claim(&*store, 100).await.len();
+    assert_eq!(rest, 40 - total, "lifted: everything left");
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -1018,6 +1083,7 @@ macro_rules! lease_store_suite {
             a_paused_queue_hands_out_nothing_and_loses_nothing,
             kept_schedules_and_their_marks,
             results_and_progress_are_kept_for_their_time,
+            a_rate_limited_queue_hands_out_no_more_than_its_rate,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -21,8 +21,8 @@ use super::scripts::{
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_DELAY,
+    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::schedule::ScheduleSpec;
 use crate::store::epoch::EpochSource;
@@ -594,10 +594,17 @@ impl LeaseStore for RedisLeaseStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let mut specs = raw
+        // One record that does not parse (a newer version's, say) does not hide the others.
+        let mut specs: Vec<ScheduleSpec> = raw
             .iter()
-            .map(|r| serde_json::from_str(r).map_err(garbage))
-            .collect::<Result<Vec<ScheduleSpec>>>()?;
+            .filter_map(|r| match serde_json::from_str(r) {
+                Ok(spec) => Some(spec),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a kept schedule does not parse; skipped");
+                    None
+                }
+            })
+            .collect();
         specs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(specs)
     }
@@ -617,9 +624,11 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn remove_schedule(&self, name: &str) -> Result<bool> {
         let mut conn = self.conn().await?;
-        let removed: u64 = redis::cmd("HDEL")
-            .arg(format!("{}schedules", self.base))
-            .arg(name)
+        // The mark goes too: a schedule added again under this name starts from then.
+        let (removed, _): (u64, u64) = redis::pipe()
+            .atomic()
+            .hdel(format!("{}schedules", self.base), name)
+            .hdel(format!("{}schedule_marks", self.base), name)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -646,6 +655,54 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async::<()>(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let key = format!("{}q:{queue}:rate", self.base);
+        let mut conn = self.conn().await?;
+        let done = match limit {
+            Some(limit) => {
+                limit.validate()?;
+                // One transaction: the old bucket's state goes with the old limit.
+                redis::pipe()
+                    .atomic()
+                    .del(&key)
+                    .ignore()
+                    .hset_multiple(
+                        &key,
+                        &[
+                            ("jobs", u64::from(limit.jobs)),
+                            ("per_ms", limit.per.as_millis() as u64),
+                        ],
+                    )
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+            None => {
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        };
+        done.map_err(|e| self.link.broken(e))
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        let mut conn = self.conn().await?;
+        let (jobs, per_ms): (Option<u32>, Option<u64>) = redis::cmd("HMGET")
+            .arg(format!("{}q:{queue}:rate", self.base))
+            .arg("jobs")
+            .arg("per_ms")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(jobs.zip(per_ms).map(|(jobs, per_ms)| RateLimit {
+            jobs,
+            per: Duration::from_millis(per_ms),
+        }))
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
