@@ -817,3 +817,39 @@ fn a_rate_limit_holds_across_worker_processes() {
     assert!(palisade(&redis, &["status"]).contains("limit 10 per 1s"));
     drop(workers);
 }
+
+#[test]
+fn a_concurrency_cap_holds_across_worker_processes() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    palisade(&redis, &["cap", "email.send", "--running", "2"]);
+    let lines: String = (0..30)
+        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":150}}\n"))
+        .collect();
+    let mut enqueue = Command::new(BIN)
+        .args(["enqueue", "email.send", "--stdin"])
+        .env("PALISADE_REDIS_URL", redis.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(enqueue.stdin.as_mut().unwrap(), lines.as_bytes()).unwrap();
+    drop(enqueue.stdin.take());
+    assert!(enqueue.wait().unwrap().success());
+    let _workers: Vec<WorkerProcess> = (0..3)
+        .map(|i| WorkerProcess::start(&redis, &sink, &format!("capped-{i}"), "5s"))
+        .collect();
+    // Three workers of concurrency 8 could run 24 at once; the cap lets 2.
+    let mut most = 0;
+    let started = Instant::now();
+    loop {
+        let c = counts(&redis);
+        most = most.max(c["leased"].as_u64().unwrap());
+        if c["completed"] == 30 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{c}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(most <= 2, "{most} ran at once");
+    assert_eq!(most, 2, "the cap is not a stop");
+}

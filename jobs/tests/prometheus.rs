@@ -129,19 +129,25 @@ fn start_prometheus(target: u16) -> (Reaped, u16, PathBuf) {
 #[test]
 fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
     let [demo_port] = free_ports();
+    // The demo's own account of the run, shown if Prometheus never sees the stale write.
+    let demo_log = std::env::temp_dir().join(format!("palisade-demo-{demo_port}.log"));
     let _demo = Reaped(
         Command::new(env!("CARGO_BIN_EXE_palisade"))
             .args([
                 "demo",
+                // Enough jobs that the paused worker surely meets a deposit before the others
+                // have done them all (with 400, a fast run could finish without a stale write).
                 "--jobs",
-                "400",
+                "3000",
+                "--seed",
+                "7",
                 "--lease-ms",
                 "1000",
                 "--linger-secs",
                 "120",
             ])
             .args(["--metrics", &format!("127.0.0.1:{demo_port}")])
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&demo_log).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -163,13 +169,15 @@ fn prometheus_scrapes_the_demo_and_sees_the_stale_rejection() {
                 every_panel_and_alert_evaluates(prom_port);
                 every_exported_metric_has_help(demo_port);
                 let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_file(&demo_log);
                 return;
             }
             last = body;
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    panic!("Prometheus never saw the stale rejection; last answer: {last}");
+    let told = std::fs::read_to_string(&demo_log).unwrap_or_default();
+    panic!("Prometheus never saw the stale rejection; last answer: {last}\ndemo:\n{told}");
 }
 
 /// Percent-encodes a query parameter.

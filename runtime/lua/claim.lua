@@ -41,6 +41,16 @@ if rate[1] then
   end
 end
 
+-- Kinds with a fleet-wide concurrency cap ({prefix}:caps, `palisade cap`): how many more of
+-- each may start. A job counted against its cap carries `capped` (its kind) until its lease
+-- ends (settle, reap, cancel: `uncap` in common.lua).
+local room = {}
+local caps = redis.call('HGETALL', base .. 'caps')
+for i = 1, #caps, 2 do
+  local running = tonumber(redis.call('HGET', base .. 'running', caps[i]) or '0') or 0
+  room[caps[i]] = tonumber(caps[i + 1]) - running
+end
+
 -- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
 -- of due jobs never blocks Redis for long.
 local delayed = base .. 'q:' .. queue .. ':delayed'
@@ -65,7 +75,7 @@ for _, kind in ipairs(kinds) do
   local key = ready_key(base, queue, kind)
   local got = redis.call('ZRANGE', key, 0, n * 2 + 15, 'WITHSCORES')
   for i = 1, #got, 2 do
-    candidates[#candidates + 1] = { got[i], tonumber(got[i + 1]), got[i + 1], key }
+    candidates[#candidates + 1] = { got[i], tonumber(got[i + 1]), got[i + 1], key, kind }
   end
 end
 table.sort(candidates, function(a, b) return a[2] < b[2] end)
@@ -80,35 +90,44 @@ for _, c in ipairs(candidates) do
   if #out >= n then
     break
   end
-  local id, score, key = c[1], c[3], c[4]
+  local id, score, key, kind = c[1], c[3], c[4], c[5]
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
   local scope = f[2] or ('job:' .. id)
-  picked[key] = picked[key] or {}
-  table.insert(picked[key], id)
-  if not f[1] then
-    -- a ready entry without its job: dropped
-  elseif taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1) then
-    redis.call('ZADD', base .. 'wait:' .. scope, score, id)
-    redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
+  if room[kind] and room[kind] <= 0 then
+    -- its kind is at its cap: it stays ready for a later claim
   else
-    taken[scope] = true
-    local lease = ARGV[first_lease + #out]
-    counter = counter + 1
-    local attempt = fmt(tonumber(f[3] or '0') + 1)
-    redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
-    if f[2] then
-      redis.call('HSET', base .. 'head', scope, id)
-      redis.call('HSET', base .. 'live', scope, lease)
-      redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
+    picked[key] = picked[key] or {}
+    table.insert(picked[key], id)
+    if not f[1] then
+      -- a ready entry without its job: dropped
+    elseif taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1) then
+      redis.call('ZADD', base .. 'wait:' .. scope, score, id)
+      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
+    else
+      taken[scope] = true
+      local lease = ARGV[first_lease + #out]
+      counter = counter + 1
+      local attempt = fmt(tonumber(f[3] or '0') + 1)
+      redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
+      if room[kind] then
+        room[kind] = room[kind] - 1
+        redis.call('HSET', job, 'capped', kind)
+        redis.call('HINCRBY', base .. 'running', kind, 1)
+      end
+      if f[2] then
+        redis.call('HSET', base .. 'head', scope, id)
+        redis.call('HSET', base .. 'live', scope, lease)
+        redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
+      end
+      expiries[#expiries + 1] = now + ttl
+      expiries[#expiries + 1] = lease
+      tracked[#tracked + 1] = counter
+      tracked[#tracked + 1] = lease
+      owners[#owners + 1] = lease
+      owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
+      out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
     end
-    expiries[#expiries + 1] = now + ttl
-    expiries[#expiries + 1] = lease
-    tracked[#tracked + 1] = counter
-    tracked[#tracked + 1] = lease
-    owners[#owners + 1] = lease
-    owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
-    out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
   end
 end
 for key, ids in pairs(picked) do

@@ -235,6 +235,14 @@ local function watermark(base)
 end
 
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
+-- A job counted against its kind's concurrency cap (`capped` holds the kind) stops counting.
+local function uncap(base, id, kind)
+  if kind then
+    redis.call('HINCRBY', base .. 'running', kind, -1)
+    redis.call('HDEL', base .. 'job:' .. id, 'capped')
+  end
+end
+
 local function release(base, lease, id, entry)
   redis.call('ZREM', base .. 'leases', lease)
   redis.call('HDEL', base .. 'lease_job', lease)
@@ -242,12 +250,13 @@ local function release(base, lease, id, entry)
   if epoch then
     untrack(base, epoch, { lease })
   end
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope')
+  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope', 'capped')
   if f[1] then
     if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
       redis.call('HDEL', base .. 'live', f[2])
     end
     redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'leased', -1)
+    uncap(base, id, f[3])
   end
   return f[1]
 end

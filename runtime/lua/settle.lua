@@ -62,13 +62,14 @@ for i = 0, count - 1 do
       table.insert(by_epoch[lease_epoch], lease)
     end
     local job = base .. 'job:' .. id
-    local f = redis.call('HMGET', job, 'queue', 'scope')
+    local f = redis.call('HMGET', job, 'queue', 'scope', 'capped')
     local queue, result = f[1], 'ok'
     if queue then
       if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
         redis.call('HDEL', base .. 'live', f[2])
       end
       leased[queue] = (leased[queue] or 0) + 1
+      uncap(base, id, f[3])
       if action == 'complete' then
         release_unique(base, id)
         leave(base, id, f[2])

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::ids::JobId;
-use crate::job::{DeadJob, Enqueued, NewJob, QueueCounts};
+use crate::job::{Cancelled, DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
 use crate::store::redis::{ping, pool};
 use crate::store::LeaseStore;
@@ -112,6 +112,14 @@ impl Client {
             tokio::time::sleep(pause.min(deadline - now)).await;
             pause = (pause * 2).min(Duration::from_millis(250));
         }
+    }
+
+    /// Cancels job `id` (see [`Cancelled`]): a queued job goes to the dead letters with the
+    /// reason "cancelled"; a running job's lease is revoked at once — its handler's
+    /// cancellation token fires at its next renewal, its settlement is refused and its late
+    /// writes are fenced — and it goes there too.
+    pub async fn cancel(&self, id: JobId) -> Result<Cancelled> {
+        self.store.cancel(id, "cancelled").await
     }
 
     /// Job `id`'s latest progress (`ctx.progress(..)`), if it reported any.

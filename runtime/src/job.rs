@@ -103,6 +103,19 @@ impl RateLimit {
     }
 }
 
+/// What cancelling a job did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cancelled {
+    /// It was queued (ready, waiting, delayed): it is now dead with the reason.
+    Removed,
+    /// It was running: its lease is revoked (the handler's cancellation token fires at its
+    /// next renewal; its late writes are refused once the watermark passes its token) and it
+    /// is dead with the reason.
+    Revoked,
+    /// No such job is queued or running (unknown, completed, or dead already).
+    Missing,
+}
+
 /// What enqueue did with one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Enqueued {

@@ -84,8 +84,8 @@ pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Claim, DeadJob, Enqueued, Job, JobError, NewJob, QueueCounts, RateLimit, Settlement, UniqueKey,
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
+    Cancelled, Claim, DeadJob, Enqueued, Job, JobError, NewJob, QueueCounts, RateLimit, Settlement,
+    UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;

@@ -456,6 +456,15 @@ impl LeaseStore for FlakyRenewals {
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
         self.inner.advance_schedule(name, through).await
     }
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        self.inner.cancel(job, reason).await
+    }
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        self.inner.set_concurrency_cap(kind, cap).await
+    }
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        self.inner.concurrency_cap(kind).await
+    }
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
         self.inner.set_rate_limit(queue, limit).await
     }
@@ -804,4 +813,44 @@ async fn results_and_progress_reach_the_client() {
         .await
         .unwrap();
     assert_eq!(never, None);
+}
+
+/// `Client::cancel` on a running job: its lease is revoked, the handler's cancellation token
+/// fires at the next renewal, and the job is dead with the reason — not run again.
+#[actix::test]
+async fn cancelling_a_running_job_stops_its_handler() {
+    tokio::time::pause();
+    let h = harness();
+    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
+    let (stopped_tx, mut stopped) = mpsc::unbounded_channel::<()>();
+    let registry = Registry::new().register("long", move |ctx: JobContext, _: ()| {
+        let (started_tx, stopped_tx) = (started_tx.clone(), stopped_tx.clone());
+        async move {
+            started_tx.send(()).unwrap();
+            ctx.cancellation().cancelled().await;
+            stopped_tx.send(()).unwrap();
+            Err(JobError::retry("stopped by cancellation"))
+        }
+    });
+    let _worker = h.worker("cancel", registry);
+    let client = Client::new(h.store.clone());
+    let id = client.enqueue(NewJob::raw("long", "null")).await.unwrap();
+    next(&mut started).await;
+    assert_eq!(client.cancel(id).await.unwrap(), Cancelled::Revoked);
+    // The next renewal (a third of the lease) learns the lease is gone.
+    tokio::time::timeout(TTL * 2, next(&mut stopped))
+        .await
+        .expect("the handler was cancelled");
+    tokio::time::sleep(TTL).await;
+    let counts = client.counts("default").await.unwrap();
+    assert_eq!(
+        (counts.dead, counts.ready, counts.leased),
+        (1, 0, 0),
+        "{counts:?}"
+    );
+    assert_eq!(
+        client.dead("default", 1).await.unwrap()[0].reason,
+        "cancelled"
+    );
+    assert_eq!(client.cancel(id).await.unwrap(), Cancelled::Missing);
 }

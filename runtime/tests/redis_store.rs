@@ -114,6 +114,15 @@ mod delegate {
         async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
             self.store.advance_schedule(name, through).await
         }
+        async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+            self.store.cancel(job, reason).await
+        }
+        async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+            self.store.set_concurrency_cap(kind, cap).await
+        }
+        async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+            self.store.concurrency_cap(kind).await
+        }
         async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
             self.store.set_rate_limit(queue, limit).await
         }

@@ -556,3 +556,59 @@ pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
         print_lines(std::iter::once(said))
     })
 }
+
+/// `cancel`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct CancelArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The job's id (as `enqueue` printed it).
+    job: uuid::Uuid,
+    /// Why, kept with the dead-letter record.
+    #[arg(long, default_value = "cancelled")]
+    reason: String,
+}
+
+/// Cancels one job; exits non-zero if there was nothing to cancel.
+pub(super) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let job = crate::JobId::from(args.job);
+        let said = match store.cancel(job, &args.reason).await? {
+            crate::Cancelled::Removed => format!("job {job} cancelled: it was queued; now dead"),
+            crate::Cancelled::Revoked => format!(
+                "job {job} cancelled: its lease is revoked (its handler stops at its next renewal); now dead"
+            ),
+            crate::Cancelled::Missing => bail!("job {job} is not queued or running"),
+        };
+        print_lines(std::iter::once(said))
+    })
+}
+
+/// `cap`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct CapArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The job kind.
+    kind: String,
+    /// Most jobs of the kind running at once across every worker.
+    #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+    running: Option<u32>,
+    /// Lift the kind's cap.
+    #[arg(long)]
+    off: bool,
+}
+
+/// Sets or lifts a kind's fleet-wide concurrency cap.
+pub(super) fn cap(args: CapArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        store.set_concurrency_cap(&args.kind, args.running).await?;
+        let said = match args.running {
+            Some(n) => format!("kind {}: at most {n} running at once", args.kind),
+            None => format!("kind {}: no concurrency cap", args.kind),
+        };
+        print_lines(std::iter::once(said))
+    })
+}

@@ -83,6 +83,10 @@ enum Builtin {
     /// ones this binary declares).
     #[command(subcommand)]
     Schedule(admin::ScheduleCommand),
+    /// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked.
+    Cancel(admin::CancelArgs),
+    /// Cap (or uncap) how many jobs of a kind run at once across every worker.
+    Cap(admin::CapArgs),
     /// Set or lift a queue's rate limit (claims per period, shared by every worker).
     Limit(admin::LimitArgs),
     /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
@@ -260,6 +264,8 @@ impl App {
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
             Builtin::Ui(args) => ui::run(args),
             Builtin::Limit(args) => admin::limit(args),
+            Builtin::Cap(args) => admin::cap(args),
+            Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),
         };

@@ -22,7 +22,7 @@ use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
+    Cancelled, Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::mutation::{apply_all, Value};
@@ -88,6 +88,9 @@ struct LeaseState {
     paused: BTreeSet<String>,
     /// Rate-limited queues: the limit, the bucket's tokens and when they were counted.
     rates: HashMap<String, (RateLimit, f64, Instant)>,
+    /// Kinds with a fleet-wide concurrency cap, and how many of each run under one.
+    caps: HashMap<String, u32>,
+    running: HashMap<String, u32>,
     /// Kept schedules by name, and how far each schedule has been handled.
     schedules: BTreeMap<String, ScheduleSpec>,
     schedule_marks: HashMap<String, i64>,
@@ -141,6 +144,8 @@ struct LeaseRecord {
     claimed_at: Instant,
     worker: String,
     token: FencingToken,
+    /// The kind this lease counts against, if it had a concurrency cap when claimed.
+    capped: Option<String>,
 }
 
 impl Default for MemoryLeaseStore {
@@ -325,14 +330,23 @@ impl LeaseState {
         let record = self.leases.remove(&lease)?;
         self.expiries
             .remove(&(record.expires_at, record.token, lease));
-        self.drop_lease(lease, record.job, record.token);
+        self.drop_lease(lease, record.job, record.token, record.capped);
         Some(record.job)
     }
 
     /// A lease is gone: its token leaves the watermark's reckoning, its scope is no longer
     /// held, its queue has one job fewer leased.
-    fn drop_lease(&mut self, lease: LeaseId, id: JobId, token: FencingToken) {
+    fn drop_lease(
+        &mut self,
+        lease: LeaseId,
+        id: JobId,
+        token: FencingToken,
+        capped: Option<String>,
+    ) {
         self.live_tokens.remove(&(token, lease));
+        if let Some(running) = capped.and_then(|kind| self.running.get_mut(&kind)) {
+            *running = running.saturating_sub(1);
+        }
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
@@ -537,15 +551,30 @@ impl LeaseStore for MemoryLeaseStore {
         let mut picked = Vec::new();
         let mut aside = Vec::new();
         let mut taken = HashSet::new();
+        // How many more of each capped kind may start (as in claim.lua).
+        let mut room: HashMap<String, i64> = state
+            .caps
+            .iter()
+            .map(|(kind, cap)| {
+                let running = state.running.get(kind).copied().unwrap_or(0);
+                (kind.clone(), i64::from(*cap) - i64::from(running))
+            })
+            .collect();
         for (key, kind) in candidates {
             if picked.len() == n {
                 break;
+            }
+            if room.get(&kind).is_some_and(|r| *r <= 0) {
+                continue; // at its cap: stays ready
             }
             let scope = &state.jobs[&key.2].scope;
             let held = state.scopes.get(scope).is_some_and(|s| s.live.is_some());
             if held || !taken.insert(scope.clone()) {
                 aside.push((key, kind));
             } else {
+                if let Some(r) = room.get_mut(&kind) {
+                    *r -= 1;
+                }
                 picked.push((key, kind));
             }
         }
@@ -568,6 +597,10 @@ impl LeaseStore for MemoryLeaseStore {
                 s.live = Some(lease_id);
                 s.last = Some(token);
             }
+            let capped = state.caps.contains_key(&kind).then(|| kind.clone());
+            if let Some(kind) = &capped {
+                *state.running.entry(kind.clone()).or_default() += 1;
+            }
             state.leases.insert(
                 lease_id,
                 LeaseRecord {
@@ -576,6 +609,7 @@ impl LeaseStore for MemoryLeaseStore {
                     claimed_at: now,
                     worker: worker.to_owned(),
                     token,
+                    capped,
                 },
             );
             state.expiries.insert((expires_at, token, lease_id));
@@ -688,7 +722,7 @@ impl LeaseStore for MemoryLeaseStore {
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
-            state.drop_lease(lease, record.job, record.token);
+            state.drop_lease(lease, record.job, record.token, record.capped);
             let Some(job) = state.jobs.get_mut(&record.job) else {
                 continue;
             };
@@ -863,6 +897,81 @@ impl LeaseStore for MemoryLeaseStore {
             .or_insert(through);
         *mark = (*mark).max(through);
         Ok(())
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        let mut state = lock(&self.state);
+        let Some(record) = state.jobs.get(&job) else {
+            return Ok(Cancelled::Missing);
+        };
+        let (queue, kind, scope) = (
+            record.queue.clone(),
+            record.kind.clone(),
+            record.scope.clone(),
+        );
+        // Running (an expired lease not yet reaped counts: the reaper would requeue it).
+        let lease = state
+            .leases
+            .iter()
+            .find(|(_, r)| r.job == job)
+            .map(|(lease, _)| *lease);
+        let done = if let Some(lease) = lease {
+            if let Some(r) = state.leases.remove(&lease) {
+                state.expiries.remove(&(r.expires_at, r.token, lease));
+                state.drop_lease(lease, job, r.token, r.capped);
+            }
+            Cancelled::Revoked
+        } else {
+            if let Some(q) = state.queues.get_mut(&queue) {
+                if let Some(key) = q
+                    .ready
+                    .get(&kind)
+                    .and_then(|set| set.iter().find(|k| k.2 == job).copied())
+                {
+                    q.remove_ready(&kind, &key);
+                }
+                q.delayed.retain(|(_, _, id)| *id != job);
+            }
+            let waited = state
+                .scopes
+                .get_mut(&scope)
+                .and_then(|s| {
+                    s.waiting
+                        .iter()
+                        .find(|k| k.2 == job)
+                        .copied()
+                        .map(|k| (s, k))
+                })
+                .map(|(s, k)| s.waiting.remove(&k))
+                .unwrap_or(false);
+            if waited {
+                if let Some(q) = state.queues.get_mut(&queue) {
+                    q.waiting = q.waiting.saturating_sub(1);
+                }
+            }
+            Cancelled::Removed
+        };
+        state.bury(job, reason.to_owned(), self.dead_retention);
+        state.publish_watermark();
+        Ok(done)
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        crate::job::check_name("kind", kind)?;
+        let mut state = lock(&self.state);
+        match cap {
+            Some(cap) => {
+                state.caps.insert(kind.to_owned(), cap);
+            }
+            None => {
+                state.caps.remove(kind);
+            }
+        }
+        Ok(())
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        Ok(lock(&self.state).caps.get(kind).copied())
     }
 
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {

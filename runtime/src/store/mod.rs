@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
-use crate::job::{Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement};
+use crate::job::{Cancelled, Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement};
 pub use crate::mutation::{Mutation, Value};
 use crate::schedule::{Schedule, ScheduleSpec};
 
@@ -127,6 +127,17 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
     /// usual), so nothing is lost.
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// Cancels job `job`: queued, it goes to the dead letters with `reason`; running, its
+    /// lease is revoked at once and it goes there too (see [`Cancelled`]).
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled>;
+
+    /// Caps (`Some(n)`) how many jobs of `kind` may run at once across the fleet, or lifts
+    /// the cap. Jobs running when a cap is set do not count against it.
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()>;
+
+    /// A kind's concurrency cap.
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>>;
 
     /// Sets (`Some`) or lifts a queue's rate limit; a new limit starts with a full bucket.
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()>;

@@ -1057,6 +1057,133 @@ pub async fn a_rate_limited_queue_hands_out_no_more_than_its_rate(store: Arc<dyn
     assert_eq!(rest, 40 - total, "lifted: everything left");
 }
 
+/// `cancel`: a ready, a waiting and a delayed job go to the dead letters; a running job's
+/// lease is revoked at once (renew says lost, its settlement is refused) and its scope's turn
+/// passes on; cancelling again finds nothing.
+pub async fn cancel_removes_a_queued_job_and_revokes_a_running_one(store: Arc<dyn LeaseStore>) {
+    let q = |j: NewJob| j.with_queue("c");
+    let ids = store
+        .enqueue(vec![
+            q(job("a")),
+            q(job("a").with_scope("s")),
+            q(job("a").with_scope("s")),
+            q(job("a").with_delay(Duration::from_secs(3600))),
+        ])
+        .await
+        .unwrap();
+    let counts = || async { store.counts("c").await.unwrap() };
+    let c = counts().await;
+    assert_eq!((c.ready, c.waiting, c.delayed), (2, 1, 1));
+    for (id, what) in [(ids[0], "ready"), (ids[2], "waiting"), (ids[3], "delayed")] {
+        assert_eq!(
+            store.cancel(id, "stop").await.unwrap(),
+            Cancelled::Removed,
+            "{what}"
+        );
+    }
+    let c = counts().await;
+    assert_eq!(
+        (c.ready, c.waiting, c.delayed, c.dead),
+        (1, 0, 0, 3),
+        "{c:?}"
+    );
+
+    let running = store.claim("c", "w", 5, TTL).await.unwrap();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].job.id, ids[1]);
+    let next = store
+        .enqueue(vec![q(job("a").with_scope("s"))])
+        .await
+        .unwrap()[0];
+    assert_eq!(counts().await.waiting, 1, "behind the running job");
+    let lease = running[0].lease.id;
+    assert_eq!(
+        store.cancel(ids[1], "stop").await.unwrap(),
+        Cancelled::Revoked
+    );
+    assert_eq!(
+        store.renew(&[lease], TTL).await.unwrap(),
+        vec![lease],
+        "lost"
+    );
+    assert!(matches!(
+        settle(&*store, lease, Settlement::Complete).await,
+        Err(Error::LeaseNotCurrent(_))
+    ));
+    let c = counts().await;
+    assert_eq!(
+        (c.leased, c.ready, c.waiting, c.dead),
+        (0, 1, 0, 4),
+        "{c:?}"
+    );
+    let again = store.claim("c", "w", 5, TTL).await.unwrap();
+    assert_eq!(again[0].job.id, next, "the scope's turn passed on");
+
+    for id in [ids[1], ids[0], JobId::new()] {
+        assert_eq!(store.cancel(id, "stop").await.unwrap(), Cancelled::Missing);
+    }
+    let dead = store.dead("c", 10).await.unwrap();
+    assert_eq!(dead.len(), 4);
+    assert!(dead.iter().all(|d| d.reason == "stop"), "{dead:?}");
+}
+
+/// `set_concurrency_cap`: claims never start more of a kind than its cap allows while others
+/// run; every way a lease ends (completion, cancel, expiry) frees its place; other kinds are
+/// not held back.
+pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Arc<dyn LeaseStore>) {
+    let k = |kind: &str| job(kind).with_queue("k");
+    let mut jobs: Vec<NewJob> = (0..5).map(|_| k("capped")).collect();
+    jobs.extend([k("free"), k("free")]);
+    store.enqueue(jobs).await.unwrap();
+    store.set_concurrency_cap("capped", Some(2)).await.unwrap();
+    assert_eq!(store.concurrency_cap("capped").await.unwrap(), Some(2));
+    let claim_k = |n: usize| {
+        let store = store.clone();
+        async move { store.claim("k", "w", n, TTL).await.unwrap() }
+    };
+    let of = |claims: &[Claim], kind: &str| claims.iter().filter(|c| c.job.kind == kind).count();
+    let first = claim_k(10).await;
+    assert_eq!((of(&first, "capped"), of(&first, "free")), (2, 2));
+    assert!(claim_k(10).await.is_empty(), "at the cap");
+    let capped: Vec<&Claim> = first.iter().filter(|c| c.job.kind == "capped").collect();
+    settle(&*store, capped[0].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        of(&claim_k(10).await, "capped"),
+        1,
+        "a completion frees a place"
+    );
+    assert_eq!(
+        store.cancel(capped[1].job.id, "stop").await.unwrap(),
+        Cancelled::Revoked
+    );
+    assert_eq!(
+        of(&claim_k(10).await, "capped"),
+        1,
+        "a cancel frees a place"
+    );
+    assert!(claim_k(10).await.is_empty());
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store.reap(100).await.unwrap().len(),
+        4,
+        "two capped, two free"
+    );
+    let after = claim_k(10).await;
+    assert_eq!(
+        (of(&after, "capped"), of(&after, "free")),
+        (2, 2),
+        "expiry frees places"
+    );
+    store.set_concurrency_cap("capped", None).await.unwrap();
+    assert_eq!(of(&claim_k(10).await, "capped"), 1, "lifted: the last one");
+    assert!(matches!(
+        store.set_concurrency_cap("", Some(1)).await,
+        Err(Error::InvalidJob(_))
+    ));
+}
+
 #[macro_export]
 macro_rules! lease_store_suite {
     ($make:expr) => {
@@ -1084,6 +1211,8 @@ macro_rules! lease_store_suite {
             kept_schedules_and_their_marks,
             results_and_progress_are_kept_for_their_time,
             a_rate_limited_queue_hands_out_no_more_than_its_rate,
+            cancel_removes_a_queued_job_and_revokes_a_running_one,
+            a_capped_kind_never_runs_more_than_its_cap,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -14,14 +14,14 @@ use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Link};
 use super::scripts::{
-    decode_claim, decode_lease_row, decode_watermark, token, Meta, ADVANCE_SCHEDULE, CLAIM, COUNTS,
-    ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW, RETRY_DEAD,
-    SETTLE,
+    decode_claim, decode_lease_row, decode_watermark, token, Meta, ADVANCE_SCHEDULE, CANCEL, CLAIM,
+    COUNTS, ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW,
+    RETRY_DEAD, SETTLE,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
+    Cancelled, Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::schedule::ScheduleSpec;
@@ -653,6 +653,58 @@ impl LeaseStore for RedisLeaseStore {
             .arg(name)
             .arg(through)
             .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        let mut conn = self.conn().await?;
+        let done: String = CANCEL
+            .key(&self.base)
+            .arg(job.to_string())
+            .arg(reason)
+            .arg(self.dead_retention)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        match done.as_str() {
+            "removed" => Ok(Cancelled::Removed),
+            "revoked" => Ok(Cancelled::Revoked),
+            "missing" => Ok(Cancelled::Missing),
+            other => Err(garbage(format_args!("cancel answered {other:?}"))),
+        }
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        crate::job::check_name("kind", kind)?;
+        let key = format!("{}caps", self.base);
+        let mut conn = self.conn().await?;
+        let done = match cap {
+            Some(cap) => {
+                redis::cmd("HSET")
+                    .arg(&key)
+                    .arg(kind)
+                    .arg(cap)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+            None => {
+                redis::cmd("HDEL")
+                    .arg(&key)
+                    .arg(kind)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        };
+        done.map_err(|e| self.link.broken(e))
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        let mut conn = self.conn().await?;
+        redis::cmd("HGET")
+            .arg(format!("{}caps", self.base))
+            .arg(kind)
+            .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
     }

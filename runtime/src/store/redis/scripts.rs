@@ -42,6 +42,7 @@ pub(super) static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead
 pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 pub(super) static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
+pub(super) static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
 /// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, ARGV name and ms.
 pub(super) static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

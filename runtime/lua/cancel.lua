@@ -1,0 +1,32 @@
+-- cancel.lua: cancels one job. A queued job (ready, waiting its scope's turn, or delayed) goes
+-- to its queue's dead letters with the reason; a running job's lease is revoked at once (its
+-- renewal fails, its settlement is refused, the watermark passes its token) and the job goes
+-- to the dead letters too — so nothing vanishes, and `dead retry` can bring it back.
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  job id, ARGV[2] reason, ARGV[3] dead-letter records kept per queue
+-- Returns  "removed" (was queued), "revoked" (was running), or "missing" (no such job: never
+--          enqueued, done, dead already)
+-- Errors   none
+local base, id, reason, keep = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local job = base .. 'job:' .. id
+local f = redis.call('HMGET', job, 'queue', 'kind', 'scope', 'lease')
+if not f[1] then
+  return 'missing'
+end
+local queue, kind, scope, lease = f[1], f[2], f[3], f[4]
+-- A job record keeps the id of its last lease; the lease is live only if it still names it.
+local entry = lease and redis.call('HGET', base .. 'lease_job', lease)
+if entry and job_of(entry) == id then
+  release(base, lease, id, entry)
+  bury(base, id, reason, keep)
+  return 'revoked'
+end
+if kind then
+  redis.call('ZREM', ready_key(base, queue, kind), id)
+end
+redis.call('ZREM', base .. 'q:' .. queue .. ':delayed', id)
+if scope and redis.call('ZREM', base .. 'wait:' .. scope, id) == 1 then
+  redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', -1)
+end
+bury(base, id, reason, keep)
+return 'removed'
