@@ -778,12 +778,10 @@ fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() 
     drop(workers);
 }
 
-#[test]
-fn a_rate_limit_holds_across_worker_processes() {
-    let (redis, sink) = (RedisServer::start(), RedisServer::start());
-    palisade(&redis, &["limit", "default", "--jobs", "10", "--per", "1s"]);
-    let lines: String = (0..300)
-        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":1}}\n"))
+/// Enqueues `n` `email.send` jobs of `millis` each through `palisade enqueue --stdin`.
+fn enqueue_emails(redis: &RedisServer, n: usize, millis: u64) {
+    let lines: String = (0..n)
+        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":{millis}}}\n"))
         .collect();
     let mut enqueue = Command::new(BIN)
         .args(["enqueue", "email.send", "--stdin"])
@@ -795,6 +793,13 @@ fn a_rate_limit_holds_across_worker_processes() {
     std::io::Write::write_all(enqueue.stdin.as_mut().unwrap(), lines.as_bytes()).unwrap();
     drop(enqueue.stdin.take());
     assert!(enqueue.wait().unwrap().success());
+}
+
+#[test]
+fn a_rate_limit_holds_across_worker_processes() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    palisade(&redis, &["limit", "default", "--jobs", "10", "--per", "1s"]);
+    enqueue_emails(&redis, 300, 1);
     let workers: Vec<WorkerProcess> = (0..3)
         .map(|i| WorkerProcess::start(&redis, &sink, &format!("limited-{i}"), "5s"))
         .collect();
@@ -822,19 +827,7 @@ fn a_rate_limit_holds_across_worker_processes() {
 fn a_concurrency_cap_holds_across_worker_processes() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     palisade(&redis, &["cap", "email.send", "--running", "2"]);
-    let lines: String = (0..30)
-        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":150}}\n"))
-        .collect();
-    let mut enqueue = Command::new(BIN)
-        .args(["enqueue", "email.send", "--stdin"])
-        .env("PALISADE_REDIS_URL", redis.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(enqueue.stdin.as_mut().unwrap(), lines.as_bytes()).unwrap();
-    drop(enqueue.stdin.take());
-    assert!(enqueue.wait().unwrap().success());
+    enqueue_emails(&redis, 30, 150);
     let _workers: Vec<WorkerProcess> = (0..3)
         .map(|i| WorkerProcess::start(&redis, &sink, &format!("capped-{i}"), "5s"))
         .collect();

@@ -4,14 +4,19 @@
 -- to the dead letters too — so nothing vanishes, and `dead retry` can bring it back.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  job id, ARGV[2] reason, ARGV[3] dead-letter records kept per queue
--- Returns  "removed" (was queued), "revoked" (was running), or "missing" (no such job: never
---          enqueued, done, dead already)
+-- Returns  {outcome, watermark}: outcome "removed" (was queued), "revoked" (was running), or
+--          "missing" (no such job: never enqueued, done, dead already); the low watermark
+--          after it as "w:<epoch>:<counter>" (or "w:"), as settle.lua returns it
 -- Errors   none
 local base, id, reason, keep = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local job = base .. 'job:' .. id
 local f = redis.call('HMGET', job, 'queue', 'kind', 'scope', 'lease')
+local function answer(outcome)
+  local w = watermark(base)
+  return { outcome, w and ('w:' .. fmt(w[1]) .. ':' .. fmt(w[2])) or 'w:' }
+end
 if not f[1] then
-  return 'missing'
+  return answer('missing')
 end
 local queue, kind, scope, lease = f[1], f[2], f[3], f[4]
 -- A job record keeps the id of its last lease; the lease is live only if it still names it.
@@ -19,7 +24,7 @@ local entry = lease and redis.call('HGET', base .. 'lease_job', lease)
 if entry and job_of(entry) == id then
   release(base, lease, id, entry)
   bury(base, id, reason, keep)
-  return 'revoked'
+  return answer('revoked')
 end
 if kind then
   redis.call('ZREM', ready_key(base, queue, kind), id)
@@ -29,4 +34,4 @@ if scope and redis.call('ZREM', base .. 'wait:' .. scope, id) == 1 then
   redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', -1)
 end
 bury(base, id, reason, keep)
-return 'removed'
+return answer('removed')

@@ -37,6 +37,10 @@ if rate[1] then
   tokens = math.min(jobs, before + math.max(0, now - at) * jobs / per)
   n = math.min(n, math.floor(tokens))
   if n <= 0 then
+    if at > now then
+      -- The clock went back: count from now, or the bucket stays frozen until it catches up.
+      redis.call('HSET', rate_key, 'tokens', tokens, 'at', now)
+    end
     return {}
   end
 end
@@ -44,11 +48,16 @@ end
 -- Kinds with a fleet-wide concurrency cap ({prefix}:caps, `palisade cap`): how many more of
 -- each may start. A job counted against its cap carries `capped` (its kind) until its lease
 -- ends (settle, reap, cancel: `uncap` in common.lua).
-local room = {}
+-- Read before any write (a key of the wrong type fails here, changing nothing); a cap that is
+-- not a number is ignored, a count that is not one is read as 0.
+local room, running = {}, {}
 local caps = redis.call('HGETALL', base .. 'caps')
 for i = 1, #caps, 2 do
-  local running = tonumber(redis.call('HGET', base .. 'running', caps[i]) or '0') or 0
-  room[caps[i]] = tonumber(caps[i + 1]) - running
+  local cap = tonumber(caps[i + 1])
+  if cap then
+    running[caps[i]] = tonumber(redis.call('HGET', base .. 'running', caps[i]) or '0') or 0
+    room[caps[i]] = cap - running[caps[i]]
+  end
 end
 
 -- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
@@ -112,8 +121,9 @@ for _, c in ipairs(candidates) do
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
       if room[kind] then
         room[kind] = room[kind] - 1
+        running[kind] = running[kind] + 1
         redis.call('HSET', job, 'capped', kind)
-        redis.call('HINCRBY', base .. 'running', kind, 1)
+        redis.call('HSET', base .. 'running', kind, running[kind])
       end
       if f[2] then
         redis.call('HSET', base .. 'head', scope, id)

@@ -236,9 +236,15 @@ end
 
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
 -- A job counted against its kind's concurrency cap (`capped` holds the kind) stops counting.
+-- Runs after writes, so nothing here may fail: a `running` of the wrong type is left alone, a
+-- count that is not a number is read as 0, and no count goes below 0.
 local function uncap(base, id, kind)
   if kind then
-    redis.call('HINCRBY', base .. 'running', kind, -1)
+    local running = base .. 'running'
+    if redis.call('TYPE', running).ok == 'hash' then
+      local n = tonumber(redis.call('HGET', running, kind) or '0') or 0
+      redis.call('HSET', running, kind, math.max(n - 1, 0))
+    end
     redis.call('HDEL', base .. 'job:' .. id, 'capped')
   end
 end

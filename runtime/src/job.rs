@@ -93,6 +93,12 @@ impl RateLimit {
                 "a rate limit allows at least one job (pause the queue to stop it)".into(),
             ));
         }
+        if !self.per.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(Error::InvalidJob(format!(
+                "rate limit period {:?} is not a whole number of milliseconds",
+                self.per
+            )));
+        }
         if self.per < Duration::from_millis(1) || self.per > Duration::from_secs(86_400) {
             return Err(Error::InvalidJob(format!(
                 "rate limit period {:?} is outside 1ms..=1 day",
@@ -101,6 +107,16 @@ impl RateLimit {
         }
         Ok(())
     }
+}
+
+/// Checks a concurrency cap: at least one (pause the queue to run none).
+pub(crate) fn check_cap(cap: Option<u32>) -> Result<()> {
+    if cap == Some(0) {
+        return Err(Error::InvalidJob(
+            "a concurrency cap of 0 would stop the kind for good; pause its queue instead".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// What cancelling a job did.

@@ -458,3 +458,79 @@ async fn corrupt_watermark_records_fail_safe() {
     assert_eq!(next.len(), 1);
     assert!(next[0].lease.token > claims[1].lease.token);
 }
+
+/// Coordinator state someone else wrote oddly — a cap count that is not a number, a cap that
+/// is not one, a rate bucket stamped in the future (the clock went back) — never makes a
+/// script fail after its first write, and never loses a job or freezes a queue.
+#[tokio::test]
+async fn odd_caps_counts_and_rate_stamps_change_nothing_halfway() {
+    use palisade::{LeaseStore, NewJob, RateLimit, RedisLeaseStore};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "odd");
+    store
+        .enqueue(vec![NewJob::raw("k", "null"), NewJob::raw("k", "null")])
+        .await
+        .unwrap();
+    store.set_concurrency_cap("k", Some(5)).await.unwrap();
+    let first = store
+        .claim("default", "w", 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    // The count is garbage now: the expiry of that lease must still requeue the job.
+    server.cli(&["HSET", "{odd}:running", "k", "x"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let reaped = store.reap(10).await.unwrap();
+    assert_eq!(reaped.len(), 1, "{reaped:?}");
+    assert_eq!(
+        store.counts("default").await.unwrap().ready,
+        2,
+        "nothing lost"
+    );
+    assert_eq!(
+        server.cli(&["HGET", "{odd}:running", "k"]).as_deref(),
+        Some("0")
+    );
+    // A cap that is not a number is ignored; a count that is not one reads as 0.
+    server.cli(&["HSET", "{odd}:caps", "k", "many"]);
+    server.cli(&["HSET", "{odd}:running", "k", "1.5"]);
+    let claimed = store
+        .claim("default", "w", 5, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    // A bucket stamped an hour ahead: the next claim counts from now instead of freezing.
+    store
+        .set_rate_limit(
+            "later",
+            Some(RateLimit {
+                jobs: 10,
+                per: Duration::from_secs(1),
+            }),
+        )
+        .await
+        .unwrap();
+    store
+        .enqueue(vec![NewJob::raw("k", "null").with_queue("later")])
+        .await
+        .unwrap();
+    let ahead = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000)
+        .to_string();
+    server.cli(&["HSET", "{odd}:q:later:rate", "tokens", "0.5", "at", &ahead]);
+    assert!(store
+        .claim("later", "w", 1, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .is_empty());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = store
+        .claim("later", "w", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 1, "the bucket refills from now");
+}

@@ -516,13 +516,16 @@ impl LeaseStore for MemoryLeaseStore {
             return Ok(Vec::new());
         }
         // The same bucket arithmetic as claim.lua, in ms.
+        // Whole milliseconds, as Redis' clock gives them; `at` moves by what was credited.
         let bucket = state.rates.get(queue).map(|(limit, before, at)| {
             let per = limit.per.as_millis() as f64;
-            let refill = now.saturating_duration_since(*at).as_millis() as f64;
-            (f64::from(limit.jobs)).min(before + refill * f64::from(limit.jobs) / per)
+            let credited = now.saturating_duration_since(*at).as_millis() as u64;
+            let tokens =
+                (f64::from(limit.jobs)).min(before + credited as f64 * f64::from(limit.jobs) / per);
+            (tokens, *at + Duration::from_millis(credited))
         });
         let n = match bucket {
-            Some(bucket) => n.min(bucket.floor() as usize),
+            Some((tokens, _)) => n.min(tokens.floor() as usize),
             None => n,
         };
         if n == 0 {
@@ -629,9 +632,9 @@ impl LeaseStore for MemoryLeaseStore {
                 },
             });
         }
-        if let (Some(bucket), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
-            rate.1 = bucket - claims.len() as f64;
-            rate.2 = now;
+        if let (Some((tokens, at)), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
+            rate.1 = tokens - claims.len() as f64;
+            rate.2 = at;
         }
         Ok(claims)
     }
@@ -958,6 +961,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
         crate::job::check_name("kind", kind)?;
+        crate::job::check_cap(cap)?;
         let mut state = lock(&self.state);
         match cap {
             Some(cap) => {

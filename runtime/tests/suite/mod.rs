@@ -1045,6 +1045,10 @@ pub async fn a_rate_limited_queue_hands_out_no_more_than_its_rate(store: Arc<dyn
             jobs: 1,
             per: Duration::from_secs(86_401),
         },
+        RateLimit {
+            jobs: 1,
+            per: Duration::from_micros(1500),
+        },
     ] {
         assert!(matches!(
             store.set_rate_limit("default", Some(bad)).await,
@@ -1100,6 +1104,15 @@ pub async fn cancel_removes_a_queued_job_and_revokes_a_running_one(store: Arc<dy
     assert_eq!(
         store.cancel(ids[1], "stop").await.unwrap(),
         Cancelled::Revoked
+    );
+    // Its token no longer holds the watermark back: sinks refuse its late writes once told.
+    assert!(
+        store
+            .watermark()
+            .is_some_and(|w| w > running[0].lease.token),
+        "{:?} vs {}",
+        store.watermark(),
+        running[0].lease.token
     );
     assert_eq!(
         store.renew(&[lease], TTL).await.unwrap(),
@@ -1178,10 +1191,12 @@ pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Arc<dyn LeaseStor
     );
     store.set_concurrency_cap("capped", None).await.unwrap();
     assert_eq!(of(&claim_k(10).await, "capped"), 1, "lifted: the last one");
-    assert!(matches!(
-        store.set_concurrency_cap("", Some(1)).await,
-        Err(Error::InvalidJob(_))
-    ));
+    for (kind, cap) in [("", Some(1)), ("capped", Some(0))] {
+        assert!(matches!(
+            store.set_concurrency_cap(kind, cap).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
 }
 
 #[macro_export]

@@ -240,6 +240,11 @@ impl LeaseStore for RedisLeaseStore {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // Each kind once: the script reads a kind's ready set per name given, and a name given
+        // twice would put a claimed job aside as well (memory filters by kind, so never).
+        let mut kinds = kinds.to_vec();
+        kinds.sort_unstable();
+        kinds.dedup();
         // A lost epoch is established once and the claim retried; a second failure in a row
         // means something keeps wiping Redis, which the caller hears about.
         for _ in 0..2 {
@@ -251,7 +256,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(ttl.as_millis() as u64)
                 .arg(promotions_per_claim(n))
                 .arg(kinds.len())
-                .arg(kinds)
+                .arg(&kinds)
                 .arg(&leases);
             let sent = Instant::now();
             round_trip("claim");
@@ -659,7 +664,7 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
         let mut conn = self.conn().await?;
-        let done: String = CANCEL
+        let (done, watermark): (String, String) = CANCEL
             .key(&self.base)
             .arg(job.to_string())
             .arg(reason)
@@ -667,6 +672,10 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
+        // A revoked lease's token leaves the reckoning: the watermark may have moved past it.
+        if let Some(w) = decode_watermark(&watermark)? {
+            self.watermark.fetch_max(w.as_u64(), Ordering::Relaxed);
+        }
         match done.as_str() {
             "removed" => Ok(Cancelled::Removed),
             "revoked" => Ok(Cancelled::Revoked),
@@ -677,6 +686,7 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
         crate::job::check_name("kind", kind)?;
+        crate::job::check_cap(cap)?;
         let key = format!("{}caps", self.base);
         let mut conn = self.conn().await?;
         let done = match cap {
