@@ -203,6 +203,13 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
         .click()
         .await
         .unwrap();
+    // The click returns before the POST, its redirect and the new page are done: wait for
+    // the page that says what happened.
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#msg"))
+        .await
+        .expect("the page after the retry");
     assert_eq!(
         text(&c, "#msg").await,
         "Retried 1 dead job(s) of queue default."
