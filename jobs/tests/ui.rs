@@ -95,18 +95,25 @@ async fn text(c: &Client, css: &str) -> String {
         .unwrap()
 }
 
-/// A raw form POST; returns the status line.
-fn post(port: u16, path: &str, form: &str) -> String {
+/// Sends `request` (HTTP/1.0, so the server closes when done) and returns the whole response.
+fn exchange(port: u16, request: &str) -> String {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
-         application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
-        form.len()
-    )
-    .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// A raw form POST; returns the status line.
+fn post(port: u16, path: &str, form: &str) -> String {
+    let response = exchange(
+        port,
+        &format!(
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
+             application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    );
     response.lines().next().unwrap_or_default().to_owned()
 }
 
@@ -174,24 +181,16 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
     assert!(refused.contains("403"), "{refused}");
     // A page that rebinds its own name to 127.0.0.1 is not answered (it would be same-origin
     // with the page and could read the token); no one may frame the page.
-    let mut stream = TcpStream::connect(("127.0.0.1", ui_port)).unwrap();
-    write!(
-        stream,
-        "GET / HTTP/1.0\r\nHost: evil.example:{ui_port}\r\n\r\n"
-    )
-    .unwrap();
-    let mut rebound = String::new();
-    stream.read_to_string(&mut rebound).unwrap();
+    let rebound = exchange(
+        ui_port,
+        &format!("GET / HTTP/1.0\r\nHost: evil.example:{ui_port}\r\n\r\n"),
+    );
     assert!(rebound.starts_with("HTTP/1.0 421"), "{rebound}");
     assert!(!rebound.contains("csrf"), "{rebound}");
-    let mut stream = TcpStream::connect(("127.0.0.1", ui_port)).unwrap();
-    write!(
-        stream,
-        "GET / HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"
-    )
-    .unwrap();
-    let mut own = String::new();
-    stream.read_to_string(&mut own).unwrap();
+    let own = exchange(
+        ui_port,
+        &format!("GET / HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"),
+    );
     let own = own.to_ascii_lowercase();
     assert!(own.contains("x-frame-options: deny") && own.contains("frame-ancestors 'none'"));
     assert_eq!(store.counts("default").await.unwrap().dead, 1);
@@ -227,14 +226,10 @@ fn basic_auth_guards_the_page_and_beyond_loopback_it_is_required() {
     let [port] = free_ports();
     let _ui = ui(&redis, port, &["--basic-auth", "ops:s3cret"]);
     let head = |auth: &str| {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(
-            stream,
-            "GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
+        let response = exchange(
+            port,
+            &format!("GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n"),
+        );
         response.lines().next().unwrap_or_default().to_owned()
     };
     assert!(head("").contains("401"));

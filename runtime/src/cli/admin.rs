@@ -482,14 +482,10 @@ pub(super) fn schedule(
                 let mark = store.schedule_mark(schedule.name()).await?;
                 rows.push((schedule.clone(), source, mark, schedule.next_tick(now)));
             }
+            // The page's formatting: a tick past year 9999 is shown raw, not a panic.
             let when = |ms: Option<i64>| {
                 ms.and_then(|ms| u64::try_from(ms).ok())
-                    .map(|ms| {
-                        humantime::format_rfc3339_seconds(
-                            std::time::UNIX_EPOCH + Duration::from_millis(ms),
-                        )
-                        .to_string()
-                    })
+                    .map(super::ui::when)
                     .unwrap_or_else(|| "-".into())
             };
             if json {

@@ -107,7 +107,7 @@ fn age(d: Duration) -> String {
 
 /// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
 /// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).
-fn when(at_ms: u64) -> String {
+pub(super) fn when(at_ms: u64) -> String {
     const YEAR_10000_MS: u64 = 253_402_300_800_000;
     if at_ms >= YEAR_10000_MS {
         return format!("{at_ms} ms");
