@@ -47,6 +47,15 @@ pub enum Mutation {
     },
 }
 
+impl Mutation {
+    /// The key this mutation changes.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Set { key, .. } | Self::HashSet { key, .. } | Self::HashIncr { key, .. } => key,
+        }
+    }
+}
+
 /// A value stored by a fenced sink, as read back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Value {

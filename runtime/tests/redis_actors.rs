@@ -7,38 +7,57 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use common::RedisServer;
+use common::{RedisCluster, RedisServer};
 use palisade::*;
 use tokio::sync::{mpsc, Notify};
 
 const TTL: Duration = Duration::from_millis(600);
 
 struct Setup {
-    _coordinator_redis: RedisServer,
-    _sink_redis: RedisServer,
+    /// The private servers or cluster, stopped when the test ends.
+    _redis: Box<dyn std::any::Any>,
     coordinator: Addr<Coordinator>,
     store: RedisLeaseStore,
     sink: RedisFencedStore,
     sinks: Sinks,
 }
 
+/// The coordinator and the sink on two private servers.
 fn setup() -> Setup {
     let (coordinator_redis, sink_redis) = (RedisServer::start(), RedisServer::start());
-    let store = RedisLeaseStore::new(
-        store::redis::pool(&coordinator_redis.url()).unwrap(),
-        "actors",
-    );
+    let coordinator = store::redis::pool(&coordinator_redis.url()).unwrap();
+    let sink = store::redis::pool(&sink_redis.url()).unwrap();
+    setup_on(
+        coordinator.into(),
+        sink.into(),
+        Box::new((coordinator_redis, sink_redis)),
+    )
+}
+
+/// The coordinator and the sink on one private Redis Cluster (3 masters, 3 replicas).
+async fn setup_on_a_cluster() -> Setup {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    setup_on(cluster.target(), cluster.target(), Box::new(cluster))
+}
+
+fn setup_on(
+    coordinator: store::redis::Target,
+    sink: store::redis::Target,
+    redis: Box<dyn std::any::Any>,
+) -> Setup {
+    let store = RedisLeaseStore::new(coordinator, "actors");
     let coordinator = Coordinator::new(Arc::new(store.clone()))
         .with_reap_interval(Duration::from_millis(50))
         .start();
-    let sink = RedisFencedStore::new(store::redis::pool(&sink_redis.url()).unwrap(), "ledger");
+    let sink = RedisFencedStore::new(sink, "ledger");
     let sinks = Sinks::new().with(
         "ledger",
         FencedSink::new("ledger", Arc::new(sink.clone())).start(),
     );
     Setup {
-        _coordinator_redis: coordinator_redis,
-        _sink_redis: sink_redis,
+        _redis: redis,
         coordinator,
         store,
         sink,
@@ -78,7 +97,17 @@ async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
 
 #[actix::test]
 async fn stale_holder_is_refused_by_the_redis_sink_and_coordinator() {
-    let s = setup();
+    stale_holder_is_refused(setup()).await;
+}
+
+#[actix::test]
+async fn stale_holder_is_refused_on_a_redis_cluster() {
+    stale_holder_is_refused(setup_on_a_cluster().await).await;
+}
+
+/// Worker A takes a job and pauses past its lease; B takes the job over and writes; A wakes
+/// and writes: the sink refuses it, and the coordinator refuses A's settlement.
+async fn stale_holder_is_refused(s: Setup) {
     let (tx, mut seen) = mpsc::unbounded_channel::<(&str, Lease, Option<Admission>)>();
     let gate = Arc::new(Notify::new());
     let registry = |who: &'static str, gate: Option<Arc<Notify>>| {
@@ -91,8 +120,9 @@ async fn stale_holder_is_refused_by_the_redis_sink_and_coordinator() {
                     tx.send((who, lease.clone(), None)).unwrap();
                     gate.notified().await; // paused; not looking at cancellation
                 }
+                // In the scope's hash tag, so it shares the scope's slot on a cluster.
                 let write = vec![Mutation::Set {
-                    key: "balance".into(),
+                    key: "{account:42}:balance".into(),
                     value: who.into(),
                 }];
                 let admission = ctx.sink("ledger")?.write(write).await?;
@@ -166,19 +196,27 @@ async fn stale_holder_is_refused_by_the_redis_sink_and_coordinator() {
         }
     );
     assert_eq!(
-        s.sink.read("balance").await.unwrap(),
+        s.sink.read("{account:42}:balance").await.unwrap(),
         Some(Value::Text("B".into()))
     );
 }
 
 #[actix::test]
 async fn many_deposits_through_two_workers_apply_exactly_once() {
-    let s = setup();
+    many_deposits_apply_exactly_once(setup()).await;
+}
+
+#[actix::test]
+async fn many_deposits_apply_exactly_once_on_a_redis_cluster() {
+    many_deposits_apply_exactly_once(setup_on_a_cluster().await).await;
+}
+
+async fn many_deposits_apply_exactly_once(s: Setup) {
     let registry = Registry::new().register(
         "deposit",
         |ctx: JobContext, (account, cents): (u32, i64)| async move {
             let credit = Mutation::HashIncr {
-                key: format!("account:{account}"),
+                key: format!("{{account:{account}}}"),
                 field: "balance".into(),
                 by: cents,
             };
@@ -209,7 +247,12 @@ async fn many_deposits_through_two_workers_apply_exactly_once() {
     s.coordinator.send(Enqueue(jobs)).await.unwrap().unwrap();
     assert_eq!(wait_settled(&s.coordinator).await.completed, 400);
     for (account, want) in expected.iter().enumerate() {
-        let Some(Value::Hash(h)) = s.sink.read(&format!("account:{account}")).await.unwrap() else {
+        let Some(Value::Hash(h)) = s
+            .sink
+            .read(&format!("{{account:{account}}}"))
+            .await
+            .unwrap()
+        else {
             panic!("account {account} missing");
         };
         assert_eq!(h["balance"], want.to_string(), "account {account}");

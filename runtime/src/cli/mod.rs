@@ -38,10 +38,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{ArgMatches, FromArgMatches, Subcommand};
-use deadpool_redis::Pool;
 
 use crate::context::Registry;
-use crate::store::redis::{ping, pool_with_ca, redacted};
+use crate::store::redis::{cluster, ping, pool_with_ca, redacted, Target};
 use crate::RedisLeaseStore;
 
 /// A user's worker binary: built from their [`Registry`] and sink names, run from `main`.
@@ -322,15 +321,26 @@ struct RedisArgs {
     /// PEM certificate authority to trust for rediss:// URLs (default: the system's).
     #[arg(long, env = "PALISADE_REDIS_CA_FILE", value_name = "PATH")]
     redis_ca_file: Option<PathBuf>,
+    /// Every Redis URL (coordinator and sinks) names nodes of a Redis Cluster: one node, or
+    /// several separated by commas; the rest of the cluster is learned from them.
+    #[arg(long, env = "PALISADE_REDIS_CLUSTER")]
+    redis_cluster: bool,
 }
 
 impl RedisArgs {
-    fn pool(&self, url: &str) -> anyhow::Result<Pool> {
-        Ok(pool_with_ca(url, self.redis_ca_file.as_deref())?)
+    fn pool(&self, url: &str) -> anyhow::Result<Target> {
+        if self.redis_cluster {
+            if self.redis_ca_file.is_some() {
+                anyhow::bail!("--redis-ca-file: TLS to a Redis Cluster is not supported yet");
+            }
+            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
+            return Ok(cluster(&nodes)?.into());
+        }
+        Ok(pool_with_ca(url, self.redis_ca_file.as_deref())?.into())
     }
 
     /// A pool for `url` that has answered a PING.
-    async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Pool> {
+    async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Target> {
         let pool = self.pool(url)?;
         ping(&pool)
             .await
@@ -338,7 +348,7 @@ impl RedisArgs {
         Ok(pool)
     }
 
-    async fn store(&self) -> anyhow::Result<(Pool, RedisLeaseStore)> {
+    async fn store(&self) -> anyhow::Result<(Target, RedisLeaseStore)> {
         let pool = self.reachable(&self.redis, "Redis").await?;
         let store = RedisLeaseStore::new(pool.clone(), &self.prefix);
         Ok((pool, store))

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::redis::Target;
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
-use deadpool_redis::Pool;
 
 use super::relay::{is_postgres, postgres_sinks, RelayArgs};
 use super::RedisArgs;
@@ -246,7 +246,7 @@ pub(super) fn run(
             store = store.with_epoch_source(Arc::new(source));
         }
         // One pool per distinct URL: sinks on the coordinator's Redis share its pool.
-        let mut pools: HashMap<String, Pool> = HashMap::new();
+        let mut pools: HashMap<String, Target> = HashMap::new();
         pools.insert(args.redis.redis.clone(), pool.clone());
         let mut sinks = Sinks::new();
         let postgres = postgres_sinks(&sink_urls).await?;
@@ -306,7 +306,7 @@ pub(super) fn run(
         // Ready while Redis answers and we are not draining.
         let draining = Arc::new(AtomicBool::new(false));
         // Every backend this process needs: the coordinator's Redis and each sink's.
-        let probes: Vec<Pool> = pools.values().cloned().collect();
+        let probes: Vec<Target> = pools.values().cloned().collect();
         let pg_probes: Vec<Arc<PostgresSink>> = postgres.iter().map(|(_, pg)| pg.clone()).collect();
         let (probe_health, probe_draining) = (health.clone(), draining.clone());
         actix::spawn(async move {

@@ -282,3 +282,134 @@ pub async fn drop_postgres_schema(sink: &palisade::PostgresSink) {
         .await
         .unwrap();
 }
+
+/// A private Redis Cluster on loopback: 3 masters, each with one replica, a 1-second node
+/// timeout (a dead master's replica takes over within a few seconds), nothing on disk.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                // The cluster bus gets its own free port (by default port + 10000, which
+                // may be taken or past 65535).
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-port",
+                    &bus,
+                    // A replica whose master vanished a moment ago still takes over.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_until(|c| c.healthy(), "the cluster never became healthy");
+        cluster
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    pub fn target(&self) -> palisade::store::redis::Target {
+        palisade::store::redis::cluster(&self.urls())
+            .unwrap()
+            .into()
+    }
+
+    /// Every live node sees the state ok and 3 masters that cover all slots, and every master
+    /// has a replica attached.
+    pub fn healthy(&self) -> bool {
+        let live: Vec<&RedisServer> = self.nodes.iter().filter(|n| n.child.is_some()).collect();
+        live.iter().all(|n| {
+            n.cli(&["CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        }) && self.masters().len() == 3
+            && self.masters().iter().all(|&m| {
+                self.nodes[m]
+                    .cli(&["INFO", "replication"])
+                    .is_some_and(|r| r.contains("connected_slaves:1"))
+            })
+    }
+
+    /// Indexes (into `nodes`) of the live nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].child.is_some()
+                    && self.nodes[i]
+                        .cli(&["ROLE"])
+                        .is_some_and(|r| r.starts_with("master"))
+            })
+            .collect()
+    }
+
+    /// The live master serving `key` now.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: u16 = self.nodes[self.masters()[0]]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .unwrap()
+            .parse()
+            .unwrap();
+        // CLUSTER COUNTKEYSINSLOT answers on any node; a master's own CLUSTER NODES line
+        // ("myself,master") lists the slot ranges it serves.
+        for m in self.masters() {
+            let nodes = self.nodes[m].cli(&["CLUSTER", "NODES"]).unwrap_or_default();
+            let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
+                continue;
+            };
+            let serves = me.split_whitespace().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if lo <= slot && slot <= hi)
+            });
+            if serves {
+                return m;
+            }
+        }
+        panic!("no live master serves {key} (slot {slot})");
+    }
+
+    /// Kills node `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].stop();
+    }
+
+    pub fn wait_until(&self, ok: impl Fn(&Self) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if ok(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{what} within 30 s");
+    }
+}

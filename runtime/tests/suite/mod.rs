@@ -1201,8 +1201,16 @@ pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Arc<dyn LeaseStor
 
 #[macro_export]
 macro_rules! lease_store_suite {
+    // `lease_store_cases()`: every case by name, to run them together on one shared backend.
+    (list) => {
+        $crate::lease_store_suite!(@with list ());
+    };
+    // One test per case, each on the store `$make` makes.
     ($make:expr) => {
-        $crate::lease_store_suite!(@cases $make;
+        $crate::lease_store_suite!(@with cases $make);
+    };
+    (@with $arm:ident $make:tt) => {
+        $crate::lease_store_suite!(@$arm $make;
             claim_honours_batch_priority_and_delay,
             one_live_lease_per_scope,
             tokens_grow_per_scope,
@@ -1229,6 +1237,17 @@ macro_rules! lease_store_suite {
             cancel_removes_a_queued_job_and_revokes_a_running_one,
             a_capped_kind_never_runs_more_than_its_cap,
         );
+    };
+    (@list $unused:tt; $($case:ident),* $(,)?) => {
+        #[allow(clippy::type_complexity)]
+        fn lease_store_cases() -> Vec<(
+            &'static str,
+            fn(std::sync::Arc<dyn palisade::LeaseStore>) -> futures_util::future::BoxFuture<'static, ()>,
+        )> {
+            vec![$((stringify!($case), |store| -> futures_util::future::BoxFuture<'static, ()> {
+                Box::pin(suite::$case(store))
+            })),*]
+        }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         mod lease_store {
@@ -1918,8 +1937,16 @@ pub async fn drive_default_scoped_writes(sink: &dyn FencedStore, jobs: u64, rete
 
 #[macro_export]
 macro_rules! fenced_store_suite {
+    // `fenced_store_cases()`: every case by name, to run them together on one shared backend.
+    (list) => {
+        $crate::fenced_store_suite!(@with list ());
+    };
+    // One test per case, each on the sink `$make` makes.
     ($make:expr) => {
-        $crate::fenced_store_suite!(@cases $make;
+        $crate::fenced_store_suite!(@with cases $make);
+    };
+    (@with $arm:ident $make:tt) => {
+        $crate::fenced_store_suite!(@$arm $make;
             admission_rule_end_to_end,
             mutations_apply_whole_or_not_at_all,
             scopes_are_fenced_independently,
@@ -1930,6 +1957,17 @@ macro_rules! fenced_store_suite {
             one_bad_write_fails_only_itself,
             the_watermark_refuses_and_lets_fences_go,
         );
+    };
+    (@list $unused:tt; $($case:ident),* $(,)?) => {
+        #[allow(clippy::type_complexity)]
+        fn fenced_store_cases() -> Vec<(
+            &'static str,
+            fn(std::sync::Arc<dyn palisade::FencedStore>, String) -> futures_util::future::BoxFuture<'static, ()>,
+        )> {
+            vec![$((stringify!($case), |sink, ns| -> futures_util::future::BoxFuture<'static, ()> {
+                Box::pin(suite::$case(sink, ns))
+            })),*]
+        }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         mod fenced_store {

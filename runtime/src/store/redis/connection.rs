@@ -1,11 +1,13 @@
-//! The connection to Redis: URL parsing (TLS, passwords redacted), the pool, one shared
-//! multiplexed connection per store, and the classification of Redis errors by what the
-//! caller should do.
+//! The connection to Redis: URL parsing (TLS, passwords redacted), the pool or the cluster
+//! client, one shared multiplexed connection per store, and the classification of Redis
+//! errors by what the caller should do.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{self, RetryMethod};
 use deadpool_redis::{Manager, Pool, Runtime};
 
@@ -103,14 +105,142 @@ pub fn pool_with_ca(url: &str, ca_file: Option<&std::path::Path>) -> Result<Pool
         .map_err(|e| Error::Config(format!("redis pool: {e}")))
 }
 
-/// One round trip, to turn "unreachable", "wrong password" and the like into an error at start.
-pub async fn ping(pool: &Pool) -> Result<()> {
-    let mut conn = pool.get().await.map_err(unavailable)?;
+/// A Redis Cluster, reached through any of its nodes (`redis://[user:password@]host:port`
+/// each; the client learns the rest of the topology from them and follows it through
+/// resharding and failover). Nothing connects until the first operation (see [`ping`]).
+///
+/// Its connection is redis-rs' cluster connection, which multiplexes every request over one
+/// connection per node and reconnects on its own: a pool would add nothing. A request that
+/// meets a node that is down is retried 5 times, about 1.3 s apart — long enough for a
+/// replica to be promoted when the cluster's node timeout is short, and still an error within
+/// seconds (the callers retry later) instead of deadpool's default of 16 retries with minutes
+/// of back-off.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Arc<ClusterClient>,
+    shown: String,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("nodes", &self.shown)
+            .finish()
+    }
+}
+
+/// A [`Cluster`] reached through `nodes` (TLS to a cluster is not supported yet).
+pub fn cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Cluster> {
+    let shown = nodes
+        .iter()
+        .map(|n| redacted(n.as_ref()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Config(format!("invalid Redis Cluster nodes {shown}: {e}"))
+    };
+    if nodes.is_empty() {
+        return Err(bad(&"no node given"));
+    }
+    let mut infos = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let node = node.as_ref();
+        if node.starts_with("rediss://") {
+            return Err(bad(&"TLS to a Redis Cluster is not supported yet"));
+        }
+        infos.push(redis::IntoConnectionInfo::into_connection_info(node).map_err(|e| bad(&e))?);
+    }
+    let limit = Duration::from_secs(5);
+    let client = ClusterClientBuilder::new(infos)
+        .connection_timeout(limit)
+        .response_timeout(limit * 2)
+        .retries(5)
+        .build()
+        .map_err(|e| bad(&e))?;
+    Ok(Cluster {
+        client: Arc::new(client),
+        shown,
+    })
+}
+
+/// The Redis a store talks to: one server, through a connection [`Pool`], or a [`Cluster`].
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// One Redis server (or a primary with replicas behind one address).
+    Server(Pool),
+    /// A Redis Cluster.
+    Cluster(Cluster),
+}
+
+impl From<Pool> for Target {
+    fn from(pool: Pool) -> Self {
+        Self::Server(pool)
+    }
+}
+
+impl From<&Pool> for Target {
+    fn from(pool: &Pool) -> Self {
+        Self::Server(pool.clone())
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(target: &Target) -> Self {
+        target.clone()
+    }
+}
+
+impl From<Cluster> for Target {
+    fn from(cluster: Cluster) -> Self {
+        Self::Cluster(cluster)
+    }
+}
+
+/// One round trip (to every node of a cluster), to turn "unreachable", "wrong password" and
+/// the like into an error at start.
+pub async fn ping(target: impl Into<Target>) -> Result<()> {
+    let mut conn = Link::new(target.into()).get().await?;
     redis::cmd("PING")
         .query_async::<String>(&mut conn)
         .await
         .map(drop)
         .map_err(unavailable)
+}
+
+/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the text between the first
+/// `{` and the next `}`, if not empty) or of the whole key, modulo 16384 — as the server
+/// computes it.
+pub(super) fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % 16384
+}
+
+/// A hash tag of slot `slot` (< 16384): the smallest decimal number that hashes there, so
+/// the sink's per-slot records on a cluster have fixed, readable names.
+pub(super) fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        let mut tags = vec![String::new(); 16384];
+        let mut missing = tags.len();
+        // Every slot is hit within the first few hundred thousand numbers.
+        for n in 0u32.. {
+            let tag = n.to_string();
+            let slot = usize::from(key_slot(&tag));
+            if tags[slot].is_empty() {
+                tags[slot] = tag;
+                missing -= 1;
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        tags
+    });
+    &TAGS[usize::from(slot % 16384)]
 }
 
 /// Counts one client round trip to Redis on a hot path (the throughput harness reports them
@@ -162,35 +292,119 @@ pub(super) fn parse<T: std::str::FromStr>(s: &str) -> Result<T> {
         .map_err(|_| garbage(format_args!("unexpected value {s:?}")))
 }
 
+/// A connection to a server or to a cluster; requests to a cluster are routed by their first
+/// key (a script's KEYS[1]).
+#[derive(Clone)]
+pub(super) enum Conn {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Server(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// `WAIT replicas timeout`: blocks until `replicas` replicas of the primary serving `key`
+    /// have every write this connection sent it, or `timeout` passes; how many did. On a
+    /// cluster it goes to that key's primary alone (redis-rs would ask every primary).
+    pub(super) async fn wait_replicas(
+        &mut self,
+        key: &str,
+        replicas: usize,
+        timeout: Duration,
+    ) -> redis::RedisResult<usize> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(timeout.as_millis() as u64);
+        match self {
+            Self::Server(c) => wait.query_async(c).await,
+            Self::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let reply = c
+                    .route_command(
+                        wait,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(reply)?)
+            }
+        }
+    }
+}
+
 /// One multiplexed connection shared by all operations of a store. Concurrent requests are
 /// pipelined over it, and no operation pays a pool checkout (deadpool pings Redis on every
 /// checkout, which would double the round trips). A connection-level error drops it; the next
-/// operation connects afresh through the pool.
+/// operation connects afresh.
 #[derive(Clone)]
 pub(super) struct Link {
-    pool: Pool,
-    shared: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
+    target: Target,
+    shared: Arc<std::sync::Mutex<Option<Conn>>>,
 }
 
 impl Link {
-    pub(super) fn new(pool: Pool) -> Self {
+    pub(super) fn new(target: Target) -> Self {
         Self {
-            pool,
+            target,
             shared: Arc::default(),
         }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+    /// Whether this is a Redis Cluster, where a script may only touch keys of one slot.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Conn>> {
         self.shared
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(super) async fn get(&self) -> Result<MultiplexedConnection> {
+    pub(super) async fn get(&self) -> Result<Conn> {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
-        let conn = deadpool_redis::Connection::take(self.pool.get().await.map_err(unavailable)?);
+        let conn = match &self.target {
+            Target::Server(pool) => Conn::Server(deadpool_redis::Connection::take(
+                pool.get().await.map_err(unavailable)?,
+            )),
+            Target::Cluster(cluster) => Conn::Cluster(
+                cluster
+                    .client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| unavailable(format_args!("cluster {}: {e}", cluster.shown)))?,
+            ),
+        };
         *self.slot() = Some(conn.clone());
         Ok(conn)
     }
@@ -212,6 +426,20 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot("123456789"), 0x31C3);
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+        assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
+        for slot in [0, 1, 5000, 16383] {
+            assert_eq!(key_slot(&format!("x:{{{}}}:y", slot_tag(slot))), slot);
+        }
+    }
 
     #[test]
     fn passwords_never_reach_messages() {

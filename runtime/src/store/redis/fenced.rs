@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Script};
-use deadpool_redis::Pool;
 use serde::Serialize;
 
-use super::connection::{garbage, parse, round_trip, Link};
+use super::connection::{garbage, key_slot, parse, round_trip, slot_tag, Link, Target};
 use crate::admission::{Admission, Fence, Rejection};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::{FencingToken, LeaseId, Scope};
 use crate::mutation::{Mutation, Value};
 use crate::store::{collect_budget, FencedStore, FencedWrite};
@@ -31,9 +30,13 @@ static FENCED_WRITE: LazyLock<Script> =
 /// under `ledger:d:<key>`, and the sink's low watermark `ledger:watermark` with its
 /// collection queue `ledger:collect` (fences forgotten once the watermark passes them). A sink serves one coordinator
 /// (tokens of two coordinators are not comparable, and one's watermark would refuse the
-/// other's leases; `cli::App` gives every installation prefix its own sink prefix), and runs
-/// on a single Redis node: its scripts touch the watermark, the collection queue and the
-/// swept fences across hash slots, so it is not for Redis Cluster yet.
+/// other's leases; `cli::App` gives every installation prefix its own sink prefix).
+///
+/// On a Redis Cluster each slot has its own watermark and collection queue
+/// (`ledger:{<slot tag>}:watermark`, `ledger:{<slot tag>}:collect`), a batch goes out as one
+/// script call per slot, and a write's data keys must share its scope's slot: name them with
+/// the scope in braces (`{invoice:42}:total` for scope `invoice:42`). A write whose keys span
+/// slots is refused ([`Rejection::Mutation`]) before anything is sent.
 #[derive(Clone)]
 pub struct RedisFencedStore {
     link: Link,
@@ -45,10 +48,12 @@ pub struct RedisFencedStore {
 }
 
 impl RedisFencedStore {
-    /// A sink whose keys start with `prefix:`; idempotency keys are kept 24 hours.
-    pub fn new(pool: Pool, prefix: &str) -> Self {
+    /// A sink whose keys start with `prefix:`, on one Redis server (a
+    /// [`Pool`](super::Pool)) or a Redis [`Cluster`](super::Cluster); idempotency keys are
+    /// kept 24 hours.
+    pub fn new(target: impl Into<Target>, prefix: &str) -> Self {
         Self {
-            link: Link::new(pool),
+            link: Link::new(target.into()),
             prefix: prefix.to_owned(),
             retention: Duration::from_secs(24 * 3600),
             max_keys: 10_000,
@@ -73,6 +78,76 @@ impl RedisFencedStore {
 
     fn fence_key(&self, scope: &Scope) -> String {
         format!("{}:{{{scope}}}:fence", self.prefix)
+    }
+
+    /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it
+    /// cannot: one of its data keys lives in another slot.
+    fn off_slot(&self, write: &FencedWrite, slot: u16) -> Option<String> {
+        let prefix = self.data_prefix();
+        write.mutations.iter().enumerate().find_map(|(i, m)| {
+            let theirs = key_slot(&format!("{prefix}{}", m.key()));
+            (theirs != slot).then(|| {
+                format!(
+                    "mutation {i}: on Redis Cluster a write's keys must share its scope's slot \
+                     ({slot}), and {} is in slot {theirs}: name it with the scope in braces, \
+                     \"{{{}}}...\"",
+                    m.key(),
+                    write.scope
+                )
+            })
+        })
+    }
+
+    /// One script call for `writes`, which all live in `slot` on a cluster (`None`: one
+    /// server, where the watermark and the collection queue are shared by every scope; on a
+    /// cluster each slot has its own pair, so every call stays in one slot).
+    async fn run(
+        &self,
+        slot: Option<u16>,
+        writes: &[&FencedWrite],
+    ) -> Result<Vec<Result<Admission>>> {
+        let records = match slot {
+            None => format!("{}:", self.prefix),
+            Some(slot) => format!("{}:{{{}}}:", self.prefix, slot_tag(slot)),
+        };
+        let mut invocation = FENCED_WRITE.prepare_invoke();
+        let watermark = FencingToken::from_u64(self.watermark.load(Ordering::Relaxed));
+        invocation
+            .key(format!("{records}watermark"))
+            .key(format!("{records}collect"))
+            .arg(self.retention.as_millis() as u64)
+            .arg(self.max_keys)
+            .arg(self.data_prefix())
+            .arg(format!("{}:", self.prefix))
+            .arg(padded(watermark))
+            .arg(collect_budget(writes.len()));
+        for write in writes {
+            invocation
+                .key(self.fence_key(&write.scope))
+                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
+                .arg(padded(write.fence.token))
+                .arg(write.fence.lease.to_string())
+                .arg(write.key.as_str())
+                .arg(wire(&write.mutations));
+        }
+        round_trip("fenced_write");
+        let mut conn = self.link.get().await?;
+        let replies: Vec<Vec<String>> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        if replies.len() != writes.len() {
+            return Err(garbage(format_args!(
+                "{} replies for {} writes",
+                replies.len(),
+                writes.len()
+            )));
+        }
+        Ok(writes
+            .iter()
+            .zip(replies)
+            .map(|(write, reply)| decode(write, &reply))
+            .collect())
     }
 }
 
@@ -114,6 +189,15 @@ fn wire(mutations: &[Mutation]) -> String {
     serde_json::to_string(&list).expect("strings and lists always encode")
 }
 
+/// `e` again, for each write of a failed call: retryable stays retryable.
+fn same_class(e: &Error) -> Error {
+    if e.is_retryable() {
+        Error::Unavailable(e.to_string())
+    } else {
+        Error::Backend(e.to_string())
+    }
+}
+
 /// Decodes one write's reply; a reply of an unknown shape fails that write alone.
 fn decode(write: &FencedWrite, reply: &[String]) -> Result<Admission> {
     let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
@@ -153,43 +237,52 @@ impl FencedStore for RedisFencedStore {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = FENCED_WRITE.prepare_invoke();
-        let watermark = FencingToken::from_u64(self.watermark.load(Ordering::Relaxed));
-        invocation
-            .key(format!("{}:watermark", self.prefix))
-            .key(format!("{}:collect", self.prefix))
-            .arg(self.retention.as_millis() as u64)
-            .arg(self.max_keys)
-            .arg(self.data_prefix())
-            .arg(format!("{}:", self.prefix))
-            .arg(padded(watermark))
-            .arg(collect_budget(writes.len()));
-        for write in &writes {
-            invocation
-                .key(self.fence_key(&write.scope))
-                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
-                .arg(padded(write.fence.token))
-                .arg(write.fence.lease.to_string())
-                .arg(write.key.as_str())
-                .arg(wire(&write.mutations));
+        if !self.link.is_cluster() {
+            let all: Vec<&FencedWrite> = writes.iter().collect();
+            return self.run(None, &all).await;
         }
-        round_trip("fenced_write");
-        let mut conn = self.link.get().await?;
-        let replies: Vec<Vec<String>> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        if replies.len() != writes.len() {
-            return Err(garbage(format_args!(
-                "{} replies for {} writes",
-                replies.len(),
-                writes.len()
-            )));
+        // On a cluster one script may only touch one slot: the batch goes out as one script
+        // call per slot, all at once. A write whose keys span slots cannot be applied
+        // atomically and is refused alone.
+        let mut out: Vec<Option<Result<Admission>>> = writes.iter().map(|_| None).collect();
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, write) in writes.iter().enumerate() {
+            let slot = key_slot(&self.fence_key(&write.scope));
+            match self.off_slot(write, slot) {
+                Some(why) => out[i] = Some(Ok(Admission::Rejected(Rejection::Mutation { why }))),
+                None => groups.entry(slot).or_default().push(i),
+            }
         }
-        Ok(writes
-            .iter()
-            .zip(replies)
-            .map(|(write, reply)| decode(write, &reply))
+        let calls = groups.iter().map(|(&slot, members)| {
+            let batch: Vec<&FencedWrite> = members.iter().map(|&i| &writes[i]).collect();
+            async move { self.run(Some(slot), &batch).await }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        let mut failed = None;
+        let mut any_reply = out.iter().any(Option::is_some);
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(admissions) => {
+                    any_reply = true;
+                    for (&i, admission) in members.iter().zip(admissions) {
+                        out[i] = Some(admission);
+                    }
+                }
+                Err(e) => {
+                    for &i in members {
+                        out[i] = Some(Err(same_class(&e)));
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        // Nothing answered at all: the batch failed as a whole, as on a single server.
+        if let (Some(e), false) = (failed, any_reply) {
+            return Err(e);
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(garbage("no reply"))))
             .collect())
     }
 

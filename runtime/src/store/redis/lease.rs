@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_redis::redis;
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::Pool;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::connection::{garbage, parse, round_trip, Link};
+use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
 use super::scripts::{
     decode_claim, decode_lease_row, decode_watermark, token, Meta, ADVANCE_SCHEDULE, CANCEL, CLAIM,
     COUNTS, ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW,
@@ -43,6 +41,8 @@ pub struct RedisLeaseStore {
     dead_retention: usize,
     /// The low watermark from the latest settle reply (0 before any).
     watermark: Arc<AtomicU64>,
+    /// Replicas every enqueue waits for, and how long.
+    durable: Option<(usize, Duration)>,
 }
 
 impl RedisLeaseStore {
@@ -67,16 +67,32 @@ impl RedisLeaseStore {
             .map_err(|e| self.link.broken(e))
     }
 
-    /// A coordinator whose keys start with `{<prefix>}:` (the braces are literal: a hash tag).
-    pub fn new(pool: Pool, prefix: &str) -> Self {
+    /// A coordinator whose keys start with `{<prefix>}:` (the braces are literal: a hash tag),
+    /// on one Redis server (a [`Pool`](super::Pool)) or a Redis [`Cluster`](super::Cluster),
+    /// where all of them live in the one slot of that tag.
+    pub fn new(target: impl Into<Target>, prefix: &str) -> Self {
         Self {
-            link: Link::new(pool),
+            link: Link::new(target.into()),
             base: format!("{{{prefix}}}:"),
             epochs: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             dead_retention: DEFAULT_DEAD_RETENTION,
             watermark: Arc::default(),
+            durable: None,
         }
+    }
+
+    /// Makes every enqueue wait (Redis `WAIT`) until `replicas` replicas of the coordinator's
+    /// primary hold the new jobs, for at most `timeout`. Replication is asynchronous: without
+    /// this, jobs enqueued in the last moments before a primary dies may be missing from the
+    /// replica that takes over. If fewer replicas confirm in time, enqueue fails with
+    /// [`Error::OutcomeUnknown`] — the jobs are on the primary and may or may not survive
+    /// its failure (enqueue again with a unique key to make the retry safe). `WAIT` narrows
+    /// the window; it does not make Redis strongly consistent (a failover can still pick a
+    /// replica that had not confirmed).
+    pub fn with_durable_enqueue(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.durable = (replicas > 0).then_some((replicas, timeout.max(Duration::from_millis(1))));
+        self
     }
 
     /// Takes new epochs from a durable source, so recovery from a Redis data loss needs no
@@ -99,7 +115,7 @@ impl RedisLeaseStore {
         self
     }
 
-    async fn conn(&self) -> Result<MultiplexedConnection> {
+    async fn conn(&self) -> Result<Conn> {
         self.link.get().await
     }
 
@@ -210,6 +226,20 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
+        if let Some((replicas, timeout)) = self.durable {
+            round_trip("wait");
+            let confirmed = conn
+                .wait_replicas(&self.base, replicas, timeout)
+                .await
+                .map_err(|e| self.link.broken(e))?;
+            if confirmed < replicas {
+                return Err(Error::OutcomeUnknown(format!(
+                    "{} job(s) enqueued on the primary, but {confirmed} of {replicas} replica(s) \
+                     confirmed them within {timeout:?}: they are lost if the primary fails now",
+                    used.len()
+                )));
+            }
+        }
         if used.len() != ids.len() {
             return Err(garbage(format_args!(
                 "enqueue answered {} ids for {} jobs",

@@ -14,6 +14,6 @@ mod scripts;
 /// `deadpool-redis` dependency of their own to name it.
 pub use deadpool_redis::Pool;
 
-pub use connection::{ping, pool, pool_with_ca, redacted};
+pub use connection::{cluster, ping, pool, pool_with_ca, redacted, Cluster, Target};
 pub use fenced::RedisFencedStore;
 pub use lease::RedisLeaseStore;

@@ -1,0 +1,277 @@
+//! The Redis backends on a private Redis Cluster — 3 masters, each with a replica, started
+//! here on free loopback ports and stopped by pid: the conformance suite, a sink batch across
+//! slots and masters, and a failover of the coordinator's master.
+
+mod common;
+mod suite;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RedisCluster;
+use palisade::*;
+
+lease_store_suite!(list);
+fenced_store_suite!(list);
+
+async fn start_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap()
+}
+
+/// Every case of both suites on one cluster, each under a prefix of its own, four at a time
+/// (six redis-servers and the cases share two cores). Failures are collected by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_holds_on_a_cluster() {
+    let cluster = start_cluster().await;
+    let target = cluster.target();
+    let mut runs = Vec::new();
+    for (name, case) in lease_store_cases() {
+        let prefix = format!("suite-{}", LeaseId::new());
+        let store: Arc<dyn LeaseStore> = Arc::new(RedisLeaseStore::new(target.clone(), &prefix));
+        runs.push((format!("lease_store::{name}"), case(store)));
+    }
+    for (name, case) in fenced_store_cases() {
+        // A prefix in braces keeps all of this sink's keys in one slot, as the suite's scopes
+        // and keys are not named for a cluster.
+        let prefix = format!("{{sink-{}}}", LeaseId::new());
+        let sink: Arc<dyn FencedStore> = Arc::new(RedisFencedStore::new(target.clone(), &prefix));
+        runs.push((
+            format!("fenced_store::{name}"),
+            case(sink, format!("{name}:")),
+        ));
+    }
+    let total = runs.len();
+    let gate = Arc::new(tokio::sync::Semaphore::new(4));
+    let handles: Vec<_> = runs
+        .into_iter()
+        .map(|(name, run)| {
+            let gate = gate.clone();
+            (
+                name,
+                tokio::spawn(async move {
+                    let _turn = gate.acquire_owned().await.unwrap();
+                    run.await
+                }),
+            )
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (name, handle) in handles {
+        if let Err(e) = handle.await {
+            failed.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {total} cases failed on the cluster:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+fn incr(scope: &str, key: &str, token: u64, lease: LeaseId, idem: &str) -> FencedWrite {
+    FencedWrite {
+        scope: Scope::new(scope),
+        fence: Fence {
+            token: FencingToken::from_u64(token),
+            lease,
+        },
+        key: IdempotencyKey::new(idem),
+        mutations: vec![Mutation::HashIncr {
+            key: key.into(),
+            field: "cents".into(),
+            by: 5,
+        }],
+    }
+}
+
+/// A batch whose scopes live on all three masters is applied whole, one script per slot
+/// (a single script would fail with CROSSSLOT); a write whose key is outside its scope's slot
+/// is refused alone with the reason; the admission rule and the watermark hold in every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_batch_spans_slots_and_masters() {
+    let cluster = start_cluster().await;
+    let sink = RedisFencedStore::new(cluster.target(), "ledger");
+    let scopes: Vec<String> = (0..30).map(|i| format!("acct:{i}")).collect();
+    let masters: BTreeSet<usize> = scopes
+        .iter()
+        .map(|s| cluster.master_of(&format!("ledger:{{{s}}}:fence")))
+        .collect();
+    assert_eq!(masters.len(), 3, "the scopes should cover every master");
+
+    let lease = LeaseId::new();
+    let mut batch: Vec<FencedWrite> = scopes
+        .iter()
+        .map(|s| incr(s, &format!("{{{s}}}:balance"), 10, lease, "k1"))
+        .collect();
+    batch.push(incr("acct:0", "elsewhere", 10, lease, "k2"));
+    let replies = sink.write_batch(batch.clone()).await.unwrap();
+    for (scope, reply) in scopes.iter().zip(&replies) {
+        assert_eq!(reply.as_ref().unwrap(), &Admission::Applied, "{scope}");
+    }
+    match replies.last().unwrap() {
+        Ok(Admission::Rejected(Rejection::Mutation { why })) => {
+            assert!(why.contains("share its scope's slot"), "{why}")
+        }
+        other => panic!("an off-slot key was not refused: {other:?}"),
+    }
+    for s in &scopes {
+        let Some(Value::Hash(h)) = sink.read(&format!("{{{s}}}:balance")).await.unwrap() else {
+            panic!("{s} missing");
+        };
+        assert_eq!(h["cents"], "5");
+    }
+    assert_eq!(sink.read("elsewhere").await.unwrap(), None);
+
+    // The same batch again: every write a duplicate, nothing applied twice.
+    let again = sink.write_batch(batch).await.unwrap();
+    for reply in &again[..scopes.len()] {
+        assert_eq!(reply.as_ref().unwrap(), &Admission::Duplicate);
+    }
+    // An older token is refused in every slot.
+    let older = LeaseId::new();
+    let stale: Vec<FencedWrite> = scopes
+        .iter()
+        .map(|s| incr(s, &format!("{{{s}}}:balance"), 9, older, "k3"))
+        .collect();
+    for reply in sink.write_batch(stale).await.unwrap() {
+        assert!(matches!(
+            reply.unwrap(),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+    }
+    // A watermark above a fresh scope's token refuses it whatever slot it lives in.
+    sink.observe_watermark(FencingToken::from_u64(100));
+    let fresh: Vec<FencedWrite> = (0..30)
+        .map(|i| format!("new:{i}"))
+        .map(|s| incr(&s, &format!("{{{s}}}:balance"), 50, LeaseId::new(), "k"))
+        .collect();
+    for reply in sink.write_batch(fresh).await.unwrap() {
+        assert!(matches!(
+            reply.unwrap(),
+            Admission::Rejected(Rejection::StaleToken { highest, .. }) if highest.as_u64() == 100
+        ));
+    }
+}
+
+/// The coordinator's master is killed (SIGKILL); its replica takes over with a new run id,
+/// so the coordinator moves to a new epoch there. The job the dead master had leased is
+/// claimed again under a token of that epoch; the old holder's write, renewal and
+/// settlement are refused. Jobs enqueued with `WAIT` before the kill survive it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
+    let mut cluster = start_cluster().await;
+    let ttl = Duration::from_millis(1500);
+    let store = RedisLeaseStore::new(cluster.target(), "fo")
+        .with_durable_enqueue(1, Duration::from_secs(5));
+    let sink = RedisFencedStore::new(cluster.target(), "ledger");
+    let enqueued = store
+        .enqueue_all(vec![
+            NewJob::raw("transfer", "null").with_scope("acct:7"),
+            NewJob::raw("later", "null"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(enqueued.len(), 2);
+    let kinds = ["transfer".to_string()];
+    let first = store
+        .claim_kinds("default", &kinds, "A", 1, ttl)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    let key = "{acct:7}:balance";
+    let write = |claim: &Claim, idem: &str| {
+        incr(
+            "acct:7",
+            key,
+            claim.lease.token.as_u64(),
+            claim.lease.id,
+            idem,
+        )
+    };
+    assert_eq!(
+        sink.write(write(&first, "a1")).await.unwrap(),
+        Admission::Applied
+    );
+
+    let master = cluster.master_of("{fo}:epoch");
+    let doomed = cluster.nodes[master].port;
+    tokio::task::block_in_place(|| {
+        cluster.kill(master);
+        cluster.wait_until(
+            |c| {
+                c.masters().len() == 3
+                    && c.nodes.iter().filter(|n| n.port != doomed).all(|n| {
+                        n.cli(&["CLUSTER", "INFO"])
+                            .is_some_and(|i| i.contains("cluster_state:ok"))
+                    })
+            },
+            "no replica took over",
+        );
+    });
+    assert_ne!(cluster.master_of("{fo}:epoch"), master);
+
+    // The lease the dead master granted expires on its successor (or never reached it); the
+    // job is claimed again, under the next epoch.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let second = loop {
+        let _ = store.reap(100).await;
+        if let Ok(mut claims) = store.claim_kinds("default", &kinds, "B", 1, ttl).await {
+            if let Some(claim) = claims.pop() {
+                break claim;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(second.job.id, first.job.id);
+    assert!(
+        second.lease.token.epoch() > first.lease.token.epoch(),
+        "{:?} after {:?}",
+        second.lease.token,
+        first.lease.token
+    );
+    assert_eq!(
+        sink.write(write(&second, "b1")).await.unwrap(),
+        Admission::Applied
+    );
+    match sink.write(write(&first, "a2")).await.unwrap() {
+        Admission::Rejected(Rejection::StaleToken { presented, highest }) => {
+            assert_eq!(presented, first.lease.token);
+            assert!(highest >= second.lease.token);
+        }
+        other => panic!("the old holder's write was not refused: {other:?}"),
+    }
+    assert_eq!(
+        store.renew(&[first.lease.id], ttl).await.unwrap(),
+        vec![first.lease.id]
+    );
+    assert!(matches!(
+        store
+            .settle(vec![(first.lease.id, Settlement::Complete)])
+            .await
+            .unwrap()[..],
+        [Err(Error::LeaseNotCurrent(_))]
+    ));
+    assert!(store
+        .settle(vec![(second.lease.id, Settlement::Complete)])
+        .await
+        .unwrap()[0]
+        .is_ok());
+    let later = store
+        .claim_kinds("default", &["later".to_string()], "B", 1, ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        later.len(),
+        1,
+        "a job enqueued with WAIT was lost in the failover"
+    );
+}
