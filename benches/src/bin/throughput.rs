@@ -5,6 +5,8 @@
 //! Embedded:  `cargo run --release -p palisade-benches --bin throughput -- --jobs 200000`
 //! Redis:     `cargo run --release -p palisade-benches --bin throughput -- --redis redis://127.0.0.1:6390 --jobs 20000 [--sink]`
 //! Postgres:  `… --redis redis://127.0.0.1:6390 --jobs 20000 --postgres postgres://postgres@127.0.0.1/test`
+//! Cluster:   `… --cluster --redis redis://127.0.0.1:7000 --jobs 20000 [--sink]` (per-master
+//!            CPU split; `benches/cluster.sh` starts a private 3-master cluster)
 //!
 //! Against Redis it uses a fresh key prefix and deletes its keys afterwards; run it against a
 //! Redis nothing else uses, or the command and CPU counts include other clients' work.
@@ -33,6 +35,10 @@ struct Args {
     /// Run against this Redis instead of the embedded coordinator.
     #[arg(long)]
     redis: Option<String>,
+    /// `--redis` names nodes of a Redis Cluster (comma-separated); the Redis figures are
+    /// summed over its masters, and each master's share of the CPU is shown.
+    #[arg(long, requires = "redis")]
+    cluster: bool,
     /// Each job makes one fenced write to a Redis sink (same Redis).
     #[arg(long)]
     sink: bool,
@@ -68,6 +74,55 @@ struct RedisStats {
     commands: BTreeMap<String, u64>,
     cpu_seconds: f64,
     used_memory: i64,
+}
+
+/// Every server that does the work: the one Redis, or each master of a cluster (by address).
+async fn servers(args: &Args) -> Vec<(String, deadpool_redis::Pool)> {
+    let url = args.redis.as_deref().unwrap();
+    if !args.cluster {
+        return vec![(url.to_owned(), store::redis::pool(url).expect("redis url"))];
+    }
+    let seed = url.split(',').next().unwrap();
+    let mut conn = store::redis::pool(seed)
+        .expect("redis url")
+        .get()
+        .await
+        .expect("seed reachable");
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    nodes
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|flags| flags.contains("master") && !flags.contains("fail"))
+        })
+        .map(|l| {
+            let address = l.split_whitespace().nth(1).unwrap();
+            let address = address.split('@').next().unwrap().to_owned();
+            let pool = store::redis::pool(&format!("redis://{address}")).unwrap();
+            (address, pool)
+        })
+        .collect()
+}
+
+/// The counters of every server, summed, and each one's CPU seconds.
+async fn all_stats(servers: &[(String, deadpool_redis::Pool)]) -> (RedisStats, Vec<f64>) {
+    let mut total = RedisStats::default();
+    let mut cpu = Vec::new();
+    for (_, pool) in servers {
+        let one = redis_stats(pool).await;
+        for (name, calls) in one.commands {
+            *total.commands.entry(name).or_default() += calls;
+        }
+        total.cpu_seconds += one.cpu_seconds;
+        total.used_memory += one.used_memory;
+        cpu.push(one.cpu_seconds);
+    }
+    (total, cpu)
 }
 
 async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
@@ -139,18 +194,28 @@ fn main() {
     let system = System::new();
     system.block_on(async move {
         let prefix = format!("bench-{}", uuid::Uuid::new_v4());
-        let (store, pool): (Arc<dyn LeaseStore>, Option<deadpool_redis::Pool>) = match &args.redis {
+        let (store, target): (Arc<dyn LeaseStore>, Option<store::redis::Target>) = match &args.redis {
             Some(url) => {
-                let pool = store::redis::pool(url).expect("redis url");
-                store::redis::ping(&pool).await.expect("redis reachable");
-                (Arc::new(RedisLeaseStore::new(pool.clone(), &prefix)), Some(pool))
+                let target: store::redis::Target = if args.cluster {
+                    let nodes: Vec<&str> = url.split(',').collect();
+                    store::redis::cluster(&nodes).expect("cluster urls").into()
+                } else {
+                    store::redis::pool(url).expect("redis url").into()
+                };
+                store::redis::ping(&target).await.expect("redis reachable");
+                (Arc::new(RedisLeaseStore::new(target.clone(), &prefix)), Some(target))
             }
             None => (Arc::new(MemoryLeaseStore::new()), None),
         };
+        let servers = match &args.redis {
+            Some(_) => servers(&args).await,
+            None => Vec::new(),
+        };
+        let pool = servers.first().map(|(_, pool)| pool.clone()).filter(|_| !args.cluster);
         let mut redis_sink = None;
-        let sinks = match (&pool, args.sink) {
-            (Some(pool), true) => {
-                let sink = RedisFencedStore::new(pool.clone(), &format!("{prefix}-sink"))
+        let sinks = match (&target, args.sink) {
+            (Some(target), true) => {
+                let sink = RedisFencedStore::new(target.clone(), &format!("{prefix}-sink"))
                     .with_key_retention(args.key_retention, 10_000);
                 redis_sink = Some(sink.clone());
                 Sinks::new().with("bench", FencedSink::new("bench", Arc::new(sink)).start())
@@ -198,10 +263,7 @@ fn main() {
         }
         let coordinator = Coordinator::new(store.clone()).start();
 
-        let before = match &pool {
-            Some(p) => redis_stats(p).await,
-            None => RedisStats::default(),
-        };
+        let (before, _) = all_stats(&servers).await;
         let t0 = Instant::now();
         let jobs: Vec<NewJob> = (0..args.jobs)
             .map(|i| match args.scopes {
@@ -214,10 +276,7 @@ fn main() {
         }
         let enqueue = t0.elapsed();
         let enqueue_trips = round_trips(&metrics, &["enqueue"]);
-        let after_enqueue = match &pool {
-            Some(p) => redis_stats(p).await,
-            None => RedisStats::default(),
-        };
+        let (after_enqueue, cpu_after_enqueue) = all_stats(&servers).await;
 
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
         let ttl = Duration::from_secs(30);
@@ -231,7 +290,7 @@ fn main() {
                 poll_interval: Duration::from_millis(1),
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
-            let (latencies, write, cpu) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us));
+            let (latencies, write, cpu, cluster) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us), args.cluster);
             let update = args.postgres.is_some().then(|| format!("UPDATE {bench_schema}.account SET n = n + 1 WHERE id = $1"));
             let registry = Registry::new().register("noop", move |ctx: JobContext, _: ()| {
                 let (latencies, update) = (latencies.clone(), update.clone());
@@ -245,8 +304,9 @@ fn main() {
                     }
                     if write {
                         // One shared data key: what is measured afterwards is the sink's own state, not
-                        // the data the jobs wrote.
-                        let incr = Mutation::HashIncr { key: "n".into(), field: "n".into(), by: 1 };
+                        // the data the jobs wrote. On a cluster the key must share the scope's slot.
+                        let key = if cluster { format!("{{{}}}n", ctx.job().scope) } else { "n".into() };
+                        let incr = Mutation::HashIncr { key, field: "n".into(), by: 1 };
                         ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
                     }
                     if let Some(update) = update {
@@ -304,8 +364,8 @@ fn main() {
             percentile(&lat, 0.5).as_secs_f64() * 1e3,
             percentile(&lat, 0.99).as_secs_f64() * 1e3
         );
-        if let Some(pool) = &pool {
-            let after = redis_stats(pool).await;
+        if !servers.is_empty() {
+            let (after, cpu_after) = all_stats(&servers).await;
             let run_trips = round_trips(&metrics, &["claim", "settle", "renew", "reap", "establish_epoch"]);
             let sink_trips = round_trips(&metrics, &["fenced_write"]);
             println!(
@@ -325,6 +385,15 @@ fn main() {
                 (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6,
                 (after_enqueue.cpu_seconds - before.cpu_seconds) / n * 1e6
             );
+            if args.cluster {
+                let run_cpu = after.cpu_seconds - after_enqueue.cpu_seconds;
+                let split: Vec<String> = servers
+                    .iter()
+                    .zip(cpu_after.iter().zip(&cpu_after_enqueue))
+                    .map(|((address, _), (a, b))| format!("{address} {:.0}%", (a - b) / run_cpu * 100.0))
+                    .collect();
+                println!("  Redis CPU of the run per master: {}", split.join(", "));
+            }
             // Memory model: bytes left per finished job, right after the run and — with a
             // sink — once the key retention has passed and the sink has collected.
             let left = |s: &RedisStats| (s.used_memory - before.used_memory) as f64 / n;
@@ -333,7 +402,7 @@ fn main() {
                 left(&after_enqueue),
                 left(&after)
             );
-            if let (true, Some(sink), Some(w)) = (args.measure_memory, &redis_sink, store.watermark()) {
+            if let (true, Some(sink), Some(w), Some(pool)) = (args.measure_memory, &redis_sink, store.watermark(), &pool) {
                 tokio::time::sleep(args.key_retention + Duration::from_millis(200)).await;
                 sink.observe_watermark(w);
                 let probe = Scope::new(format!("probe:{prefix}"));
@@ -374,11 +443,14 @@ fn main() {
                     args.key_retention
                 );
             }
-            let mut conn = pool.get().await.unwrap();
-            for pattern in [format!("{{{prefix}}}:*"), format!("{prefix}-sink:*")] {
-                let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
-                for chunk in keys.chunks(1000) {
-                    let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+            for (_, pool) in &servers {
+                let mut conn = pool.get().await.unwrap();
+                for pattern in [format!("{{{prefix}}}:*"), format!("{prefix}-sink:*"), format!("{{{prefix}}}n")] {
+                    let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+                    // One key at a time: on a cluster the keys of one node span slots.
+                    for key in keys {
+                        let _: () = redis::cmd("DEL").arg(key).query_async(&mut conn).await.unwrap();
+                    }
                 }
             }
         }

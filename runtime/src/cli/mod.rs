@@ -323,7 +323,7 @@ struct RedisArgs {
     redis_ca_file: Option<PathBuf>,
     /// Every Redis URL (coordinator and sinks) names nodes of a Redis Cluster: one node, or
     /// several separated by commas; the rest of the cluster is learned from them.
-    #[arg(long, env = "PALISADE_REDIS_CLUSTER")]
+    #[arg(long, env = "PALISADE_REDIS_CLUSTER", value_parser = clap::builder::BoolishValueParser::new())]
     redis_cluster: bool,
 }
 
