@@ -43,33 +43,27 @@ async fn the_conformance_suite_holds_on_a_cluster() {
             case(sink, format!("{name}:")),
         ));
     }
-    let total = runs.len();
-    let gate = Arc::new(tokio::sync::Semaphore::new(4));
-    let handles: Vec<_> = runs
-        .into_iter()
-        .map(|(name, run)| {
-            let gate = gate.clone();
-            (
-                name,
-                tokio::spawn(async move {
-                    let _turn = gate.acquire_owned().await.unwrap();
-                    run.await
-                }),
-            )
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for (name, handle) in handles {
-        if let Err(e) = handle.await {
-            failed.push(format!("{name}: {e}"));
+    suite::run_together(runs, 4).await;
+}
+
+/// The lease suite on a coordinator in three partitions on the cluster (each partition its
+/// own slot), but for the cases partitions do not keep by design.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_holds_for_a_partitioned_coordinator_on_a_cluster() {
+    let cluster = start_cluster().await;
+    let target = cluster.target();
+    let mut runs = Vec::new();
+    for (name, case) in lease_store_cases() {
+        if suite::NOT_FOR_PARTITIONS.contains(&name) {
+            continue;
         }
+        let prefix = format!("suite-{}", LeaseId::new());
+        let store =
+            store::redis::coordinator(target.clone(), &prefix, 3, DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+                .unwrap();
+        runs.push((format!("partitioned::{name}"), case(store)));
     }
-    assert!(
-        failed.is_empty(),
-        "{} of {total} cases failed on the cluster:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+    suite::run_together(runs, 4).await;
 }
 
 fn incr(scope: &str, key: &str, token: u64, lease: LeaseId, idem: &str) -> FencedWrite {
@@ -274,4 +268,24 @@ async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
         1,
         "a job enqueued with WAIT was lost in the failover"
     );
+}
+
+/// A coordinator in three partitions on the cluster keeps each scope on one counter and
+/// shares the work between partitions (and so between masters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
+    let cluster = start_cluster().await;
+    let prefixes = store::redis::partition_prefixes("parts", 3);
+    let parts: Vec<Arc<dyn LeaseStore>> = prefixes
+        .iter()
+        .map(|p| Arc::new(RedisLeaseStore::new(cluster.target(), p)) as Arc<dyn LeaseStore>)
+        .collect();
+    let masters: BTreeSet<usize> = prefixes
+        .iter()
+        .map(|p| cluster.master_of(&format!("{{{p}}}:epoch")))
+        .collect();
+    println!("3 partitions on {} of 3 masters", masters.len());
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(store::partitioned::PartitionedLeaseStore::new(parts.clone()).unwrap());
+    suite::partitions_keep_scopes_and_share_work(store, parts).await;
 }

@@ -4,7 +4,8 @@ mod suite;
 
 use std::sync::Arc;
 
-use palisade::{MemoryFencedStore, MemoryLeaseStore};
+use palisade::store::partitioned::PartitionedLeaseStore;
+use palisade::{LeaseStore, MemoryFencedStore, MemoryLeaseStore};
 
 lease_store_suite!(async { Arc::new(MemoryLeaseStore::new()) });
 fenced_store_suite!(async { Arc::new(MemoryFencedStore::new()) });
@@ -21,4 +22,32 @@ async fn sink_state_stays_bounded_by_live_scopes() {
         "{} scopes held",
         sink.scopes_held()
     );
+}
+
+lease_store_suite!(list);
+
+fn three_partitions() -> (Arc<dyn LeaseStore>, Vec<Arc<dyn LeaseStore>>) {
+    let parts: Vec<Arc<dyn LeaseStore>> = (0..3)
+        .map(|_| Arc::new(MemoryLeaseStore::new()) as Arc<dyn LeaseStore>)
+        .collect();
+    let store = Arc::new(PartitionedLeaseStore::new(parts.clone()).unwrap());
+    (store, parts)
+}
+
+/// The lease suite on a coordinator in three partitions (each a memory coordinator), but for
+/// the cases partitions do not keep by design.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_holds_for_a_partitioned_coordinator() {
+    let runs = lease_store_cases()
+        .into_iter()
+        .filter(|(name, _)| !suite::NOT_FOR_PARTITIONS.contains(name))
+        .map(|(name, case)| (name.to_string(), case(three_partitions().0)))
+        .collect();
+    suite::run_together(runs, 8).await;
+}
+
+#[tokio::test]
+async fn partitions_keep_each_scope_on_one_counter_and_share_the_work() {
+    let (store, parts) = three_partitions();
+    suite::partitions_keep_scopes_and_share_work(store, parts).await;
 }

@@ -10,7 +10,6 @@ use super::{runtime, RedisArgs};
 use crate::context::Registry;
 use crate::ids::Scope;
 use crate::job::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::store::LeaseStore;
 
 /// `enqueue`.
 #[derive(Clone, Debug, clap::Args)]
@@ -130,8 +129,7 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             .collect::<anyhow::Result<Vec<_>>>()?,
     };
     let ids = runtime()?.block_on(async {
-        let (_, store) = args.redis.store().await?;
-        let store = store.with_max_payload_bytes(args.max_payload_bytes);
+        let (_, store) = args.redis.store_with(args.max_payload_bytes, |s| s).await?;
         let mut ids = Vec::with_capacity(jobs.len());
         for batch in jobs.chunks(1000) {
             // Each batch is all or nothing; say exactly how far a failure got.

@@ -41,7 +41,8 @@ use clap::{ArgMatches, FromArgMatches, Subcommand};
 
 use crate::context::Registry;
 use crate::store::redis::{cluster, ping, pool_with_ca, redacted, Target};
-use crate::RedisLeaseStore;
+use crate::{LeaseStore, RedisLeaseStore};
+use std::sync::Arc;
 
 /// A user's worker binary: built from their [`Registry`] and sink names, run from `main`.
 pub struct App {
@@ -325,6 +326,12 @@ struct RedisArgs {
     /// several separated by commas; the rest of the cluster is learned from them.
     #[arg(long, env = "PALISADE_REDIS_CLUSTER", value_parser = clap::builder::BoolishValueParser::new())]
     redis_cluster: bool,
+    /// Partitions of the coordinator (1..=256), each with its own hash tag, epoch and token
+    /// counter, so a Redis Cluster spreads the coordinator's work over its masters. Every
+    /// process of one installation must use the same number; changing it is a migration
+    /// (README, "Partitions").
+    #[arg(long, env = "PALISADE_PARTITIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    partitions: u16,
 }
 
 impl RedisArgs {
@@ -348,10 +355,26 @@ impl RedisArgs {
         Ok(pool)
     }
 
-    async fn store(&self) -> anyhow::Result<(Target, RedisLeaseStore)> {
-        let pool = self.reachable(&self.redis, "Redis").await?;
-        let store = RedisLeaseStore::new(pool.clone(), &self.prefix);
-        Ok((pool, store))
+    async fn store(&self) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
+        self.store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+            .await
+    }
+
+    /// The coordinator (in `--partitions` partitions), each partition set up by `configure`.
+    async fn store_with(
+        &self,
+        max_payload_bytes: usize,
+        configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
+    ) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
+        let target = self.reachable(&self.redis, "Redis").await?;
+        let store = crate::store::redis::coordinator(
+            target.clone(),
+            &self.prefix,
+            usize::from(self.partitions),
+            max_payload_bytes,
+            configure,
+        )?;
+        Ok((target, store))
     }
 }
 

@@ -164,7 +164,7 @@ impl RelayArgs {
                     crate::job::check_name("queue", queue)?;
                     if client.is_none() {
                         let (_, store) = redis.store().await?;
-                        client = Some(Client::new(Arc::new(store)));
+                        client = Some(Client::new(store));
                     }
                     Target::Enqueue {
                         client: client.clone().expect("just set"),

@@ -468,7 +468,7 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
         let bound = listener.local_addr()?;
         let ui = Arc::new(Ui {
-            store: Arc::new(store),
+            store,
             source: format!(
                 "{} prefix {}",
                 redacted(&args.redis.redis),

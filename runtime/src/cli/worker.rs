@@ -234,17 +234,26 @@ pub(super) fn run(
         .clone()
         .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
     System::new().block_on(async move {
-        let (pool, store) = args.redis.store().await?;
-        let mut store = store.with_dead_retention(args.dead_retention);
+        let mut epochs: Option<Arc<dyn crate::EpochSource>> = None;
         if let Some(path) = &args.epoch_file {
-            store = store.with_epoch_source(Arc::new(FileEpochSource::new(path)));
+            epochs = Some(Arc::new(FileEpochSource::new(path)));
         }
         if let Some(url) = &args.epoch_postgres {
             let source = PostgresEpochSource::connect(url, &args.redis.prefix)
                 .await
                 .context("connecting to the Postgres epoch source")?;
-            store = store.with_epoch_source(Arc::new(source));
+            epochs = Some(Arc::new(source));
         }
+        let (pool, store) = args
+            .redis
+            .store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
+                let store = store.with_dead_retention(args.dead_retention);
+                match &epochs {
+                    Some(source) => store.with_epoch_source(source.clone()),
+                    None => store,
+                }
+            })
+            .await?;
         // One pool per distinct URL: sinks on the coordinator's Redis share its pool.
         let mut pools: HashMap<String, Target> = HashMap::new();
         pools.insert(args.redis.redis.clone(), pool.clone());
@@ -269,7 +278,6 @@ pub(super) fn run(
         } else {
             Vec::new()
         };
-        let store: Arc<dyn crate::LeaseStore> = Arc::new(store);
         // This binary's schedules are kept in the coordinator, so that whichever worker holds
         // the scheduler role — of this binary or another — fires them.
         for schedule in &schedules {

@@ -38,6 +38,7 @@ pub(crate) fn promotions_per_claim(n: usize) -> usize {
     n.saturating_mul(2).saturating_add(16)
 }
 pub mod memory;
+pub mod partitioned;
 pub mod postgres;
 pub mod redis;
 

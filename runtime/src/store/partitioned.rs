@@ -1,0 +1,615 @@
+//! A coordinator split into P partitions, each a whole coordinator of its own (on Redis:
+//! its own hash tag, so its own Redis Cluster slot, epoch and token counter), so one
+//! deployment is no longer bound to one Redis core.
+//!
+//! - **Scopes stay on one counter.** A job with a named scope goes to the partition its
+//!   scope hashes to (CRC16 of the scope, modulo P: stable across processes and versions), so
+//!   every token of a scope comes from one counter and only grows. A job in its default
+//!   scope has no ordering to keep: it goes to the partition its unique key hashes to, or
+//!   round-robin.
+//! - **Claims** ask every partition for its share of the batch at once (one round trip, the
+//!   requests in flight together), then ask the partitions that had enough for what the
+//!   others lacked (work stealing). A worker that found nothing starts its next claim at the
+//!   next partition.
+//! - **Leases** are routed back to the partition that granted them (remembered at claim); a
+//!   lease this process did not claim is offered to every partition.
+//! - **The watermark** is the lowest of the partitions' watermarks, and none until every
+//!   partition has one: each partition's tokens are below its own watermark only, and a sink
+//!   compares every scope's tokens against one watermark.
+//! - **Control state** — roles, schedules, the rejection journal, results, progress, the
+//!   clock — lives in partition 0. Pauses go to every partition. A rate limit or a
+//!   concurrency cap is split into shares, one per partition, that add up to it (each at
+//!   least 1, so a limit below P allows P).
+//!
+//! Limits, by construction: unique keys are unique per partition (jobs that share a unique
+//! key must share a named scope or have none); an enqueue batch that spans partitions is
+//! atomic per partition, not across them (every job is validated before any is sent, so only
+//! a backend error can split it).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::{join_all, try_join_all};
+
+use crate::error::{Error, Result};
+use crate::ids::{FencingToken, JobId, LeaseId, Scope};
+use crate::job::{
+    Cancelled, Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+};
+use crate::schedule::ScheduleSpec;
+use crate::store::{LeaseInfo, LeaseStore, Reaped, RejectionNote};
+
+/// Most partitions: a claim asks each of them.
+pub const MAX_PARTITIONS: usize = 256;
+
+/// A coordinator over P partitions; see the module documentation.
+pub struct PartitionedLeaseStore {
+    parts: Vec<Arc<dyn LeaseStore>>,
+    /// Where the next default-scoped job without a unique key goes, and where the next claim
+    /// starts.
+    next_job: AtomicUsize,
+    next_claim: AtomicUsize,
+    /// The partition of every lease this process claimed and has not settled.
+    owners: Mutex<HashMap<LeaseId, usize>>,
+    max_payload_bytes: usize,
+}
+
+/// The partition of `key` among `p`: CRC16/XMODEM, as Redis Cluster slots use.
+pub fn partition_of(key: &str, p: usize) -> usize {
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(key.as_bytes())) % p.max(1)
+}
+
+/// `total` split into `p` shares that add up to it, each at least 1 (so the sum is
+/// `max(total, p)`).
+fn shares(total: u32, p: usize) -> Vec<u32> {
+    let p32 = p as u32;
+    (0..p32)
+        .map(|j| (total / p32 + u32::from(j < total % p32)).max(1))
+        .collect()
+}
+
+impl PartitionedLeaseStore {
+    /// A coordinator over `parts` (1..=[`MAX_PARTITIONS`]), in a fixed order: every process
+    /// of a deployment must list the same partitions in the same order. On Redis, give each
+    /// its own prefix (`palisade::store::redis::partition_prefixes`).
+    pub fn new(parts: Vec<Arc<dyn LeaseStore>>) -> Result<Self> {
+        if parts.is_empty() || parts.len() > MAX_PARTITIONS {
+            return Err(Error::Config(format!(
+                "{} partitions: 1..={MAX_PARTITIONS} are allowed",
+                parts.len()
+            )));
+        }
+        Ok(Self {
+            parts,
+            next_job: AtomicUsize::new(0),
+            next_claim: AtomicUsize::new(0),
+            owners: Mutex::default(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        })
+    }
+
+    /// The payload limit every job of a batch is checked against before any partition sees
+    /// it (set it to the partitions' own limit).
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// How many partitions.
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    fn control(&self) -> &dyn LeaseStore {
+        self.parts[0].as_ref()
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, usize>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The partition a job goes to.
+    fn place(&self, job: &NewJob) -> usize {
+        let p = self.parts.len();
+        match (&job.scope, &job.unique) {
+            (Some(scope), _) => partition_of(scope.as_str(), p),
+            (None, Some(unique)) => partition_of(&unique.key, p),
+            (None, None) => self.next_job.fetch_add(1, Ordering::Relaxed) % p,
+        }
+    }
+
+    /// Runs `op` on every partition at once; the first error wins.
+    async fn on_all<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
+    where
+        F: Fn(Arc<dyn LeaseStore>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        try_join_all(self.parts.iter().map(|part| op(part.clone()))).await
+    }
+
+    /// Claims from partition `i` and remembers who granted the leases.
+    async fn claim_from(
+        &self,
+        i: usize,
+        queue: &str,
+        kinds: &[String],
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        let claims = self.parts[i]
+            .claim_kinds(queue, kinds, worker, n, ttl)
+            .await?;
+        let mut owners = self.owners();
+        for claim in &claims {
+            owners.insert(claim.lease.id, i);
+        }
+        Ok(claims)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PartitionedLeaseStore {
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        for job in &jobs {
+            job.validate(self.max_payload_bytes)?;
+        }
+        let mut batches: Vec<(Vec<usize>, Vec<NewJob>)> =
+            vec![Default::default(); self.parts.len()];
+        for (i, job) in jobs.into_iter().enumerate() {
+            let (at, batch) = &mut batches[self.place(&job)];
+            at.push(i);
+            batch.push(job);
+        }
+        let total: usize = batches.iter().map(|(at, _)| at.len()).sum();
+        let sent = batches
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(i, (at, batch))| async move {
+                Ok::<_, Error>((at, self.parts[i].enqueue_all(batch).await?))
+            });
+        let mut out: Vec<Option<Enqueued>> = vec![None; total];
+        for (at, enqueued) in try_join_all(sent).await? {
+            for (i, e) in at.into_iter().zip(enqueued) {
+                out[i] = Some(e);
+            }
+        }
+        out.into_iter()
+            .map(|e| e.ok_or_else(|| Error::Backend("a partition answered too few jobs".into())))
+            .collect()
+    }
+
+    async fn claim_kinds(
+        &self,
+        queue: &str,
+        kinds: &[String],
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        let p = self.parts.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let start = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        // Each partition's share of the batch, all asked at once; shares of 0 (n < P) are
+        // not asked.
+        let order: Vec<usize> = (0..p).map(|k| (start + k) % p).collect();
+        let asked: Vec<(usize, usize)> = order
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| (i, n / p + usize::from(k < n % p)))
+            .filter(|&(_, share)| share > 0)
+            .collect();
+        let replies = join_all(
+            asked
+                .iter()
+                .map(|&(i, share)| self.claim_from(i, queue, kinds, worker, share, ttl)),
+        )
+        .await;
+        let mut claims = Vec::with_capacity(n);
+        let mut first_error = None;
+        let mut full = Vec::new();
+        for (&(i, share), reply) in asked.iter().zip(replies) {
+            match reply {
+                Ok(got) => {
+                    if got.len() == share {
+                        full.push(i);
+                    }
+                    claims.extend(got);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        // Steal: what some partitions lacked, from the ones that had their share (and from
+        // those not asked at all), one at a time.
+        let unasked = order.iter().filter(|i| !asked.iter().any(|(j, _)| j == *i));
+        for &i in full.iter().chain(unasked) {
+            if claims.len() >= n {
+                break;
+            }
+            match self
+                .claim_from(i, queue, kinds, worker, n - claims.len(), ttl)
+                .await
+            {
+                Ok(got) => claims.extend(got),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if claims.is_empty() => Err(e),
+            _ => Ok(claims),
+        }
+    }
+
+    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
+        let p = self.parts.len();
+        let mut routed: Vec<Vec<LeaseId>> = vec![Vec::new(); p];
+        let mut unknown = Vec::new();
+        {
+            let owners = self.owners();
+            for lease in leases {
+                match owners.get(lease) {
+                    Some(&i) => routed[i].push(*lease),
+                    None => unknown.push(*lease),
+                }
+            }
+        }
+        let mut lost: Vec<LeaseId> = try_join_all(
+            routed
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_empty())
+                .map(|(i, l)| self.parts[i].renew(l, ttl)),
+        )
+        .await?
+        .concat();
+        if !unknown.is_empty() {
+            // Offered to every partition: lost only where none of them renewed it.
+            let replies = self.on_all(|part| {
+                let unknown = unknown.clone();
+                async move { part.renew(&unknown, ttl).await }
+            });
+            let replies = replies.await?;
+            lost.extend(
+                unknown
+                    .iter()
+                    .filter(|l| replies.iter().all(|lost| lost.contains(l))),
+            );
+        }
+        let mut owners = self.owners();
+        for lease in &lost {
+            owners.remove(lease);
+        }
+        Ok(lost)
+    }
+
+    async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+        let p = self.parts.len();
+        let total = settlements.len();
+        let ids: Vec<LeaseId> = settlements.iter().map(|(lease, _)| *lease).collect();
+        let mut routed: Vec<(Vec<usize>, Vec<(LeaseId, Settlement)>)> = vec![Default::default(); p];
+        let mut unknown = Vec::new();
+        {
+            let owners = self.owners();
+            for (k, s) in settlements.into_iter().enumerate() {
+                match owners.get(&s.0) {
+                    Some(&i) => {
+                        routed[i].0.push(k);
+                        routed[i].1.push(s);
+                    }
+                    None => unknown.push((k, s)),
+                }
+            }
+        }
+        let mut out: Vec<Option<Result<()>>> = (0..total).map(|_| None).collect();
+        let calls = routed
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(i, (at, batch))| async move { (at, self.parts[i].settle(batch).await) });
+        let mut failed = None;
+        for (at, reply) in join_all(calls).await {
+            match reply {
+                Ok(results) => {
+                    for (k, r) in at.into_iter().zip(results) {
+                        out[k] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    for k in at {
+                        out[k] = Some(Err(Error::Unavailable(e.to_string())));
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        // A lease this process did not claim: every partition is asked; it is settled where
+        // it is current, and stale everywhere else.
+        for (k, settlement) in unknown {
+            let tries = self.on_all(|part| {
+                let settlement = settlement.clone();
+                async move { Ok(part.settle(vec![settlement]).await?.pop()) }
+            });
+            let result = match tries.await {
+                Ok(results) => {
+                    let mut results: Vec<Result<()>> = results.into_iter().flatten().collect();
+                    match results.iter().position(|r| r.is_ok()) {
+                        Some(i) => results.swap_remove(i),
+                        None => results
+                            .into_iter()
+                            .find(|r| !matches!(r, Err(Error::LeaseNotCurrent(_))))
+                            .unwrap_or(Err(Error::LeaseNotCurrent(settlement.0))),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            out[k] = Some(result);
+        }
+        if let (Some(e), true) = (failed, out.iter().all(|r| matches!(r, Some(Err(_)) | None))) {
+            return Err(e);
+        }
+        let results: Vec<Result<()>> = out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Backend("no settle reply".into()))))
+            .collect();
+        // A settled lease is over whatever the answer, unless the answer was "try again".
+        let mut owners = self.owners();
+        for (lease, result) in ids.iter().zip(&results) {
+            if !matches!(result, Err(e) if e.is_retryable()) {
+                owners.remove(lease);
+            }
+        }
+        Ok(results)
+    }
+
+    fn watermark(&self) -> Option<FencingToken> {
+        self.parts
+            .iter()
+            .map(|part| part.watermark())
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .min()
+    }
+
+    async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+        let reaped = self
+            .on_all(|part| async move { part.reap(max).await })
+            .await?;
+        Ok(reaped.concat())
+    }
+
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        let all = self
+            .on_all(|part| async move { part.counts(queue).await })
+            .await?;
+        Ok(all
+            .into_iter()
+            .fold(QueueCounts::default(), |a, c| QueueCounts {
+                ready: a.ready + c.ready,
+                delayed: a.delayed + c.delayed,
+                leased: a.leased + c.leased,
+                waiting: a.waiting + c.waiting,
+                completed: a.completed + c.completed,
+                dead: a.dead + c.dead,
+            }))
+    }
+
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        let all = self
+            .on_all(|part| async move { part.dead(queue, limit).await })
+            .await?;
+        Ok(all.concat().into_iter().take(limit).collect())
+    }
+
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
+        self.parts[partition_of(scope.as_str(), self.parts.len())]
+            .highest_token(scope)
+            .await
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let all = self
+            .on_all(|part| async move { part.queues().await })
+            .await?;
+        Ok(all
+            .concat()
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        let all = self
+            .on_all(|part| async move { part.leases(limit).await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by_key(|l| l.expires_in);
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut left = limit;
+        for part in &self.parts {
+            left -= part.retry_dead(queue, left).await?;
+        }
+        Ok(limit - left)
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut left = limit;
+        for part in &self.parts {
+            left -= part.purge_dead(queue, left).await?;
+        }
+        Ok(limit - left)
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.on_all(|part| async move { part.set_paused(queue, paused).await })
+            .await
+            .map(drop)
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        for part in &self.parts {
+            match part.cancel(job, reason).await? {
+                Cancelled::Missing => continue,
+                done => return Ok(done),
+            }
+        }
+        Ok(Cancelled::Missing)
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        if cap == Some(0) {
+            // Refused by every backend the same way; asked of the control partition alone.
+            return self.control().set_concurrency_cap(kind, cap).await;
+        }
+        let shares = cap.map(|cap| shares(cap, self.parts.len()));
+        try_join_all(self.parts.iter().enumerate().map(|(j, part)| {
+            let share = shares.as_ref().map(|s| s[j]);
+            async move { part.set_concurrency_cap(kind, share).await }
+        }))
+        .await
+        .map(drop)
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        let all = self
+            .on_all(|part| async move { part.concurrency_cap(kind).await })
+            .await?;
+        Ok(all.into_iter().sum::<Option<u32>>())
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        if let Some(limit) = &limit {
+            limit.validate()?;
+        }
+        let shares = limit.map(|l| shares(l.jobs, self.parts.len()));
+        try_join_all(self.parts.iter().enumerate().map(|(j, part)| {
+            let share = limit.map(|l| RateLimit {
+                jobs: shares.as_ref().map_or(l.jobs, |s| s[j]),
+                per: l.per,
+            });
+            async move { part.set_rate_limit(queue, share).await }
+        }))
+        .await
+        .map(drop)
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        let all = self
+            .on_all(|part| async move { part.rate_limit(queue).await })
+            .await?;
+        let Some(per) = all.iter().flatten().map(|l| l.per).next() else {
+            return Ok(None);
+        };
+        Ok(Some(RateLimit {
+            jobs: all.iter().flatten().map(|l| l.jobs).sum(),
+            per,
+        }))
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.control().paused().await
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        self.control().now_ms().await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        self.control().schedules().await
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        self.control().put_schedule(spec).await
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        self.control().remove_schedule(name).await
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        self.control().schedule_mark(name).await
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        self.control().advance_schedule(name, through).await
+    }
+
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.control().put_result(job, json, ttl).await
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.control().result(job).await
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.control().put_progress(job, json).await
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.control().progress(job).await
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let all = self
+            .on_all(|part| async move { part.oldest_ready(queue).await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        self.control().hold_role(role, holder, ttl).await
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        self.control().note_rejections(notes).await
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        self.control().rejections(limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_and_never_drop_to_zero() {
+        assert_eq!(shares(10, 3), vec![4, 3, 3]);
+        assert_eq!(shares(2, 3), vec![1, 1, 1]);
+        assert_eq!(shares(u32::MAX, 1), vec![u32::MAX]);
+        for total in 1..50 {
+            for p in 1..10 {
+                assert_eq!(shares(total, p).iter().sum::<u32>(), total.max(p as u32));
+            }
+        }
+    }
+
+    #[test]
+    fn a_scope_always_maps_to_one_partition() {
+        assert_eq!(partition_of("account:42", 7), partition_of("account:42", 7));
+        assert_eq!(partition_of("anything", 1), 0);
+        let hit: BTreeSet<usize> = (0..100)
+            .map(|i| partition_of(&format!("s{i}"), 4))
+            .collect();
+        assert_eq!(hit.len(), 4, "scopes spread over every partition");
+    }
+}
