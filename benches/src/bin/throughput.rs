@@ -39,6 +39,9 @@ struct Args {
     /// summed over its masters, and each master's share of the CPU is shown.
     #[arg(long, requires = "redis")]
     cluster: bool,
+    /// Partitions of the Redis coordinator (each its own hash tag, epoch and counter).
+    #[arg(long, default_value_t = 1)]
+    partitions: usize,
     /// Each job makes one fenced write to a Redis sink (same Redis).
     #[arg(long)]
     sink: bool,
@@ -203,7 +206,9 @@ fn main() {
                     store::redis::pool(url).expect("redis url").into()
                 };
                 store::redis::ping(&target).await.expect("redis reachable");
-                (Arc::new(RedisLeaseStore::new(target.clone(), &prefix)), Some(target))
+                let store = store::redis::coordinator(target.clone(), &prefix, args.partitions, palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+                    .expect("partitions");
+                (store, Some(target))
             }
             None => (Arc::new(MemoryLeaseStore::new()), None),
         };
@@ -353,8 +358,9 @@ fn main() {
         if args.pause_holder > 0 {
             scopes += &format!(", a paused holder of {} hot scopes with {} jobs queued ahead", args.pause_holder, args.pause_holder * 100);
         }
+        let partitions = if args.partitions > 1 { format!(", {} partitions", args.partitions) } else { String::new() };
         println!(
-            "{mode}: {} no-op jobs, {} worker(s) x {} concurrency, {scopes}",
+            "{mode}: {} no-op jobs, {} worker(s) x {} concurrency, {scopes}{partitions}",
             args.jobs, args.workers, args.concurrency
         );
         println!("  enqueue      {:>9.0} jobs/s (bulk, 1000 per call)", n / enqueue.as_secs_f64());
@@ -445,7 +451,7 @@ fn main() {
             }
             for (_, pool) in &servers {
                 let mut conn = pool.get().await.unwrap();
-                for pattern in [format!("{{{prefix}}}:*"), format!("{prefix}-sink:*"), format!("{{{prefix}}}n")] {
+                for pattern in [format!("{{{prefix}*"), format!("{prefix}-sink:*")] {
                     let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
                     // One key at a time: on a cluster the keys of one node span slots.
                     for key in keys {
