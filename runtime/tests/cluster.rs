@@ -284,7 +284,7 @@ async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
         .iter()
         .map(|p| cluster.master_of(&format!("{{{p}}}:epoch")))
         .collect();
-    println!("3 partitions on {} of 3 masters", masters.len());
+    assert_eq!(masters.len(), 3, "the partitions should land on every master");
     let store: Arc<dyn LeaseStore> =
         Arc::new(store::partitioned::PartitionedLeaseStore::new(parts.clone()).unwrap());
     suite::partitions_keep_scopes_and_share_work(store, parts).await;

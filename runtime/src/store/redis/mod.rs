@@ -19,13 +19,32 @@ pub use fenced::RedisFencedStore;
 pub use lease::RedisLeaseStore;
 
 /// The prefixes of a coordinator in `partitions` partitions: `prefix` itself for one (the
-/// unpartitioned layout, unchanged), `prefix-p0`, `prefix-p1`, ... otherwise — each its own
-/// hash tag, so on a Redis Cluster each partition is its own slot.
+/// unpartitioned layout, unchanged); otherwise `prefix-p<i>.<n>` for partition `i`, each its
+/// own hash tag, where `n` is the smallest number that puts the partition's keys in the
+/// `i`-th of `partitions` equal ranges of Redis Cluster slots. A cluster whose slots are
+/// allocated evenly (as `redis-cli --cluster create` does) so gets the partitions spread
+/// evenly over its masters, instead of by the luck of a hash. Every process computes the
+/// same names.
 pub fn partition_prefixes(prefix: &str, partitions: usize) -> Vec<String> {
-    match partitions {
-        0 | 1 => vec![prefix.to_owned()],
-        p => (0..p).map(|i| format!("{prefix}-p{i}")).collect(),
+    if partitions <= 1 {
+        return vec![prefix.to_owned()];
     }
+    let p = partitions as u32;
+    (0..p)
+        .map(|i| {
+            let (lo, hi) = (i * 16384 / p, (i + 1) * 16384 / p);
+            // (A prefix with braces of its own may fix the slot whatever `n` is: then the
+            // search gives up and the partition keeps the plain name.)
+            (0u32..1 << 20)
+                .map(|n| format!("{prefix}-p{i}.{n}"))
+                .find(|candidate| {
+                    // The slot of the coordinator's keys, `{<prefix>}:...`, as Redis hashes it.
+                    let slot = u32::from(connection::key_slot(&format!("{{{candidate}}}:")));
+                    lo <= slot && slot < hi
+                })
+                .unwrap_or_else(|| format!("{prefix}-p{i}"))
+        })
+        .collect()
 }
 
 /// The coordinator under `prefix` in `partitions` partitions on `target`: the plain
@@ -60,4 +79,26 @@ pub fn coordinator(
         crate::store::partitioned::PartitionedLeaseStore::new(parts)?
             .with_max_payload_bytes(max_payload_bytes),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_take_evenly_spaced_slots() {
+        assert_eq!(partition_prefixes("app", 1), ["app"]);
+        for p in [2, 3, 7, 256] {
+            let prefixes = partition_prefixes("app", p);
+            assert_eq!(prefixes.len(), p);
+            for (i, prefix) in prefixes.iter().enumerate() {
+                let slot = usize::from(connection::key_slot(&format!("{{{prefix}}}:x")));
+                assert!(i * 16384 / p <= slot && slot < (i + 1) * 16384 / p, "{prefix}: {slot}");
+            }
+        }
+        // Braces in the prefix pin the slot: where the pinned slot is out of a partition's
+        // range the search ends and the name stays plain.
+        let pinned = partition_prefixes("a{b}c", 2);
+        assert!(pinned.contains(&"a{b}c-p0".to_string()) || pinned.contains(&"a{b}c-p1".to_string()));
+    }
 }
