@@ -489,6 +489,12 @@ impl LeaseStore for FlakyRenewals {
     async fn rejections(&self, limit: usize) -> Result<Vec<palisade::store::RejectionNote>> {
         self.inner.rejections(limit).await
     }
+    async fn epoch(&self) -> Result<Option<u32>> {
+        self.inner.epoch().await
+    }
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        self.inner.raise_epoch(at_least).await
+    }
 }
 
 #[actix::test]

@@ -149,6 +149,30 @@ async fn a_sink_batch_spans_slots_and_masters() {
             Admission::Rejected(Rejection::StaleToken { highest, .. }) if highest.as_u64() == 100
         ));
     }
+    // Each slot collects its own fences below the watermark: the next call to a slot forgets
+    // them (the late writes are still refused, by the watermark).
+    let late: Vec<FencedWrite> = scopes
+        .iter()
+        .map(|s| incr(s, &format!("{{{s}}}:balance"), 10, lease, "k4"))
+        .collect();
+    for reply in sink.write_batch(late).await.unwrap() {
+        assert!(matches!(
+            reply.unwrap(),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+    }
+    for s in &scopes {
+        assert_eq!(
+            sink.highest(&Scope::new(s)).await.unwrap(),
+            None,
+            "{s}: fence kept"
+        );
+    }
+    // A scope whose fence and key records would hash apart is refused alone.
+    let split = sink
+        .write(incr("}odd", "{}odd}:x", 200, LeaseId::new(), "k"))
+        .await;
+    assert!(matches!(split, Err(Error::Config(_))), "{split:?}");
 }
 
 /// The coordinator's master is killed (SIGKILL); its replica takes over with a new run id,
@@ -159,6 +183,14 @@ async fn a_sink_batch_spans_slots_and_masters() {
 async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
     let mut cluster = start_cluster().await;
     let ttl = Duration::from_millis(1500);
+    // Each master has one replica: asking two to confirm fails, and says so.
+    let greedy = RedisLeaseStore::new(cluster.target(), "fo")
+        .with_durable_enqueue(2, Duration::from_millis(300));
+    let unconfirmed = greedy.enqueue_all(vec![NewJob::raw("spare", "null")]).await;
+    assert!(
+        matches!(unconfirmed, Err(Error::OutcomeUnknown(_))),
+        "{unconfirmed:?}"
+    );
     let store = RedisLeaseStore::new(cluster.target(), "fo")
         .with_durable_enqueue(1, Duration::from_secs(5));
     let sink = RedisFencedStore::new(cluster.target(), "ledger");
@@ -284,8 +316,35 @@ async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
         .iter()
         .map(|p| cluster.master_of(&format!("{{{p}}}:epoch")))
         .collect();
-    assert_eq!(masters.len(), 3, "the partitions should land on every master");
+    assert_eq!(
+        masters.len(),
+        3,
+        "the partitions should land on every master"
+    );
     let store: Arc<dyn LeaseStore> =
         Arc::new(store::partitioned::PartitionedLeaseStore::new(parts.clone()).unwrap());
     suite::partitions_keep_scopes_and_share_work(store, parts).await;
+}
+
+/// From one partition to three on the cluster (the Redis epoch scripts), without lowering a
+/// scope's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_to_partitions_on_a_cluster_never_lowers_tokens() {
+    let cluster = start_cluster().await;
+    let layout = |prefix: &str, p| {
+        store::redis::coordinator(
+            cluster.target(),
+            prefix,
+            p,
+            DEFAULT_MAX_PAYLOAD_BYTES,
+            |s| s,
+        )
+        .unwrap()
+    };
+    suite::migration_never_lowers_a_scopes_tokens(
+        layout("mig", 1),
+        layout("mig", 3),
+        layout("ctl", 3),
+    )
+    .await;
 }

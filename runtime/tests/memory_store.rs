@@ -51,3 +51,13 @@ async fn partitions_keep_each_scope_on_one_counter_and_share_the_work() {
     let (store, parts) = three_partitions();
     suite::partitions_keep_scopes_and_share_work(store, parts).await;
 }
+
+#[tokio::test]
+async fn a_migration_to_partitions_never_lowers_a_scopes_tokens() {
+    suite::migration_never_lowers_a_scopes_tokens(
+        Arc::new(MemoryLeaseStore::new()),
+        three_partitions().0,
+        three_partitions().0,
+    )
+    .await;
+}

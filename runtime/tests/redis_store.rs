@@ -147,6 +147,12 @@ mod delegate {
         async fn rejections(&self, limit: usize) -> Result<Vec<store::RejectionNote>> {
             self.store.rejections(limit).await
         }
+        async fn epoch(&self) -> Result<Option<u32>> {
+            self.store.epoch().await
+        }
+        async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+            self.store.raise_epoch(at_least).await
+        }
         fn watermark(&self) -> Option<FencingToken> {
             self.store.watermark()
         }

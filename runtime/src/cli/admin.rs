@@ -606,3 +606,45 @@ pub(super) fn cap(args: CapArgs) -> anyhow::Result<()> {
         print_lines(std::iter::once(said))
     })
 }
+
+/// `partitions`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct PartitionsArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The number of partitions the installation has used so far.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    from: u16,
+    /// The number it uses from now on (then start every process with `--partitions` so).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    to: u16,
+}
+
+/// Moves the coordinator to another number of partitions (`store::partitioned::migrate`).
+pub(super) fn partitions(args: PartitionsArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (target, _) = args.redis.store().await?;
+        let layout = |p: u16| {
+            crate::store::redis::coordinator(
+                target.clone(),
+                &args.redis.prefix,
+                usize::from(p),
+                crate::job::DEFAULT_MAX_PAYLOAD_BYTES,
+                |s| s,
+            )
+        };
+        let (old, new) = (layout(args.from)?, layout(args.to)?);
+        let epoch = crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await?;
+        print_lines([
+            format!(
+                "{} -> {} partitions: the new layout grants tokens in epoch {epoch} or above",
+                args.from, args.to
+            ),
+            format!(
+                "start every worker and producer with --partitions {} (concurrency caps: set them again)",
+                args.to
+            ),
+        ]
+        .into_iter())
+    })
+}

@@ -87,6 +87,9 @@ enum Builtin {
     Cancel(admin::CancelArgs),
     /// Cap (or uncap) how many jobs of a kind run at once across every worker.
     Cap(admin::CapArgs),
+    /// Move to another number of coordinator partitions without lowering any scope's tokens
+    /// (run with every worker stopped and the old layout drained).
+    Partitions(admin::PartitionsArgs),
     /// Set or lift a queue's rate limit (claims per period, shared by every worker).
     Limit(admin::LimitArgs),
     /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
@@ -265,6 +268,7 @@ impl App {
             Builtin::Ui(args) => ui::run(args),
             Builtin::Limit(args) => admin::limit(args),
             Builtin::Cap(args) => admin::cap(args),
+            Builtin::Partitions(args) => admin::partitions(args),
             Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),

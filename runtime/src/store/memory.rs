@@ -1067,6 +1067,25 @@ impl LeaseStore for MemoryLeaseStore {
         let state = lock(&self.state);
         Ok(state.rejections.iter().take(limit).cloned().collect())
     }
+
+    async fn epoch(&self) -> Result<Option<u32>> {
+        Ok(Some(lock(&self.state).epoch))
+    }
+
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        if at_least > FencingToken::MAX_EPOCH {
+            return Err(Error::Epoch(format!(
+                "epoch {at_least} is above the largest, {}",
+                FencingToken::MAX_EPOCH
+            )));
+        }
+        let mut state = lock(&self.state);
+        if state.epoch < at_least {
+            state.epoch = at_least;
+            state.counter = 0;
+        }
+        Ok(state.epoch)
+    }
 }
 
 /// In-memory [`FencedStore`]: the same rule, watermark and collection as the Redis sink,

@@ -198,6 +198,18 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The newest `limit` journal entries, newest first.
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
+
+    /// The epoch tokens are granted in now (`None` before the coordinator has one). With
+    /// [`raise_epoch`](Self::raise_epoch), for moving between coordinator layouts
+    /// (partitions) without lowering any scope's tokens.
+    async fn epoch(&self) -> Result<Option<u32>>;
+
+    /// Makes every token granted from now on be in an epoch of at least `at_least`: moves
+    /// there now if the current epoch is lower (leases already granted stay current), and
+    /// records it as a floor for the epoch a recovery picks. Returns the epoch in force (or,
+    /// before the coordinator has one, the floor it will start at). An epoch above
+    /// [`FencingToken::MAX_EPOCH`] is an [`Error::Epoch`](crate::Error::Epoch).
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32>;
 }
 
 /// How long progress records are kept.

@@ -154,6 +154,46 @@ impl PartitionedLeaseStore {
     }
 }
 
+/// Moves a deployment from the coordinator layout `old` to `new` (another number of
+/// partitions) without lowering any scope's tokens: a scope may land in a partition whose
+/// counter is behind the one it came from, so every partition of `new` is raised to an epoch
+/// above every epoch `old` used. Schedules, paused queues and rate limits are carried over
+/// (concurrency caps cannot be listed: set them again); dead letters stay in `old`.
+///
+/// Run it while no worker of either layout runs, once `old` is drained: it refuses while
+/// `old` still holds queued, delayed or running jobs (it does not move them). Returns the
+/// epoch `new` grants in from now on.
+pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> {
+    let queues = old.queues().await?;
+    let mut pending = Vec::new();
+    for queue in &queues {
+        let n = old.counts(queue).await?.pending();
+        if n > 0 {
+            pending.push(format!("{queue}: {n}"));
+        }
+    }
+    if !pending.is_empty() {
+        return Err(Error::Config(format!(
+            "the old layout still holds jobs ({}): drain it before migrating",
+            pending.join(", ")
+        )));
+    }
+    let above = old.epoch().await?.unwrap_or(0).saturating_add(1);
+    let epoch = new.raise_epoch(above).await?;
+    for spec in old.schedules().await? {
+        new.put_schedule(spec).await?;
+    }
+    for queue in old.paused().await? {
+        new.set_paused(&queue, true).await?;
+    }
+    for queue in &queues {
+        if let Some(limit) = old.rate_limit(queue).await? {
+            new.set_rate_limit(queue, Some(limit)).await?;
+        }
+    }
+    Ok(epoch)
+}
+
 #[async_trait]
 impl LeaseStore for PartitionedLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
@@ -266,15 +306,30 @@ impl LeaseStore for PartitionedLeaseStore {
                 }
             }
         }
-        let mut lost: Vec<LeaseId> = try_join_all(
-            routed
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_empty())
-                .map(|(i, l)| self.parts[i].renew(l, ttl)),
-        )
-        .await?
-        .concat();
+        // A partition that cannot answer has its leases reported lost (their handlers stop;
+        // the jobs run again after expiry), so the others' renewals still count; only when
+        // no partition answered does the whole call fail, to be retried.
+        let asked: Vec<usize> = (0..p).filter(|&i| !routed[i].is_empty()).collect();
+        let replies = join_all(asked.iter().map(|&i| self.parts[i].renew(&routed[i], ttl))).await;
+        let mut lost = Vec::new();
+        let mut failed = None;
+        let mut answered = asked.is_empty();
+        for (&i, reply) in asked.iter().zip(replies) {
+            match reply {
+                Ok(gone) => {
+                    answered = true;
+                    lost.extend(gone);
+                }
+                Err(e) => {
+                    tracing::warn!(partition = i, error = %e, "renewal failed; its leases count as lost");
+                    lost.extend(routed[i].iter().copied());
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let (Some(e), false) = (failed, answered) {
+            return Err(e);
+        }
         if !unknown.is_empty() {
             // Offered to every partition: lost only where none of them renewed it.
             let replies = self.on_all(|part| {
@@ -327,9 +382,15 @@ impl LeaseStore for PartitionedLeaseStore {
                         out[k] = Some(r);
                     }
                 }
+                Err(e) if e.is_retryable() => {
+                    // The caller retries a failed call whole (a worker keeps its settlements
+                    // for the next attempt): leases another partition settled meanwhile then
+                    // answer "not current", and nothing is lost.
+                    return Err(e);
+                }
                 Err(e) => {
                     for k in at {
-                        out[k] = Some(Err(Error::Unavailable(e.to_string())));
+                        out[k] = Some(Err(Error::Backend(e.to_string())));
                     }
                     failed.get_or_insert(e);
                 }
@@ -385,7 +446,17 @@ impl LeaseStore for PartitionedLeaseStore {
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
         let reaped = self
-            .on_all(|part| async move { part.reap(max).await })
+            .on_all(|part| async move {
+                let reaped = part.reap(max).await?;
+                // A partition publishes its watermark in settle replies only: one that settles
+                // nothing (idle, or no scope hashes there) would hold the lowest watermark
+                // back for good. A settlement of a lease nobody holds changes nothing and is
+                // answered with the partition's watermark.
+                let _ = part
+                    .settle(vec![(LeaseId::new(), Settlement::Release)])
+                    .await;
+                Ok(reaped)
+            })
             .await?;
         Ok(reaped.concat())
     }
@@ -414,9 +485,16 @@ impl LeaseStore for PartitionedLeaseStore {
     }
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
-        self.parts[partition_of(scope.as_str(), self.parts.len())]
-            .highest_token(scope)
-            .await
+        if scope.job().is_none() {
+            return self.parts[partition_of(scope.as_str(), self.parts.len())]
+                .highest_token(scope)
+                .await;
+        }
+        // A job's default scope is not placed by its hash: ask every partition.
+        let all = self
+            .on_all(|part| async move { part.highest_token(scope).await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -584,6 +662,22 @@ impl LeaseStore for PartitionedLeaseStore {
 
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
         self.control().rejections(limit).await
+    }
+
+    /// The highest epoch of any partition.
+    async fn epoch(&self) -> Result<Option<u32>> {
+        let all = self
+            .on_all(|part| async move { part.epoch().await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+
+    /// Raises every partition.
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        let all = self
+            .on_all(|part| async move { part.raise_epoch(at_least).await })
+            .await?;
+        Ok(all.into_iter().min().unwrap_or(at_least))
     }
 }
 

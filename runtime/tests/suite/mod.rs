@@ -1308,6 +1308,35 @@ pub async fn partitions_keep_scopes_and_share_work(
             .collect::<Option<Vec<_>>>()
             .and_then(|m| m.into_iter().min())
     );
+    // The watermark never passes a live lease, whichever partition granted it (a sink
+    // refuses every token below it).
+    store
+        .enqueue((0..12).map(|_| job("k")).collect())
+        .await
+        .unwrap();
+    let batch = claim(&*store, 12).await;
+    assert_eq!(batch.len(), 12);
+    let (done, live): (Vec<&Claim>, Vec<&Claim>) = batch
+        .iter()
+        .partition(|c| c.job.id.as_uuid().as_u128() % 2 == 0);
+    for c in &done {
+        settle(&*store, c.lease.id, Settlement::Complete)
+            .await
+            .unwrap();
+    }
+    let w = store
+        .watermark()
+        .expect("every partition has settled a lease");
+    for c in &live {
+        assert!(
+            w <= c.lease.token,
+            "watermark {w:?} passed live lease {:?}",
+            c.lease.token
+        );
+        settle(&*store, c.lease.id, Settlement::Complete)
+            .await
+            .unwrap();
+    }
     // Limits and caps are split into shares that add up.
     let limit = RateLimit {
         jobs: 10,
@@ -1348,6 +1377,57 @@ pub async fn partitions_keep_scopes_and_share_work(
         settle(&*store, running[0].lease.id, Settlement::Complete).await,
         Err(Error::LeaseNotCurrent(_))
     ));
+}
+
+/// Moving from the layout `old` to `new` (fresh) never lowers a scope's tokens: the scope's
+/// partition in `new` grants above everything `old` granted. `control` is another fresh
+/// layout like `new`, left unmigrated, to show the test would catch a lower token.
+pub async fn migration_never_lowers_a_scopes_tokens(
+    old: Arc<dyn LeaseStore>,
+    new: Arc<dyn LeaseStore>,
+    control: Arc<dyn LeaseStore>,
+) {
+    use palisade::store::partitioned::migrate;
+    // A history in the old layout: the scope's tokens reached epoch 7.
+    old.raise_epoch(7).await.unwrap();
+    old.enqueue(vec![job("k").with_scope("acct:1")])
+        .await
+        .unwrap();
+    let before = claim(&*old, 1).await.remove(0);
+    assert_eq!(before.lease.token.epoch(), 7);
+    let limit = RateLimit {
+        jobs: 5,
+        per: Duration::from_secs(1),
+    };
+    old.set_rate_limit("default", Some(limit)).await.unwrap();
+    old.set_paused("other", true).await.unwrap();
+    // Refused while the old layout still has work.
+    assert!(matches!(migrate(&*old, &*new).await, Err(Error::Config(_))));
+    settle(&*old, before.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let epoch = migrate(&*old, &*new).await.unwrap();
+    assert!(epoch > 7, "{epoch}");
+    for layout in [&new, &control] {
+        layout
+            .enqueue(vec![job("k").with_scope("acct:1")])
+            .await
+            .unwrap();
+    }
+    let after = claim(&*new, 1).await.remove(0);
+    assert!(
+        after.lease.token > before.lease.token,
+        "{:?} after {:?}",
+        after.lease.token,
+        before.lease.token
+    );
+    let unmigrated = claim(&*control, 1).await.remove(0);
+    assert!(
+        unmigrated.lease.token < before.lease.token,
+        "the control layout should start lower"
+    );
+    assert_eq!(new.rate_limit("default").await.unwrap(), Some(limit));
+    assert_eq!(new.paused().await.unwrap(), ["other"]);
 }
 
 /// Cases whose property a partitioned coordinator does not keep, by design

@@ -110,15 +110,38 @@ pub fn pool_with_ca(url: &str, ca_file: Option<&std::path::Path>) -> Result<Pool
 /// resharding and failover). Nothing connects until the first operation (see [`ping`]).
 ///
 /// Its connection is redis-rs' cluster connection, which multiplexes every request over one
-/// connection per node and reconnects on its own: a pool would add nothing. A request that
-/// meets a node that is down is retried 5 times, about 1.3 s apart — long enough for a
-/// replica to be promoted when the cluster's node timeout is short, and still an error within
-/// seconds (the callers retry later) instead of deadpool's default of 16 retries with minutes
-/// of back-off.
+/// connection per node and follows the topology on its own: a pool would add nothing, and
+/// every store on one `Cluster` shares it. The client retries nothing: a request may have
+/// run before its connection broke, and the scripts are not all safe to run twice (a
+/// repeated claim would grant leases nobody holds). An error reaches the caller at once —
+/// during a failover, `Unavailable` until the replica is promoted — and the callers retry
+/// with back-off (workers, renewals and settlements all do).
 #[derive(Clone)]
 pub struct Cluster {
     client: Arc<ClusterClient>,
     shown: String,
+    shared: Arc<std::sync::Mutex<Option<ClusterConnection>>>,
+}
+
+impl Cluster {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<ClusterConnection>> {
+        self.shared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The shared connection, made on first use.
+    async fn connection(&self) -> Result<ClusterConnection> {
+        if let Some(conn) = self.slot().as_ref() {
+            return Ok(conn.clone());
+        }
+        let conn = self
+            .client
+            .get_async_connection()
+            .await
+            .map_err(|e| unavailable(format_args!("cluster {}: {e}", self.shown)))?;
+        Ok(self.slot().get_or_insert(conn).clone())
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -154,12 +177,13 @@ pub fn cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Cluster> {
     let client = ClusterClientBuilder::new(infos)
         .connection_timeout(limit)
         .response_timeout(limit * 2)
-        .retries(5)
+        .retries(0)
         .build()
         .map_err(|e| bad(&e))?;
     Ok(Cluster {
         client: Arc::new(client),
         shown,
+        shared: Arc::default(),
     })
 }
 
@@ -199,12 +223,24 @@ impl From<Cluster> for Target {
 /// One round trip (to every node of a cluster), to turn "unreachable", "wrong password" and
 /// the like into an error at start.
 pub async fn ping(target: impl Into<Target>) -> Result<()> {
-    let mut conn = Link::new(target.into()).get().await?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut conn)
-        .await
-        .map(drop)
-        .map_err(unavailable)
+    // A pooled connection is borrowed, not taken, and the cluster's shared one is used, so a
+    // readiness probe that pings every second opens no connection per ping.
+    let ping = redis::cmd("PING");
+    let pong = match target.into() {
+        Target::Server(pool) => {
+            let mut conn = pool.get().await.map_err(unavailable)?;
+            ping.query_async::<String>(&mut conn).await
+        }
+        Target::Cluster(cluster) => {
+            let mut conn = cluster.connection().await?;
+            let pong = ping.query_async::<String>(&mut conn).await;
+            if pong.is_err() {
+                *cluster.slot() = None;
+            }
+            pong
+        }
+    };
+    pong.map(drop).map_err(unavailable)
 }
 
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the text between the first
@@ -368,6 +404,8 @@ impl Conn {
 pub(super) struct Link {
     target: Target,
     shared: Arc<std::sync::Mutex<Option<Conn>>>,
+    /// On a cluster: a connection of this link's own instead of the cluster's shared one.
+    own: bool,
 }
 
 impl Link {
@@ -375,7 +413,21 @@ impl Link {
         Self {
             target,
             shared: Arc::default(),
+            own: false,
         }
+    }
+
+    /// A link with a connection nothing else uses (for commands that block their
+    /// connection, like WAIT).
+    pub(super) fn dedicated(target: Target) -> Self {
+        Self {
+            own: true,
+            ..Self::new(target)
+        }
+    }
+
+    pub(super) fn target(&self) -> &Target {
+        &self.target
     }
 
     /// Whether this is a Redis Cluster, where a script may only touch keys of one slot.
@@ -397,13 +449,14 @@ impl Link {
             Target::Server(pool) => Conn::Server(deadpool_redis::Connection::take(
                 pool.get().await.map_err(unavailable)?,
             )),
-            Target::Cluster(cluster) => Conn::Cluster(
+            Target::Cluster(cluster) if self.own => Conn::Cluster(
                 cluster
                     .client
                     .get_async_connection()
                     .await
                     .map_err(|e| unavailable(format_args!("cluster {}: {e}", cluster.shown)))?,
             ),
+            Target::Cluster(cluster) => Conn::Cluster(cluster.connection().await?),
         };
         *self.slot() = Some(conn.clone());
         Ok(conn)
@@ -418,6 +471,9 @@ impl Link {
             || e.is_unrecoverable_error()
         {
             *self.slot() = None;
+            if let (Target::Cluster(cluster), false) = (&self.target, self.own) {
+                *cluster.slot() = None;
+            }
         }
         classify(&e)
     }
@@ -433,7 +489,11 @@ mod tests {
         assert_eq!(key_slot("123456789"), 0x31C3);
         assert_eq!(key_slot("foo"), 12182);
         assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        // An empty tag does not count: the whole key is hashed.
+        assert_eq!(
+            key_slot("foo{}{bar}"),
+            crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % 16384
+        );
         assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
         assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
         for slot in [0, 1, 5000, 16383] {

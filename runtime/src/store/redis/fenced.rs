@@ -80,6 +80,10 @@ impl RedisFencedStore {
         format!("{}:{{{scope}}}:fence", self.prefix)
     }
 
+    fn keys_key(&self, scope: &Scope) -> String {
+        format!("{}:{{{scope}}}:keys", self.prefix)
+    }
+
     /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it
     /// cannot: one of its data keys lives in another slot.
     fn off_slot(&self, write: &FencedWrite, slot: u16) -> Option<String> {
@@ -124,7 +128,7 @@ impl RedisFencedStore {
         for write in writes {
             invocation
                 .key(self.fence_key(&write.scope))
-                .key(format!("{}:{{{}}}:keys", self.prefix, write.scope))
+                .key(self.keys_key(&write.scope))
                 .arg(padded(write.fence.token))
                 .arg(write.fence.lease.to_string())
                 .arg(write.key.as_str())
@@ -248,6 +252,15 @@ impl FencedStore for RedisFencedStore {
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, write) in writes.iter().enumerate() {
             let slot = key_slot(&self.fence_key(&write.scope));
+            if key_slot(&self.keys_key(&write.scope)) != slot {
+                // Only a scope that starts with '}' (an empty hash tag) splits them.
+                out[i] = Some(Err(Error::Config(format!(
+                    "scope {:?} cannot be fenced on Redis Cluster: its fence and key records \
+                     would hash to different slots",
+                    write.scope.as_str()
+                ))));
+                continue;
+            }
             match self.off_slot(write, slot) {
                 Some(why) => out[i] = Some(Ok(Admission::Rejected(Rejection::Mutation { why }))),
                 None => groups.entry(slot).or_default().push(i),

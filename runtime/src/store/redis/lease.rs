@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
 use super::scripts::{
     decode_claim, decode_lease_row, decode_watermark, token, Meta, ADVANCE_SCHEDULE, CANCEL, CLAIM,
-    COUNTS, ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, REAP, RENEW,
-    RETRY_DEAD, SETTLE,
+    COUNTS, ENQUEUE, ESTABLISH_EPOCH, HOLD_ROLE, LEASES, OLDEST, PURGE_DEAD, RAISE_EPOCH, REAP,
+    RENEW, RETRY_DEAD, SETTLE,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
@@ -41,8 +41,9 @@ pub struct RedisLeaseStore {
     dead_retention: usize,
     /// The low watermark from the latest settle reply (0 before any).
     watermark: Arc<AtomicU64>,
-    /// Replicas every enqueue waits for, and how long.
-    durable: Option<(usize, Duration)>,
+    /// Replicas every enqueue waits for, and how long; and the connection that waits (WAIT
+    /// blocks its connection, which must not hold up the claims and renewals on `link`).
+    durable: Option<(usize, Duration, Link)>,
 }
 
 impl RedisLeaseStore {
@@ -91,7 +92,10 @@ impl RedisLeaseStore {
     /// the window; it does not make Redis strongly consistent (a failover can still pick a
     /// replica that had not confirmed).
     pub fn with_durable_enqueue(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.durable = (replicas > 0).then_some((replicas, timeout.max(Duration::from_millis(1))));
+        self.durable = (replicas > 0).then(|| {
+            let own = Link::dedicated(self.link.target().clone());
+            (replicas, timeout.max(Duration::from_millis(1)), own)
+        });
         self
     }
 
@@ -221,17 +225,19 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(unique_ttl);
         }
         round_trip("enqueue");
-        let mut conn = self.conn().await?;
+        let link = self.durable.as_ref().map_or(&self.link, |(_, _, own)| own);
+        let mut conn = link.get().await?;
         let used: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.link.broken(e))?;
-        if let Some((replicas, timeout)) = self.durable {
+            .map_err(|e| link.broken(e))?;
+        if let Some((replicas, timeout, _)) = &self.durable {
+            let (replicas, timeout) = (*replicas, *timeout);
             round_trip("wait");
             let confirmed = conn
                 .wait_replicas(&self.base, replicas, timeout)
                 .await
-                .map_err(|e| self.link.broken(e))?;
+                .map_err(|e| link.broken(e))?;
             if confirmed < replicas {
                 return Err(Error::OutcomeUnknown(format!(
                     "{} job(s) enqueued on the primary, but {confirmed} of {replicas} replica(s) \
@@ -881,5 +887,39 @@ impl LeaseStore for RedisLeaseStore {
             .iter()
             .filter_map(|r| serde_json::from_str(r).ok())
             .collect())
+    }
+
+    async fn epoch(&self) -> Result<Option<u32>> {
+        let mut conn = self.conn().await?;
+        let epoch: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}epoch", self.base))
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        epoch.map(|e| parse(&e)).transpose()
+    }
+
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        if at_least > FencingToken::MAX_EPOCH {
+            return Err(Error::Epoch(format!(
+                "epoch {at_least} is above the largest, {}",
+                FencingToken::MAX_EPOCH
+            )));
+        }
+        let mut conn = self.conn().await?;
+        let epoch: String = RAISE_EPOCH
+            .key(format!("{}epoch", self.base))
+            .key(format!("{}counter", self.base))
+            .arg(at_least)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let epoch = parse(&epoch)?;
+        if let Some(source) = &self.epochs {
+            // A later recovery must start above it even if Redis loses this epoch too.
+            source.next_epoch(epoch).await?;
+        }
+        Ok(epoch)
     }
 }

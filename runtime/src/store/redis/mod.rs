@@ -93,12 +93,17 @@ mod tests {
             assert_eq!(prefixes.len(), p);
             for (i, prefix) in prefixes.iter().enumerate() {
                 let slot = usize::from(connection::key_slot(&format!("{{{prefix}}}:x")));
-                assert!(i * 16384 / p <= slot && slot < (i + 1) * 16384 / p, "{prefix}: {slot}");
+                assert!(
+                    i * 16384 / p <= slot && slot < (i + 1) * 16384 / p,
+                    "{prefix}: {slot}"
+                );
             }
         }
         // Braces in the prefix pin the slot: where the pinned slot is out of a partition's
         // range the search ends and the name stays plain.
         let pinned = partition_prefixes("a{b}c", 2);
-        assert!(pinned.contains(&"a{b}c-p0".to_string()) || pinned.contains(&"a{b}c-p1".to_string()));
+        assert!(
+            pinned.contains(&"a{b}c-p0".to_string()) || pinned.contains(&"a{b}c-p1".to_string())
+        );
     }
 }

@@ -52,6 +52,25 @@ pub(super) static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
          return 0",
     )
 });
+/// Raises the epoch floor to ARGV[1] and, if the epoch in force is lower, moves to it with a
+/// fresh counter (as a fenced settlement's reseed does): KEYS[1] the epoch hash, KEYS[2] the
+/// counter; returns the epoch in force, or the floor when there is no epoch yet. Reads and
+/// checks before it writes; a record of the wrong type fails before any change.
+pub(super) static RAISE_EPOCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local e = redis.call('HMGET', KEYS[1], 'epoch', 'floor') \
+         local floor = tonumber(ARGV[1]) \
+         local cur = tonumber(e[1] or '') \
+         if tonumber(e[2] or '') == nil or tonumber(e[2]) < floor then \
+           redis.call('HSET', KEYS[1], 'floor', floor) end \
+         if cur == nil then return tostring(floor) end \
+         if cur < floor then \
+           redis.call('HSET', KEYS[1], 'epoch', floor) \
+           redis.call('SET', KEYS[2], 0) \
+           cur = floor end \
+         return tostring(cur)",
+    )
+});
 /// Takes or keeps a role: KEYS[1] the role's key, ARGV holder and ttl ms; 1 if held.
 pub(super) static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
