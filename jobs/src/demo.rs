@@ -305,6 +305,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
                 let arbiter = Arbiter::new();
                 workers.push(Worker::start_in_arbiter(&arbiter.handle(), move |_| worker));
                 arbiters.push(arbiter);
+                if i == 0 {
+                    // The others start once the GC-prone worker holds its victim: on a busy
+                    // machine they could otherwise drain every deposit before it claims one,
+                    // and the story would have no stale write to refuse.
+                    let wait = Instant::now();
+                    while story.victim.get().is_none() && wait.elapsed() < Duration::from_secs(30) {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
             }
 
             let bar = ProgressBar::new(total).with_style(
