@@ -82,17 +82,24 @@ end
 -- Every ready entry is claimable but for a kind at its cap (or a stray entry), so n plus a
 -- little slack per kind is enough; a claim that meets more strays returns fewer jobs, never a
 -- wrong one. (Each entry fetched is a Lua string to build: fetching 2n cost ~10% of a claim.)
-local candidates = {}
+-- Candidates as parallel arrays, not a table each: building one per entry was a visible
+-- share of a claim.
+local c_id, c_num, c_score, c_key, c_kind = {}, {}, {}, {}, {}
 for _, kind in ipairs(kinds) do
   local key = ready_key(base, queue, kind)
   local got = redis.call('ZRANGE', key, 0, n + 15, 'WITHSCORES')
   for i = 1, #got, 2 do
-    candidates[#candidates + 1] = { got[i], tonumber(got[i + 1]), got[i + 1], key, kind }
+    local at = #c_id + 1
+    c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = got[i], tonumber(got[i + 1]), got[i + 1], key, kind
   end
+end
+local order = {}
+for i = 1, #c_id do
+  order[i] = i
 end
 -- One kind's entries come sorted already.
 if #kinds > 1 then
-  table.sort(candidates, function(a, b) return a[2] < b[2] end)
+  table.sort(order, function(a, b) return c_num[a] < c_num[b] end)
 end
 
 -- Of a named scope only its head is ever ready (enter/leave in common.lua), so the first n
@@ -101,11 +108,11 @@ end
 -- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 local out, taken, picked, expiries, owners, tracked = {}, {}, {}, {}, {}, {}
-for _, c in ipairs(candidates) do
+for _, c in ipairs(order) do
   if #out >= n then
     break
   end
-  local id, score, key, kind = c[1], c[3], c[4], c[5]
+  local id, score, key, kind = c_id[c], c_score[c], c_key[c], c_kind[c]
   local job = base .. 'job:' .. id
   local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
   local scope = f[2] or ('job:' .. id)

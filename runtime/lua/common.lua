@@ -142,22 +142,27 @@ end
 
 -- A job that is done (completed or dead) gives its unique key up: the key stays held until
 -- the ttl given at enqueue ends, then goes. A key some other job holds now is left alone.
-local function release_unique(base, id)
-  local u = redis.call('HMGET', base .. 'job:' .. id, 'unique', 'unique_until')
-  if not u[1] then
+local function release_unique_key(base, id, unique, unique_until)
+  if not unique then
     return
   end
-  local key = base .. 'unique:' .. u[1]
+  local key = base .. 'unique:' .. unique
   -- TYPE first: GET would fail on a key of another type, and this runs after changes.
   if redis.call('TYPE', key).ok ~= 'string' or redis.call('GET', key) ~= id then
     return
   end
-  local until_ms = tonumber(u[2] or '') or 0
+  local until_ms = tonumber(unique_until or '') or 0
   if until_ms > now_ms() then
     redis.call('PEXPIREAT', key, until_ms)
   else
     redis.call('DEL', key)
   end
+end
+
+-- `release_unique_key` for a job whose unique fields the caller has not read.
+local function release_unique(base, id)
+  local u = redis.call('HMGET', base .. 'job:' .. id, 'unique', 'unique_until')
+  release_unique_key(base, id, u[1], u[2])
 end
 
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest

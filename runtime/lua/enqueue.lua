@@ -28,6 +28,7 @@ end
 local last = redis.call('INCRBY', base .. 'seq', n)
 local queues = {}
 local kinds = {}
+local ready = {} -- ready set -> {score, id, ...} of the batch's default-scoped jobs
 for i = 0, n - 1 do
   local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -43,10 +44,21 @@ for i = 0, n - 1 do
       redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
         'scope', scope, 'at', at)
     end
+    local score = last - n + i + 1 - priority * PRIORITY_SPAN
     if delay > 0 then
       redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
+    elseif scope == nil then
+      -- Always ready: added with the batch's others of its kind in one ZADD below.
+      local key = ready_key(base, queue, kind)
+      local entries = ready[key]
+      if not entries then
+        entries = {}
+        ready[key] = entries
+      end
+      entries[#entries + 1] = score
+      entries[#entries + 1] = id
     else
-      enter(base, id, queue, kind, scope, last - n + i + 1 - priority * PRIORITY_SPAN, true)
+      enter(base, id, queue, kind, scope, score, true)
     end
     if ARGV[o + 8] ~= '' then
       redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)
@@ -56,6 +68,9 @@ for i = 0, n - 1 do
     queues[queue] = true
     kinds[queue .. '\t' .. kind] = true
   end
+end
+for key, entries in pairs(ready) do
+  bulk('ZADD', key, entries)
 end
 for queue in pairs(queues) do
   redis.call('SADD', base .. 'queues', queue)

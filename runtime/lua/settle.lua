@@ -62,7 +62,7 @@ for i = 0, count - 1 do
       table.insert(by_epoch[lease_epoch], lease)
     end
     local job = base .. 'job:' .. id
-    local f = redis.call('HMGET', job, 'queue', 'scope', 'capped')
+    local f = redis.call('HMGET', job, 'queue', 'scope', 'capped', 'unique', 'unique_until')
     local queue, result = f[1], 'ok'
     if queue then
       if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
@@ -71,7 +71,7 @@ for i = 0, count - 1 do
       leased[queue] = (leased[queue] or 0) + 1
       uncap(base, id, f[3])
       if action == 'complete' then
-        release_unique(base, id)
+        release_unique_key(base, id, f[4], f[5])
         leave(base, id, f[2])
         finished[#finished + 1] = job
         completed[queue] = (completed[queue] or 0) + 1
