@@ -846,3 +846,41 @@ fn a_concurrency_cap_holds_across_worker_processes() {
     assert!(most <= 2, "{most} ran at once");
     assert_eq!(most, 2, "the cap is not a stop");
 }
+
+/// The number of partitions is recorded by the first process; a process started with another
+/// one is refused with what to do, and `palisade partitions` moves the installation (here
+/// from 1 to 3, with a job done under the old layout first).
+#[test]
+fn processes_agree_on_the_number_of_partitions() {
+    let redis = RedisServer::start();
+    let refused = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("PALISADE_REDIS_URL", redis.url())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "palisade {args:?} was not refused");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    palisade(&redis, &["status"]);
+    let said = refused(&["status", "--partitions", "3"]);
+    assert!(said.contains("runs in 1 partition(s), not 3"), "{said}");
+    // A queued job keeps the old layout from being left.
+    let job = palisade(
+        &redis,
+        &[
+            "enqueue",
+            "email.send",
+            r#"{"to":"a@example.com","millis":1}"#,
+        ],
+    );
+    let said = refused(&["partitions", "--from", "1", "--to", "3"]);
+    assert!(said.contains("drain it before migrating"), "{said}");
+    // Drained by a cancel (queued: to the dead letters), then moved.
+    palisade(&redis, &["cancel", job.trim()]);
+    let moved = palisade(&redis, &["partitions", "--from", "1", "--to", "3"]);
+    assert!(moved.contains("1 -> 3 partitions"), "{moved}");
+    palisade(&redis, &["status", "--partitions", "3"]);
+    let said = refused(&["status"]);
+    assert!(said.contains("runs in 3 partition(s), not 1"), "{said}");
+}

@@ -225,20 +225,7 @@ async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
     );
 
     let master = cluster.master_of("{fo}:epoch");
-    let doomed = cluster.nodes[master].port;
-    tokio::task::block_in_place(|| {
-        cluster.kill(master);
-        cluster.wait_until(
-            |c| {
-                c.masters().len() == 3
-                    && c.nodes.iter().filter(|n| n.port != doomed).all(|n| {
-                        n.cli(&["CLUSTER", "INFO"])
-                            .is_some_and(|i| i.contains("cluster_state:ok"))
-                    })
-            },
-            "no replica took over",
-        );
-    });
+    tokio::task::block_in_place(|| cluster.fail_over(master));
     assert_ne!(cluster.master_of("{fo}:epoch"), master);
 
     // The lease the dead master granted expires on its successor (or never reached it); the

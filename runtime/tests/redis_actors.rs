@@ -47,7 +47,14 @@ fn setup_on(
     sink: store::redis::Target,
     redis: Box<dyn std::any::Any>,
 ) -> Setup {
-    let store = RedisLeaseStore::new(coordinator, "actors");
+    setup_with(RedisLeaseStore::new(coordinator, "actors"), sink, redis)
+}
+
+fn setup_with(
+    store: RedisLeaseStore,
+    sink: store::redis::Target,
+    redis: Box<dyn std::any::Any>,
+) -> Setup {
     let coordinator = Coordinator::new(Arc::new(store.clone()))
         .with_reap_interval(Duration::from_millis(50))
         .start();
@@ -73,15 +80,15 @@ fn config(name: &str) -> WorkerConfig {
     }
 }
 
+/// Waits until no job is pending (30 s at most); a count that fails (Redis failing over) is
+/// asked again.
 async fn wait_settled(coordinator: &Addr<Coordinator>) -> QueueCounts {
     for _ in 0..3000 {
-        let counts = coordinator
-            .send(CountJobs("default".into()))
-            .await
-            .unwrap()
-            .unwrap();
-        if counts.pending() == 0 {
-            return counts;
+        let counts = coordinator.send(CountJobs("default".into())).await.unwrap();
+        if let Ok(counts) = counts {
+            if counts.pending() == 0 {
+                return counts;
+            }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -211,19 +218,67 @@ async fn many_deposits_apply_exactly_once_on_a_redis_cluster() {
     many_deposits_apply_exactly_once(setup_on_a_cluster().await).await;
 }
 
-async fn many_deposits_apply_exactly_once(s: Setup) {
-    let registry = Registry::new().register(
-        "deposit",
-        |ctx: JobContext, (account, cents): (u32, i64)| async move {
-            let credit = Mutation::HashIncr {
-                key: format!("{{account:{account}}}"),
-                field: "balance".into(),
-                by: cents,
-            };
-            ctx.sink("ledger")?.write(vec![credit]).await?.accepted()?;
-            Ok(())
-        },
+/// Deposits run through two workers while the coordinator's master is SIGKILLed mid-run (the
+/// sink on a server of its own): the replica takes over, claims and settlements fail until it
+/// has, and the run carries on in a new epoch. Every deposit (enqueued with `WAIT`) completes
+/// and is applied exactly once: a job whose settlement died with the master runs again and
+/// its write is recognised as a duplicate.
+#[actix::test]
+async fn deposits_survive_a_failover_of_the_coordinators_master_mid_run() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let sink_redis = RedisServer::start();
+    let store = RedisLeaseStore::new(cluster.target(), "live")
+        .with_durable_enqueue(1, Duration::from_secs(5));
+    let before = store.epoch().await.unwrap();
+    let master = cluster.master_of("{live}:epoch");
+    let sink = store::redis::pool(&sink_redis.url()).unwrap();
+    let s = setup_with(store.clone(), sink.into(), Box::new(sink_redis));
+    start_workers(&s, &deposit_registry());
+    let (jobs, expected) = deposits(600);
+    for chunk in jobs.chunks(50) {
+        s.coordinator
+            .send(Enqueue(chunk.to_vec()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Kill the master once a third is done, with most of the run still to go.
+    let at_kill = loop {
+        let done = s
+            .coordinator
+            .send(CountJobs("default".into()))
+            .await
+            .unwrap();
+        match done {
+            Ok(c) if c.completed >= 200 => break c,
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    };
+    assert!(
+        at_kill.pending() > 100,
+        "the run was nearly over: {at_kill:?}"
     );
+    // (The test runs on one thread: the killing and waiting go to a blocking thread.)
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.fail_over(master);
+        cluster
+    })
+    .await
+    .unwrap();
+    let counts = wait_settled(&s.coordinator).await;
+    assert_eq!((counts.completed, counts.dead), (600, 0), "{counts:?}");
+    assert!(
+        store.epoch().await.unwrap() > before,
+        "the failover did not move the epoch"
+    );
+    check_balances(&s.sink, &expected).await;
+    drop(cluster);
+}
+
+/// Two workers, w1 and w2, with `registry`.
+fn start_workers(s: &Setup, registry: &Registry) {
     for name in ["w1", "w2"] {
         Worker::new(
             config(name),
@@ -234,27 +289,52 @@ async fn many_deposits_apply_exactly_once(s: Setup) {
         .unwrap()
         .start();
     }
+}
+
+fn deposit_registry() -> Registry {
+    Registry::new().register(
+        "deposit",
+        |ctx: JobContext, (account, cents): (u32, i64)| async move {
+            let credit = Mutation::HashIncr {
+                key: format!("{{account:{account}}}"),
+                field: "balance".into(),
+                by: cents,
+            };
+            ctx.sink("ledger")?.write(vec![credit]).await?.accepted()?;
+            Ok(())
+        },
+    )
+}
+
+/// `n` deposits over 8 accounts (each account its own scope), and each account's total.
+fn deposits(n: usize) -> (Vec<NewJob>, [i64; 8]) {
     let mut expected = [0i64; 8];
-    let jobs: Vec<NewJob> = (0..400)
+    let jobs = (0..n)
         .map(|i| {
             let (account, cents) = (i % 8, (i as i64 % 7) + 1);
-            expected[account as usize] += cents;
-            NewJob::new("deposit", &(account, cents))
+            expected[account] += cents;
+            NewJob::new("deposit", &(account as u32, cents))
                 .unwrap()
                 .with_scope(format!("account:{account}"))
         })
         .collect();
-    s.coordinator.send(Enqueue(jobs)).await.unwrap().unwrap();
-    assert_eq!(wait_settled(&s.coordinator).await.completed, 400);
+    (jobs, expected)
+}
+
+async fn check_balances(sink: &RedisFencedStore, expected: &[i64; 8]) {
     for (account, want) in expected.iter().enumerate() {
-        let Some(Value::Hash(h)) = s
-            .sink
-            .read(&format!("{{account:{account}}}"))
-            .await
-            .unwrap()
+        let Some(Value::Hash(h)) = sink.read(&format!("{{account:{account}}}")).await.unwrap()
         else {
             panic!("account {account} missing");
         };
         assert_eq!(h["balance"], want.to_string(), "account {account}");
     }
+}
+
+async fn many_deposits_apply_exactly_once(s: Setup) {
+    start_workers(&s, &deposit_registry());
+    let (jobs, expected) = deposits(400);
+    s.coordinator.send(Enqueue(jobs)).await.unwrap().unwrap();
+    assert_eq!(wait_settled(&s.coordinator).await.completed, 400);
+    check_balances(&s.sink, &expected).await;
 }

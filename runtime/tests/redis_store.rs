@@ -540,3 +540,22 @@ async fn odd_caps_counts_and_rate_stamps_change_nothing_halfway() {
         .unwrap();
     assert_eq!(after.len(), 1, "the bucket refills from now");
 }
+
+/// The first process records the number of partitions; another number is refused until a
+/// migration records the new one. Installations (prefixes) are separate.
+#[tokio::test]
+async fn a_process_with_another_number_of_partitions_is_refused() {
+    use palisade::store::redis::{check_layout, record_layout};
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    check_layout(&pool, "lay", 1).await.unwrap();
+    check_layout(&pool, "lay", 1).await.unwrap();
+    assert!(matches!(
+        check_layout(&pool, "lay", 3).await,
+        Err(palisade::Error::Config(_))
+    ));
+    record_layout(&pool, "lay", 3).await.unwrap();
+    check_layout(&pool, "lay", 3).await.unwrap();
+    assert!(check_layout(&pool, "lay", 1).await.is_err());
+    check_layout(&pool, "other", 6).await.unwrap();
+}

@@ -623,7 +623,11 @@ pub(super) struct PartitionsArgs {
 /// Moves the coordinator to another number of partitions (`store::partitioned::migrate`).
 pub(super) fn partitions(args: PartitionsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
-        let (target, _) = args.redis.store().await?;
+        // (Not `store()`: that refuses a number of partitions other than the recorded one.)
+        let target = args.redis.reachable(&args.redis.redis, "Redis").await?;
+        if let Err(e) = crate::store::redis::check_layout(target.clone(), &args.redis.prefix, usize::from(args.from)).await {
+            bail!("--from {}: {e}", args.from);
+        }
         let layout = |p: u16| {
             crate::store::redis::coordinator(
                 target.clone(),
@@ -635,6 +639,7 @@ pub(super) fn partitions(args: PartitionsArgs) -> anyhow::Result<()> {
         };
         let (old, new) = (layout(args.from)?, layout(args.to)?);
         let epoch = crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await?;
+        crate::store::redis::record_layout(target.clone(), &args.redis.prefix, usize::from(args.to)).await?;
         print_lines([
             format!(
                 "{} -> {} partitions: the new layout grants tokens in epoch {epoch} or above",

@@ -371,6 +371,12 @@ impl RedisArgs {
         configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
     ) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
         let target = self.reachable(&self.redis, "Redis").await?;
+        crate::store::redis::check_layout(
+            target.clone(),
+            &self.prefix,
+            usize::from(self.partitions),
+        )
+        .await?;
         let store = crate::store::redis::coordinator(
             target.clone(),
             &self.prefix,

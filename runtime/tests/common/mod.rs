@@ -402,6 +402,23 @@ impl RedisCluster {
         self.nodes[i].stop();
     }
 
+    /// Kills master `i` (SIGKILL) and waits until its replica has taken over: three masters
+    /// again, and every live node sees the cluster ok.
+    pub fn fail_over(&mut self, i: usize) {
+        let doomed = self.nodes[i].port;
+        self.kill(i);
+        self.wait_until(
+            |c| {
+                c.masters().len() == 3
+                    && c.nodes.iter().filter(|n| n.port != doomed).all(|n| {
+                        n.cli(&["CLUSTER", "INFO"])
+                            .is_some_and(|i| i.contains("cluster_state:ok"))
+                    })
+            },
+            "no replica took over",
+        );
+    }
+
     pub fn wait_until(&self, ok: impl Fn(&Self) -> bool, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

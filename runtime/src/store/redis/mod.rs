@@ -81,6 +81,63 @@ pub fn coordinator(
     ))
 }
 
+/// The key that records how many partitions the coordinator under `prefix` has: in the
+/// unpartitioned layout's hash tag, where every layout finds it.
+fn layout_key(prefix: &str) -> String {
+    format!("{{{prefix}}}:partitions")
+}
+
+/// Refuses to start a process with another number of partitions than the installation's
+/// (which would let a scope be granted in two partitions at once): the first process records
+/// its number, every later one must match it. An installation from before the record is
+/// taken to have one partition.
+pub async fn check_layout(
+    target: impl Into<Target>,
+    prefix: &str,
+    partitions: usize,
+) -> crate::Result<()> {
+    let target = target.into();
+    let want = partitions.max(1).to_string();
+    // SET NX, then GET: two commands rather than SET NX GET, which needs Redis 7.
+    layout_command(&target, prefix, &["SET", &want, "NX"]).await?;
+    let recorded = layout_command(&target, prefix, &["GET"])
+        .await?
+        .unwrap_or_default();
+    if recorded != want {
+        return Err(crate::Error::Config(format!(
+            "the coordinator {prefix:?} runs in {recorded} partition(s), not {partitions}: start \
+             with --partitions {recorded}, or move with `partitions --from {recorded} --to {partitions}`"
+        )));
+    }
+    Ok(())
+}
+
+/// Records that the coordinator under `prefix` now has `partitions` partitions (after a
+/// migration).
+pub async fn record_layout(
+    target: impl Into<Target>,
+    prefix: &str,
+    partitions: usize,
+) -> crate::Result<()> {
+    let value = partitions.max(1).to_string();
+    layout_command(&target.into(), prefix, &["SET", &value])
+        .await
+        .map(drop)
+}
+
+/// `command` (its name, then the arguments after the key) on the layout record.
+async fn layout_command(
+    target: &Target,
+    prefix: &str,
+    command: &[&str],
+) -> crate::Result<Option<String>> {
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    let mut cmd = deadpool_redis::redis::cmd(command[0]);
+    cmd.arg(layout_key(prefix)).arg(&command[1..]);
+    cmd.query_async(&mut conn).await.map_err(|e| link.broken(e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
