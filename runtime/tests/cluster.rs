@@ -82,6 +82,14 @@ fn incr(scope: &str, key: &str, token: u64, lease: LeaseId, idem: &str) -> Fence
     }
 }
 
+/// One credit per scope, each to the scope's own balance (in the scope's slot).
+fn credits(scopes: &[String], token: u64, lease: LeaseId, idem: &str) -> Vec<FencedWrite> {
+    scopes
+        .iter()
+        .map(|s| incr(s, &format!("{{{s}}}:balance"), token, lease, idem))
+        .collect()
+}
+
 /// A batch whose scopes live on all three masters is applied whole, one script per slot
 /// (a single script would fail with CROSSSLOT); a write whose key is outside its scope's slot
 /// is refused alone with the reason; the admission rule and the watermark hold in every slot.
@@ -97,10 +105,7 @@ async fn a_sink_batch_spans_slots_and_masters() {
     assert_eq!(masters.len(), 3, "the scopes should cover every master");
 
     let lease = LeaseId::new();
-    let mut batch: Vec<FencedWrite> = scopes
-        .iter()
-        .map(|s| incr(s, &format!("{{{s}}}:balance"), 10, lease, "k1"))
-        .collect();
+    let mut batch: Vec<FencedWrite> = credits(&scopes, 10, lease, "k1");
     batch.push(incr("acct:0", "elsewhere", 10, lease, "k2"));
     let replies = sink.write_batch(batch.clone()).await.unwrap();
     for (scope, reply) in scopes.iter().zip(&replies) {
@@ -127,10 +132,7 @@ async fn a_sink_batch_spans_slots_and_masters() {
     }
     // An older token is refused in every slot.
     let older = LeaseId::new();
-    let stale: Vec<FencedWrite> = scopes
-        .iter()
-        .map(|s| incr(s, &format!("{{{s}}}:balance"), 9, older, "k3"))
-        .collect();
+    let stale: Vec<FencedWrite> = credits(&scopes, 9, older, "k3");
     for reply in sink.write_batch(stale).await.unwrap() {
         assert!(matches!(
             reply.unwrap(),
@@ -151,10 +153,7 @@ async fn a_sink_batch_spans_slots_and_masters() {
     }
     // Each slot collects its own fences below the watermark: the next call to a slot forgets
     // them (the late writes are still refused, by the watermark).
-    let late: Vec<FencedWrite> = scopes
-        .iter()
-        .map(|s| incr(s, &format!("{{{s}}}:balance"), 10, lease, "k4"))
-        .collect();
+    let late: Vec<FencedWrite> = credits(&scopes, 10, lease, "k4");
     for reply in sink.write_batch(late).await.unwrap() {
         assert!(matches!(
             reply.unwrap(),

@@ -130,7 +130,36 @@ impl PartitionedLeaseStore {
         F: Fn(Arc<dyn LeaseStore>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        try_join_all(self.parts.iter().map(|part| op(part.clone()))).await
+        self.on_each(|_, part| op(part)).await
+    }
+
+    /// [`on_all`](Self::on_all), with each partition's index.
+    async fn on_each<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
+    where
+        F: Fn(usize, Arc<dyn LeaseStore>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        try_join_all(
+            self.parts
+                .iter()
+                .enumerate()
+                .map(|(i, part)| op(i, part.clone())),
+        )
+        .await
+    }
+
+    /// Runs `op` on one partition after another with what is left of `limit`; how many it
+    /// did in all.
+    async fn up_to<F, Fut>(&self, limit: usize, op: F) -> Result<usize>
+    where
+        F: Fn(Arc<dyn LeaseStore>, usize) -> Fut,
+        Fut: std::future::Future<Output = Result<usize>>,
+    {
+        let mut left = limit;
+        for part in &self.parts {
+            left = left.saturating_sub(op(part.clone(), left).await?);
+        }
+        Ok(limit - left)
     }
 
     /// Claims from partition `i` and remembers who granted the leases.
@@ -520,19 +549,17 @@ impl LeaseStore for PartitionedLeaseStore {
     }
 
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        let mut left = limit;
-        for part in &self.parts {
-            left -= part.retry_dead(queue, left).await?;
-        }
-        Ok(limit - left)
+        self.up_to(limit, |part, left| async move {
+            part.retry_dead(queue, left).await
+        })
+        .await
     }
 
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        let mut left = limit;
-        for part in &self.parts {
-            left -= part.purge_dead(queue, left).await?;
-        }
-        Ok(limit - left)
+        self.up_to(limit, |part, left| async move {
+            part.purge_dead(queue, left).await
+        })
+        .await
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
@@ -557,10 +584,10 @@ impl LeaseStore for PartitionedLeaseStore {
             return self.control().set_concurrency_cap(kind, cap).await;
         }
         let shares = cap.map(|cap| shares(cap, self.parts.len()));
-        try_join_all(self.parts.iter().enumerate().map(|(j, part)| {
+        self.on_each(|j, part| {
             let share = shares.as_ref().map(|s| s[j]);
             async move { part.set_concurrency_cap(kind, share).await }
-        }))
+        })
         .await
         .map(drop)
     }
@@ -577,13 +604,13 @@ impl LeaseStore for PartitionedLeaseStore {
             limit.validate()?;
         }
         let shares = limit.map(|l| shares(l.jobs, self.parts.len()));
-        try_join_all(self.parts.iter().enumerate().map(|(j, part)| {
-            let share = limit.map(|l| RateLimit {
-                jobs: shares.as_ref().map_or(l.jobs, |s| s[j]),
+        self.on_each(|j, part| {
+            let share = limit.zip(shares.as_ref()).map(|(l, s)| RateLimit {
+                jobs: s[j],
                 per: l.per,
             });
             async move { part.set_rate_limit(queue, share).await }
-        }))
+        })
         .await
         .map(drop)
     }

@@ -352,12 +352,15 @@ impl RedisCluster {
         live.iter().all(|n| {
             n.cli(&["CLUSTER", "INFO"])
                 .is_some_and(|info| info.contains("cluster_state:ok"))
-        }) && self.masters().len() == 3
-            && self.masters().iter().all(|&m| {
-                self.nodes[m]
-                    .cli(&["INFO", "replication"])
-                    .is_some_and(|r| r.contains("connected_slaves:1"))
-            })
+        }) && {
+            let masters = self.masters();
+            masters.len() == 3
+                && masters.iter().all(|&m| {
+                    self.nodes[m]
+                        .cli(&["INFO", "replication"])
+                        .is_some_and(|r| r.contains("connected_slaves:1"))
+                })
+        }
     }
 
     /// Indexes (into `nodes`) of the live nodes that are masters now.

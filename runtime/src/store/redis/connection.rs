@@ -135,12 +135,16 @@ impl Cluster {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
-        let conn = self
-            .client
+        let conn = self.connect().await?;
+        Ok(self.slot().get_or_insert(conn).clone())
+    }
+
+    /// A new connection of its own.
+    async fn connect(&self) -> Result<ClusterConnection> {
+        self.client
             .get_async_connection()
             .await
-            .map_err(|e| unavailable(format_args!("cluster {}: {e}", self.shown)))?;
-        Ok(self.slot().get_or_insert(conn).clone())
+            .map_err(|e| unavailable(format_args!("cluster {}: {e}", self.shown)))
     }
 }
 
@@ -449,13 +453,7 @@ impl Link {
             Target::Server(pool) => Conn::Server(deadpool_redis::Connection::take(
                 pool.get().await.map_err(unavailable)?,
             )),
-            Target::Cluster(cluster) if self.own => Conn::Cluster(
-                cluster
-                    .client
-                    .get_async_connection()
-                    .await
-                    .map_err(|e| unavailable(format_args!("cluster {}: {e}", cluster.shown)))?,
-            ),
+            Target::Cluster(cluster) if self.own => Conn::Cluster(cluster.connect().await?),
             Target::Cluster(cluster) => Conn::Cluster(cluster.connection().await?),
         };
         *self.slot() = Some(conn.clone());
