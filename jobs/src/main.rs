@@ -7,6 +7,11 @@ use clap::{Args, FromArgMatches};
 use palisade_jobs::demo::DemoArgs;
 use palisade_jobs::soak::SoakArgs;
 
+// Palisade allocates per job; mimalloc runs the embedded path ~25 % faster than glibc malloc
+// (README, Performance). A user's own binary makes the same choice for itself.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let demo = DemoArgs::augment_args(clap::Command::new("demo").about(
         "Run thousands of jobs on the embedded (in-memory) backends with one worker paused past \

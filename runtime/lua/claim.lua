@@ -107,7 +107,8 @@ end
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
 -- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
-local out, taken, picked, expiries, owners, tracked = {}, {}, {}, {}, {}, {}
+-- (Each ZADD of the hot sets brings SKIPLIST along: a no-op once it is there.)
+local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, { '+inf', SKIPLIST }
 for _, c in ipairs(order) do
   if #out >= n then
     break

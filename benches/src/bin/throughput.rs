@@ -189,6 +189,12 @@ fn round_trips(metrics: &PrometheusHandle, ops: &[&str]) -> u64 {
         .sum()
 }
 
+// As the `palisade` binary; `--features system-alloc` measures with glibc malloc instead
+// (README, Performance).
+#[cfg(not(feature = "system-alloc"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args = <Args as clap::Parser>::parse();
     let metrics = PrometheusBuilder::new()
