@@ -7,10 +7,11 @@
 -- Returns  {outcome, watermark}: outcome "removed" (was queued), "revoked" (was running), or
 --          "missing" (no such job: never enqueued, done, dead already); the low watermark
 --          after it as "w:<epoch>:<counter>" (or "w:"), as settle.lua returns it
--- Errors   none
+-- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type or a count it
+--          changes is not an integer: raised before anything changed
 local base, id, reason, keep = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local job = base .. 'job:' .. id
-local f = redis.call('HMGET', job, 'queue', 'kind', 'scope', 'lease')
+local f = fields(job, 'queue', 'kind', 'scope', 'lease')
 local function answer(outcome)
   local w = watermark(base)
   return { outcome, w and ('w:' .. fmt(w[1]) .. ':' .. fmt(w[2])) or 'w:' }
@@ -21,6 +22,18 @@ end
 local queue, kind, scope, lease = f[1], f[2], f[3], f[4]
 -- A job record keeps the id of its last lease; the lease is live only if it still names it.
 local entry = lease and redis.call('HGET', base .. 'lease_job', lease)
+-- Read-only first: every key it may write has its type.
+local want, counted = {}, {}
+settle_keys(base, want, counted, id, { queue, scope, kind }, false, false, true,
+  entry and job_of(entry) == id and entry)
+want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
+if kind then
+  want[ready_key(base, queue, kind)] = 'zset'
+end
+local wrong = unsafe(base, want, counted)
+if wrong then
+  return corrupt(wrong)
+end
 if entry and job_of(entry) == id then
   release(base, lease, id, entry)
   bury(base, id, reason, keep)

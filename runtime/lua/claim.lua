@@ -10,7 +10,8 @@
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
---          is minted before that.
+--          is minted before that. "PALISADE_CORRUPT ..." when a key it would write holds
+--          another type or a count it increments is not an integer: raised before any change.
 local base, queue, worker, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local k = tonumber(ARGV[5])
 local first_lease = 6 + k
@@ -63,7 +64,34 @@ end
 -- Due delayed jobs become ready, a bounded number per call (the rest next time), so a burst
 -- of due jobs never blocks Redis for long.
 local delayed = base .. 'q:' .. queue .. ':delayed'
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))) do
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+
+-- Read-only before the first write: every key this claim may write has its type (a key
+-- another program wrote over fails the call whole, changing nothing). The kinds' ready sets
+-- are checked as they are known now; a promoted job's below.
+local stats = base .. 'q:' .. queue .. ':stats'
+local want = { [base .. 'leases'] = 'zset', [base .. 'lease_job'] = 'hash',
+  [base .. 'tokens:' .. epoch] = 'zset', [base .. 'token_epochs'] = 'zset',
+  [base .. 'head'] = 'hash', [base .. 'live'] = 'hash', [base .. 'last'] = 'hash',
+  [base .. 'q:' .. queue .. ':kinds'] = 'set', [stats] = 'hash', [rate_key] = 'hash' }
+local counted = { [stats] = true }
+local listed = k == 0 and redis.call('SMEMBERS', base .. 'q:' .. queue .. ':kinds') or {}
+for i = 6, 5 + k do
+  listed[#listed + 1] = ARGV[i]
+end
+for _, kind in ipairs(listed) do
+  want[ready_key(base, queue, kind)] = 'zset'
+end
+for _, id in ipairs(due) do
+  local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'kind')
+  settle_keys(base, want, counted, id, f, true, false, false)
+end
+local wrong = unsafe(base, want, counted)
+if wrong then
+  return corrupt(wrong)
+end
+
+for _, id in ipairs(due) do
   redis.call('ZREM', delayed, id)
   park(base, id, now, now)
 end
@@ -107,31 +135,33 @@ end
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
 -- getting a second live lease.
 local counter = tonumber(redis.call('GET', base .. 'counter'))
--- (Each ZADD of the hot sets brings SKIPLIST along: a no-op once it is there.)
-local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, { '+inf', SKIPLIST }
+-- (Each ZADD of the leases brings SKIPLIST along: a no-op once it is there.)
+local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, {}
 for _, c in ipairs(order) do
   if #out >= n then
     break
   end
   local id, score, key, kind = c_id[c], c_score[c], c_key[c], c_kind[c]
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'meta', 'scope', 'attempt', 'stalls')
+  local f = fields(job, 'meta', 'scope', 'attempt', 'stalls')
   local scope = f[2] or ('job:' .. id)
-  if room[kind] and room[kind] <= 0 then
-    -- its kind is at its cap: it stays ready for a later claim
+  local aside = f[1] and (taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1))
+  if (room[kind] and room[kind] <= 0) or (aside and mistyped({ [base .. 'wait:' .. scope] = 'zset' })) then
+    -- its kind is at its cap (or its scope's waiting set is another program's key): it
+    -- stays ready for a later claim
   else
     picked[key] = picked[key] or {}
     table.insert(picked[key], id)
     if not f[1] then
-      -- a ready entry without its job: dropped
-    elseif taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1) then
+      -- a ready entry without a readable job: dropped
+    elseif aside then
       redis.call('ZADD', base .. 'wait:' .. scope, score, id)
-      redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'waiting', 1)
+      redis.call('HINCRBY', stats, 'waiting', 1)
     else
       taken[scope] = true
       local lease = ARGV[first_lease + #out]
       counter = counter + 1
-      local attempt = fmt(tonumber(f[3] or '0') + 1)
+      local attempt = fmt((tonumber(f[3] or '0') or 0) + 1)
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
       if room[kind] then
         room[kind] = room[kind] - 1
@@ -163,7 +193,7 @@ if #out > 0 then
   bulk('HSET', base .. 'lease_job', owners)
   bulk('ZADD', base .. 'tokens:' .. epoch, tracked)
   redis.call('ZADD', base .. 'token_epochs', epoch, epoch)
-  redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'leased', #out)
+  redis.call('HINCRBY', stats, 'leased', #out)
 end
 if tokens then
   redis.call('HSET', rate_key, 'tokens', tokens - #out, 'at', now)

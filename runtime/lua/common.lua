@@ -29,7 +29,7 @@
 --                               (dropped with the head when the scope goes idle)
 --   leases                zset  lease id -> expiry (ms, Redis clock); and SKIPLIST -> +inf
 --   tokens:<epoch>        zset  live lease id -> its token's counter, per epoch (scores stay
---                               exact: counters are below 2^40); and SKIPLIST -> +inf
+--                               exact: counters are below 2^40)
 --   token_epochs          zset  epochs with live leases (epoch -> epoch)
 --   watermark             hash  epoch, counter: the low watermark last published (only grows)
 --   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
@@ -40,13 +40,16 @@
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
--- A member `leases` and every `tokens:<epoch>` carry, scored +inf (after every real entry,
--- never due, never the lowest token). Redis keeps a sorted set of up to 128 members of up to
--- 64 bytes as a listpack, where every ZADD, ZREM and ZMSCORE scans the whole set: with the
--- tens of leases a worker holds live that cost ~3 µs of Redis CPU per job (15 %), and it
--- made 3 partitions cost 20 % more per job than 1 (each partition's sets stayed small). One
--- member longer than 64 bytes keeps a set in its hash table and skiplist for good (README,
--- Performance). Lease ids are UUIDs, so it is never mistaken for one.
+-- A member `leases` carries, scored +inf (after every real entry, never due). Redis keeps a
+-- sorted set of up to 128 members of up to 64 bytes as a listpack, where every ZADD, ZREM and
+-- ZMSCORE scans the whole set: with the tens of leases a worker holds live that cost Redis
+-- CPU on every claim and settlement, and it made 3 partitions cost 20 % more per job than 1
+-- (each partition's sets stayed small). One member longer than 64 bytes keeps a set in its
+-- hash table and skiplist for good (README, Performance). Lease ids are UUIDs, so it is never
+-- mistaken for one, and every script reads `leases` by member or by due time only, so scripts
+-- of earlier versions (a rolling deploy, a rollback) never see it either. `tokens:<epoch>`
+-- does not carry it: an earlier version's watermark reads that set's lowest entry and drops
+-- the set only when it is empty.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (common.lua)~'
 
 local function now_ms()
@@ -71,9 +74,110 @@ local function meta_of(raw)
     corrupt = true }
 end
 
+-- Checks a script makes before its first write (Redis does not roll a script back): every key
+-- it may write has the type it needs or does not exist yet, and every number it increments is
+-- an integer. A key another program wrote under our prefix then fails the call whole, naming
+-- the key, with nothing changed.
+local function corrupt(what)
+  return redis.error_reply('PALISADE_CORRUPT ' .. what .. ': nothing was changed')
+end
+
+-- `want`: key -> the type the script needs. The complaint about the first key of another
+-- type, or nil.
+local function mistyped(want)
+  for key, t in pairs(want) do
+    local is = redis.call('TYPE', key).ok
+    if is ~= 'none' and is ~= t then
+      return key .. ' is a ' .. is .. ', not a ' .. t
+    end
+  end
+  return nil
+end
+
+-- Whether `v` (a reply) is absent or an integer INCRBY/HINCRBY accept and cannot overflow.
+local function countable(v)
+  return not v or (string.match(v, '^-?%d+$') ~= nil and #v < 16)
+end
+
+-- The complaint about the first of `fields` of hash `key` that is not countable, or nil.
+local function uncountable(key, fields)
+  local got = redis.call('HMGET', key, unpack(fields))
+  for i, field in ipairs(fields) do
+    if not countable(got[i]) then
+      return key .. ' field ' .. field .. ' is not an integer'
+    end
+  end
+  return nil
+end
+
 -- The ready set of one kind of one queue.
 local function ready_key(base, queue, kind)
   return base .. 'q:' .. queue .. '\t' .. kind
+end
+
+-- What settling, reaping or cancelling a job may write, added to `want` (key -> type) and
+-- `counted` (hashes whose counts it increments), for `unsafe` to check before the script's
+-- first write. `f` is the job record's {queue, scope, kind} (queue nil: no readable record,
+-- so nothing of it is written); `parks` (and `delayed`) and `buries` say where it may go;
+-- `entry`, its lease's lease_job entry if it has a lease to end (its token set is written).
+local function settle_keys(base, want, counted, id, f, parks, delayed, buries, entry)
+  local epoch = entry and string.match(entry, '^[^\t]*\t([^\t]*)')
+  if epoch then
+    want[base .. 'token_epochs'] = 'zset'
+    want[base .. 'tokens:' .. epoch] = 'zset'
+  end
+  local queue, scope, kind = f[1], f[2], f[3]
+  if not queue then
+    return
+  end
+  local q = base .. 'q:' .. queue
+  want[q .. ':stats'] = 'hash'
+  counted[q .. ':stats'] = true
+  if scope then
+    want[base .. 'live'] = 'hash'
+    want[base .. 'head'] = 'hash'
+    want[base .. 'last'] = 'hash'
+    want[base .. 'wait:' .. scope] = 'zset'
+  end
+  if parks then
+    want[base .. 'seq'] = 'string'
+    want[q .. ':kinds'] = 'set'
+    kind = kind or meta_of(redis.call('HGET', base .. 'job:' .. id, 'meta')).kind
+    want[ready_key(base, queue, kind)] = 'zset'
+    if delayed then
+      want[q .. ':delayed'] = 'zset'
+    end
+  end
+  if buries then
+    want[q .. ':dead'] = 'list'
+  end
+end
+
+-- The complaint about the first key of `want` of another type, or of a count that is not an
+-- integer (the `seq` counter, the counts of the `counted` stats hashes); nil when it is safe
+-- to write.
+local function unsafe(base, want, counted)
+  local wrong = mistyped(want)
+  if wrong then
+    return wrong
+  end
+  if want[base .. 'seq'] and not countable(redis.call('GET', base .. 'seq')) then
+    return base .. 'seq is not an integer'
+  end
+  for stats in pairs(counted) do
+    wrong = wrong or uncountable(stats, { 'leased', 'waiting', 'completed' })
+  end
+  return wrong
+end
+
+-- A job record's fields, or none when the key holds another type (a record another program
+-- wrote over is treated as gone, so one bad record never fails a whole batch).
+local function fields(key, ...)
+  local f = redis.pcall('HMGET', key, ...)
+  if f.err then
+    return {}
+  end
+  return f
 end
 
 -- A job becomes ready: into its queue's set for its kind, or aside into its scope's waiting
@@ -112,8 +216,17 @@ local function leave(base, id, scope)
       return
     end
     redis.call('ZREM', wait, first[1])
-    local f = redis.call('HMGET', base .. 'job:' .. first[1], 'queue', 'kind')
-    if f[1] and f[2] then -- (a waiting entry without its job is dropped)
+    local f = fields(base .. 'job:' .. first[1], 'queue', 'kind')
+    local want, counted = {}, {}
+    if f[1] and f[2] then
+      want[base .. 'q:' .. f[1] .. ':kinds'] = 'set'
+      want[ready_key(base, f[1], f[2])] = 'zset'
+      want[base .. 'q:' .. f[1] .. ':stats'] = 'hash'
+      counted[base .. 'q:' .. f[1] .. ':stats'] = true
+    end
+    -- (A waiting entry without a readable job, or whose queue's keys another program
+    -- wrote over, is dropped: it cannot be placed, and this runs after other writes.)
+    if f[1] and f[2] and not unsafe(base, want, counted) then
       redis.call('HSET', base .. 'head', scope, first[1])
       redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'waiting', -1)
       redis.call('SADD', base .. 'q:' .. f[1] .. ':kinds', f[2])
@@ -127,7 +240,7 @@ end
 -- has it), or delayed until `at` (giving the turn up meanwhile).
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'queue', 'meta', 'scope', 'kind')
+  local f = fields(job, 'queue', 'meta', 'scope', 'kind')
   if not f[1] then
     return -- a job record that vanished (or lost its queue): nothing to park
   end
@@ -170,8 +283,17 @@ end
 
 -- `release_unique_key` for a job whose unique fields the caller has not read.
 local function release_unique(base, id)
-  local u = redis.call('HMGET', base .. 'job:' .. id, 'unique', 'unique_until')
+  local u = fields(base .. 'job:' .. id, 'unique', 'unique_until')
   release_unique_key(base, id, u[1], u[2])
+end
+
+-- Adds `by` to a job record's count `field` (attempt, stalls) without HINCRBY, which fails on
+-- a field another program wrote over (a count that is not a number reads as 0, and none
+-- goes below 0); returns the new count.
+local function bump(job, field, by)
+  local n = math.max((tonumber(redis.call('HGET', job, field) or '0') or 0) + by, 0)
+  redis.call('HSET', job, field, n)
+  return n
 end
 
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest
@@ -179,7 +301,10 @@ end
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
-  local f = redis.call('HMGET', job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
+  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
+  if not f[2] then
+    return -- (no readable record: callers check first)
+  end
   local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
   redis.call('RPUSH', dead, cjson.encode({
@@ -202,9 +327,7 @@ end
 local function untrack(base, epoch, leases)
   local key = base .. 'tokens:' .. epoch
   bulk('ZREM', key, leases)
-  local left = redis.call('ZCARD', key)
-  if left == 0 or (left == 1 and redis.call('ZSCORE', key, SKIPLIST)) then
-    redis.call('DEL', key) -- (its SKIPLIST member would keep a spent epoch's set forever)
+  if redis.call('ZCARD', key) == 0 then
     redis.call('ZREM', base .. 'token_epochs', epoch)
   end
 end
@@ -222,9 +345,6 @@ local function compute_watermark(base)
   local e, c
   if first_epoch then
     local first = redis.call('ZRANGE', base .. 'tokens:' .. first_epoch, 0, 0, 'WITHSCORES')
-    if first[1] == nil or first[1] == SKIPLIST then
-      return nil -- (untrack never leaves an epoch listed without live tokens)
-    end
     e, c = tonumber(first_epoch), tonumber(first[2])
   else
     local cur, counter = redis.call('HGET', base .. 'epoch', 'epoch'), redis.call('GET', base .. 'counter')
@@ -275,7 +395,7 @@ local function release(base, lease, id, entry)
   if epoch then
     untrack(base, epoch, { lease })
   end
-  local f = redis.call('HMGET', base .. 'job:' .. id, 'queue', 'scope', 'capped')
+  local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped')
   if f[1] then
     if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
       redis.call('HDEL', base .. 'live', f[2])

@@ -5,13 +5,58 @@
 --          max_attempts max_stalls) unique_key (empty: none) unique_ttl_ms
 -- Returns  per job, the id it goes by: its own, or — when another job (an earlier one of this
 --          batch included) holds its unique key — that job's, and then it is not added
--- Errors   none of its own (jobs are validated by the client before they are sent); a key of
---          the wrong type fails in the first loop, before anything changed
+-- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type (or the
+--          enqueue counter is not an integer): raised before anything changed (jobs are
+--          validated by the client before they are sent)
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local F = 9
--- First, read-only: which jobs a unique key turns away.
+-- First, read-only: every key the batch may write is of its type, the counters are numbers.
+local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
+for i = 0, n - 1 do
+  local o = 1 + i * F
+  local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  jobs[#jobs + 1] = base .. 'job:' .. id
+  want[base .. 'q:' .. queue .. ':kinds'] = 'set'
+  want[ready_key(base, queue, kind)] = 'zset'
+  if tonumber(ARGV[o + 6]) > 0 then
+    want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
+  elseif scope ~= '' then
+    want[base .. 'head'] = 'hash'
+    want[base .. 'wait:' .. scope] = 'zset'
+    scoped[base .. 'q:' .. queue .. ':stats'] = true
+  end
+  if ARGV[o + 8] ~= '' then
+    want[base .. 'unique:' .. ARGV[o + 8]] = 'string'
+  end
+end
+for stats in pairs(scoped) do
+  want[stats] = 'hash'
+end
+-- Job records are new keys: one EXISTS per 500 instead of a TYPE each.
+local existing = 0
+for i = 1, #jobs, 500 do
+  existing = existing + redis.call('EXISTS', unpack(jobs, i, math.min(i + 499, #jobs)))
+end
+if existing > 0 then
+  for _, job in ipairs(jobs) do
+    want[job] = 'hash'
+  end
+end
+local wrong = mistyped(want)
+if not wrong then
+  if not countable(redis.call('GET', base .. 'seq')) then
+    wrong = base .. 'seq is not an integer'
+  end
+  for stats in pairs(scoped) do
+    wrong = wrong or uncountable(stats, { 'waiting' })
+  end
+end
+if wrong then
+  return corrupt(wrong)
+end
+-- Then, still read-only: which jobs a unique key turns away.
 local out, held = {}, {}
 for i = 0, n - 1 do
   local o = 1 + i * F

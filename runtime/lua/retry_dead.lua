@@ -2,7 +2,7 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  queue, ARGV[2] most jobs to move (oldest first)
 -- Returns  how many were moved
--- Errors   none
+-- Errors   none (a record whose keys another program wrote over stays in the list)
 local base, queue = KEYS[1], ARGV[1]
 local now = now_ms()
 local moved = 0
@@ -19,6 +19,14 @@ for _ = 1, tonumber(ARGV[2]) do
     break
   end
   local job = base .. 'job:' .. d.id
+  local want, counted = { [job] = 'hash' }, {}
+  settle_keys(base, want, counted, d.id,
+    { d.queue, d.scope ~= 'job:' .. d.id and d.scope or nil, d.kind }, true, false, false)
+  if unsafe(base, want, counted) then
+    -- A key it would write holds another type: the record stays (at the end), unchanged.
+    redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
+    break
+  end
   local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
     scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })
   redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)

@@ -12,7 +12,10 @@
 --          changed),
 --          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
 --          changed), or "reseeded:<epoch>" (a fenced settlement moved the coordinator there)
--- Errors   none
+-- Errors   "PALISADE_CORRUPT ..." when a key the batch would write holds another type or a
+--          count it increments is not an integer: raised before anything changed. (A job
+--          record of another type counts as gone: its settlement is "ok" and changes only
+--          the lease.)
 local base = KEYS[1]
 local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -40,70 +43,95 @@ local function valid(action, arg)
   return ACTIONS[action] and n ~= nil and n == n and n >= 0 and n < 1e15
 end
 
-local out, released, finished, leased, completed, settled = {}, {}, {}, {}, {}, {}
-local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
+-- First, read-only: which settlements are current, their jobs' records, and that every key
+-- the batch may write has its type (a key another program wrote over fails the call whole,
+-- before its first write; a job record of another type counts as gone).
+local out, current, records, settled = {}, {}, {}, {}
+local want, counted = {}, {}
 for i = 0, count - 1 do
   local o = 2 + i * 4
-  local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local expiry, id = expiries[i + 1], jobs[i + 1]
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
     -- (a lease named twice in one batch is current only for its first settlement)
-    out[#out + 1] = 'stale'
+    out[i + 1] = 'stale'
   elseif not valid(action, arg) then
-    out[#out + 1] = 'invalid'
+    out[i + 1] = 'invalid'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
-    out[#out + 1] = 'exhausted'
+    out[i + 1] = 'exhausted'
   else
     settled[lease] = true
-    released[#released + 1] = lease
-    local lease_epoch = epoch_of(entries[i + 1])
-    if lease_epoch then
-      by_epoch[lease_epoch] = by_epoch[lease_epoch] or {}
-      table.insert(by_epoch[lease_epoch], lease)
+    current[#current + 1] = i
+    local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
+      'kind')
+    records[i + 1] = f
+    local parks = action ~= 'complete' and action ~= 'dead'
+    settle_keys(base, want, counted, id, { f[1], f[2], f[6] }, parks,
+      action == 'retry' and tonumber(arg) > 0, action == 'dead', entries[i + 1])
+    if action == 'fenced' then
+      want[base .. 'epoch'] = 'hash'
     end
-    local job = base .. 'job:' .. id
-    local f = redis.call('HMGET', job, 'queue', 'scope', 'capped', 'unique', 'unique_until')
-    local queue, result = f[1], 'ok'
-    if queue then
-      if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
-        redis.call('HDEL', base .. 'live', f[2])
-      end
-      leased[queue] = (leased[queue] or 0) + 1
-      uncap(base, id, f[3])
-      if action == 'complete' then
-        release_unique_key(base, id, f[4], f[5])
-        leave(base, id, f[2])
-        finished[#finished + 1] = job
-        completed[queue] = (completed[queue] or 0) + 1
-      elseif action == 'retry' then
-        park(base, id, now + tonumber(arg), now)
-      elseif action == 'dead' then
-        bury(base, id, reason, keep)
-      elseif action == 'release' then
-        redis.call('HINCRBY', job, 'attempt', -1)
-        park(base, id, now, now)
-      elseif action == 'fenced' then
-        -- A sink holds a token at least as new as this current lease's: the counter
-        -- regressed. Move above the sink's epoch now, remember it as a floor for later
-        -- recoveries, and run the job again under a fresh token.
-        local floor = tonumber(arg) + 1
-        local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'floor')
-        local cur = tonumber(e[1] or '0')
-        if cur < floor then
-          redis.call('HSET', base .. 'epoch', 'epoch', floor)
-          redis.call('SET', base .. 'counter', 0)
-          cur = floor
-        end
-        if tonumber(e[2] or '0') < floor then
-          redis.call('HSET', base .. 'epoch', 'floor', floor)
-        end
-        redis.call('HINCRBY', job, 'attempt', -1)
-        park(base, id, now, now)
-        result = 'reseeded:' .. fmt(cur)
-      end
-    end
-    out[#out + 1] = result
   end
+end
+local wrong = unsafe(base, want, counted)
+if wrong then
+  return corrupt(wrong)
+end
+
+local released, finished, leased, completed = {}, {}, {}, {}
+local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
+for _, i in ipairs(current) do
+  local o = 2 + i * 4
+  local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  local id = jobs[i + 1]
+  released[#released + 1] = lease
+  local lease_epoch = epoch_of(entries[i + 1])
+  if lease_epoch then
+    by_epoch[lease_epoch] = by_epoch[lease_epoch] or {}
+    table.insert(by_epoch[lease_epoch], lease)
+  end
+  local job = base .. 'job:' .. id
+  local f = records[i + 1]
+  local queue, result = f[1], 'ok'
+  if queue then
+    if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
+      redis.call('HDEL', base .. 'live', f[2])
+    end
+    leased[queue] = (leased[queue] or 0) + 1
+    uncap(base, id, f[3])
+    if action == 'complete' then
+      release_unique_key(base, id, f[4], f[5])
+      leave(base, id, f[2])
+      finished[#finished + 1] = job
+      completed[queue] = (completed[queue] or 0) + 1
+    elseif action == 'retry' then
+      park(base, id, now + tonumber(arg), now)
+    elseif action == 'dead' then
+      bury(base, id, reason, keep)
+    elseif action == 'release' then
+      bump(job, 'attempt', -1)
+      park(base, id, now, now)
+    elseif action == 'fenced' then
+      -- A sink holds a token at least as new as this current lease's: the counter
+      -- regressed. Move above the sink's epoch now, remember it as a floor for later
+      -- recoveries, and run the job again under a fresh token.
+      local floor = tonumber(arg) + 1
+      local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'floor')
+      local cur = tonumber(e[1] or '0') or 0
+      if cur < floor then
+        redis.call('HSET', base .. 'epoch', 'epoch', floor)
+        redis.call('SET', base .. 'counter', 0)
+        cur = floor
+      end
+      if (tonumber(e[2] or '0') or 0) < floor then
+        redis.call('HSET', base .. 'epoch', 'floor', floor)
+      end
+      bump(job, 'attempt', -1)
+      park(base, id, now, now)
+      result = 'reseeded:' .. fmt(cur)
+    end
+  end
+  out[i + 1] = result
 end
 if #released > 0 then
   bulk('ZREM', base .. 'leases', released)

@@ -61,3 +61,38 @@ async fn a_migration_to_partitions_never_lowers_a_scopes_tokens() {
     )
     .await;
 }
+
+/// Found by the attack review of issue 14: claims of one queue start at every partition in
+/// turn, however the worker interleaves its queues. With one rotation for all queues, a
+/// worker alternating queues `a` and `b` over 2 partitions started every claim of `a` at
+/// partition 0, and `a`'s backlog in partition 1 waited while partition 0 had work.
+#[tokio::test]
+async fn every_partition_serves_a_queue_whatever_the_queue_rotation() {
+    use palisade::NewJob;
+    use std::time::Duration;
+    let parts: Vec<Arc<dyn LeaseStore>> = (0..2)
+        .map(|_| Arc::new(MemoryLeaseStore::new()) as Arc<dyn LeaseStore>)
+        .collect();
+    let store = PartitionedLeaseStore::new(parts.clone()).unwrap();
+    let jobs = (0..200)
+        .map(|_| NewJob::raw("k", "null").with_queue("a"))
+        .collect();
+    store.enqueue(jobs).await.unwrap();
+    for _ in 0..10 {
+        for queue in ["a", "b"] {
+            store
+                .claim(queue, "w", 5, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+    }
+    let mut leased = Vec::new();
+    for part in &parts {
+        leased.push(part.counts("a").await.unwrap().leased);
+    }
+    assert_eq!(leased.iter().sum::<u64>(), 50);
+    assert!(
+        leased.iter().all(|&n| n >= 20),
+        "each partition serves its share of a: {leased:?}"
+    );
+}

@@ -560,18 +560,20 @@ async fn a_process_with_another_number_of_partitions_is_refused() {
     check_layout(&pool, "other", 6).await.unwrap();
 }
 
-/// Issue 14: the hot sorted sets (`leases`, `tokens:<epoch>`) stay out of Redis' listpack
-/// encoding however few leases are live — a listpack scans the whole set on every change,
-/// which cost 15 % of Redis CPU per job and made partitions dearer — and the member that keeps
-/// them so never shows: not as a lease, not in the watermark, not reaped; a spent epoch's
-/// token set goes with its last lease.
+/// Issue 14: the lease index (`leases`) stays out of Redis' listpack encoding however few
+/// leases are live — a listpack scans the whole set on every change, which cost Redis CPU per
+/// job and made partitions dearer — and the member that keeps it so never shows: not as a
+/// lease, not in the watermark, not reaped; a spent epoch's token set goes with its last
+/// lease.
 #[tokio::test]
-async fn hot_sorted_sets_stay_skiplists_and_their_marker_never_shows() {
+async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     use palisade::{FencingToken, LeaseStore, NewJob, Settlement};
     use std::time::Duration;
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let store = RedisLeaseStore::new(pool, "enc");
+    // (Redis' default, stated: the marker is longer than this.)
+    server.cli(&["CONFIG", "SET", "zset-max-listpack-value", "64"]);
     let encoding = |key: &str| server.cli(&["OBJECT", "ENCODING", key]).unwrap_or_default();
     store
         .enqueue((0..3).map(|_| NewJob::raw("k", "null")).collect())
@@ -585,7 +587,6 @@ async fn hot_sorted_sets_stay_skiplists_and_their_marker_never_shows() {
     let epoch = claims[0].lease.token.epoch();
     let tokens = format!("{{enc}}:tokens:{epoch}");
     assert_eq!(encoding("{enc}:leases"), "skiplist");
-    assert_eq!(encoding(&tokens), "skiplist");
 
     let mut listed: Vec<_> = store
         .leases(10)
@@ -638,4 +639,175 @@ async fn hot_sorted_sets_stay_skiplists_and_their_marker_never_shows() {
     );
     assert_eq!(server.cli(&["EXISTS", &tokens]).as_deref(), Some("0"));
     assert!(store.leases(10).await.unwrap().is_empty());
+}
+
+/// Whether `r` is the refusal of a call that found a key written over.
+fn corrupt<T>(r: &Result<T, palisade::Error>) -> bool {
+    r.as_ref()
+        .err()
+        .is_some_and(|e| e.to_string().contains("PALISADE_CORRUPT"))
+}
+
+/// Every key and its serialized value: equal snapshots mean nothing changed.
+fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
+    let keys = server.cli(&["--scan"]).unwrap_or_default();
+    let mut keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    keys.sort();
+    // Contents, not DUMP: a hash table's DUMP order changes as Redis rehashes it on reads.
+    let sorted = |text: Option<String>| {
+        let mut lines: Vec<String> = text
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines.join("\n")
+    };
+    keys.iter()
+        .map(|k| {
+            let value = match server.cli(&["TYPE", k]).as_deref() {
+                Some("hash") => sorted(server.cli(&["HGETALL", k])),
+                Some("set") => sorted(server.cli(&["SMEMBERS", k])),
+                Some("zset") => server
+                    .cli(&["ZRANGE", k, "0", "-1", "WITHSCORES"])
+                    .unwrap_or_default(),
+                Some("list") => server.cli(&["LRANGE", k, "0", "-1"]).unwrap_or_default(),
+                _ => server.cli(&["GET", k]).unwrap_or_default(),
+            };
+            (k.to_string(), value)
+        })
+        .collect()
+}
+
+/// Redis does not roll a script back: a key another program wrote over, in the middle of what
+/// a claim, settlement, reap, cancel or enqueue writes, fails the call whole before its first
+/// write (`PALISADE_CORRUPT`, naming the key) — it used to fail halfway, a claim after it had
+/// recorded leases nobody was told of. A job record written over counts as gone and does not
+/// fail the rest of its batch; a count that is not a number reads as 0.
+#[tokio::test]
+async fn keys_written_over_fail_calls_whole_before_any_write() {
+    use palisade::{LeaseStore, NewJob, RedisLeaseStore, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "cx");
+    store
+        .enqueue(vec![
+            NewJob::raw("k", "null"),
+            NewJob::raw("k", "null").with_scope("s"),
+            NewJob::raw("k", "null").with_scope("s"),
+        ])
+        .await
+        .unwrap();
+
+    // enqueue: the enqueue counter, a stats hash.
+    for (key, value) in [("{cx}:seq", "many"), ("{cx}:wait:t", "x")] {
+        let was = server.cli(&["GET", key]);
+        server.cli(&["SET", key, value]);
+        let before = snapshot(&server);
+        let r = store
+            .enqueue(vec![
+                NewJob::raw("k", "null"),
+                NewJob::raw("k", "null").with_scope("t"),
+            ])
+            .await;
+        assert!(corrupt(&r), "{key}: {r:?}");
+        assert_eq!(snapshot(&server), before, "{key}: nothing changed");
+        match was {
+            Some(v) if !v.is_empty() => server.cli(&["SET", key, &v]),
+            _ => server.cli(&["DEL", key]),
+        };
+    }
+
+    // claim: the lease index is written last; it must not be half-done. (A first claim
+    // establishes the epoch, a write of its own.)
+    store
+        .claim("elsewhere", "w", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    server.cli(&["SET", "{cx}:lease_job", "x"]);
+    let before = snapshot(&server);
+    let r = store
+        .claim("default", "w", 5, Duration::from_millis(300))
+        .await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "claim changed nothing");
+    server.cli(&["DEL", "{cx}:lease_job"]);
+    let claims = store
+        .claim("default", "w", 5, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 2, "one of scope s waits its turn");
+
+    // settle: the scope's newest-token record.
+    server.cli(&["DEL", "{cx}:last"]);
+    server.cli(&["RPUSH", "{cx}:last", "x"]);
+    let before = snapshot(&server);
+    let all: Vec<_> = claims
+        .iter()
+        .map(|c| (c.lease.id, Settlement::Complete))
+        .collect();
+    let r = store.settle(all.clone()).await;
+    assert!(corrupt(&r), "{r:?}");
+    let after = snapshot(&server);
+    assert_eq!(after, before, "settle changed nothing");
+    server.cli(&["DEL", "{cx}:last"]);
+
+    // reap: the dead-letter list (the leases expire; max_stalls lets them be requeued, but a
+    // reap may bury, so the list is checked).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.cli(&["SET", "{cx}:q:default:dead", "x"]);
+    let before = snapshot(&server);
+    let r = store.reap(10).await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "reap changed nothing");
+    server.cli(&["DEL", "{cx}:q:default:dead"]);
+    assert_eq!(store.reap(10).await.unwrap().len(), 2);
+
+    // cancel: the delayed set.
+    let queued = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap()[0];
+    server.cli(&["SET", "{cx}:q:default:delayed", "x"]);
+    let before = snapshot(&server);
+    let r = store.cancel(queued, "no").await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "cancel changed nothing");
+    server.cli(&["DEL", "{cx}:q:default:delayed"]);
+
+    // A job record written over, and an attempt count that is not a number: the batch goes
+    // through; the written-over job counts as gone, the other is released with attempt 0.
+    let claims = store
+        .claim("default", "w", 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(claims.len() >= 2, "{claims:?}");
+    let (gone, odd) = (&claims[0], &claims[1]);
+    server.cli(&["DEL", &format!("{{cx}}:job:{}", gone.job.id)]);
+    server.cli(&["SET", &format!("{{cx}}:job:{}", gone.job.id), "x"]);
+    server.cli(&[
+        "HSET",
+        &format!("{{cx}}:job:{}", odd.job.id),
+        "attempt",
+        "x",
+    ]);
+    let results = store
+        .settle(vec![
+            (gone.lease.id, Settlement::Complete),
+            (odd.lease.id, Settlement::Release),
+        ])
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(
+        server
+            .cli(&["HGET", &format!("{{cx}}:job:{}", odd.job.id), "attempt"])
+            .as_deref(),
+        Some("0")
+    );
+    let again = store
+        .claim("default", "w", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        again.iter().any(|c| c.job.id == odd.job.id),
+        "the released job is ready again"
+    );
 }

@@ -7,9 +7,10 @@
 //!   every token of a scope comes from one counter and only grows. A job in its default
 //!   scope has no ordering to keep: it goes to the partition its unique key hashes to, or
 //!   round-robin.
-//! - **Claims** take the whole batch from one partition, the next one each claim
-//!   (round-robin), and what it lacked from the partitions after it (work stealing), so a
-//!   claim costs one script call while the queues have work, as with one coordinator.
+//! - **Claims** take the whole batch from one partition, the next one each claim of the
+//!   queue (round-robin), and what it lacked from the partitions after it, one after another
+//!   (work stealing): one script call per claim while the queues have work, as with one
+//!   coordinator; up to P round trips when they hold less than the batch.
 //! - **Leases** are routed back to the partition that granted them (remembered at claim); a
 //!   lease this process did not claim is offered to every partition.
 //! - **The watermark** is the lowest of the partitions' watermarks, and none until every
@@ -48,10 +49,12 @@ pub const MAX_PARTITIONS: usize = 256;
 /// A coordinator over P partitions; see the module documentation.
 pub struct PartitionedLeaseStore {
     parts: Vec<Arc<dyn LeaseStore>>,
-    /// Where the next default-scoped job without a unique key goes, and where the next claim
-    /// starts.
+    /// Where the next default-scoped job without a unique key goes.
     next_job: AtomicUsize,
-    next_claim: AtomicUsize,
+    /// Where the next claim of each queue starts: per queue, because one counter for all
+    /// let a worker that cycles through queues start every claim of one queue at the same
+    /// partition (2 queues, 2 partitions), starving that queue's jobs in the other.
+    next_claim: Mutex<HashMap<String, usize>>,
     /// The partition of every lease this process claimed and has not settled.
     owners: Mutex<HashMap<LeaseId, usize>>,
     max_payload_bytes: usize,
@@ -85,7 +88,7 @@ impl PartitionedLeaseStore {
         Ok(Self {
             parts,
             next_job: AtomicUsize::new(0),
-            next_claim: AtomicUsize::new(0),
+            next_claim: Mutex::new(HashMap::new()),
             owners: Mutex::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         })
@@ -266,7 +269,16 @@ impl LeaseStore for PartitionedLeaseStore {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let start = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        let start = {
+            let mut next = self
+                .next_claim
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let at = next.entry(queue.to_owned()).or_default();
+            let start = *at;
+            *at = at.wrapping_add(1);
+            start
+        };
         // The whole batch from one partition, the next one each claim (round-robin), and
         // what it lacked from the partitions after it (work stealing). Not a share from
         // each: every script call has a fixed cost (pause, rate and cap checks, the epoch
@@ -278,12 +290,15 @@ impl LeaseStore for PartitionedLeaseStore {
             if claims.len() >= n {
                 break;
             }
+            let i = (start + k) % p;
             match self
-                .claim_from((start + k) % p, queue, kinds, worker, n - claims.len(), ttl)
+                .claim_from(i, queue, kinds, worker, n - claims.len(), ttl)
                 .await
             {
                 Ok(got) => claims.extend(got),
                 Err(e) => {
+                    // Said here: the caller hears of it only if no partition had work.
+                    tracing::warn!(partition = i, error = %e, "claim from a partition failed");
                     first_error.get_or_insert(e);
                 }
             }
