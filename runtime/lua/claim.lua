@@ -32,9 +32,15 @@ local now = now_ms()
 local rate_key = base .. 'q:' .. queue .. ':rate'
 local rate = redis.call('HMGET', rate_key, 'jobs', 'per_ms', 'tokens', 'at')
 local tokens = nil
-if rate[1] then
-  local jobs, per = tonumber(rate[1]), tonumber(rate[2])
+-- (A limit another program wrote oddly: one that is not a finite positive number is no
+-- limit; a bucket count or stamp that is not finite reads as a full bucket counted from now,
+-- so no NaN reaches the claim below.)
+local jobs, per = tonumber(rate[1]), tonumber(rate[2])
+if finite(jobs) and finite(per) and jobs >= 0 and per > 0 then
   local before, at = tonumber(rate[3] or rate[1]), tonumber(rate[4] or now)
+  if not finite(before) or not finite(at) then
+    before, at = jobs, now
+  end
   tokens = math.min(jobs, before + math.max(0, now - at) * jobs / per)
   n = math.min(n, math.floor(tokens))
   if n <= 0 then
@@ -161,7 +167,7 @@ for _, c in ipairs(order) do
       taken[scope] = true
       local lease = ARGV[first_lease + #out]
       counter = counter + 1
-      local attempt = fmt((tonumber(f[3] or '0') or 0) + 1)
+      local attempt = fmt(count_of(f[3]) + 1)
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
       if room[kind] then
         room[kind] = room[kind] - 1

@@ -64,10 +64,16 @@ end
 -- A job's meta record, decoded. Written by our client, but a record another program
 -- overwrote must not make a script fail halfway (Redis does not roll back): it decodes to
 -- defaults that send the job to the dead letters with its raw meta as the payload.
+-- (cjson decodes NaN and 1e999, which ZADD and cjson.encode then refuse: numbers must be
+-- finite, and the kind a string, or a ready-set name cannot be built.)
+local function finite(x)
+  return type(x) == 'number' and x == x and x > -1e15 and x < 1e15
+end
+
 local function meta_of(raw)
   local ok, meta = pcall(cjson.decode, raw or '')
-  if ok and type(meta) == 'table' and type(meta.priority) == 'number'
-    and type(meta.max_stalls) == 'number' then
+  if ok and type(meta) == 'table' and finite(meta.priority) and finite(meta.max_stalls)
+    and finite(meta.max_attempts) and type(meta.kind) == 'string' then
     return meta
   end
   return { kind = '', payload = raw or '', priority = 0, max_attempts = 1, max_stalls = 0,
@@ -99,6 +105,15 @@ local function countable(v)
   return not v or (string.match(v, '^-?%d+$') ~= nil and #v < 16)
 end
 
+-- A count field (attempt, stalls, a time in ms) as a number: a non-negative integer below
+-- 10^15, anything else (absent, "nan", "inf", "1e999", "1.5", another program's text) 0.
+local function count_of(v)
+  if type(v) == 'string' and #v < 16 and string.match(v, '^%d+$') then
+    return tonumber(v)
+  end
+  return 0
+end
+
 -- The complaint about the first of `fields` of hash `key` that is not countable, or nil.
 local function uncountable(key, fields)
   local got = redis.call('HMGET', key, unpack(fields))
@@ -113,6 +128,16 @@ end
 -- The ready set of one kind of one queue.
 local function ready_key(base, queue, kind)
   return base .. 'q:' .. queue .. '\t' .. kind
+end
+
+-- A job record's fields, or none when the key holds another type (a record another program
+-- wrote over is treated as gone, so one bad record never fails a whole batch).
+local function fields(key, ...)
+  local f = redis.pcall('HMGET', key, ...)
+  if f.err then
+    return {}
+  end
+  return f
 end
 
 -- What settling, reaping or cancelling a job may write, added to `want` (key -> type) and
@@ -138,6 +163,16 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     want[base .. 'head'] = 'hash'
     want[base .. 'last'] = 'hash'
     want[base .. 'wait:' .. scope] = 'zset'
+    -- The scope's next job may become ready (leave): its queue's keys are written then.
+    local next = redis.pcall('ZRANGE', base .. 'wait:' .. scope, 0, 0)
+    local g = type(next[1]) == 'string' and fields(base .. 'job:' .. next[1], 'queue', 'kind') or {}
+    if g[1] and g[2] then
+      local q = base .. 'q:' .. g[1]
+      want[q .. ':kinds'] = 'set'
+      want[ready_key(base, g[1], g[2])] = 'zset'
+      want[q .. ':stats'] = 'hash'
+      counted[q .. ':stats'] = true
+    end
   end
   if parks then
     want[base .. 'seq'] = 'string'
@@ -168,16 +203,6 @@ local function unsafe(base, want, counted)
     wrong = wrong or uncountable(stats, { 'leased', 'waiting', 'completed' })
   end
   return wrong
-end
-
--- A job record's fields, or none when the key holds another type (a record another program
--- wrote over is treated as gone, so one bad record never fails a whole batch).
-local function fields(key, ...)
-  local f = redis.pcall('HMGET', key, ...)
-  if f.err then
-    return {}
-  end
-  return f
 end
 
 -- A job becomes ready: into its queue's set for its kind, or aside into its scope's waiting
@@ -224,9 +249,15 @@ local function leave(base, id, scope)
       want[base .. 'q:' .. f[1] .. ':stats'] = 'hash'
       counted[base .. 'q:' .. f[1] .. ':stats'] = true
     end
-    -- (A waiting entry without a readable job, or whose queue's keys another program
-    -- wrote over, is dropped: it cannot be placed, and this runs after other writes.)
-    if f[1] and f[2] and not unsafe(base, want, counted) then
+    -- (A waiting entry without a readable job is dropped; so is one whose queue's keys
+    -- another program wrote over — it cannot be placed, and this runs after other writes —
+    -- said in the Redis log. Callers check the first waiting job's keys before writing.)
+    local wrong = f[1] and f[2] and unsafe(base, want, counted)
+    if wrong then
+      redis.log(redis.LOG_WARNING, 'palisade: waiting job ' .. first[1] .. ' of scope ' .. scope
+        .. ' dropped: ' .. wrong)
+    end
+    if f[1] and f[2] and not wrong then
       redis.call('HSET', base .. 'head', scope, first[1])
       redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'waiting', -1)
       redis.call('SADD', base .. 'q:' .. f[1] .. ':kinds', f[2])
@@ -273,7 +304,7 @@ local function release_unique_key(base, id, unique, unique_until)
   if redis.call('TYPE', key).ok ~= 'string' or redis.call('GET', key) ~= id then
     return
   end
-  local until_ms = tonumber(unique_until or '') or 0
+  local until_ms = count_of(unique_until)
   if until_ms > now_ms() then
     redis.call('PEXPIREAT', key, until_ms)
   else
@@ -291,7 +322,7 @@ end
 -- a field another program wrote over (a count that is not a number reads as 0, and none
 -- goes below 0); returns the new count.
 local function bump(job, field, by)
-  local n = math.max((tonumber(redis.call('HGET', job, field) or '0') or 0) + by, 0)
+  local n = math.max(count_of(redis.call('HGET', job, field)) + by, 0)
   redis.call('HSET', job, field, n)
   return n
 end
@@ -307,10 +338,16 @@ local function bury(base, id, reason, keep)
   end
   local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
-  redis.call('RPUSH', dead, cjson.encode({
-    id = id, queue = f[2], kind = meta.kind, payload = meta.payload, scope = f[3] or ('job:' .. id),
-    attempt = tonumber(f[4] or '0'), stalls = tonumber(f[5] or '0'),
-    max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason }))
+  local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
+    scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
+    max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason }
+  local ok, json = pcall(cjson.encode, record)
+  if not ok then
+    -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.)
+    record.payload = f[1] or ''
+    json = cjson.encode(record)
+  end
+  redis.call('RPUSH', dead, json)
   redis.call('LTRIM', dead, -keep, -1)
   leave(base, id, f[3])
   redis.call('DEL', job)
@@ -418,7 +455,10 @@ end
 local function epoch_intact(base)
   local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'run')
   local counter = redis.call('GET', base .. 'counter')
-  if not e[1] or not e[2] or not counter then
+  -- (Both must be plain integers: a counter of "nan" passes every comparison, and an epoch
+  -- that is not a number fails the claim's last ZADD, after its leases were written.)
+  if not e[1] or not e[2] or not counter or not string.match(e[1], '^%d+$')
+    or #e[1] > 7 or tonumber(e[1]) > 8388607 or not string.match(counter, '^%d+$') then
     return nil
   end
   -- A plain search for this run's id line, not run_id()'s pattern match: every claim runs
@@ -427,7 +467,7 @@ local function epoch_intact(base)
   if not string.find(redis.call('INFO', 'server'), 'run_id:' .. e[2] .. '\r\n', 1, true) then
     return nil
   end
-  if not tonumber(counter) or tonumber(counter) > 1099511627775 - 1000000 then
+  if #counter > 13 or tonumber(counter) > 1099511627775 - 1000000 then
     return nil
   end
   return e[1]

@@ -27,8 +27,14 @@ for _ = 1, tonumber(ARGV[2]) do
     redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
     break
   end
-  local meta = cjson.encode({ kind = d.kind, payload = d.payload, queue = d.queue,
-    scope = d.scope, priority = 0, max_attempts = d.max_attempts, max_stalls = d.max_stalls })
+  local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
+    queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
+    max_stalls = d.max_stalls })
+  if not encoded then
+    -- A record cjson cannot write back (NaN or 1e999 in it): it stays (at the end).
+    redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
+    break
+  end
   redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)
   if d.scope ~= 'job:' .. d.id then
     redis.call('HSET', job, 'scope', d.scope)

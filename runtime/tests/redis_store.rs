@@ -680,8 +680,8 @@ fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
 }
 
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what
-/// a claim, settlement, reap, cancel or enqueue writes, fails the call whole before its first
-/// write (`PALISADE_CORRUPT`, naming the key) — it used to fail halfway, a claim after it had
+/// a claim, settlement, cancel or enqueue writes, fails the call whole before its first
+/// write (a reap skips that lease) (`PALISADE_CORRUPT`, naming the key) — it used to fail halfway, a claim after it had
 /// recorded leases nobody was told of. A job record written over counts as gone and does not
 /// fail the rest of its batch; a count that is not a number reads as 0.
 #[tokio::test]
@@ -753,12 +753,13 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     server.cli(&["DEL", "{cx}:last"]);
 
     // reap: the dead-letter list (the leases expire; max_stalls lets them be requeued, but a
-    // reap may bury, so the list is checked).
+    // reap may bury, so the list is checked). Reaping goes per lease: the leases whose keys
+    // were written over stay as they are, and the reaper carries on with the others.
     tokio::time::sleep(Duration::from_millis(400)).await;
     server.cli(&["SET", "{cx}:q:default:dead", "x"]);
     let before = snapshot(&server);
-    let r = store.reap(10).await;
-    assert!(corrupt(&r), "{r:?}");
+    let r = store.reap(10).await.unwrap();
+    assert!(r.is_empty(), "{r:?}");
     assert_eq!(snapshot(&server), before, "reap changed nothing");
     server.cli(&["DEL", "{cx}:q:default:dead"]);
     assert_eq!(store.reap(10).await.unwrap().len(), 2);
@@ -809,5 +810,153 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     assert!(
         again.iter().any(|c| c.job.id == odd.job.id),
         "the released job is ready again"
+    );
+}
+
+/// Found by the attack review of the type checks: values another program wrote that Lua reads
+/// as numbers but Redis or cjson refuse (NaN, inf, 1e999, fractions) never make a script fail
+/// after its first write, and never lose a job: an epoch or counter that is not a plain
+/// integer is not intact, counts read as 0, a meta record with one reads as corrupt (its job
+/// goes on with defaults), a dead-letter record cjson cannot write back stays where it is, and
+/// a scope's next job whose queue keys were written over fails the settlement whole.
+#[tokio::test]
+async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
+    use palisade::{LeaseStore, NewJob, RedisLeaseStore, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "nx");
+    let job = |id: &palisade::JobId| format!("{{nx}}:job:{id}");
+    let ttl = Duration::from_millis(300);
+    store
+        .enqueue((0..4).map(|_| NewJob::raw("k", "null")).collect())
+        .await
+        .unwrap();
+
+    // A counter of "nan" is not intact: the claim moves to a new epoch first.
+    let first = store.claim("default", "w", 1, ttl).await.unwrap();
+    server.cli(&["SET", "{nx}:counter", "nan"]);
+    let second = store.claim("default", "w", 1, ttl).await.unwrap();
+    assert!(second[0].lease.token.epoch() > first[0].lease.token.epoch());
+    // An epoch that is not a number cannot be moved past: claims fail, changing nothing.
+    server.cli(&["HSET", "{nx}:epoch", "epoch", "abc"]);
+    let before = snapshot(&server);
+    assert!(store.claim("default", "w", 1, ttl).await.is_err());
+    assert_eq!(
+        snapshot(&server),
+        before,
+        "a claim on an unreadable epoch changed nothing"
+    );
+    server.cli(&["DEL", "{nx}:epoch"]);
+
+    // Stall and attempt counts of "inf" and "1e999", a unique_until of "1e20", a priority of
+    // NaN in the meta: reaped, completed and released without a raise, nothing lost.
+    server.cli(&[
+        "HSET",
+        &job(&first[0].job.id),
+        "stalls",
+        "inf",
+        "attempt",
+        "1e999",
+    ]);
+    server.cli(&[
+        "HSET",
+        &job(&second[0].job.id),
+        "unique_until",
+        "1e20",
+        "unique",
+        "u",
+    ]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let reaped = store.reap(10).await.unwrap();
+    assert_eq!(reaped.len(), 2, "{reaped:?}");
+    assert_eq!(
+        server
+            .cli(&["HGET", &job(&first[0].job.id), "stalls"])
+            .as_deref(),
+        Some("1"),
+        "a count that is not a number reads as 0"
+    );
+    let claims = store
+        .claim("default", "w", 4, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 4, "nothing lost: {claims:?}");
+    let nan_meta = r#"{"kind":"k","payload":null,"queue":"default","scope":null,"priority":NaN,"max_attempts":5,"max_stalls":1e999}"#;
+    server.cli(&["HSET", &job(&claims[0].job.id), "meta", nan_meta]);
+    server.cli(&[
+        "HSET",
+        &job(&claims[1].job.id),
+        "unique_until",
+        "9999999999999.5",
+        "unique",
+        "v",
+    ]);
+    server.cli(&["SET", "{nx}:unique:v", &claims[1].job.id.to_string()]);
+    server.cli(&[
+        "HSET",
+        &job(&claims[2].job.id),
+        "attempt",
+        "nan",
+        "meta",
+        nan_meta,
+    ]);
+    let results = store
+        .settle(vec![
+            (claims[0].lease.id, Settlement::Release),
+            (claims[1].lease.id, Settlement::Complete),
+            (
+                claims[2].lease.id,
+                Settlement::Dead {
+                    reason: "no".into(),
+                },
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(
+        dead.len(),
+        1,
+        "the dead-lettered job has its record: {dead:?}"
+    );
+
+    // A dead-letter record cjson cannot write back stays in the list; the good one moves.
+    server.cli(&["RPUSH", "{nx}:q:default:dead", r#"{"id":"x","queue":"default","kind":"k","scope":"job:x","payload":1e999,"max_attempts":1,"max_stalls":1}"#]);
+    let moved = store.retry_dead("default", 10).await.unwrap();
+    assert_eq!(moved, 1);
+    assert_eq!(
+        server.cli(&["LLEN", "{nx}:q:default:dead"]).as_deref(),
+        Some("1")
+    );
+
+    // A scope's next job lives in a queue whose kinds set was written over: the head's
+    // completion fails whole rather than drop the next job.
+    store
+        .enqueue(vec![
+            NewJob::raw("k", "null").with_scope("s"),
+            NewJob::raw("k", "null").with_scope("s").with_queue("other"),
+        ])
+        .await
+        .unwrap();
+    let head = store
+        .claim("default", "w", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let head: Vec<_> = head
+        .into_iter()
+        .filter(|c| c.lease.scope.as_str() == "s")
+        .collect();
+    assert_eq!(head.len(), 1);
+    server.cli(&["SET", "{nx}:q:other:kinds", "x"]);
+    let before = snapshot(&server);
+    let r = store
+        .settle(vec![(head[0].lease.id, Settlement::Complete)])
+        .await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(
+        snapshot(&server),
+        before,
+        "nothing changed, the next job kept"
     );
 }
