@@ -101,8 +101,9 @@ local function mistyped(want)
 end
 
 -- Whether `v` (a reply) is absent or an integer INCRBY/HINCRBY accept and cannot overflow.
+-- (Redis' own integer form only: "007", "-0" and "+1" are numbers to Lua but not to INCRBY.)
 local function countable(v)
-  return not v or (string.match(v, '^-?%d+$') ~= nil and #v < 16)
+  return not v or v == '0' or (string.match(v, '^-?[1-9]%d*$') ~= nil and #v < 16)
 end
 
 -- A count field (attempt, stalls, a time in ms) as a number: a non-negative integer below
@@ -163,8 +164,9 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     want[base .. 'head'] = 'hash'
     want[base .. 'last'] = 'hash'
     want[base .. 'wait:' .. scope] = 'zset'
-    -- The scope's next job may become ready (leave): its queue's keys are written then.
-    local next = redis.pcall('ZRANGE', base .. 'wait:' .. scope, 0, 0)
+    -- The scope's next job becomes ready when the turn is handed on (done, dead, delayed:
+    -- leave); then its queue's keys are written. A job parked at once keeps the turn.
+    local next = ((not parks) or delayed or buries) and redis.pcall('ZRANGE', base .. 'wait:' .. scope, 0, 0) or {}
     local g = type(next[1]) == 'string' and fields(base .. 'job:' .. next[1], 'queue', 'kind') or {}
     if g[1] and g[2] then
       local q = base .. 'q:' .. g[1]
@@ -388,10 +390,23 @@ local function compute_watermark(base)
     if not cur or not counter then
       return nil
     end
-    e, c = tonumber(cur), tonumber(counter) + 1
+    e, c = tonumber(cur), (tonumber(counter) or -2) + 1
+  end
+  -- Only a watermark a client can read: epoch and counter whole numbers in range (a record
+  -- another program wrote — inf, NaN, a fraction, out of range — gives none this time; a
+  -- stored one that is not readable counts as absent).
+  local function token(ep, co)
+    return finite(ep) and finite(co) and ep == math.floor(ep) and co == math.floor(co)
+      and ep >= 0 and ep <= 8388607 and co >= 0 and co <= 1099511627776
+  end
+  if not token(e, c) then
+    return nil
   end
   local was = redis.call('HMGET', base .. 'watermark', 'epoch', 'counter')
   local we, wc = tonumber(was[1] or '-1'), tonumber(was[2] or '0')
+  if not token(we, wc) then
+    we, wc = -1, 0
+  end
   if we > e or (we == e and wc >= c) then
     return { we, wc }
   end

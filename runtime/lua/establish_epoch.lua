@@ -13,6 +13,14 @@ if intact then
   return { intact, '0', '0' }
 end
 local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'floor')
+-- (An epoch or floor another program wrote that is not a plain integer: which epochs were
+-- used is unknown, so nothing is moved; an operator must set it above every epoch used.)
+for i = 1, 2 do
+  if e[i] and (not string.match(e[i], '^%d+$') or #e[i] > 7) then
+    return redis.error_reply('PALISADE_CORRUPT ' .. base .. 'epoch holds ' .. e[i]
+      .. ': not an epoch; nothing was changed')
+  end
+end
 local epoch = math.max(tonumber(e[1] or '0') + 1, tonumber(e[2] or '0'), tonumber(ARGV[1]))
 if epoch > 8388607 then
   return redis.error_reply('PALISADE_EPOCH_EXHAUSTED no epoch left')

@@ -6,36 +6,49 @@
 local base = KEYS[1]
 local now = now_ms()
 local out = {}
-local due = redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', 0,
-  tonumber(ARGV[1]))
-for _, lease in ipairs(due) do
-  local entry = redis.call('HGET', base .. 'lease_job', lease)
-  local id = job_of(entry)
-  if not id then
-    redis.call('ZREM', base .. 'leases', lease)
-  else
-    -- Read-only first, per lease: every key this stall may write has its type. A lease whose
-    -- keys another program wrote over is left as it is (and said in the Redis log), so one
-    -- bad record never stops the reaping of the others.
-    local want, counted = {}, {}
-    settle_keys(base, want, counted, id, fields(base .. 'job:' .. id, 'queue', 'scope', 'kind'),
-      true, false, true, entry)
-    local wrong = unsafe(base, want, counted)
-    if wrong then
-      redis.log(redis.LOG_WARNING, 'palisade: expired lease ' .. lease .. ' not reaped: ' .. wrong)
+-- Skipped leases stay first in line (their expiry is kept: moving it would revive them), so
+-- each round looks past the ones skipped so far; at most 10 rounds' worth in all.
+local max, skipped, looked = tonumber(ARGV[1]), 0, 0
+local done = 0
+while done < max and looked < 10 * max do
+  local due = redis.call('ZRANGEBYSCORE', base .. 'leases', '-inf', now, 'LIMIT', skipped,
+    max - done)
+  if #due == 0 then
+    break
+  end
+  looked = looked + #due
+  for _, lease in ipairs(due) do
+    local entry = redis.call('HGET', base .. 'lease_job', lease)
+    local id = job_of(entry)
+    if not id then
+      done = done + 1
+      redis.call('ZREM', base .. 'leases', lease)
     else
-      local queue = release(base, lease, id, entry)
-      if queue then
-        local job = base .. 'job:' .. id
-        local stalls = bump(job, 'stalls', 1)
-        local max = meta_of(redis.call('HGET', job, 'meta')).max_stalls
-        if stalls > max then
-          bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max .. ')',
-            tonumber(ARGV[2]))
-          out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'
-        else
-          park(base, id, now, now)
-          out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '0'
+      -- Read-only first, per lease: every key this stall may write has its type. A lease whose
+      -- keys another program wrote over is left as it is (and said in the Redis log), so one
+      -- bad record never stops the reaping of the others.
+      local want, counted = {}, {}
+      settle_keys(base, want, counted, id, fields(base .. 'job:' .. id, 'queue', 'scope', 'kind'),
+        true, false, true, entry)
+      local wrong = unsafe(base, want, counted)
+      if wrong then
+        skipped = skipped + 1
+        redis.log(redis.LOG_WARNING, 'palisade: expired lease ' .. lease .. ' not reaped: ' .. wrong)
+      else
+        done = done + 1
+        local queue = release(base, lease, id, entry)
+        if queue then
+          local job = base .. 'job:' .. id
+          local stalls = bump(job, 'stalls', 1)
+          local max_stalls = meta_of(redis.call('HGET', job, 'meta')).max_stalls
+          if stalls > max_stalls then
+            bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max_stalls .. ')',
+              tonumber(ARGV[2]))
+            out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'
+          else
+            park(base, id, now, now)
+            out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '0'
+          end
         end
       end
     end

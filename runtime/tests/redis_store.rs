@@ -960,3 +960,70 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
         "nothing changed, the next job kept"
     );
 }
+
+/// Found by the third attack review: counts in forms Lua reads but INCRBY refuses ("01",
+/// "-0") fail a call whole before its first write; leases skipped by the reaper never starve
+/// the good ones behind them; a watermark record no client can read is ignored, not returned.
+#[tokio::test]
+async fn odd_integers_skipped_leases_and_odd_watermarks() {
+    use palisade::{LeaseStore, NewJob, RedisLeaseStore, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "oz");
+    store
+        .enqueue(
+            (0..5)
+                .map(|i| NewJob::raw("k", "null").with_queue(if i < 3 { "bad" } else { "good" }))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    store
+        .claim("none", "w", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    server.cli(&["HSET", "{oz}:q:good:stats", "leased", "01"]);
+    let before = snapshot(&server);
+    let r = store
+        .claim("good", "w", 5, Duration::from_millis(300))
+        .await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "claim changed nothing");
+    server.cli(&["HSET", "{oz}:q:good:stats", "leased", "0"]);
+
+    // Three leases of a queue whose stats were written over expire first, two good ones
+    // after them: a reap of 3 at a time still reaps the good ones.
+    let bad = store
+        .claim("bad", "w", 3, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(bad.len(), 3);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let good = store
+        .claim("good", "w", 2, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(good.len(), 2);
+    server.cli(&["DEL", "{oz}:q:bad:stats"]);
+    server.cli(&["SET", "{oz}:q:bad:stats", "x"]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let reaped = store.reap(3).await.unwrap();
+    assert_eq!(
+        reaped.len(),
+        2,
+        "the good leases behind the stuck ones: {reaped:?}"
+    );
+
+    // A stored watermark no client can read counts as absent.
+    server.cli(&["HSET", "{oz}:watermark", "epoch", "inf", "counter", "nan"]);
+    let again = store
+        .claim("good", "w", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let done = store
+        .settle(vec![(again[0].lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok());
+    assert!(store.watermark().is_some());
+}
