@@ -141,13 +141,33 @@ local function fields(key, ...)
   return f
 end
 
+-- The job id of a lease_job entry (the part before the first tab).
+local function job_of(entry)
+  return entry and string.match(entry, '^[^\t]+')
+end
+
+-- The epoch of a lease_job entry ("job id TAB epoch TAB counter ...").
+local function epoch_of(entry)
+  return entry and string.match(entry, '^[^\t]*\t([^\t]*)')
+end
+
+-- The keys that making a job of `queue` and `kind` ready writes (its kind listed, its ready
+-- set, its queue's counts), added to `want` and `counted` (see `settle_keys`).
+local function place_keys(base, want, counted, queue, kind)
+  local q = base .. 'q:' .. queue
+  want[q .. ':kinds'] = 'set'
+  want[ready_key(base, queue, kind)] = 'zset'
+  want[q .. ':stats'] = 'hash'
+  counted[q .. ':stats'] = true
+end
+
 -- What settling, reaping or cancelling a job may write, added to `want` (key -> type) and
 -- `counted` (hashes whose counts it increments), for `unsafe` to check before the script's
 -- first write. `f` is the job record's {queue, scope, kind} (queue nil: no readable record,
 -- so nothing of it is written); `parks` (and `delayed`) and `buries` say where it may go;
 -- `entry`, its lease's lease_job entry if it has a lease to end (its token set is written).
 local function settle_keys(base, want, counted, id, f, parks, delayed, buries, entry)
-  local epoch = entry and string.match(entry, '^[^\t]*\t([^\t]*)')
+  local epoch = epoch_of(entry)
   if epoch then
     want[base .. 'token_epochs'] = 'zset'
     want[base .. 'tokens:' .. epoch] = 'zset'
@@ -169,18 +189,13 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     local next = ((not parks) or delayed or buries) and redis.pcall('ZRANGE', base .. 'wait:' .. scope, 0, 0) or {}
     local g = type(next[1]) == 'string' and fields(base .. 'job:' .. next[1], 'queue', 'kind') or {}
     if g[1] and g[2] then
-      local q = base .. 'q:' .. g[1]
-      want[q .. ':kinds'] = 'set'
-      want[ready_key(base, g[1], g[2])] = 'zset'
-      want[q .. ':stats'] = 'hash'
-      counted[q .. ':stats'] = true
+      place_keys(base, want, counted, g[1], g[2])
     end
   end
   if parks then
     want[base .. 'seq'] = 'string'
-    want[q .. ':kinds'] = 'set'
-    kind = kind or meta_of(redis.call('HGET', base .. 'job:' .. id, 'meta')).kind
-    want[ready_key(base, queue, kind)] = 'zset'
+    place_keys(base, want, counted, queue,
+      kind or meta_of(redis.call('HGET', base .. 'job:' .. id, 'meta')).kind)
     if delayed then
       want[q .. ':delayed'] = 'zset'
     end
@@ -246,10 +261,7 @@ local function leave(base, id, scope)
     local f = fields(base .. 'job:' .. first[1], 'queue', 'kind')
     local want, counted = {}, {}
     if f[1] and f[2] then
-      want[base .. 'q:' .. f[1] .. ':kinds'] = 'set'
-      want[ready_key(base, f[1], f[2])] = 'zset'
-      want[base .. 'q:' .. f[1] .. ':stats'] = 'hash'
-      counted[base .. 'q:' .. f[1] .. ':stats'] = true
+      place_keys(base, want, counted, f[1], f[2])
     end
     -- (A waiting entry without a readable job is dropped; so is one whose queue's keys
     -- another program wrote over — it cannot be placed, and this runs after other writes —
@@ -288,11 +300,6 @@ local function park(base, id, at, now)
     redis.call('HSET', job, 'at', at)
     redis.call('ZADD', base .. 'q:' .. f[1] .. ':delayed', at, id)
   end
-end
-
--- The job id of a lease_job entry (the part before the first tab).
-local function job_of(entry)
-  return entry and string.match(entry, '^[^\t]+')
 end
 
 -- A job that is done (completed or dead) gives its unique key up: the key stays held until
@@ -369,11 +376,6 @@ local function untrack(base, epoch, leases)
   if redis.call('ZCARD', key) == 0 then
     redis.call('ZREM', base .. 'token_epochs', epoch)
   end
-end
-
--- The epoch of a lease_job entry ("job id TAB epoch TAB counter ...").
-local function epoch_of(entry)
-  return entry and string.match(entry, '^[^\t]*\t([^\t]*)')
 end
 
 -- The low watermark (DESIGN.md §4): the smallest token among live leases, or the next token
