@@ -524,12 +524,14 @@ pub fn unexpected_dead(e: &Evidence) -> Vec<String> {
         .collect()
 }
 
-/// Per sink and scope: every accepted attempt's token must be at least the highest token the
-/// same sink had accepted — answered — before the attempt was sent.
+/// Per sink and scope: every accepted attempt's token must be at least the highest token that
+/// had passed the same sink's ownership checks — answered — before the attempt was sent:
+/// accepted, or refused for its content only (a content refusal still fences, invariant 8).
 fn stale_by_time(attempts: &[Attempt]) -> Vec<String> {
-    let accepted = |a: &&Attempt| a.outcome == "applied" || a.outcome == "duplicate";
+    let accepted = |a: &Attempt| a.outcome == "applied" || a.outcome == "duplicate";
+    let owned = |a: &&Attempt| accepted(a) || a.outcome == "mutation";
     let mut by_scope: HashMap<(&str, &str), Vec<&Attempt>> = HashMap::new();
-    for a in attempts.iter().filter(accepted) {
+    for a in attempts.iter().filter(owned) {
         by_scope
             .entry((a.sink.as_str(), a.scope.as_str()))
             .or_default()
@@ -546,11 +548,11 @@ fn stale_by_time(attempts: &[Attempt]) -> Vec<String> {
                 Some(*max)
             })
             .collect();
-        for a in &list {
+        for a in list.iter().filter(|a| accepted(a)) {
             let before = list.partition_point(|b| b.answered_us < a.sent_us);
             if before > 0 && prefix[before - 1] > a.token {
                 violations.push(format!(
-                    "no_stale_write: {sink} accepted {} on {scope} with token {} after it had accepted {}",
+                    "no_stale_write: {sink} accepted {} on {scope} with token {} after it had admitted {}",
                     a.key,
                     a.token,
                     prefix[before - 1]
@@ -1235,6 +1237,24 @@ mod tests {
         ];
         assert_eq!(check(&e), Vec::<String>::new());
         e.attempts.push(attempt("ledger", 6, "duplicate", 300, 310));
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.contains("ledger accepted job/beat-6")),
+            "{v:?}"
+        );
+    }
+
+    /// A write refused for its content still fenced its token: an older one accepted after it
+    /// was answered is stale (the sink before invariant 8 let it in).
+    #[test]
+    fn a_write_accepted_after_a_newer_content_refusal_is_caught() {
+        let mut e = evidence();
+        e.attempts = vec![
+            attempt("ledger", 7, "mutation", 100, 110),
+            attempt("ledger", 6, "stale_token", 200, 210),
+        ];
+        assert_eq!(check(&e), Vec::<String>::new());
+        e.attempts.push(attempt("ledger", 6, "applied", 300, 310));
         let v = check(&e);
         assert!(
             v.iter().any(|v| v.contains("ledger accepted job/beat-6")),

@@ -16,15 +16,21 @@
 -- ARGV[7..] four per write: presented token (20-digit zero-padded, so string order is
 --          numeric order and Lua's doubles never see it), presented lease id, idempotency key,
 --          mutations as JSON: a list of {"S", key, value} | {"H", key, {field, value, ...}} |
---          {"I", key, field, by} with `by` a decimal string (never a Lua number)
+--          {"I", key, field, by} with `by` a decimal string (never a Lua number); or
+--          {"refuse": why}, a write the client already found unfit for its content (on
+--          Redis Cluster, a key outside the scope's slot, which this script may not touch):
+--          decided for ownership here and refused as "mutation" with that reason
 -- First the watermark is raised to ARGV[5] if higher, and at most ARGV[6] fences below it are
 -- forgotten (safe: every write they would refuse is below the watermark; keys are kept —
 -- runtime/src/admission.rs has the proof). Then each write is decided; a token below the
 -- watermark is stale even where no fence is kept.
 -- Returns  one array per write: {"applied"} | {"duplicate"} | {"stale", highest, its lease} |
 --          {"conflict", token, lease holding it} | {"mutation", why} (the mutation list does
---          not fit; nothing changed, not even the fence) | {"error", why} (this write's own
---          keys or arguments are unusable; nothing changed)
+--          not fit: no data changed and no key was recorded, but the write passed the
+--          ownership checks, so the fence advanced to its token if that is higher — a
+--          refused writer still proves every older lease stale, runtime/src/admission.rs) |
+--          {"error", why} (this write's own keys or arguments are unusable, a malformed
+--          mutation list included: a client bug, not a decision; nothing changed)
 -- Errors   none: every check runs before the first change, because Redis does not roll a
 --          script back. The rule is the one in runtime/src/mutation.rs; messages match it
 --          word for word (the differential test compares them).
@@ -269,11 +275,21 @@ local function write(fence, keys, token, lease, key, encoded)
     return { 'duplicate' }
   end
   local ok, mutations = pcall(cjson.decode, encoded)
-  if not ok or not well_formed(mutations) then
+  local why
+  if ok and type(mutations) == 'table' and type(mutations.refuse) == 'string' then
+    why = mutations.refuse
+  elseif not ok or not well_formed(mutations) then
     return { 'error', 'the mutation list is malformed' }
+  else
+    why = check(mutations)
   end
-  local why = check(mutations)
   if why then
+    -- Refused for its content, after the ownership checks passed: no data, no key, but the
+    -- fence moves up to this token (strictly), so an older holder cannot write after it.
+    if advance then
+      redis.call('SET', fence, token .. '\t' .. lease)
+      queue_for_collection(fence, token)
+    end
     return { 'mutation', why }
   end
   for _, m in ipairs(mutations) do

@@ -92,9 +92,12 @@ pub enum Rejection {
         presented_by: LeaseId,
     },
     /// The mutation list does not fit the stored data or its own earlier steps (type clash,
-    /// non-integer field, i64 overflow, empty field list; see the `mutation` module). Nothing
-    /// changed — not the data, not the fence, not the key set — and repeating the write gets
-    /// the same answer.
+    /// non-integer field, i64 overflow, empty field list; see the `mutation` module), or — on
+    /// Redis Cluster — names a key outside its scope's slot. No data changed and no key was
+    /// recorded, so a corrected retry of the same write still applies. The writer did pass the
+    /// ownership checks, though: if its token is above the scope's fence, the fence advanced
+    /// to it ([`advance`]), so every older lease of the scope is refused from now
+    /// on, exactly as if the write had applied.
     #[error("mutation refused: {why}")]
     Mutation {
         /// Which mutation, and why.
@@ -160,6 +163,23 @@ pub fn decide(
     Admission::Applied
 }
 
+/// The fence a scope holds after a write that passed the ownership checks of [`decide`] (it
+/// was not refused as stale or conflicting) — whether it then applied, was a duplicate, or was
+/// refused for its content: the presented generation if its token is above the held one,
+/// otherwise the held one unchanged. Strictly by token: an equal token never replaces the
+/// lease holding it (that writer is the same lease, or it was refused as a conflict).
+///
+/// Why a refused write still fences: its lease was granted token T, which proves that every
+/// lease of the scope below T is stale (the coordinator grants a scope's tokens in order and
+/// only while no other lease of it is live) — as a producer-epoch bump does in Kafka. Leaving
+/// the fence behind would let an expired holder with T' < T apply after T was refused.
+pub fn advance(highest: Option<Fence>, presented: Fence) -> Option<Fence> {
+    match highest {
+        Some(h) if presented.token <= h.token => Some(h),
+        _ => Some(presented),
+    }
+}
+
 /// A sink's per-scope fencing state: the newest generation it has seen and the idempotency
 /// keys of the writes it applied.
 ///
@@ -208,9 +228,7 @@ impl ScopeFence {
         if let Admission::Rejected(_) = admission {
             return admission;
         }
-        if self.highest.is_none_or(|h| presented.token > h.token) {
-            self.highest = Some(presented);
-        }
+        self.highest = advance(self.highest, presented);
         if admission == Admission::Applied {
             self.keys.insert(key.clone());
             self.order.push_back(key.clone());
@@ -221,6 +239,15 @@ impl ScopeFence {
             }
         }
         admission
+    }
+
+    /// Records that a write [`decide`] admitted was refused for its content
+    /// ([`Rejection::Mutation`]): the fence advances as for an applied write, no key is
+    /// recorded. Returns whether the fence moved (the caller queues it for collection).
+    pub fn refuse_content(&mut self, presented: Fence) -> bool {
+        let before = self.highest;
+        self.highest = advance(self.highest, presented);
+        self.highest != before
     }
 
     /// Forgets the fence if its token is below `watermark` (safe: see the module docs); the

@@ -77,7 +77,7 @@ mod sink;
 pub mod store;
 mod worker;
 
-pub use admission::{decide, Admission, Fence, Rejection, ScopeFence};
+pub use admission::{advance, decide, Admission, Fence, Rejection, ScopeFence};
 pub use client::Client;
 pub use context::{JobContext, PostgresHandle, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};

@@ -124,6 +124,33 @@ async fn a_sink_batch_spans_slots_and_masters() {
         assert_eq!(h["cents"], "5");
     }
     assert_eq!(sink.read("elsewhere").await.unwrap(), None);
+    // The off-slot refusal is a content refusal decided in the scope's slot: its token fences
+    // an older holder out, and no key is recorded.
+    let (newer, older) = (LeaseId::new(), LeaseId::new());
+    let off = sink
+        .write(incr("acct:fresh", "elsewhere", 2, newer, "n/0"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(off, Admission::Rejected(Rejection::Mutation { .. })),
+        "{off:?}"
+    );
+    assert_eq!(
+        sink.write(incr("acct:fresh", "{acct:fresh}:balance", 1, older, "o/0"))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(1),
+            highest: FencingToken::from_u64(2),
+        })
+    );
+    assert_eq!(
+        sink.write(incr("acct:fresh", "{acct:fresh}:balance", 2, newer, "n/0"))
+            .await
+            .unwrap(),
+        Admission::Applied,
+        "the corrected retry under the same key applies"
+    );
 
     // The same batch again: every write a duplicate, nothing applied twice.
     let again = sink.write_batch(batch).await.unwrap();

@@ -4,14 +4,15 @@
 //! watermark published to the sink and fences collected below it, and a sink deciding with
 //! the library's own admission rule ([`palisade::decide`]). Every reachable state within the
 //! bounds satisfies the invariants; a sink with the fence dropped, one that collects fences
-//! but decides without the watermark, and one that half-applies a refused mutation list each
-//! yield a counterexample trace.
+//! but decides without the watermark, one that half-applies a refused mutation list, and one
+//! that leaves its fence behind when it refuses a write for its content each yield a
+//! counterexample trace.
 //!
 //! Leases expire at any moment (the checker tries every interleaving), so "paused past its
 //! lease" is simply a worker that acts after `Expire`: the model's workers never consult the
 //! coordinator before writing — only the sink stands between them and the data.
 
-use palisade::{decide, Admission, Fence, FencingToken, LeaseId, Rejection};
+use palisade::{advance, decide, Admission, Fence, FencingToken, LeaseId, Rejection};
 use stateright::{Checker, Model, Property};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +25,8 @@ enum Sink {
     HalfApply,
     /// Planted bug: forgets fences below the watermark, then decides without it.
     Forgetful,
+    /// Planted bug: a write refused for its content leaves the fence where it was.
+    StuckFence,
 }
 
 struct Fencing {
@@ -75,7 +78,9 @@ struct State {
     data: i64,
     // What an observer of the sink's answers has seen.
     applied_good: i64,
-    max_accepted: Option<FencingToken>,
+    /// The newest token that passed the ownership checks: accepted, or refused for its
+    /// content only (invariant 8: nothing below it may be accepted after).
+    max_owned: Option<FencingToken>,
     stale_accepted: bool,
     conflict_accepted: bool,
     applied_twice: bool,
@@ -151,6 +156,13 @@ impl Fencing {
         };
         match admission {
             Admission::Rejected(Rejection::StaleToken { .. }) => state.stale_refused = true,
+            Admission::Rejected(Rejection::Mutation { .. }) => {
+                // It passed the ownership checks: no data, no key, but the fence advances.
+                state.max_owned = state.max_owned.max(Some(msg.grant.token));
+                if self.sink != Sink::StuckFence && advance(highest, presented) == Some(presented) {
+                    state.highest = Some(msg.grant);
+                }
+            }
             Admission::Rejected(_) => {}
             accepted => {
                 if accepted == Admission::Applied {
@@ -160,7 +172,7 @@ impl Fencing {
                     state.data += 1;
                     state.applied_good += 1;
                 }
-                if state.max_accepted.is_some_and(|m| msg.grant.token < m) {
+                if state.max_owned.is_some_and(|m| msg.grant.token < m) {
                     state.stale_accepted = true;
                 }
                 if let Some(h) = state.highest {
@@ -168,7 +180,7 @@ impl Fencing {
                         state.conflict_accepted = true;
                     }
                 }
-                state.max_accepted = state.max_accepted.max(Some(msg.grant.token));
+                state.max_owned = state.max_owned.max(Some(msg.grant.token));
                 if state.highest.is_none_or(|h| msg.grant.token > h.token) {
                     state.highest = Some(msg.grant);
                 }
@@ -195,7 +207,7 @@ impl Model for Fencing {
             watermark: FencingToken::ZERO,
             data: 0,
             applied_good: 0,
-            max_accepted: None,
+            max_owned: None,
             stale_accepted: false,
             conflict_accepted: false,
             applied_twice: false,
@@ -376,6 +388,13 @@ fn a_dropped_fence_yields_a_counterexample() {
 #[test]
 fn collecting_fences_without_the_watermark_yields_a_counterexample() {
     let checker = check(Sink::Forgetful);
+    let path = checker.assert_any_discovery("no_stale_write");
+    println!("counterexample: {}", trace(path));
+}
+
+#[test]
+fn a_fence_left_behind_by_a_content_refusal_yields_a_counterexample() {
+    let checker = check(Sink::StuckFence);
     let path = checker.assert_any_discovery("no_stale_write");
     println!("counterexample: {}", trace(path));
 }

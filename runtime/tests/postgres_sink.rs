@@ -188,13 +188,21 @@ async fn a_failing_closure_rolls_back_everything_and_keeps_its_class() {
         matches!(&sql_error, Err(Error::Backend(why)) if why.contains("42P01")),
         "{sql_error:?}"
     );
-    // Nothing of either stayed: no row, no outbox entry, no fence, no key.
+    // Nothing of either stayed: no row, no outbox entry, no key — but the fence advanced to
+    // the failed closures' token (their lease passed the ownership checks), so an older
+    // holder is refused before its closure runs (invariant 8).
     assert!(rows(&sink, &format!("SELECT 1 FROM {table}"))
         .await
         .is_empty());
     assert_eq!(sink.outbox_counts().await.unwrap(), OutboxCounts::default());
-    assert_eq!(sink.highest(&scope).await.unwrap(), None);
+    assert_eq!(sink.highest(&scope).await.unwrap(), Some(fence(3)));
     let ran = Arc::new(AtomicUsize::new(0));
+    let older = insert(&sink, &table, &scope, fence(2), "older", &ran).await;
+    assert!(
+        matches!(older, Ok(Fenced::Rejected(Rejection::StaleToken { .. }))),
+        "an older holder wrote after a newer one's failed transaction: {older:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
     let retry = insert(&sink, &table, &scope, fence(3), "k", &ran).await;
     assert!(
         matches!(retry, Ok(Fenced::Applied(_))),

@@ -20,6 +20,9 @@ struct Attempt {
     raise_watermark: Option<usize>,
     /// Before this attempt, the sink collects the scope's fence if it is below the watermark.
     collect: bool,
+    /// The write's mutation list does not fit (refused for its content, after the ownership
+    /// checks).
+    unfit: bool,
 }
 
 fn attempts() -> impl Strategy<Value = Vec<Attempt>> {
@@ -30,14 +33,16 @@ fn attempts() -> impl Strategy<Value = Vec<Attempt>> {
             prop::bool::weighted(0.1),
             prop::option::weighted(0.15, 0usize..6),
             prop::bool::weighted(0.3),
+            prop::bool::weighted(0.2),
         )
             .prop_map(
-                |(generation, key, impostor, raise_watermark, collect)| Attempt {
+                |(generation, key, impostor, raise_watermark, collect, unfit)| Attempt {
                     generation,
                     key,
                     impostor,
                     raise_watermark,
                     collect,
+                    unfit,
                 },
             ),
         1..60,
@@ -72,13 +77,19 @@ fn accepted(r: &&Record) -> bool {
     !matches!(r.admission, Admission::Rejected(_))
 }
 
-/// Invariant 1: once T is accepted (applied, or seen as a duplicate), nothing below T is
-/// applied.
+/// Whether the write passed the ownership checks: accepted, or refused for its content only
+/// (invariant 8: such a writer still fences).
+fn owned(r: &&Record) -> bool {
+    accepted(r) || matches!(r.admission, Admission::Rejected(Rejection::Mutation { .. }))
+}
+
+/// Invariants 1 and 8: once T passed the ownership checks (applied, seen as a duplicate, or
+/// refused for its content), nothing below T is accepted.
 fn no_stale_write(history: &[Record]) -> Result<(), String> {
     let mut highest: Option<FencingToken> = None;
-    for r in history.iter().filter(accepted) {
+    for r in history.iter().filter(owned) {
         if let Some(h) = highest {
-            if r.fence.token < h {
+            if r.fence.token < h && accepted(&r) {
                 return Err(format!("accepted {} after {h}", r.fence.token));
             }
         }
@@ -129,7 +140,7 @@ fn reference_decision(
             highest: watermark,
         });
     }
-    let seen: Vec<&Record> = history.iter().filter(accepted).collect();
+    let seen: Vec<&Record> = history.iter().filter(owned).collect();
     if let Some(highest) = seen.iter().map(|r| r.fence.token).max() {
         if fence.token < highest {
             return Admission::Rejected(Rejection::StaleToken {
@@ -184,8 +195,16 @@ proptest! {
             }
             let fence = fence_for(a, &gens, &impostors);
             let key = IdempotencyKey::new(format!("k{}", a.key));
-            let expected = reference_decision(&history, fence, &key, watermark);
-            let admission = scope.admit(fence, &key, watermark);
+            let mut expected = reference_decision(&history, fence, &key, watermark);
+            let admission = if a.unfit && scope.decide(fence, &key, watermark) == Admission::Applied {
+                scope.refuse_content(fence);
+                Admission::Rejected(Rejection::Mutation { why: "unfit".into() })
+            } else {
+                scope.admit(fence, &key, watermark)
+            };
+            if a.unfit && expected == Admission::Applied {
+                expected = Admission::Rejected(Rejection::Mutation { why: "unfit".into() });
+            }
             prop_assert_eq!(&admission, &expected);
             history.push(Record { fence, key, admission });
         }
@@ -203,11 +222,17 @@ proptest! {
         for a in &attempts {
             let fence = fence_for(a, &gens, &impostors);
             let key = IdempotencyKey::new(format!("k{}", a.key));
+            // An unfit write: a HashSet with no fields, refused for its content.
+            let mutations = if a.unfit {
+                vec![Mutation::HashSet { key: "acct".into(), fields: vec![] }]
+            } else {
+                vec![Mutation::HashIncr { key: "acct".into(), field: "n".into(), by: 1 }]
+            };
             let admission = rt.block_on(sink.write(FencedWrite {
                 scope: scope.clone(),
                 fence,
                 key: key.clone(),
-                mutations: vec![Mutation::HashIncr { key: "acct".into(), field: "n".into(), by: 1 }],
+                mutations,
             })).unwrap();
             history.push(Record { fence, key, admission });
         }
@@ -235,6 +260,13 @@ fn invariant_checks_catch_bad_histories() {
         admission: Admission::Applied,
     };
     assert!(no_stale_write(&[rec(2, a, "k"), rec(1, b, "k")]).is_err());
+    // A content refusal at 2 fences 1 out (the sink that did not advance on it applied 1).
+    let refused = Record {
+        admission: Admission::Rejected(Rejection::Mutation { why: "x".into() }),
+        ..rec(2, a, "k")
+    };
+    assert!(no_stale_write(&[refused.clone(), rec(1, b, "j")]).is_err());
+    assert!(no_stale_write(&[rec(1, b, "j"), refused]).is_ok());
     assert!(no_shared_generation(&[rec(2, a, "k"), rec(2, b, "j")]).is_err());
     assert!(at_most_once_per_key(&[rec(2, a, "k"), rec(2, a, "k")]).is_err());
     assert!(at_most_once_per_key(&[rec(1, a, "k"), rec(2, b, "k")]).is_err());

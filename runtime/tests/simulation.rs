@@ -62,7 +62,9 @@ enum Event {
         key: String,
         mutations: Vec<Mutation>,
         outcome: std::result::Result<Admission, String>,
-        /// A refused write changed the scope's fence (it must not).
+        /// A refused write moved the scope's fence where it must not: a stale, conflicting or
+        /// failed write moved it at all, or a content refusal moved it anywhere but to its own
+        /// fence.
         fence_moved: bool,
     },
     Fault(String),
@@ -248,10 +250,16 @@ impl World {
         let before = self.sink.highest(&write.scope).await.ok().flatten();
         let outcome = self.sink.write(write.clone()).await;
         let after = self.sink.highest(&write.scope).await.ok().flatten();
-        // (A collection may drop the fence during the call; moving it is what counts.)
-        let fence_moved = matches!(outcome, Ok(Admission::Rejected(_)) | Err(_))
-            && after.is_some()
-            && after != before;
+        // (A collection may drop the fence during the call; moving it is what counts.) A
+        // content refusal advances the fence to its own token (invariant 8), nothing else.
+        let moved = after.is_some() && after != before;
+        let fence_moved = match &outcome {
+            Ok(Admission::Rejected(Rejection::Mutation { .. })) => {
+                moved && after != Some(write.fence)
+            }
+            Ok(Admission::Rejected(_)) | Err(_) => moved,
+            Ok(_) => false,
+        };
         self.history.push(Event::Write {
             worker: w,
             lease,
@@ -545,19 +553,41 @@ fn accepted(
     })
 }
 
-/// Invariant 1: once a scope accepted token T, nothing below T is accepted for it.
+/// Invariants 1 and 8: once a write with token T passed a scope's ownership checks —
+/// accepted, or refused only for its content — nothing below T is accepted for it.
 fn no_stale_write(history: &[Event]) -> Check {
-    let mut highest: HashMap<&Scope, FencingToken> = HashMap::new();
-    for (scope, token, _, key, _) in accepted(history) {
-        let h = highest.entry(scope).or_insert(token);
-        if token < *h {
+    let mut highest: HashMap<&Scope, (FencingToken, &str)> = HashMap::new();
+    for e in history {
+        let Event::Write {
+            scope,
+            token,
+            key,
+            outcome: Ok(admission),
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let accepted = matches!(admission, Admission::Applied | Admission::Duplicate);
+        let owned =
+            accepted || matches!(admission, Admission::Rejected(Rejection::Mutation { .. }));
+        if !owned {
+            continue;
+        }
+        let h = highest.entry(scope).or_insert((*token, key));
+        if accepted && *token < h.0 {
             return violation(
                 "no_stale_write",
                 Some(scope),
-                format!("{key}: token {token} accepted after {h}"),
+                format!(
+                    "{key}: token {token} accepted after {} passed with {}",
+                    h.1, h.0
+                ),
             );
         }
-        *h = token;
+        if *token > h.0 {
+            *h = (*token, key);
+        }
     }
     Ok(())
 }
@@ -1080,36 +1110,59 @@ impl<S: FencedStore> FencedStore for Flaky<S> {
     }
 }
 
-/// Planted bug: forgets fences below the watermark (as it may) but then decides without the
-/// watermark (as it must not) — the proof in the `admission` module docs, broken.
+/// A sink that decides with the library's [`ScopeFence`] but breaks the rule one way.
+#[derive(Clone, Copy, Default, PartialEq)]
+enum FenceBug {
+    /// Forgets fences below the watermark (as it may) but then decides without the
+    /// watermark (as it must not) — the proof in the `admission` module docs, broken.
+    #[default]
+    Forgetful,
+    /// A write refused for its content leaves the fence where it was (the rule before
+    /// invariant 8), so an older holder writing after a newer one's refused write applies.
+    Stuck,
+}
+
 #[derive(Default)]
-struct ForgetfulFence {
+struct PlantedFence {
+    bug: FenceBug,
     fences: Mutex<HashMap<Scope, ScopeFence>>,
     watermark: Mutex<FencingToken>,
     data: Mutex<BTreeMap<String, Value>>,
 }
 
+impl PlantedFence {
+    fn new(bug: FenceBug) -> Self {
+        Self {
+            bug,
+            ..Self::default()
+        }
+    }
+}
+
 #[async_trait]
-impl FencedStore for ForgetfulFence {
+impl FencedStore for PlantedFence {
     async fn write(&self, w: FencedWrite) -> Result<Admission> {
-        let watermark = *self.watermark.lock().unwrap();
+        let mut watermark = *self.watermark.lock().unwrap();
         let mut fences = self.fences.lock().unwrap();
-        for fence in fences.values_mut() {
-            fence.collect(watermark);
+        if self.bug == FenceBug::Forgetful {
+            for fence in fences.values_mut() {
+                fence.collect(watermark);
+            }
+            watermark = FencingToken::ZERO;
         }
         let fence = fences.entry(w.scope.clone()).or_default();
-        let decided = fence.decide(w.fence, &w.key, FencingToken::ZERO);
+        let decided = fence.decide(w.fence, &w.key, watermark);
         if decided == Admission::Applied
             && !model_apply(&mut self.data.lock().unwrap(), &w.mutations)
         {
+            if self.bug != FenceBug::Stuck {
+                fence.refuse_content(w.fence);
+            }
             return Ok(Admission::Rejected(Rejection::Mutation {
                 why: "does not fit".into(),
             }));
         }
-        if let Admission::Rejected(_) = decided {
-            return Ok(decided);
-        }
-        Ok(fence.admit(w.fence, &w.key, FencingToken::ZERO))
+        Ok(fence.admit(w.fence, &w.key, watermark))
     }
     fn observe_watermark(&self, w: FencingToken) {
         let mut mine = self.watermark.lock().unwrap();
@@ -1214,7 +1267,11 @@ fn planted_bugs_are_caught() {
                     data: Mutex::default(),
                 }),
             ),
-            ("forgetful fence", Arc::new(ForgetfulFence::default())),
+            (
+                "forgetful fence",
+                Arc::new(PlantedFence::new(FenceBug::Forgetful)),
+            ),
+            ("stuck fence", Arc::new(PlantedFence::new(FenceBug::Stuck))),
         ] {
             let rt = paused_runtime();
             let found = rt.block_on(async {
@@ -1237,6 +1294,11 @@ fn planted_bugs_are_caught() {
     assert!(
         forgetful.contains(&"no_stale_write"),
         "the watermark-less collection went unnoticed: {forgetful:?}"
+    );
+    let stuck = caught.get("stuck fence").cloned().unwrap_or_default();
+    assert!(
+        stuck.contains(&"no_stale_write"),
+        "the fence left behind by a content refusal went unnoticed: {stuck:?}"
     );
     assert!(
         half.contains(&"all_or_nothing"),

@@ -1184,8 +1184,14 @@ impl SinkState {
             return decided; // nothing changes, not even an empty entry for the scope
         }
         if decided == Admission::Applied {
-            // Applied whole or not at all; a refusal leaves the fence and keys untouched.
+            // Applied whole or not at all. A refusal for its content changes no data and
+            // records no key, but the writer passed the ownership checks: its token still
+            // fences every older lease out (admission::advance).
             if let Err(why) = apply_all(&mut self.data, write.mutations) {
+                let fence = self.fences.entry(write.scope.clone()).or_default();
+                if fence.refuse_content(write.fence) {
+                    self.collectable.insert((write.fence.token, write.scope));
+                }
                 return Admission::Rejected(Rejection::Mutation { why });
             }
             self.applied

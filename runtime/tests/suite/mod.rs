@@ -1649,7 +1649,8 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
         panic!("hash missing")
     };
     assert_eq!((hash["name"].as_str(), hash["n"].as_str()), ("acme", "3"));
-    // Incrementing a non-integer fails the whole write, and the fence does not move.
+    // Incrementing a non-integer fails the whole write; the fence moves up to its token
+    // (the writer owned the scope), its key is not recorded.
     let bad = vec![
         Mutation::HashIncr {
             key: h.clone(),
@@ -1662,8 +1663,9 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
             by: 1,
         },
     ];
+    let refused = LeaseId::new();
     let r = sink
-        .write(write(&scope, fence(2, LeaseId::new()), "k2", bad))
+        .write(write(&scope, fence(2, refused), "k2", bad))
         .await;
     assert!(
         matches!(r, Ok(Admission::Rejected(Rejection::Mutation { .. }))),
@@ -1675,7 +1677,7 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
     assert_eq!(hash["n"], "3", "a refused write changed data");
     assert_eq!(
         sink.highest(&Scope::new(&*scope)).await.unwrap(),
-        Some(fence(1, a))
+        Some(fence(2, refused))
     );
     // Type clash: a string key is not a hash.
     let clash = vec![Mutation::HashIncr {
@@ -1684,7 +1686,7 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
         by: 1,
     }];
     assert_eq!(
-        sink.write(write(&scope, fence(1, a), "k3", clash))
+        sink.write(write(&scope, fence(2, refused), "k3", clash))
             .await
             .unwrap(),
         Admission::Rejected(Rejection::Mutation {
@@ -1692,6 +1694,145 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
         })
     );
     assert_eq!(sink.read(&format!("{ns}missing")).await.unwrap(), None);
+}
+
+/// DESIGN.md invariant 8: a write refused for its content still fences. Its lease passed the
+/// ownership checks with token T, which proves every lease below T stale; an older holder
+/// that writes after the refusal is refused, while the refused writer's corrected retry (same
+/// key: none was recorded) applies. Strictly by token, and only after the ownership checks.
+pub async fn a_content_refusal_still_fences(sink: Arc<dyn FencedStore>, ns: String) {
+    let (t1, t2, other) = (LeaseId::new(), LeaseId::new(), LeaseId::new());
+    let scope = format!("{ns}doc");
+    let doc = format!("{ns}d:doc");
+    let highest = |sink: Arc<dyn FencedStore>, scope: String| async move {
+        sink.highest(&Scope::new(scope)).await.unwrap()
+    };
+    // The case: T2's [Set doc, HashSet doc] clashes with its own first step.
+    let bad = vec![
+        Mutation::Set {
+            key: doc.clone(),
+            value: "v2".into(),
+        },
+        Mutation::HashSet {
+            key: doc.clone(),
+            fields: vec![("f".into(), "x".into())],
+        },
+    ];
+    let r = sink.write(write(&scope, fence(2, t2), "t2/0", bad)).await;
+    assert!(
+        matches!(r, Ok(Admission::Rejected(Rejection::Mutation { .. }))),
+        "{r:?}"
+    );
+    assert_eq!(sink.read(&doc).await.unwrap(), None, "no data changed");
+    assert_eq!(
+        highest(sink.clone(), scope.clone()).await,
+        Some(fence(2, t2))
+    );
+    // T1 < T2, its lease expired: its write must not apply.
+    assert_eq!(
+        sink.write(write(&scope, fence(1, t1), "t1/0", set(&doc, "stale")))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken {
+            presented: FencingToken::from_u64(1),
+            highest: FencingToken::from_u64(2),
+        })
+    );
+    // Another lease presenting T2 conflicts, and a bad write of it never replaces the fence.
+    let clash = vec![Mutation::HashSet {
+        key: doc.clone(),
+        fields: vec![],
+    }];
+    assert!(matches!(
+        sink.write(write(&scope, fence(2, other), "o/0", clash))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::TokenConflict { .. })
+    ));
+    assert_eq!(
+        highest(sink.clone(), scope.clone()).await,
+        Some(fence(2, t2))
+    );
+    // A content refusal at the fence's own token (the same lease) leaves it as it is.
+    let empty = vec![Mutation::HashSet {
+        key: doc.clone(),
+        fields: vec![],
+    }];
+    assert!(matches!(
+        sink.write(write(&scope, fence(2, t2), "t2/1", empty))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::Mutation { .. })
+    ));
+    assert_eq!(
+        highest(sink.clone(), scope.clone()).await,
+        Some(fence(2, t2))
+    );
+    // The corrected retry under the same key applies: the refusal recorded no key.
+    assert_eq!(
+        sink.write(write(&scope, fence(2, t2), "t2/0", set(&doc, "v2")))
+            .await
+            .unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(
+        sink.read(&doc).await.unwrap(),
+        Some(Value::Text("v2".into()))
+    );
+
+    // In one batch: a refused write fences the older writes decided after it.
+    let batch_scope = format!("{ns}batch");
+    let batch_key = format!("{ns}d:batch");
+    let (t5, t4) = (LeaseId::new(), LeaseId::new());
+    let overflow = vec![
+        Mutation::HashIncr {
+            key: batch_key.clone(),
+            field: "n".into(),
+            by: i64::MAX,
+        },
+        Mutation::HashIncr {
+            key: batch_key.clone(),
+            field: "n".into(),
+            by: 1,
+        },
+    ];
+    let replies = sink
+        .write_batch(vec![
+            write(&batch_scope, fence(5, t5), "t5/0", overflow),
+            write(&batch_scope, fence(4, t4), "t4/0", set(&batch_key, "late")),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            replies[0],
+            Ok(Admission::Rejected(Rejection::Mutation { .. }))
+        ),
+        "{replies:?}"
+    );
+    assert!(
+        matches!(
+            replies[1],
+            Ok(Admission::Rejected(Rejection::StaleToken { .. }))
+        ),
+        "{replies:?}"
+    );
+    assert_eq!(sink.read(&batch_key).await.unwrap(), None);
+
+    // Below the watermark a content refusal is never reached: stale, and nothing moves.
+    let low_scope = format!("{ns}low");
+    sink.observe_watermark(FencingToken::from_u64(10));
+    let bad = vec![Mutation::HashSet {
+        key: format!("{ns}d:low"),
+        fields: vec![],
+    }];
+    assert!(matches!(
+        sink.write(write(&low_scope, fence(9, LeaseId::new()), "l/0", bad))
+            .await
+            .unwrap(),
+        Admission::Rejected(Rejection::StaleToken { .. })
+    ));
+    assert_eq!(highest(sink.clone(), low_scope).await, None);
 }
 
 pub async fn scopes_are_fenced_independently(sink: Arc<dyn FencedStore>, ns: String) {
@@ -2059,18 +2200,20 @@ pub async fn one_bad_write_fails_only_itself(sink: Arc<dyn FencedStore>, ns: Str
     );
     assert_eq!(field(&*sink, &k, "n").await.as_deref(), Some("11"));
     assert_eq!(field(&*sink, &k, "m").await, None);
-    // s2's fence did not move for the refused write: the old holder at 5 may still write,
-    // a holder below it may not.
+    // s2's fence moved to the refused write's token (its writer owned the scope): the old
+    // holder at 5 may no longer write, nor may one below it.
     assert_eq!(
         sink.highest(&Scope::new(&*s2)).await.unwrap(),
-        Some(fence(5, a))
+        Some(fence(6, b))
     );
-    assert!(matches!(
-        sink.write(write(&s2, fence(4, b), "older", set(&text, "y")))
-            .await
-            .unwrap(),
-        Admission::Rejected(Rejection::StaleToken { .. })
-    ));
+    for (token, key) in [(5, "old holder"), (4, "older")] {
+        assert!(matches!(
+            sink.write(write(&s2, fence(token, a), key, set(&text, "y")))
+                .await
+                .unwrap(),
+            Admission::Rejected(Rejection::StaleToken { .. })
+        ));
+    }
     assert!(matches!(
         sink.write(write(&s1, fence(6, a), "stale2", set(&text, "y")))
             .await
@@ -2226,6 +2369,7 @@ macro_rules! fenced_store_suite {
         $crate::fenced_store_suite!(@$arm $make;
             admission_rule_end_to_end,
             mutations_apply_whole_or_not_at_all,
+            a_content_refusal_still_fences,
             scopes_are_fenced_independently,
             racing_writers_apply_each_key_once,
             batched_writes_are_decided_one_by_one,

@@ -18,6 +18,15 @@
 //! 4. **Apply** — the user's closure ([`PostgresSink::transaction`]) or a `Mutation` list
 //!    ([`PostgresFencedStore`]) — then advance the fence and record the key (with the
 //!    closure's result) in one statement, and commit.
+//! 5. **A write refused for its content** (a mutation list that does not fit, a closure that
+//!    fails) rolls its own work back — and with it the fence advance of step 4. The writer
+//!    passed the ownership checks, so its token must still fence older leases out
+//!    ([`admission::advance`]): a short second transaction locks the fence row again,
+//!    decides again (the facts may have moved meanwhile) and advances the fence strictly by
+//!    token, recording no key. Only the failure path pays for it; a savepoint around every
+//!    closure would cost two more round trips on the hot path. If the connection died, the
+//!    closure's error is returned and the advance is best-effort: the next write of a newer
+//!    lease, or the coordinator's watermark, fences the scope then.
 //!
 //! Collection: a process that learns a higher watermark publishes it in `meta` and, in the
 //! same statement, deletes a bounded number of fence rows below it and of keys past their
@@ -549,6 +558,28 @@ impl PostgresSink {
         Ok(())
     }
 
+    /// Step 5: after a write under `fence` was refused for its content and rolled back, a
+    /// second transaction advances the scope's fence to it if the write still passes the
+    /// ownership checks (strictly by token; no key recorded, no data changed).
+    async fn advance_after_refusal(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        scope: &str,
+        fence: Fence,
+    ) -> Result<()> {
+        let tx = begin(client).await?;
+        // No key to look up: a content refusal records none, and the decision below only
+        // asks whether the write still owns the scope.
+        let facts = self.open(&tx, scope, "").await?;
+        match admission::decide(facts.highest, fence, false, facts.watermark) {
+            Admission::Rejected(_) => tx.rollback().await.map_err(postgres_error),
+            _ => {
+                self.advance(&tx, scope, fence).await?;
+                Self::commit(tx).await
+            }
+        }
+    }
+
     /// Commits; a lost answer to COMMIT is [`Error::OutcomeUnknown`].
     async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<()> {
         tx.commit().await.map_err(|e| {
@@ -649,7 +680,27 @@ impl PostgresSink {
                 let value = match IN_FENCED_TX.scope(me, f(&fenced)).await {
                     Ok(value) => value,
                     Err(e) => {
-                        let _ = fenced.tx.rollback().await;
+                        // Best-effort (step 5): the closure's error is what the caller
+                        // must see, whether or not the fence could be advanced. On another
+                        // connection, because the closure's transaction still borrows this
+                        // one; and only once the rollback released the fence row's lock
+                        // (a connection that died may hold it until the server notices).
+                        let advanced = match fenced.tx.rollback().await {
+                            Ok(()) => match self.client().await {
+                                Ok(mut other) => {
+                                    self.advance_after_refusal(&mut other, scope.as_str(), fence)
+                                        .await
+                                }
+                                Err(e) => Err(e),
+                            },
+                            Err(e) => Err(postgres_error(e)),
+                        };
+                        if let Err(advance) = advanced {
+                            tracing::warn!(
+                                scope = scope.as_str(), error = %advance,
+                                "a failed fenced transaction could not advance its fence"
+                            );
+                        }
                         return Err(closure_error(e));
                     }
                 };
@@ -799,6 +850,8 @@ pub(crate) async fn write_mutations(
         Admission::Applied => {
             if let Err(why) = fenced::apply(sink, &tx, write.mutations).await? {
                 tx.rollback().await.map_err(postgres_error)?;
+                sink.advance_after_refusal(client, scope, write.fence)
+                    .await?;
                 return Ok(Admission::Rejected(Rejection::Mutation { why }));
             }
             sink.advance(&tx, scope, write.fence).await?;

@@ -36,7 +36,9 @@ static FENCED_WRITE: LazyLock<Script> =
 /// (`ledger:{<slot tag>}:watermark`, `ledger:{<slot tag>}:collect`), a batch goes out as one
 /// script call per slot, and a write's data keys must share its scope's slot: name them with
 /// the scope in braces (`{invoice:42}:total` for scope `invoice:42`). A write whose keys span
-/// slots is refused ([`Rejection::Mutation`]) before anything is sent.
+/// slots is refused ([`Rejection::Mutation`]) without touching its data keys: it still goes
+/// to its scope's slot to be decided for ownership, and advances the fence there as any
+/// content refusal does.
 #[derive(Clone)]
 pub struct RedisFencedStore {
     link: Link,
@@ -105,10 +107,13 @@ impl RedisFencedStore {
     /// One script call for `writes`, which all live in `slot` on a cluster (`None`: one
     /// server, where the watermark and the collection queue are shared by every scope; on a
     /// cluster each slot has its own pair, so every call stays in one slot).
+    ///
+    /// A write paired with a reason is refused for its content by the script (after the
+    /// ownership checks, so its fence still advances) instead of applied.
     async fn run(
         &self,
         slot: Option<u16>,
-        writes: &[&FencedWrite],
+        writes: &[(&FencedWrite, Option<String>)],
     ) -> Result<Vec<Result<Admission>>> {
         let records = match slot {
             None => format!("{}:", self.prefix),
@@ -125,14 +130,18 @@ impl RedisFencedStore {
             .arg(format!("{}:", self.prefix))
             .arg(padded(watermark))
             .arg(collect_budget(writes.len()));
-        for write in writes {
+        for (write, refuse) in writes {
+            let mutations = match refuse {
+                None => wire(&write.mutations),
+                Some(why) => serde_json::json!({ "refuse": why }).to_string(),
+            };
             invocation
                 .key(self.fence_key(&write.scope))
                 .key(self.keys_key(&write.scope))
                 .arg(padded(write.fence.token))
                 .arg(write.fence.lease.to_string())
                 .arg(write.key.as_str())
-                .arg(wire(&write.mutations));
+                .arg(mutations);
         }
         round_trip("fenced_write");
         let mut conn = self.link.get().await?;
@@ -150,7 +159,7 @@ impl RedisFencedStore {
         Ok(writes
             .iter()
             .zip(replies)
-            .map(|(write, reply)| decode(write, &reply))
+            .map(|((write, _), reply)| decode(write, &reply))
             .collect())
     }
 }
@@ -242,14 +251,15 @@ impl FencedStore for RedisFencedStore {
             return Ok(Vec::new());
         }
         if !self.link.is_cluster() {
-            let all: Vec<&FencedWrite> = writes.iter().collect();
+            let all: Vec<_> = writes.iter().map(|w| (w, None)).collect();
             return self.run(None, &all).await;
         }
         // On a cluster one script may only touch one slot: the batch goes out as one script
         // call per slot, all at once. A write whose keys span slots cannot be applied
-        // atomically and is refused alone.
+        // atomically: it is refused for its content in its scope's slot (ownership decided,
+        // fence advanced, its data keys never touched).
         let mut out: Vec<Option<Result<Admission>>> = writes.iter().map(|_| None).collect();
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<u16, Vec<(usize, Option<String>)>> = BTreeMap::new();
         for (i, write) in writes.iter().enumerate() {
             let slot = key_slot(&self.fence_key(&write.scope));
             if key_slot(&self.keys_key(&write.scope)) != slot {
@@ -261,13 +271,14 @@ impl FencedStore for RedisFencedStore {
                 ))));
                 continue;
             }
-            match self.off_slot(write, slot) {
-                Some(why) => out[i] = Some(Ok(Admission::Rejected(Rejection::Mutation { why }))),
-                None => groups.entry(slot).or_default().push(i),
-            }
+            let refuse = self.off_slot(write, slot);
+            groups.entry(slot).or_default().push((i, refuse));
         }
         let calls = groups.iter().map(|(&slot, members)| {
-            let batch: Vec<&FencedWrite> = members.iter().map(|&i| &writes[i]).collect();
+            let batch: Vec<_> = members
+                .iter()
+                .map(|(i, refuse)| (&writes[*i], refuse.clone()))
+                .collect();
             async move { self.run(Some(slot), &batch).await }
         });
         let replies = futures_util::future::join_all(calls).await;
@@ -277,12 +288,12 @@ impl FencedStore for RedisFencedStore {
             match reply {
                 Ok(admissions) => {
                     any_reply = true;
-                    for (&i, admission) in members.iter().zip(admissions) {
+                    for (&(i, _), admission) in members.iter().zip(admissions) {
                         out[i] = Some(admission);
                     }
                 }
                 Err(e) => {
-                    for &i in members {
+                    for &(i, _) in members {
                         out[i] = Some(Err(same_class(&e)));
                     }
                     failed.get_or_insert(e);
