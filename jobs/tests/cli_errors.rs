@@ -125,3 +125,33 @@ fn secrets_stay_out_of_help_and_errors() {
     assert_eq!(code, Some(2));
     assert!(!text.contains("pw123"), "{text}");
 }
+
+/// A cron pattern that never fires (30 February) would cost its scheduler a search to the
+/// year 5000 on every pass: refused, while one that fires rarely (29 February) is kept.
+#[test]
+fn schedules_that_never_fire_are_refused() {
+    let add = |pattern: &str| {
+        palisade(
+            &[
+                "schedule",
+                "add",
+                "--redis",
+                "redis://127.0.0.1:1",
+                "x",
+                pattern,
+                "email.send",
+                r#"{"to":"ops@example.com","millis":1}"#,
+            ],
+            &[],
+        )
+    };
+    for pattern in ["0 0 30 2 *", "0 0 0 30 2 *"] {
+        let (code, text) = add(pattern);
+        assert_eq!(code, Some(2), "{pattern}: {text}");
+        assert!(text.contains("never fires"), "{pattern}: {text}");
+    }
+    // Accepted: it gets as far as the (closed) Redis port.
+    let (code, text) = add("0 0 29 2 *");
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("cannot reach Redis"), "{text}");
+}

@@ -9,7 +9,7 @@
 use std::str::FromStr as _;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone as _, Utc};
+use chrono::{DateTime, Datelike as _, TimeZone as _, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,11 @@ pub const MAX_CATCH_UP: u32 = 1000;
 
 /// Longest schedule name: the tick's unique key (`schedule:<name>:<ms>`) must stay a name.
 pub const MAX_SCHEDULE_NAME_BYTES: usize = 400;
+
+/// How far ahead a tick is looked for: the rest of the current year (in the schedule's time
+/// zone) and this many more. A pattern with no tick that soon is refused as never firing;
+/// 29 February, at most 8 years apart (2096, 2104), still fires.
+pub const TICK_HORIZON_YEARS: i32 = 10;
 
 /// What happens to ticks missed for longer than the grace period (an outage, every scheduler
 /// down): none are fired, only the latest, or the latest `n`.
@@ -122,7 +127,15 @@ impl TryFrom<ScheduleSpec> for Schedule {
                 spec.name
             )));
         }
-        Ok(Self { spec, cron, tz })
+        let schedule = Self { spec, cron, tz };
+        // By this host's clock, not the coordinator's: years ahead, they agree.
+        if schedule.next_tick(Utc::now().timestamp_millis()).is_none() {
+            return Err(Error::InvalidJob(format!(
+                "schedule {}: pattern {:?} never fires (no tick in the next {TICK_HORIZON_YEARS} years)",
+                schedule.spec.name, schedule.spec.pattern
+            )));
+        }
+        Ok(schedule)
     }
 }
 
@@ -134,7 +147,8 @@ impl From<Schedule> for ScheduleSpec {
 
 impl Schedule {
     /// Enqueues `job` at every tick of `pattern` (UTC; see [`Schedule::in_time_zone`]).
-    /// Fails on a bad name or pattern, or a job that would not validate.
+    /// Fails on a bad name, a pattern that does not parse or never fires (no tick in the next
+    /// 10 years, such as 30 February), or a job that would not validate.
     pub fn new(name: impl Into<String>, pattern: &str, job: NewJob) -> Result<Self> {
         Self::try_from(ScheduleSpec {
             name: name.into(),
@@ -190,15 +204,11 @@ impl Schedule {
             CatchUp::Last => 1,
             CatchUp::All(n) => n as usize,
         };
-        // Forward from the last tick handled (whole seconds; never further back than the
-        // catch-up window), the way croner reads daylight-saving changes: a time the clocks
-        // skip fires once at the first valid time, a time they repeat fires once.
-        let from = last.max(now.saturating_sub(window)).div_euclid(1000) * 1000;
+        // Forward from the last tick handled, never further back than the catch-up window.
+        let from = last.max(now.saturating_sub(window));
         let mut old = std::collections::VecDeque::new();
         let mut recent = Vec::new();
-        let mut at = self.at(from);
-        while let Some(t) = at.and_then(|t| self.cron.find_next_occurrence(&t, false).ok()) {
-            let ms = t.timestamp_millis();
+        for ms in self.ticks_after(from) {
             if ms > now {
                 break;
             }
@@ -212,18 +222,63 @@ impl Schedule {
                     old.push_back(ms);
                 }
             }
-            at = Some(t);
         }
         let mut ticks: Vec<i64> = old.into();
         ticks.extend(recent);
         (ticks, last.max(now))
     }
 
-    /// The first tick after `ms`.
+    /// The first tick after `ms`; `None` if there is none within the horizon.
     pub(crate) fn next_tick(&self, ms: i64) -> Option<i64> {
-        let at = self.at(ms)?;
-        let next = self.cron.find_next_occurrence(&at, false).ok()?;
-        Some(next.timestamp_millis())
+        self.ticks_after(ms).next()
+    }
+
+    /// The next tick a scheduler fires for this schedule, handled through `mark`, at `now`:
+    /// the first after both (ticks up to `now` are fired or missed by then).
+    pub(crate) fn next_fired(&self, mark: Option<i64>, now: i64) -> Option<i64> {
+        self.next_tick(mark.map_or(now, |mark| mark.max(now)))
+    }
+
+    /// Every tick after `ms` (exclusive) within the horizon, oldest first: the one search
+    /// behind both what is due and what `schedule list` shows, so the two agree to the ms.
+    ///
+    /// Whole seconds: croner keeps the sub-second part of where it starts in what it finds
+    /// (every second from 10:00:00.444 gives 10:00:01.444), and ticks are whole seconds. The
+    /// way croner reads daylight-saving changes: a time the clocks skip fires once at the
+    /// first valid time, a time they repeat fires once.
+    fn ticks_after(&self, ms: i64) -> impl Iterator<Item = i64> + '_ {
+        let mut at = self.at(ms.div_euclid(1000) * 1000);
+        let cron = at.map(|t| self.within_horizon(t.year()));
+        std::iter::from_fn(move || {
+            let next = cron.as_ref()?.find_next_occurrence(&at?, false).ok()?;
+            at = Some(next);
+            Some(next.timestamp_millis())
+        })
+    }
+
+    /// This schedule's pattern, firing only in the years `year..=year + TICK_HORIZON_YEARS`.
+    /// croner looks for a date that never comes (30 February) day by day up to the year 5000
+    /// (~200 ms a search unoptimised), and a scheduler searches on every pass; past the
+    /// allowed years it steps a whole year at a time.
+    fn within_horizon(&self, year: i32) -> Cron {
+        // croner's `component::ALL_BIT`, which it does not export.
+        const ALL_BIT: u8 = 1;
+        let last = year.saturating_add(TICK_HORIZON_YEARS);
+        let mut cron = self.cron.clone();
+        // The years from a pattern with a year field (cheaper than clearing ~5,000 years one
+        // by one, on every pass), less those the schedule's own year field leaves out.
+        match Cron::from_str(&format!("* * * * * * {year}-{last}")) {
+            Ok(window) => cron.pattern.years = window.pattern.years,
+            Err(_) => return cron, // a year croner cannot represent: its own limits hold
+        }
+        for y in year..=last {
+            if !self.cron.pattern.year_match(y).unwrap_or(false) {
+                if let Ok(y) = u16::try_from(y) {
+                    let _ = cron.pattern.years.unset_bit(y, ALL_BIT);
+                }
+            }
+        }
+        cron
     }
 
     /// The job for `tick`: this schedule's job, unique per tick.
@@ -408,5 +463,77 @@ mod tests {
         assert_eq!(back.spec(), s.spec());
         let bad = json.replace("* * * * * *", "bad pattern");
         assert!(serde_json::from_str::<Schedule>(&bad).is_err());
+    }
+
+    fn utc(y: i32, mo: u32, d: u32) -> i64 {
+        Utc.with_ymd_and_hms(y, mo, d, 0, 0, 0)
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    #[test]
+    fn patterns_that_never_fire_are_refused_and_rare_ones_kept() {
+        let job = || NewJob::raw("k", "null");
+        // 30 February (with and without seconds), 31 April, a year gone by.
+        for pattern in [
+            "0 0 30 2 *",
+            "0 0 0 30 2 *",
+            "0 0 31 4 *",
+            "0 0 0 1 1 * 2020",
+        ] {
+            let Err(e) = Schedule::new("x", pattern, job()) else {
+                panic!("{pattern} was accepted");
+            };
+            assert!(matches!(e, Error::InvalidJob(_)), "{pattern}: {e}");
+            assert!(e.to_string().contains("never fires"), "{pattern}: {e}");
+            // The same pattern as stored (`schedule add` of an older version) or sent.
+            let spec = every_second().spec().clone().with_pattern(pattern);
+            assert!(Schedule::try_from(spec).is_err(), "{pattern}");
+        }
+        // 29 February fires in leap years: kept, in any zone, even across the 8 years from
+        // 2096 to 2104 (2100 is no leap year).
+        let leap = Schedule::new("x", "0 0 29 2 *", job())
+            .unwrap()
+            .in_time_zone("Europe/Berlin")
+            .unwrap();
+        let berlin_midnight = |y| utc(y, 2, 29) - 3_600_000;
+        assert_eq!(leap.next_tick(utc(2096, 3, 1)), Some(berlin_midnight(2104)));
+        assert_eq!(leap.next_tick(utc(2027, 1, 1)), Some(berlin_midnight(2028)));
+    }
+
+    #[test]
+    fn a_stored_pattern_that_never_fires_gives_up_quickly() {
+        // Built the way an older version let one in: no check at all.
+        let never = Schedule {
+            cron: Cron::from_str("0 0 30 2 *").unwrap(),
+            ..every_second()
+        };
+        let started = std::time::Instant::now();
+        for _ in 0..10 {
+            assert_eq!(never.next_tick(T), None);
+            assert_eq!(never.due(Some(T), T + 10_000), (vec![], T + 10_000));
+        }
+        // croner alone walks to the year 5000 day by day: ~200 ms a search unoptimised.
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    }
+
+    #[test]
+    fn the_next_tick_shown_is_the_one_the_scheduler_fires() {
+        let berlin = Schedule::new("standup", "0 7 * * 1-5", NewJob::raw("k", "null"))
+            .unwrap()
+            .in_time_zone("Europe/Berlin")
+            .unwrap();
+        let minutely = Schedule::new("m", "* * * * *", NewJob::raw("k", "null")).unwrap();
+        for s in [every_second(), minutely, berlin] {
+            for now in [T, T + 1, T + 444, T + 556, T + 999, T + 59_999] {
+                let next = s.next_tick(now).unwrap();
+                assert!(next > now, "{now}: {next}");
+                // Handled through `now`, the scheduler fires nothing before `next`, then it.
+                let early = s.due(Some(now), next - 1).0;
+                assert!(early.is_empty(), "{}: {now}: {early:?}", s.name());
+                assert_eq!(s.due(Some(now), next).0, vec![next], "{}: {now}", s.name());
+            }
+        }
     }
 }

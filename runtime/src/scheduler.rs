@@ -10,6 +10,7 @@
 //! another took over, or two processes that both believe they hold the role, enqueue the same
 //! tick's job under the same key, and the backend adds it once.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use metrics::counter;
 
 use crate::job::Enqueued;
 use crate::metrics as m;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, TICK_HORIZON_YEARS};
 use crate::store::LeaseStore;
 
 /// The role's name in the store.
@@ -37,6 +38,10 @@ pub struct Scheduler {
     holder: String,
     every: Duration,
     in_flight: bool,
+    /// Problems the last pass found that will not go away by themselves (a kept schedule that
+    /// does not check, one with no tick ahead): each is logged when it first shows, not on
+    /// every pass, four times a second.
+    reported: HashSet<String>,
 }
 
 impl Scheduler {
@@ -49,6 +54,7 @@ impl Scheduler {
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
             every: Duration::from_millis(250),
             in_flight: false,
+            reported: HashSet::new(),
         }
     }
 
@@ -71,8 +77,9 @@ impl Scheduler {
         );
         let ttl = self.every.saturating_mul(12);
         let pass = async move {
+            let mut problems = HashSet::new();
             if !store.hold_role(ROLE, &holder, ttl).await? {
-                return Ok(());
+                return Ok(problems);
             }
             let mut all: Vec<Schedule> = schedules.to_vec();
             for spec in store.schedules().await? {
@@ -82,7 +89,9 @@ impl Scheduler {
                 }
                 match Schedule::try_from(spec) {
                     Ok(schedule) => all.push(schedule),
-                    Err(e) => tracing::warn!(error = %e, "kept schedule skipped"),
+                    Err(e) => {
+                        problems.insert(format!("kept schedule skipped: {e}"));
+                    }
                 }
             }
             let now = store.now_ms().await?;
@@ -92,14 +101,29 @@ impl Scheduler {
                     tracing::warn!(schedule = schedule.name(), error = %e, "schedule not fired; next pass tries again");
                     counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
                 }
+                // Checked when it was built, but a pattern with a year in it runs out.
+                if schedule.next_tick(now).is_none() {
+                    problems.insert(format!(
+                        "schedule {} has no tick in the next {TICK_HORIZON_YEARS} years: it never fires again",
+                        schedule.name()
+                    ));
+                }
             }
-            Ok::<(), crate::Error>(())
+            Ok::<_, crate::Error>(problems)
         };
         ctx.spawn(pass.into_actor(self).map(|result, act, _| {
             act.in_flight = false;
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "scheduler pass failed; next tick tries again");
-                counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
+            match result {
+                Ok(problems) => {
+                    for problem in problems.difference(&act.reported) {
+                        tracing::warn!("{problem}");
+                    }
+                    act.reported = problems;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "scheduler pass failed; next tick tries again");
+                    counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
+                }
             }
         }));
     }

@@ -23,7 +23,9 @@ pub(super) struct EnqueueArgs {
     #[arg(required_unless_present = "stdin")]
     json: Option<String>,
     /// Read payloads from stdin instead, one JSON document per line, and enqueue them in
-    /// batches of 1,000 (one round trip each). A bad line refuses the whole input.
+    /// batches of 1,000 (one round trip each). A bad line refuses the whole input. Each
+    /// batch's ids are printed once it is added; if one fails, the error names the input
+    /// lines not enqueued.
     #[arg(long, conflicts_with = "json")]
     stdin: bool,
     /// Protected scope (jobs sharing it run one at a time); default: the job's own
@@ -54,8 +56,10 @@ pub(super) struct EnqueueArgs {
     /// with a note on stderr. `{field}` is replaced as in --scope.
     #[arg(long, value_name = "KEY")]
     unique: Option<String>,
-    /// How long the unique key stays held after its job was enqueued, even once it is done.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "unique")]
+    /// How long the unique key stays held after its job was enqueued, even once it is done:
+    /// by default a repeat within a day (a webhook delivered twice) adds nothing however
+    /// soon the first job ran. 0s gives the key up as soon as its job is done.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "unique")]
     unique_ttl: Duration,
 }
 
@@ -114,44 +118,74 @@ fn fill(template: &str, payload: &str) -> anyhow::Result<String> {
 
 /// Enqueues one job, or every line of stdin, and prints the ids.
 pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<()> {
-    let jobs = match &args.json {
-        Some(json) => vec![args.job(registry, json)?],
+    // Each job with its input line (none for the one argument): notes and errors name lines,
+    // which blank lines make differ from jobs.
+    let jobs: Vec<(Option<usize>, NewJob)> = match &args.json {
+        Some(json) => vec![(None, args.job(registry, json)?)],
         None => std::io::stdin()
             .lock()
             .lines()
-            .enumerate()
-            .filter(|(_, line)| !line.as_ref().is_ok_and(|l| l.trim().is_empty()))
-            .map(|(n, line)| {
-                let line = line?;
-                args.job(registry, &line)
-                    .with_context(|| format!("stdin line {}", n + 1))
+            .zip(1..)
+            .filter(|(line, _)| !line.as_ref().is_ok_and(|l| l.trim().is_empty()))
+            .map(|(line, n)| {
+                let job = line
+                    .map_err(anyhow::Error::from)
+                    .and_then(|line| args.job(registry, &line))
+                    .with_context(|| format!("stdin line {n}"))?;
+                Ok((Some(n), job))
             })
             .collect::<anyhow::Result<Vec<_>>>()?,
     };
-    let ids = runtime()?.block_on(async {
+    runtime()?.block_on(async {
         let (_, store) = args.redis.store_with(args.max_payload_bytes, |s| s).await?;
-        let mut ids = Vec::with_capacity(jobs.len());
-        for batch in jobs.chunks(1000) {
+        let mut unprinted = None;
+        for (done, batch) in (0..).step_by(1000).zip(jobs.chunks(1000)) {
             // Each batch is all or nothing; say exactly how far a failure got.
-            let done = ids.len();
-            let more = store.enqueue_all(batch.to_vec()).await.with_context(|| {
-                format!(
-                    "{done} of {} jobs were enqueued (input lines 1..={done}); nothing after that",
-                    jobs.len()
-                )
-            })?;
-            ids.extend(more);
+            let added = store
+                .enqueue_all(batch.iter().map(|(_, job)| job.clone()).collect())
+                .await
+                .with_context(|| not_enqueued(&jobs, done))?;
+            for ((line, _), outcome) in batch.iter().zip(&added) {
+                if let Enqueued::Existing(id) = outcome {
+                    match line {
+                        Some(n) => {
+                            eprintln!("stdin line {n} not added: job {id} holds its unique key")
+                        }
+                        None => eprintln!("job not added: job {id} holds its unique key"),
+                    }
+                }
+            }
+            // Printed as each batch is in, so that a later batch failing leaves the ids of
+            // what was enqueued; but a stdout that fails must not decide how much is
+            // enqueued (a closed pipe is no failure).
+            if let Err(e) = print_lines(added.iter().map(|outcome| outcome.id().to_string())) {
+                unprinted.get_or_insert(e);
+            }
         }
-        anyhow::Ok(ids)
-    })?;
-    for (n, done) in ids.iter().enumerate() {
-        if let Enqueued::Existing(id) = done {
-            eprintln!("job {} not added: job {id} holds its unique key", n + 1);
+        match unprinted {
+            Some(e) => Err(e.context("every job was enqueued, but not every id could be printed")),
+            None => Ok(()),
         }
+    })
+}
+
+/// What a failed batch, the one from `jobs[done]` on, leaves: the input lines of it and
+/// every later one (never sent) are not enqueued, the jobs before it are.
+fn not_enqueued(jobs: &[(Option<usize>, NewJob)], done: usize) -> String {
+    let lines = (
+        jobs.get(done).and_then(|j| j.0),
+        jobs.last().and_then(|j| j.0),
+    );
+    match lines {
+        (Some(first), Some(last)) if done == 0 => {
+            format!("nothing was enqueued (stdin lines {first}..={last})")
+        }
+        (Some(first), Some(last)) => format!(
+            "stdin lines {first}..={last} were not enqueued; the {done} jobs of the lines \
+             before line {first} were (their ids are on stdout)"
+        ),
+        _ => "the job was not enqueued".into(),
     }
-    // Printed after everything is enqueued: a reader that goes away (`| head`) must not
-    // decide how much is enqueued.
-    print_lines(ids.iter().map(|done| done.id().to_string()))
 }
 
 /// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.
@@ -474,11 +508,17 @@ pub(super) fn schedule(
                 .iter()
                 .map(|s| (s.clone(), "code"))
                 .chain(kept.into_iter().filter_map(|spec| {
-                    crate::Schedule::try_from(spec).ok().map(|s| (s, "kept"))
+                    // Kept by an older version that let it in (a pattern that never fires):
+                    // the scheduler skips it, and the operator should hear of it.
+                    let name = spec.name.clone();
+                    crate::Schedule::try_from(spec)
+                        .map_err(|e| eprintln!("kept schedule {name:?} skipped (`schedule remove` it): {e}"))
+                        .ok()
+                        .map(|s| (s, "kept"))
                 }));
             for (schedule, source) in all {
                 let mark = store.schedule_mark(schedule.name()).await?;
-                rows.push((schedule.clone(), source, mark, schedule.next_tick(now)));
+                rows.push((schedule.clone(), source, mark, schedule.next_fired(mark, now)));
             }
             // The page's formatting: a tick past year 9999 is shown raw, not a panic.
             let when = |ms: Option<i64>| {

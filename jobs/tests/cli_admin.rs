@@ -1,0 +1,234 @@
+//! The operator commands (`enqueue`, `schedule list`) against a private redis-server, each
+//! with what an operator reads from them checked against what the coordinator did.
+
+mod common;
+#[path = "../../runtime/tests/common/mod.rs"]
+mod redis_server;
+
+use std::io::Write as _;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::wait_for;
+use redis_server::RedisServer;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+
+const EMAIL: &str = r#"{"to":"ops@example.com","millis":1}"#;
+
+/// `palisade <args>` against `redis`, with `stdin` as its input.
+fn run(redis: &RedisServer, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("PALISADE_REDIS_URL", redis.url())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let text = stdin.to_owned();
+    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    out
+}
+
+/// `palisade <args>`, which must succeed; its stdout.
+fn ok(redis: &RedisServer, args: &[&str]) -> String {
+    let out = run(redis, args, "");
+    assert!(
+        out.status.success(),
+        "palisade {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn counts(redis: &RedisServer) -> Value {
+    let status: Value = serde_json::from_str(&ok(redis, &["status", "--json"])).unwrap();
+    status["queues"]["default"].clone()
+}
+
+/// A `palisade worker` (with the scheduler), killed when the test ends.
+struct Worker(Child);
+
+impl Worker {
+    fn start(redis: &RedisServer) -> Self {
+        let child = Command::new(BIN)
+            .args(["worker", "--redis", &redis.url()])
+            .args(["--concurrency", "2", "--arbiters", "1"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("palisade binary runs");
+        Self(child)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn stdin_enqueue_prints_what_it_added_before_a_later_batch_fails() {
+    let redis = RedisServer::start();
+    // The unique key of one job of the second batch holds a hash: the enqueue script refuses
+    // that batch (PALISADE_CORRUPT) before it changes anything.
+    redis
+        .cli(&["HSET", "{palisade}:unique:k:poison", "f", "v"])
+        .unwrap();
+    // Blank lines among the jobs, so that jobs and input lines are numbered differently.
+    let mut input = String::from("\n");
+    let mut line_of_job = Vec::new();
+    let mut line = 1;
+    for job in 0..1500 {
+        if job % 250 == 0 {
+            input.push_str("  \n");
+            line += 1;
+        }
+        // Job 500 repeats job 499's key: not added.
+        let n = match job {
+            500 => "499".to_owned(),
+            1200 => "poison".to_owned(),
+            _ => job.to_string(),
+        };
+        input.push_str(&format!(
+            r#"{{"to":"ops@example.com","millis":1,"n":"{n}"}}"#
+        ));
+        input.push('\n');
+        line += 1;
+        line_of_job.push(line);
+    }
+    let out = run(
+        &redis,
+        &["enqueue", "email.send", "--stdin", "--unique", "k:{n}"],
+        &input,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // Every job of the first batch has its id printed (the repeat: its holder's).
+    let ids: Vec<&str> = stdout.lines().collect();
+    assert_eq!(ids.len(), 1000, "{stderr}");
+    assert_eq!(ids[500], ids[499]);
+    assert_eq!(counts(&redis)["ready"], 999);
+    // The repeat and the failure are told by input line.
+    assert!(
+        stderr.contains(&format!(
+            "stdin line {} not added: job {} holds its unique key",
+            line_of_job[500], ids[499]
+        )),
+        "{stderr}"
+    );
+    let (first, last) = (line_of_job[1000], line_of_job[1499]);
+    assert!(
+        stderr.contains(&format!("stdin lines {first}..={last}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("1000 jobs of the lines before line {first}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("PALISADE_CORRUPT"), "{stderr}");
+
+    // A line that does not decode is still named by its input line, and nothing is sent.
+    let out = run(
+        &redis,
+        &["enqueue", "email.send", "--stdin"],
+        &format!("\n\n{EMAIL}\n\n{{broken\n"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stdin line 5"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(counts(&redis)["ready"], 999);
+}
+
+#[test]
+fn a_unique_enqueue_repeated_after_its_job_completed_adds_nothing_by_default() {
+    let redis = RedisServer::start();
+    let _worker = Worker::start(&redis);
+    let enqueue = |extra: &[&str]| {
+        let args = [&["enqueue", "email.send", EMAIL][..], extra].concat();
+        let out = run(&redis, &args, "");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let completed = |n: u64| {
+        wait_for("the job to complete", Duration::from_secs(30), || {
+            counts(&redis)["completed"] == n
+        })
+    };
+
+    // A webhook delivered twice, the second time after the first job ran.
+    let (first, _) = enqueue(&["--unique", "hook:1"]);
+    completed(1);
+    let (again, note) = enqueue(&["--unique", "hook:1"]);
+    assert_eq!(again, first, "{note}");
+    assert!(note.contains("holds its unique key"), "{note}");
+
+    // --unique-ttl 0s: the key is given up when the job is done, as before.
+    let (second, _) = enqueue(&["--unique", "hook:2", "--unique-ttl", "0s"]);
+    completed(2);
+    let (third, note) = enqueue(&["--unique", "hook:2", "--unique-ttl", "0s"]);
+    assert_ne!(third, second, "{note}");
+    completed(3);
+    assert_eq!(counts(&redis)["ready"], 0);
+}
+
+#[test]
+fn schedule_list_shows_the_tick_the_scheduler_fires() {
+    let redis = RedisServer::start();
+    ok(
+        &redis,
+        &[
+            "schedule",
+            "add",
+            "tick",
+            "* * * * * *",
+            "email.send",
+            EMAIL,
+        ],
+    );
+    let _worker = Worker::start(&redis);
+    let list = || -> Value {
+        let all: Value =
+            serde_json::from_str(&ok(&redis, &["schedule", "list", "--json"])).unwrap();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["schedule"]["name"] == "tick")
+            .unwrap()
+            .clone()
+    };
+    // Once the scheduler handles it (a new schedule starts from then), every tick fires.
+    wait_for(
+        "the scheduler to take the schedule",
+        Duration::from_secs(30),
+        || !list()["handled_through_ms"].is_null(),
+    );
+    for _ in 0..3 {
+        let next = list()["next_ms"].as_i64().unwrap();
+        let key = format!("{{palisade}}:unique:schedule:tick:{next}");
+        wait_for(
+            &format!("the tick at {next} to fire"),
+            Duration::from_secs(10),
+            || redis.cli(&["EXISTS", &key]).as_deref() == Some("1"),
+        );
+    }
+}
