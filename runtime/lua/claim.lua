@@ -185,7 +185,10 @@ for _, c in ipairs(order) do
       tracked[#tracked + 1] = counter
       tracked[#tracked + 1] = lease
       owners[#owners + 1] = lease
+      -- (A named scope rides along, so a settlement can hand its turn on even if the job
+      -- record is written over meanwhile.)
       owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
+        .. (f[2] and ('\t' .. f[2]) or '')
       out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
     end
   end

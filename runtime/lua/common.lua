@@ -33,6 +33,9 @@
 --   token_epochs          zset  epochs with live leases (epoch -> epoch)
 --   watermark             hash  epoch, counter: the low watermark last published (only grows)
 --   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
+--                               and, for a named scope, "\t scope": so the scope's turn can be
+--                               handed on even when the job record was written over (an entry
+--                               of an earlier version has no scope field)
 --
 -- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
 -- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
@@ -89,10 +92,17 @@ local function corrupt(what)
 end
 
 -- `want`: key -> the type the script needs. The complaint about the first key of another
--- type, or nil.
-local function mistyped(want)
+-- type, or nil. `memo` (optional) keeps the types already asked for, so a batch that checks
+-- each of its entries on its own asks Redis once per key.
+local function mistyped(want, memo)
   for key, t in pairs(want) do
-    local is = redis.call('TYPE', key).ok
+    local is = memo and memo[key]
+    if not is then
+      is = redis.call('TYPE', key).ok
+      if memo then
+        memo[key] = is
+      end
+    end
     if is ~= 'none' and is ~= t then
       return key .. ' is a ' .. is .. ', not a ' .. t
     end
@@ -151,6 +161,12 @@ local function epoch_of(entry)
   return entry and string.match(entry, '^[^\t]*\t([^\t]*)')
 end
 
+-- The named scope of a lease_job entry (its sixth field), or nil (a default scope, or an entry
+-- of an earlier version).
+local function scope_of(entry)
+  return entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(.+)$')
+end
+
 -- The keys that making a job of `queue` and `kind` ready writes (its kind listed, its ready
 -- set, its queue's counts), added to `want` and `counted` (see `settle_keys`).
 local function place_keys(base, want, counted, queue, kind)
@@ -174,11 +190,15 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
   end
   local queue, scope, kind = f[1], f[2], f[3]
   if not queue then
-    return
+    -- No readable record: nothing of the job is written, but a lease of a named scope still
+    -- hands the scope's turn on (the scope comes from the lease entry), or it would wedge.
+    scope, parks, delayed, buries = scope_of(entry), false, false, false
   end
-  local q = base .. 'q:' .. queue
-  want[q .. ':stats'] = 'hash'
-  counted[q .. ':stats'] = true
+  local q = queue and (base .. 'q:' .. queue)
+  if q then
+    want[q .. ':stats'] = 'hash'
+    counted[q .. ':stats'] = true
+  end
   if scope then
     want[base .. 'live'] = 'hash'
     want[base .. 'head'] = 'hash'
@@ -191,6 +211,9 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     if g[1] and g[2] then
       place_keys(base, want, counted, g[1], g[2])
     end
+  end
+  if not q then
+    return
   end
   if parks then
     want[base .. 'seq'] = 'string'
@@ -207,9 +230,9 @@ end
 
 -- The complaint about the first key of `want` of another type, or of a count that is not an
 -- integer (the `seq` counter, the counts of the `counted` stats hashes); nil when it is safe
--- to write.
-local function unsafe(base, want, counted)
-  local wrong = mistyped(want)
+-- to write. `memo` as for `mistyped` (it keeps the counts' verdicts too).
+local function unsafe(base, want, counted, memo)
+  local wrong = mistyped(want, memo)
   if wrong then
     return wrong
   end
@@ -217,7 +240,16 @@ local function unsafe(base, want, counted)
     return base .. 'seq is not an integer'
   end
   for stats in pairs(counted) do
-    wrong = wrong or uncountable(stats, { 'leased', 'waiting', 'completed' })
+    if not wrong then
+      local verdict = memo and memo['#' .. stats]
+      if verdict == nil then
+        verdict = uncountable(stats, { 'leased', 'waiting', 'completed' }) or false
+        if memo then
+          memo['#' .. stats] = verdict
+        end
+      end
+      wrong = verdict or nil
+    end
   end
   return wrong
 end
@@ -427,6 +459,20 @@ local function watermark(base)
   return nil
 end
 
+-- A lease whose job record is gone (written over by another program) still gives its named
+-- scope up — the scope comes from the lease entry — and hands the turn to the scope's next
+-- job, so one bad record never wedges a scope. (Callers check the keys with settle_keys.)
+local function hand_on(base, lease, id, entry)
+  local scope = scope_of(entry)
+  if not scope then
+    return
+  end
+  if redis.call('HGET', base .. 'live', scope) == lease then
+    redis.call('HDEL', base .. 'live', scope)
+  end
+  leave(base, id, scope)
+end
+
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
 -- A job counted against its kind's concurrency cap (`capped` holds the kind) stops counting.
 -- Runs after writes, so nothing here may fail: a `running` of the wrong type is left alone, a
@@ -456,6 +502,8 @@ local function release(base, lease, id, entry)
     end
     redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'leased', -1)
     uncap(base, id, f[3])
+  else
+    hand_on(base, lease, id, entry)
   end
   return f[1]
 end

@@ -13,8 +13,8 @@ for i = 1, #listed, 2 do
   local entry = redis.call('HGET', base .. 'lease_job', lease)
   if entry then
     local id, epoch, counter, claimed, worker =
-      string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-    local scope = redis.call('HGET', base .. 'job:' .. id, 'scope') or ('job:' .. id)
+      string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)')
+    local scope = scope_of(entry) or fields(base .. 'job:' .. id, 'scope')[1] or ('job:' .. id)
     out[#out + 1] = { lease, id, scope, epoch, counter, worker,
       fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now) }
   end

@@ -11,11 +11,13 @@
 --          "invalid" (unknown action or an arg that is not a non-negative integer: nothing
 --          changed),
 --          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
---          changed), or "reseeded:<epoch>" (a fenced settlement moved the coordinator there)
--- Errors   "PALISADE_CORRUPT ..." when a key the batch would write holds another type or a
---          count it increments is not an integer: raised before anything changed. (A job
---          record of another type counts as gone: its settlement is "ok" and changes only
---          the lease.)
+--          changed), "corrupt:<why>" (a key this settlement would write holds another type
+--          or a count it increments is not an integer: this settlement changed nothing, its
+--          lease stays for the reaper once the key is repaired; the others go through), or
+--          "reseeded:<epoch>" (a fenced settlement moved the coordinator there). A job record
+--          of another type counts as gone: its settlement is "ok", ends the lease and hands a
+--          named scope's turn on (the scope is in the lease entry).
+-- Errors   none of its own: every settlement is checked, on its own, before the first write
 local base = KEYS[1]
 local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -44,10 +46,11 @@ local function valid(action, arg)
 end
 
 -- First, read-only: which settlements are current, their jobs' records, and that every key
--- the batch may write has its type (a key another program wrote over fails the call whole,
--- before its first write; a job record of another type counts as gone).
+-- each settlement may write has its type (a key another program wrote over fails only the
+-- settlements that would write it, before the first write; a job record of another type
+-- counts as gone). Types are asked once per key for the whole batch (`memo`).
 local out, current, records, settled = {}, {}, {}, {}
-local want, counted = {}, {}
+local memo = {}
 for i = 0, count - 1 do
   local o = 2 + i * 4
   local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
@@ -60,22 +63,25 @@ for i = 0, count - 1 do
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[i + 1] = 'exhausted'
   else
-    settled[lease] = true
-    current[#current + 1] = i
     local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
       'kind')
-    records[i + 1] = f
     local parks = action ~= 'complete' and action ~= 'dead'
+    local want, counted = {}, {}
     settle_keys(base, want, counted, id, { f[1], f[2], f[6] }, parks,
       action == 'retry' and tonumber(arg) > 0, action == 'dead', entries[i + 1])
     if action == 'fenced' then
       want[base .. 'epoch'] = 'hash'
     end
+    local wrong = unsafe(base, want, counted, memo)
+    if wrong then
+      out[i + 1] = 'corrupt:' .. wrong
+      redis.log(redis.LOG_WARNING, 'palisade: settlement of lease ' .. lease .. ' refused: ' .. wrong)
+    else
+      settled[lease] = true
+      current[#current + 1] = i
+      records[i + 1] = f
+    end
   end
-end
-local wrong = unsafe(base, want, counted)
-if wrong then
-  return corrupt(wrong)
 end
 
 local released, finished, leased, completed = {}, {}, {}, {}
@@ -93,6 +99,9 @@ for _, i in ipairs(current) do
   local job = base .. 'job:' .. id
   local f = records[i + 1]
   local queue, result = f[1], 'ok'
+  if not queue then
+    hand_on(base, lease, id, entries[i + 1])
+  end
   if queue then
     if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then
       redis.call('HDEL', base .. 'live', f[2])

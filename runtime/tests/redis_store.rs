@@ -648,6 +648,13 @@ fn corrupt<T>(r: &Result<T, palisade::Error>) -> bool {
         .is_some_and(|e| e.to_string().contains("PALISADE_CORRUPT"))
 }
 
+/// Whether one settlement of a batch was refused for a key written over (it alone).
+fn corrupt_settlement(r: &palisade::Result<()>) -> bool {
+    r.as_ref()
+        .err()
+        .is_some_and(|e| e.to_string().contains("PALISADE_CORRUPT"))
+}
+
 /// Every key and its serialized value: equal snapshots mean nothing changed.
 fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
     let keys = server.cli(&["--scan"]).unwrap_or_default();
@@ -738,18 +745,51 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
         .unwrap();
     assert_eq!(claims.len(), 2, "one of scope s waits its turn");
 
-    // settle: the scope's newest-token record.
+    // settle: the scope's newest-token record. Each settlement is checked on its own: the
+    // scoped one (which writes `last`) is refused alone with nothing changed, its lease kept;
+    // the default-scoped one goes through.
     server.cli(&["DEL", "{cx}:last"]);
     server.cli(&["RPUSH", "{cx}:last", "x"]);
-    let before = snapshot(&server);
-    let all: Vec<_> = claims
+    let scoped = claims
         .iter()
-        .map(|c| (c.lease.id, Settlement::Complete))
-        .collect();
-    let r = store.settle(all.clone()).await;
-    assert!(corrupt(&r), "{r:?}");
-    let after = snapshot(&server);
-    assert_eq!(after, before, "settle changed nothing");
+        .find(|c| c.lease.scope.as_str() == "s")
+        .unwrap();
+    let plain = claims
+        .iter()
+        .find(|c| c.lease.scope.as_str() != "s")
+        .unwrap();
+    let before = snapshot(&server);
+    let only_scoped = store
+        .settle(vec![(scoped.lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(corrupt_settlement(&only_scoped[0]), "{only_scoped:?}");
+    // (The call still publishes the low watermark, which only reflects the leases.)
+    let unpublished = |s: Vec<(String, String)>| -> Vec<(String, String)> {
+        s.into_iter()
+            .filter(|(k, _)| k != "{cx}:watermark")
+            .collect()
+    };
+    assert_eq!(
+        unpublished(snapshot(&server)),
+        unpublished(before),
+        "the refused settlement changed nothing"
+    );
+    let r = store
+        .settle(vec![
+            (scoped.lease.id, Settlement::Complete),
+            (plain.lease.id, Settlement::Complete),
+        ])
+        .await
+        .unwrap();
+    assert!(corrupt_settlement(&r[0]), "{r:?}");
+    assert!(
+        r[1].is_ok(),
+        "the good settlement of the batch went through: {r:?}"
+    );
+    let live: Vec<_> = store.leases(10).await.unwrap();
+    assert_eq!(live.len(), 1, "the refused one keeps its lease: {live:?}");
+    assert_eq!(live[0].lease, scoped.lease.id);
     server.cli(&["DEL", "{cx}:last"]);
 
     // reap: the dead-letter list (the leases expire; max_stalls lets them be requeued, but a
@@ -762,7 +802,7 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     assert!(r.is_empty(), "{r:?}");
     assert_eq!(snapshot(&server), before, "reap changed nothing");
     server.cli(&["DEL", "{cx}:q:default:dead"]);
-    assert_eq!(store.reap(10).await.unwrap().len(), 2);
+    assert_eq!(store.reap(10).await.unwrap().len(), 1);
 
     // cancel: the delayed set.
     let queued = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap()[0];
@@ -810,6 +850,99 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     assert!(
         again.iter().any(|c| c.job.id == odd.job.id),
         "the released job is ready again"
+    );
+}
+
+/// Issue 20.2: one bad record used to fail a whole settle batch — the worker dropped the good
+/// settlements (their jobs re-ran after expiry). Each settlement now has its own outcome: the
+/// one whose keys were written over is refused alone, changes nothing and keeps its lease
+/// (nothing lost), and once the key is repaired it settles. A scoped job whose record was
+/// written over while leased used to wedge its scope for good (the scope was known only from
+/// the record); the lease entry carries the scope, so settling or reaping hands it on.
+#[tokio::test]
+async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope() {
+    use palisade::{LeaseStore, NewJob, RedisLeaseStore, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "ox");
+    let ttl = Duration::from_secs(30);
+    store
+        .enqueue(vec![
+            NewJob::raw("k", "null").with_queue("bad"),
+            NewJob::raw("k", "null"),
+            NewJob::raw("k", "null"),
+        ])
+        .await
+        .unwrap();
+    let bad = store.claim("bad", "w", 1, ttl).await.unwrap();
+    let good = store.claim("default", "w", 2, ttl).await.unwrap();
+    assert_eq!((bad.len(), good.len()), (1, 2));
+    server.cli(&["DEL", "{ox}:q:bad:stats"]);
+    server.cli(&["SET", "{ox}:q:bad:stats", "x"]);
+    let results = store
+        .settle(vec![
+            (good[0].lease.id, Settlement::Complete),
+            (bad[0].lease.id, Settlement::Complete),
+            (good[1].lease.id, Settlement::Complete),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(
+        corrupt_settlement(&results[1]),
+        "the bad one is refused, naming the key: {results:?}"
+    );
+    let e = results[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("{ox}:q:bad:stats"), "{e}");
+    let live = store.leases(10).await.unwrap();
+    assert_eq!(live.len(), 1, "only the bad lease is left: {live:?}");
+    assert_eq!(live[0].lease, bad[0].lease.id);
+    // Repaired, it settles: nothing was lost.
+    server.cli(&["DEL", "{ox}:q:bad:stats"]);
+    let again = store
+        .settle(vec![(bad[0].lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(again[0].is_ok(), "{again:?}");
+    assert!(store.leases(10).await.unwrap().is_empty());
+
+    // A scoped job's record written over while it is leased: settling it hands the scope's
+    // turn on, and so does reaping it.
+    store
+        .enqueue(
+            (0..3)
+                .map(|_| NewJob::raw("k", "null").with_scope("acct:1"))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let first = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(first.len(), 1, "one at a time per scope");
+    let job = format!("{{ox}}:job:{}", first[0].job.id);
+    server.cli(&["DEL", &job]);
+    server.cli(&["SET", &job, "written over"]);
+    let r = store
+        .settle(vec![(first[0].lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+    let second = store
+        .claim("default", "w", 5, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1, "the scope's next job was handed the turn");
+    assert_eq!(second[0].lease.scope.as_str(), "acct:1");
+    let job = format!("{{ox}}:job:{}", second[0].job.id);
+    server.cli(&["DEL", &job]);
+    server.cli(&["SET", &job, "written over"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.reap(10).await.unwrap();
+    assert!(store.leases(10).await.unwrap().is_empty(), "reaped");
+    let third = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(third.len(), 1, "the reaped lease handed the scope on too");
+    assert_eq!(
+        server.cli(&["HGET", "{ox}:live", "acct:1"]).as_deref(),
+        Some(third[0].lease.id.to_string().as_str())
     );
 }
 
@@ -952,8 +1085,9 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
     let before = snapshot(&server);
     let r = store
         .settle(vec![(head[0].lease.id, Settlement::Complete)])
-        .await;
-    assert!(corrupt(&r), "{r:?}");
+        .await
+        .unwrap();
+    assert!(corrupt_settlement(&r[0]), "{r:?}");
     assert_eq!(
         snapshot(&server),
         before,

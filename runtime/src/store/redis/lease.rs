@@ -408,6 +408,14 @@ impl LeaseStore for RedisLeaseStore {
                 ))));
                 continue;
             }
+            if let Some(why) = result.strip_prefix("corrupt:") {
+                // Another program wrote over a key this settlement needs: it alone changed
+                // nothing; the lease stays, and the reaper retries it once the key is repaired.
+                out.push(Err(Error::Backend(format!(
+                    "lease {lease}: PALISADE_CORRUPT {why}: nothing was changed"
+                ))));
+                continue;
+            }
             if result == "exhausted" {
                 out.push(Err(Error::Epoch(format!(
                     "lease {lease}: a sink holds a token in the largest epoch; none left above it"
