@@ -712,11 +712,10 @@ fn scheduler_pid(redis: &RedisServer) -> Option<String> {
     holder.split('/').next().map(str::to_owned)
 }
 
-#[test]
-fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() {
-    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+/// Keeps a schedule `tick` that sends a 5 ms email every second.
+fn add_tick_schedule(redis: &RedisServer) {
     palisade(
-        &redis,
+        redis,
         &[
             "schedule",
             "add",
@@ -726,6 +725,12 @@ fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() 
             r#"{"to":"ops@example.com","millis":5}"#,
         ],
     );
+}
+
+#[test]
+fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    add_tick_schedule(&redis);
     let mut workers: Vec<WorkerProcess> = (0..3)
         .map(|i| WorkerProcess::start(&redis, &sink, &format!("sched-{i}"), "2s"))
         .collect();
@@ -875,12 +880,71 @@ fn processes_agree_on_the_number_of_partitions() {
         ],
     );
     let said = refused(&["partitions", "--from", "1", "--to", "3"]);
-    assert!(said.contains("drain it before migrating"), "{said}");
-    // Drained by a cancel (queued: to the dead letters), then moved.
+    assert!(said.contains("drain it"), "{said}");
+    // Drained by a cancel (queued: to the dead letters) — which are not left behind unseen
+    // either: purged, then moved.
     palisade(&redis, &["cancel", job.trim()]);
+    let said = refused(&["partitions", "--from", "1", "--to", "3"]);
+    assert!(said.contains("1 dead"), "{said}");
+    palisade(&redis, &["dead", "purge", "--queue", "default"]);
     let moved = palisade(&redis, &["partitions", "--from", "1", "--to", "3"]);
     assert!(moved.contains("1 -> 3 partitions"), "{moved}");
     palisade(&redis, &["status", "--partitions", "3"]);
     let said = refused(&["status"]);
     assert!(said.contains("runs in 3 partition(s), not 1"), "{said}");
+}
+
+/// Issue 20.3: `palisade partitions` while a worker of the installation still runs used to
+/// exit 0, and the old worker went on firing the old layout's copy of a 1-second schedule
+/// (ticks enqueued twice). Now the move fences the old layout's processes out first: the old
+/// worker's claims are refused from then on (counted as backend errors), it fires no more ticks
+/// in its layout, and the schedule lives on in the new layout alone.
+#[test]
+fn a_worker_of_the_old_layout_is_refused_after_a_move() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    add_tick_schedule(&redis);
+    let old = WorkerProcess::start(&redis, &sink, "old-layout", "2s");
+    let ticks = |tag: &str| {
+        redis
+            .cli(&["KEYS", &format!("{{{tag}}}:unique:schedule:tick:*")])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
+    };
+    wait_for(
+        "the old worker to fire ticks",
+        Duration::from_secs(20),
+        || ticks("palisade") >= 2,
+    );
+    // A tick's job may be in flight at the moment of the move: then the move is refused
+    // (and the old layout given back), so try until one lands between ticks.
+    let mut said = String::new();
+    let moved = (0..40).any(|_| {
+        let out = Command::new(BIN)
+            .args(["partitions", "--from", "1", "--to", "2"])
+            .env("PALISADE_REDIS_URL", redis.url())
+            .output()
+            .unwrap();
+        said = String::from_utf8_lossy(&out.stderr).into_owned();
+        out.status.success() || {
+            std::thread::sleep(Duration::from_millis(300));
+            false
+        }
+    });
+    assert!(moved, "never moved: {said}");
+    let refused_before = old.counter("palisade_backend_errors_total", &[("op", "claim")]);
+    let fired = ticks("palisade");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        ticks("palisade"),
+        fired,
+        "the old worker fired ticks after the move"
+    );
+    assert!(
+        old.counter("palisade_backend_errors_total", &[("op", "claim")]) > refused_before,
+        "the old worker's claims were not refused"
+    );
+    let listed = palisade(&redis, &["schedule", "list", "--partitions", "2"]);
+    assert!(listed.contains("tick"), "the schedule moved: {listed}");
 }

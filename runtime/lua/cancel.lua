@@ -4,11 +4,19 @@
 -- to the dead letters too — so nothing vanishes, and `dead retry` can bring it back.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  job id, ARGV[2] reason, ARGV[3] dead-letter records kept per queue
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  {outcome, watermark}: outcome "removed" (was queued), "revoked" (was running), or
 --          "missing" (no such job: never enqueued, done, dead already); the low watermark
 --          after it as "w:<epoch>:<counter>" (or "w:"), as settle.lua returns it
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type or a count it
 --          changes is not an integer: raised before anything changed
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base, id, reason, keep = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local job = base .. 'job:' .. id
 local f = fields(job, 'queue', 'kind', 'scope', 'lease')

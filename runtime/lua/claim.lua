@@ -3,7 +3,8 @@
 -- ARGV[1]  queue, ARGV[2] worker name, ARGV[3] lease ttl (ms), ARGV[4] most due delayed jobs
 --          to make ready in this call, ARGV[5] k, ARGV[6..5+k] the kinds the worker handles
 --          (k = 0: every kind), then one fresh random lease id per job wanted
---          (n = #ARGV - 5 - k)
+--          (n = #ARGV - 6 - k)
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls};
 --          none while the queue is paused ({prefix}:paused), at most the whole tokens of its
 --          rate bucket when it is rate-limited
@@ -12,10 +13,17 @@
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
 --          is minted before that. "PALISADE_CORRUPT ..." when a key it would write holds
 --          another type or a count it increments is not an integer: raised before any change.
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base, queue, worker, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local k = tonumber(ARGV[5])
 local first_lease = 6 + k
-local n = #ARGV - first_lease + 1
+local n = #ARGV - first_lease -- (the last ARGV is the layout generation)
 -- A paused queue hands out nothing (and promotes nothing): its jobs wait where they are.
 if redis.call('SISMEMBER', base .. 'paused', queue) == 1 then
   return {}

@@ -43,6 +43,31 @@
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
+-- The layout generation. `palisade partitions` moves an installation to another number of
+-- partitions and bumps its generation, writing the new one to `layout` under every base of the
+-- old layout and of the new one (absent: generation 0). A process that started before (it
+-- may have been paused, so no liveness check can tell it from a dead one) still runs the old
+-- generation: every script that claims, enqueues, renews, settles, reaps, cancels or retries
+-- takes the caller's generation as its LAST argument and refuses to act on a base of another
+-- generation — so an old-layout worker cannot run, or enqueue a schedule tick into, a layout
+-- that is no longer the installation's. Checked before anything else, so nothing changes.
+local function wrong_layout(base)
+  local mine = ARGV[#ARGV]
+  local theirs = redis.pcall('GET', base .. 'layout')
+  if theirs == false then
+    theirs = '0'
+  elseif type(theirs) ~= 'string' then
+    theirs = '(unreadable)'
+  end
+  if theirs ~= mine then
+    return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' .. tostring(mine)
+      .. ' of ' .. base .. ', the installation is at generation ' .. theirs
+      .. ' (moved by `palisade partitions`): restart it with the installation\'s --partitions;'
+      .. ' nothing was changed')
+  end
+  return nil
+end
+
 -- A member `leases` carries, scored +inf (after every real entry, never due). Redis keeps a
 -- sorted set of up to 128 members of up to 64 bytes as a listpack, where every ZADD, ZREM and
 -- ZMSCORE scans the whole set: with the tens of leases a worker holds live that cost Redis

@@ -3,11 +3,19 @@
 -- ARGV[1]  job count n, then 9 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls) unique_key (empty: none) unique_ttl_ms
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  per job, the id it goes by: its own, or — when another job (an earlier one of this
 --          batch included) holds its unique key — that job's, and then it is not added
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type (or the
 --          enqueue counter is not an integer): raised before anything changed (jobs are
 --          validated by the client before they are sent)
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])

@@ -1,8 +1,16 @@
 -- reap.lua: turns expired leases into stalls: the job is ready again, or dead after max_stalls.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  most leases to reap in this call, ARGV[2] dead-letter records kept per queue
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  flat triples {job id, queue, "1" if now dead else "0", ...}
 -- Errors   none (a lease whose keys another program wrote over is skipped, and logged)
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base = KEYS[1]
 local now = now_ms()
 local out = {}

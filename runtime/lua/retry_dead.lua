@@ -1,8 +1,16 @@
 -- retry_dead.lua: moves dead-lettered jobs back to ready with fresh attempts and stalls.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  queue, ARGV[2] most jobs to move (oldest first)
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  how many were moved
 -- Errors   none (a record whose keys another program wrote over stays in the list)
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base, queue = KEYS[1], ARGV[1]
 local now = now_ms()
 local moved = 0

@@ -5,6 +5,7 @@
 --          action "complete" | "retry" (arg = delay ms) | "dead" | "release" (back to ready,
 --          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
 --          reported)
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  one entry per settlement, then "w:<epoch>:<counter>", the low watermark after the
 --          batch (or "w:" before any epoch exists). Per settlement: "ok", "stale" (lease not
 --          current: nothing changed),
@@ -18,6 +19,13 @@
 --          of another type counts as gone: its settlement is "ok", ends the lease and hands a
 --          named scope's turn on (the scope is in the lease entry).
 -- Errors   none of its own: every settlement is checked, on its own, before the first write
+--          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
 local base = KEYS[1]
 local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])

@@ -28,12 +28,19 @@ pub struct Client {
 
 impl Client {
     /// A client of the Redis coordinator at `url` whose keys start with `prefix` — the same
-    /// prefix the workers use (`--prefix`, default `palisade`). Fails within seconds if
-    /// Redis cannot be reached.
+    /// prefix the workers use (`--prefix`, default `palisade`), in one partition. Fails within
+    /// seconds if Redis cannot be reached, and with [`Error::Config`](crate::Error::Config) if
+    /// the installation runs in several partitions (build the store with
+    /// [`store::redis::coordinator`](crate::store::redis::coordinator) then). Once the
+    /// installation is moved to another layout (`palisade partitions`), this client's
+    /// enqueues are refused: connect again.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self> {
         let pool = pool(url)?;
         ping(&pool).await?;
-        Ok(Self::new(Arc::new(RedisLeaseStore::new(pool, prefix))))
+        let generation = crate::store::redis::check_layout(pool.clone(), prefix, 1).await?;
+        Ok(Self::new(Arc::new(
+            RedisLeaseStore::new(pool, prefix).with_layout_generation(generation),
+        )))
     }
 
     /// A client of any coordinator store, e.g. the [`MemoryLeaseStore`](crate::MemoryLeaseStore)

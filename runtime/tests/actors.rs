@@ -465,6 +465,9 @@ impl LeaseStore for FlakyRenewals {
     async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
         self.inner.concurrency_cap(kind).await
     }
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        self.inner.concurrency_caps().await
+    }
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
         self.inner.set_rate_limit(queue, limit).await
     }

@@ -123,6 +123,9 @@ mod delegate {
         async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
             self.store.concurrency_cap(kind).await
         }
+        async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+            self.store.concurrency_caps().await
+        }
         async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
             self.store.set_rate_limit(queue, limit).await
         }
@@ -548,7 +551,7 @@ async fn a_process_with_another_number_of_partitions_is_refused() {
     use palisade::store::redis::{check_layout, record_layout};
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    check_layout(&pool, "lay", 1).await.unwrap();
+    assert_eq!(check_layout(&pool, "lay", 1).await.unwrap(), 0);
     check_layout(&pool, "lay", 1).await.unwrap();
     assert!(matches!(
         check_layout(&pool, "lay", 3).await,
@@ -558,6 +561,124 @@ async fn a_process_with_another_number_of_partitions_is_refused() {
     check_layout(&pool, "lay", 3).await.unwrap();
     assert!(check_layout(&pool, "lay", 1).await.is_err());
     check_layout(&pool, "other", 6).await.unwrap();
+}
+
+/// Issue 20.3: `palisade partitions` used to exit 0 while a worker of the installation still
+/// ran, and that worker kept firing the old layout's copy of a schedule (ticks enqueued twice).
+/// A paused worker looks exactly like a dead one, so the guard is a layout generation every
+/// acting script checks: after a move, a store of the old generation is refused at every
+/// operation (`Error::Config`, `PALISADE_LAYOUT`) and changes nothing — on the old layout's
+/// bases and, after moving back, on the very base it used. A move that fails gives the old
+/// generation back; a second move while one runs is refused.
+#[tokio::test]
+async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
+    use palisade::store::redis::{check_layout, coordinator, move_layout};
+    use palisade::{Error, LeaseStore, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let ttl = Duration::from_secs(30);
+    let layout = |e: &Error| matches!(e, Error::Config(why) if why.contains("PALISADE_LAYOUT"));
+    assert_eq!(check_layout(&pool, "mv", 1).await.unwrap(), 0);
+    let old = RedisLeaseStore::new(pool.clone(), "mv").with_layout_generation(0);
+    old.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    // A move while the old layout holds a job is refused, and its processes go on.
+    let refused = move_layout(&pool, "mv", 1, 2, |s| s).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("drain")),
+        "{refused:?}"
+    );
+    let c = old.claim("default", "w", 1, ttl).await.unwrap().remove(0);
+    old.settle(vec![(c.lease.id, Settlement::Complete)])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    // One move at a time.
+    server.cli(&["SET", "{mv}:moving", "another run"]);
+    let refused = move_layout(&pool, "mv", 1, 2, |s| s).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("another `partitions` run")),
+        "{refused:?}"
+    );
+    server.cli(&["DEL", "{mv}:moving"]);
+    // A lease the old process holds across the move (claimed after it was drained, as a
+    // paused worker's would be).
+    move_layout(&pool, "mv", 1, 2, |s| s).await.unwrap();
+    assert_eq!(
+        server.cli(&["EXISTS", "{mv}:moving"]).as_deref(),
+        Some("0"),
+        "the lock is given back"
+    );
+    let before = snapshot(&server);
+    let job = NewJob::raw("k", "null");
+    let lease = palisade::LeaseId::new();
+    let refusals: Vec<(&str, Error)> = vec![
+        ("enqueue", old.enqueue(vec![job.clone()]).await.unwrap_err()),
+        (
+            "claim",
+            old.claim("default", "w", 1, ttl).await.unwrap_err(),
+        ),
+        ("renew", old.renew(&[lease], ttl).await.unwrap_err()),
+        (
+            "settle",
+            old.settle(vec![(lease, Settlement::Complete)])
+                .await
+                .unwrap_err(),
+        ),
+        ("reap", old.reap(10).await.unwrap_err()),
+        (
+            "cancel",
+            old.cancel(palisade::JobId::new(), "x").await.unwrap_err(),
+        ),
+        (
+            "retry_dead",
+            old.retry_dead("default", 1).await.unwrap_err(),
+        ),
+        (
+            "purge_dead",
+            old.purge_dead("default", 1).await.unwrap_err(),
+        ),
+        (
+            "hold_role",
+            old.hold_role("scheduler", "me", ttl).await.unwrap_err(),
+        ),
+        (
+            "advance_schedule",
+            old.advance_schedule("tick", 1).await.unwrap_err(),
+        ),
+    ];
+    for (op, e) in &refusals {
+        assert!(layout(e), "{op}: {e}");
+    }
+    assert_eq!(
+        snapshot(&server),
+        before,
+        "the refused process changed nothing"
+    );
+    // A process started now runs the new generation in the new layout.
+    assert!(check_layout(&pool, "mv", 1).await.is_err());
+    let generation = check_layout(&pool, "mv", 2).await.unwrap();
+    assert_eq!(generation, 1);
+    let new = coordinator(pool.clone(), "mv", 2, DEFAULT_MAX_PAYLOAD_BYTES, |s| {
+        s.with_layout_generation(generation)
+    })
+    .unwrap();
+    new.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    let c = new.claim("default", "w", 1, ttl).await.unwrap().remove(0);
+    new.settle(vec![(c.lease.id, Settlement::Complete)])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    // Back to one partition: the first base is in use again, not by generation 0.
+    move_layout(&pool, "mv", 2, 1, |s| s).await.unwrap();
+    assert!(layout(&old.enqueue(vec![job.clone()]).await.unwrap_err()));
+    assert!(layout(&new.enqueue(vec![job.clone()]).await.unwrap_err()));
+    let generation = check_layout(&pool, "mv", 1).await.unwrap();
+    assert_eq!(generation, 2);
+    let back = RedisLeaseStore::new(pool.clone(), "mv").with_layout_generation(generation);
+    back.enqueue(vec![job]).await.unwrap();
 }
 
 /// Issue 14: the lease index (`leases`) stays out of Redis' listpack encoding however few

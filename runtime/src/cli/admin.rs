@@ -665,31 +665,28 @@ pub(super) fn partitions(args: PartitionsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         // (Not `store()`: that refuses a number of partitions other than the recorded one.)
         let target = args.redis.reachable(&args.redis.redis, "Redis").await?;
-        if let Err(e) = crate::store::redis::check_layout(target.clone(), &args.redis.prefix, usize::from(args.from)).await {
-            bail!("--from {}: {e}", args.from);
-        }
-        let layout = |p: u16| {
-            crate::store::redis::coordinator(
-                target.clone(),
-                &args.redis.prefix,
-                usize::from(p),
-                crate::job::DEFAULT_MAX_PAYLOAD_BYTES,
-                |s| s,
-            )
-        };
-        let (old, new) = (layout(args.from)?, layout(args.to)?);
-        let epoch = crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await?;
-        crate::store::redis::record_layout(target.clone(), &args.redis.prefix, usize::from(args.to)).await?;
-        print_lines([
-            format!(
-                "{} -> {} partitions: the new layout grants tokens in epoch {epoch} or above",
-                args.from, args.to
-            ),
-            format!(
-                "start every worker and producer with --partitions {} (concurrency caps: set them again)",
-                args.to
-            ),
-        ]
-        .into_iter())
+        let epoch = crate::store::redis::move_layout(
+            target,
+            &args.redis.prefix,
+            usize::from(args.from),
+            usize::from(args.to),
+            |s| s,
+        )
+        .await
+        .with_context(|| format!("--from {} --to {}", args.from, args.to))?;
+        print_lines(
+            [
+                format!(
+                    "{} -> {} partitions: the new layout grants tokens in epoch {epoch} or above",
+                    args.from, args.to
+                ),
+                format!(
+                    "start every worker and producer with --partitions {}: processes of the old \
+                 layout are refused from now on (schedules, pauses, rate limits and caps moved)",
+                    args.to
+                ),
+            ]
+            .into_iter(),
+        )
     })
 }

@@ -371,7 +371,7 @@ impl RedisArgs {
         configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
     ) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
         let target = self.reachable(&self.redis, "Redis").await?;
-        crate::store::redis::check_layout(
+        let generation = crate::store::redis::check_layout(
             target.clone(),
             &self.prefix,
             usize::from(self.partitions),
@@ -382,7 +382,7 @@ impl RedisArgs {
             &self.prefix,
             usize::from(self.partitions),
             max_payload_bytes,
-            configure,
+            |s| configure(s).with_layout_generation(generation),
         )?;
         Ok((target, store))
     }

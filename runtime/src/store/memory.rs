@@ -978,6 +978,16 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(lock(&self.state).caps.get(kind).copied())
     }
 
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        let mut caps: Vec<_> = lock(&self.state)
+            .caps
+            .iter()
+            .map(|(kind, cap)| (kind.clone(), *cap))
+            .collect();
+        caps.sort();
+        Ok(caps)
+    }
+
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
         crate::job::check_name("queue", queue)?;
         let mut state = lock(&self.state);

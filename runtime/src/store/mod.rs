@@ -140,6 +140,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A kind's concurrency cap.
     async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>>;
 
+    /// Every kind's concurrency cap, by kind (what a layout migration carries).
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>>;
+
     /// Sets (`Some`) or lifts a queue's rate limit; a new limit starts with a full bucket.
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()>;
 

@@ -188,39 +188,92 @@ impl PartitionedLeaseStore {
 /// Moves a deployment from the coordinator layout `old` to `new` (another number of
 /// partitions) without lowering any scope's tokens: a scope may land in a partition whose
 /// counter is behind the one it came from, so every partition of `new` is raised to an epoch
-/// above every epoch `old` used. Schedules, paused queues and rate limits are carried over
-/// (concurrency caps cannot be listed: set them again); dead letters stay in `old`.
+/// above every epoch `old` used.
 ///
-/// Run it while no worker of either layout runs, once `old` is drained: it refuses while
-/// `old` still holds queued, delayed or running jobs (it does not move them). Returns the
-/// epoch `new` grants in from now on.
+/// Every piece of control state is carried or cleared, so none of it survives in a layout
+/// that is not in use (to come back, stale, if the installation ever moves back): `new` ends
+/// with exactly `old`'s kept schedules (and their marks, so no tick fires twice), paused
+/// queues, rate limits and concurrency caps — whatever `new` held from an earlier time is
+/// cleared — and `old` ends with none of them.
+///
+/// Run it once `old` is drained: it refuses while `old` still holds queued, delayed or
+/// running jobs, or dead letters (it moves no jobs: retry or purge them first). Returns the
+/// epoch `new` grants in from now on. On Redis, [`move_layout`](crate::store::redis::move_layout)
+/// runs it under a lock and fences the processes of the old layout out first.
 pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> {
     let queues = old.queues().await?;
     let mut pending = Vec::new();
     for queue in &queues {
-        let n = old.counts(queue).await?.pending();
-        if n > 0 {
-            pending.push(format!("{queue}: {n}"));
+        let counts = old.counts(queue).await?;
+        if counts.pending() > 0 {
+            pending.push(format!("{queue}: {} queued or running", counts.pending()));
+        }
+        if counts.dead > 0 {
+            pending.push(format!("{queue}: {} dead", counts.dead));
         }
     }
     if !pending.is_empty() {
         return Err(Error::Config(format!(
-            "the old layout still holds jobs ({}): drain it before migrating",
+            "the old layout still holds jobs ({}): drain it (and retry or purge its dead \
+             letters) before migrating",
             pending.join(", ")
         )));
     }
     let above = old.epoch().await?.unwrap_or(0).saturating_add(1);
     let epoch = new.raise_epoch(above).await?;
-    for spec in old.schedules().await? {
-        new.put_schedule(spec).await?;
-    }
-    for queue in old.paused().await? {
-        new.set_paused(&queue, true).await?;
-    }
-    for queue in &queues {
-        if let Some(limit) = old.rate_limit(queue).await? {
-            new.set_rate_limit(queue, Some(limit)).await?;
+
+    let schedules = old.schedules().await?;
+    for stale in new.schedules().await? {
+        if !schedules.iter().any(|s| s.name == stale.name) {
+            new.remove_schedule(&stale.name).await?;
         }
+    }
+    for spec in schedules {
+        let (name, mark) = (spec.name.clone(), old.schedule_mark(&spec.name).await?);
+        new.put_schedule(spec).await?;
+        if let Some(mark) = mark {
+            new.advance_schedule(&name, mark).await?;
+        }
+        old.remove_schedule(&name).await?;
+    }
+
+    let paused = old.paused().await?;
+    for queue in new.paused().await? {
+        if !paused.contains(&queue) {
+            new.set_paused(&queue, false).await?;
+        }
+    }
+    for queue in &paused {
+        new.set_paused(queue, true).await?;
+        old.set_paused(queue, false).await?;
+    }
+
+    let mut all_queues = new.queues().await?;
+    all_queues.extend(queues.iter().cloned());
+    all_queues.sort();
+    all_queues.dedup();
+    for queue in &all_queues {
+        let limit = match queues.contains(queue) {
+            true => old.rate_limit(queue).await?,
+            false => None,
+        };
+        if limit != new.rate_limit(queue).await? {
+            new.set_rate_limit(queue, limit).await?;
+        }
+        if limit.is_some() {
+            old.set_rate_limit(queue, None).await?;
+        }
+    }
+
+    let caps = old.concurrency_caps().await?;
+    for (kind, _) in new.concurrency_caps().await? {
+        if !caps.iter().any(|(k, _)| *k == kind) {
+            new.set_concurrency_cap(&kind, None).await?;
+        }
+    }
+    for (kind, cap) in caps {
+        new.set_concurrency_cap(&kind, Some(cap)).await?;
+        old.set_concurrency_cap(&kind, None).await?;
     }
     Ok(epoch)
 }
@@ -584,6 +637,21 @@ impl LeaseStore for PartitionedLeaseStore {
             .on_all(|part| async move { part.concurrency_cap(kind).await })
             .await?;
         Ok(all.into_iter().sum::<Option<u32>>())
+    }
+
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        // Each partition holds a share; the cap is their sum (as `concurrency_cap` says).
+        let mut caps = std::collections::BTreeMap::<String, u32>::new();
+        for part in self
+            .on_all(|part| async move { part.concurrency_caps().await })
+            .await?
+        {
+            for (kind, share) in part {
+                let cap = caps.entry(kind).or_default();
+                *cap = cap.saturating_add(share);
+            }
+        }
+        Ok(caps.into_iter().collect())
     }
 
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {

@@ -1401,11 +1401,62 @@ pub async fn migration_never_lowers_a_scopes_tokens(
     };
     old.set_rate_limit("default", Some(limit)).await.unwrap();
     old.set_paused("other", true).await.unwrap();
+    old.set_concurrency_cap("k", Some(4)).await.unwrap();
+    let kept = Schedule::new("kept", "* * * * *", job("k"))
+        .unwrap()
+        .spec()
+        .clone();
+    old.put_schedule(ScheduleSpec {
+        name: "kept".into(),
+        ..kept.clone()
+    })
+    .await
+    .unwrap();
+    old.advance_schedule("kept", 60_000).await.unwrap();
+    // State `new` holds from an earlier time it was in use (a layout moved away from and
+    // back to): cleared, or it would come back after the move.
+    new.put_schedule(ScheduleSpec {
+        name: "removed since".into(),
+        ..kept.clone()
+    })
+    .await
+    .unwrap();
+    new.set_paused("resumed since", true).await.unwrap();
+    new.enqueue(vec![job("k").with_queue("unlimited since")])
+        .await
+        .unwrap();
+    let stale = new
+        .claim("unlimited since", "suite", 1, TTL)
+        .await
+        .unwrap()
+        .remove(0);
+    settle(&*new, stale.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    new.set_rate_limit("unlimited since", Some(limit))
+        .await
+        .unwrap();
+    new.set_concurrency_cap("uncapped since", Some(2))
+        .await
+        .unwrap();
     // Refused while the old layout still has work.
     assert!(matches!(migrate(&*old, &*new).await, Err(Error::Config(_))));
     settle(&*old, before.lease.id, Settlement::Complete)
         .await
         .unwrap();
+    // And while it holds dead letters (they would be left behind, unseen).
+    old.enqueue(vec![job("k")]).await.unwrap();
+    let doomed = claim(&*old, 1).await.remove(0);
+    let dead = Settlement::Dead {
+        reason: "no".into(),
+    };
+    settle(&*old, doomed.lease.id, dead).await.unwrap();
+    let refused = migrate(&*old, &*new).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("1 dead")),
+        "{refused:?}"
+    );
+    assert_eq!(old.purge_dead("default", 10).await.unwrap(), 1);
     let epoch = migrate(&*old, &*new).await.unwrap();
     assert!(epoch > 7, "{epoch}");
     for layout in [&new, &control] {
@@ -1428,6 +1479,19 @@ pub async fn migration_never_lowers_a_scopes_tokens(
     );
     assert_eq!(new.rate_limit("default").await.unwrap(), Some(limit));
     assert_eq!(new.paused().await.unwrap(), ["other"]);
+    // `new` holds exactly `old`'s control state; `old` holds none of it any more.
+    let names = |specs: Vec<ScheduleSpec>| specs.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names(new.schedules().await.unwrap()), ["kept"]);
+    assert_eq!(new.schedule_mark("kept").await.unwrap(), Some(60_000));
+    assert_eq!(new.rate_limit("unlimited since").await.unwrap(), None);
+    assert_eq!(
+        new.concurrency_caps().await.unwrap(),
+        [("k".to_string(), 4)]
+    );
+    assert!(old.schedules().await.unwrap().is_empty());
+    assert!(old.paused().await.unwrap().is_empty());
+    assert_eq!(old.rate_limit("default").await.unwrap(), None);
+    assert!(old.concurrency_caps().await.unwrap().is_empty());
 }
 
 /// Cases whose property a partitioned coordinator does not keep, by design

@@ -303,6 +303,14 @@ pub(super) fn garbage(what: impl std::fmt::Display) -> Error {
 /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `OOM` are transient; a script error, a
 /// protocol error or a reply of the wrong shape is permanent.
 fn classify(e: &redis::RedisError) -> Error {
+    // A process of an earlier layout generation (`common.lua`, `wrong_layout`): permanent, and
+    // the operator's to fix by restarting it, so it is a configuration error with its reason.
+    if e.code() == Some("PALISADE_LAYOUT") {
+        return Error::Config(format!(
+            "PALISADE_LAYOUT {}",
+            e.detail().unwrap_or_default()
+        ));
+    }
     let transient_code = matches!(
         e.code(),
         Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "OOM" | "CLUSTERDOWN")

@@ -44,6 +44,9 @@ pub struct RedisLeaseStore {
     /// Replicas every enqueue waits for, and how long; and the connection that waits (WAIT
     /// blocks its connection, which must not hold up the claims and renewals on `link`).
     durable: Option<(usize, Duration, Link)>,
+    /// The layout generation this process runs (`common.lua`, `wrong_layout`): every script
+    /// that acts is refused on a base that has moved to another one.
+    generation: u64,
 }
 
 impl RedisLeaseStore {
@@ -80,7 +83,19 @@ impl RedisLeaseStore {
             dead_retention: DEFAULT_DEAD_RETENTION,
             watermark: Arc::default(),
             durable: None,
+            generation: 0,
         }
+    }
+
+    /// Runs layout generation `generation` of the installation (what
+    /// [`check_layout`](super::check_layout) returned): once `palisade partitions` moves the
+    /// installation on, every claim, enqueue, renewal, settlement, reap, cancel, retry, role
+    /// and schedule mark of this store is refused (`Error::Config`, saying so) instead of
+    /// acting on a layout that is no longer the installation's. 0 (the default) is an
+    /// installation that never moved.
+    pub fn with_layout_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// Makes every enqueue wait (Redis `WAIT`) until `replicas` replicas of the coordinator's
@@ -224,6 +239,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(unique_key)
                 .arg(unique_ttl);
         }
+        invocation.arg(self.generation);
         round_trip("enqueue");
         let link = self.durable.as_ref().map_or(&self.link, |(_, _, own)| own);
         let mut conn = link.get().await?;
@@ -293,7 +309,8 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(promotions_per_claim(n))
                 .arg(kinds.len())
                 .arg(&kinds)
-                .arg(&leases);
+                .arg(&leases)
+                .arg(self.generation);
             let sent = Instant::now();
             round_trip("claim");
             let mut conn = self.conn().await?;
@@ -340,6 +357,7 @@ impl LeaseStore for RedisLeaseStore {
         for lease in leases {
             invocation.arg(lease.to_string());
         }
+        invocation.arg(self.generation);
         round_trip("renew");
         let mut conn = self.conn().await?;
         let lost: Vec<String> = invocation
@@ -377,6 +395,7 @@ impl LeaseStore for RedisLeaseStore {
                 .arg(arg)
                 .arg(reason);
         }
+        invocation.arg(self.generation);
         round_trip("settle");
         let mut conn = self.conn().await?;
         let mut results: Vec<String> = invocation
@@ -442,6 +461,7 @@ impl LeaseStore for RedisLeaseStore {
             .key(&self.base)
             .arg(max)
             .arg(self.dead_retention)
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -594,6 +614,7 @@ impl LeaseStore for RedisLeaseStore {
             .key(&self.base)
             .arg(queue)
             .arg(limit)
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
@@ -605,6 +626,7 @@ impl LeaseStore for RedisLeaseStore {
             .key(&self.base)
             .arg(queue)
             .arg(limit)
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
@@ -699,8 +721,10 @@ impl LeaseStore for RedisLeaseStore {
         let mut conn = self.conn().await?;
         ADVANCE_SCHEDULE
             .key(format!("{}schedule_marks", self.base))
+            .key(format!("{}layout", self.base))
             .arg(name)
             .arg(through)
+            .arg(self.generation)
             .invoke_async::<()>(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
@@ -713,6 +737,7 @@ impl LeaseStore for RedisLeaseStore {
             .arg(job.to_string())
             .arg(reason)
             .arg(self.dead_retention)
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -761,6 +786,17 @@ impl LeaseStore for RedisLeaseStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        let mut conn = self.conn().await?;
+        let mut caps: Vec<(String, u32)> = redis::cmd("HGETALL")
+            .arg(format!("{}caps", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        caps.sort();
+        Ok(caps)
     }
 
     async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
@@ -851,8 +887,10 @@ impl LeaseStore for RedisLeaseStore {
         let mut conn = self.conn().await?;
         let held: i64 = HOLD_ROLE
             .key(format!("{}role:{role}", self.base))
+            .key(format!("{}layout", self.base))
             .arg(holder)
             .arg(ttl.as_millis() as u64)
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;

@@ -43,10 +43,15 @@ pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("estab
 pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 pub(super) static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
 pub(super) static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
-/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, ARGV name and ms.
+/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
+/// generation record, ARGV name, ms and the caller's generation (refused, changing nothing,
+/// for another: `common.lua`, `wrong_layout`).
 pub(super) static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
          if cur == nil or tonumber(ARGV[2]) > cur then \
            redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
          return 0",
@@ -71,10 +76,14 @@ pub(super) static RAISE_EPOCH: LazyLock<Script> = LazyLock::new(|| {
          return tostring(cur)",
     )
 });
-/// Takes or keeps a role: KEYS[1] the role's key, ARGV holder and ttl ms; 1 if held.
+/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] the layout generation record, ARGV
+/// holder, ttl ms and the caller's generation (refused for another, as above); 1 if held.
 pub(super) static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local cur = redis.call('GET', KEYS[1]) \
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = redis.call('GET', KEYS[1]) \
          if cur == false or cur == ARGV[1] then \
            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
          return 0",
