@@ -177,6 +177,7 @@ for _, c in ipairs(order) do
       counter = counter + 1
       local attempt = fmt(count_of(f[3]) + 1)
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
+      local capped = room[kind] and kind
       if room[kind] then
         room[kind] = room[kind] - 1
         running[kind] = running[kind] + 1
@@ -193,10 +194,11 @@ for _, c in ipairs(order) do
       tracked[#tracked + 1] = counter
       tracked[#tracked + 1] = lease
       owners[#owners + 1] = lease
-      -- (A named scope rides along, so a settlement can hand its turn on even if the job
-      -- record is written over meanwhile.)
+      -- (A named scope and a capped kind ride along, so a settlement or reap gives them back
+      -- even if the job record is written over meanwhile: common.lua, let_go.)
+      local holds = (f[2] or capped) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')) or ''
       owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
-        .. (f[2] and ('\t' .. f[2]) or '')
+        .. holds
       out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
     end
   end

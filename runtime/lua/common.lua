@@ -33,9 +33,10 @@
 --   token_epochs          zset  epochs with live leases (epoch -> epoch)
 --   watermark             hash  epoch, counter: the low watermark last published (only grows)
 --   lease_job             hash  lease id -> "job id \t epoch \t counter \t claimed ms \t worker"
---                               and, for a named scope, "\t scope": so the scope's turn can be
---                               handed on even when the job record was written over (an entry
---                               of an earlier version has no scope field)
+--                               and, for a named scope or a capped kind, "\t scope \t capped
+--                               kind" (either may be empty): so the scope's turn and the cap's
+--                               slot are given back even when the job record was written over
+--                               (an entry of an earlier version has neither field)
 --
 -- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
 -- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
@@ -189,7 +190,14 @@ end
 -- The named scope of a lease_job entry (its sixth field), or nil (a default scope, or an entry
 -- of an earlier version).
 local function scope_of(entry)
-  return entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t(.+)$')
+  local scope = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
+  return scope
+end
+
+-- The capped kind of a lease_job entry (its seventh field), or nil.
+local function capped_of(entry)
+  local kind = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
+  return kind
 end
 
 -- The keys that making a job of `queue` and `kind` ready writes (its kind listed, its ready
@@ -484,20 +492,6 @@ local function watermark(base)
   return nil
 end
 
--- A lease whose job record is gone (written over by another program) still gives its named
--- scope up — the scope comes from the lease entry — and hands the turn to the scope's next
--- job, so one bad record never wedges a scope. (Callers check the keys with settle_keys.)
-local function hand_on(base, lease, id, entry)
-  local scope = scope_of(entry)
-  if not scope then
-    return
-  end
-  if redis.call('HGET', base .. 'live', scope) == lease then
-    redis.call('HDEL', base .. 'live', scope)
-  end
-  leave(base, id, scope)
-end
-
 -- Drops a lease and its hold on the scope (one at a time; settle.lua does this in bulk).
 -- A job counted against its kind's concurrency cap (`capped` holds the kind) stops counting.
 -- Runs after writes, so nothing here may fail: a `running` of the wrong type is left alone, a
@@ -509,9 +503,29 @@ local function uncap(base, id, kind)
       local n = tonumber(redis.call('HGET', running, kind) or '0') or 0
       redis.call('HSET', running, kind, math.max(n - 1, 0))
     end
-    redis.call('HDEL', base .. 'job:' .. id, 'capped')
+    local job = base .. 'job:' .. id
+    if redis.call('TYPE', job).ok == 'hash' then
+      redis.call('HDEL', job, 'capped')
+    end
   end
 end
+
+-- A lease whose job record is gone (written over by another program) still gives up what its
+-- lease entry says it holds — its named scope's turn, handed to the scope's next job, and its
+-- slot under its kind's concurrency cap — so one bad record never wedges a scope or a kind.
+-- (Callers check the keys with settle_keys.)
+local function let_go(base, lease, id, entry)
+  uncap(base, id, capped_of(entry))
+  local scope = scope_of(entry)
+  if not scope then
+    return
+  end
+  if redis.call('HGET', base .. 'live', scope) == lease then
+    redis.call('HDEL', base .. 'live', scope)
+  end
+  leave(base, id, scope)
+end
+
 
 local function release(base, lease, id, entry)
   redis.call('ZREM', base .. 'leases', lease)
@@ -528,7 +542,7 @@ local function release(base, lease, id, entry)
     redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'leased', -1)
     uncap(base, id, f[3])
   else
-    hand_on(base, lease, id, entry)
+    let_go(base, lease, id, entry)
   end
   return f[1]
 end

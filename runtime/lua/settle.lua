@@ -71,6 +71,8 @@ for i = 0, count - 1 do
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[i + 1] = 'exhausted'
   else
+    -- (Named twice, even the first refused: the later one is stale, not a second chance.)
+    settled[lease] = true
     local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
       'kind')
     local parks = action ~= 'complete' and action ~= 'dead'
@@ -85,7 +87,6 @@ for i = 0, count - 1 do
       out[i + 1] = 'corrupt:' .. wrong
       redis.log(redis.LOG_WARNING, 'palisade: settlement of lease ' .. lease .. ' refused: ' .. wrong)
     else
-      settled[lease] = true
       current[#current + 1] = i
       records[i + 1] = f
     end
@@ -108,7 +109,7 @@ for _, i in ipairs(current) do
   local f = records[i + 1]
   local queue, result = f[1], 'ok'
   if not queue then
-    hand_on(base, lease, id, entries[i + 1])
+    let_go(base, lease, id, entries[i + 1])
   end
   if queue then
     if f[2] and redis.call('HGET', base .. 'live', f[2]) == lease then

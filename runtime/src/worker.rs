@@ -61,6 +61,9 @@ impl WorkerConfig {
 
     fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::Config(format!("worker {:?}: {what}", self.name)));
+        if let Err(e) = crate::job::check_name("worker name", &self.name) {
+            return bad(&e.to_string());
+        }
         if self.queues.is_empty() || self.queues.iter().any(String::is_empty) {
             return bad("needs at least one non-empty queue name");
         }

@@ -506,6 +506,8 @@ impl LeaseStore for MemoryLeaseStore {
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
+        // The worker name is stored in each lease entry, fields split by tabs.
+        crate::job::check_name("worker name", worker).map_err(|e| Error::Config(e.to_string()))?;
         if n == 0 {
             return Ok(Vec::new());
         }

@@ -550,12 +550,19 @@ impl PostgresSink {
             .await
             .map_err(postgres_error)?;
         if n != 1 {
-            return Err(Error::Backend(format!(
-                "the fenced transaction for key {key:?} was ended inside its closure (a COMMIT \
-                 or ROLLBACK in its SQL?); its changes are not covered by the fence"
-            )));
+            return Err(ended_inside(key));
         }
         Ok(())
+    }
+
+    /// Whether `tx` is still the transaction `xid` that took the fence lock (a closure may
+    /// have ended it with a COMMIT or ROLLBACK of its own). A failed query counts as open: the
+    /// rollback that follows then decides.
+    async fn still_open(&self, tx: &deadpool_postgres::Transaction<'_>, xid: i64) -> bool {
+        match tx.query_one("SELECT txid_current()", &[]).await {
+            Ok(row) => row.get::<_, i64>(0) == xid,
+            Err(_) => true,
+        }
     }
 
     /// Step 5: after a write under `fence` was refused for its content and rolled back, a
@@ -670,29 +677,36 @@ impl PostgresSink {
             }
             Admission::Applied => {
                 self.advance(&tx, scope.as_str(), fence).await?;
-                let fenced = FencedTx {
-                    tx,
-                    sink: self,
-                    scope: scope.clone(),
-                    token: fence.token,
-                    key: key.as_str().to_owned(),
+                // The closure borrows the transaction only inside this block, so that after a
+                // failure this connection is free for step 5 (a second pooled connection per
+                // failing closure could wait out the pool when every connection fails at once).
+                let (tx, outcome) = {
+                    let fenced = FencedTx {
+                        tx,
+                        sink: self,
+                        scope: scope.clone(),
+                        token: fence.token,
+                        key: key.as_str().to_owned(),
+                    };
+                    let outcome = IN_FENCED_TX.scope(me, f(&fenced)).await;
+                    (fenced.tx, outcome)
                 };
-                let value = match IN_FENCED_TX.scope(me, f(&fenced)).await {
+                let value = match outcome {
                     Ok(value) => value,
                     Err(e) => {
-                        // Best-effort (step 5): the closure's error is what the caller
-                        // must see, whether or not the fence could be advanced. On another
-                        // connection, because the closure's transaction still borrows this
-                        // one; and only once the rollback released the fence row's lock
-                        // (a connection that died may hold it until the server notices).
-                        let advanced = match fenced.tx.rollback().await {
-                            Ok(()) => match self.client().await {
-                                Ok(mut other) => {
-                                    self.advance_after_refusal(&mut other, scope.as_str(), fence)
-                                        .await
-                                }
-                                Err(e) => Err(e),
-                            },
+                        // A closure that ended the transaction itself and then failed: what it
+                        // committed stays, uncovered by the fence — said, as on success.
+                        if !self.still_open(&tx, facts.xid).await {
+                            let _ = tx.rollback().await;
+                            return Err(ended_inside(key.as_str()));
+                        }
+                        // Best-effort (step 5): the closure's error is what the caller must
+                        // see, whether or not the fence could be advanced.
+                        let advanced = match tx.rollback().await {
+                            Ok(()) => {
+                                self.advance_after_refusal(client, scope.as_str(), fence)
+                                    .await
+                            }
                             Err(e) => Err(postgres_error(e)),
                         };
                         if let Err(advance) = advanced {
@@ -706,7 +720,6 @@ impl PostgresSink {
                 };
                 let json = serde_json::to_value(&value)
                     .map_err(|e| Error::Payload(format!("transaction result: {e}")))?;
-                let tx = fenced.tx;
                 self.record(
                     &tx,
                     scope.as_str(),
@@ -738,6 +751,15 @@ impl PostgresSink {
             })
         }))
     }
+}
+
+/// A fenced transaction's closure ended the transaction itself: what it committed is not
+/// covered by the fence, and no key was recorded for it.
+fn ended_inside(key: &str) -> Error {
+    Error::Backend(format!(
+        "the fenced transaction for key {key:?} was ended inside its closure (a COMMIT or \
+         ROLLBACK in its SQL?); its changes are not covered by the fence"
+    ))
 }
 
 tokio::task_local! {
