@@ -603,9 +603,36 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         "{refused:?}"
     );
     server.cli(&["DEL", "{mv}:moving"]);
-    // A lease the old process holds across the move (claimed after it was drained, as a
-    // paused worker's would be).
+    // A move that fails once it has begun writing the new layout (a key of the wrong type
+    // there) leaves the old layout as it was — its schedule, its cap — and its processes
+    // going on.
+    let spec = palisade::Schedule::new("tick", "* * * * *", NewJob::raw("k", "null"))
+        .unwrap()
+        .spec()
+        .clone();
+    old.put_schedule(spec).await.unwrap();
+    old.set_concurrency_cap("k", Some(3)).await.unwrap();
+    let caps = format!(
+        "{{{}}}:caps",
+        palisade::store::redis::partition_prefixes("mv", 2)[0]
+    );
+    server.cli(&["SET", &caps, "another program's"]);
+    assert!(move_layout(&pool, "mv", 1, 2, |s| s).await.is_err());
+    assert_eq!(old.schedules().await.unwrap().len(), 1);
+    assert_eq!(old.concurrency_cap("k").await.unwrap(), Some(3));
+    old.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    let c = old.claim("default", "w", 1, ttl).await.unwrap().remove(0);
+    old.settle(vec![(c.lease.id, Settlement::Complete)])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    server.cli(&["DEL", &caps]);
     move_layout(&pool, "mv", 1, 2, |s| s).await.unwrap();
+    assert!(
+        old.schedules().await.unwrap().is_empty(),
+        "moved, not copied"
+    );
     assert_eq!(
         server.cli(&["EXISTS", "{mv}:moving"]).as_deref(),
         Some("0"),

@@ -194,7 +194,8 @@ impl PartitionedLeaseStore {
 /// that is not in use (to come back, stale, if the installation ever moves back): `new` ends
 /// with exactly `old`'s kept schedules (and their marks, so no tick fires twice), paused
 /// queues, rate limits and concurrency caps — whatever `new` held from an earlier time is
-/// cleared — and `old` ends with none of them.
+/// cleared — and then `old` forgets them. `old` is only read until `new` holds everything, so
+/// a migration that fails leaves `old` as it was.
 ///
 /// Run it once `old` is drained: it refuses while `old` still holds queued, delayed or
 /// running jobs, or dead letters (it moves no jobs: retry or purge them first). Returns the
@@ -228,13 +229,12 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
             new.remove_schedule(&stale.name).await?;
         }
     }
-    for spec in schedules {
-        let (name, mark) = (spec.name.clone(), old.schedule_mark(&spec.name).await?);
-        new.put_schedule(spec).await?;
+    for spec in &schedules {
+        let mark = old.schedule_mark(&spec.name).await?;
+        new.put_schedule(spec.clone()).await?;
         if let Some(mark) = mark {
-            new.advance_schedule(&name, mark).await?;
+            new.advance_schedule(&spec.name, mark).await?;
         }
-        old.remove_schedule(&name).await?;
     }
 
     let paused = old.paused().await?;
@@ -245,13 +245,13 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
     }
     for queue in &paused {
         new.set_paused(queue, true).await?;
-        old.set_paused(queue, false).await?;
     }
 
     let mut all_queues = new.queues().await?;
     all_queues.extend(queues.iter().cloned());
     all_queues.sort();
     all_queues.dedup();
+    let mut limited = Vec::new();
     for queue in &all_queues {
         let limit = match queues.contains(queue) {
             true => old.rate_limit(queue).await?,
@@ -261,7 +261,7 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
             new.set_rate_limit(queue, limit).await?;
         }
         if limit.is_some() {
-            old.set_rate_limit(queue, None).await?;
+            limited.push(queue.clone());
         }
     }
 
@@ -271,9 +271,30 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
             new.set_concurrency_cap(&kind, None).await?;
         }
     }
-    for (kind, cap) in caps {
-        new.set_concurrency_cap(&kind, Some(cap)).await?;
-        old.set_concurrency_cap(&kind, None).await?;
+    for (kind, cap) in &caps {
+        new.set_concurrency_cap(kind, Some(*cap)).await?;
+    }
+
+    // Last, and only once `new` holds everything: `old` forgets it. Best-effort — a failure
+    // here leaves stale state only in a layout no process runs any more, and moving back to
+    // it clears that state first (above) — so it never fails a migration that is complete.
+    let cleared = async {
+        for spec in &schedules {
+            old.remove_schedule(&spec.name).await?;
+        }
+        for queue in &paused {
+            old.set_paused(queue, false).await?;
+        }
+        for queue in &limited {
+            old.set_rate_limit(queue, None).await?;
+        }
+        for (kind, _) in &caps {
+            old.set_concurrency_cap(kind, None).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    if let Err(e) = cleared.await {
+        tracing::warn!(error = %e, "the old layout keeps some control state after the migration");
     }
     Ok(epoch)
 }
