@@ -17,7 +17,6 @@ use crate::job::{Cancelled, DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
 use crate::store::redis::{ping, pool};
 use crate::store::LeaseStore;
-use crate::RedisLeaseStore;
 
 /// A cheap-to-clone handle for producers: enqueue one or many jobs (delayed ones too, with
 /// [`NewJob::with_delay`]) and read queue counts, against Redis or an embedded coordinator.
@@ -38,9 +37,14 @@ impl Client {
         let pool = pool(url)?;
         ping(&pool).await?;
         let generation = crate::store::redis::check_layout(pool.clone(), prefix, 1).await?;
-        Ok(Self::new(Arc::new(
-            RedisLeaseStore::new(pool, prefix).with_layout_generation(generation),
-        )))
+        Ok(Self::new(crate::store::redis::coordinator(
+            pool,
+            prefix,
+            1,
+            generation,
+            crate::job::DEFAULT_MAX_PAYLOAD_BYTES,
+            |s| s,
+        )?))
     }
 
     /// A client of any coordinator store, e.g. the [`MemoryLeaseStore`](crate::MemoryLeaseStore)

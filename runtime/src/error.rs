@@ -55,6 +55,14 @@ pub enum Error {
     /// from it to keep a database error's class instead.
     #[error("transaction aborted: {0}")]
     Aborted(String),
+    /// Refused because the installation's coordinator moved to another layout
+    /// (`palisade partitions`, [`move_layout`](crate::store::redis::move_layout)) since this
+    /// process read its layout generation. Nothing was changed. Transient while a move runs —
+    /// it may be undone, and the same call then succeeds (a worker keeps the settlement and
+    /// retries it) — and from then on for good once the move completed: restart the process
+    /// with the installation's `--partitions`.
+    #[error("layout moved: {0}")]
+    Layout(String),
     /// An actor the operation needed has stopped (shutdown in progress).
     #[error("actor mailbox closed: {0}")]
     Mailbox(#[from] actix::MailboxError),
@@ -66,7 +74,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Mailbox(_)
+            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Layout(_) | Self::Mailbox(_)
         )
     }
 }
@@ -82,6 +90,7 @@ mod tests {
     fn only_transient_errors_are_retryable() {
         assert!(Error::Unavailable("connection refused".into()).is_retryable());
         assert!(Error::OutcomeUnknown("COMMIT: connection closed".into()).is_retryable());
+        assert!(Error::Layout("PALISADE_LAYOUT a move runs".into()).is_retryable());
         for permanent in [
             Error::Backend(
                 "ERR user_script:1: Script attempted to access nonexistent global".into(),

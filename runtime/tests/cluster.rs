@@ -58,9 +58,15 @@ async fn the_suite_holds_for_a_partitioned_coordinator_on_a_cluster() {
             continue;
         }
         let prefix = format!("suite-{}", LeaseId::new());
-        let store =
-            store::redis::coordinator(target.clone(), &prefix, 3, DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
-                .unwrap();
+        let store = store::redis::coordinator(
+            target.clone(),
+            &prefix,
+            3,
+            0,
+            DEFAULT_MAX_PAYLOAD_BYTES,
+            |s| s,
+        )
+        .unwrap();
         runs.push((format!("partitioned::{name}"), case(store)));
     }
     suite::run_together(runs, 4).await;
@@ -349,6 +355,7 @@ async fn a_migration_to_partitions_on_a_cluster_never_lowers_tokens() {
             cluster.target(),
             prefix,
             p,
+            0,
             DEFAULT_MAX_PAYLOAD_BYTES,
             |s| s,
         )

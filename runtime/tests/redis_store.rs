@@ -579,7 +579,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let ttl = Duration::from_secs(30);
-    let layout = |e: &Error| matches!(e, Error::Config(why) if why.contains("PALISADE_LAYOUT"));
+    let layout = |e: &Error| matches!(e, Error::Layout(why) if why.contains("PALISADE_LAYOUT"));
     assert_eq!(check_layout(&pool, "mv", 1).await.unwrap(), 0);
     let old = RedisLeaseStore::new(pool.clone(), "mv").with_layout_generation(0);
     old.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
@@ -614,7 +614,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     old.set_concurrency_cap("k", Some(3)).await.unwrap();
     let caps = format!(
         "{{{}}}:caps",
-        palisade::store::redis::partition_prefixes("mv", 2)[0]
+        palisade::store::redis::layout_prefixes("mv", 2, 1)[0]
     );
     server.cli(&["SET", &caps, "another program's"]);
     assert!(move_layout(&pool, "mv", 1, 2, |s| s).await.is_err());
@@ -688,10 +688,18 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     assert!(check_layout(&pool, "mv", 1).await.is_err());
     let generation = check_layout(&pool, "mv", 2).await.unwrap();
     assert_eq!(generation, 1);
-    let new = coordinator(pool.clone(), "mv", 2, DEFAULT_MAX_PAYLOAD_BYTES, |s| {
-        s.with_layout_generation(generation)
-    })
-    .unwrap();
+    let layout_at = |partitions: usize, generation: u64| {
+        coordinator(
+            pool.clone(),
+            "mv",
+            partitions,
+            generation,
+            DEFAULT_MAX_PAYLOAD_BYTES,
+            |s| s,
+        )
+        .unwrap()
+    };
+    let new = layout_at(2, generation);
     new.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
     let c = new.claim("default", "w", 1, ttl).await.unwrap().remove(0);
     new.settle(vec![(c.lease.id, Settlement::Complete)])
@@ -699,13 +707,13 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         .unwrap()
         .remove(0)
         .unwrap();
-    // Back to one partition: the first base is in use again, not by generation 0.
+    // Back to one partition: in bases of generation 2, where neither earlier generation may act.
     move_layout(&pool, "mv", 2, 1, |s| s).await.unwrap();
     assert!(layout(&old.enqueue(vec![job.clone()]).await.unwrap_err()));
     assert!(layout(&new.enqueue(vec![job.clone()]).await.unwrap_err()));
     let generation = check_layout(&pool, "mv", 1).await.unwrap();
     assert_eq!(generation, 2);
-    let back = RedisLeaseStore::new(pool.clone(), "mv").with_layout_generation(generation);
+    let back = layout_at(1, generation);
     back.enqueue(vec![job]).await.unwrap();
 }
 
@@ -804,35 +812,9 @@ fn corrupt_settlement(r: &palisade::Result<()>) -> bool {
         .is_some_and(|e| e.to_string().contains("PALISADE_CORRUPT"))
 }
 
-/// Every key and its serialized value: equal snapshots mean nothing changed.
+/// Every key and its contents (`RedisServer::snapshot`).
 fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
-    let keys = server.cli(&["--scan"]).unwrap_or_default();
-    let mut keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
-    keys.sort();
-    // Contents, not DUMP: a hash table's DUMP order changes as Redis rehashes it on reads.
-    let sorted = |text: Option<String>| {
-        let mut lines: Vec<String> = text
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        lines.sort();
-        lines.join("\n")
-    };
-    keys.iter()
-        .map(|k| {
-            let value = match server.cli(&["TYPE", k]).as_deref() {
-                Some("hash") => sorted(server.cli(&["HGETALL", k])),
-                Some("set") => sorted(server.cli(&["SMEMBERS", k])),
-                Some("zset") => server
-                    .cli(&["ZRANGE", k, "0", "-1", "WITHSCORES"])
-                    .unwrap_or_default(),
-                Some("list") => server.cli(&["LRANGE", k, "0", "-1"]).unwrap_or_default(),
-                _ => server.cli(&["GET", k]).unwrap_or_default(),
-            };
-            (k.to_string(), value)
-        })
-        .collect()
+    server.snapshot()
 }
 
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what

@@ -212,7 +212,7 @@ fn main() {
                     store::redis::pool(url).expect("redis url").into()
                 };
                 store::redis::ping(&target).await.expect("redis reachable");
-                let store = store::redis::coordinator(target.clone(), &prefix, args.partitions, palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+                let store = store::redis::coordinator(target.clone(), &prefix, args.partitions, 0, palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
                     .expect("partitions");
                 (store, Some(target))
             }

@@ -381,8 +381,9 @@ impl RedisArgs {
             target.clone(),
             &self.prefix,
             usize::from(self.partitions),
+            generation,
             max_payload_bytes,
-            |s| configure(s).with_layout_generation(generation),
+            configure,
         )?;
         Ok((target, store))
     }

@@ -791,8 +791,15 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
-        let mut queues: Vec<String> = lock(&self.state).queues.keys().cloned().collect();
+        let state = lock(&self.state);
+        let mut queues: Vec<String> = state
+            .queues
+            .keys()
+            .chain(state.rates.keys())
+            .cloned()
+            .collect();
         queues.sort();
+        queues.dedup();
         Ok(queues)
     }
 

@@ -111,7 +111,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The newest token granted for `scope`, if any.
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
 
-    /// Every queue that has ever had a job.
+    /// Every queue that has ever had a job or a rate limit.
     async fn queues(&self) -> Result<Vec<String>>;
 
     /// Live leases, soonest to expire first, at most `limit`.

@@ -185,27 +185,13 @@ impl PartitionedLeaseStore {
     }
 }
 
-/// Moves a deployment from the coordinator layout `old` to `new` (another number of
-/// partitions) without lowering any scope's tokens: a scope may land in a partition whose
-/// counter is behind the one it came from, so every partition of `new` is raised to an epoch
-/// above every epoch `old` used.
-///
-/// Every piece of control state is carried or cleared, so none of it survives in a layout
-/// that is not in use (to come back, stale, if the installation ever moves back): `new` ends
-/// with exactly `old`'s kept schedules (and their marks, so no tick fires twice), paused
-/// queues, rate limits and concurrency caps — whatever `new` held from an earlier time is
-/// cleared — and then `old` forgets them. `old` is only read until `new` holds everything, so
-/// a migration that fails leaves `old` as it was.
-///
-/// Run it once `old` is drained: it refuses while `old` still holds queued, delayed or
-/// running jobs, or dead letters (it moves no jobs: retry or purge them first). Returns the
-/// epoch `new` grants in from now on. On Redis, [`move_layout`](crate::store::redis::move_layout)
-/// runs it under a lock and fences the processes of the old layout out first.
-pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> {
-    let queues = old.queues().await?;
+/// Refuses (`Error::Config`, naming what is left) while the coordinator layout `layout` still
+/// holds queued, delayed or running jobs, or dead letters: a migration moves no jobs, and dead
+/// letters left behind could not be seen or retried from the new layout (retry or purge them).
+pub async fn check_drained(layout: &dyn LeaseStore) -> Result<()> {
     let mut pending = Vec::new();
-    for queue in &queues {
-        let counts = old.counts(queue).await?;
+    for queue in layout.queues().await? {
+        let counts = layout.counts(&queue).await?;
         if counts.pending() > 0 {
             pending.push(format!("{queue}: {} queued or running", counts.pending()));
         }
@@ -220,6 +206,27 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
             pending.join(", ")
         )));
     }
+    Ok(())
+}
+
+/// Moves a deployment from the coordinator layout `old` to `new` (another number of
+/// partitions) without lowering any scope's tokens: a scope may land in a partition whose
+/// counter is behind the one it came from, so every partition of `new` is raised to an epoch
+/// above every epoch `old` used.
+///
+/// Every piece of control state is carried: `new` ends with exactly `old`'s kept schedules
+/// (and their marks, so no tick fires twice), paused queues, rate limits and concurrency caps
+/// — whatever `new` held before (a run that died half-way) is cleared. `old` is only read, so
+/// a migration that fails leaves it as it was; once the new layout is in use, [`retire`]
+/// clears it (so nothing stale is left in a layout no process runs).
+///
+/// Run it once `old` is drained: it refuses while `old` still holds queued, delayed or
+/// running jobs, or dead letters ([`check_drained`]). Returns the epoch `new` grants in from
+/// now on. On Redis, [`move_layout`](crate::store::redis::move_layout) runs it under a lock,
+/// fences the processes of the old layout out first and retires it after.
+pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> {
+    check_drained(old).await?;
+    let queues = old.queues().await?;
     let above = old.epoch().await?.unwrap_or(0).saturating_add(1);
     let epoch = new.raise_epoch(above).await?;
 
@@ -251,7 +258,6 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
     all_queues.extend(queues.iter().cloned());
     all_queues.sort();
     all_queues.dedup();
-    let mut limited = Vec::new();
     for queue in &all_queues {
         let limit = match queues.contains(queue) {
             true => old.rate_limit(queue).await?,
@@ -259,9 +265,6 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
         };
         if limit != new.rate_limit(queue).await? {
             new.set_rate_limit(queue, limit).await?;
-        }
-        if limit.is_some() {
-            limited.push(queue.clone());
         }
     }
 
@@ -274,29 +277,34 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
     for (kind, cap) in &caps {
         new.set_concurrency_cap(kind, Some(*cap)).await?;
     }
+    Ok(epoch)
+}
 
-    // Last, and only once `new` holds everything: `old` forgets it. Best-effort — a failure
-    // here leaves stale state only in a layout no process runs any more, and moving back to
-    // it clears that state first (above) — so it never fails a migration that is complete.
+/// Clears the control state of a layout no process runs any more (after [`migrate`] carried
+/// it to the new one): its kept schedules, pauses, rate limits and caps. Best-effort — what is
+/// left is stale state nobody reads, and a failure is logged — so it never fails a migration
+/// that is complete.
+pub async fn retire(old: &dyn LeaseStore) {
     let cleared = async {
-        for spec in &schedules {
+        for spec in old.schedules().await? {
             old.remove_schedule(&spec.name).await?;
         }
-        for queue in &paused {
-            old.set_paused(queue, false).await?;
+        for queue in old.paused().await? {
+            old.set_paused(&queue, false).await?;
         }
-        for queue in &limited {
-            old.set_rate_limit(queue, None).await?;
+        for queue in old.queues().await? {
+            if old.rate_limit(&queue).await?.is_some() {
+                old.set_rate_limit(&queue, None).await?;
+            }
         }
-        for (kind, _) in &caps {
-            old.set_concurrency_cap(kind, None).await?;
+        for (kind, _) in old.concurrency_caps().await? {
+            old.set_concurrency_cap(&kind, None).await?;
         }
         Ok::<_, Error>(())
     };
     if let Err(e) = cleared.await {
         tracing::warn!(error = %e, "the old layout keeps some control state after the migration");
     }
-    Ok(epoch)
 }
 
 #[async_trait]

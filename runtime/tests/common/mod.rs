@@ -208,6 +208,37 @@ impl RedisServer {
         (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
     }
 
+    /// Every key and its contents, order-free (not DUMP: a hash table's DUMP order changes as
+    /// Redis rehashes it on reads): equal snapshots mean nothing changed.
+    pub fn snapshot(&self) -> Vec<(String, String)> {
+        let keys = self.cli(&["--scan"]).unwrap_or_default();
+        let mut keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        keys.sort();
+        let sorted = |text: Option<String>| {
+            let mut lines: Vec<String> = text
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            lines.sort();
+            lines.join("\n")
+        };
+        keys.iter()
+            .map(|k| {
+                let value = match self.cli(&["TYPE", k]).as_deref() {
+                    Some("hash") => sorted(self.cli(&["HGETALL", k])),
+                    Some("set") => sorted(self.cli(&["SMEMBERS", k])),
+                    Some("zset") => self
+                        .cli(&["ZRANGE", k, "0", "-1", "WITHSCORES"])
+                        .unwrap_or_default(),
+                    Some("list") => self.cli(&["LRANGE", k, "0", "-1"]).unwrap_or_default(),
+                    _ => self.cli(&["GET", k]).unwrap_or_default(),
+                };
+                (k.to_string(), value)
+            })
+            .collect()
+    }
+
     /// Stops the server by pid (SIGKILL: nothing gets a chance to flush beyond what its
     /// persistence settings already wrote).
     pub fn stop(&mut self) {

@@ -303,10 +303,9 @@ pub(super) fn garbage(what: impl std::fmt::Display) -> Error {
 /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `OOM` are transient; a script error, a
 /// protocol error or a reply of the wrong shape is permanent.
 fn classify(e: &redis::RedisError) -> Error {
-    // A process of an earlier layout generation (`common.lua`, `wrong_layout`): permanent, and
-    // the operator's to fix by restarting it, so it is a configuration error with its reason.
+    // A process of another layout generation (`common.lua`, `wrong_layout`).
     if e.code() == Some("PALISADE_LAYOUT") {
-        return Error::Config(format!(
+        return Error::Layout(format!(
             "PALISADE_LAYOUT {}",
             e.detail().unwrap_or_default()
         ));

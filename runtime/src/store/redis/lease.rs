@@ -90,7 +90,7 @@ impl RedisLeaseStore {
     /// Runs layout generation `generation` of the installation (what
     /// [`check_layout`](super::check_layout) returned): once `palisade partitions` moves the
     /// installation on, every claim, enqueue, renewal, settlement, reap, cancel, retry, role
-    /// and schedule mark of this store is refused (`Error::Config`, saying so) instead of
+    /// and schedule mark of this store is refused (`Error::Layout`, saying so) instead of
     /// acting on a layout that is no longer the installation's. 0 (the default) is an
     /// installation that never moved.
     pub fn with_layout_generation(mut self, generation: u64) -> Self {
@@ -820,6 +820,10 @@ impl LeaseStore for RedisLeaseStore {
                             ("per_ms", limit.per.as_millis() as u64),
                         ],
                     )
+                    .ignore()
+                    // Listed among the queues even before its first job, so status shows it
+                    // and a migration carries it.
+                    .sadd(format!("{}queues", self.base), queue)
                     .ignore()
                     .query_async::<()>(&mut conn)
                     .await

@@ -47,28 +47,44 @@ pub fn partition_prefixes(prefix: &str, partitions: usize) -> Vec<String> {
         .collect()
 }
 
-/// The coordinator under `prefix` in `partitions` partitions on `target`: the plain
-/// [`RedisLeaseStore`] for one, a [`PartitionedLeaseStore`] over one per
-/// [`partition_prefixes`] otherwise. `configure` is applied to every partition (payload
-/// limit, dead-letter retention, epoch source); `max_payload_bytes` must match it.
+/// The prefixes of the coordinator under `prefix` in layout generation `generation` with
+/// `partitions` partitions: [`partition_prefixes`] of `prefix` itself in generation 0 (every
+/// installation before its first move, unchanged), of `prefix-g<generation>` after that. So
+/// every move goes to bases no earlier layout used: nothing stale is found there, no base is
+/// shared by two layouts, and the old layout's keys stay as they were until it is retired.
+pub fn layout_prefixes(prefix: &str, partitions: usize, generation: u64) -> Vec<String> {
+    match generation {
+        0 => partition_prefixes(prefix, partitions),
+        g => partition_prefixes(&format!("{prefix}-g{g}"), partitions),
+    }
+}
+
+/// The coordinator under `prefix` in `partitions` partitions and layout generation
+/// `generation` (what [`check_layout`] returned; 0 for an installation never moved) on
+/// `target`: the plain [`RedisLeaseStore`] for one, a [`PartitionedLeaseStore`] over one per
+/// [`layout_prefixes`] otherwise, each running that generation
+/// ([`RedisLeaseStore::with_layout_generation`]). `configure` is applied to every partition
+/// (payload limit, dead-letter retention, epoch source); `max_payload_bytes` must match it.
 ///
 /// [`PartitionedLeaseStore`]: crate::store::partitioned::PartitionedLeaseStore
 pub fn coordinator(
     target: impl Into<Target>,
     prefix: &str,
     partitions: usize,
+    generation: u64,
     max_payload_bytes: usize,
     configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
 ) -> crate::Result<std::sync::Arc<dyn crate::LeaseStore>> {
     let target = target.into();
     let mut parts: Vec<std::sync::Arc<dyn crate::LeaseStore>> =
-        partition_prefixes(prefix, partitions)
+        layout_prefixes(prefix, partitions, generation)
             .iter()
             .map(|p| {
                 let store = configure(
                     RedisLeaseStore::new(target.clone(), p)
                         .with_max_payload_bytes(max_payload_bytes),
-                );
+                )
+                .with_layout_generation(generation);
                 std::sync::Arc::new(store) as std::sync::Arc<dyn crate::LeaseStore>
             })
             .collect();
@@ -101,8 +117,10 @@ fn lock_key(prefix: &str) -> String {
 /// (which would let a scope be granted in two partitions at once): the first process records
 /// its number, every later one must match it. An installation from before the record is
 /// taken to have one partition. Returns the installation's layout generation, which the
-/// process's stores must run ([`RedisLeaseStore::with_layout_generation`]) so that a later
-/// [`move_layout`] refuses them instead of letting them act on a layout no longer in use.
+/// process's coordinator must run ([`coordinator`]) so that a later [`move_layout`] refuses
+/// it instead of letting it act on a layout no longer in use. Both records are read in one
+/// `MGET` (and written in one `MSET`), so a process starting during a move gets the old pair
+/// or the new one, never the old number with the new generation.
 pub async fn check_layout(
     target: impl Into<Target>,
     prefix: &str,
@@ -110,30 +128,39 @@ pub async fn check_layout(
 ) -> crate::Result<u64> {
     let target = target.into();
     let want = partitions.max(1).to_string();
-    // SET NX, then GET: two commands rather than SET NX GET, which needs Redis 7.
+    // SET NX, then MGET: two commands rather than SET NX GET, which needs Redis 7.
     layout_command(&target, &layout_key(prefix), &["SET", &want, "NX"]).await?;
-    let recorded = layout_command(&target, &layout_key(prefix), &["GET"])
-        .await?
-        .unwrap_or_default();
+    let (recorded, generation) = records(&target, prefix).await?;
     if recorded != want {
         return Err(crate::Error::Config(format!(
             "the coordinator {prefix:?} runs in {recorded} partition(s), not {partitions}: start \
              with --partitions {recorded}, or move with `partitions --from {recorded} --to {partitions}`"
         )));
     }
-    generation(&target, prefix).await
+    Ok(generation)
 }
 
-async fn generation(target: &Target, prefix: &str) -> crate::Result<u64> {
-    let recorded = layout_command(target, &generation_key(prefix), &["GET"]).await?;
-    recorded.map_or(Ok(0), |g| {
-        g.parse().map_err(|_| {
+/// The recorded number of partitions (as stored) and layout generation, read together.
+async fn records(target: &Target, prefix: &str) -> crate::Result<(String, u64)> {
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    let (partitions, generation): (Option<String>, Option<String>) =
+        deadpool_redis::redis::cmd("MGET")
+            .arg(layout_key(prefix))
+            .arg(generation_key(prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| link.broken(e))?;
+    let generation = match generation {
+        None => 0,
+        Some(g) => g.parse().map_err(|_| {
             crate::Error::Backend(format!(
                 "the layout generation record {} holds {g:?}, not a number",
                 generation_key(prefix)
             ))
-        })
-    })
+        })?,
+    };
+    Ok((partitions.unwrap_or_default(), generation))
 }
 
 /// Records that the coordinator under `prefix` now has `partitions` partitions, without
@@ -152,12 +179,23 @@ pub async fn record_layout(
 /// Moves the coordinator under `prefix` from `from` to `to` partitions
 /// ([`migrate`](crate::store::partitioned::migrate): tokens never lower, control state
 /// carried) and returns the epoch the new layout grants in. One run at a time per
-/// installation (a second is refused while one holds the lock). Every base of the old and the
-/// new layout is moved to the next layout generation *first*, so a process still running the
-/// old layout — a worker that was paused looks exactly like a dead one — is refused from then
-/// on (`PALISADE_LAYOUT`) and cannot claim, enqueue or fire a schedule tick in either layout;
-/// if the move fails (the old layout still holds jobs), the bases go back to the old
-/// generation. Processes started afterwards read the new generation in [`check_layout`].
+/// installation (a second is refused while one holds the lock). In order:
+///
+/// 1. refused while the old layout holds jobs or dead letters, before anything changes;
+/// 2. the new layout lives in bases no layout used before ([`layout_prefixes`] of the next
+///    generation), stamped with that generation; the old layout's bases are stamped retired,
+///    so a process still running the old layout — a worker that was paused looks exactly like
+///    a dead one — is refused from then on (`PALISADE_LAYOUT`) and can neither claim, enqueue
+///    nor fire a schedule tick;
+/// 3. the migration copies, only reading the old layout; if it fails, the old bases get their
+///    generation back and nothing else changed there;
+/// 4. the number of partitions and the generation are recorded together (`MSET`), so a
+///    process starting at any moment gets the old pair or the new one ([`check_layout`]);
+/// 5. the old layout forgets its control state
+///    ([`retire`](crate::store::partitioned::retire)).
+///
+/// A run that dies part-way leaves the old layout whole and fenced; running the same move
+/// again finishes it (its lock expires after a minute).
 pub async fn move_layout(
     target: impl Into<Target>,
     prefix: &str,
@@ -174,18 +212,19 @@ pub async fn move_layout(
     }
     let token = uuid::Uuid::new_v4().to_string();
     let holder = format!("{token} pid {} since {}", std::process::id(), now_ms());
-    // Held for at most ten minutes: a run that died must not block every later one.
+    // Held for at most a minute (a move is a few dozen commands): a run that died must not
+    // block the rerun that finishes its work for long.
     let taken = layout_command(
         &target,
         &lock_key(prefix),
-        &["SET", &holder, "NX", "PX", "600000"],
+        &["SET", &holder, "NX", "PX", "60000"],
     )
     .await?;
     if taken.is_none() {
         let other = layout_command(&target, &lock_key(prefix), &["GET"]).await?;
         return Err(crate::Error::Config(format!(
             "another `partitions` run is moving the coordinator {prefix:?} ({}); wait for it \
-             to finish (its lock expires after 10 minutes)",
+             to finish (its lock expires after a minute)",
             other.unwrap_or_default()
         )));
     }
@@ -214,48 +253,63 @@ async fn move_locked(
     configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
 ) -> crate::Result<u32> {
     let was = check_layout(target.clone(), prefix, from).await?;
-    let next = was + 1;
-    let mut bases = partition_prefixes(prefix, from);
-    for base in partition_prefixes(prefix, to) {
-        if !bases.contains(&base) {
-            bases.push(base);
-        }
-    }
-    let stamp = |generation: u64| {
-        let bases = &bases;
-        async move {
-            for base in bases {
-                let key = format!("{{{base}}}:layout");
-                layout_command(target, &key, &["SET", &generation.to_string()]).await?;
-            }
-            Ok::<_, crate::Error>(())
-        }
-    };
-    stamp(next).await?;
-    let layout = |p: usize| {
+    let next = was.checked_add(1).ok_or_else(|| {
+        crate::Error::Config(format!(
+            "the coordinator {prefix:?} has no layout generation left"
+        ))
+    })?;
+    let layout = |p: usize, generation: u64| {
         coordinator(
             target.clone(),
             prefix,
             p,
+            generation,
             crate::job::DEFAULT_MAX_PAYLOAD_BYTES,
-            |s| configure(s).with_layout_generation(next),
+            &configure,
         )
     };
-    let moved = async {
-        let (old, new) = (layout(from)?, layout(to)?);
-        crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await
-    }
-    .await;
-    let epoch = match moved {
+    let (old, new) = (layout(from, was)?, layout(to, next)?);
+    // Refused before anything changes while the old layout still has work: fencing its
+    // processes out with a job in flight would refuse that job's settlement (the job would
+    // run again) only for the move to be undone.
+    crate::store::partitioned::check_drained(old.as_ref()).await?;
+    let stamp = |bases: Vec<String>, value: String| async move {
+        for base in bases {
+            let key = format!("{{{base}}}:layout");
+            layout_command(target, &key, &["SET", &value]).await?;
+        }
+        Ok::<_, crate::Error>(())
+    };
+    let old_bases = layout_prefixes(prefix, from, was);
+    // The new layout's bases are new (`layout_prefixes`): only processes of the next
+    // generation may act there. The old ones are retired — a value no process holds — so a
+    // process of the old generation, paused through all of this, is refused from now on.
+    stamp(layout_prefixes(prefix, to, next), next.to_string()).await?;
+    stamp(old_bases.clone(), format!("retired:{next}")).await?;
+    let epoch = match crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await {
         Ok(epoch) => epoch,
         Err(e) => {
-            // Nothing moved: the old layout's processes may go on.
-            stamp(was).await?;
+            // Nothing moved for good (the old layout is only read until this point): its
+            // processes may go on.
+            stamp(old_bases, was.to_string()).await?;
             return Err(e);
         }
     };
-    layout_command(target, &generation_key(prefix), &["SET", &next.to_string()]).await?;
-    record_layout(target.clone(), prefix, to).await?;
+    // Both records in one step: a process starting now gets the old pair (and is refused by
+    // the retired bases) or the new one.
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    deadpool_redis::redis::cmd("MSET")
+        .arg(layout_key(prefix))
+        .arg(to.to_string())
+        .arg(generation_key(prefix))
+        .arg(next.to_string())
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(|e| link.broken(e))?;
+    // Only now, with the new layout recorded, the old one forgets its control state (a rerun
+    // after a crash before this point finds it whole and moves it again).
+    crate::store::partitioned::retire(old.as_ref()).await;
     Ok(epoch)
 }
 
