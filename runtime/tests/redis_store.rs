@@ -707,6 +707,11 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         .unwrap()
         .remove(0)
         .unwrap();
+    // The 1 -> 2 -> 1: what was removed or lifted on 2 partitions stays so.
+    assert_eq!(new.schedules().await.unwrap().len(), 1, "carried");
+    assert_eq!(new.concurrency_caps().await.unwrap(), [("k".into(), 3)]);
+    assert!(new.remove_schedule("tick").await.unwrap());
+    new.set_concurrency_cap("k", None).await.unwrap();
     // Back to one partition: in bases of generation 2, where neither earlier generation may act.
     move_layout(&pool, "mv", 2, 1, |s| s).await.unwrap();
     assert!(layout(&old.enqueue(vec![job.clone()]).await.unwrap_err()));
@@ -714,6 +719,14 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     let generation = check_layout(&pool, "mv", 1).await.unwrap();
     assert_eq!(generation, 2);
     let back = layout_at(1, generation);
+    assert!(
+        back.schedules().await.unwrap().is_empty(),
+        "no schedule came back"
+    );
+    assert!(
+        back.concurrency_caps().await.unwrap().is_empty(),
+        "no cap came back"
+    );
     back.enqueue(vec![job]).await.unwrap();
 }
 
