@@ -211,7 +211,11 @@ pub async fn move_layout(
         )));
     }
     let token = uuid::Uuid::new_v4().to_string();
-    let holder = format!("{token} pid {} since {}", std::process::id(), now_ms());
+    let holder = format!(
+        "{token} pid {} since {}",
+        std::process::id(),
+        crate::store::unix_ms()
+    );
     // Held for at most a minute (a move is a few dozen commands): a run that died must not
     // block the rerun that finishes its work for long.
     let taken = layout_command(
@@ -311,12 +315,6 @@ async fn move_locked(
     // after a crash before this point finds it whole and moves it again).
     crate::store::partitioned::retire(old.as_ref()).await;
     Ok(epoch)
-}
-
-fn now_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// `command` (its name, then the arguments after the key) on one of the layout records.
