@@ -443,7 +443,7 @@ local function untrack(base, epoch, leases)
   end
 end
 
--- The low watermark (DESIGN.md §4): the smallest token among live leases, or the next token
+-- The low watermark (ARCHITECTURE.md §5.3): the smallest token among live leases, or the next token
 -- to grant when none is live; never lower than one published before. Returns {epoch, counter}
 -- (the counter may be 2^40 when the epoch is spent: the token is then the next epoch's 0).
 local function compute_watermark(base)

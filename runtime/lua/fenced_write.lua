@@ -1,4 +1,4 @@
--- fenced_write.lua: the admission rule (DESIGN.md §4) and the mutation, one atomic step per
+-- fenced_write.lua: the admission rule (ARCHITECTURE.md §4) and the mutation, one atomic step per
 -- write, for a batch of writes that arrived together (group commit: one round trip for many
 -- handlers' writes). Each write is decided and applied on its own, exactly as if sent alone:
 -- one write's refusal, bad mutation or error does not affect the others.

@@ -1,4 +1,4 @@
-//! The admission rule (DESIGN.md §4): the heart of fencing, as a pure function.
+//! The admission rule (ARCHITECTURE.md §4): the heart of fencing, as a pure function.
 //!
 //! No I/O and no clock. Each [`FencedStore`](crate::FencedStore) backend carries this exact
 //! decision to its storage in one atomic operation (a critical section in memory, one Lua script
@@ -126,7 +126,7 @@ impl Rejection {
     }
 }
 
-/// The admission rule of DESIGN.md §4 on the facts a backend has read under its lock: the
+/// The admission rule of ARCHITECTURE.md §4 on the facts a backend has read under its lock: the
 /// scope's newest generation (`None` if the sink keeps no fence for it), whether the write's
 /// idempotency key was applied before, and the sink's low watermark. Decides without
 /// changing anything; every backend calls this, so there is one rule.
@@ -183,7 +183,7 @@ pub fn advance(highest: Option<Fence>, presented: Fence) -> Option<Fence> {
 /// A sink's per-scope fencing state: the newest generation it has seen and the idempotency
 /// keys of the writes it applied.
 ///
-/// Keys are kept across generations (DESIGN.md §4 forgets them when the token advances; see
+/// Keys are kept across generations (a first design forgot them when the token advanced; see
 /// below why this does not). A job that wrote and then stalled before it settled — paused,
 /// killed, or cut off from the coordinator — runs again under a newer token; if its writes
 /// are keyed by job (the default derived key is job id + write sequence), the re-run's writes

@@ -207,7 +207,7 @@ impl Scope {
     /// The default scope of a job enqueued without one: `job:<id>`. It lives in a namespace
     /// of its own — [`NewJob::validate`](crate::NewJob::validate) refuses a named scope of
     /// this form — so a named scope can never collide with another job's default scope (two
-    /// live leases on one scope, DESIGN.md invariant 3).
+    /// live leases on one scope, ARCHITECTURE.md invariant 3).
     pub fn of_job(id: JobId) -> Self {
         Self(format!("{}{id}", Self::JOB_PREFIX))
     }

@@ -1,6 +1,6 @@
 //! What a fenced write changes, and the one rule for when a list of changes fits the data.
 //!
-//! A write is all or nothing (DESIGN.md invariant 8): its whole mutation list is checked —
+//! A write is all or nothing (ARCHITECTURE.md invariant 8): its whole mutation list is checked —
 //! against the stored data *and* against the effect of its own earlier steps — before anything
 //! changes. The rule follows Redis exactly, because the Redis sink carries the same rule in Lua
 //! (`runtime/lua/fenced_write.lua`) and both must agree on every input (the differential

@@ -238,7 +238,7 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
         "{journal:?}"
     );
     // B's fence (72) is below the watermark (73) by now: the sink forgot it, since the
-    // watermark refuses everything the fence would (bounded state, DESIGN.md §4).
+    // watermark refuses everything the fence would (bounded state, ARCHITECTURE.md §4).
     assert_eq!(
         h.sink_store
             .highest(&Scope::new("account:42"))

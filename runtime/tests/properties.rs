@@ -1,6 +1,6 @@
 //! Random write histories against the admission rule and the in-memory fenced store.
 //!
-//! Each invariant of DESIGN.md §3 that the sink owns is a named check over a recorded
+//! Each invariant of ARCHITECTURE.md §3 that the sink owns is a named check over a recorded
 //! history; proptest prints the failing (shrunk) case and its seed so it replays.
 
 use std::collections::{HashMap, HashSet};

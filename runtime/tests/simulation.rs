@@ -3,7 +3,7 @@
 //! workers paused past their lease, renewals dropped, crashes, same-token retries, coordinator
 //! state loss (with and without a durable epoch), counter regression, adversarial mutation
 //! lists. Every step is appended to a history; named checkers, one per invariant of
-//! DESIGN.md §3, read the history and the final state.
+//! ARCHITECTURE.md §3, read the history and the final state.
 //!
 //! The simulated workers are deliberately *worse* than the real `Worker`: a paused or
 //! renewal-less worker goes on writing with its old lease as if nothing happened. Only the
@@ -763,7 +763,7 @@ fn monotonic_tokens(history: &[Event]) -> Check {
 }
 
 /// The checker's own model of stored data: mutations applied whole or refused, from the
-/// description in DESIGN.md §4 (not the library's code).
+/// description in ARCHITECTURE.md §4 (not the library's code).
 fn model_apply(data: &mut BTreeMap<String, Value>, mutations: &[Mutation]) -> bool {
     let mut next = data.clone();
     for m in mutations {

@@ -360,7 +360,7 @@ impl LeaseState {
         }
     }
 
-    /// The low watermark (DESIGN.md §4): the smallest live token, or the next token to grant
+    /// The low watermark (ARCHITECTURE.md §5.3): the smallest live token, or the next token to grant
     /// when none is live; never lower than one published before.
     fn publish_watermark(&mut self) {
         // (Always in range: `mint` keeps the counter ≤ MAX_COUNTER. Were it not, 0 is the

@@ -1763,7 +1763,7 @@ pub async fn mutations_apply_whole_or_not_at_all(sink: Arc<dyn FencedStore>, ns:
     assert_eq!(sink.read(&format!("{ns}missing")).await.unwrap(), None);
 }
 
-/// DESIGN.md invariant 8: a write refused for its content still fences. Its lease passed the
+/// ARCHITECTURE.md invariant 8: a write refused for its content still fences. Its lease passed the
 /// ownership checks with token T, which proves every lease below T stale; an older holder
 /// that writes after the refusal is refused, while the refused writer's corrected retry (same
 /// key: none was recorded) applies. Strictly by token, and only after the ownership checks.

@@ -1,4 +1,4 @@
-//! Fenced Postgres: the admission rule of DESIGN.md §4 inside the user's own database, in the
+//! Fenced Postgres: the admission rule of ARCHITECTURE.md §4 inside the user's own database, in the
 //! same transaction as the user's own SQL.
 //!
 //! Every fenced transaction runs these steps on one connection, under READ COMMITTED:
@@ -244,7 +244,7 @@ pub(crate) fn check_key_part(what: &str, part: &str) -> Result<()> {
     Ok(())
 }
 
-/// A token as Postgres BIGINT: tokens stay below 2^63 (epochs below 2^23, DESIGN §5).
+/// A token as Postgres BIGINT: tokens stay below 2^63 (epochs below 2^23, ARCHITECTURE.md §2).
 pub(crate) fn bigint(token: FencingToken) -> Result<i64> {
     i64::try_from(token.as_u64())
         .map_err(|_| Error::Backend(format!("token {token} does not fit a Postgres BIGINT")))
