@@ -29,6 +29,7 @@
 
 mod admin;
 mod relay;
+mod sinks;
 mod ui;
 mod worker;
 

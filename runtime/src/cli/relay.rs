@@ -9,6 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 
+use super::sinks::{postgres_sinks, sink_urls};
 use super::RedisArgs;
 use crate::client::Client;
 use crate::metrics::Health;
@@ -79,7 +80,7 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         OutboxCommand::List(args) => (args, false),
         OutboxCommand::Retry(args) => (args, true),
     };
-    let urls = super::worker::sink_urls(declared, &args.sinks, |var| std::env::var(var).ok(), "")?;
+    let urls = sink_urls(declared, &args.sinks, |var| std::env::var(var).ok(), "")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -192,28 +193,10 @@ impl RelayArgs {
     }
 }
 
-/// Connects every sink whose URL is `postgres://` or `postgresql://`.
-pub(super) async fn postgres_sinks(
-    sink_urls: &[(String, String)],
-) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
-    let mut sinks = Vec::new();
-    for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
-        let sink = PostgresSink::connect(url)
-            .await
-            .with_context(|| format!("sink {name} at {}", redacted(url)))?;
-        sinks.push((name.clone(), Arc::new(sink)));
-    }
-    Ok(sinks)
-}
-
-pub(super) fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
 /// Runs relays until SIGTERM / SIGINT.
 pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()> {
     args.relay.check()?;
-    let sink_urls = super::worker::sink_urls(
+    let sink_urls = sink_urls(
         declared,
         &args.sinks,
         |var| std::env::var(var).ok(),

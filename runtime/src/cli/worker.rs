@@ -12,7 +12,8 @@ use crate::store::redis::Target;
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 
-use super::relay::{is_postgres, postgres_sinks, RelayArgs};
+use super::relay::RelayArgs;
+use super::sinks::{is_postgres, postgres_sinks, sink_urls};
 use super::RedisArgs;
 use crate::context::{Registry, Sinks};
 use crate::coordinator::Coordinator;
@@ -121,54 +122,6 @@ fn rotation(queues: &[(String, u32)]) -> Vec<String> {
                 .map(|(q, _)| q.clone())
         })
         .collect()
-}
-
-/// Resolves where each declared sink lives: `--sink NAME=URL`, then
-/// `PALISADE_SINK_<NAME>_URL`, then the coordinator's Redis.
-pub(super) fn sink_urls(
-    declared: &[String],
-    flags: &[String],
-    env: impl Fn(&str) -> Option<String>,
-    default: &str,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let mut given = HashMap::new();
-    for flag in flags {
-        let Some((name, url)) = flag.split_once('=') else {
-            bail!("--sink {flag:?}: expected NAME=URL");
-        };
-        if url.is_empty() {
-            bail!("--sink {name}=: the URL is empty");
-        }
-        if !declared.iter().any(|d| d == name) {
-            bail!(
-                "--sink {name}: this binary declares no sink of that name (declared: {})",
-                declared.join(", ")
-            );
-        }
-        if given.insert(name.to_owned(), url.to_owned()).is_some() {
-            bail!("--sink {name} is given twice");
-        }
-    }
-    Ok(declared
-        .iter()
-        .map(|name| {
-            let var: String = name
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() {
-                        c.to_ascii_uppercase()
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            let url = given
-                .remove(name)
-                .or_else(|| env(&format!("PALISADE_SINK_{var}_URL")))
-                .unwrap_or_else(|| default.to_owned());
-            (name.clone(), url)
-        })
-        .collect())
 }
 
 /// Runs the worker process until SIGTERM / SIGINT, then drains.
@@ -375,28 +328,5 @@ mod tests {
         assert!(parse_queue(":2").is_err());
         let r = rotation(&[q("a:3"), q("b"), q("c:2")]);
         assert_eq!(r, ["a", "b", "c", "a", "c", "a"]);
-    }
-
-    #[test]
-    fn sinks_are_configured_by_flag_then_env_then_default() {
-        let declared = [
-            "ledger".to_owned(),
-            "in-ventory".to_owned(),
-            "audit".to_owned(),
-        ];
-        let env =
-            |var: &str| (var == "PALISADE_SINK_IN_VENTORY_URL").then(|| "redis://inv".to_owned());
-        let flags = ["ledger=redis://ledger".to_owned()];
-        let urls = sink_urls(&declared, &flags, env, "redis://coordinator").unwrap();
-        assert_eq!(
-            urls,
-            [
-                ("ledger".into(), "redis://ledger".into()),
-                ("in-ventory".into(), "redis://inv".into()),
-                ("audit".into(), "redis://coordinator".into()),
-            ]
-        );
-        assert!(sink_urls(&declared, &["nope=redis://x".into()], env, "d").is_err());
-        assert!(sink_urls(&declared, &["ledger".into()], env, "d").is_err());
     }
 }

@@ -1,0 +1,105 @@
+//! Where each sink a binary declares lives (`--sink NAME=URL`, the environment, or the
+//! coordinator's Redis) and how its Postgres ones are connected: shared by `worker` and
+//! `relay`, so neither depends on the other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+
+use crate::store::postgres::PostgresSink;
+use crate::store::redis::redacted;
+
+/// Resolves where each declared sink lives: `--sink NAME=URL`, then
+/// `PALISADE_SINK_<NAME>_URL`, then the coordinator's Redis.
+pub(super) fn sink_urls(
+    declared: &[String],
+    flags: &[String],
+    env: impl Fn(&str) -> Option<String>,
+    default: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut given = HashMap::new();
+    for flag in flags {
+        let Some((name, url)) = flag.split_once('=') else {
+            bail!("--sink {flag:?}: expected NAME=URL");
+        };
+        if url.is_empty() {
+            bail!("--sink {name}=: the URL is empty");
+        }
+        if !declared.iter().any(|d| d == name) {
+            bail!(
+                "--sink {name}: this binary declares no sink of that name (declared: {})",
+                declared.join(", ")
+            );
+        }
+        if given.insert(name.to_owned(), url.to_owned()).is_some() {
+            bail!("--sink {name} is given twice");
+        }
+    }
+    Ok(declared
+        .iter()
+        .map(|name| {
+            let var: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let url = given
+                .remove(name)
+                .or_else(|| env(&format!("PALISADE_SINK_{var}_URL")))
+                .unwrap_or_else(|| default.to_owned());
+            (name.clone(), url)
+        })
+        .collect())
+}
+
+/// Connects every sink whose URL is `postgres://` or `postgresql://`.
+pub(super) async fn postgres_sinks(
+    sink_urls: &[(String, String)],
+) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
+    let mut sinks = Vec::new();
+    for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
+        let sink = PostgresSink::connect(url)
+            .await
+            .with_context(|| format!("sink {name} at {}", redacted(url)))?;
+        sinks.push((name.clone(), Arc::new(sink)));
+    }
+    Ok(sinks)
+}
+
+pub(super) fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinks_are_configured_by_flag_then_env_then_default() {
+        let declared = [
+            "ledger".to_owned(),
+            "in-ventory".to_owned(),
+            "audit".to_owned(),
+        ];
+        let env =
+            |var: &str| (var == "PALISADE_SINK_IN_VENTORY_URL").then(|| "redis://inv".to_owned());
+        let flags = ["ledger=redis://ledger".to_owned()];
+        let urls = sink_urls(&declared, &flags, env, "redis://coordinator").unwrap();
+        assert_eq!(
+            urls,
+            [
+                ("ledger".into(), "redis://ledger".into()),
+                ("in-ventory".into(), "redis://inv".into()),
+                ("audit".into(), "redis://coordinator".into()),
+            ]
+        );
+        assert!(sink_urls(&declared, &["nope=redis://x".into()], env, "d").is_err());
+        assert!(sink_urls(&declared, &["ledger".into()], env, "d").is_err());
+    }
+}
