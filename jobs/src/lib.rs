@@ -3,8 +3,10 @@
 //!
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`) and [`registry`].
-//! - `demo`: the embedded demo (`palisade demo`).
-//! - `soak`: the chaos soak (`palisade soak`) and its job kind `soak.post`.
+//! - `demo`: the embedded demo (`palisade demo`), `report` its picture.
+//!
+//! The chaos soak is a crate of its own (`soak/`, never shipped), so this binary carries no
+//! soak, no test-only job kind and no planted-bug switch.
 
 use std::time::Duration;
 
@@ -13,7 +15,6 @@ use serde::{Deserialize, Serialize};
 
 pub mod demo;
 pub mod report;
-pub mod soak;
 
 /// Kind name of [`deposit`].
 pub const DEPOSIT: &str = "ledger.deposit";
@@ -106,5 +107,4 @@ pub fn registry() -> Registry {
     Registry::new()
         .register(DEPOSIT, deposit)
         .register(SEND_EMAIL, send_email)
-        .register(soak::POST, soak::post)
 }

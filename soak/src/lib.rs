@@ -1,6 +1,9 @@
-//! `palisade soak`: a chaos soak with real processes and an offline history checker.
+//! `palisade-soak soak`: a chaos soak with real processes and an offline history checker. Its
+//! own crate and binary (never shipped): the `palisade` sample binary has no soak, no
+//! `soak.post` kind, no `books` sink and no planted-bug switch.
 //!
-//! K `palisade worker` processes (this binary: `palisade::cli::App`, the user's path) run
+//! K `palisade-soak worker` processes (this binary: `palisade::cli::App` over the sample jobs
+//! and `soak.post`, the user's path) run
 //! `soak.post` jobs against a private Redis coordinator (AOF), a Redis sink and a Postgres
 //! sink with the outbox (each worker also relays it to a local HTTP receiver that fails now
 //! and then). A producer enqueues jobs on a few hot scopes (contention) and many cold ones.
@@ -37,7 +40,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::LEDGER;
+use palisade_jobs::{account_key, LEDGER};
 
 /// Kind name of [`post`].
 pub const POST: &str = "soak.post";
@@ -195,7 +198,7 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         // The bug: the list split in two writes, so the good first step stays when the
         // second is refused.
         let first = vec![Mutation::HashIncr {
-            key: crate::account_key(p.account),
+            key: account_key(p.account),
             field: "balance".into(),
             by: p.cents,
         }];
@@ -203,13 +206,13 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         ctx.sink(LEDGER)?.write_keyed(key, first).await?;
     }
     let mut credit = vec![Mutation::HashIncr {
-        key: crate::account_key(p.account),
+        key: account_key(p.account),
         field: "balance".into(),
         by: p.cents,
     }];
     if p.poison {
         credit.push(Mutation::Set {
-            key: crate::account_key(p.account),
+            key: account_key(p.account),
             value: "not a hash".into(),
         });
     }
@@ -243,7 +246,7 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
     Ok(())
 }
 
-/// A bug planted on purpose (`palisade soak --plant`), to show the checker catches it in a
+/// A bug planted on purpose (`palisade-soak soak --plant`), to show the checker catches it in a
 /// live run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Plant {
@@ -308,7 +311,7 @@ fn log_outcome(
     log_attempt(ctx, nonce, BOOKS, key, sent, &outcome);
 }
 
-/// `palisade soak` flags.
+/// `palisade-soak soak` flags.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SoakArgs {
     /// How long faults are injected (then the work drains and the checker runs).
@@ -811,7 +814,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     let deliveries = Arc::new(Mutex::new(BTreeMap::new()));
     let receipts = receiver(deliveries.clone())?;
     println!(
-        "palisade soak: seed {seed}, {} workers, {} jobs/s, lease {:?}, {} minutes of faults",
+        "palisade-soak soak: seed {seed}, {} workers, {} jobs/s, lease {:?}, {} minutes of faults",
         args.workers, args.rate, args.lease, args.minutes
     );
     println!(
@@ -894,7 +897,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             poison: rng.random_bool(0.02),
         };
         let job = NewJob::new(POST, &posting)?
-            .with_scope(crate::account_key(account))
+            .with_scope(account_key(account))
             .with_max_attempts(10_000)
             .with_max_stalls(10_000);
         let enqueued = rt.block_on(async {
@@ -1049,8 +1052,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             .chain(evidence.acked.values().map(|(account, _)| *account))
             .collect();
         for account in accounts {
-            if let Some(palisade::Value::Hash(h)) = store.read(&crate::account_key(account)).await?
-            {
+            if let Some(palisade::Value::Hash(h)) = store.read(&account_key(account)).await? {
                 evidence.balances.insert(
                     account,
                     h.get("balance").and_then(|b| b.parse().ok()).unwrap_or(0),

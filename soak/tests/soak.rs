@@ -1,16 +1,16 @@
-//! The chaos soak, short: `palisade soak --minutes 2` with real worker processes, a private
+//! The chaos soak, short: `palisade-soak soak --minutes 2` with real worker processes, a private
 //! Redis, the real PostgreSQL and a seeded nemesis; the offline checker must find nothing,
 //! and the run must actually have forced stale writes (a soak that never provoked one proves
-//! nothing). The checker's own planted-bug tests are in `src/soak.rs`.
+//! nothing). The checker's own planted-bug tests are in `src/lib.rs`.
 
 use std::process::Command;
 
 #[test]
 fn a_two_minute_soak_with_faults_keeps_every_invariant() {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade-soak"))
         .args(["soak", "--minutes", "2", "--seed", "20261130"])
         .output()
-        .expect("palisade binary runs");
+        .expect("palisade-soak binary runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(
@@ -46,7 +46,7 @@ fn a_two_minute_soak_with_faults_keeps_every_invariant() {
 /// A live run with a bug planted in the workload: the checker must fail it, naming the
 /// invariant (its own unit tests plant the same bugs into synthetic evidence).
 fn planted(plant: &str, seed: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade-soak"))
         .args([
             "soak",
             "--minutes",
@@ -57,7 +57,7 @@ fn planted(plant: &str, seed: &str) -> String {
             plant,
         ])
         .output()
-        .expect("palisade binary runs");
+        .expect("palisade-soak binary runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "a run with a planted bug passed");
