@@ -97,8 +97,7 @@ async fn a_capped_job_whose_record_is_gone_gives_its_slot_back() {
     let first = store.claim("default", "w", 5, TTL).await.unwrap();
     assert_eq!(first.len(), 1, "cap 1");
     let job = format!("{{cp}}:job:{}", first[0].job.id);
-    server.cli(&["DEL", &job]);
-    server.cli(&["SET", &job, "written over"]);
+    server.write_over(&job, "written over");
     let r = store
         .settle(vec![(first[0].lease.id, Settlement::Complete)])
         .await
@@ -164,8 +163,7 @@ async fn a_gone_record_hands_on_past_a_waiting_job_whose_record_is_gone_too() {
     let first = store.claim("default", "w", 5, TTL).await.unwrap();
     assert_eq!(first[0].job.id, ids[0]);
     let job = |id: &JobId| format!("{{gw}}:job:{id}");
-    server.cli(&["DEL", &job(&ids[0])]);
-    server.cli(&["SET", &job(&ids[0]), "written over"]);
+    server.write_over(&job(&ids[0]), "written over");
     server.cli(&["DEL", &job(&ids[1])]);
     let r = store
         .settle(vec![(first[0].lease.id, Settlement::Complete)])
@@ -196,8 +194,7 @@ async fn a_gone_record_hands_on_past_a_waiting_job_whose_record_is_gone_too() {
         .await
         .unwrap();
     assert_eq!(short[0].job.id, more[0]);
-    server.cli(&["DEL", &job(&more[0])]);
-    server.cli(&["SET", &job(&more[0]), "x"]);
+    server.write_over(&job(&more[0]), "x");
     tokio::time::sleep(Duration::from_millis(200)).await;
     store.reap(10).await.unwrap();
     let last = store.claim("default", "w", 5, TTL).await.unwrap();

@@ -564,6 +564,18 @@ async fn a_process_with_another_number_of_partitions_is_refused() {
     check_layout(&pool, "other", 6).await.unwrap();
 }
 
+/// Claims and completes the one ready job of the default queue through `store`.
+async fn complete_one(store: &dyn palisade::LeaseStore) {
+    let ttl = std::time::Duration::from_secs(30);
+    let c = store.claim("default", "w", 1, ttl).await.unwrap().remove(0);
+    store
+        .settle(vec![(c.lease.id, palisade::Settlement::Complete)])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+}
+
 /// Issue 20.3: `palisade partitions` used to exit 0 while a worker of the installation still
 /// ran, and that worker kept firing the old layout's copy of a schedule (ticks enqueued twice).
 /// A paused worker looks exactly like a dead one, so the guard is a layout generation every
@@ -589,12 +601,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         matches!(&refused, Err(Error::Config(why)) if why.contains("drain")),
         "{refused:?}"
     );
-    let c = old.claim("default", "w", 1, ttl).await.unwrap().remove(0);
-    old.settle(vec![(c.lease.id, Settlement::Complete)])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    complete_one(&old).await;
     // One move at a time.
     server.cli(&["SET", "{mv}:moving", "another run"]);
     let refused = move_layout(&pool, "mv", 1, 2, |s| s).await;
@@ -621,12 +628,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     assert_eq!(old.schedules().await.unwrap().len(), 1);
     assert_eq!(old.concurrency_cap("k").await.unwrap(), Some(3));
     old.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
-    let c = old.claim("default", "w", 1, ttl).await.unwrap().remove(0);
-    old.settle(vec![(c.lease.id, Settlement::Complete)])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    complete_one(&old).await;
     server.cli(&["DEL", &caps]);
     move_layout(&pool, "mv", 1, 2, |s| s).await.unwrap();
     assert!(
@@ -701,12 +703,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     };
     let new = layout_at(2, generation);
     new.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
-    let c = new.claim("default", "w", 1, ttl).await.unwrap().remove(0);
-    new.settle(vec![(c.lease.id, Settlement::Complete)])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    complete_one(&*new).await;
     // The issue's 1 -> 2 -> 1: what was removed or lifted on 2 partitions stays so.
     assert_eq!(new.schedules().await.unwrap().len(), 1, "carried");
     assert_eq!(new.concurrency_caps().await.unwrap(), [("k".into(), 3)]);
@@ -966,8 +963,7 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
         .unwrap();
     assert!(claims.len() >= 2, "{claims:?}");
     let (gone, odd) = (&claims[0], &claims[1]);
-    server.cli(&["DEL", &format!("{{cx}}:job:{}", gone.job.id)]);
-    server.cli(&["SET", &format!("{{cx}}:job:{}", gone.job.id), "x"]);
+    server.write_over(&format!("{{cx}}:job:{}", gone.job.id), "x");
     server.cli(&[
         "HSET",
         &format!("{{cx}}:job:{}", odd.job.id),
@@ -1022,8 +1018,7 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     let bad = store.claim("bad", "w", 1, ttl).await.unwrap();
     let good = store.claim("default", "w", 2, ttl).await.unwrap();
     assert_eq!((bad.len(), good.len()), (1, 2));
-    server.cli(&["DEL", "{ox}:q:bad:stats"]);
-    server.cli(&["SET", "{ox}:q:bad:stats", "x"]);
+    server.write_over("{ox}:q:bad:stats", "x");
     let results = store
         .settle(vec![
             (good[0].lease.id, Settlement::Complete),
@@ -1064,8 +1059,7 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     let first = store.claim("default", "w", 5, ttl).await.unwrap();
     assert_eq!(first.len(), 1, "one at a time per scope");
     let job = format!("{{ox}}:job:{}", first[0].job.id);
-    server.cli(&["DEL", &job]);
-    server.cli(&["SET", &job, "written over"]);
+    server.write_over(&job, "written over");
     let r = store
         .settle(vec![(first[0].lease.id, Settlement::Complete)])
         .await
@@ -1078,8 +1072,7 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     assert_eq!(second.len(), 1, "the scope's next job was handed the turn");
     assert_eq!(second[0].lease.scope.as_str(), "acct:1");
     let job = format!("{{ox}}:job:{}", second[0].job.id);
-    server.cli(&["DEL", &job]);
-    server.cli(&["SET", &job, "written over"]);
+    server.write_over(&job, "written over");
     tokio::time::sleep(Duration::from_millis(300)).await;
     store.reap(10).await.unwrap();
     assert!(store.leases(10).await.unwrap().is_empty(), "reaped");

@@ -208,6 +208,13 @@ impl RedisServer {
         (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
     }
 
+    /// Another program writes `key` over with a plain string, whatever it held: the record a
+    /// script must survive.
+    pub fn write_over(&self, key: &str, value: &str) {
+        self.cli(&["DEL", key]);
+        self.cli(&["SET", key, value]);
+    }
+
     /// Every key and its contents, order-free (not DUMP: a hash table's DUMP order changes as
     /// Redis rehashes it on reads): equal snapshots mean nothing changed.
     pub fn snapshot(&self) -> Vec<(String, String)> {
