@@ -256,6 +256,15 @@ async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
         Admission::Applied
     );
 
+    // The claim's writes — the epoch record among them — reach the replica before the kill: a
+    // WAIT-ed enqueue after them confirms it (replication is one ordered stream). A kill that
+    // beats replication loses the epoch record, and the successor may grant the same epoch
+    // again (the sink then refuses the second holder as a token conflict): seen once in CI,
+    // and not the failover this test is about.
+    store
+        .enqueue_all(vec![NewJob::raw("marker", "null")])
+        .await
+        .unwrap();
     let master = cluster.master_of("{fo}:epoch");
     tokio::task::block_in_place(|| cluster.fail_over(master));
     assert_ne!(cluster.master_of("{fo}:epoch"), master);
