@@ -1,16 +1,12 @@
 //! The operator commands (`enqueue`, `schedule list`) against a private redis-server, each
 //! with what an operator reads from them checked against what the coordinator did.
 
-mod common;
-#[path = "../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
 use std::io::Write as _;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::wait_for;
-use redis_server::RedisServer;
+use palisade_testkit::RedisServer;
+use palisade_testkit::{wait_for, Process};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
@@ -53,27 +49,18 @@ fn counts(redis: &RedisServer) -> Value {
 }
 
 /// A `palisade worker` (with the scheduler), killed when the test ends.
-struct Worker(Child);
-
-impl Worker {
-    fn start(redis: &RedisServer) -> Self {
-        let child = Command::new(BIN)
-            .args(["worker", "--redis", &redis.url()])
-            .args(["--concurrency", "2", "--arbiters", "1"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("palisade binary runs");
-        Self(child)
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn worker(redis: &RedisServer) -> Process {
+    let url = redis.url();
+    let args = [
+        "worker",
+        "--redis",
+        &url,
+        "--concurrency",
+        "2",
+        "--arbiters",
+        "1",
+    ];
+    Process::spawn(BIN, &args, "warn")
 }
 
 #[test]
@@ -159,7 +146,7 @@ fn stdin_enqueue_prints_what_it_added_before_a_later_batch_fails() {
 #[test]
 fn a_unique_enqueue_repeated_after_its_job_completed_adds_nothing_by_default() {
     let redis = RedisServer::start();
-    let _worker = Worker::start(&redis);
+    let _worker = worker(&redis);
     let enqueue = |extra: &[&str]| {
         let args = [&["enqueue", "email.send", EMAIL][..], extra].concat();
         let out = run(&redis, &args, "");
@@ -205,7 +192,7 @@ fn schedule_list_shows_the_tick_the_scheduler_fires() {
             EMAIL,
         ],
     );
-    let _worker = Worker::start(&redis);
+    let _worker = worker(&redis);
     let list = || -> Value {
         let all: Value =
             serde_json::from_str(&ok(&redis, &["schedule", "list", "--json"])).unwrap();

@@ -1,9 +1,7 @@
 //! The README's main command, run as a real process: it must exit 0, show the stale write
 //! refused, and serve `palisade_` counters on `/metrics` while it runs.
 
-mod common;
-
-use common::{free_port, http_get};
+use palisade_testkit::{free_port, http_get};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,15 +4,13 @@
 //! `Idempotency-Key`. Every effect of a current generation arrives (at least once, with a
 //! stable key); none of a stale generation is ever recorded, so none is sent.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{http_receiver, wait_for};
 use palisade::{Fence, Fenced, FencingToken, IdempotencyKey, LeaseId, PostgresSink, Scope};
+use palisade_testkit::{http_receiver, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
 

@@ -1,127 +1,36 @@
 //! Real `palisade worker` processes against private redis-servers, sent real signals:
 //! SIGSTOP past the lease, kill -9 mid-job, and a coordinator Redis that goes away under load.
 
-mod common;
-#[path = "../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get, wait_for};
-use redis_server::RedisServer;
+use palisade_testkit::{free_port, http_get, wait_for, Process, RedisServer};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
 
-/// A worker process, killed when the test ends.
-struct WorkerProcess {
-    child: Child,
-    metrics_port: u16,
+/// `palisade worker` on `redis` with a `ledger` sink on `sink`, killed when the test ends.
+fn worker(redis: &RedisServer, sink: &RedisServer, name: &str, lease: &str) -> Process {
+    worker_with(redis, sink, name, lease, &[])
 }
 
-impl WorkerProcess {
-    fn start(redis: &RedisServer, sink: &RedisServer, name: &str, lease: &str) -> Self {
-        Self::start_with(redis, sink, name, lease, &[])
-    }
-
-    fn start_with(
-        redis: &RedisServer,
-        sink: &RedisServer,
-        name: &str,
-        lease: &str,
-        extra: &[&str],
-    ) -> Self {
-        let metrics_port = free_port();
-        let child = Command::new(BIN)
-            .args([
-                "worker",
-                "--redis",
-                &redis.url(),
-                "--sink",
-                &format!("ledger={}", sink.url()),
-            ])
-            .args([
-                "--name",
-                name,
-                "--lease",
-                lease,
-                "--concurrency",
-                "8",
-                "--arbiters",
-                "1",
-            ])
-            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("palisade binary runs");
-        let worker = Self {
-            child,
-            metrics_port,
-        };
-        wait_for("worker metrics endpoint", Duration::from_secs(20), || {
-            worker.metrics().is_some()
-        });
-        worker
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.pid()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} failed");
-    }
-
-    fn metrics(&self) -> Option<String> {
-        http_get(self.metrics_port, "/metrics")
-    }
-
-    /// Sum of a counter's samples with the given labels.
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        palisade::metrics::sample_sum(&self.metrics().unwrap_or_default(), name, labels)
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        self.signal("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("worker did not exit after SIGTERM");
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// [`worker`] with `extra` arguments.
+fn worker_with(
+    redis: &RedisServer,
+    sink: &RedisServer,
+    name: &str,
+    lease: &str,
+    extra: &[&str],
+) -> Process {
+    let (redis, ledger) = (redis.url(), format!("ledger={}", sink.url()));
+    let mut args = vec!["--redis", &redis, "--sink", &ledger, "--name", name];
+    args.extend(["--lease", lease, "--concurrency", "8", "--arbiters", "1"]);
+    args.extend(extra);
+    Process::worker(BIN, &args, "warn")
 }
 
 fn palisade(redis: &RedisServer, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("PALISADE_REDIS_URL", redis.url())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "palisade {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    palisade_testkit::process::run(BIN, &redis.url(), args)
 }
 
 fn status(redis: &RedisServer, scope: &str) -> Value {
@@ -159,7 +68,7 @@ fn deposit(redis: &RedisServer, account: u32, cents: i64, hold_ms: u64) {
 #[test]
 fn sigstopped_holder_is_fenced_off_when_it_wakes() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
-    let a = WorkerProcess::start(&redis, &sink, "A", "1s");
+    let a = worker(&redis, &sink, "A", "1s");
     deposit(&redis, 7, 250, 1500);
     wait_for("A to hold the job", Duration::from_secs(20), || {
         status(&redis, "account:7")["leases"][0]["worker"] == "A"
@@ -169,7 +78,7 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
         .unwrap();
     a.signal("-STOP");
     let stopped = Instant::now();
-    let b = WorkerProcess::start(&redis, &sink, "B", "1s");
+    let b = worker(&redis, &sink, "B", "1s");
     wait_for("B to complete the job", Duration::from_secs(30), || {
         counts(&redis)["completed"] == 1
     });
@@ -225,13 +134,13 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
 #[test]
 fn killed_worker_job_is_redelivered_and_completes_once() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
-    let a = WorkerProcess::start(&redis, &sink, "A", "1s");
+    let a = worker(&redis, &sink, "A", "1s");
     deposit(&redis, 3, 40, 2000);
     wait_for("A to hold the job", Duration::from_secs(20), || {
         status(&redis, "account:3")["leases"][0]["worker"] == "A"
     });
     a.signal("-KILL");
-    let b = WorkerProcess::start(&redis, &sink, "B", "1s");
+    let b = worker(&redis, &sink, "B", "1s");
     wait_for("the job to complete on B", Duration::from_secs(30), || {
         counts(&redis)["completed"] == 1
     });
@@ -250,8 +159,8 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
     let mut redis = RedisServer::start_with_aof();
     let sink = RedisServer::start();
     let workers = [
-        WorkerProcess::start(&redis, &sink, "A", "2s"),
-        WorkerProcess::start(&redis, &sink, "B", "2s"),
+        worker(&redis, &sink, "A", "2s"),
+        worker(&redis, &sink, "B", "2s"),
     ];
     let mut expected = [0i64; 10];
     let jobs: Vec<String> = (0..300)
@@ -327,14 +236,13 @@ fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
         );
     }
     let drain = ["--drain", "150ms"];
-    let mut worker = WorkerProcess::start_with(&redis, &sink, "roll-0", "30s", &drain);
+    let mut worker = worker_with(&redis, &sink, "roll-0", "30s", &drain);
     let started = Instant::now();
     for round in 1..=3 {
         wait_for("jobs in flight", Duration::from_secs(20), || {
             counts(&redis)["leased"].as_u64() > Some(0)
         });
-        let next =
-            WorkerProcess::start_with(&redis, &sink, &format!("roll-{round}"), "30s", &drain);
+        let next = worker_with(&redis, &sink, &format!("roll-{round}"), "30s", &drain);
         assert!(worker.terminate().success(), "round {round}: unclean exit");
         worker = next;
     }
@@ -367,9 +275,9 @@ fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
 #[test]
 fn a_paused_worker_blocks_only_the_scopes_it_holds() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
-    let workers: Vec<WorkerProcess> = ["p0", "p1", "p2"]
+    let workers: Vec<Process> = ["p0", "p1", "p2"]
         .iter()
-        .map(|name| WorkerProcess::start(&redis, &sink, name, "8s"))
+        .map(|name| worker(&redis, &sink, name, "8s"))
         .collect();
     deposit(&redis, 0, 1, 3000);
     let mut holder = String::new();
@@ -505,7 +413,7 @@ fn a_worker_leaves_kinds_it_does_not_handle_alone() {
         client.enqueue_many(foreign.collect()).await.unwrap();
     });
     deposit(&redis, 5, 70, 0);
-    let worker = WorkerProcess::start(&redis, &sink, "old", "2s");
+    let worker = worker(&redis, &sink, "old", "2s");
     wait_for("its own job done", Duration::from_secs(20), || {
         counts(&redis)["completed"] == 1
     });
@@ -579,9 +487,9 @@ fn a_closed_stdout_does_not_cut_an_enqueue_short() {
 fn a_drain_that_cannot_release_fails_loudly() {
     use std::io::{Read, Write};
     let (mut redis, sink) = (RedisServer::start(), RedisServer::start());
-    let worker = WorkerProcess::start_with(&redis, &sink, "d", "5s", &["--drain", "200ms"]);
+    let worker = worker_with(&redis, &sink, "d", "5s", &["--drain", "200ms"]);
     let mut raw = String::new();
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", worker.metrics_port)).unwrap();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", worker.metrics_port())).unwrap();
     write!(
         stream,
         "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -602,7 +510,7 @@ fn a_drain_that_cannot_release_fails_loudly() {
     worker.signal("-TERM");
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(status) = worker.child.try_wait().unwrap() {
+        if let Some(status) = worker.try_wait() {
             break status;
         }
         assert!(Instant::now() < deadline, "worker did not exit");
@@ -624,10 +532,10 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
         deposit(&redis, 7, 1, 0);
     }
     let workers = [
-        WorkerProcess::start(&redis, &sink, "sampler-a", "30s"),
-        WorkerProcess::start(&redis, &sink, "sampler-b", "30s"),
+        worker(&redis, &sink, "sampler-a", "30s"),
+        worker(&redis, &sink, "sampler-b", "30s"),
     ];
-    let sampling = |w: &WorkerProcess| {
+    let sampling = |w: &Process| {
         w.metrics()
             .unwrap_or_default()
             .contains("palisade_queue_depth{")
@@ -731,11 +639,11 @@ fn add_tick_schedule(redis: &RedisServer) {
 fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     add_tick_schedule(&redis);
-    let mut workers: Vec<WorkerProcess> = (0..3)
-        .map(|i| WorkerProcess::start(&redis, &sink, &format!("sched-{i}"), "2s"))
+    let mut workers: Vec<Process> = (0..3)
+        .map(|i| worker(&redis, &sink, &format!("sched-{i}"), "2s"))
         .collect();
     let started = Instant::now();
-    let holder = |workers: &[WorkerProcess]| {
+    let holder = |workers: &[Process]| {
         let pid = scheduler_pid(&redis)?;
         workers.iter().position(|w| w.pid() == pid)
     };
@@ -749,7 +657,7 @@ fn a_one_second_schedule_fires_exactly_once_per_tick_through_pauses_and_kills() 
     std::thread::sleep(Duration::from_secs(8));
     // The current leader is killed mid-run and restarted.
     let leader = holder(&workers).expect("a scheduler holds the role");
-    workers[leader] = WorkerProcess::start(&redis, &sink, "sched-restarted", "2s");
+    workers[leader] = worker(&redis, &sink, "sched-restarted", "2s");
     while started.elapsed() < Duration::from_secs(66) {
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -805,8 +713,8 @@ fn a_rate_limit_holds_across_worker_processes() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     palisade(&redis, &["limit", "default", "--jobs", "10", "--per", "1s"]);
     enqueue_emails(&redis, 300, 1);
-    let workers: Vec<WorkerProcess> = (0..3)
-        .map(|i| WorkerProcess::start(&redis, &sink, &format!("limited-{i}"), "5s"))
+    let workers: Vec<Process> = (0..3)
+        .map(|i| worker(&redis, &sink, &format!("limited-{i}"), "5s"))
         .collect();
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(4));
@@ -833,8 +741,8 @@ fn a_concurrency_cap_holds_across_worker_processes() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     palisade(&redis, &["cap", "email.send", "--running", "2"]);
     enqueue_emails(&redis, 30, 150);
-    let _workers: Vec<WorkerProcess> = (0..3)
-        .map(|i| WorkerProcess::start(&redis, &sink, &format!("capped-{i}"), "5s"))
+    let _workers: Vec<Process> = (0..3)
+        .map(|i| worker(&redis, &sink, &format!("capped-{i}"), "5s"))
         .collect();
     // Three workers of concurrency 8 could run 24 at once; the cap lets 2.
     let mut most = 0;
@@ -903,7 +811,7 @@ fn processes_agree_on_the_number_of_partitions() {
 fn a_worker_of_the_old_layout_is_refused_after_a_move() {
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     add_tick_schedule(&redis);
-    let old = WorkerProcess::start(&redis, &sink, "old-layout", "2s");
+    let old = worker(&redis, &sink, "old-layout", "2s");
     let ticks = |tag: &str| {
         redis
             .cli(&["KEYS", &format!("{{{tag}}}:unique:schedule:tick:*")])

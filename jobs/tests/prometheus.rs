@@ -1,9 +1,7 @@
 //! Real Prometheus scraping a real `/metrics`, plus checks that the shipped dashboards and
 //! alert rules are valid and reference only metrics Palisade exports.
 
-mod common;
-
-use common::{free_ports, http_get};
+use palisade_testkit::{free_ports, http_get};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

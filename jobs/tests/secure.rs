@@ -1,13 +1,10 @@
 //! Password-protected and TLS-only private redis-servers: a job runs through each, a wrong
 //! password or an untrusted certificate is a clear, quick error, and secrets never show up.
 
-#[path = "../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use redis_server::RedisServer;
+use palisade_testkit::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
 const SECRET: &str = "hunter2-not-for-logs";

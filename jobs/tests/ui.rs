@@ -4,19 +4,16 @@
 //!
 //! `PALISADE_UI_SCREENSHOT=path.png` also saves a screenshot of the page (the README's).
 
-mod common;
-#[path = "../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
+use palisade::{Inspect, RecordStore};
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{free_ports, http_get, wait_for};
 use fantoccini::{Client, ClientBuilder, Locator};
 use palisade::{FencingToken, LeaseStore, NewJob, RedisLeaseStore, RejectionNote, Settlement};
-use redis_server::RedisServer;
+use palisade_testkit::RedisServer;
+use palisade_testkit::{free_ports, http_get, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
 

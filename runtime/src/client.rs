@@ -3,7 +3,6 @@
 //! into an axum or actix-web handler as is.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use metrics::counter;
 
@@ -16,13 +15,13 @@ use crate::ids::JobId;
 use crate::job::{Cancelled, DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
 use crate::store::redis::{ping, pool};
-use crate::store::LeaseStore;
+use crate::store::{Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
 
 /// A cheap-to-clone handle for producers: enqueue one or many jobs (delayed ones too, with
 /// [`NewJob::with_delay`]) and read queue counts, against Redis or an embedded coordinator.
 #[derive(Clone)]
 pub struct Client {
-    store: Arc<dyn LeaseStore>,
+    store: Stores,
 }
 
 impl Client {
@@ -49,8 +48,10 @@ impl Client {
 
     /// A client of any coordinator store, e.g. the [`MemoryLeaseStore`](crate::MemoryLeaseStore)
     /// an embedded [`Coordinator`](crate::Coordinator) runs on.
-    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
-        Self { store }
+    pub fn new(store: impl Into<Stores>) -> Self {
+        Self {
+            store: store.into(),
+        }
     }
 
     /// Enqueues one job; returns its id (for a job with a unique key another job holds, that
@@ -62,13 +63,13 @@ impl Client {
     /// Enqueues one job and says whether it was added or another job holds its unique key
     /// ([`NewJob::with_unique_key`]).
     pub async fn enqueue_unique(&self, job: NewJob) -> Result<Enqueued> {
-        let mut done = enqueue_counted(&*self.store, vec![job]).await?;
+        let mut done = enqueue_counted(&self.store, vec![job]).await?;
         Ok(done.remove(0))
     }
 
     /// Enqueues jobs all or none, in one round trip; returns their ids in order.
     pub async fn enqueue_many(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
-        let done = enqueue_counted(&*self.store, jobs).await?;
+        let done = enqueue_counted(&self.store, jobs).await?;
         Ok(done.into_iter().map(Enqueued::id).collect())
     }
 

@@ -1,10 +1,9 @@
-//! `Coordinator`: the actor façade over a [`LeaseStore`], plus the reaper that turns expired
+//! `Coordinator`: the actor façade over the coordinator's [`Stores`], plus the reaper that turns expired
 //! leases into stalls.
 //!
 //! Handlers return `ResponseFuture`s: they touch no actor state, so many claims, renewals and
 //! settlements from many workers overlap instead of queueing behind one another.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -15,11 +14,13 @@ use crate::ids::{FencingToken, JobId, LeaseId};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
 use crate::sampler::Sampler;
-use crate::store::LeaseStore;
+use crate::store::{Inspect, LeaseStore, RecordStore, Stores};
 
-/// Façade over a [`LeaseStore`] backend; one per process is enough.
+/// Façade over a coordinator's [`Stores`]; one per process is enough. Workers drive its hot
+/// path ([`LeaseStore`]); it reaps, and answers counts and dead letters ([`Inspect`]) and
+/// results, progress and rejection notes ([`RecordStore`]).
 pub struct Coordinator {
-    store: Arc<dyn LeaseStore>,
+    store: Stores,
     reap_every: Duration,
     reaping: bool,
     /// How often the queue-depth [`Sampler`] ticks; `None`: no sampler.
@@ -31,10 +32,11 @@ impl Coordinator {
     /// Expired leases reaped per reaper pass; bounds one pass's cost on a remote backend.
     const REAP_BATCH: usize = 1000;
 
-    /// A coordinator over `store`, reaping every second.
-    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+    /// A coordinator over `store` (`Arc::new(MemoryLeaseStore::new())`, or [`Stores`] from
+    /// [`store::redis::coordinator`](crate::store::redis::coordinator)), reaping every second.
+    pub fn new(store: impl Into<Stores>) -> Self {
         Self {
-            store,
+            store: store.into(),
             reap_every: Duration::from_secs(1),
             reaping: false,
             sample_every: None,
@@ -98,7 +100,8 @@ impl Actor for Coordinator {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.reap_every, Self::reap);
         if let Some(every) = self.sample_every {
-            self.sampler = Some(Sampler::new(self.store.clone(), every).start());
+            self.sampler =
+                Some(Sampler::new(self.store.inspect(), self.store.control(), every).start());
         }
     }
 
@@ -121,7 +124,7 @@ impl Handler<Enqueue> for Coordinator {
     fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let done = crate::client::enqueue_counted(&*store, msg.0).await?;
+            let done = crate::client::enqueue_counted(&store, msg.0).await?;
             Ok(done.into_iter().map(crate::Enqueued::id).collect())
         })
     }

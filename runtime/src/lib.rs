@@ -100,5 +100,10 @@ pub use store::postgres::{
     TransactionFn,
 };
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
-pub use store::{FencedStore, FencedWrite, LeaseInfo, LeaseStore, Reaped, RejectionNote};
-pub use worker::{Drain, Drained, Freeze, Worker, WorkerConfig};
+pub use store::{
+    ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore, QueueAdmin, Reaped,
+    RecordStore, RejectionNote, Stores,
+};
+#[cfg(feature = "testing")]
+pub use worker::Freeze;
+pub use worker::{Drain, Drained, Worker, WorkerConfig};

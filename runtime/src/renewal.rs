@@ -143,11 +143,14 @@ impl Handler<ForgetLease> for Renewal {
     }
 }
 
-/// Fault injection: stop (`true`) or resume (`false`) renewing, as a paused process would.
+/// Fault injection (feature `testing`): stop (`true`) or resume (`false`) renewing, as a
+/// paused process would.
+#[cfg(feature = "testing")]
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct SuspendRenewals(pub bool);
 
+#[cfg(feature = "testing")]
 impl Handler<SuspendRenewals> for Renewal {
     type Result = ();
 

@@ -3,7 +3,7 @@
 //!
 //! A [`Coordinator`](crate::Coordinator) with a sample interval runs one; each tick it asks
 //! the store for the `sampler` role (a lease by the coordinator's clock,
-//! [`LeaseStore::hold_role`]) and only the holder samples. N workers therefore cost one set of counting calls per tick, not N, and
+//! [`ControlStore::hold_role`]) and only the holder samples. N workers therefore cost one set of counting calls per tick, not N, and
 //! a dashboard reads one series per queue and state (a sampler that loses the role stops
 //! setting its gauges, which then leave its `/metrics` output: see `metrics::serve`).
 
@@ -14,14 +14,15 @@ use actix::prelude::*;
 use metrics::gauge;
 
 use crate::metrics as m;
-use crate::store::LeaseStore;
+use crate::store::{ControlStore, Inspect};
 
 /// The role's name in the store.
 const ROLE: &str = "sampler";
 
 /// Samples every queue's depth while it holds the `sampler` role.
 pub struct Sampler {
-    store: Arc<dyn LeaseStore>,
+    store: Arc<dyn Inspect>,
+    roles: Arc<dyn ControlStore>,
     /// Who asks for the role (unique per process and coordinator).
     holder: String,
     every: Duration,
@@ -29,10 +30,11 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler over `store` ticking `every`.
-    pub fn new(store: Arc<dyn LeaseStore>, every: Duration) -> Self {
+    /// A sampler of `store`'s queues ticking `every`, holding its role in `roles`.
+    pub fn new(store: Arc<dyn Inspect>, roles: Arc<dyn ControlStore>, every: Duration) -> Self {
         Self {
             store,
+            roles,
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
             every,
             in_flight: false,
@@ -44,11 +46,11 @@ impl Sampler {
             return;
         }
         self.in_flight = true;
-        let (store, holder) = (self.store.clone(), self.holder.clone());
+        let (store, roles, holder) = (self.store.clone(), self.roles.clone(), self.holder.clone());
         // Three ticks: a holder that misses one keeps the role; one that stops, loses it.
         let ttl = self.every.saturating_mul(3);
         let pass = async move {
-            if store.hold_role(ROLE, &holder, ttl).await? {
+            if roles.hold_role(ROLE, &holder, ttl).await? {
                 sample(&*store).await?;
             }
             Ok::<(), crate::Error>(())
@@ -64,7 +66,7 @@ impl Sampler {
 }
 
 /// One sample of every queue.
-async fn sample(store: &dyn LeaseStore) -> crate::Result<()> {
+async fn sample(store: &dyn Inspect) -> crate::Result<()> {
     for queue in store.queues().await? {
         let counts = store.counts(&queue).await?;
         let oldest = store.oldest_ready(&queue).await?;

@@ -2,7 +2,7 @@
 //! coordinator (`palisade schedule add`) — exactly once per tick, however many processes run
 //! one.
 //!
-//! Every tick it asks for the coordinator's `scheduler` role ([`LeaseStore::hold_role`]); the
+//! Every tick it asks for the coordinator's `scheduler` role ([`ControlStore::hold_role`]); the
 //! holder reads "now" from the coordinator (so hosts with skewed clocks agree), works out each
 //! schedule's due ticks from the mark the coordinator keeps ([`Schedule`] is pure), enqueues
 //! one job per tick under the tick's unique key, and raises the mark. The role only saves
@@ -20,7 +20,7 @@ use metrics::counter;
 use crate::job::Enqueued;
 use crate::metrics as m;
 use crate::schedule::{Schedule, TICK_HORIZON_YEARS};
-use crate::store::LeaseStore;
+use crate::store::{ControlStore, Stores};
 
 /// The role's name in the store.
 const ROLE: &str = "scheduler";
@@ -32,7 +32,8 @@ const ROLE: &str = "scheduler";
 /// the schedules in the coordinator — `palisade worker` stores its binary's code schedules
 /// there at start — so that whichever process holds the role fires all of them.
 pub struct Scheduler {
-    store: Arc<dyn LeaseStore>,
+    /// Its clock, role and kept schedules ([`ControlStore`]), and the hot path it enqueues on.
+    store: Stores,
     /// Schedules given in code (kept ones are read from the store each tick).
     schedules: Arc<Vec<Schedule>>,
     holder: String,
@@ -47,9 +48,9 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler over `store` for `schedules` (and every schedule kept in the store),
     /// ticking every 250 ms.
-    pub fn new(store: Arc<dyn LeaseStore>, schedules: Vec<Schedule>) -> Self {
+    pub fn new(store: impl Into<Stores>, schedules: Vec<Schedule>) -> Self {
         Self {
-            store,
+            store: store.into(),
             schedules: Arc::new(schedules),
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
             every: Duration::from_millis(250),
@@ -97,7 +98,7 @@ impl Scheduler {
             let now = store.now_ms().await?;
             // One schedule failing (its job refused, say) does not hold up the others.
             for schedule in &all {
-                if let Err(e) = fire(&*store, schedule, now).await {
+                if let Err(e) = fire(&store, schedule, now).await {
                     tracing::warn!(schedule = schedule.name(), error = %e, "schedule not fired; next pass tries again");
                     counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
                 }
@@ -132,7 +133,7 @@ impl Scheduler {
 /// Enqueues `schedule`'s due ticks, then raises its mark (a crash in between re-fires the
 /// same ticks next time, which their unique keys turn away). Writes nothing when nothing is
 /// due.
-async fn fire(store: &dyn LeaseStore, schedule: &Schedule, now: i64) -> crate::Result<()> {
+async fn fire(store: &Stores, schedule: &Schedule, now: i64) -> crate::Result<()> {
     let mark = store.schedule_mark(schedule.name()).await?;
     let (ticks, through) = schedule.due(mark, now);
     for chunk in ticks.chunks(1000) {

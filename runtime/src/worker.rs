@@ -24,7 +24,9 @@ use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
 use crate::metrics as m;
 use crate::policy::RetryPolicy;
-use crate::renewal::{ForgetLease, LeaseLost, Renewal, SuspendRenewals, TrackLease};
+#[cfg(feature = "testing")]
+use crate::renewal::SuspendRenewals;
+use crate::renewal::{ForgetLease, LeaseLost, Renewal, TrackLease};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -581,12 +583,15 @@ impl Worker {
     }
 }
 
-/// Fault injection (tests, the demo): `Freeze(true)` makes the worker behave like a paused
-/// process — no claims, no renewals — while its handlers keep running; `Freeze(false)` resumes.
+/// Fault injection (feature `testing`, never in a default build): `Freeze(true)` makes the
+/// worker behave like a paused process — no claims, no renewals — while its handlers keep
+/// running; `Freeze(false)` resumes.
+#[cfg(feature = "testing")]
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Freeze(pub bool);
 
+#[cfg(feature = "testing")]
 impl Handler<Freeze> for Worker {
     type Result = ();
 

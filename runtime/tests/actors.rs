@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use async_trait::async_trait;
 use palisade::*;
+use palisade_testkit::{Faults, Op};
 use tokio::sync::{mpsc, Notify};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -369,145 +369,11 @@ async fn jobs_sharing_a_scope_never_overlap() {
     );
 }
 
-/// A lease store whose renewals can be made to fail, to force the renewal-failure path.
-struct FlakyRenewals {
-    inner: MemoryLeaseStore,
-    failing: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl LeaseStore for FlakyRenewals {
-    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.inner.enqueue_all(jobs).await
-    }
-    async fn claim_kinds(
-        &self,
-        q: &str,
-        kinds: &[String],
-        w: &str,
-        n: usize,
-        ttl: Duration,
-    ) -> Result<Vec<Claim>> {
-        self.inner.claim_kinds(q, kinds, w, n, ttl).await
-    }
-    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(Error::Unavailable("injected renewal failure".into()));
-        }
-        self.inner.renew(leases, ttl).await
-    }
-    async fn settle(&self, s: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
-        self.inner.settle(s).await
-    }
-    async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
-        self.inner.reap(max).await
-    }
-    async fn counts(&self, q: &str) -> Result<QueueCounts> {
-        self.inner.counts(q).await
-    }
-    async fn dead(&self, q: &str, limit: usize) -> Result<Vec<DeadJob>> {
-        self.inner.dead(q, limit).await
-    }
-    async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
-        self.inner.highest_token(s).await
-    }
-    async fn queues(&self) -> Result<Vec<String>> {
-        self.inner.queues().await
-    }
-    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-        self.inner.leases(limit).await
-    }
-    async fn retry_dead(&self, q: &str, limit: usize) -> Result<usize> {
-        self.inner.retry_dead(q, limit).await
-    }
-    async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
-        self.inner.purge_dead(q, limit).await
-    }
-    fn watermark(&self) -> Option<FencingToken> {
-        self.inner.watermark()
-    }
-    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
-        self.inner.put_result(job, json, ttl).await
-    }
-    async fn result(&self, job: JobId) -> Result<Option<String>> {
-        self.inner.result(job).await
-    }
-    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
-        self.inner.put_progress(job, json).await
-    }
-    async fn progress(&self, job: JobId) -> Result<Option<String>> {
-        self.inner.progress(job).await
-    }
-    async fn now_ms(&self) -> Result<i64> {
-        self.inner.now_ms().await
-    }
-    async fn schedules(&self) -> Result<Vec<palisade::ScheduleSpec>> {
-        self.inner.schedules().await
-    }
-    async fn put_schedule(&self, spec: palisade::ScheduleSpec) -> Result<()> {
-        self.inner.put_schedule(spec).await
-    }
-    async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        self.inner.remove_schedule(name).await
-    }
-    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
-        self.inner.schedule_mark(name).await
-    }
-    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
-        self.inner.advance_schedule(name, through).await
-    }
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-        self.inner.cancel(job, reason).await
-    }
-    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
-        self.inner.set_concurrency_cap(kind, cap).await
-    }
-    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
-        self.inner.concurrency_cap(kind).await
-    }
-    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
-        self.inner.concurrency_caps().await
-    }
-    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
-        self.inner.set_rate_limit(queue, limit).await
-    }
-    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
-        self.inner.rate_limit(queue).await
-    }
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.inner.set_paused(queue, paused).await
-    }
-    async fn paused(&self) -> Result<Vec<String>> {
-        self.inner.paused().await
-    }
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        self.inner.oldest_ready(queue).await
-    }
-    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
-        self.inner.hold_role(role, holder, ttl).await
-    }
-    async fn note_rejections(&self, notes: Vec<palisade::store::RejectionNote>) -> Result<()> {
-        self.inner.note_rejections(notes).await
-    }
-    async fn rejections(&self, limit: usize) -> Result<Vec<palisade::store::RejectionNote>> {
-        self.inner.rejections(limit).await
-    }
-    async fn epoch(&self) -> Result<Option<u32>> {
-        self.inner.epoch().await
-    }
-    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
-        self.inner.raise_epoch(at_least).await
-    }
-}
-
 #[actix::test]
 async fn failing_renewal_cancels_the_handler() {
     tokio::time::pause();
-    let store = Arc::new(FlakyRenewals {
-        inner: MemoryLeaseStore::new(),
-        failing: false.into(),
-    });
-    let coordinator = Coordinator::new(store.clone()).start();
+    let (faults, store) = Faults::around(Arc::new(MemoryLeaseStore::new()));
+    let coordinator = Coordinator::new(store).start();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let registry = Registry::new().register("wait", move |ctx: JobContext, _: ()| {
         let tx = tx.clone();
@@ -530,7 +396,7 @@ async fn failing_renewal_cancels_the_handler() {
     // Renewals work for a while: no cancellation across several lease lengths.
     tokio::time::sleep(TTL * 3).await;
     assert!(rx.try_recv().is_err(), "cancelled while renewals succeeded");
-    store.failing.store(true, Ordering::SeqCst);
+    faults.fail(Op::Renew, true);
     let (what, at) = next(&mut rx).await;
     assert_eq!(what, "cancelled");
     assert!(at - started > TTL * 3);

@@ -4,13 +4,11 @@
 //! version (and what fixed it); the others held from the start. Every Redis test runs on a
 //! private redis-server; Postgres tests use a fresh schema each.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{drop_postgres_schema, fresh_postgres_schema, RedisServer};
 use palisade::*;
+use palisade_testkit::{drop_postgres_schema, fresh_postgres_schema, RedisServer};
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -1,13 +1,11 @@
 //! `Client` is a plain tokio handle: it enqueues and counts from a runtime without any actix
 //! `System`, against Redis (a private server) and against an embedded store.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
 use palisade::{Client, Error, LeaseStore, MemoryLeaseStore, NewJob};
+use palisade_testkit::RedisServer;
 
 async fn exercise(client: &Client, store: Option<Arc<MemoryLeaseStore>>) {
     let one = client

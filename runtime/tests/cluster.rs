@@ -2,15 +2,13 @@
 //! here on free loopback ports and stopped by pid: the conformance suite, a sink batch across
 //! slots and masters, and a failover of the coordinator's master.
 
-mod common;
-mod suite;
-
+use palisade_testkit::{fenced_store_suite, lease_store_suite};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisCluster;
 use palisade::*;
+use palisade_testkit::RedisCluster;
 
 lease_store_suite!(list);
 fenced_store_suite!(list);
@@ -30,7 +28,7 @@ async fn the_conformance_suite_holds_on_a_cluster() {
     let mut runs = Vec::new();
     for (name, case) in lease_store_cases() {
         let prefix = format!("suite-{}", LeaseId::new());
-        let store: Arc<dyn LeaseStore> = Arc::new(RedisLeaseStore::new(target.clone(), &prefix));
+        let store: Stores = Arc::new(RedisLeaseStore::new(target.clone(), &prefix)).into();
         runs.push((format!("lease_store::{name}"), case(store)));
     }
     for (name, case) in fenced_store_cases() {
@@ -43,7 +41,7 @@ async fn the_conformance_suite_holds_on_a_cluster() {
             case(sink, format!("{name}:")),
         ));
     }
-    suite::run_together(runs, 4).await;
+    palisade_testkit::suite::run_together(runs, 4).await;
 }
 
 /// The lease suite on a coordinator in three partitions on the cluster (each partition its
@@ -54,7 +52,7 @@ async fn the_suite_holds_for_a_partitioned_coordinator_on_a_cluster() {
     let target = cluster.target();
     let mut runs = Vec::new();
     for (name, case) in lease_store_cases() {
-        if suite::NOT_FOR_PARTITIONS.contains(&name) {
+        if palisade_testkit::suite::NOT_FOR_PARTITIONS.contains(&name) {
             continue;
         }
         let prefix = format!("suite-{}", LeaseId::new());
@@ -69,7 +67,7 @@ async fn the_suite_holds_for_a_partitioned_coordinator_on_a_cluster() {
         .unwrap();
         runs.push((format!("partitioned::{name}"), case(store)));
     }
-    suite::run_together(runs, 4).await;
+    palisade_testkit::suite::run_together(runs, 4).await;
 }
 
 fn incr(scope: &str, key: &str, token: u64, lease: LeaseId, idem: &str) -> FencedWrite {
@@ -336,9 +334,9 @@ async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
 async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
     let cluster = start_cluster().await;
     let prefixes = store::redis::partition_prefixes("parts", 3);
-    let parts: Vec<Arc<dyn LeaseStore>> = prefixes
+    let parts: Vec<Stores> = prefixes
         .iter()
-        .map(|p| Arc::new(RedisLeaseStore::new(cluster.target(), p)) as Arc<dyn LeaseStore>)
+        .map(|p| Arc::new(RedisLeaseStore::new(cluster.target(), p)).into())
         .collect();
     let masters: BTreeSet<usize> = prefixes
         .iter()
@@ -349,9 +347,10 @@ async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
         3,
         "the partitions should land on every master"
     );
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(store::partitioned::PartitionedLeaseStore::new(parts.clone()).unwrap());
-    suite::partitions_keep_scopes_and_share_work(store, parts).await;
+    let store: Stores = store::partitioned::PartitionedLeaseStore::new(parts.clone())
+        .unwrap()
+        .into();
+    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store, parts).await;
 }
 
 /// From one partition to three on the cluster (the Redis epoch scripts), without lowering a
@@ -370,7 +369,7 @@ async fn a_migration_to_partitions_on_a_cluster_never_lowers_tokens() {
         )
         .unwrap()
     };
-    suite::migration_never_lowers_a_scopes_tokens(
+    palisade_testkit::suite::migration_never_lowers_a_scopes_tokens(
         layout("mig", 1),
         layout("mig", 3),
         layout("ctl", 3),

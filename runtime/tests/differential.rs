@@ -17,15 +17,13 @@
 //! sleep, every other deadline is a minute or an hour away, so no answer depends on timing
 //! closer than a few milliseconds.
 
-mod common;
-
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::time::Duration;
 
-use common::RedisServer;
 use deadpool_redis::Pool;
 use palisade::*;
+use palisade_testkit::RedisServer;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
@@ -290,14 +288,14 @@ fn memory_and_postgres_sinks_agree_on_random_write_histories() {
         ..ProptestConfig::default()
     };
     proptest!(config, |(history in sink_history())| {
-        let (_, url) = common::fresh_postgres_schema();
+        let (_, url) = palisade_testkit::fresh_postgres_schema();
         let sink = rt
             .block_on(PostgresSink::connect(&url))
             .expect("PostgreSQL is running (.ci/run starts it)")
             .with_collect_interval(Duration::ZERO);
         let postgres = PostgresFencedStore::new(std::sync::Arc::new(sink));
         let verdict = rt.block_on(sink_case(&postgres, &history));
-        rt.block_on(common::drop_postgres_schema(postgres.sink()));
+        rt.block_on(palisade_testkit::drop_postgres_schema(postgres.sink()));
         verdict?;
     });
 }
@@ -476,7 +474,7 @@ struct JobView {
 
 /// One backend and the ids it handed out, by enqueue position and by claim.
 struct Side {
-    store: Box<dyn LeaseStore>,
+    store: Stores,
     job_nos: HashMap<JobId, usize>,
     leases: Vec<LeaseId>,
     lease_nos: HashMap<LeaseId, usize>,
@@ -485,9 +483,9 @@ struct Side {
 }
 
 impl Side {
-    fn new(store: impl LeaseStore) -> Self {
+    fn new(store: impl Into<Stores>) -> Self {
         Self {
-            store: Box::new(store),
+            store: store.into(),
             job_nos: HashMap::new(),
             leases: Vec::new(),
             lease_nos: HashMap::new(),
@@ -869,8 +867,11 @@ impl Coordinators {
 
 async fn coordinator_case(pool: &Pool, history: &[Op]) -> CaseResult {
     let mut c = Coordinators {
-        memory: Side::new(MemoryLeaseStore::new()),
-        redis: Side::new(RedisLeaseStore::new(pool.clone(), &fresh_prefix())),
+        memory: Side::new(std::sync::Arc::new(MemoryLeaseStore::new())),
+        redis: Side::new(std::sync::Arc::new(RedisLeaseStore::new(
+            pool.clone(),
+            &fresh_prefix(),
+        ))),
         live: Vec::new(),
         enqueued: 0,
     };

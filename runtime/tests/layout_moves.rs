@@ -3,20 +3,18 @@
 //! regression tests. "Found" marks the probes that broke the first version and what fixed
 //! it; the others held from the start. Each test runs on its own private redis-server.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
 use palisade::store::partitioned::{migrate, PartitionedLeaseStore};
 use palisade::store::redis::{
     check_layout, coordinator, layout_prefixes, move_layout, partition_prefixes, Pool,
 };
 use palisade::{
-    Error, LeaseStore, MemoryLeaseStore, NewJob, RateLimit, RedisLeaseStore, Schedule, Settlement,
-    DEFAULT_MAX_PAYLOAD_BYTES,
+    ControlStore, Error, Inspect, LeaseStore, MemoryLeaseStore, NewJob, QueueAdmin, RateLimit,
+    RedisLeaseStore, Schedule, Settlement, Stores, DEFAULT_MAX_PAYLOAD_BYTES,
 };
+use palisade_testkit::RedisServer;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -24,7 +22,7 @@ fn layout_refusal(e: &Error) -> bool {
     matches!(e, Error::Layout(why) if why.contains("PALISADE_LAYOUT"))
 }
 
-fn layout(pool: &Pool, prefix: &str, partitions: usize, generation: u64) -> Arc<dyn LeaseStore> {
+fn layout(pool: &Pool, prefix: &str, partitions: usize, generation: u64) -> Stores {
     coordinator(
         pool.clone(),
         prefix,
@@ -67,7 +65,7 @@ async fn run_one(store: &dyn LeaseStore, queue: &str) {
 
 /// The control state a migration must carry: schedule "tick" (mark 60 000), queue "q"
 /// paused and limited to 6/s, kind "k" capped at 6.
-async fn plant_control_state(old: &dyn LeaseStore) {
+async fn plant_control_state(old: &(impl LeaseStore + ControlStore + QueueAdmin)) {
     run_one(old, "q").await;
     old.put_schedule(spec("tick")).await.unwrap();
     old.advance_schedule("tick", 60_000).await.unwrap();
@@ -144,7 +142,7 @@ async fn a_move_between_layouts_that_share_a_partition_keeps_the_control_state()
         assert!(!partition_prefixes("mv", from).contains(&base), "{base}");
     }
     assert_eq!(check_layout(&pool, "mv", from).await.unwrap(), 0);
-    plant_control_state(&*layout(&pool, "mv", from, 0)).await;
+    plant_control_state(&layout(&pool, "mv", from, 0)).await;
     move_layout(&pool, "mv", from, to, |s| s).await.unwrap();
     let generation = check_layout(&pool, "mv", to).await.unwrap();
     let missing = missing_control_state(&pool, "mv", to, generation).await;
@@ -163,7 +161,7 @@ async fn rerunning_a_move_that_died_after_migrating_keeps_the_control_state() {
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let (from, to) = (1, 2);
     assert_eq!(check_layout(&pool, "cr", from).await.unwrap(), 0);
-    plant_control_state(&*layout(&pool, "cr", from, 0)).await;
+    plant_control_state(&layout(&pool, "cr", from, 0)).await;
     // What move_locked did before it died: stamp, migrate.
     for base in layout_prefixes("cr", to, 1) {
         server.cli(&["SET", &format!("{{{base}}}:layout"), "1"]);
@@ -171,7 +169,7 @@ async fn rerunning_a_move_that_died_after_migrating_keeps_the_control_state() {
     for base in partition_prefixes("cr", from) {
         server.cli(&["SET", &format!("{{{base}}}:layout"), "retired:1"]);
     }
-    migrate(&*layout(&pool, "cr", from, 0), &*layout(&pool, "cr", to, 1))
+    migrate(&layout(&pool, "cr", from, 0), &layout(&pool, "cr", to, 1))
         .await
         .unwrap();
     // The operator runs it again.
@@ -348,11 +346,11 @@ async fn a_rate_limit_on_a_queue_without_jobs_is_carried() {
 /// The memory store's side of the previous test.
 #[tokio::test]
 async fn a_rate_limit_on_a_queue_without_jobs_is_carried_in_memory() {
-    let old = MemoryLeaseStore::new();
-    let parts: Vec<Arc<dyn LeaseStore>> = (0..2)
-        .map(|_| Arc::new(MemoryLeaseStore::new()) as Arc<dyn LeaseStore>)
+    let old = Stores::from(Arc::new(MemoryLeaseStore::new()));
+    let parts: Vec<Stores> = (0..2)
+        .map(|_| Arc::new(MemoryLeaseStore::new()).into())
         .collect();
-    let new = PartitionedLeaseStore::new(parts).unwrap();
+    let new = Stores::from(PartitionedLeaseStore::new(parts).unwrap());
     old.set_rate_limit("fresh", Some(limit(5))).await.unwrap();
     migrate(&old, &new).await.unwrap();
     palisade::store::partitioned::retire(&old).await;

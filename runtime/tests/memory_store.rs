@@ -1,14 +1,22 @@
 //! The conformance suite against the in-memory backends.
 
-mod suite;
-
 use std::sync::Arc;
 
 use palisade::store::partitioned::PartitionedLeaseStore;
-use palisade::{LeaseStore, MemoryFencedStore, MemoryLeaseStore};
+use palisade::{FencedStore, Inspect, LeaseStore, MemoryFencedStore, MemoryLeaseStore, Stores};
+use palisade_testkit::{fenced_store_suite, lease_store_suite};
 
-lease_store_suite!(async { Arc::new(MemoryLeaseStore::new()) });
-fenced_store_suite!(async { Arc::new(MemoryFencedStore::new()) });
+fn memory() -> Stores {
+    Arc::new(MemoryLeaseStore::new()).into()
+}
+
+lease_store_suite!(async { (memory(), ()) });
+fenced_store_suite!(async {
+    (
+        Arc::new(MemoryFencedStore::new()) as Arc<dyn FencedStore>,
+        (),
+    )
+});
 
 /// Issue 9: 100,000 default-scoped jobs with a sink write leave the memory sink holding only
 /// the live scopes once the watermark has passed and the key retention is over.
@@ -16,7 +24,7 @@ fenced_store_suite!(async { Arc::new(MemoryFencedStore::new()) });
 async fn sink_state_stays_bounded_by_live_scopes() {
     let retention = std::time::Duration::from_millis(300);
     let sink = MemoryFencedStore::new().with_key_retention(retention);
-    suite::drive_default_scoped_writes(&sink, 100_000, retention).await;
+    palisade_testkit::suite::drive_default_scoped_writes(&sink, 100_000, retention).await;
     assert!(
         sink.scopes_held() <= 2,
         "{} scopes held",
@@ -26,11 +34,9 @@ async fn sink_state_stays_bounded_by_live_scopes() {
 
 lease_store_suite!(list);
 
-fn three_partitions() -> (Arc<dyn LeaseStore>, Vec<Arc<dyn LeaseStore>>) {
-    let parts: Vec<Arc<dyn LeaseStore>> = (0..3)
-        .map(|_| Arc::new(MemoryLeaseStore::new()) as Arc<dyn LeaseStore>)
-        .collect();
-    let store = Arc::new(PartitionedLeaseStore::new(parts.clone()).unwrap());
+fn three_partitions() -> (Stores, Vec<Stores>) {
+    let parts: Vec<Stores> = (0..3).map(|_| memory()).collect();
+    let store = PartitionedLeaseStore::new(parts.clone()).unwrap().into();
     (store, parts)
 }
 
@@ -40,22 +46,22 @@ fn three_partitions() -> (Arc<dyn LeaseStore>, Vec<Arc<dyn LeaseStore>>) {
 async fn the_suite_holds_for_a_partitioned_coordinator() {
     let runs = lease_store_cases()
         .into_iter()
-        .filter(|(name, _)| !suite::NOT_FOR_PARTITIONS.contains(name))
+        .filter(|(name, _)| !palisade_testkit::suite::NOT_FOR_PARTITIONS.contains(name))
         .map(|(name, case)| (name.to_string(), case(three_partitions().0)))
         .collect();
-    suite::run_together(runs, 8).await;
+    palisade_testkit::suite::run_together(runs, 8).await;
 }
 
 #[tokio::test]
 async fn partitions_keep_each_scope_on_one_counter_and_share_the_work() {
     let (store, parts) = three_partitions();
-    suite::partitions_keep_scopes_and_share_work(store, parts).await;
+    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store, parts).await;
 }
 
 #[tokio::test]
 async fn a_migration_to_partitions_never_lowers_a_scopes_tokens() {
-    suite::migration_never_lowers_a_scopes_tokens(
-        Arc::new(MemoryLeaseStore::new()),
+    palisade_testkit::suite::migration_never_lowers_a_scopes_tokens(
+        memory(),
         three_partitions().0,
         three_partitions().0,
     )
@@ -70,9 +76,7 @@ async fn a_migration_to_partitions_never_lowers_a_scopes_tokens() {
 async fn every_partition_serves_a_queue_whatever_the_queue_rotation() {
     use palisade::NewJob;
     use std::time::Duration;
-    let parts: Vec<Arc<dyn LeaseStore>> = (0..2)
-        .map(|_| Arc::new(MemoryLeaseStore::new()) as Arc<dyn LeaseStore>)
-        .collect();
+    let parts: Vec<Stores> = (0..2).map(|_| memory()).collect();
     let store = PartitionedLeaseStore::new(parts.clone()).unwrap();
     let jobs = (0..200)
         .map(|_| NewJob::raw("k", "null").with_queue("a"))

@@ -4,10 +4,8 @@
 
 use std::collections::HashSet;
 
-mod common;
-
-use common::postgres_url;
 use palisade::{EpochSource, PostgresEpochSource};
+use palisade_testkit::postgres_url;
 
 async fn source() -> PostgresEpochSource {
     let name = format!("test-{}", uuid::Uuid::new_v4());

@@ -4,15 +4,13 @@
 //! first result, a lost COMMIT is `OutcomeUnknown` and resolves on retry, and hundreds of
 //! racing writers on one scope (first row included) keep tokens monotonic in commit order.
 
-mod common;
-mod suite;
-
+use palisade_testkit::fenced_store_suite;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{drop_postgres_schema, fresh_postgres_schema};
 use palisade::*;
+use palisade_testkit::{drop_postgres_schema, fresh_postgres_schema};
 
 async fn sink() -> Arc<PostgresSink> {
     let (_, url) = fresh_postgres_schema();
@@ -25,8 +23,8 @@ async fn sink() -> Arc<PostgresSink> {
     )
 }
 
-async fn fenced_store() -> Arc<dyn FencedStore> {
-    Arc::new(PostgresFencedStore::new(sink().await))
+async fn fenced_store() -> (Arc<dyn FencedStore>, ()) {
+    (Arc::new(PostgresFencedStore::new(sink().await)), ())
 }
 
 fenced_store_suite!(fenced_store());
@@ -801,7 +799,7 @@ fn commit_swallowing_proxy() -> (u16, Arc<std::sync::atomic::AtomicBool>) {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::sync::atomic::AtomicBool;
-    let url = common::postgres_url();
+    let url = palisade_testkit::postgres_url();
     let upstream = url
         .split('@')
         .nth(1)

@@ -7,14 +7,12 @@
 //! applied token is above everything the sink accepted before — at once with a durable source
 //! (where the loss is detectable), after at most one rejected attempt per scope without.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
 use palisade::*;
+use palisade_testkit::RedisServer;
 
 const TTL: Duration = Duration::from_secs(30);
 const SCOPES: [&str; 3] = ["account:1", "account:2", "account:3"];

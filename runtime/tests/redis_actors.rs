@@ -1,14 +1,12 @@
 //! The actors over the Redis backends, in real time on private redis-servers: the same
 //! worker code that runs embedded runs against Redis unchanged.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use common::{RedisCluster, RedisServer};
 use palisade::*;
+use palisade_testkit::{RedisCluster, RedisServer};
 use tokio::sync::{mpsc, Notify};
 
 const TTL: Duration = Duration::from_millis(600);

@@ -1,186 +1,24 @@
 //! The conformance suite against the Redis backends, each test on its own private
 //! redis-server (started on a free port, stopped by pid).
 
-mod common;
-mod suite;
-
+use palisade_testkit::{fenced_store_suite, lease_store_suite};
 use std::sync::Arc;
 
-use common::RedisServer;
-use palisade::{RedisFencedStore, RedisLeaseStore};
+use palisade::{ControlStore, Inspect, QueueAdmin, RedisFencedStore, RedisLeaseStore};
+use palisade_testkit::RedisServer;
 
-/// Keeps the private server alive as long as the store that uses it.
-struct OnPrivateRedis<S> {
-    store: S,
-    _server: RedisServer,
-}
-
-async fn lease_store() -> Arc<dyn palisade::LeaseStore> {
+/// A coordinator on a private server of its own, and the server (kept alive for the test).
+async fn lease_store() -> (palisade::Stores, RedisServer) {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    Arc::new(OnPrivateRedis {
-        store: RedisLeaseStore::new(pool, "suite"),
-        _server: server,
-    })
+    (Arc::new(RedisLeaseStore::new(pool, "suite")).into(), server)
 }
 
-async fn fenced_store() -> Arc<dyn palisade::FencedStore> {
+/// A sink on a private server of its own, and the server.
+async fn fenced_store() -> (Arc<dyn palisade::FencedStore>, RedisServer) {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    Arc::new(OnPrivateRedis {
-        store: RedisFencedStore::new(pool, "sink"),
-        _server: server,
-    })
-}
-
-mod delegate {
-    use super::OnPrivateRedis;
-    use async_trait::async_trait;
-    use palisade::*;
-    use std::time::Duration;
-
-    #[async_trait]
-    impl<S: LeaseStore> LeaseStore for OnPrivateRedis<S> {
-        async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-            self.store.enqueue_all(jobs).await
-        }
-        async fn claim_kinds(
-            &self,
-            q: &str,
-            kinds: &[String],
-            w: &str,
-            n: usize,
-            ttl: Duration,
-        ) -> Result<Vec<Claim>> {
-            self.store.claim_kinds(q, kinds, w, n, ttl).await
-        }
-        async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
-            self.store.renew(leases, ttl).await
-        }
-        async fn settle(&self, s: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
-            self.store.settle(s).await
-        }
-        async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
-            self.store.reap(max).await
-        }
-        async fn counts(&self, q: &str) -> Result<QueueCounts> {
-            self.store.counts(q).await
-        }
-        async fn dead(&self, q: &str, limit: usize) -> Result<Vec<DeadJob>> {
-            self.store.dead(q, limit).await
-        }
-        async fn highest_token(&self, s: &Scope) -> Result<Option<FencingToken>> {
-            self.store.highest_token(s).await
-        }
-        async fn queues(&self) -> Result<Vec<String>> {
-            self.store.queues().await
-        }
-        async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-            self.store.leases(limit).await
-        }
-        async fn retry_dead(&self, q: &str, limit: usize) -> Result<usize> {
-            self.store.retry_dead(q, limit).await
-        }
-        async fn purge_dead(&self, q: &str, limit: usize) -> Result<usize> {
-            self.store.purge_dead(q, limit).await
-        }
-        async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
-            self.store.put_result(job, json, ttl).await
-        }
-        async fn result(&self, job: JobId) -> Result<Option<String>> {
-            self.store.result(job).await
-        }
-        async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
-            self.store.put_progress(job, json).await
-        }
-        async fn progress(&self, job: JobId) -> Result<Option<String>> {
-            self.store.progress(job).await
-        }
-        async fn now_ms(&self) -> Result<i64> {
-            self.store.now_ms().await
-        }
-        async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
-            self.store.schedules().await
-        }
-        async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
-            self.store.put_schedule(spec).await
-        }
-        async fn remove_schedule(&self, name: &str) -> Result<bool> {
-            self.store.remove_schedule(name).await
-        }
-        async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
-            self.store.schedule_mark(name).await
-        }
-        async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
-            self.store.advance_schedule(name, through).await
-        }
-        async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-            self.store.cancel(job, reason).await
-        }
-        async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
-            self.store.set_concurrency_cap(kind, cap).await
-        }
-        async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
-            self.store.concurrency_cap(kind).await
-        }
-        async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
-            self.store.concurrency_caps().await
-        }
-        async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
-            self.store.set_rate_limit(queue, limit).await
-        }
-        async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
-            self.store.rate_limit(queue).await
-        }
-        async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-            self.store.set_paused(queue, paused).await
-        }
-        async fn paused(&self) -> Result<Vec<String>> {
-            self.store.paused().await
-        }
-        async fn oldest_ready(&self, q: &str) -> Result<Option<Duration>> {
-            self.store.oldest_ready(q).await
-        }
-        async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
-            self.store.hold_role(role, holder, ttl).await
-        }
-        async fn note_rejections(&self, notes: Vec<store::RejectionNote>) -> Result<()> {
-            self.store.note_rejections(notes).await
-        }
-        async fn rejections(&self, limit: usize) -> Result<Vec<store::RejectionNote>> {
-            self.store.rejections(limit).await
-        }
-        async fn epoch(&self) -> Result<Option<u32>> {
-            self.store.epoch().await
-        }
-        async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
-            self.store.raise_epoch(at_least).await
-        }
-        fn watermark(&self) -> Option<FencingToken> {
-            self.store.watermark()
-        }
-    }
-
-    #[async_trait]
-    impl<S: FencedStore> FencedStore for OnPrivateRedis<S> {
-        async fn write(&self, w: FencedWrite) -> Result<Admission> {
-            self.store.write(w).await
-        }
-        // Forwarded, or the suite would test the trait's one-by-one default instead of the
-        // production group-commit script.
-        async fn write_batch(&self, w: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
-            self.store.write_batch(w).await
-        }
-        fn observe_watermark(&self, w: FencingToken) {
-            self.store.observe_watermark(w)
-        }
-        async fn read(&self, key: &str) -> Result<Option<Value>> {
-            self.store.read(key).await
-        }
-        async fn highest(&self, s: &Scope) -> Result<Option<Fence>> {
-            self.store.highest(s).await
-        }
-    }
+    (Arc::new(RedisFencedStore::new(pool, "sink")), server)
 }
 
 lease_store_suite!(lease_store());
@@ -384,7 +222,7 @@ async fn sink_state_stays_bounded_by_live_scopes() {
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let retention = Duration::from_millis(300);
     let sink = RedisFencedStore::new(pool, "bounded").with_key_retention(retention, 10_000);
-    suite::drive_default_scoped_writes(&sink, 100_000, retention).await;
+    palisade_testkit::suite::drive_default_scoped_writes(&sink, 100_000, retention).await;
     let keys: u64 = server.cli(&["DBSIZE"]).unwrap().parse().unwrap();
     // The total, the watermark, the collection queue, the probe scope's fence and keys.
     assert!(keys <= 8, "{keys} keys left after 100,000 jobs");
@@ -703,7 +541,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     };
     let new = layout_at(2, generation);
     new.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
-    complete_one(&*new).await;
+    complete_one(&new).await;
     // The 1 -> 2 -> 1: what was removed or lifted on 2 partitions stays so.
     assert_eq!(new.schedules().await.unwrap().len(), 1, "carried");
     assert_eq!(new.concurrency_caps().await.unwrap(), [("k".into(), 3)]);

@@ -17,8 +17,6 @@
 //!   list make the checkers fail — a checker that cannot fail proves nothing.
 //! - The same world drives the real Redis scripts on a private server (real time, fewer seeds).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -1311,7 +1309,7 @@ fn planted_bugs_are_caught() {
 /// Redis losing data).
 #[test]
 fn the_simulated_world_drives_the_redis_scripts() {
-    let server = common::RedisServer::start();
+    let server = palisade_testkit::RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let seeds = env_u64("PALISADE_SIM_REDIS_SEEDS").unwrap_or(6);
     for seed in 0..seeds {

@@ -203,7 +203,7 @@ fn main() {
     let system = System::new();
     system.block_on(async move {
         let prefix = format!("bench-{}", uuid::Uuid::new_v4());
-        let (store, target): (Arc<dyn LeaseStore>, Option<store::redis::Target>) = match &args.redis {
+        let (store, target): (palisade::Stores, Option<store::redis::Target>) = match &args.redis {
             Some(url) => {
                 let target: store::redis::Target = if args.cluster {
                     let nodes: Vec<&str> = url.split(',').collect();
@@ -216,7 +216,7 @@ fn main() {
                     .expect("partitions");
                 (store, Some(target))
             }
-            None => (Arc::new(MemoryLeaseStore::new()), None),
+            None => (Arc::new(MemoryLeaseStore::new()).into(), None),
         };
         let servers = match &args.redis {
             Some(_) => servers(&args).await,

@@ -3,74 +3,23 @@
 //! private Redis, one is SIGSTOPped past its lease and another killed with -9 mid-run, and
 //! every total is exact, a stale write was refused, nothing is pending and nothing is dead.
 
-#[path = "../../../jobs/tests/common/mod.rs"]
-mod common;
-#[path = "../../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, http_get, wait_for};
-use redis_server::RedisServer;
+use palisade_testkit::RedisServer;
+use palisade_testkit::{wait_for, Process};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_custom-worker");
 const JOBS: u32 = 3000;
 const SKUS: u32 = 50;
 
-struct Proc {
-    child: Child,
-    port: u16,
-}
-
-impl Proc {
-    fn worker(redis: &RedisServer, name: &str) -> Self {
-        let port = free_port();
-        let child = Command::new(BIN)
-            .args([
-                "worker",
-                "--redis",
-                &redis.url(),
-                "--name",
-                name,
-                "--lease",
-                "1s",
-            ])
-            .args(["--arbiters", "1", "--concurrency", "16", "--drain", "1s"])
-            .args(["--metrics", &format!("127.0.0.1:{port}")])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let worker = Self { child, port };
-        wait_for("worker up", Duration::from_secs(20), || {
-            worker.metrics().is_some()
-        });
-        worker
-    }
-
-    fn metrics(&self) -> Option<String> {
-        http_get(self.port, "/metrics")
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success());
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn worker(redis: &RedisServer, name: &str) -> Process {
+    let url = redis.url();
+    let args = ["--redis", &url, "--name", name, "--lease", "1s"];
+    let tuning = ["--arbiters", "1", "--concurrency", "16", "--drain", "1s"];
+    Process::worker(BIN, &[&args[..], &tuning[..]].concat(), "error")
 }
 
 fn cli(redis: &RedisServer, args: &[&str]) -> String {
@@ -91,7 +40,7 @@ fn status(redis: &RedisServer) -> Value {
     serde_json::from_str(&cli(redis, &["status", "--json", "--leases", "100"])).unwrap()
 }
 
-fn stale_refusals(worker: &Proc) -> u64 {
+fn stale_refusals(worker: &Process) -> u64 {
     let text = worker.metrics().unwrap_or_default();
     palisade::metrics::sample_sum(
         &text,
@@ -139,10 +88,7 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
         JOBS as usize
     );
 
-    let workers: Vec<Proc> = ["a", "b", "c"]
-        .iter()
-        .map(|n| Proc::worker(&redis, n))
-        .collect();
+    let workers: Vec<Process> = ["a", "b", "c"].iter().map(|n| worker(&redis, n)).collect();
     // Pause whoever holds the slow SKU-0 job, past its 1 s lease.
     let mut holder = None;
     wait_for("the slow job to be held", Duration::from_secs(20), || {
@@ -173,7 +119,7 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
             .any(|l| l["worker"] == ["a", "b", "c"][killed])
     });
     workers[killed].signal("-KILL");
-    let _spare = Proc::worker(&redis, "d");
+    let _spare = worker(&redis, "d");
     // Someone else writes SKU 0 under a newer token: the paused holder is now stale.
     let fence = || {
         redis

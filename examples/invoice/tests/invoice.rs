@@ -5,17 +5,12 @@
 //! and runs the same job body — its transaction is refused before its SQL runs. The invoice
 //! is paid once, by B's token, and exactly one receipt is recorded and sent.
 
-#[path = "../../../jobs/tests/common/mod.rs"]
-mod common;
-#[path = "../../../runtime/tests/common/mod.rs"]
-mod redis_server;
-
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get, http_receiver, wait_for};
-use redis_server::RedisServer;
+use palisade_testkit::RedisServer;
+use palisade_testkit::{http_receiver, wait_for, Process};
 
 const BIN: &str = env!("CARGO_BIN_EXE_invoice");
 
@@ -30,59 +25,13 @@ fn receiver() -> (u16, Arc<Mutex<Vec<String>>>) {
     (port, keys)
 }
 
-struct Worker {
-    child: Child,
-    port: u16,
-}
-
-impl Worker {
-    fn start(redis: &RedisServer, sink: &str, receipts: u16, name: &str) -> Self {
-        let port = free_port();
-        let child = Command::new(BIN)
-            .args(["worker", "--redis", &redis.url(), "--name", name])
-            .args(["--lease", "1s", "--arbiters", "1", "--concurrency", "4"])
-            .args(["--sink", &format!("billing={sink}")])
-            .args([
-                "--relay",
-                "--target",
-                &format!("email=http://127.0.0.1:{receipts}/receipts"),
-            ])
-            .args(["--metrics", &format!("127.0.0.1:{port}")])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let worker = Self { child, port };
-        wait_for("worker up", Duration::from_secs(20), || {
-            http_get(worker.port, "/metrics").is_some()
-        });
-        worker
-    }
-
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        palisade::metrics::sample_sum(
-            &http_get(self.port, "/metrics").unwrap_or_default(),
-            name,
-            labels,
-        )
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn worker(redis: &RedisServer, sink: &str, receipts: u16, name: &str) -> Process {
+    let (url, billing) = (redis.url(), format!("billing={sink}"));
+    let email = format!("email=http://127.0.0.1:{receipts}/receipts");
+    let args = ["--redis", &url, "--name", name, "--sink", &billing];
+    let tuning = ["--lease", "1s", "--arbiters", "1", "--concurrency", "4"];
+    let relay = ["--relay", "--target", &email];
+    Process::worker(BIN, &[&args[..], &tuning[..], &relay[..]].concat(), "error")
 }
 
 fn invoice(redis: &RedisServer, args: &[&str]) -> String {
@@ -125,7 +74,7 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
     invoice(&redis, &["setup", "--database", &sink, "--invoices", "10"]);
     let (receipts, keys) = receiver();
 
-    let a = Worker::start(&redis, &sink, receipts, "A");
+    let a = worker(&redis, &sink, receipts, "A");
     let job = r#"{"invoice": 7, "hold_ms": 1500}"#;
     invoice(
         &redis,
@@ -136,7 +85,7 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
     });
     a.signal("-STOP");
     let stopped = Instant::now();
-    let b = Worker::start(&redis, &sink, receipts, "B");
+    let b = worker(&redis, &sink, receipts, "B");
     wait_for(
         "B to settle and its relay to send the receipt",
         Duration::from_secs(30),

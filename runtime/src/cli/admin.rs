@@ -10,6 +10,7 @@ use super::{runtime, RedisArgs};
 use crate::context::Registry;
 use crate::ids::Scope;
 use crate::job::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::store::{ControlStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
 
 /// `enqueue`.
 #[derive(Clone, Debug, clap::Args)]

@@ -42,8 +42,8 @@ use clap::{ArgMatches, FromArgMatches, Subcommand};
 
 use crate::context::Registry;
 use crate::store::redis::{cluster, ping, pool_with_ca, redacted, Target};
-use crate::{LeaseStore, RedisLeaseStore};
-use std::sync::Arc;
+use crate::store::Stores;
+use crate::RedisLeaseStore;
 
 /// A user's worker binary: built from their [`Registry`] and sink names, run from `main`.
 pub struct App {
@@ -360,7 +360,7 @@ impl RedisArgs {
         Ok(pool)
     }
 
-    async fn store(&self) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
+    async fn store(&self) -> anyhow::Result<(Target, Stores)> {
         self.store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
             .await
     }
@@ -370,7 +370,7 @@ impl RedisArgs {
         &self,
         max_payload_bytes: usize,
         configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
-    ) -> anyhow::Result<(Target, Arc<dyn LeaseStore>)> {
+    ) -> anyhow::Result<(Target, Stores)> {
         let target = self.reachable(&self.redis, "Redis").await?;
         let generation = crate::store::redis::check_layout(
             target.clone(),

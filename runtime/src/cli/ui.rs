@@ -24,7 +24,9 @@ use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
 use crate::job::{DeadJob, QueueCounts};
-use crate::store::{LeaseInfo, LeaseStore, RejectionNote, MAX_DEAD_RETENTION};
+use crate::store::{
+    Inspect, LeaseInfo, QueueAdmin, RecordStore, RejectionNote, Stores, MAX_DEAD_RETENTION,
+};
 
 /// `ui` flags.
 #[derive(Clone, Debug, clap::Args)]
@@ -71,7 +73,7 @@ pub(crate) struct Snapshot {
 }
 
 /// Reads a [`Snapshot`].
-async fn snapshot(store: &dyn LeaseStore, source: &str, rows: usize) -> crate::Result<Snapshot> {
+async fn snapshot(store: &Stores, source: &str, rows: usize) -> crate::Result<Snapshot> {
     let mut snap = Snapshot {
         source: source.to_owned(),
         ..Snapshot::default()
@@ -242,7 +244,7 @@ pub(crate) fn render(snap: &Snapshot, csrf: &str, msg: Option<&str>) -> Markup {
 
 /// The server's state.
 struct Ui {
-    store: Arc<dyn LeaseStore>,
+    store: Stores,
     source: String,
     rows: usize,
     /// Random per process: a form from an earlier run (or another site) is refused.
@@ -287,7 +289,7 @@ struct DeadForm {
 }
 
 async fn page(State(ui): State<Arc<Ui>>, Query(q): Query<PageQuery>) -> Response {
-    match snapshot(&*ui.store, &ui.source, ui.rows).await {
+    match snapshot(&ui.store, &ui.source, ui.rows).await {
         Ok(snap) => {
             let msg = q.flash.as_deref().and_then(|id| ui.take_flash(id));
             render(&snap, &ui.csrf, msg.as_deref()).into_response()

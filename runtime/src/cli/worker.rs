@@ -22,7 +22,7 @@ use crate::sink::FencedSink;
 use crate::store::epoch::{FileEpochSource, PostgresEpochSource};
 use crate::store::postgres::{PostgresFencedStore, PostgresSink};
 use crate::store::redis::{ping, redacted};
-use crate::store::{DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
+use crate::store::{ControlStore, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
 use crate::worker::{Drain, Worker, WorkerConfig};
 use crate::RedisFencedStore;
 

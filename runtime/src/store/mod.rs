@@ -3,6 +3,7 @@
 //! Every method is one atomic backend operation and, where a worker does many of the same
 //! thing, takes a batch — so a remote backend pays one round trip per batch, not per job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -42,7 +43,9 @@ pub mod partitioned;
 pub mod postgres;
 pub mod redis;
 
-/// The coordinator's state: queues, leases and per-scope fencing counters.
+/// The hot path: what workers do to jobs many times a second (enqueue, claim, renew, settle,
+/// reap), and the per-scope fencing counters and epoch those operations grant tokens from.
+/// The [`Coordinator`](crate::Coordinator) actor drives it.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Adds jobs; all or none. A job whose unique key another job holds (an earlier one of
@@ -102,14 +105,31 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Moves up to `max` expired leases' jobs back to ready (a stall) or to dead.
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>>;
 
+    /// The newest token granted for `scope`, if any.
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
+
+    /// The epoch tokens are granted in now (`None` before the coordinator has one). With
+    /// [`raise_epoch`](Self::raise_epoch), for moving between coordinator layouts
+    /// (partitions) without lowering any scope's tokens.
+    async fn epoch(&self) -> Result<Option<u32>>;
+
+    /// Makes every token granted from now on be in an epoch of at least `at_least`: moves
+    /// there now if the current epoch is lower (leases already granted stay current), and
+    /// records it as a floor for the epoch a recovery picks. Returns the epoch in force (or,
+    /// before the coordinator has one, the floor it will start at). An epoch above
+    /// [`FencingToken::MAX_EPOCH`] is an [`Error::Epoch`](crate::Error::Epoch).
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32>;
+}
+
+/// Read-only views of the queues, for operators and the depth sampler: counts, dead letters,
+/// live leases, the age of the next job. Never changes anything.
+#[async_trait]
+pub trait Inspect: Send + Sync + 'static {
     /// Counts for one queue.
     async fn counts(&self, queue: &str) -> Result<QueueCounts>;
 
     /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
     async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>>;
-
-    /// The newest token granted for `scope`, if any.
-    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
 
     /// Every queue that has ever had a job or a rate limit.
     async fn queues(&self) -> Result<Vec<String>>;
@@ -117,21 +137,35 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Live leases, soonest to expire first, at most `limit`.
     async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>>;
 
+    /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
+    /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
+    /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
+    /// is ready.
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
+}
+
+/// What an operator changes about queues and kinds (pause, cancel, dead-letter retry and
+/// purge, concurrency caps, rate limits), and those settings read back.
+#[async_trait]
+pub trait QueueAdmin: Send + Sync + 'static {
+    /// Pauses (`true`) or resumes a queue: while paused, claims from it hand out nothing;
+    /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
+    /// usual), so nothing is lost.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// The paused queues, sorted.
+    async fn paused(&self) -> Result<Vec<String>>;
+
+    /// Cancels job `job`: queued, it goes to the dead letters with `reason`; running, its
+    /// lease is revoked at once and it goes there too (see [`Cancelled`]).
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled>;
+
     /// Moves up to `limit` dead-lettered jobs of `queue` back to ready with fresh attempts,
     /// oldest first; returns how many.
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
-
-    /// Pauses (`true`) or resumes a queue: while paused, claims from it hand out nothing;
-    /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
-    /// usual), so nothing is lost.
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
-
-    /// Cancels job `job`: queued, it goes to the dead letters with `reason`; running, its
-    /// lease is revoked at once and it goes there too (see [`Cancelled`]).
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled>;
 
     /// Caps (`Some(n)`) how many jobs of `kind` may run at once across the fleet, or lifts
     /// the cap. Jobs running when a cap is set do not count against it.
@@ -148,13 +182,21 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// A queue's rate limit.
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>>;
+}
 
-    /// The paused queues, sorted.
-    async fn paused(&self) -> Result<Vec<String>>;
-
+/// Fleet-wide state kept in exactly one place (partition 0 of a partitioned layout): the
+/// coordinator's clock, roles only one process may hold, and the kept schedules with their
+/// marks. The [`Scheduler`](crate::Scheduler) drives it.
+#[async_trait]
+pub trait ControlStore: Send + Sync + 'static {
     /// The coordinator's clock, in ms since the Unix epoch: schedules fire by it, so hosts
     /// whose clocks disagree agree on what is due.
     async fn now_ms(&self) -> Result<i64>;
+
+    /// Takes or keeps `role` for `holder` for `ttl`, by the coordinator's clock; `true` if
+    /// `holder` has it now. At most one holder at a time: roles that only one process per
+    /// coordinator should play (sampling queue depth for the metrics).
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool>;
 
     /// Schedules kept in the coordinator (`palisade schedule add`), by name.
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>>;
@@ -171,7 +213,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Raises schedule `name`'s mark to `through`; never lowers it (a scheduler that woke
     /// from a pause cannot send it back).
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()>;
+}
 
+/// What jobs and sinks leave behind for people to read, kept for a bounded time or count: job
+/// results and progress, and the journal of recent fence rejections.
+#[async_trait]
+pub trait RecordStore: Send + Sync + 'static {
     /// Keeps job `job`'s result (JSON) for `ttl`.
     async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()>;
 
@@ -184,41 +231,236 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Job `job`'s latest progress.
     async fn progress(&self, job: JobId) -> Result<Option<String>>;
 
-    /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
-    /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
-    /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
-    /// is ready.
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
-
-    /// Takes or keeps `role` for `holder` for `ttl`, by the coordinator's clock; `true` if
-    /// `holder` has it now. At most one holder at a time: roles that only one process per
-    /// coordinator should play (sampling queue depth for the metrics).
-    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool>;
-
     /// Adds fence rejections to the coordinator's journal of recent ones (the newest
     /// [`REJECTION_JOURNAL`] are kept), for operators.
     async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()>;
 
     /// The newest `limit` journal entries, newest first.
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
-
-    /// The epoch tokens are granted in now (`None` before the coordinator has one). With
-    /// [`raise_epoch`](Self::raise_epoch), for moving between coordinator layouts
-    /// (partitions) without lowering any scope's tokens.
-    async fn epoch(&self) -> Result<Option<u32>>;
-
-    /// Makes every token granted from now on be in an epoch of at least `at_least`: moves
-    /// there now if the current epoch is lower (leases already granted stay current), and
-    /// records it as a floor for the epoch a recovery picks. Returns the epoch in force (or,
-    /// before the coordinator has one, the floor it will start at). An epoch above
-    /// [`FencingToken::MAX_EPOCH`] is an [`Error::Epoch`](crate::Error::Epoch).
-    async fn raise_epoch(&self, at_least: u32) -> Result<u32>;
 }
 
+/// Every store trait at once, as one coordinator: what [`Coordinator`](crate::Coordinator),
+/// [`Client`](crate::Client), the CLI and the operator page take. Cheap to clone.
+///
+/// Built from one backend that implements every trait (`Stores::from(Arc::new(store))`, or
+/// just pass the `Arc` wherever `impl Into<Stores>` is asked), or from a
+/// [`PartitionedLeaseStore`](partitioned::PartitionedLeaseStore), which implements only what
+/// partitions change and takes the fleet-wide control state and records from partition 0.
+/// A test wraps one concern without forwarding the rest:
+/// `Stores::from(inner).with_lease_store(Arc::new(MyFaults(...)))`.
+///
+/// `Stores` implements every store trait by handing each call to the part that owns it.
+#[derive(Clone)]
+pub struct Stores {
+    leases: Arc<dyn LeaseStore>,
+    inspect: Arc<dyn Inspect>,
+    admin: Arc<dyn QueueAdmin>,
+    control: Arc<dyn ControlStore>,
+    records: Arc<dyn RecordStore>,
+}
+
+impl<T> From<Arc<T>> for Stores
+where
+    T: LeaseStore + Inspect + QueueAdmin + ControlStore + RecordStore,
+{
+    fn from(store: Arc<T>) -> Self {
+        Self {
+            leases: store.clone(),
+            inspect: store.clone(),
+            admin: store.clone(),
+            control: store.clone(),
+            records: store,
+        }
+    }
+}
+
+impl Stores {
+    /// The hot path.
+    pub fn lease_store(&self) -> Arc<dyn LeaseStore> {
+        self.leases.clone()
+    }
+
+    /// The read-only views.
+    pub fn inspect(&self) -> Arc<dyn Inspect> {
+        self.inspect.clone()
+    }
+
+    /// The queue controls.
+    pub fn admin(&self) -> Arc<dyn QueueAdmin> {
+        self.admin.clone()
+    }
+
+    /// The clock, roles and schedules.
+    pub fn control(&self) -> Arc<dyn ControlStore> {
+        self.control.clone()
+    }
+
+    /// Results, progress and the rejection journal.
+    pub fn records(&self) -> Arc<dyn RecordStore> {
+        self.records.clone()
+    }
+
+    /// The same stores with the hot path replaced (a wrapper that injects faults into claims
+    /// or renewals implements [`LeaseStore`] only).
+    pub fn with_lease_store(mut self, leases: Arc<dyn LeaseStore>) -> Self {
+        self.leases = leases;
+        self
+    }
+
+    /// The same stores with the read-only views and queue controls replaced (a partitioned
+    /// layout's, which fan out over every partition).
+    pub(crate) fn with_queues(
+        mut self,
+        inspect: Arc<dyn Inspect>,
+        admin: Arc<dyn QueueAdmin>,
+    ) -> Self {
+        self.inspect = inspect;
+        self.admin = admin;
+        self
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Stores {
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.leases.enqueue_all(jobs).await
+    }
+    async fn claim_kinds(
+        &self,
+        queue: &str,
+        kinds: &[String],
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        self.leases.claim_kinds(queue, kinds, worker, n, ttl).await
+    }
+    async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
+        self.leases.renew(leases, ttl).await
+    }
+    async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+        self.leases.settle(settlements).await
+    }
+    fn watermark(&self) -> Option<FencingToken> {
+        self.leases.watermark()
+    }
+    async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
+        self.leases.reap(max).await
+    }
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
+        self.leases.highest_token(scope).await
+    }
+    async fn epoch(&self) -> Result<Option<u32>> {
+        self.leases.epoch().await
+    }
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        self.leases.raise_epoch(at_least).await
+    }
+}
+
+#[async_trait]
+impl Inspect for Stores {
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        self.inspect.counts(queue).await
+    }
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        self.inspect.dead(queue, limit).await
+    }
+    async fn queues(&self) -> Result<Vec<String>> {
+        self.inspect.queues().await
+    }
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        self.inspect.leases(limit).await
+    }
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        self.inspect.oldest_ready(queue).await
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for Stores {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.admin.set_paused(queue, paused).await
+    }
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.admin.paused().await
+    }
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        self.admin.cancel(job, reason).await
+    }
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.admin.retry_dead(queue, limit).await
+    }
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.admin.purge_dead(queue, limit).await
+    }
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        self.admin.set_concurrency_cap(kind, cap).await
+    }
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        self.admin.concurrency_cap(kind).await
+    }
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        self.admin.concurrency_caps().await
+    }
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        self.admin.set_rate_limit(queue, limit).await
+    }
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        self.admin.rate_limit(queue).await
+    }
+}
+
+#[async_trait]
+impl ControlStore for Stores {
+    async fn now_ms(&self) -> Result<i64> {
+        self.control.now_ms().await
+    }
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        self.control.hold_role(role, holder, ttl).await
+    }
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        self.control.schedules().await
+    }
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        self.control.put_schedule(spec).await
+    }
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        self.control.remove_schedule(name).await
+    }
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        self.control.schedule_mark(name).await
+    }
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        self.control.advance_schedule(name, through).await
+    }
+}
+
+#[async_trait]
+impl RecordStore for Stores {
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.records.put_result(job, json, ttl).await
+    }
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.records.result(job).await
+    }
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.records.put_progress(job, json).await
+    }
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.records.progress(job).await
+    }
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        self.records.note_rejections(notes).await
+    }
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        self.records.rejections(limit).await
+    }
+}
 /// How long progress records are kept.
 pub const PROGRESS_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// Longest role lease [`LeaseStore::hold_role`] grants: a day (a role is renewed every few
+/// Longest role lease [`ControlStore::hold_role`] grants: a day (a role is renewed every few
 /// seconds; more is a mistake).
 pub const MAX_ROLE_TTL: Duration = Duration::from_secs(86_400);
 

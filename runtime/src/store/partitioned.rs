@@ -40,15 +40,14 @@ use crate::job::{
     Cancelled, Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement,
     DEFAULT_MAX_PAYLOAD_BYTES,
 };
-use crate::schedule::ScheduleSpec;
-use crate::store::{LeaseInfo, LeaseStore, Reaped, RejectionNote};
+use crate::store::{ControlStore, Inspect, LeaseInfo, LeaseStore, QueueAdmin, Reaped, Stores};
 
 /// Most partitions: a claim asks each of them.
 pub const MAX_PARTITIONS: usize = 256;
 
 /// A coordinator over P partitions; see the module documentation.
 pub struct PartitionedLeaseStore {
-    parts: Vec<Arc<dyn LeaseStore>>,
+    parts: Vec<Stores>,
     /// Where the next default-scoped job without a unique key goes.
     next_job: AtomicUsize,
     /// Where the next claim of each queue starts: per queue, because one counter for all
@@ -78,7 +77,7 @@ impl PartitionedLeaseStore {
     /// A coordinator over `parts` (1..=[`MAX_PARTITIONS`]), in a fixed order: every process
     /// of a deployment must list the same partitions in the same order. On Redis, give each
     /// its own prefix (`palisade::store::redis::partition_prefixes`).
-    pub fn new(parts: Vec<Arc<dyn LeaseStore>>) -> Result<Self> {
+    pub fn new(parts: Vec<Stores>) -> Result<Self> {
         if parts.is_empty() || parts.len() > MAX_PARTITIONS {
             return Err(Error::Config(format!(
                 "{} partitions: 1..={MAX_PARTITIONS} are allowed",
@@ -106,8 +105,8 @@ impl PartitionedLeaseStore {
         self.parts.len()
     }
 
-    fn control(&self) -> &dyn LeaseStore {
-        self.parts[0].as_ref()
+    fn control(&self) -> &Stores {
+        &self.parts[0]
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, usize>> {
@@ -129,7 +128,7 @@ impl PartitionedLeaseStore {
     /// Runs `op` on every partition at once; the first error wins.
     async fn on_all<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
     where
-        F: Fn(Arc<dyn LeaseStore>) -> Fut,
+        F: Fn(Stores) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         self.on_each(|_, part| op(part)).await
@@ -138,7 +137,7 @@ impl PartitionedLeaseStore {
     /// [`on_all`](Self::on_all), with each partition's index.
     async fn on_each<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
     where
-        F: Fn(usize, Arc<dyn LeaseStore>) -> Fut,
+        F: Fn(usize, Stores) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         try_join_all(
@@ -154,7 +153,7 @@ impl PartitionedLeaseStore {
     /// did in all.
     async fn up_to<F, Fut>(&self, limit: usize, op: F) -> Result<usize>
     where
-        F: Fn(Arc<dyn LeaseStore>, usize) -> Fut,
+        F: Fn(Stores, usize) -> Fut,
         Fut: std::future::Future<Output = Result<usize>>,
     {
         let mut left = limit;
@@ -188,7 +187,7 @@ impl PartitionedLeaseStore {
 /// Refuses (`Error::Config`, naming what is left) while the coordinator layout `layout` still
 /// holds queued, delayed or running jobs, or dead letters: a migration moves no jobs, and dead
 /// letters left behind could not be seen or retried from the new layout (retry or purge them).
-pub async fn check_drained(layout: &dyn LeaseStore) -> Result<()> {
+pub async fn check_drained(layout: &Stores) -> Result<()> {
     let mut pending = Vec::new();
     for queue in layout.queues().await? {
         let counts = layout.counts(&queue).await?;
@@ -224,7 +223,7 @@ pub async fn check_drained(layout: &dyn LeaseStore) -> Result<()> {
 /// running jobs, or dead letters ([`check_drained`]). Returns the epoch `new` grants in from
 /// now on. On Redis, [`move_layout`](crate::store::redis::move_layout) runs it under a lock,
 /// fences the processes of the old layout out first and retires it after.
-pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> {
+pub async fn migrate(old: &Stores, new: &Stores) -> Result<u32> {
     check_drained(old).await?;
     let queues = old.queues().await?;
     let above = old.epoch().await?.unwrap_or(0).saturating_add(1);
@@ -284,7 +283,7 @@ pub async fn migrate(old: &dyn LeaseStore, new: &dyn LeaseStore) -> Result<u32> 
 /// it to the new one): its kept schedules, pauses, rate limits and caps. Best-effort — what is
 /// left is stale state nobody reads, and a failure is logged — so it never fails a migration
 /// that is complete.
-pub async fn retire(old: &dyn LeaseStore) {
+pub async fn retire(old: &Stores) {
     let cleared = async {
         for spec in old.schedules().await? {
             old.remove_schedule(&spec.name).await?;
@@ -559,6 +558,38 @@ impl LeaseStore for PartitionedLeaseStore {
         Ok(reaped.concat())
     }
 
+    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
+        if scope.job().is_none() {
+            return self.parts[partition_of(scope.as_str(), self.parts.len())]
+                .highest_token(scope)
+                .await;
+        }
+        // A job's default scope is not placed by its hash: ask every partition.
+        let all = self
+            .on_all(|part| async move { part.highest_token(scope).await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+
+    /// The highest epoch of any partition.
+    async fn epoch(&self) -> Result<Option<u32>> {
+        let all = self
+            .on_all(|part| async move { part.epoch().await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+
+    /// Raises every partition.
+    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
+        let all = self
+            .on_all(|part| async move { part.raise_epoch(at_least).await })
+            .await?;
+        Ok(all.into_iter().min().unwrap_or(at_least))
+    }
+}
+
+#[async_trait]
+impl Inspect for PartitionedLeaseStore {
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let all = self
             .on_all(|part| async move { part.counts(queue).await })
@@ -580,19 +611,6 @@ impl LeaseStore for PartitionedLeaseStore {
             .on_all(|part| async move { part.dead(queue, limit).await })
             .await?;
         Ok(all.concat().into_iter().take(limit).collect())
-    }
-
-    async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
-        if scope.job().is_none() {
-            return self.parts[partition_of(scope.as_str(), self.parts.len())]
-                .highest_token(scope)
-                .await;
-        }
-        // A job's default scope is not placed by its hash: ask every partition.
-        let all = self
-            .on_all(|part| async move { part.highest_token(scope).await })
-            .await?;
-        Ok(all.into_iter().flatten().max())
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -617,6 +635,36 @@ impl LeaseStore for PartitionedLeaseStore {
         Ok(all)
     }
 
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let all = self
+            .on_all(|part| async move { part.oldest_ready(queue).await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for PartitionedLeaseStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.on_all(|part| async move { part.set_paused(queue, paused).await })
+            .await
+            .map(drop)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.control().paused().await
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        for part in &self.parts {
+            match part.cancel(job, reason).await? {
+                Cancelled::Missing => continue,
+                done => return Ok(done),
+            }
+        }
+        Ok(Cancelled::Missing)
+    }
+
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
         self.up_to(limit, |part, left| async move {
             part.retry_dead(queue, left).await
@@ -629,22 +677,6 @@ impl LeaseStore for PartitionedLeaseStore {
             part.purge_dead(queue, left).await
         })
         .await
-    }
-
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.on_all(|part| async move { part.set_paused(queue, paused).await })
-            .await
-            .map(drop)
-    }
-
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-        for part in &self.parts {
-            match part.cancel(job, reason).await? {
-                Cancelled::Missing => continue,
-                done => return Ok(done),
-            }
-        }
-        Ok(Cancelled::Missing)
     }
 
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
@@ -711,84 +743,17 @@ impl LeaseStore for PartitionedLeaseStore {
             per,
         }))
     }
+}
 
-    async fn paused(&self) -> Result<Vec<String>> {
-        self.control().paused().await
-    }
-
-    async fn now_ms(&self) -> Result<i64> {
-        self.control().now_ms().await
-    }
-
-    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
-        self.control().schedules().await
-    }
-
-    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
-        self.control().put_schedule(spec).await
-    }
-
-    async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        self.control().remove_schedule(name).await
-    }
-
-    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
-        self.control().schedule_mark(name).await
-    }
-
-    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
-        self.control().advance_schedule(name, through).await
-    }
-
-    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
-        self.control().put_result(job, json, ttl).await
-    }
-
-    async fn result(&self, job: JobId) -> Result<Option<String>> {
-        self.control().result(job).await
-    }
-
-    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
-        self.control().put_progress(job, json).await
-    }
-
-    async fn progress(&self, job: JobId) -> Result<Option<String>> {
-        self.control().progress(job).await
-    }
-
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        let all = self
-            .on_all(|part| async move { part.oldest_ready(queue).await })
-            .await?;
-        Ok(all.into_iter().flatten().max())
-    }
-
-    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
-        self.control().hold_role(role, holder, ttl).await
-    }
-
-    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
-        self.control().note_rejections(notes).await
-    }
-
-    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
-        self.control().rejections(limit).await
-    }
-
-    /// The highest epoch of any partition.
-    async fn epoch(&self) -> Result<Option<u32>> {
-        let all = self
-            .on_all(|part| async move { part.epoch().await })
-            .await?;
-        Ok(all.into_iter().flatten().max())
-    }
-
-    /// Raises every partition.
-    async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
-        let all = self
-            .on_all(|part| async move { part.raise_epoch(at_least).await })
-            .await?;
-        Ok(all.into_iter().min().unwrap_or(at_least))
+/// The partitioned layout as one coordinator: its hot path, views and queue controls fan
+/// out over the partitions; the clock, roles, schedules and records are partition 0's.
+impl From<PartitionedLeaseStore> for Stores {
+    fn from(store: PartitionedLeaseStore) -> Self {
+        let control = store.parts[0].clone();
+        let store = Arc::new(store);
+        control
+            .with_lease_store(store.clone())
+            .with_queues(store.clone(), store)
     }
 }
 

@@ -74,27 +74,26 @@ pub fn coordinator(
     generation: u64,
     max_payload_bytes: usize,
     configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
-) -> crate::Result<std::sync::Arc<dyn crate::LeaseStore>> {
+) -> crate::Result<crate::store::Stores> {
     let target = target.into();
-    let mut parts: Vec<std::sync::Arc<dyn crate::LeaseStore>> =
-        layout_prefixes(prefix, partitions, generation)
-            .iter()
-            .map(|p| {
-                let store = configure(
-                    RedisLeaseStore::new(target.clone(), p)
-                        .with_max_payload_bytes(max_payload_bytes),
-                )
-                .with_layout_generation(generation);
-                std::sync::Arc::new(store) as std::sync::Arc<dyn crate::LeaseStore>
-            })
-            .collect();
+    let mut parts: Vec<crate::store::Stores> = layout_prefixes(prefix, partitions, generation)
+        .iter()
+        .map(|p| {
+            let store = configure(
+                RedisLeaseStore::new(target.clone(), p).with_max_payload_bytes(max_payload_bytes),
+            )
+            .with_layout_generation(generation);
+            crate::store::Stores::from(std::sync::Arc::new(store))
+        })
+        .collect();
     if parts.len() == 1 {
         return Ok(parts.remove(0));
     }
-    Ok(std::sync::Arc::new(
+    Ok(
         crate::store::partitioned::PartitionedLeaseStore::new(parts)?
-            .with_max_payload_bytes(max_payload_bytes),
-    ))
+            .with_max_payload_bytes(max_payload_bytes)
+            .into(),
+    )
 }
 
 /// The key that records how many partitions the coordinator under `prefix` has: in the
@@ -276,7 +275,7 @@ async fn move_locked(
     // Refused before anything changes while the old layout still has work: fencing its
     // processes out with a job in flight would refuse that job's settlement (the job would
     // run again) only for the move to be undone.
-    crate::store::partitioned::check_drained(old.as_ref()).await?;
+    crate::store::partitioned::check_drained(&old).await?;
     let stamp = |bases: Vec<String>, value: String| async move {
         for base in bases {
             let key = format!("{{{base}}}:layout");
@@ -290,7 +289,7 @@ async fn move_locked(
     // process of the old generation, paused through all of this, is refused from now on.
     stamp(layout_prefixes(prefix, to, next), next.to_string()).await?;
     stamp(old_bases.clone(), format!("retired:{next}")).await?;
-    let epoch = match crate::store::partitioned::migrate(old.as_ref(), new.as_ref()).await {
+    let epoch = match crate::store::partitioned::migrate(&old, &new).await {
         Ok(epoch) => epoch,
         Err(e) => {
             // Nothing moved for good (the old layout is only read until this point): its
@@ -313,7 +312,7 @@ async fn move_locked(
         .map_err(|e| link.broken(e))?;
     // Only now, with the new layout recorded, the old one forgets its control state (a rerun
     // after a crash before this point finds it whole and moves it again).
-    crate::store::partitioned::retire(old.as_ref()).await;
+    crate::store::partitioned::retire(&old).await;
     Ok(epoch)
 }
 

@@ -1,8 +1,6 @@
 //! Private `redis-server` processes for tests: each on a free loopback port, stopped by pid
 //! when dropped. Tests never touch the shared Redis on 6379.
 
-#![allow(dead_code, missing_docs)]
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

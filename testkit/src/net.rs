@@ -1,7 +1,5 @@
 //! Helpers shared by the binary's process tests.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;

@@ -9,6 +9,10 @@
 //! runs both on the same histories): tokens come from one counter per coordinator, a shared
 //! scope lets one job at a time be ready or leased (its *head*) while its other jobs wait
 //! aside, and delayed jobs become ready in bounded batches.
+//!
+//! This file holds the lease store's state and its hot path; `admin.rs` its read-only views and
+//! queue controls, `control.rs` its clock, roles, schedules and records, `sink.rs` the fenced
+//! sink.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -18,21 +22,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, Fence, Rejection, ScopeFence};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Cancelled, Claim, DeadJob, Enqueued, Job, NewJob, QueueCounts, RateLimit, Settlement,
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+    Claim, DeadJob, Enqueued, Job, NewJob, RateLimit, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DELAY,
 };
-use crate::mutation::{apply_all, Value};
 use crate::policy::{on_stall, StallOutcome};
 use crate::schedule::ScheduleSpec;
 use crate::store::{
-    check_role_ttl, check_schedule, collect_budget, promotions_per_claim, unix_ms, FencedStore,
-    FencedWrite, LeaseInfo, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
-    MAX_DEAD_RETENTION, PROGRESS_RETENTION, REJECTION_JOURNAL,
+    promotions_per_claim, LeaseStore, Reaped, RejectionNote, DEFAULT_DEAD_RETENTION,
+    MAX_DEAD_RETENTION,
 };
+
+mod admin;
+mod control;
+mod sink;
+
+pub use sink::MemoryFencedStore;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave half a critical section behind (every
@@ -752,35 +759,6 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(reaped)
     }
 
-    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
-        let now = Instant::now();
-        let state = lock(&self.state);
-        Ok(state
-            .queues
-            .get(queue)
-            .map(|q| {
-                let due = q.delayed.iter().take_while(|(at, ..)| *at <= now).count() as u64;
-                QueueCounts {
-                    ready: q.ready.values().map(|s| s.len() as u64).sum::<u64>() + due,
-                    waiting: q.waiting,
-                    delayed: q.delayed.len() as u64 - due,
-                    leased: q.leased,
-                    completed: q.completed,
-                    dead: q.dead.len() as u64,
-                }
-            })
-            .unwrap_or_default())
-    }
-
-    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
-        let state = lock(&self.state);
-        Ok(state
-            .queues
-            .get(queue)
-            .map(|q| q.dead.iter().take(limit).cloned().collect())
-            .unwrap_or_default())
-    }
-
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
         let state = lock(&self.state);
         Ok(match scope.job() {
@@ -788,303 +766,6 @@ impl LeaseStore for MemoryLeaseStore {
             Some(id) => state.leases.values().find(|l| l.job == id).map(|l| l.token),
             None => state.scopes.get(scope).and_then(|s| s.last),
         })
-    }
-
-    async fn queues(&self) -> Result<Vec<String>> {
-        let state = lock(&self.state);
-        let mut queues: Vec<String> = state
-            .queues
-            .keys()
-            .chain(state.rates.keys())
-            .cloned()
-            .collect();
-        queues.sort();
-        queues.dedup();
-        Ok(queues)
-    }
-
-    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-        let now = Instant::now();
-        let state = lock(&self.state);
-        Ok(state
-            .expiries
-            .iter()
-            .take(limit)
-            .filter_map(|(_, _, id)| {
-                let record = state.leases.get(id)?;
-                Some(LeaseInfo {
-                    lease: *id,
-                    job: record.job,
-                    scope: state.jobs.get(&record.job)?.scope.clone(),
-                    token: record.token,
-                    worker: record.worker.clone(),
-                    age: now.saturating_duration_since(record.claimed_at),
-                    expires_in: record.expires_at.saturating_duration_since(now),
-                })
-            })
-            .collect())
-    }
-
-    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        let now = Instant::now();
-        let mut state = lock(&self.state);
-        let revived: Vec<DeadJob> = match state.queues.get_mut(queue) {
-            Some(q) => {
-                let n = limit.min(q.dead.len());
-                q.dead.drain(..n).collect()
-            }
-            None => return Ok(0),
-        };
-        let count = revived.len();
-        for DeadJob { mut job, .. } in revived {
-            let id = job.id;
-            job.attempt = 0;
-            job.stalls = 0;
-            state.jobs.insert(id, job);
-            state.park(id, now, now);
-        }
-        Ok(count)
-    }
-
-    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        let mut state = lock(&self.state);
-        Ok(match state.queues.get_mut(queue) {
-            Some(q) => {
-                let n = limit.min(q.dead.len());
-                q.dead.drain(..n).for_each(drop);
-                n
-            }
-            None => 0,
-        })
-    }
-
-    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
-        lock(&self.state).put_note(job, true, json, ttl);
-        Ok(())
-    }
-
-    async fn result(&self, job: JobId) -> Result<Option<String>> {
-        Ok(lock(&self.state).note(job, true))
-    }
-
-    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
-        lock(&self.state).put_note(job, false, json, PROGRESS_RETENTION);
-        Ok(())
-    }
-
-    async fn progress(&self, job: JobId) -> Result<Option<String>> {
-        Ok(lock(&self.state).note(job, false))
-    }
-
-    async fn now_ms(&self) -> Result<i64> {
-        Ok(unix_ms() as i64)
-    }
-
-    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
-        Ok(lock(&self.state).schedules.values().cloned().collect())
-    }
-
-    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
-        check_schedule(&spec)?;
-        lock(&self.state).schedules.insert(spec.name.clone(), spec);
-        Ok(())
-    }
-
-    async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        let mut state = lock(&self.state);
-        // A schedule added again under this name starts from then, not from the old mark.
-        state.schedule_marks.remove(name);
-        Ok(state.schedules.remove(name).is_some())
-    }
-
-    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
-        Ok(lock(&self.state).schedule_marks.get(name).copied())
-    }
-
-    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
-        let mut state = lock(&self.state);
-        let mark = state
-            .schedule_marks
-            .entry(name.to_owned())
-            .or_insert(through);
-        *mark = (*mark).max(through);
-        Ok(())
-    }
-
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-        let mut state = lock(&self.state);
-        let Some(record) = state.jobs.get(&job) else {
-            return Ok(Cancelled::Missing);
-        };
-        let (queue, kind, scope) = (
-            record.queue.clone(),
-            record.kind.clone(),
-            record.scope.clone(),
-        );
-        // Running (an expired lease not yet reaped counts: the reaper would requeue it).
-        let lease = state
-            .leases
-            .iter()
-            .find(|(_, r)| r.job == job)
-            .map(|(lease, _)| *lease);
-        let done = if let Some(lease) = lease {
-            if let Some(r) = state.leases.remove(&lease) {
-                state.expiries.remove(&(r.expires_at, r.token, lease));
-                state.drop_lease(lease, job, r.token, r.capped);
-            }
-            Cancelled::Revoked
-        } else {
-            if let Some(q) = state.queues.get_mut(&queue) {
-                if let Some(key) = q
-                    .ready
-                    .get(&kind)
-                    .and_then(|set| set.iter().find(|k| k.2 == job).copied())
-                {
-                    q.remove_ready(&kind, &key);
-                }
-                q.delayed.retain(|(_, _, id)| *id != job);
-            }
-            let waited = state
-                .scopes
-                .get_mut(&scope)
-                .and_then(|s| {
-                    s.waiting
-                        .iter()
-                        .find(|k| k.2 == job)
-                        .copied()
-                        .map(|k| (s, k))
-                })
-                .map(|(s, k)| s.waiting.remove(&k))
-                .unwrap_or(false);
-            if waited {
-                if let Some(q) = state.queues.get_mut(&queue) {
-                    q.waiting = q.waiting.saturating_sub(1);
-                }
-            }
-            Cancelled::Removed
-        };
-        state.bury(job, reason.to_owned(), self.dead_retention);
-        state.publish_watermark();
-        Ok(done)
-    }
-
-    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
-        crate::job::check_name("kind", kind)?;
-        crate::job::check_cap(cap)?;
-        let mut state = lock(&self.state);
-        match cap {
-            Some(cap) => {
-                state.caps.insert(kind.to_owned(), cap);
-            }
-            None => {
-                state.caps.remove(kind);
-            }
-        }
-        Ok(())
-    }
-
-    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
-        Ok(lock(&self.state).caps.get(kind).copied())
-    }
-
-    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
-        let mut caps: Vec<_> = lock(&self.state)
-            .caps
-            .iter()
-            .map(|(kind, cap)| (kind.clone(), *cap))
-            .collect();
-        caps.sort();
-        Ok(caps)
-    }
-
-    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
-        crate::job::check_name("queue", queue)?;
-        let mut state = lock(&self.state);
-        match limit {
-            Some(limit) => {
-                limit.validate()?;
-                let full = f64::from(limit.jobs);
-                state
-                    .rates
-                    .insert(queue.to_owned(), (limit, full, Instant::now()));
-            }
-            None => {
-                state.rates.remove(queue);
-            }
-        }
-        Ok(())
-    }
-
-    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
-        Ok(lock(&self.state).rates.get(queue).map(|(limit, ..)| *limit))
-    }
-
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        crate::job::check_name("queue", queue)?;
-        let mut state = lock(&self.state);
-        if paused {
-            state.paused.insert(queue.to_owned());
-        } else {
-            state.paused.remove(queue);
-        }
-        Ok(())
-    }
-
-    async fn paused(&self) -> Result<Vec<String>> {
-        Ok(lock(&self.state).paused.iter().cloned().collect())
-    }
-
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        let now = Instant::now();
-        let state = lock(&self.state);
-        let Some(q) = state.queues.get(queue) else {
-            return Ok(None);
-        };
-        let heads = q
-            .ready
-            .values()
-            .filter_map(|set| set.first())
-            .map(|(_, _, id)| state.ready_at.get(id).copied().unwrap_or(now));
-        let due = q
-            .delayed
-            .first()
-            .map(|(at, ..)| *at)
-            .filter(|at| *at <= now);
-        Ok(heads
-            .chain(due)
-            .min()
-            .map(|at| now.saturating_duration_since(at)))
-    }
-
-    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
-        check_role_ttl(ttl)?;
-        let now = Instant::now();
-        let mut state = lock(&self.state);
-        let held_by_other = state
-            .roles
-            .get(role)
-            .is_some_and(|(who, until)| who != holder && *until > now);
-        if !held_by_other {
-            state
-                .roles
-                .insert(role.to_owned(), (holder.to_owned(), now + ttl));
-        }
-        Ok(!held_by_other)
-    }
-
-    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
-        let mut state = lock(&self.state);
-        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
-        for note in notes.into_iter().skip(skip) {
-            state.rejections.push_front(note);
-        }
-        state.rejections.truncate(REJECTION_JOURNAL);
-        Ok(())
-    }
-
-    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
-        let state = lock(&self.state);
-        Ok(state.rejections.iter().take(limit).cloned().collect())
     }
 
     async fn epoch(&self) -> Result<Option<u32>> {
@@ -1107,159 +788,10 @@ impl LeaseStore for MemoryLeaseStore {
     }
 }
 
-/// In-memory [`FencedStore`]: the same rule, watermark and collection as the Redis sink,
-/// step for step (the differential test compares them).
-#[derive(Debug)]
-pub struct MemoryFencedStore {
-    state: Mutex<SinkState>,
-    retention: Duration,
-}
-
-#[derive(Debug, Default)]
-struct SinkState {
-    fences: HashMap<Scope, ScopeFence>,
-    data: HashMap<String, Value>,
-    /// The largest watermark applied; `pending` is the largest observed, applied at the
-    /// start of the next write call (as the Redis sink learns it with its next script call).
-    watermark: FencingToken,
-    pending: FencingToken,
-    /// Fences to look at once the watermark passes their token, in token order.
-    collectable: BTreeSet<(FencingToken, Scope)>,
-    /// Applied keys in the order they were applied, for retention by time.
-    applied: VecDeque<(Instant, Scope, crate::ids::IdempotencyKey)>,
-}
-
-impl Default for MemoryFencedStore {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryFencedStore {
-    /// An empty sink; idempotency keys are kept 24 hours (and at most
-    /// [`ScopeFence::MAX_KEYS`] per scope).
-    pub fn new() -> Self {
-        Self {
-            state: Mutex::default(),
-            retention: Duration::from_secs(24 * 3600),
-        }
-    }
-
-    /// Forgets idempotency keys after `retention` (a repeat of such a write after that would
-    /// apply again).
-    pub fn with_key_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-
-    /// Scopes the sink holds state for (fence or keys): what bounded state is measured by.
-    pub fn scopes_held(&self) -> usize {
-        lock(&self.state).fences.len()
-    }
-}
-
-impl SinkState {
-    /// Applies the pending watermark, then forgets at most `budget` fences below it and at
-    /// most `budget` keys past their retention: bounded work per call, amortised over the
-    /// writes that created the state.
-    fn collect(&mut self, budget: usize, now: Instant, retention: Duration) {
-        self.watermark = self.watermark.max(self.pending);
-        for _ in 0..budget {
-            match self.collectable.first() {
-                Some((token, _)) if *token < self.watermark => {}
-                _ => break,
-            }
-            let (_, scope) = self.collectable.pop_first().expect("just looked");
-            if let Some(fence) = self.fences.get_mut(&scope) {
-                fence.collect(self.watermark);
-                if fence.is_empty() {
-                    self.fences.remove(&scope);
-                }
-            }
-        }
-        for _ in 0..budget {
-            match self.applied.front() {
-                Some((at, ..)) if now.saturating_duration_since(*at) >= retention => {}
-                _ => break,
-            }
-            let (_, scope, key) = self.applied.pop_front().expect("just looked");
-            if let Some(fence) = self.fences.get_mut(&scope) {
-                fence.forget_key(&key);
-                if fence.is_empty() {
-                    self.fences.remove(&scope);
-                }
-            }
-        }
-    }
-
-    fn write(&mut self, write: FencedWrite, now: Instant) -> Admission {
-        let w = self.watermark;
-        let fence = self.fences.get(&write.scope);
-        let decided = match fence {
-            Some(f) => f.decide(write.fence, &write.key, w),
-            None => ScopeFence::default().decide(write.fence, &write.key, w),
-        };
-        if let Admission::Rejected(_) = decided {
-            return decided; // nothing changes, not even an empty entry for the scope
-        }
-        if decided == Admission::Applied {
-            // Applied whole or not at all. A refusal for its content changes no data and
-            // records no key, but the writer passed the ownership checks: its token still
-            // fences every older lease out (admission::advance).
-            if let Err(why) = apply_all(&mut self.data, write.mutations) {
-                let fence = self.fences.entry(write.scope.clone()).or_default();
-                if fence.refuse_content(write.fence) {
-                    self.collectable.insert((write.fence.token, write.scope));
-                }
-                return Admission::Rejected(Rejection::Mutation { why });
-            }
-            self.applied
-                .push_back((now, write.scope.clone(), write.key.clone()));
-        }
-        let fence = self.fences.entry(write.scope.clone()).or_default();
-        let before = fence.highest;
-        let admission = fence.admit(write.fence, &write.key, w);
-        if fence.highest != before {
-            self.collectable.insert((write.fence.token, write.scope));
-        }
-        admission
-    }
-}
-
-#[async_trait]
-impl FencedStore for MemoryFencedStore {
-    async fn write(&self, write: FencedWrite) -> Result<Admission> {
-        let mut out = self.write_batch(vec![write]).await?;
-        Ok(out.pop().expect("one write, one answer")?)
-    }
-
-    async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
-        let now = Instant::now();
-        let mut state = lock(&self.state);
-        state.collect(collect_budget(writes.len()), now, self.retention);
-        Ok(writes
-            .into_iter()
-            .map(|w| Ok(state.write(w, now)))
-            .collect())
-    }
-
-    fn observe_watermark(&self, watermark: FencingToken) {
-        let mut state = lock(&self.state);
-        state.pending = state.pending.max(watermark);
-    }
-
-    async fn read(&self, key: &str) -> Result<Option<Value>> {
-        Ok(lock(&self.state).data.get(key).cloned())
-    }
-
-    async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
-        Ok(lock(&self.state).fences.get(scope).and_then(|f| f.highest))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{FencedStore, FencedWrite, Inspect};
 
     #[tokio::test]
     async fn completed_self_scoped_jobs_leave_no_scope_state_behind() {

@@ -1,0 +1,260 @@
+//! The memory lease store's read-only views and queue controls.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{lock, MemoryLeaseStore};
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::job::{Cancelled, DeadJob, QueueCounts, RateLimit};
+use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+
+#[async_trait]
+impl Inspect for MemoryLeaseStore {
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        Ok(state
+            .queues
+            .get(queue)
+            .map(|q| {
+                let due = q.delayed.iter().take_while(|(at, ..)| *at <= now).count() as u64;
+                QueueCounts {
+                    ready: q.ready.values().map(|s| s.len() as u64).sum::<u64>() + due,
+                    waiting: q.waiting,
+                    delayed: q.delayed.len() as u64 - due,
+                    leased: q.leased,
+                    completed: q.completed,
+                    dead: q.dead.len() as u64,
+                }
+            })
+            .unwrap_or_default())
+    }
+
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        let state = lock(&self.state);
+        Ok(state
+            .queues
+            .get(queue)
+            .map(|q| q.dead.iter().take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let state = lock(&self.state);
+        let mut queues: Vec<String> = state
+            .queues
+            .keys()
+            .chain(state.rates.keys())
+            .cloned()
+            .collect();
+        queues.sort();
+        queues.dedup();
+        Ok(queues)
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        Ok(state
+            .expiries
+            .iter()
+            .take(limit)
+            .filter_map(|(_, _, id)| {
+                let record = state.leases.get(id)?;
+                Some(LeaseInfo {
+                    lease: *id,
+                    job: record.job,
+                    scope: state.jobs.get(&record.job)?.scope.clone(),
+                    token: record.token,
+                    worker: record.worker.clone(),
+                    age: now.saturating_duration_since(record.claimed_at),
+                    expires_in: record.expires_at.saturating_duration_since(now),
+                })
+            })
+            .collect())
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        let Some(q) = state.queues.get(queue) else {
+            return Ok(None);
+        };
+        let heads = q
+            .ready
+            .values()
+            .filter_map(|set| set.first())
+            .map(|(_, _, id)| state.ready_at.get(id).copied().unwrap_or(now));
+        let due = q
+            .delayed
+            .first()
+            .map(|(at, ..)| *at)
+            .filter(|at| *at <= now);
+        Ok(heads
+            .chain(due)
+            .min()
+            .map(|at| now.saturating_duration_since(at)))
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for MemoryLeaseStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut state = lock(&self.state);
+        if paused {
+            state.paused.insert(queue.to_owned());
+        } else {
+            state.paused.remove(queue);
+        }
+        Ok(())
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        Ok(lock(&self.state).paused.iter().cloned().collect())
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        let mut state = lock(&self.state);
+        let Some(record) = state.jobs.get(&job) else {
+            return Ok(Cancelled::Missing);
+        };
+        let (queue, kind, scope) = (
+            record.queue.clone(),
+            record.kind.clone(),
+            record.scope.clone(),
+        );
+        // Running (an expired lease not yet reaped counts: the reaper would requeue it).
+        let lease = state
+            .leases
+            .iter()
+            .find(|(_, r)| r.job == job)
+            .map(|(lease, _)| *lease);
+        let done = if let Some(lease) = lease {
+            if let Some(r) = state.leases.remove(&lease) {
+                state.expiries.remove(&(r.expires_at, r.token, lease));
+                state.drop_lease(lease, job, r.token, r.capped);
+            }
+            Cancelled::Revoked
+        } else {
+            if let Some(q) = state.queues.get_mut(&queue) {
+                if let Some(key) = q
+                    .ready
+                    .get(&kind)
+                    .and_then(|set| set.iter().find(|k| k.2 == job).copied())
+                {
+                    q.remove_ready(&kind, &key);
+                }
+                q.delayed.retain(|(_, _, id)| *id != job);
+            }
+            let waited = state
+                .scopes
+                .get_mut(&scope)
+                .and_then(|s| {
+                    s.waiting
+                        .iter()
+                        .find(|k| k.2 == job)
+                        .copied()
+                        .map(|k| (s, k))
+                })
+                .map(|(s, k)| s.waiting.remove(&k))
+                .unwrap_or(false);
+            if waited {
+                if let Some(q) = state.queues.get_mut(&queue) {
+                    q.waiting = q.waiting.saturating_sub(1);
+                }
+            }
+            Cancelled::Removed
+        };
+        state.bury(job, reason.to_owned(), self.dead_retention);
+        state.publish_watermark();
+        Ok(done)
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let revived: Vec<DeadJob> = match state.queues.get_mut(queue) {
+            Some(q) => {
+                let n = limit.min(q.dead.len());
+                q.dead.drain(..n).collect()
+            }
+            None => return Ok(0),
+        };
+        let count = revived.len();
+        for DeadJob { mut job, .. } in revived {
+            let id = job.id;
+            job.attempt = 0;
+            job.stalls = 0;
+            state.jobs.insert(id, job);
+            state.park(id, now, now);
+        }
+        Ok(count)
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut state = lock(&self.state);
+        Ok(match state.queues.get_mut(queue) {
+            Some(q) => {
+                let n = limit.min(q.dead.len());
+                q.dead.drain(..n).for_each(drop);
+                n
+            }
+            None => 0,
+        })
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        crate::job::check_name("kind", kind)?;
+        crate::job::check_cap(cap)?;
+        let mut state = lock(&self.state);
+        match cap {
+            Some(cap) => {
+                state.caps.insert(kind.to_owned(), cap);
+            }
+            None => {
+                state.caps.remove(kind);
+            }
+        }
+        Ok(())
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        Ok(lock(&self.state).caps.get(kind).copied())
+    }
+
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        let mut caps: Vec<_> = lock(&self.state)
+            .caps
+            .iter()
+            .map(|(kind, cap)| (kind.clone(), *cap))
+            .collect();
+        caps.sort();
+        Ok(caps)
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut state = lock(&self.state);
+        match limit {
+            Some(limit) => {
+                limit.validate()?;
+                let full = f64::from(limit.jobs);
+                state
+                    .rates
+                    .insert(queue.to_owned(), (limit, full, Instant::now()));
+            }
+            None => {
+                state.rates.remove(queue);
+            }
+        }
+        Ok(())
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        Ok(lock(&self.state).rates.get(queue).map(|(limit, ..)| *limit))
+    }
+}

@@ -1,0 +1,105 @@
+//! The memory lease store's clock, roles, schedules and records.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{lock, MemoryLeaseStore};
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::schedule::ScheduleSpec;
+use crate::store::{
+    check_role_ttl, check_schedule, unix_ms, ControlStore, RecordStore, RejectionNote,
+    PROGRESS_RETENTION, REJECTION_JOURNAL,
+};
+
+#[async_trait]
+impl ControlStore for MemoryLeaseStore {
+    async fn now_ms(&self) -> Result<i64> {
+        Ok(unix_ms() as i64)
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        check_role_ttl(ttl)?;
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let held_by_other = state
+            .roles
+            .get(role)
+            .is_some_and(|(who, until)| who != holder && *until > now);
+        if !held_by_other {
+            state
+                .roles
+                .insert(role.to_owned(), (holder.to_owned(), now + ttl));
+        }
+        Ok(!held_by_other)
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        Ok(lock(&self.state).schedules.values().cloned().collect())
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        check_schedule(&spec)?;
+        lock(&self.state).schedules.insert(spec.name.clone(), spec);
+        Ok(())
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let mut state = lock(&self.state);
+        // A schedule added again under this name starts from then, not from the old mark.
+        state.schedule_marks.remove(name);
+        Ok(state.schedules.remove(name).is_some())
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        Ok(lock(&self.state).schedule_marks.get(name).copied())
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        let mut state = lock(&self.state);
+        let mark = state
+            .schedule_marks
+            .entry(name.to_owned())
+            .or_insert(through);
+        *mark = (*mark).max(through);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RecordStore for MemoryLeaseStore {
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        lock(&self.state).put_note(job, true, json, ttl);
+        Ok(())
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        Ok(lock(&self.state).note(job, true))
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        lock(&self.state).put_note(job, false, json, PROGRESS_RETENTION);
+        Ok(())
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        Ok(lock(&self.state).note(job, false))
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        let mut state = lock(&self.state);
+        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
+        for note in notes.into_iter().skip(skip) {
+            state.rejections.push_front(note);
+        }
+        state.rejections.truncate(REJECTION_JOURNAL);
+        Ok(())
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        let state = lock(&self.state);
+        Ok(state.rejections.iter().take(limit).cloned().collect())
+    }
+}

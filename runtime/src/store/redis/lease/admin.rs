@@ -1,0 +1,293 @@
+//! The Redis coordinator's read-only views and queue controls.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis;
+use serde::Deserialize;
+
+use super::RedisLeaseStore;
+use crate::error::Result;
+use crate::ids::{JobId, Scope};
+use crate::job::{Cancelled, DeadJob, Job, QueueCounts, RateLimit};
+use crate::store::redis::connection::garbage;
+use crate::store::redis::scripts::{
+    decode_lease_row, decode_watermark, CANCEL, COUNTS, LEASES, OLDEST, PURGE_DEAD, RETRY_DEAD,
+};
+use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+
+#[async_trait]
+impl Inspect for RedisLeaseStore {
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        let mut conn = self.conn().await?;
+        let [ready, waiting, delayed, leased, completed, dead]: [u64; 6] = COUNTS
+            .key(&self.base)
+            .arg(queue)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(QueueCounts {
+            ready,
+            waiting,
+            delayed,
+            leased,
+            completed,
+            dead,
+        })
+    }
+
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        #[derive(Deserialize)]
+        struct Record {
+            id: JobId,
+            queue: String,
+            kind: String,
+            payload: String,
+            scope: Scope,
+            attempt: u32,
+            stalls: u32,
+            max_attempts: u32,
+            max_stalls: u32,
+            reason: String,
+        }
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}q:{queue}:dead", self.base))
+            .arg(0)
+            .arg(limit - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        raw.iter()
+            .map(|r| {
+                let r: Record = serde_json::from_str(r).map_err(garbage)?;
+                Ok(DeadJob {
+                    job: Job {
+                        id: r.id,
+                        queue: r.queue,
+                        kind: r.kind,
+                        payload: r.payload,
+                        scope: r.scope,
+                        attempt: r.attempt,
+                        stalls: r.stalls,
+                        max_attempts: r.max_attempts,
+                        max_stalls: r.max_stalls,
+                    },
+                    reason: r.reason,
+                })
+            })
+            .collect()
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}queues", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        queues.sort();
+        Ok(queues)
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = LEASES
+            .key(&self.base)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter().map(decode_lease_row).collect()
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let mut conn = self.conn().await?;
+        let ms: i64 = OLDEST
+            .key(&self.base)
+            .arg(queue)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(u64::try_from(ms).ok().map(Duration::from_millis))
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for RedisLeaseStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let mut conn = self.conn().await?;
+        let key = format!("{}paused", self.base);
+        let command = if paused { "SADD" } else { "SREM" };
+        redis::cmd(command)
+            .arg(key)
+            .arg(queue)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}paused", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        queues.sort();
+        Ok(queues)
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        let mut conn = self.conn().await?;
+        let (done, watermark): (String, String) = CANCEL
+            .key(&self.base)
+            .arg(job.to_string())
+            .arg(reason)
+            .arg(self.dead_retention)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // A revoked lease's token leaves the reckoning: the watermark may have moved past it.
+        if let Some(w) = decode_watermark(&watermark)? {
+            self.watermark.fetch_max(w.as_u64(), Ordering::Relaxed);
+        }
+        match done.as_str() {
+            "removed" => Ok(Cancelled::Removed),
+            "revoked" => Ok(Cancelled::Revoked),
+            "missing" => Ok(Cancelled::Missing),
+            other => Err(garbage(format_args!("cancel answered {other:?}"))),
+        }
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        RETRY_DEAD
+            .key(&self.base)
+            .arg(queue)
+            .arg(limit)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        PURGE_DEAD
+            .key(&self.base)
+            .arg(queue)
+            .arg(limit)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        crate::job::check_name("kind", kind)?;
+        crate::job::check_cap(cap)?;
+        let key = format!("{}caps", self.base);
+        let mut conn = self.conn().await?;
+        let done = match cap {
+            Some(cap) => {
+                redis::cmd("HSET")
+                    .arg(&key)
+                    .arg(kind)
+                    .arg(cap)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+            None => {
+                redis::cmd("HDEL")
+                    .arg(&key)
+                    .arg(kind)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        };
+        done.map_err(|e| self.link.broken(e))
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        let mut conn = self.conn().await?;
+        redis::cmd("HGET")
+            .arg(format!("{}caps", self.base))
+            .arg(kind)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        let mut conn = self.conn().await?;
+        let mut caps: Vec<(String, u32)> = redis::cmd("HGETALL")
+            .arg(format!("{}caps", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        caps.sort();
+        Ok(caps)
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        crate::job::check_name("queue", queue)?;
+        let key = format!("{}q:{queue}:rate", self.base);
+        let mut conn = self.conn().await?;
+        let done = match limit {
+            Some(limit) => {
+                limit.validate()?;
+                // One transaction: the old bucket's state goes with the old limit.
+                redis::pipe()
+                    .atomic()
+                    .del(&key)
+                    .ignore()
+                    .hset_multiple(
+                        &key,
+                        &[
+                            ("jobs", u64::from(limit.jobs)),
+                            ("per_ms", limit.per.as_millis() as u64),
+                        ],
+                    )
+                    .ignore()
+                    // Listed among the queues even before its first job, so status shows it
+                    // and a migration carries it.
+                    .sadd(format!("{}queues", self.base), queue)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+            None => {
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        };
+        done.map_err(|e| self.link.broken(e))
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        let mut conn = self.conn().await?;
+        let (jobs, per_ms): (Option<u32>, Option<u64>) = redis::cmd("HMGET")
+            .arg(format!("{}q:{queue}:rate", self.base))
+            .arg("jobs")
+            .arg("per_ms")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(jobs.zip(per_ms).map(|(jobs, per_ms)| RateLimit {
+            jobs,
+            per: Duration::from_millis(per_ms),
+        }))
+    }
+}

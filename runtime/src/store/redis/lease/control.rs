@@ -1,0 +1,174 @@
+//! The Redis coordinator's clock, roles, schedules and records.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis;
+
+use super::RedisLeaseStore;
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::schedule::ScheduleSpec;
+use crate::store::redis::connection::garbage;
+use crate::store::redis::scripts::{ADVANCE_SCHEDULE, HOLD_ROLE};
+use crate::store::{
+    check_role_ttl, check_schedule, ControlStore, RecordStore, RejectionNote, PROGRESS_RETENTION,
+    REJECTION_JOURNAL,
+};
+
+#[async_trait]
+impl ControlStore for RedisLeaseStore {
+    async fn now_ms(&self) -> Result<i64> {
+        let mut conn = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        check_role_ttl(ttl)?;
+        let mut conn = self.conn().await?;
+        let held: i64 = HOLD_ROLE
+            .key(format!("{}role:{role}", self.base))
+            .key(format!("{}layout", self.base))
+            .arg(holder)
+            .arg(ttl.as_millis() as u64)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(held == 1)
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("HVALS")
+            .arg(format!("{}schedules", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // One record that does not parse (a newer version's, say) does not hide the others.
+        let mut specs: Vec<ScheduleSpec> = raw
+            .iter()
+            .filter_map(|r| match serde_json::from_str(r) {
+                Ok(spec) => Some(spec),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a kept schedule does not parse; skipped");
+                    None
+                }
+            })
+            .collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(specs)
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        check_schedule(&spec)?;
+        let json = serde_json::to_string(&spec).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        redis::cmd("HSET")
+            .arg(format!("{}schedules", self.base))
+            .arg(&spec.name)
+            .arg(json)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        // The mark goes too: a schedule added again under this name starts from then.
+        let (removed, _): (u64, u64) = redis::pipe()
+            .atomic()
+            .hdel(format!("{}schedules", self.base), name)
+            .hdel(format!("{}schedule_marks", self.base), name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(removed > 0)
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        let mut conn = self.conn().await?;
+        let mark: Option<i64> = redis::cmd("HGET")
+            .arg(format!("{}schedule_marks", self.base))
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(mark)
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        let mut conn = self.conn().await?;
+        ADVANCE_SCHEDULE
+            .key(format!("{}schedule_marks", self.base))
+            .key(format!("{}layout", self.base))
+            .arg(name)
+            .arg(through)
+            .arg(self.generation)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+}
+
+#[async_trait]
+impl RecordStore for RedisLeaseStore {
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.put_note("result", job, json, ttl).await
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.note("result", job).await
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.put_note("progress", job, json, PROGRESS_RETENTION)
+            .await
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.note("progress", job).await
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        if notes.is_empty() {
+            return Ok(());
+        }
+        let key = format!("{}rejections", self.base);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
+        for note in &notes[skip..] {
+            let json = serde_json::to_string(note).map_err(garbage)?;
+            pipe.lpush(&key, json).ignore();
+        }
+        pipe.ltrim(&key, 0, REJECTION_JOURNAL as isize - 1).ignore();
+        let mut conn = self.conn().await?;
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}rejections", self.base))
+            .arg(0)
+            .arg(limit.min(REJECTION_JOURNAL) - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // An entry that does not parse (written by a newer version, say) is skipped.
+        Ok(raw
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect())
+    }
+}

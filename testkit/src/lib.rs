@@ -1,0 +1,30 @@
+//! Palisade's own test machinery, shared by every crate's tests (never published):
+//!
+//! - [`servers`]: private `redis-server` processes and clusters on free loopback ports, and
+//!   throw-away PostgreSQL schemas — tests never touch the shared Redis on 6379.
+//! - [`net`]: free ports, a bare HTTP GET, a polling wait, a recording HTTP receiver.
+//! - [`process`]: a worker binary under test as a child process (signals, `/metrics`, kill on
+//!   drop).
+//! - [`suite`]: one conformance suite per store trait, run against every backend
+//!   ([`lease_store_suite!`], [`fenced_store_suite!`]).
+//! - [`faults`]: a [`LeaseStore`](palisade::LeaseStore) wrapper that makes chosen operations
+//!   fail, to force the failure paths; it implements only the trait it changes.
+
+#![allow(missing_docs)]
+
+pub mod faults;
+pub mod net;
+pub mod process;
+pub mod servers;
+pub mod suite;
+
+/// For the suite macros' expansions.
+#[doc(hidden)]
+pub use futures_util;
+
+pub use faults::{Faults, Op};
+pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
+pub use process::Process;
+pub use servers::{
+    drop_postgres_schema, fresh_postgres_schema, postgres_url, RedisCluster, RedisServer,
+};

@@ -1,0 +1,124 @@
+//! A worker binary under test as a child process: started with `--metrics` on a free port
+//! and waited for until `/metrics` answers, sent real signals, killed when dropped — and the
+//! binary's one-shot commands (`enqueue`, `status --json`, ...) run against a Redis URL.
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::net::{free_port, http_get, wait_for};
+
+/// A running worker process; killed (SIGKILL) when dropped.
+pub struct Process {
+    child: Child,
+    metrics_port: u16,
+}
+
+impl Process {
+    /// Starts `bin worker <args> --metrics 127.0.0.1:<free port>` with `RUST_LOG=<log>`, and
+    /// waits (up to 20 s) until its `/metrics` answers.
+    pub fn worker(bin: &str, args: &[&str], log: &str) -> Self {
+        let metrics_port = free_port();
+        let child = Command::new(bin)
+            .arg("worker")
+            .args(args)
+            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
+            .env("RUST_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{bin} runs: {e}"));
+        let process = Self {
+            child,
+            metrics_port,
+        };
+        wait_for("worker metrics endpoint", Duration::from_secs(20), || {
+            process.metrics().is_some()
+        });
+        process
+    }
+
+    /// Starts `bin <args>` without a metrics endpoint (nothing to wait for).
+    pub fn spawn(bin: &str, args: &[&str], log: &str) -> Self {
+        let child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{bin} runs: {e}"));
+        Self {
+            child,
+            metrics_port: 0,
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`, `-TERM`) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {} failed", self.pid());
+    }
+
+    /// Its `/metrics` page, if it answers.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_port, "/metrics")
+    }
+
+    /// Its metrics port.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    /// The sum of a counter's samples with the given labels (0 if it does not answer).
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        palisade::metrics::sample_sum(&self.metrics().unwrap_or_default(), name, labels)
+    }
+
+    /// Whether it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// SIGTERM, then waits (up to 20 s) for it to exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        self.signal("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("process {} did not exit after SIGTERM", self.pid());
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `bin <args>` with `PALISADE_REDIS_URL=<redis_url>` and returns its stdout; panics
+/// (with its stderr) if it fails.
+pub fn run(bin: &str, redis_url: &str, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .env("PALISADE_REDIS_URL", redis_url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{bin} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -1,0 +1,160 @@
+//! Cases for the clock, roles and schedules ([`ControlStore`]) and the records
+//! ([`RecordStore`]).
+
+use super::*;
+
+/// The sampler's and the operator page's views: how long the next job has waited, one holder
+/// per role, and the journal of fence rejections (newest first, bounded).
+pub async fn operator_views_oldest_ready_role_and_journal(store: Stores) {
+    assert_eq!(store.oldest_ready("default").await.unwrap(), None);
+    store.enqueue(vec![job("a")]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let age = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(
+        age >= Duration::from_millis(100) && age < Duration::from_secs(5),
+        "{age:?}"
+    );
+    // Released, it is next in line again and still counts from when it first became ready.
+    let lease = claim(&store, 1).await.pop().unwrap().lease.id;
+    assert_eq!(store.oldest_ready("default").await.unwrap(), None);
+    settle(&store, lease, Settlement::Release).await.unwrap();
+    let again = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(again >= age, "{again:?} < {age:?}");
+    // A delayed job counts from when it falls due.
+    store
+        .enqueue(vec![job("b")
+            .with_queue("later")
+            .with_delay(Duration::from_millis(100))])
+        .await
+        .unwrap();
+    assert_eq!(store.oldest_ready("later").await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let due = store.oldest_ready("later").await.unwrap().unwrap();
+    assert!(
+        due >= Duration::from_millis(100) && due < Duration::from_millis(1000),
+        "{due:?}"
+    );
+
+    for bad in [Duration::ZERO, Duration::MAX, store::MAX_ROLE_TTL * 2] {
+        assert!(
+            matches!(
+                store.hold_role("sampler", "a", bad).await,
+                Err(Error::Config(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    let ttl = Duration::from_millis(200);
+    assert!(store.hold_role("sampler", "a", ttl).await.unwrap());
+    assert!(!store.hold_role("sampler", "b", ttl).await.unwrap());
+    assert!(store.hold_role("sampler", "a", ttl).await.unwrap());
+    assert!(store.hold_role("other", "b", ttl).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.hold_role("sampler", "b", ttl).await.unwrap());
+    assert!(!store.hold_role("sampler", "a", ttl).await.unwrap());
+
+    let note = |i: u64| store::RejectionNote {
+        at_ms: i,
+        sink: "ledger".into(),
+        scope: format!("s{i}"),
+        token: i,
+        reason: "stale_token".into(),
+        detail: format!("stale token {i}"),
+    };
+    assert!(store.rejections(10).await.unwrap().is_empty());
+    store.note_rejections(vec![note(1), note(2)]).await.unwrap();
+    store.note_rejections(vec![note(3)]).await.unwrap();
+    assert_eq!(store.rejections(2).await.unwrap(), vec![note(3), note(2)]);
+    let many: Vec<_> = (10..10 + store::REJECTION_JOURNAL as u64 + 5)
+        .map(note)
+        .collect();
+    store.note_rejections(many).await.unwrap();
+    let kept = store.rejections(usize::MAX).await.unwrap();
+    assert_eq!(kept.len(), store::REJECTION_JOURNAL);
+    assert_eq!(kept[0].token, 10 + store::REJECTION_JOURNAL as u64 + 4);
+}
+
+/// Schedules kept in the coordinator, and each schedule's mark, which never goes back.
+pub async fn kept_schedules_and_their_marks(store: Stores) {
+    let now = store.now_ms().await.unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!((now - wall).abs() < 5_000, "{now} vs {wall}");
+
+    let spec = |name: &str, pattern: &str| ScheduleSpec {
+        name: name.to_owned(),
+        ..Schedule::new("x", "* * * * *", job("report"))
+            .unwrap()
+            .spec()
+            .clone()
+            .with_pattern(pattern)
+    };
+    assert!(store.schedules().await.unwrap().is_empty());
+    store.put_schedule(spec("b", "0 7 * * 1-5")).await.unwrap();
+    store
+        .put_schedule(spec("a", "*/5 * * * * *"))
+        .await
+        .unwrap();
+    store
+        .put_schedule(spec("a", "*/10 * * * * *"))
+        .await
+        .unwrap(); // replaces
+    let kept = store.schedules().await.unwrap();
+    let names: Vec<(&str, &str)> = kept
+        .iter()
+        .map(|s| (s.name.as_str(), s.pattern.as_str()))
+        .collect();
+    assert_eq!(names, vec![("a", "*/10 * * * * *"), ("b", "0 7 * * 1-5")]);
+    for bad in [spec("c", "not cron"), spec("", "* * * * *")] {
+        assert!(matches!(
+            store.put_schedule(bad).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    store.advance_schedule("a", 7).await.unwrap();
+    assert!(store.remove_schedule("a").await.unwrap());
+    assert!(!store.remove_schedule("a").await.unwrap());
+    assert_eq!(
+        store.schedule_mark("a").await.unwrap(),
+        None,
+        "added again, it starts afresh"
+    );
+    assert_eq!(store.schedules().await.unwrap().len(), 1);
+
+    assert_eq!(store.schedule_mark("b").await.unwrap(), None);
+    store.advance_schedule("b", 1_000).await.unwrap();
+    store.advance_schedule("b", 500).await.unwrap(); // a woken scheduler cannot send it back
+    assert_eq!(store.schedule_mark("b").await.unwrap(), Some(1_000));
+    store.advance_schedule("b", 2_000).await.unwrap();
+    assert_eq!(store.schedule_mark("b").await.unwrap(), Some(2_000));
+}
+
+/// Results and progress records: kept, replaced, and gone after their time.
+pub async fn results_and_progress_are_kept_for_their_time(store: Stores) {
+    let (a, b) = (JobId::new(), JobId::new());
+    assert_eq!(store.result(a).await.unwrap(), None);
+    store
+        .put_result(a, r#"{"ok":1}"#.into(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    store
+        .put_result(b, r#"{"ok":2}"#.into(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.result(a).await.unwrap().as_deref(),
+        Some(r#"{"ok":1}"#)
+    );
+    store.put_progress(a, "1".into()).await.unwrap();
+    store.put_progress(a, "2".into()).await.unwrap();
+    assert_eq!(store.progress(a).await.unwrap().as_deref(), Some("2"));
+    assert_eq!(store.progress(b).await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.result(a).await.unwrap(), None, "kept past its time");
+    assert_eq!(
+        store.result(b).await.unwrap().as_deref(),
+        Some(r#"{"ok":2}"#)
+    );
+}

@@ -1,0 +1,725 @@
+//! Cases for the hot path ([`LeaseStore`]): claims, leases, tokens, settlements, epochs.
+
+use super::*;
+
+pub async fn claim_honours_batch_priority_and_delay(store: Stores) {
+    store
+        .enqueue(vec![
+            job("low"),
+            job("high").with_priority(5),
+            job("later").with_delay(Duration::from_millis(300)),
+            job("low2"),
+        ])
+        .await
+        .unwrap();
+    let first = claim(&store, 2).await;
+    let kinds: Vec<&str> = first.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["high", "low"]);
+    assert!(first.iter().all(|c| c.job.attempt == 1));
+    assert_eq!(
+        claim(&store, 5).await.len(),
+        1,
+        "delayed job claimable too early"
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.delayed, counts.leased), (0, 1, 3));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let later = claim(&store, 5).await;
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].job.kind, "later");
+    assert!(store
+        .claim("other-queue", "suite", 5, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+pub async fn one_live_lease_per_scope(store: Stores) {
+    store
+        .enqueue(vec![
+            job("a").with_scope("s"),
+            job("b").with_scope("s"),
+            job("c").with_scope("t"),
+        ])
+        .await
+        .unwrap();
+    let first = claim(&store, 10).await;
+    let mut scopes: Vec<&str> = first.iter().map(|c| c.lease.scope.as_str()).collect();
+    scopes.sort_unstable();
+    assert_eq!(scopes, ["s", "t"], "a busy scope was granted twice");
+    assert!(claim(&store, 10).await.is_empty());
+    let a = first.iter().find(|c| c.job.kind == "a").unwrap();
+    settle(&store, a.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let second = claim(&store, 10).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].job.kind, "b");
+    assert!(second[0].lease.token > a.lease.token);
+}
+
+pub async fn tokens_grow_per_scope(store: Stores) {
+    let mut last = None;
+    for _ in 0..5 {
+        store
+            .enqueue(vec![job("x").with_scope("grow")])
+            .await
+            .unwrap();
+        let c = claim(&store, 1).await.remove(0);
+        assert!(Some(c.lease.token) > last, "token did not grow");
+        last = Some(c.lease.token);
+        assert_eq!(
+            store.highest_token(&Scope::new("grow")).await.unwrap(),
+            last
+        );
+        settle(&store, c.lease.id, Settlement::Complete)
+            .await
+            .unwrap();
+    }
+    // An idle scope leaves nothing behind (bounded state); tokens still grow, since they
+    // come from one counter per coordinator.
+    assert_eq!(
+        store.highest_token(&Scope::new("grow")).await.unwrap(),
+        None
+    );
+    store
+        .enqueue(vec![job("y").with_scope("fresh")])
+        .await
+        .unwrap();
+    let fresh = claim(&store, 1).await.remove(0);
+    assert_eq!(
+        store.highest_token(&Scope::new("fresh")).await.unwrap(),
+        Some(fresh.lease.token)
+    );
+    assert_eq!(
+        store.highest_token(&Scope::new("never")).await.unwrap(),
+        None
+    );
+}
+
+pub async fn renew_extends_and_reports_lost(store: Stores) {
+    store.enqueue(vec![job("r")]).await.unwrap();
+    let c = claim(&store, 1).await.remove(0);
+    let stranger = LeaseId::new();
+    // Renew well past the first ttl: still held.
+    for _ in 0..3 {
+        tokio::time::sleep(TTL / 2).await;
+        let lost = store.renew(&[c.lease.id, stranger], TTL).await.unwrap();
+        assert_eq!(lost, [stranger]);
+    }
+    settle(&store, c.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
+    // A lease that expired is lost even before the reaper has seen it: a renewal must not
+    // revive it (a mutation test found this unchecked).
+    store.enqueue(vec![job("x")]).await.unwrap();
+    let short = claim_ttl(&store, Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.renew(&[short], TTL).await.unwrap(), [short]);
+    assert_eq!(
+        store.reap(10).await.unwrap().len(),
+        1,
+        "reaped, not revived"
+    );
+    assert_eq!(claim(&store, 1).await.len(), 1, "the job runs again");
+}
+
+async fn claim_ttl(store: &Stores, ttl: Duration) -> LeaseId {
+    store.claim("default", "w", 1, ttl).await.unwrap()[0]
+        .lease
+        .id
+}
+
+pub async fn stale_lease_is_powerless(store: Stores) {
+    store.enqueue(vec![job("p").with_scope("p")]).await.unwrap();
+    let old = claim(&store, 1).await.remove(0);
+    // Let it expire and be reaped; a new holder takes over.
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    assert_eq!(store.reap(100).await.unwrap().len(), 1);
+    let new = claim(&store, 1).await.remove(0);
+    assert_eq!(new.job.id, old.job.id);
+    assert_eq!(new.job.attempt, 2);
+    assert_eq!(new.job.stalls, 1);
+    assert!(new.lease.token > old.lease.token);
+    // Every operation by the old lease is refused and leaves the new claim alone.
+    assert_eq!(
+        store.renew(&[old.lease.id], TTL).await.unwrap(),
+        [old.lease.id]
+    );
+    for s in [
+        Settlement::Complete,
+        Settlement::Retry {
+            delay: Duration::ZERO,
+            reason: "x".into(),
+        },
+        Settlement::Dead { reason: "x".into() },
+    ] {
+        let r = settle(&store, old.lease.id, s).await;
+        assert!(
+            matches!(r, Err(Error::LeaseNotCurrent(l)) if l == old.lease.id),
+            "{r:?}"
+        );
+    }
+    assert!(settle(&store, LeaseId::new(), Settlement::Complete)
+        .await
+        .is_err());
+    assert_eq!(
+        store.renew(&[new.lease.id], TTL).await.unwrap(),
+        Vec::<LeaseId>::new()
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.leased, counts.completed, counts.dead), (1, 0, 0));
+    settle(&store, new.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert!(
+        settle(&store, new.lease.id, Settlement::Complete)
+            .await
+            .is_err(),
+        "completed twice"
+    );
+    assert_eq!(store.counts("default").await.unwrap().completed, 1);
+}
+
+pub async fn stalls_requeue_then_bury(store: Stores) {
+    store
+        .enqueue(vec![job("stall").with_max_stalls(1)])
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        let c = claim(&store, 1).await;
+        assert_eq!(c.len(), 1, "round {round}");
+        tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+        let reaped = store.reap(100).await.unwrap();
+        assert_eq!(reaped.len(), 1);
+        assert_eq!(reaped[0].dead, round == 2);
+        assert_eq!(reaped[0].queue, "default");
+    }
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].job.stalls, 2);
+    assert!(dead[0].reason.contains("expired"), "{}", dead[0].reason);
+    assert!(claim(&store, 1).await.is_empty());
+}
+
+pub async fn retry_and_dead_settlements(store: Stores) {
+    store.enqueue(vec![job("retry"), job("die")]).await.unwrap();
+    let claims = claim(&store, 2).await;
+    let lease = |k: &str| claims.iter().find(|c| c.job.kind == k).unwrap().lease.id;
+    let retry = Settlement::Retry {
+        delay: Duration::from_millis(200),
+        reason: "later".into(),
+    };
+    settle(&store, lease("retry"), retry).await.unwrap();
+    settle(
+        &store,
+        lease("die"),
+        Settlement::Dead {
+            reason: "bad input".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(claim(&store, 1).await.is_empty(), "retry ignored its delay");
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.delayed, counts.dead, counts.leased), (1, 1, 0));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let again = claim(&store, 1).await;
+    assert_eq!(again[0].job.attempt, 2);
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(dead[0].reason, "bad input");
+    assert_eq!(dead[0].job.kind, "die");
+}
+
+pub async fn fenced_settlement_reseeds_above_the_sink(store: Stores) {
+    store
+        .enqueue(vec![job("f").with_scope("f"), job("g").with_scope("g")])
+        .await
+        .unwrap();
+    let claims = claim(&store, 2).await;
+    let (f, g) = (&claims[0].lease, &claims[1].lease);
+    // A sink reports a token far above what this coordinator granted: its counters regressed.
+    let highest = FencingToken::new(f.token.epoch() + 3, 5);
+    let reason = "token conflict".to_string();
+    settle(
+        &store,
+        f.id,
+        Settlement::Fenced {
+            highest,
+            reason: reason.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let again = claim(&store, 1).await.remove(0);
+    assert_eq!(again.job.kind, "f", "a fenced job runs again at once");
+    assert!(
+        again.lease.token > highest,
+        "{:?} is not above {highest:?}",
+        again.lease.token
+    );
+    // A stale lease's fenced settlement is refused and moves nothing.
+    settle(&store, g.id, Settlement::Complete).await.unwrap();
+    let far = FencingToken::new(again.lease.token.epoch() + 50, 1);
+    let r = settle(
+        &store,
+        g.id,
+        Settlement::Fenced {
+            highest: far,
+            reason,
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(Error::LeaseNotCurrent(_))));
+    settle(&store, again.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    store.enqueue(vec![job("h").with_scope("f")]).await.unwrap();
+    assert!(claim(&store, 1).await[0].lease.token < far);
+}
+
+pub async fn enqueue_rejects_bad_jobs_whole(store: Stores) {
+    let huge = NewJob::raw(
+        "big",
+        format!("\"{}\"", "x".repeat(DEFAULT_MAX_PAYLOAD_BYTES)),
+    );
+    let r = store.enqueue(vec![job("fine"), huge]).await;
+    assert!(
+        matches!(r, Err(Error::InvalidJob(ref m)) if m.contains("payload")),
+        "{r:?}"
+    );
+    assert!(matches!(
+        store.enqueue(vec![job("")]).await,
+        Err(Error::InvalidJob(_))
+    ));
+    assert_eq!(
+        store.counts("default").await.unwrap(),
+        QueueCounts::default(),
+        "partial enqueue"
+    );
+}
+
+/// Issue 7, case 4: every name a careless caller can send is checked before anything is
+/// stored, the same way on every backend, and a named scope can never be another job's
+/// default scope (which used to give two live leases on one scope).
+pub async fn names_are_checked_and_default_scopes_are_private(store: Stores) {
+    let a = store.enqueue(vec![job("a")]).await.unwrap()[0];
+    let bad = [
+        job("b").with_scope(Scope::of_job(a)),
+        job("b").with_scope(""),
+        job("b").with_scope("line\nbreak"),
+        job("b").with_scope("x".repeat(MAX_NAME_BYTES + 1)),
+        job("b").with_queue(""),
+        job("b").with_queue("tab\tqueue"),
+        job("\u{7f}"),
+        job("b").with_priority(5000),
+        job("b").with_priority(i32::MIN),
+        job("b").with_delay(Duration::MAX),
+    ];
+    for b in bad {
+        let r = store.enqueue(vec![job("fine"), b.clone()]).await;
+        assert!(
+            matches!(r, Err(Error::InvalidJob(_))),
+            "{b:?} accepted: {r:?}"
+        );
+    }
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(counts.ready, 1, "a refused batch left jobs behind");
+    let ok = store
+        .enqueue(vec![job("b").with_scope("job:42").with_priority(4096)])
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let claims = claim(&store, 10).await;
+    assert_eq!(claims.len(), 2);
+    let mine = claims.iter().find(|c| c.job.id == a).unwrap();
+    assert_eq!(mine.lease.scope, Scope::of_job(a));
+    assert_eq!(mine.job.scope, Scope::of_job(a));
+    assert_eq!(mine.lease.scope.job(), Some(a));
+}
+
+/// Issue 7, case 9: jobs of a held scope wait aside, so `claim(n)` returns
+/// min(n, ready jobs whose scope is free) however many blocked jobs sit ahead of them.
+pub async fn a_held_scope_blocks_only_itself(store: Stores) {
+    store
+        .enqueue(vec![job("hot").with_scope("hot")])
+        .await
+        .unwrap();
+    let holder = claim(&store, 1).await.remove(0);
+    let blocked: Vec<NewJob> = (0..3000)
+        .map(|_| job("hot").with_scope("hot").with_priority(9))
+        .collect();
+    store.enqueue(blocked).await.unwrap();
+    let free: Vec<NewJob> = (0..5)
+        .map(|i| job("free").with_scope(format!("free:{i}")))
+        .collect();
+    store.enqueue(free).await.unwrap();
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.waiting, counts.leased), (5, 3000, 1));
+    let got = claim(&store, 10).await;
+    assert_eq!(
+        got.len(),
+        5,
+        "free scopes did not all flow past the held one"
+    );
+    assert!(got.iter().all(|c| c.job.kind == "free"));
+    assert!(claim(&store, 10).await.is_empty());
+    // Blocked ahead of free ones that were enqueued *before* the scope was held, too.
+    store
+        .enqueue((0..100).map(|_| job("cold").with_scope("cold")).collect())
+        .await
+        .unwrap();
+    store
+        .enqueue(vec![job("late").with_scope("late")])
+        .await
+        .unwrap();
+    let got = claim(&store, 10).await;
+    let kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["cold", "late"]);
+    // The holder finishes: the next job of its scope (and only one) becomes claimable.
+    settle(&store, holder.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let next = claim(&store, 10).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.kind, "hot");
+    assert!(next[0].lease.token > holder.lease.token);
+    // A retry with a delay gives the scope's turn to the next job meanwhile.
+    settle(
+        &store,
+        next[0].lease.id,
+        Settlement::Retry {
+            delay: Duration::from_secs(3600),
+            reason: "later".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let after = claim(&store, 10).await;
+    assert_eq!(after.len(), 1);
+    assert_ne!(after[0].job.id, next[0].job.id);
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(counts.waiting, 2998 + 99);
+    assert_eq!(counts.delayed, 1);
+}
+
+/// Issue 7, case 8: a released job is ready again at once with its attempt not counted and
+/// no stall charged; the released lease is powerless.
+pub async fn release_gives_the_job_back_uncharged(store: Stores) {
+    store
+        .enqueue(vec![job("r").with_scope("rel"), job("w").with_scope("rel")])
+        .await
+        .unwrap();
+    let first = claim(&store, 5).await;
+    assert_eq!(first.len(), 1);
+    let c = &first[0];
+    assert_eq!((c.job.kind.as_str(), c.job.attempt), ("r", 1));
+    settle(&store, c.lease.id, Settlement::Release)
+        .await
+        .unwrap();
+    let again = claim(&store, 5).await;
+    assert_eq!(again.len(), 1, "released job lost its scope's turn");
+    assert_eq!(
+        (again[0].job.id, again[0].job.attempt, again[0].job.stalls),
+        (c.job.id, 1, 0)
+    );
+    assert!(again[0].lease.token > c.lease.token);
+    assert!(matches!(
+        settle(&store, c.lease.id, Settlement::Complete).await,
+        Err(Error::LeaseNotCurrent(_))
+    ));
+    assert_eq!(
+        store.renew(&[c.lease.id], TTL).await.unwrap(),
+        vec![c.lease.id]
+    );
+}
+
+/// Issue 7, cases 6-7: a reseed above the last epoch is a typed error that changes nothing;
+/// dead letters can be purged.
+pub async fn epoch_limit_and_dead_purge(store: Stores) {
+    store.enqueue(vec![job("e")]).await.unwrap();
+    let c = claim(&store, 1).await.remove(0);
+    let top = FencingToken::new(FencingToken::MAX_EPOCH, 5);
+    let r = settle(
+        &store,
+        c.lease.id,
+        Settlement::Fenced {
+            highest: top,
+            reason: "x".into(),
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(Error::Epoch(_))), "{r:?}");
+    assert!(!r.unwrap_err().is_retryable());
+    assert_eq!(
+        store.counts("default").await.unwrap().leased,
+        1,
+        "the refused reseed changed state"
+    );
+    settle(
+        &store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "d0".into(),
+        },
+    )
+    .await
+    .unwrap();
+    store.enqueue(vec![job("d1"), job("d2")]).await.unwrap();
+    for c in claim(&store, 2).await {
+        settle(
+            &store,
+            c.lease.id,
+            Settlement::Dead {
+                reason: c.job.kind.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(store.purge_dead("default", 2).await.unwrap(), 2);
+    let left = store.dead("default", 10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].reason, "d2", "purge takes the oldest first");
+    assert_eq!(store.purge_dead("default", 10).await.unwrap(), 1);
+    assert_eq!(store.purge_dead("nowhere", 10).await.unwrap(), 0);
+}
+
+/// A lease named twice in one settle batch is current for its first settlement only (found
+/// by the differential test: Redis used to complete the job twice and hand its scope's turn
+/// to the deleted job). A fenced settlement does not spend an attempt.
+pub async fn one_settlement_per_lease_per_batch(store: Stores) {
+    store
+        .enqueue(vec![job("x").with_scope("dup")])
+        .await
+        .unwrap();
+    let c = claim(&store, 1).await.remove(0);
+    let results = store
+        .settle(vec![
+            (c.lease.id, Settlement::Complete),
+            (c.lease.id, Settlement::Release),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok());
+    assert!(
+        matches!(results[1], Err(Error::LeaseNotCurrent(_))),
+        "{results:?}"
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.leased, counts.completed), (0, 0, 1));
+    store
+        .enqueue(vec![job("y").with_scope("dup")])
+        .await
+        .unwrap();
+    let y = claim(&store, 1).await.remove(0);
+    assert_eq!(y.job.kind, "y", "the scope's turn went to a deleted job");
+    let fenced = Settlement::Fenced {
+        highest: y.lease.token,
+        reason: "regressed".into(),
+    };
+    settle(&store, y.lease.id, fenced).await.unwrap();
+    let again = claim(&store, 1).await.remove(0);
+    assert_eq!((again.job.id, again.job.attempt), (y.job.id, 1));
+}
+
+/// Issue 8, case 6: a worker claims only kinds it has handlers for, however many jobs of
+/// other kinds sit ahead; those wait (visible as ready) for a worker that has them.
+pub async fn claims_only_the_kinds_asked_for(store: Stores) {
+    let others: Vec<NewJob> = (0..3000).map(|_| job("other").with_priority(5)).collect();
+    store.enqueue(others).await.unwrap();
+    store
+        .enqueue(vec![
+            job("mine"),
+            job("also-mine").with_scope("m"),
+            job("mine").with_priority(1),
+        ])
+        .await
+        .unwrap();
+    let kinds = ["mine".to_owned(), "also-mine".to_owned()];
+    let got = store
+        .claim_kinds("default", &kinds, "w", 10, TTL)
+        .await
+        .unwrap();
+    let kinds_got: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(
+        kinds_got,
+        ["mine", "mine", "also-mine"],
+        "ready order within the asked kinds"
+    );
+    assert_eq!(got[0].job.attempt, 1);
+    assert_eq!(store.counts("default").await.unwrap().ready, 3000);
+    assert!(store
+        .claim_kinds("default", &kinds, "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.claim("default", "w", 4, TTL).await.unwrap().len(),
+        4,
+        "no kinds: any kind"
+    );
+}
+
+/// Issue 9: the coordinator's low watermark is the smallest live token (or the next token
+/// when none is live): below every current lease, never lower than before.
+pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
+    assert_eq!(store.watermark(), None, "nothing published before a settle");
+    store
+        .enqueue(vec![job("a"), job("b"), job("c")])
+        .await
+        .unwrap();
+    let claims = claim(&store, 3).await;
+    let t: Vec<FencingToken> = claims.iter().map(|c| c.lease.token).collect();
+    assert!(t[0] < t[1] && t[1] < t[2]);
+    settle(&store, claims[1].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.watermark(),
+        Some(t[0]),
+        "the oldest live lease holds it back"
+    );
+    settle(&store, claims[0].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(store.watermark(), Some(t[2]));
+    settle(&store, claims[2].lease.id, Settlement::Release)
+        .await
+        .unwrap();
+    let idle = store.watermark().unwrap();
+    assert!(idle > t[2], "no live lease: the next token");
+    // A refused settlement publishes too, and the watermark never goes back.
+    assert!(settle(&store, claims[0].lease.id, Settlement::Complete)
+        .await
+        .is_err());
+    assert_eq!(store.watermark(), Some(idle));
+    let again = claim(&store, 1).await.remove(0);
+    assert!(
+        again.lease.token >= idle,
+        "every new lease is at or above it"
+    );
+    settle(&store, again.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert!(store.watermark().unwrap() > again.lease.token);
+}
+
+/// `NewJob::with_unique_key`: a second enqueue while the first job is pending, or within its
+/// ttl after it is done, adds nothing and returns the first job's id; a batch is still all or
+/// nothing; the key goes after completion or death plus the ttl.
+pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
+    let ttl = Duration::from_millis(300);
+    let keyed = |queue: &str, key: &str, ttl: Duration| {
+        job("a").with_queue(queue).with_unique_key(key, ttl)
+    };
+    let first = store
+        .enqueue_all(vec![keyed("q1", "k", ttl)])
+        .await
+        .unwrap();
+    let Enqueued::Added(a) = first[0] else {
+        panic!("{first:?}")
+    };
+    // Pending: the same key in another queue, of another kind, is still the same key.
+    let again = store
+        .enqueue_all(vec![job("b").with_queue("q2").with_unique_key("k", ttl)])
+        .await
+        .unwrap();
+    assert_eq!(again, vec![Enqueued::Existing(a)]);
+    assert_eq!(store.counts("q2").await.unwrap(), QueueCounts::default());
+
+    // In one batch, the second job with a key is turned away by the first.
+    let batch = store
+        .enqueue_all(vec![
+            keyed("q3", "x", ttl),
+            keyed("q3", "x", ttl),
+            job("c").with_queue("q3"),
+        ])
+        .await
+        .unwrap();
+    let (Enqueued::Added(c), Enqueued::Existing(c2), Enqueued::Added(_)) =
+        (batch[0], batch[1], batch[2])
+    else {
+        panic!("{batch:?}")
+    };
+    assert_eq!(c, c2);
+    assert_eq!(store.counts("q3").await.unwrap().ready, 2);
+
+    // Running, then done: held until the ttl (from enqueue) ends, then free.
+    let lease = store
+        .claim("q1", "suite", 1, TTL)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(lease.job.id, a);
+    let running = store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap();
+    assert_eq!(running, vec![a]);
+    settle(&store, lease.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap(),
+        vec![a]
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let later = store
+        .enqueue_all(vec![keyed("q1", "k", ttl)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(later[0], Enqueued::Added(id) if id != a),
+        "{later:?}"
+    );
+
+    // A zero ttl holds only while the job is pending; death gives the key up too.
+    for (queue, end) in [
+        ("q4", Settlement::Complete),
+        (
+            "q5",
+            Settlement::Dead {
+                reason: "no".into(),
+            },
+        ),
+    ] {
+        let held = store
+            .enqueue(vec![keyed(queue, queue, Duration::ZERO)])
+            .await
+            .unwrap();
+        let lease = store
+            .claim(queue, "suite", 1, TTL)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        assert_eq!(lease.job.id, held[0]);
+        settle(&store, lease.lease.id, end).await.unwrap();
+        let next = store
+            .enqueue_all(vec![keyed(queue, queue, Duration::ZERO)])
+            .await
+            .unwrap();
+        assert!(
+            matches!(next[0], Enqueued::Added(id) if id != held[0]),
+            "{queue}: {next:?}"
+        );
+    }
+
+    // Bad keys refuse the whole batch.
+    for bad in ["", "a\nb"] {
+        let refused = store
+            .enqueue_all(vec![keyed("q6", "fine", ttl), keyed("q6", bad, ttl)])
+            .await;
+        assert!(
+            matches!(refused, Err(Error::InvalidJob(_))),
+            "{bad:?}: {refused:?}"
+        );
+    }
+    let too_long = store.enqueue(vec![keyed("q6", "t", MAX_DELAY * 2)]).await;
+    assert!(matches!(too_long, Err(Error::InvalidJob(_))));
+    assert_eq!(store.counts("q6").await.unwrap(), QueueCounts::default());
+    let fine = store
+        .enqueue_all(vec![keyed("q6", "fine", ttl)])
+        .await
+        .unwrap();
+    assert!(matches!(fine[0], Enqueued::Added(_)));
+}

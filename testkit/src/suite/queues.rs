@@ -1,0 +1,296 @@
+//! Cases for the read-only views ([`Inspect`]) and queue controls ([`QueueAdmin`]).
+
+use super::*;
+
+pub async fn status_views_and_dead_letter_retry(store: Stores) {
+    store
+        .enqueue(vec![
+            job("a").with_queue("mail"),
+            job("b").with_scope("acct:9"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(store.queues().await.unwrap(), ["default", "mail"]);
+    let c = store
+        .claim("default", "worker-7", 1, TTL)
+        .await
+        .unwrap()
+        .remove(0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let leases = store.leases(10).await.unwrap();
+    assert_eq!(leases.len(), 1);
+    let l = &leases[0];
+    assert_eq!(
+        (l.lease, l.job, l.token),
+        (c.lease.id, c.job.id, c.lease.token)
+    );
+    assert_eq!(
+        (l.scope.as_str(), l.worker.as_str()),
+        ("acct:9", "worker-7")
+    );
+    assert!(
+        l.age >= Duration::from_millis(40) && l.expires_in <= TTL,
+        "{l:?}"
+    );
+    settle(
+        &store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "bad".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(store.leases(10).await.unwrap().is_empty());
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 1);
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 0);
+    let again = claim(&store, 1).await.remove(0);
+    assert_eq!((again.job.id, again.job.attempt), (c.job.id, 1));
+    assert!(again.lease.token > c.lease.token);
+}
+
+/// `set_paused`: claims from a paused queue hand out nothing, while its running job renews and
+/// completes, enqueue still adds, other queues run on; resumed, every job is there.
+pub async fn a_paused_queue_hands_out_nothing_and_loses_nothing(store: Stores) {
+    store
+        .enqueue(vec![
+            job("a"),
+            job("a"),
+            job("a"),
+            job("b").with_queue("other"),
+        ])
+        .await
+        .unwrap();
+    let running = claim(&store, 1).await.pop().unwrap();
+    store.set_paused("default", true).await.unwrap();
+    store.set_paused("default", true).await.unwrap(); // twice is once
+    assert_eq!(store.paused().await.unwrap(), vec!["default".to_owned()]);
+    assert!(claim(&store, 5).await.is_empty());
+    store
+        .enqueue(vec![job("a").with_delay(Duration::from_millis(1))])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(claim(&store, 5).await.is_empty());
+    assert_eq!(
+        store.renew(&[running.lease.id], TTL).await.unwrap(),
+        Vec::<LeaseId>::new()
+    );
+    settle(&store, running.lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    let other = store.claim("other", "suite", 5, TTL).await.unwrap();
+    assert_eq!(other.len(), 1, "another queue is not paused");
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.completed), (3, 1), "{counts:?}");
+
+    assert!(matches!(
+        store.set_paused("", true).await,
+        Err(Error::InvalidJob(_))
+    ));
+    store.set_paused("default", false).await.unwrap();
+    store.set_paused("never-paused", false).await.unwrap();
+    assert!(store.paused().await.unwrap().is_empty());
+    assert_eq!(claim(&store, 5).await.len(), 3);
+}
+
+/// `set_rate_limit`: at most the bucket's whole tokens per claim, refilled at the rate, shared
+/// by every claimer; other queues and lifted limits are unaffected.
+pub async fn a_rate_limited_queue_hands_out_no_more_than_its_rate(store: Stores) {
+    let jobs: Vec<NewJob> = (0..40).map(|_| job("a")).collect();
+    store.enqueue(jobs).await.unwrap();
+    let limit = RateLimit {
+        jobs: 5,
+        per: Duration::from_secs(1),
+    };
+    store.set_rate_limit("default", Some(limit)).await.unwrap();
+    assert_eq!(store.rate_limit("default").await.unwrap(), Some(limit));
+    assert_eq!(store.rate_limit("other").await.unwrap(), None);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        claim(&store, 100).await.len(),
+        5,
+        "a full bucket: the burst"
+    );
+    assert_eq!(claim(&store, 100).await.len(), 0, "empty until it refills");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let refilled = claim(&store, 100).await.len();
+    // 5 per second for ~0.45 s: 2 whole tokens (3 if this machine slept long).
+    assert!((2..=3).contains(&refilled), "{refilled}");
+    // However it is asked (many small claims), the total follows the rate.
+    let mut total = 5 + refilled;
+    while started.elapsed() < Duration::from_millis(1_500) {
+        total += claim(&store, 1).await.len();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let allowed = 5 + (started.elapsed().as_secs_f64() * 5.0).floor() as usize;
+    assert!(
+        total <= allowed && total >= allowed - 2,
+        "{total} of {allowed}"
+    );
+    for bad in [
+        RateLimit {
+            jobs: 0,
+            per: Duration::from_secs(1),
+        },
+        RateLimit {
+            jobs: 1,
+            per: Duration::ZERO,
+        },
+        RateLimit {
+            jobs: 1,
+            per: Duration::from_secs(86_401),
+        },
+        RateLimit {
+            jobs: 1,
+            per: Duration::from_micros(1500),
+        },
+    ] {
+        assert!(matches!(
+            store.set_rate_limit("default", Some(bad)).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    store.set_rate_limit("default", None).await.unwrap();
+    assert_eq!(store.rate_limit("default").await.unwrap(), None);
+    let rest = claim(&store, 100).await.len();
+    assert_eq!(rest, 40 - total, "lifted: everything left");
+}
+
+/// `cancel`: a ready, a waiting and a delayed job go to the dead letters; a running job's
+/// lease is revoked at once (renew says lost, its settlement is refused) and its scope's turn
+/// passes on; cancelling again finds nothing.
+pub async fn cancel_removes_a_queued_job_and_revokes_a_running_one(store: Stores) {
+    let q = |j: NewJob| j.with_queue("c");
+    let ids = store
+        .enqueue(vec![
+            q(job("a")),
+            q(job("a").with_scope("s")),
+            q(job("a").with_scope("s")),
+            q(job("a").with_delay(Duration::from_secs(3600))),
+        ])
+        .await
+        .unwrap();
+    let counts = || async { store.counts("c").await.unwrap() };
+    let c = counts().await;
+    assert_eq!((c.ready, c.waiting, c.delayed), (2, 1, 1));
+    for (id, what) in [(ids[0], "ready"), (ids[2], "waiting"), (ids[3], "delayed")] {
+        assert_eq!(
+            store.cancel(id, "stop").await.unwrap(),
+            Cancelled::Removed,
+            "{what}"
+        );
+    }
+    let c = counts().await;
+    assert_eq!(
+        (c.ready, c.waiting, c.delayed, c.dead),
+        (1, 0, 0, 3),
+        "{c:?}"
+    );
+
+    let running = store.claim("c", "w", 5, TTL).await.unwrap();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].job.id, ids[1]);
+    let next = store
+        .enqueue(vec![q(job("a").with_scope("s"))])
+        .await
+        .unwrap()[0];
+    assert_eq!(counts().await.waiting, 1, "behind the running job");
+    let lease = running[0].lease.id;
+    assert_eq!(
+        store.cancel(ids[1], "stop").await.unwrap(),
+        Cancelled::Revoked
+    );
+    // Its token no longer holds the watermark back: sinks refuse its late writes once told.
+    assert!(
+        store
+            .watermark()
+            .is_some_and(|w| w > running[0].lease.token),
+        "{:?} vs {}",
+        store.watermark(),
+        running[0].lease.token
+    );
+    assert_eq!(
+        store.renew(&[lease], TTL).await.unwrap(),
+        vec![lease],
+        "lost"
+    );
+    assert!(matches!(
+        settle(&store, lease, Settlement::Complete).await,
+        Err(Error::LeaseNotCurrent(_))
+    ));
+    let c = counts().await;
+    assert_eq!(
+        (c.leased, c.ready, c.waiting, c.dead),
+        (0, 1, 0, 4),
+        "{c:?}"
+    );
+    let again = store.claim("c", "w", 5, TTL).await.unwrap();
+    assert_eq!(again[0].job.id, next, "the scope's turn passed on");
+
+    for id in [ids[1], ids[0], JobId::new()] {
+        assert_eq!(store.cancel(id, "stop").await.unwrap(), Cancelled::Missing);
+    }
+    let dead = store.dead("c", 10).await.unwrap();
+    assert_eq!(dead.len(), 4);
+    assert!(dead.iter().all(|d| d.reason == "stop"), "{dead:?}");
+}
+
+/// `set_concurrency_cap`: claims never start more of a kind than its cap allows while others
+/// run; every way a lease ends (completion, cancel, expiry) frees its place; other kinds are
+/// not held back.
+pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Stores) {
+    let k = |kind: &str| job(kind).with_queue("k");
+    let mut jobs: Vec<NewJob> = (0..5).map(|_| k("capped")).collect();
+    jobs.extend([k("free"), k("free")]);
+    store.enqueue(jobs).await.unwrap();
+    store.set_concurrency_cap("capped", Some(2)).await.unwrap();
+    assert_eq!(store.concurrency_cap("capped").await.unwrap(), Some(2));
+    let claim_k = |n: usize| {
+        let store = store.clone();
+        async move { store.claim("k", "w", n, TTL).await.unwrap() }
+    };
+    let of = |claims: &[Claim], kind: &str| claims.iter().filter(|c| c.job.kind == kind).count();
+    let first = claim_k(10).await;
+    assert_eq!((of(&first, "capped"), of(&first, "free")), (2, 2));
+    assert!(claim_k(10).await.is_empty(), "at the cap");
+    let capped: Vec<&Claim> = first.iter().filter(|c| c.job.kind == "capped").collect();
+    settle(&store, capped[0].lease.id, Settlement::Complete)
+        .await
+        .unwrap();
+    assert_eq!(
+        of(&claim_k(10).await, "capped"),
+        1,
+        "a completion frees a place"
+    );
+    assert_eq!(
+        store.cancel(capped[1].job.id, "stop").await.unwrap(),
+        Cancelled::Revoked
+    );
+    assert_eq!(
+        of(&claim_k(10).await, "capped"),
+        1,
+        "a cancel frees a place"
+    );
+    assert!(claim_k(10).await.is_empty());
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store.reap(100).await.unwrap().len(),
+        4,
+        "two capped, two free"
+    );
+    let after = claim_k(10).await;
+    assert_eq!(
+        (of(&after, "capped"), of(&after, "free")),
+        (2, 2),
+        "expiry frees places"
+    );
+    store.set_concurrency_cap("capped", None).await.unwrap();
+    assert_eq!(of(&claim_k(10).await, "capped"), 1, "lifted: the last one");
+    for (kind, cap) in [("", Some(1)), ("capped", Some(0))] {
+        assert!(matches!(
+            store.set_concurrency_cap(kind, cap).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+}
