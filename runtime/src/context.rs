@@ -307,6 +307,11 @@ pub struct PostgresHandle {
 }
 
 impl PostgresHandle {
+    /// The sink's schema, quoted for SQL (see [`FencedTx::schema`](crate::FencedTx::schema)).
+    pub fn schema(&self) -> &str {
+        self.sink.schema()
+    }
+
     /// Runs `f` in one transaction fenced by this lease (see [`PostgresSink::transaction`]):
     /// the scope's fence is locked and checked first, so a stale holder's `f` never runs;
     /// `key` names this write within the job (1-200 bytes, no `/`; stored as

@@ -15,7 +15,8 @@
 //!   when a mutation list fits the data (Redis' own integer rules, exact `i64`).
 //! - `policy`: pure retry / stall decisions ([`RetryPolicy`]).
 //! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
-//! - `store`: the backend traits [`LeaseStore`] and [`FencedStore`]; `store::memory`,
+//! - `store`: the coordinator traits by concern ([`LeaseStore`], [`Inspect`], [`QueueAdmin`],
+//!   [`ControlStore`], [`RecordStore`]; [`Stores`] is all of them) and [`FencedStore`]; `store::memory`,
 //!   `store::redis` (one Lua script per operation, `runtime/lua/`), `store::postgres`
 //!   ([`PostgresSink`]: fenced transactions on the user's own rows, the outbox, and
 //!   [`PostgresFencedStore`]; migrations in `runtime/sql/`) and `store::epoch` (durable

@@ -87,6 +87,8 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
         String::from_utf8(out.stdout).unwrap().lines().count(),
         JOBS as usize
     );
+    // The binary's own command reaches the same coordinator as the built-in ones.
+    assert_eq!(cli(&redis, &["pending"]).trim(), JOBS.to_string());
 
     let workers: Vec<Process> = ["a", "b", "c"].iter().map(|n| worker(&redis, n)).collect();
     // Pause whoever holds the slow SKU-0 job, past its 1 s lease.
@@ -161,4 +163,6 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
         );
     }
     assert_eq!(cli(&redis, &["dead", "list"]).trim(), "");
+    assert_eq!(cli(&redis, &["pending"]).trim(), "0");
+    assert_eq!(cli(&redis, &["pending", "elsewhere"]).trim(), "0");
 }

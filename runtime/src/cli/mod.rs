@@ -57,11 +57,48 @@ pub struct App {
     extra: Vec<Extra>,
 }
 
-type Run = Box<dyn FnOnce(&ArgMatches) -> ExitCode>;
+/// The clap version [`App::subcommand`] takes a `Command` of, so a worker crate needs no
+/// version-matched `clap` dependency of its own.
+pub use clap;
+
+/// A subcommand of the user's own, on its parsed arguments.
+type PlainRun = Box<dyn FnOnce(&ArgMatches) -> ExitCode>;
+/// A subcommand of the user's own, on its parsed arguments and the installation they name.
+type InstalledRun = Box<dyn FnOnce(&Installation, &ArgMatches) -> ExitCode>;
+
+enum Run {
+    Plain(PlainRun),
+    Installed(InstalledRun),
+}
 
 struct Extra {
     command: clap::Command,
     run: Run,
+}
+
+/// The installation a subcommand of the user's own runs against, from the same flags and
+/// environment as the built-in ones (`--redis`, `--prefix`, `--partitions`,
+/// `--redis-ca-file`, `--redis-cluster`, and their `PALISADE_*` variables).
+pub struct Installation {
+    redis: RedisArgs,
+}
+
+impl Installation {
+    /// The installation's key prefix (`--prefix`).
+    pub fn prefix(&self) -> &str {
+        &self.redis.prefix
+    }
+
+    /// The coordinator, reached and checked as the built-in commands reach it (its layout
+    /// generation and number of partitions included).
+    pub async fn stores(&self) -> anyhow::Result<Stores> {
+        Ok(self.redis.store().await?.1)
+    }
+
+    /// A [`Client`](crate::Client) of the coordinator.
+    pub async fn client(&self) -> anyhow::Result<crate::Client> {
+        Ok(crate::Client::new(self.stores().await?))
+    }
 }
 
 #[derive(Subcommand)]
@@ -176,7 +213,25 @@ impl App {
     ) -> Self {
         self.extra.push(Extra {
             command,
-            run: Box::new(run),
+            run: Run::Plain(Box::new(run)),
+        });
+        self
+    }
+
+    /// [`subcommand`](Self::subcommand) run against this installation: `command` gets the
+    /// built-in commands' coordinator flags (`--redis`, `--prefix`, ...), and `run` the
+    /// [`Installation`] they name — so a command of the user's own reaches the same
+    /// coordinator as `worker` and `status` without parsing them again. `run` builds its own
+    /// runtime (`tokio::runtime::Runtime`) for the async calls.
+    pub fn subcommand_with(
+        mut self,
+        command: clap::Command,
+        run: impl FnOnce(&Installation, &ArgMatches) -> ExitCode + 'static,
+    ) -> Self {
+        use clap::Args as _;
+        self.extra.push(Extra {
+            command: RedisArgs::augment_args(command),
+            run: Run::Installed(Box::new(run)),
         });
         self
     }
@@ -228,7 +283,16 @@ impl App {
         } = self;
         if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
             init_logging("error", json);
-            return (extra.run)(sub_matches);
+            return match extra.run {
+                Run::Plain(run) => run(sub_matches),
+                Run::Installed(run) => match RedisArgs::from_arg_matches(sub_matches) {
+                    Ok(redis) => run(&Installation { redis }, sub_matches),
+                    Err(e) => {
+                        let _ = e.print();
+                        ExitCode::from(2)
+                    }
+                },
+            };
         }
         let builtin = match Builtin::from_arg_matches(&matches) {
             Ok(builtin) => builtin,

@@ -325,6 +325,19 @@ impl LeaseStore for Stores {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         self.leases.enqueue_all(jobs).await
     }
+    // The provided methods too, so a part that overrides them is not bypassed.
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        self.leases.enqueue(jobs).await
+    }
+    async fn claim(
+        &self,
+        queue: &str,
+        worker: &str,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Claim>> {
+        self.leases.claim(queue, worker, n, ttl).await
+    }
     async fn claim_kinds(
         &self,
         queue: &str,

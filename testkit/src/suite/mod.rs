@@ -1,5 +1,6 @@
 //! One conformance suite for every backend (openraft `Suite` style): each backend's test file
-//! calls [`lease_store_suite!`] and [`fenced_store_suite!`] with an expression that builds a
+//! calls [`lease_store_suite!`](crate::lease_store_suite) and
+//! [`fenced_store_suite!`](crate::fenced_store_suite) with an expression that builds a
 //! fresh, isolated store, so no backend can quietly differ from another.
 //!
 //! Time here is real and short (hundreds of milliseconds), because a remote backend keeps its

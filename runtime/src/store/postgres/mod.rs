@@ -842,6 +842,13 @@ impl FencedTx<'_> {
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
+
+    /// The sink's schema, quoted for SQL (`"palisade"`, or what the sink URL's `?schema=`
+    /// names): for a handler whose own tables live beside the sink's, so its SQL can name
+    /// them (`format!("UPDATE {}.invoice ...", tx.schema())`) without a `search_path` of its own.
+    pub fn schema(&self) -> &str {
+        self.sink.schema()
+    }
 }
 
 /// Shared with [`PostgresFencedStore`]: one `Mutation` write as a fenced transaction.
