@@ -14,7 +14,6 @@ use crate::error::{Error, Result};
 use crate::ids::JobId;
 use crate::job::{Cancelled, DeadJob, Enqueued, NewJob, QueueCounts};
 use crate::metrics as m;
-use crate::store::redis::{ping, pool};
 use crate::store::{Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
 
 /// A cheap-to-clone handle for producers: enqueue one or many jobs (delayed ones too, with
@@ -32,7 +31,9 @@ impl Client {
     /// [`store::redis::coordinator`](crate::store::redis::coordinator) then). Once the
     /// installation is moved to another layout (`palisade partitions`), this client's
     /// enqueues are refused: connect again.
+    #[cfg(feature = "redis")]
     pub async fn connect(url: &str, prefix: &str) -> Result<Self> {
+        use crate::store::redis::{ping, pool};
         let pool = pool(url)?;
         ping(&pool).await?;
         let generation = crate::store::redis::check_layout(pool.clone(), prefix, 1).await?;

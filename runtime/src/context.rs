@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::ids::{IdempotencyKey, Lease};
 use crate::job::{Job, JobError};
 use crate::sink::{FencedSink, Write};
+#[cfg(feature = "postgres")]
 use crate::store::postgres::{
     check_key_part, inside_transaction_of, Fenced, PostgresSink, TransactionFn,
 };
@@ -31,6 +32,7 @@ struct SinkMap {
     /// `ctx.sink(name)`: `Mutation` writes through a [`FencedSink`] actor.
     actors: HashMap<String, Addr<FencedSink>>,
     /// `ctx.postgres(name)`: fenced transactions, run on the handler's own task.
+    #[cfg(feature = "postgres")]
     postgres: HashMap<String, Arc<PostgresSink>>,
 }
 
@@ -46,6 +48,7 @@ impl Sinks {
         self
     }
 
+    #[cfg(feature = "postgres")]
     /// Adds a Postgres sink under `name`, for `ctx.postgres(name)` (add a [`FencedSink`] over
     /// a [`PostgresFencedStore`](crate::PostgresFencedStore) of the same sink with
     /// [`Sinks::with`] for `ctx.sink(name)` as well: both share its fences).
@@ -61,6 +64,7 @@ impl Sinks {
         for sink in self.0.actors.values() {
             sink.do_send(crate::sink::ObserveWatermark(watermark));
         }
+        #[cfg(feature = "postgres")]
         for sink in self.0.postgres.values() {
             sink.observe_watermark(watermark);
         }
@@ -257,6 +261,7 @@ impl JobContext {
         Ok(SinkHandle {
             addr,
             name: name.to_owned(),
+            #[cfg(feature = "postgres")]
             postgres: self.sinks.0.postgres.get(name).cloned(),
             fence: self.fence(),
             lease: self.lease.clone(),
@@ -273,6 +278,7 @@ impl JobContext {
         }
     }
 
+    #[cfg(feature = "postgres")]
     /// A handle to the Postgres sink called `name`, whose transactions are fenced by this
     /// lease: `ctx.postgres("orders")?.transaction("pay", |tx| Box::pin(async move { .. }))`.
     pub fn postgres(&self, name: &str) -> Result<PostgresHandle> {
@@ -296,6 +302,7 @@ impl JobContext {
 }
 
 /// Fenced transactions on one Postgres sink under one lease.
+#[cfg(feature = "postgres")]
 pub struct PostgresHandle {
     sink: Arc<PostgresSink>,
     name: String,
@@ -306,6 +313,7 @@ pub struct PostgresHandle {
     run: Arc<RunState>,
 }
 
+#[cfg(feature = "postgres")]
 impl PostgresHandle {
     /// The sink's schema, quoted for SQL (see [`FencedTx::schema`](crate::FencedTx::schema)).
     pub fn schema(&self) -> &str {
@@ -396,6 +404,7 @@ pub struct SinkHandle {
     name: String,
     /// The Postgres sink behind it, if it is one (to refuse a write from inside one of its
     /// own transactions, which would wait for that transaction's lock).
+    #[cfg(feature = "postgres")]
     postgres: Option<Arc<PostgresSink>>,
     fence: Fence,
     lease: Lease,
@@ -421,6 +430,7 @@ impl SinkHandle {
         key: IdempotencyKey,
         mutations: Vec<Mutation>,
     ) -> Result<Admission> {
+        #[cfg(feature = "postgres")]
         if self.postgres.as_deref().is_some_and(inside_transaction_of) {
             return Err(Error::InvalidJob(
                 "a fenced write cannot go to the Postgres sink whose transaction it runs \

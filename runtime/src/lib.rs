@@ -31,6 +31,13 @@
 //! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
 //! - `cli` (feature `cli`, on by default): [`cli::App`], a user's whole worker binary.
 //!
+//! # Features
+//!
+//! All on by default: `redis` (`store::redis`, [`Client::connect`]), `postgres` (the
+//! Postgres sink, `OutboxRelay`, `PostgresEpochSource`), `cli` (`cli::App`; turns on both
+//! backends) and `ui` (the operator page, `palisade ui`). With none, the library is the
+//! embedded in-memory coordinator; `testing` (off) exports `Freeze`, for tests.
+//!
 //! # Defining a job
 //!
 //! ```
@@ -69,6 +76,7 @@ mod job;
 pub mod metrics;
 mod mutation;
 mod policy;
+#[cfg(feature = "postgres")]
 mod relay;
 mod renewal;
 mod sampler;
@@ -80,7 +88,9 @@ mod worker;
 
 pub use admission::{advance, decide, Admission, Fence, Rejection, ScopeFence};
 pub use client::Client;
-pub use context::{JobContext, PostgresHandle, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
+#[cfg(feature = "postgres")]
+pub use context::PostgresHandle;
+pub use context::{JobContext, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
@@ -90,16 +100,21 @@ pub use job::{
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
-pub use relay::{OutboxRelay, RelayConfig, Target};
+#[cfg(feature = "postgres")]
+pub use relay::{OutboxRelay, OutboxTarget, RelayConfig};
 pub use schedule::{CatchUp, Schedule, ScheduleSpec, TICK_KEY_TTL};
 pub use scheduler::Scheduler;
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
-pub use store::epoch::{EpochSource, FileEpochSource, PostgresEpochSource};
+#[cfg(feature = "postgres")]
+pub use store::epoch::PostgresEpochSource;
+pub use store::epoch::{EpochSource, FileEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
+#[cfg(feature = "postgres")]
 pub use store::postgres::{
     BoxError, Fenced, FencedTx, OutboxCounts, OutboxWriter, PostgresFencedStore, PostgresSink,
     TransactionFn,
 };
+#[cfg(feature = "redis")]
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{
     ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore, QueueAdmin, Reaped,

@@ -10,10 +10,10 @@
 //! or dead after `max_attempts` (or at once, when the receiver refuses the request itself).
 //!
 //! Targets:
-//! - [`Target::Http`]: `POST <url>` with the payload as JSON and `Idempotency-Key:
+//! - [`OutboxTarget::Http`]: `POST <url>` with the payload as JSON and `Idempotency-Key:
 //!   <scope>/<key>` — the same for every attempt and every run of the job, so the receiver can
 //!   drop repeats (the relay is at least once by nature: it may deliver and die before it marks).
-//! - [`Target::Enqueue`]: enqueues a Palisade job (`{"kind": .., "payload": .., "scope": ..}`),
+//! - [`OutboxTarget::Enqueue`]: enqueues a Palisade job (`{"kind": .., "payload": .., "scope": ..}`),
 //!   so a job can fence its follow-up jobs.
 
 use std::collections::HashMap;
@@ -33,7 +33,7 @@ use crate::store::postgres::{OutboxEntry, PostgresSink};
 
 /// Where the entries of one outbox target go.
 #[derive(Clone)]
-pub enum Target {
+pub enum OutboxTarget {
     /// `POST` to this `http://` or `https://` URL.
     Http(String),
     /// Enqueue the entry as a job into `queue` through `client`.
@@ -45,7 +45,7 @@ pub enum Target {
     },
 }
 
-/// What an [`Target::Enqueue`] entry's payload holds.
+/// What an [`OutboxTarget::Enqueue`] entry's payload holds.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FollowUp {
@@ -106,7 +106,7 @@ impl RelayConfig {
 /// Delivers one Postgres sink's outbox (see the module docs).
 pub struct OutboxRelay {
     sink: Arc<PostgresSink>,
-    targets: Arc<HashMap<String, Target>>,
+    targets: Arc<HashMap<String, OutboxTarget>>,
     names: Arc<[String]>,
     config: RelayConfig,
     http: reqwest::Client,
@@ -127,7 +127,7 @@ impl OutboxRelay {
     /// relays.
     pub fn new(
         sink: Arc<PostgresSink>,
-        targets: HashMap<String, Target>,
+        targets: HashMap<String, OutboxTarget>,
         config: RelayConfig,
     ) -> Result<Self> {
         if targets.is_empty() {
@@ -141,7 +141,7 @@ impl OutboxRelay {
             ));
         }
         for (name, target) in &targets {
-            if let Target::Http(url) = target {
+            if let OutboxTarget::Http(url) = target {
                 if reqwest::Url::parse(url)
                     .map_or(true, |u| !matches!(u.scheme(), "http" | "https"))
                 {
@@ -216,9 +216,9 @@ impl OutboxRelay {
 }
 
 /// One attempt at one entry.
-async fn deliver(target: &Target, http: &reqwest::Client, entry: &OutboxEntry) -> Attempt {
+async fn deliver(target: &OutboxTarget, http: &reqwest::Client, entry: &OutboxEntry) -> Attempt {
     match target {
-        Target::Http(url) => {
+        OutboxTarget::Http(url) => {
             let sent = http
                 .post(url)
                 .header("Idempotency-Key", entry.idempotency_key())
@@ -247,7 +247,7 @@ async fn deliver(target: &Target, http: &reqwest::Client, entry: &OutboxEntry) -
                 Err(e) => Attempt::Failed(format!("{url}: {e}")),
             }
         }
-        Target::Enqueue { client, queue } => {
+        OutboxTarget::Enqueue { client, queue } => {
             let follow_up: FollowUp = match serde_json::from_value(entry.payload.clone()) {
                 Ok(f) => f,
                 Err(e) => {

@@ -432,7 +432,7 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
         })
         .await;
     assert_eq!(pushed.unwrap(), Fenced::Applied(()));
-    let target = Target::Enqueue {
+    let target = OutboxTarget::Enqueue {
         client: Client::new(store.clone()),
         queue: "followups".into(),
     };
@@ -488,8 +488,9 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
 fn relay_configuration_is_checked() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sink = rt.block_on(sink());
-    let http =
-        |url: &str| std::collections::HashMap::from([("t".to_owned(), Target::Http(url.into()))]);
+    let http = |url: &str| {
+        std::collections::HashMap::from([("t".to_owned(), OutboxTarget::Http(url.into()))])
+    };
     for bad in ["ftp://x", "not a url"] {
         assert!(matches!(
             OutboxRelay::new(sink.clone(), http(bad), RelayConfig::default()),
@@ -739,7 +740,7 @@ async fn the_relay_classifies_answers_and_never_follows_redirects() {
     let targets = std::collections::HashMap::from(["moved", "gone", "busy"].map(|t| {
         (
             t.to_owned(),
-            Target::Http(format!("http://127.0.0.1:{port}/{t}")),
+            OutboxTarget::Http(format!("http://127.0.0.1:{port}/{t}")),
         )
     }));
     sink.transaction(
@@ -955,7 +956,7 @@ async fn delivered_entries_are_pruned_after_their_retention() {
     .unwrap();
     let targets = std::collections::HashMap::from([(
         "ok".to_owned(),
-        Target::Http(format!("http://127.0.0.1:{port}/ok")),
+        OutboxTarget::Http(format!("http://127.0.0.1:{port}/ok")),
     )]);
     let config = RelayConfig {
         poll: Duration::from_millis(20),

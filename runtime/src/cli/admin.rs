@@ -524,7 +524,7 @@ pub(super) fn schedule(
             // The page's formatting: a tick past year 9999 is shown raw, not a panic.
             let when = |ms: Option<i64>| {
                 ms.and_then(|ms| u64::try_from(ms).ok())
-                    .map(super::ui::when)
+                    .map(super::when)
                     .unwrap_or_else(|| "-".into())
             };
             if json {

@@ -30,6 +30,7 @@
 mod admin;
 mod relay;
 mod sinks;
+#[cfg(feature = "ui")]
 mod ui;
 mod worker;
 
@@ -136,6 +137,7 @@ enum Builtin {
     Resume(admin::QueueArgs),
     /// Serve the operator page: queues, live leases, fence rejections, dead jobs (retry,
     /// purge) on 127.0.0.1:8080 until SIGTERM / SIGINT.
+    #[cfg(feature = "ui")]
     Ui(ui::UiArgs),
 }
 
@@ -330,6 +332,7 @@ impl App {
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
+            #[cfg(feature = "ui")]
             Builtin::Ui(args) => ui::run(args),
             Builtin::Limit(args) => admin::limit(args),
             Builtin::Cap(args) => admin::cap(args),
@@ -452,6 +455,19 @@ impl RedisArgs {
         )?;
         Ok((target, store))
     }
+}
+
+/// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
+/// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).
+pub(crate) fn when(at_ms: u64) -> String {
+    const YEAR_10000_MS: u64 = 253_402_300_800_000;
+    if at_ms >= YEAR_10000_MS {
+        return format!("{at_ms} ms");
+    }
+    humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(at_ms),
+    )
+    .to_string()
 }
 
 /// Resolves at the first SIGTERM or SIGINT: when a long-running subcommand stops.

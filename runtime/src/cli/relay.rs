@@ -13,7 +13,7 @@ use super::sinks::{postgres_sinks, sink_urls};
 use super::RedisArgs;
 use crate::client::Client;
 use crate::metrics::Health;
-use crate::relay::{OutboxRelay, RelayConfig, Target};
+use crate::relay::{OutboxRelay, OutboxTarget, RelayConfig};
 use crate::store::postgres::PostgresSink;
 use crate::store::redis::redacted;
 
@@ -167,12 +167,12 @@ impl RelayArgs {
                         let (_, store) = redis.store().await?;
                         client = Some(Client::new(store));
                     }
-                    Target::Enqueue {
+                    OutboxTarget::Enqueue {
                         client: client.clone().expect("just set"),
                         queue: queue.to_owned(),
                     }
                 }
-                None => Target::Http(url),
+                None => OutboxTarget::Http(url),
             };
             targets.insert(name, target);
         }

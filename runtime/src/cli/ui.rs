@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context as _};
 use axum::extract::{Path, Query, Request, State};
@@ -22,7 +22,7 @@ use maud::{html, Markup, DOCTYPE};
 use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
-use super::{redacted, RedisArgs};
+use super::{redacted, when, RedisArgs};
 use crate::job::{DeadJob, QueueCounts};
 use crate::store::{
     Inspect, LeaseInfo, QueueAdmin, RecordStore, RejectionNote, Stores, MAX_DEAD_RETENTION,
@@ -105,16 +105,6 @@ fn age(d: Duration) -> String {
         60..=3599 => format!("{}m {}s", s / 60, s % 60),
         _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
     }
-}
-
-/// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
-/// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).
-pub(super) fn when(at_ms: u64) -> String {
-    const YEAR_10000_MS: u64 = 253_402_300_800_000;
-    if at_ms >= YEAR_10000_MS {
-        return format!("{at_ms} ms");
-    }
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
 }
 
 /// At most `max` characters of `text`, marked when cut.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
+#[cfg(feature = "postgres")]
 use super::postgres::postgres_error;
 
 use crate::error::{Error, Result};
@@ -141,12 +142,14 @@ impl EpochSource for FileEpochSource {
 /// A row in Postgres, for coordinators whose workers run on many hosts: every bump is one
 /// committed `INSERT .. ON CONFLICT DO UPDATE .. RETURNING`, atomic under the row lock, so
 /// concurrent workers on different hosts never receive the same epoch.
+#[cfg(feature = "postgres")]
 #[derive(Clone)]
 pub struct PostgresEpochSource {
     pool: deadpool_postgres::Pool,
     name: String,
 }
 
+#[cfg(feature = "postgres")]
 impl PostgresEpochSource {
     /// Epochs for the coordinator called `name` (use its key prefix), in table
     /// `palisade_epochs` of the database at `url` (created if missing).
@@ -180,6 +183,7 @@ impl PostgresEpochSource {
     }
 }
 
+#[cfg(feature = "postgres")]
 #[async_trait]
 impl EpochSource for PostgresEpochSource {
     async fn next_epoch(&self, at_least: u32) -> Result<u32> {

@@ -40,7 +40,9 @@ pub(crate) fn promotions_per_claim(n: usize) -> usize {
 }
 pub mod memory;
 pub mod partitioned;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
 
 /// The hot path: what workers do to jobs many times a second (enqueue, claim, renew, settle,
