@@ -131,33 +131,7 @@ pub(super) fn run(
     declared: &[String],
     schedules: Vec<crate::Schedule>,
 ) -> anyhow::Result<()> {
-    if args.lease < Duration::from_millis(300) {
-        bail!("--lease must be at least 300ms (it is renewed every third of it)");
-    }
-    let arbiters = args
-        .arbiters
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if !(1..=256).contains(&arbiters) {
-        bail!("--arbiters must be 1..=256");
-    }
-    let mut seen = std::collections::HashSet::new();
-    if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
-        bail!("--queues names {dup:?} twice (give it one weight instead)");
-    }
-    crate::job::check_name("prefix", &args.redis.prefix)?;
-    if let Some(name) = &args.name {
-        crate::job::check_name("worker name", name)?;
-    }
-    if registry.kinds().next().is_none() {
-        bail!("the registry has no job kinds: register a handler before running workers");
-    }
-    // A durable epoch file that cannot serve (corrupt, exhausted, unwritable) would make
-    // every claim fail: refuse to start instead.
-    if let Some(path) = &args.epoch_file {
-        FileEpochSource::new(path)
-            .check()
-            .with_context(|| format!("--epoch-file {}", path.display()))?;
-    }
+    let arbiters = check(&args, &registry)?;
     let sink_urls = sink_urls(
         declared,
         &args.sinks,
@@ -187,16 +161,7 @@ pub(super) fn run(
         .clone()
         .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
     System::new().block_on(async move {
-        let mut epochs: Option<Arc<dyn crate::EpochSource>> = None;
-        if let Some(path) = &args.epoch_file {
-            epochs = Some(Arc::new(FileEpochSource::new(path)));
-        }
-        if let Some(url) = &args.epoch_postgres {
-            let source = PostgresEpochSource::connect(url, &args.redis.prefix)
-                .await
-                .context("connecting to the Postgres epoch source")?;
-            epochs = Some(Arc::new(source));
-        }
+        let epochs = epoch_source(&args).await?;
         let (pool, store) = args
             .redis
             .store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
@@ -207,27 +172,9 @@ pub(super) fn run(
                 }
             })
             .await?;
-        // One pool per distinct URL: sinks on the coordinator's Redis share its pool.
-        let mut pools: HashMap<String, Target> = HashMap::new();
-        pools.insert(args.redis.redis.clone(), pool.clone());
-        let mut sinks = Sinks::new();
-        let postgres = postgres_sinks(&sink_urls).await?;
-        for (sink, pg) in &postgres {
-            let store = PostgresFencedStore::new(pg.clone());
-            sinks = sinks
-                .with(sink.clone(), FencedSink::new(sink.clone(), Arc::new(store)).start())
-                .with_postgres(sink.clone(), pg.clone());
-        }
-        for (sink, url) in sink_urls.iter().filter(|(_, url)| !is_postgres(url)) {
-            if !pools.contains_key(url) {
-                let what = format!("the Redis of sink {sink}");
-                pools.insert(url.clone(), args.redis.reachable(url, &what).await?);
-            }
-            let store = RedisFencedStore::new(pools[url].clone(), &format!("{}-{sink}", args.redis.prefix));
-            sinks = sinks.with(sink.clone(), FencedSink::new(sink.clone(), Arc::new(store)).start());
-        }
+        let backends = connect_sinks(&args, &sink_urls, pool).await?;
         let _relays = if args.relay {
-            args.relay_args.start(&postgres, &args.redis).await?
+            args.relay_args.start(&backends.postgres, &args.redis).await?
         } else {
             Vec::new()
         };
@@ -246,66 +193,196 @@ pub(super) fn run(
             // Only a process that exports metrics may take the sampler role.
             .with_sample_interval(args.metrics.map(|_| Duration::from_secs(5)))
             .start();
-        let queues = rotation(&args.queues);
-        let mut workers = Vec::with_capacity(arbiters);
-        for i in 0..arbiters {
-            let config = WorkerConfig {
-                queues: queues.clone(),
-                concurrency: args.concurrency,
-                batch: args.concurrency,
-                lease_ttl: args.lease,
-                poll_interval: Duration::from_millis(20),
-                ..WorkerConfig::new(if arbiters == 1 { name.clone() } else { format!("{name}/{i}") })
-            };
-            let worker = Worker::new(config, coordinator.clone(), registry.clone(), sinks.clone())?;
-            let arbiter = Arbiter::new();
-            let addr = Worker::start_in_arbiter(&arbiter.handle(), move |_| worker);
-            workers.push((arbiter, addr));
-        }
+        let workers = start_workers(&args, &name, arbiters, &coordinator, &registry, &backends.sinks)?;
         tracing::info!(worker = %name, arbiters, redis = %redacted(&args.redis.redis), queues = ?args.queues, sinks = ?sink_urls.iter().map(|(n, u)| format!("{n}={}", redacted(u))).collect::<Vec<_>>(), "worker started");
 
-        // Ready while Redis answers and we are not draining.
+        // Ready while every backend answers and we are not draining.
         let draining = Arc::new(AtomicBool::new(false));
-        // Every backend this process needs: the coordinator's Redis and each sink's.
-        let probes: Vec<Target> = pools.values().cloned().collect();
-        let pg_probes: Vec<Arc<PostgresSink>> = postgres.iter().map(|(_, pg)| pg.clone()).collect();
-        let (probe_health, probe_draining) = (health.clone(), draining.clone());
-        actix::spawn(async move {
-            loop {
-                let mut up = true;
-                for probe in &probes {
-                    up &= ping(probe).await.is_ok();
-                }
-                for probe in &pg_probes {
-                    up &= probe.ping().await.is_ok();
-                }
-                probe_health.set_ready(up && !probe_draining.load(Ordering::Relaxed));
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+        watch_readiness(&backends, health.clone(), draining.clone());
 
         super::shutdown_signal().await;
         draining.store(true, Ordering::Relaxed);
         health.set_ready(false);
         tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
-        let drains = workers.iter().map(|(_, addr)| addr.send(Drain { deadline: args.drain }));
-        let (mut released, mut unsettled) = (0, 0);
-        for drained in futures_util::future::join_all(drains).await.into_iter().flatten() {
-            released += drained.released;
-            unsettled += drained.unsettled;
-        }
-        for (arbiter, _) in workers {
-            arbiter.stop();
-        }
-        if unsettled > 0 {
-            bail!(
-                "{unsettled} jobs could not be settled or released before exiting (is Redis \
-                 reachable?); their leases expire and the reaper requeues them as stalls"
-            );
-        }
+        let released = drain(workers, args.drain).await?;
         tracing::info!(worker = %name, released, "drained; exiting");
         anyhow::Ok(())
     })
+}
+
+/// Refuses flags that cannot work before anything starts; the number of arbiters to run.
+fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
+    if args.lease < Duration::from_millis(300) {
+        bail!("--lease must be at least 300ms (it is renewed every third of it)");
+    }
+    let arbiters = args
+        .arbiters
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if !(1..=256).contains(&arbiters) {
+        bail!("--arbiters must be 1..=256");
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
+        bail!("--queues names {dup:?} twice (give it one weight instead)");
+    }
+    crate::job::check_name("prefix", &args.redis.prefix)?;
+    if let Some(name) = &args.name {
+        crate::job::check_name("worker name", name)?;
+    }
+    if registry.kinds().next().is_none() {
+        bail!("the registry has no job kinds: register a handler before running workers");
+    }
+    // A durable epoch file that cannot serve (corrupt, exhausted, unwritable) would make
+    // every claim fail: refuse to start instead.
+    if let Some(path) = &args.epoch_file {
+        FileEpochSource::new(path)
+            .check()
+            .with_context(|| format!("--epoch-file {}", path.display()))?;
+    }
+    Ok(arbiters)
+}
+
+/// The durable epoch source the flags name, if any.
+async fn epoch_source(args: &WorkerArgs) -> anyhow::Result<Option<Arc<dyn crate::EpochSource>>> {
+    let mut epochs: Option<Arc<dyn crate::EpochSource>> = None;
+    if let Some(path) = &args.epoch_file {
+        epochs = Some(Arc::new(FileEpochSource::new(path)));
+    }
+    if let Some(url) = &args.epoch_postgres {
+        let source = PostgresEpochSource::connect(url, &args.redis.prefix)
+            .await
+            .context("connecting to the Postgres epoch source")?;
+        epochs = Some(Arc::new(source));
+    }
+    Ok(epochs)
+}
+
+/// What the process's sinks run on: every Redis it reaches (the coordinator's first) and every
+/// Postgres sink, and the sinks over them for the handlers.
+struct Backends {
+    /// One pool per distinct URL: sinks on the coordinator's Redis share its pool.
+    pools: HashMap<String, Target>,
+    postgres: Vec<(String, Arc<PostgresSink>)>,
+    sinks: Sinks,
+}
+
+/// Connects every sink (a Postgres one both as `ctx.sink` and `ctx.postgres`).
+async fn connect_sinks(
+    args: &WorkerArgs,
+    sink_urls: &[(String, String)],
+    coordinator: Target,
+) -> anyhow::Result<Backends> {
+    let mut pools: HashMap<String, Target> = HashMap::new();
+    pools.insert(args.redis.redis.clone(), coordinator);
+    let mut sinks = Sinks::new();
+    let postgres = postgres_sinks(sink_urls).await?;
+    for (sink, pg) in &postgres {
+        let store = PostgresFencedStore::new(pg.clone());
+        sinks = sinks
+            .with(
+                sink.clone(),
+                FencedSink::new(sink.clone(), Arc::new(store)).start(),
+            )
+            .with_postgres(sink.clone(), pg.clone());
+    }
+    for (sink, url) in sink_urls.iter().filter(|(_, url)| !is_postgres(url)) {
+        if !pools.contains_key(url) {
+            let what = format!("the Redis of sink {sink}");
+            pools.insert(url.clone(), args.redis.reachable(url, &what).await?);
+        }
+        let store =
+            RedisFencedStore::new(pools[url].clone(), &format!("{}-{sink}", args.redis.prefix));
+        sinks = sinks.with(
+            sink.clone(),
+            FencedSink::new(sink.clone(), Arc::new(store)).start(),
+        );
+    }
+    Ok(Backends {
+        pools,
+        postgres,
+        sinks,
+    })
+}
+
+/// One `Worker` per arbiter thread, named `<name>` or `<name>/<i>`.
+fn start_workers(
+    args: &WorkerArgs,
+    name: &str,
+    arbiters: usize,
+    coordinator: &Addr<Coordinator>,
+    registry: &Registry,
+    sinks: &Sinks,
+) -> anyhow::Result<Vec<(Arbiter, Addr<Worker>)>> {
+    let queues = rotation(&args.queues);
+    let mut workers = Vec::with_capacity(arbiters);
+    for i in 0..arbiters {
+        let config = WorkerConfig {
+            queues: queues.clone(),
+            concurrency: args.concurrency,
+            batch: args.concurrency,
+            lease_ttl: args.lease,
+            poll_interval: Duration::from_millis(20),
+            ..WorkerConfig::new(if arbiters == 1 {
+                name.to_owned()
+            } else {
+                format!("{name}/{i}")
+            })
+        };
+        let worker = Worker::new(config, coordinator.clone(), registry.clone(), sinks.clone())?;
+        let arbiter = Arbiter::new();
+        let addr = Worker::start_in_arbiter(&arbiter.handle(), move |_| worker);
+        workers.push((arbiter, addr));
+    }
+    Ok(workers)
+}
+
+/// Sets `/readyz` every second: ready while every backend answers and the process is not
+/// draining.
+fn watch_readiness(backends: &Backends, health: Health, draining: Arc<AtomicBool>) {
+    let probes: Vec<Target> = backends.pools.values().cloned().collect();
+    let pg_probes: Vec<Arc<PostgresSink>> =
+        backends.postgres.iter().map(|(_, pg)| pg.clone()).collect();
+    actix::spawn(async move {
+        loop {
+            let mut up = true;
+            for probe in &probes {
+                up &= ping(probe).await.is_ok();
+            }
+            for probe in &pg_probes {
+                up &= probe.ping().await.is_ok();
+            }
+            health.set_ready(up && !draining.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+/// Drains every worker by `deadline` and stops their threads; how many jobs were released.
+/// Jobs that could be neither settled nor released are an error (their leases expire and the
+/// reaper requeues them).
+async fn drain(workers: Vec<(Arbiter, Addr<Worker>)>, deadline: Duration) -> anyhow::Result<usize> {
+    let drains = workers
+        .iter()
+        .map(|(_, addr)| addr.send(Drain { deadline }));
+    let (mut released, mut unsettled) = (0, 0);
+    for drained in futures_util::future::join_all(drains)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        released += drained.released;
+        unsettled += drained.unsettled;
+    }
+    for (arbiter, _) in workers {
+        arbiter.stop();
+    }
+    if unsettled > 0 {
+        bail!(
+            "{unsettled} jobs could not be settled or released before exiting (is Redis \
+             reachable?); their leases expire and the reaper requeues them as stalls"
+        );
+    }
+    Ok(released)
 }
 
 fn hostname() -> String {

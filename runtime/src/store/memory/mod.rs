@@ -194,6 +194,9 @@ impl MemoryLeaseStore {
     }
 }
 
+/// Ready jobs picked by a claim, with their kinds.
+type Picks = Vec<(ReadyKey, String)>;
+
 impl LeaseState {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
@@ -304,6 +307,137 @@ impl LeaseState {
                 q.delayed.remove(&key);
             }
             self.park(key.2, key.0, now);
+        }
+    }
+
+    /// The queue's rate bucket as of `now`, if it has a limit: the tokens in it and the time
+    /// they are counted to — the same arithmetic as claim.lua, in whole milliseconds as Redis'
+    /// clock gives them (`at` moves by what was credited).
+    fn rate_bucket(&self, queue: &str, now: Instant) -> Option<(f64, Instant)> {
+        self.rates.get(queue).map(|(limit, before, at)| {
+            let per = limit.per.as_millis() as f64;
+            let credited = now.saturating_duration_since(*at).as_millis() as u64;
+            let tokens =
+                (f64::from(limit.jobs)).min(before + credited as f64 * f64::from(limit.jobs) / per);
+            (tokens, *at + Duration::from_millis(credited))
+        })
+    }
+
+    /// Up to `n` ready jobs of `queue` to claim (of `kinds`, every kind when empty), and the
+    /// ones to set aside because their scope is held; `None` for a queue never seen.
+    fn pick(&self, queue: &str, kinds: &[String], n: usize) -> Option<(Picks, Picks)> {
+        let q = self.queues.get(queue)?;
+        // Only the kinds asked for (all when none are named): the first few of each kind's
+        // ready set, merged in ready order — the same candidates the Redis script looks at.
+        let mut candidates: Vec<(ReadyKey, String)> = q
+            .ready
+            .iter()
+            .filter(|(kind, _)| kinds.is_empty() || kinds.contains(kind))
+            .flat_map(|(kind, set)| {
+                set.iter()
+                    .take(promotions_per_claim(n))
+                    .map(move |key| (*key, kind.clone()))
+            })
+            .collect();
+        candidates.sort();
+        // Every ready job of a shared scope is its scope's head, so the first n candidates
+        // are claimable. The check stays as a guard for invariant 3: a job whose scope is
+        // held anyway waits aside instead of getting a second live lease.
+        let mut picked = Vec::new();
+        let mut aside = Vec::new();
+        let mut taken = HashSet::new();
+        // How many more of each capped kind may start (as in claim.lua).
+        let mut room: HashMap<String, i64> = self
+            .caps
+            .iter()
+            .map(|(kind, cap)| {
+                let running = self.running.get(kind).copied().unwrap_or(0);
+                (kind.clone(), i64::from(*cap) - i64::from(running))
+            })
+            .collect();
+        for (key, kind) in candidates {
+            if picked.len() == n {
+                break;
+            }
+            if room.get(&kind).is_some_and(|r| *r <= 0) {
+                continue; // at its cap: stays ready
+            }
+            let scope = &self.jobs[&key.2].scope;
+            let held = self.scopes.get(scope).is_some_and(|s| s.live.is_some());
+            if held || !taken.insert(scope.clone()) {
+                aside.push((key, kind));
+            } else {
+                if let Some(r) = room.get_mut(&kind) {
+                    *r -= 1;
+                }
+                picked.push((key, kind));
+            }
+        }
+        Some((picked, aside))
+    }
+
+    /// Moves ready jobs whose scope is held out of `queue`'s ready sets, to wait for it.
+    fn set_aside(&mut self, queue: &str, aside: Picks) {
+        for (key, kind) in aside {
+            let q = self.queues.get_mut(queue).expect("queue exists");
+            q.remove_ready(&kind, &key);
+            q.waiting += 1;
+            let scope = self.jobs[&key.2].scope.clone();
+            let s = self.scopes.entry(scope).or_default();
+            s.waiting.insert(key);
+        }
+    }
+
+    /// Grants the ready job `key` of `queue` a fresh lease with `token` until `expires_at`.
+    #[allow(clippy::too_many_arguments)] // one claim's facts; a struct for them would be read once
+    fn grant(
+        &mut self,
+        queue: &str,
+        key: ReadyKey,
+        kind: &str,
+        token: FencingToken,
+        worker: &str,
+        now: Instant,
+        expires_at: Instant,
+    ) -> Claim {
+        let id = key.2;
+        let lease_id = LeaseId::new();
+        if let Some(scope) = self.shared_scope(id) {
+            let s = self.scopes.entry(scope).or_default();
+            s.head = Some(id);
+            s.live = Some(lease_id);
+            s.last = Some(token);
+        }
+        let capped = self.caps.contains_key(kind).then(|| kind.to_owned());
+        if let Some(kind) = &capped {
+            *self.running.entry(kind.clone()).or_default() += 1;
+        }
+        self.leases.insert(
+            lease_id,
+            LeaseRecord {
+                job: id,
+                expires_at,
+                claimed_at: now,
+                worker: worker.to_owned(),
+                token,
+                capped,
+            },
+        );
+        self.expiries.insert((expires_at, token, lease_id));
+        self.live_tokens.insert((token, lease_id));
+        let q = self.queues.get_mut(queue).expect("queue exists");
+        q.remove_ready(kind, &key);
+        q.leased += 1;
+        let job = self.jobs.get_mut(&id).expect("picked job exists");
+        job.attempt += 1;
+        Claim {
+            job: job.clone(),
+            lease: Lease {
+                id: lease_id,
+                token,
+                scope: job.scope.clone(),
+                expires_at,
+            },
         }
     }
 
@@ -524,15 +658,7 @@ impl LeaseStore for MemoryLeaseStore {
         if state.paused.contains(queue) {
             return Ok(Vec::new());
         }
-        // The same bucket arithmetic as claim.lua, in ms.
-        // Whole milliseconds, as Redis' clock gives them; `at` moves by what was credited.
-        let bucket = state.rates.get(queue).map(|(limit, before, at)| {
-            let per = limit.per.as_millis() as f64;
-            let credited = now.saturating_duration_since(*at).as_millis() as u64;
-            let tokens =
-                (f64::from(limit.jobs)).min(before + credited as f64 * f64::from(limit.jobs) / per);
-            (tokens, *at + Duration::from_millis(credited))
-        });
+        let bucket = state.rate_bucket(queue, now);
         let n = match bucket {
             Some((tokens, _)) => n.min(tokens.floor() as usize),
             None => n,
@@ -541,105 +667,14 @@ impl LeaseStore for MemoryLeaseStore {
             return Ok(Vec::new());
         }
         state.promote_due(queue, now, promotions_per_claim(n));
-        let Some(q) = state.queues.get(queue) else {
+        let Some((picked, aside)) = state.pick(queue, kinds, n) else {
             return Ok(Vec::new());
         };
-        // Only the kinds asked for (all when none are named): the first few of each kind's
-        // ready set, merged in ready order — the same candidates the Redis script looks at.
-        let mut candidates: Vec<(ReadyKey, String)> = q
-            .ready
-            .iter()
-            .filter(|(kind, _)| kinds.is_empty() || kinds.contains(kind))
-            .flat_map(|(kind, set)| {
-                set.iter()
-                    .take(promotions_per_claim(n))
-                    .map(move |key| (*key, kind.clone()))
-            })
-            .collect();
-        candidates.sort();
-        // Every ready job of a shared scope is its scope's head, so the first n candidates
-        // are claimable. The check stays as a guard for invariant 3: a job whose scope is
-        // held anyway waits aside instead of getting a second live lease.
-        let mut picked = Vec::new();
-        let mut aside = Vec::new();
-        let mut taken = HashSet::new();
-        // How many more of each capped kind may start (as in claim.lua).
-        let mut room: HashMap<String, i64> = state
-            .caps
-            .iter()
-            .map(|(kind, cap)| {
-                let running = state.running.get(kind).copied().unwrap_or(0);
-                (kind.clone(), i64::from(*cap) - i64::from(running))
-            })
-            .collect();
-        for (key, kind) in candidates {
-            if picked.len() == n {
-                break;
-            }
-            if room.get(&kind).is_some_and(|r| *r <= 0) {
-                continue; // at its cap: stays ready
-            }
-            let scope = &state.jobs[&key.2].scope;
-            let held = state.scopes.get(scope).is_some_and(|s| s.live.is_some());
-            if held || !taken.insert(scope.clone()) {
-                aside.push((key, kind));
-            } else {
-                if let Some(r) = room.get_mut(&kind) {
-                    *r -= 1;
-                }
-                picked.push((key, kind));
-            }
-        }
         let tokens = state.mint(picked.len())?;
-        for (key, kind) in aside {
-            let q = state.queues.get_mut(queue).expect("queue exists");
-            q.remove_ready(&kind, &key);
-            q.waiting += 1;
-            let scope = state.jobs[&key.2].scope.clone();
-            let s = state.scopes.entry(scope).or_default();
-            s.waiting.insert(key);
-        }
+        state.set_aside(queue, aside);
         let mut claims = Vec::with_capacity(picked.len());
         for ((key, kind), token) in picked.into_iter().zip(tokens) {
-            let id = key.2;
-            let lease_id = LeaseId::new();
-            if let Some(scope) = state.shared_scope(id) {
-                let s = state.scopes.entry(scope).or_default();
-                s.head = Some(id);
-                s.live = Some(lease_id);
-                s.last = Some(token);
-            }
-            let capped = state.caps.contains_key(&kind).then(|| kind.clone());
-            if let Some(kind) = &capped {
-                *state.running.entry(kind.clone()).or_default() += 1;
-            }
-            state.leases.insert(
-                lease_id,
-                LeaseRecord {
-                    job: id,
-                    expires_at,
-                    claimed_at: now,
-                    worker: worker.to_owned(),
-                    token,
-                    capped,
-                },
-            );
-            state.expiries.insert((expires_at, token, lease_id));
-            state.live_tokens.insert((token, lease_id));
-            let q = state.queues.get_mut(queue).expect("queue exists");
-            q.remove_ready(&kind, &key);
-            q.leased += 1;
-            let job = state.jobs.get_mut(&id).expect("picked job exists");
-            job.attempt += 1;
-            claims.push(Claim {
-                job: job.clone(),
-                lease: Lease {
-                    id: lease_id,
-                    token,
-                    scope: job.scope.clone(),
-                    expires_at,
-                },
-            });
+            claims.push(state.grant(queue, key, &kind, token, worker, now, expires_at));
         }
         if let (Some((tokens, at)), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
             rate.1 = tokens - claims.len() as f64;
