@@ -264,113 +264,171 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
 
     let story = Arc::new(Story::default());
     story.armed.store(true, Ordering::SeqCst);
-    let total = plan.jobs.len() as u64;
 
     let system = System::new();
     let mut timeline = crate::report::Timeline::default();
-    let outcome = system.block_on({
-        let (story, args, metrics, timeline) =
-            (story.clone(), args.clone(), metrics.clone(), &mut timeline);
-        async move {
-            let sink_store = ledger_store(args.sink.as_deref()).await?;
-            let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new()))
-                .with_reap_interval(lease / 10)
-                // A demo lasts seconds: sample the queue often enough to see it drain.
-                .with_sample_interval(Some(Duration::from_millis(200)))
-                .start();
-            let sink = FencedSink::new(LEDGER, sink_store.clone()).start();
-            let sinks = Sinks::new().with(LEDGER, sink);
-            for chunk in plan.jobs.chunks(500) {
-                coordinator.send(Enqueue(chunk.to_vec())).await??;
-            }
-            let _ = story.started.set(Instant::now());
-            let started = Instant::now();
-            let mut workers = Vec::new();
-            let mut arbiters = Vec::new();
-            for i in 0..args.workers {
-                let name = if i == 0 {
-                    "worker-0 (gc-prone)".to_string()
-                } else {
-                    format!("worker-{i}")
-                };
-                let config = WorkerConfig {
-                    concurrency: if i == 0 { 1 } else { args.concurrency },
-                    batch: args.concurrency,
-                    lease_ttl: lease,
-                    poll_interval: Duration::from_millis(10),
-                    ..WorkerConfig::new(name.clone())
-                };
-                let reg = registry(name, story.clone(), (i == 0).then_some(pause));
-                let worker = Worker::new(config, coordinator.clone(), reg, sinks.clone())?;
-                let arbiter = Arbiter::new();
-                workers.push(Worker::start_in_arbiter(&arbiter.handle(), move |_| worker));
-                arbiters.push(arbiter);
-                if i == 0 {
-                    // The others start once the GC-prone worker holds its victim: on a busy
-                    // machine they could otherwise drain every deposit before it claims one,
-                    // and the story would have no stale write to refuse.
-                    let wait = Instant::now();
-                    while story.victim.get().is_none() && wait.elapsed() < Duration::from_secs(30) {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                }
-            }
-
-            let bar = ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{bar:40} {pos}/{len} jobs settled  {per_sec}  {msg}")
-                    .expect("static template"),
-            );
-            let deadline = started + Duration::from_secs(120) + pause;
-            // Time to settle all but the slow and the paused jobs: the throughput figure, since
-            // their waits are idle time by design.
-            let mut bulk = None;
-            let mut next_sample = Instant::now();
-            let counts = loop {
-                if args.report.is_some() && Instant::now() >= next_sample {
-                    timeline.sample(started.elapsed().as_secs_f64(), &metrics.render());
-                    next_sample += Duration::from_millis(100);
-                }
-                let counts = coordinator.send(CountJobs("default".into())).await??;
-                bar.set_position(counts.completed + counts.dead);
-                if bulk.is_none() && counts.completed + counts.dead + plan.waiting >= total {
-                    bulk = Some(started.elapsed());
-                }
-                let done = counts.pending() == 0 && story.stale_finished.load(Ordering::SeqCst);
-                if done || Instant::now() > deadline {
-                    break counts;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            bar.finish_and_clear();
-            for w in &workers {
-                w.send(Drain {
-                    deadline: Duration::from_secs(5),
-                })
-                .await?;
-            }
-            for a in arbiters {
-                a.stop();
-            }
-            let elapsed = started.elapsed();
-            let mut balances = BTreeMap::new();
-            for account in plan.expected.keys() {
-                let v = sink_store_read(&*sink_store, &account_key(*account)).await?;
-                balances.insert(*account, v);
-            }
-            System::current().stop();
-            anyhow::Ok((counts, elapsed, bulk.unwrap_or(elapsed), balances, plan))
-        }
-    })?;
-    let (counts, elapsed, bulk, balances, plan) = outcome;
+    let run = system.block_on(drive(
+        args.clone(),
+        plan,
+        story.clone(),
+        metrics.clone(),
+        &mut timeline,
+    ))?;
     if let Some(path) = &args.report {
-        timeline.sample(elapsed.as_secs_f64(), &metrics.render());
+        timeline.sample(run.elapsed.as_secs_f64(), &metrics.render());
         timeline.plot(path)?;
         println!("report: {}", path.display());
     }
+    let violations = summarize(&run, &story, &metrics.render(), pause);
+    if args.linger_secs > 0 {
+        println!("serving /metrics for {}s more", args.linger_secs);
+        std::thread::sleep(Duration::from_secs(args.linger_secs));
+    }
+    Ok(violations.is_empty())
+}
 
-    let text = metrics.render();
-    let m =
-        |name: &str, labels: &[(&str, &str)]| palisade::metrics::sample_sum(&text, name, labels);
+/// What a run ended with.
+struct Run {
+    counts: palisade::QueueCounts,
+    elapsed: Duration,
+    /// Time to settle all but the slow and the paused jobs.
+    bulk: Duration,
+    balances: BTreeMap<u32, i64>,
+    plan: Plan,
+}
+
+/// Enqueues the plan, runs the workers until every job settled (or two minutes and the pause
+/// passed), drains them and reads every account back.
+async fn drive(
+    args: DemoArgs,
+    plan: Plan,
+    story: Arc<Story>,
+    metrics: palisade::metrics::PrometheusHandle,
+    timeline: &mut crate::report::Timeline,
+) -> anyhow::Result<Run> {
+    let lease = Duration::from_millis(args.lease_ms);
+    let pause = lease * 3;
+    let total = plan.jobs.len() as u64;
+    let sink_store = ledger_store(args.sink.as_deref()).await?;
+    let coordinator = Coordinator::new(Arc::new(MemoryLeaseStore::new()))
+        .with_reap_interval(lease / 10)
+        // A demo lasts seconds: sample the queue often enough to see it drain.
+        .with_sample_interval(Some(Duration::from_millis(200)))
+        .start();
+    let sink = FencedSink::new(LEDGER, sink_store.clone()).start();
+    let sinks = Sinks::new().with(LEDGER, sink);
+    for chunk in plan.jobs.chunks(500) {
+        coordinator.send(Enqueue(chunk.to_vec())).await??;
+    }
+    let _ = story.started.set(Instant::now());
+    let started = Instant::now();
+    let (workers, arbiters) = start_workers(&args, &coordinator, &sinks, &story, pause).await?;
+
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} jobs settled  {per_sec}  {msg}")
+            .expect("static template"),
+    );
+    let deadline = started + Duration::from_secs(120) + pause;
+    // Time to settle all but the slow and the paused jobs: the throughput figure, since
+    // their waits are idle time by design.
+    let mut bulk = None;
+    let mut next_sample = Instant::now();
+    let counts = loop {
+        if args.report.is_some() && Instant::now() >= next_sample {
+            timeline.sample(started.elapsed().as_secs_f64(), &metrics.render());
+            next_sample += Duration::from_millis(100);
+        }
+        let counts = coordinator.send(CountJobs("default".into())).await??;
+        bar.set_position(counts.completed + counts.dead);
+        if bulk.is_none() && counts.completed + counts.dead + plan.waiting >= total {
+            bulk = Some(started.elapsed());
+        }
+        let done = counts.pending() == 0 && story.stale_finished.load(Ordering::SeqCst);
+        if done || Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    bar.finish_and_clear();
+    for w in &workers {
+        w.send(Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await?;
+    }
+    for a in arbiters {
+        a.stop();
+    }
+    let elapsed = started.elapsed();
+    let mut balances = BTreeMap::new();
+    for account in plan.expected.keys() {
+        let v = sink_store_read(&*sink_store, &account_key(*account)).await?;
+        balances.insert(*account, v);
+    }
+    System::current().stop();
+    Ok(Run {
+        counts,
+        elapsed,
+        bulk: bulk.unwrap_or(elapsed),
+        balances,
+        plan,
+    })
+}
+
+/// Starts the workers, each on its own arbiter: worker 0 GC-prone (one job at a time, its first
+/// deposit blocking its thread for `pause`), the others once it holds its victim.
+async fn start_workers(
+    args: &DemoArgs,
+    coordinator: &Addr<Coordinator>,
+    sinks: &Sinks,
+    story: &Arc<Story>,
+    pause: Duration,
+) -> anyhow::Result<(Vec<Addr<Worker>>, Vec<Arbiter>)> {
+    let lease = Duration::from_millis(args.lease_ms);
+    let mut workers = Vec::new();
+    let mut arbiters = Vec::new();
+    for i in 0..args.workers {
+        let name = if i == 0 {
+            "worker-0 (gc-prone)".to_string()
+        } else {
+            format!("worker-{i}")
+        };
+        let config = WorkerConfig {
+            concurrency: if i == 0 { 1 } else { args.concurrency },
+            batch: args.concurrency,
+            lease_ttl: lease,
+            poll_interval: Duration::from_millis(10),
+            ..WorkerConfig::new(name.clone())
+        };
+        let reg = registry(name, story.clone(), (i == 0).then_some(pause));
+        let worker = Worker::new(config, coordinator.clone(), reg, sinks.clone())?;
+        let arbiter = Arbiter::new();
+        workers.push(Worker::start_in_arbiter(&arbiter.handle(), move |_| worker));
+        arbiters.push(arbiter);
+        if i == 0 {
+            // The others start once the GC-prone worker holds its victim: on a busy
+            // machine they could otherwise drain every deposit before it claims one,
+            // and the story would have no stale write to refuse.
+            let wait = Instant::now();
+            while story.victim.get().is_none() && wait.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+    Ok((workers, arbiters))
+}
+
+/// Prints the stale holder's story, the summary and the invariants checked; the violations.
+fn summarize(run: &Run, story: &Story, text: &str, pause: Duration) -> Vec<String> {
+    let Run {
+        counts,
+        elapsed,
+        bulk,
+        balances,
+        plan,
+    } = run;
+    let total = plan.jobs.len() as u64;
+    let m = |name: &str, labels: &[(&str, &str)]| palisade::metrics::sample_sum(text, name, labels);
     let stale = m(
         palisade::metrics::FENCE_REJECTIONS,
         &[("reason", "stale_token")],
@@ -459,11 +517,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<bool> {
     for v in &violations {
         println!("  VIOLATION: {v}");
     }
-    if args.linger_secs > 0 {
-        println!("serving /metrics for {}s more", args.linger_secs);
-        std::thread::sleep(Duration::from_secs(args.linger_secs));
-    }
-    Ok(violations.is_empty())
+    violations
 }
 
 async fn sink_store_read(store: &dyn FencedStore, key: &str) -> anyhow::Result<i64> {

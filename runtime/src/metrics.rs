@@ -13,7 +13,11 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+/// What [`serve`] and [`serve_prometheus`] return (`render()` gives the `/metrics` text),
+/// re-exported so a caller needs no version-matched exporter dependency to name it.
+pub use metrics_exporter_prometheus::PrometheusHandle;
 use metrics_util::MetricKindMask;
 
 use crate::error::{Error, Result};
