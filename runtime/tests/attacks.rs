@@ -8,32 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use palisade::*;
+use palisade_testkit::suite::{fence, set, write};
 use palisade_testkit::{drop_postgres_schema, fresh_postgres_schema, RedisServer};
 
 const TTL: Duration = Duration::from_secs(30);
-
-fn fence(token: u64, lease: LeaseId) -> Fence {
-    Fence {
-        token: FencingToken::from_u64(token),
-        lease,
-    }
-}
-
-fn write(scope: &str, f: Fence, key: &str, mutations: Vec<Mutation>) -> FencedWrite {
-    FencedWrite {
-        scope: Scope::new(scope),
-        fence: f,
-        key: IdempotencyKey::new(key),
-        mutations,
-    }
-}
-
-fn set(key: &str, value: &str) -> Vec<Mutation> {
-    vec![Mutation::Set {
-        key: key.into(),
-        value: value.into(),
-    }]
-}
 
 fn lease_store(server: &RedisServer, prefix: &str) -> RedisLeaseStore {
     RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), prefix)

@@ -164,5 +164,13 @@ fn custom_worker_survives_a_pause_and_a_kill_with_exact_totals() {
     }
     assert_eq!(cli(&redis, &["dead", "list"]).trim(), "");
     assert_eq!(cli(&redis, &["pending"]).trim(), "0");
+    // And a command of its own reads the sink where the workers wrote it.
+    for sku in [0, 7, 49] {
+        assert_eq!(
+            cli(&redis, &["stock", &sku.to_string()]).trim(),
+            want[sku].to_string()
+        );
+    }
+    assert_eq!(cli(&redis, &["stock", "no-such-sku"]).trim(), "0");
     assert_eq!(cli(&redis, &["pending", "elsewhere"]).trim(), "0");
 }

@@ -79,9 +79,23 @@ struct Extra {
 
 /// The installation a subcommand of the user's own runs against, from the same flags and
 /// environment as the built-in ones (`--redis`, `--prefix`, `--partitions`,
-/// `--redis-ca-file`, `--redis-cluster`, and their `PALISADE_*` variables).
+/// `--redis-ca-file`, `--redis-cluster`, `--sink NAME=URL`, and their `PALISADE_*`
+/// variables).
 pub struct Installation {
     redis: RedisArgs,
+    /// Every sink the binary declares, and where it lives.
+    sinks: Vec<(String, String)>,
+}
+
+/// The flags a subcommand of the user's own gets ([`App::subcommand_with`]).
+#[derive(clap::Args)]
+struct InstallationArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Where a declared fenced sink lives: `NAME=URL` (repeatable). Also
+    /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
 }
 
 impl Installation {
@@ -99,6 +113,36 @@ impl Installation {
     /// A [`Client`](crate::Client) of the coordinator.
     pub async fn client(&self) -> anyhow::Result<crate::Client> {
         Ok(crate::Client::new(self.stores().await?))
+    }
+
+    /// Where each sink the binary declares ([`App::sink`]) lives, as `worker` resolves it.
+    pub fn sink_urls(&self) -> &[(String, String)] {
+        &self.sinks
+    }
+
+    /// The declared sink `name` as the workers write it (the same keys or schema: on Redis
+    /// under `<prefix>-<name>`), for reads of the user's own ([`FencedStore::read`],
+    /// [`FencedStore::highest`]).
+    ///
+    /// [`FencedStore::read`]: crate::FencedStore::read
+    /// [`FencedStore::highest`]: crate::FencedStore::highest
+    pub async fn sink(&self, name: &str) -> anyhow::Result<std::sync::Arc<dyn crate::FencedStore>> {
+        let Some((_, url)) = self.sinks.iter().find(|(n, _)| n == name) else {
+            anyhow::bail!("this binary declares no sink {name:?}");
+        };
+        if sinks::is_postgres(url) {
+            let pg = sinks::postgres_sinks(&[(name.to_owned(), url.clone())]).await?;
+            let (_, pg) = pg.into_iter().next().expect("one postgres:// sink");
+            return Ok(std::sync::Arc::new(crate::PostgresFencedStore::new(pg)));
+        }
+        let target = self
+            .redis
+            .reachable(url, &format!("the Redis of sink {name}"))
+            .await?;
+        let prefix = format!("{}-{name}", self.redis.prefix);
+        Ok(std::sync::Arc::new(crate::RedisFencedStore::new(
+            target, &prefix,
+        )))
     }
 }
 
@@ -232,7 +276,7 @@ impl App {
     ) -> Self {
         use clap::Args as _;
         self.extra.push(Extra {
-            command: RedisArgs::augment_args(command),
+            command: InstallationArgs::augment_args(command),
             run: Run::Installed(Box::new(run)),
         });
         self
@@ -287,8 +331,25 @@ impl App {
             init_logging("error", json);
             return match extra.run {
                 Run::Plain(run) => run(sub_matches),
-                Run::Installed(run) => match RedisArgs::from_arg_matches(sub_matches) {
-                    Ok(redis) => run(&Installation { redis }, sub_matches),
+                Run::Installed(run) => match InstallationArgs::from_arg_matches(sub_matches) {
+                    Ok(args) => match sinks::sink_urls(
+                        &sinks,
+                        &args.sinks,
+                        |var| std::env::var(var).ok(),
+                        &args.redis.redis,
+                    ) {
+                        Ok(sinks) => run(
+                            &Installation {
+                                redis: args.redis,
+                                sinks,
+                            },
+                            sub_matches,
+                        ),
+                        Err(e) => {
+                            eprintln!("{name} {sub}: {e:#}");
+                            ExitCode::from(2)
+                        }
+                    },
                     Err(e) => {
                         let _ = e.print();
                         ExitCode::from(2)

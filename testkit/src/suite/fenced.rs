@@ -3,14 +3,16 @@
 
 use super::*;
 
-fn fence(token: u64, lease: LeaseId) -> Fence {
+/// Token `token` of `lease`.
+pub fn fence(token: u64, lease: LeaseId) -> Fence {
     Fence {
         token: FencingToken::from_u64(token),
         lease,
     }
 }
 
-fn write(scope: &str, f: Fence, key: &str, mutations: Vec<Mutation>) -> FencedWrite {
+/// A write of `mutations` to `scope` under `f`, named `key`.
+pub fn write(scope: &str, f: Fence, key: &str, mutations: Vec<Mutation>) -> FencedWrite {
     FencedWrite {
         scope: Scope::new(scope),
         fence: f,
@@ -19,7 +21,8 @@ fn write(scope: &str, f: Fence, key: &str, mutations: Vec<Mutation>) -> FencedWr
     }
 }
 
-fn set(key: &str, value: &str) -> Vec<Mutation> {
+/// One `Set` of `key` to `value`.
+pub fn set(key: &str, value: &str) -> Vec<Mutation> {
     vec![Mutation::Set {
         key: key.into(),
         value: value.into(),
