@@ -7,7 +7,7 @@ use clap::{Args, FromArgMatches};
 use palisade_jobs::demo::DemoArgs;
 
 // Palisade allocates per job; mimalloc runs the embedded path ~25 % faster than glibc malloc
-// (README, Performance). A user's own binary makes the same choice for itself.
+// (docs/performance.md). A user's own binary makes the same choice for itself.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -2,7 +2,7 @@
 //! (WebDriver), against a private Redis holding known state: the numbers shown are the
 //! coordinator's, and pressing "retry" makes the dead job ready again.
 //!
-//! `PALISADE_UI_SCREENSHOT=path.png` also saves a screenshot of the page (the README's).
+//! `PALISADE_UI_SCREENSHOT=path.png` also saves a screenshot of the page (docs/operator-page.png).
 
 use palisade::{Inspect, RecordStore};
 use std::io::{Read as _, Write as _};

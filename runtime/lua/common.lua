@@ -74,7 +74,7 @@ end
 -- ZMSCORE scans the whole set: with the tens of leases a worker holds live that cost Redis
 -- CPU on every claim and settlement, and it made 3 partitions cost 20 % more per job than 1
 -- (each partition's sets stayed small). One member longer than 64 bytes keeps a set in its
--- hash table and skiplist for good (README, Performance). Lease ids are UUIDs, so it is never
+-- hash table and skiplist for good (docs/performance.md). Lease ids are UUIDs, so it is never
 -- mistaken for one, and every script reads `leases` by member or by due time only, so scripts
 -- of earlier versions (a rolling deploy, a rollback) never see it either. `tokens:<epoch>`
 -- does not carry it: an earlier version's watermark reads that set's lowest entry and drops

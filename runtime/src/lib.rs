@@ -36,7 +36,8 @@
 //! All on by default: `redis` (`store::redis`, [`Client::connect`]), `postgres` (the
 //! Postgres sink, `OutboxRelay`, `PostgresEpochSource`), `cli` (`cli::App`; turns on both
 //! backends) and `ui` (the operator page, `palisade ui`). With none, the library is the
-//! embedded in-memory coordinator; `testing` (off) exports `Freeze`, for tests.
+//! embedded in-memory coordinator (`examples/embedded_only` runs it so); `testing` (off)
+//! exports `Freeze`, for tests.
 //!
 //! # Defining a job
 //!

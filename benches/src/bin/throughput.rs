@@ -190,7 +190,7 @@ fn round_trips(metrics: &PrometheusHandle, ops: &[&str]) -> u64 {
 }
 
 // As the `palisade` binary; `--features system-alloc` measures with glibc malloc instead
-// (README, Performance).
+// (docs/performance.md).
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

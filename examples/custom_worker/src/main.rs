@@ -9,7 +9,7 @@ use palisade::cli::{clap, App, Installation};
 use palisade::Value;
 
 // Optional, the binary's choice: Palisade allocates per job, and mimalloc runs the embedded
-// path ~25 % faster than glibc malloc (README, Performance).
+// path ~25 % faster than glibc malloc (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

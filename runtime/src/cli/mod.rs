@@ -75,7 +75,20 @@ enum Run {
 struct Extra {
     command: clap::Command,
     run: Run,
+    /// An argument of the user's command that clashes with an installation flag
+    /// ([`App::subcommand_with`]): reported when the binary runs.
+    clash: Option<String>,
 }
+
+/// The installation flags [`App::subcommand_with`] adds: (argument id, long name).
+const INSTALLATION_FLAGS: [(&str, &str); 6] = [
+    ("redis", "redis"),
+    ("prefix", "prefix"),
+    ("redis_ca_file", "redis-ca-file"),
+    ("redis_cluster", "redis-cluster"),
+    ("partitions", "partitions"),
+    ("sinks", "sink"),
+];
 
 /// The installation a subcommand of the user's own runs against, from the same flags and
 /// environment as the built-in ones (`--redis`, `--prefix`, `--partitions`,
@@ -260,6 +273,7 @@ impl App {
         self.extra.push(Extra {
             command,
             run: Run::Plain(Box::new(run)),
+            clash: None,
         });
         self
     }
@@ -269,15 +283,33 @@ impl App {
     /// [`Installation`] they name — so a command of the user's own reaches the same
     /// coordinator as `worker` and `status` without parsing them again. `run` builds its own
     /// runtime (`tokio::runtime::Runtime`) for the async calls.
+    ///
+    /// The flags are the command's own, so they go before a subcommand of it. `command` must
+    /// not define arguments named `redis`, `prefix`, `redis_ca_file`, `redis_cluster`,
+    /// `partitions` or `sinks`, nor the long flags `--redis`, `--prefix`, `--redis-ca-file`,
+    /// `--redis-cluster`, `--partitions` or `--sink`: a binary that does refuses to run
+    /// (exit 2, naming the argument), rather than read the wrong installation.
     pub fn subcommand_with(
         mut self,
         command: clap::Command,
         run: impl FnOnce(&Installation, &ArgMatches) -> ExitCode + 'static,
     ) -> Self {
         use clap::Args as _;
+        let clash = command.get_arguments().find_map(|arg| {
+            let (id, long) = (arg.get_id().as_str(), arg.get_long());
+            INSTALLATION_FLAGS
+                .iter()
+                .find(|(flag_id, flag)| id == *flag_id || long == Some(*flag))
+                .map(|(_, flag)| format!("its argument {id:?} clashes with the flag --{flag}"))
+        });
+        let command = match clash {
+            Some(_) => command,
+            None => InstallationArgs::augment_args(command),
+        };
         self.extra.push(Extra {
-            command: InstallationArgs::augment_args(command),
+            command,
             run: Run::Installed(Box::new(run)),
+            clash,
         });
         self
     }
@@ -308,6 +340,14 @@ impl App {
                 ),
         );
         for extra in &self.extra {
+            if let Some(clash) = &extra.clash {
+                eprintln!(
+                    "{}: subcommand {}: {clash} that App::subcommand_with adds",
+                    self.name,
+                    extra.command.get_name()
+                );
+                return ExitCode::from(2);
+            }
             command = command.subcommand(extra.command.clone());
         }
         let matches = match command.try_get_matches_from(args) {
@@ -327,6 +367,21 @@ impl App {
             schedules,
             ..
         } = self;
+        // Checked before any subcommand runs, the user's own included: a bad schedule makes
+        // every subcommand fail, not only the ones that use it.
+        let schedules = match schedules.into_iter().collect::<crate::Result<Vec<_>>>() {
+            Ok(schedules) => schedules,
+            Err(e) => {
+                eprintln!("{name}: a schedule given in code is invalid: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let mut names: Vec<&str> = schedules.iter().map(|s| s.name()).collect();
+        names.sort_unstable();
+        if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
+            eprintln!("{name}: two schedules given in code are named {:?}", dup[0]);
+            return ExitCode::from(2);
+        }
         if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
             init_logging("error", json);
             return match extra.run {
@@ -346,7 +401,11 @@ impl App {
                             sub_matches,
                         ),
                         Err(e) => {
-                            eprintln!("{name} {sub}: {e:#}");
+                            if json {
+                                tracing::error!(command = sub, "{name} {sub}: {e:#}");
+                            } else {
+                                eprintln!("{name} {sub}: {e:#}");
+                            }
                             ExitCode::from(2)
                         }
                     },
@@ -372,19 +431,6 @@ impl App {
             },
             json,
         );
-        let schedules = match schedules.into_iter().collect::<crate::Result<Vec<_>>>() {
-            Ok(schedules) => schedules,
-            Err(e) => {
-                eprintln!("{name}: a schedule given in code is invalid: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        let mut names: Vec<&str> = schedules.iter().map(|s| s.name()).collect();
-        names.sort_unstable();
-        if let Some(dup) = names.windows(2).find(|w| w[0] == w[1]) {
-            eprintln!("{name}: two schedules given in code are named {:?}", dup[0]);
-            return ExitCode::from(2);
-        }
         let result = match builtin {
             Builtin::Worker(args) => worker::run(args, registry, &sinks, schedules),
             Builtin::Schedule(command) => admin::schedule(command, &registry, &schedules),
@@ -462,7 +508,7 @@ struct RedisArgs {
     /// Partitions of the coordinator (1..=256), each with its own hash tag, epoch and token
     /// counter, so a Redis Cluster spreads the coordinator's work over its masters. Every
     /// process of one installation must use the same number; changing it is a migration
-    /// (README, "Partitions").
+    /// (docs/redis.md, "Partitions").
     #[arg(long, env = "PALISADE_PARTITIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     partitions: u16,
 }
@@ -553,4 +599,86 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app() -> App {
+        App::new(Registry::new().register("k", |_: crate::JobContext, _: ()| async { Ok(()) }))
+            .sink("ledger")
+    }
+
+    /// Found by the attack review of issue 21: a user's argument named like an installation
+    /// flag made clap panic (debug) or read the wrong installation (release).
+    #[test]
+    fn a_users_argument_that_clashes_with_an_installation_flag_is_refused() {
+        for arg in [
+            clap::Arg::new("prefix"),
+            clap::Arg::new("url").long("redis"),
+            clap::Arg::new("where").long("sink"),
+            clap::Arg::new("sinks"),
+        ] {
+            let command = clap::Command::new("mine").arg(arg);
+            let ran = std::rc::Rc::new(std::cell::Cell::new(false));
+            let flag = ran.clone();
+            let code = app()
+                .subcommand_with(command, move |_, _| {
+                    flag.set(true);
+                    ExitCode::SUCCESS
+                })
+                .run_from(["bin", "mine", "x"]);
+            assert_eq!(code, ExitCode::from(2));
+            assert!(!ran.get(), "the command ran on a clashing argument");
+        }
+    }
+
+    #[test]
+    fn a_users_command_gets_the_installation_the_flags_name() {
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(None));
+        let out = seen.clone();
+        let command = clap::Command::new("mine").arg(clap::Arg::new("what").required(true));
+        let code = app()
+            .subcommand_with(command, move |installation, args| {
+                *out.borrow_mut() = Some((
+                    installation.prefix().to_owned(),
+                    installation.sink_urls().to_vec(),
+                    args.get_one::<String>("what").cloned(),
+                ));
+                ExitCode::SUCCESS
+            })
+            .run_from([
+                "bin",
+                "mine",
+                "--redis",
+                "redis://coordinator",
+                "--prefix",
+                "shop",
+                "--sink",
+                "ledger=redis://ledger",
+                "thing",
+            ]);
+        assert_eq!(code, ExitCode::SUCCESS);
+        assert_eq!(
+            seen.borrow().clone(),
+            Some((
+                "shop".to_owned(),
+                vec![("ledger".to_owned(), "redis://ledger".to_owned())],
+                Some("thing".to_owned())
+            ))
+        );
+        // A sink the binary does not declare is refused before the command runs.
+        let code = app()
+            .subcommand_with(clap::Command::new("mine"), |_, _| ExitCode::SUCCESS)
+            .run_from([
+                "bin",
+                "mine",
+                "--redis",
+                "redis://c",
+                "--sink",
+                "nope=redis://x",
+            ]);
+        assert_eq!(code, ExitCode::from(2));
+    }
 }

@@ -364,7 +364,7 @@ impl LeaseStore for PartitionedLeaseStore {
         // what it lacked from the partitions after it (work stealing). Not a share from
         // each: every script call has a fixed cost (pause, rate and cap checks, the epoch
         // check, the watermark at settle), and splitting each claim P ways multiplied the
-        // calls per job — +26 % Redis CPU per job with 3 partitions (README, Performance).
+        // calls per job — +26 % Redis CPU per job with 3 partitions (docs/performance.md).
         let mut claims = Vec::with_capacity(n);
         let mut first_error = None;
         for k in 0..p {
