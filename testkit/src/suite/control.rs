@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// Every one of the clock, role, schedule and record cases in this file: add a new one here too.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! control_cases {
+    ($($how:tt)*) => {
+        $crate::lease_store_case!($($how)*;
+            operator_views_oldest_ready_role_and_journal,
+            kept_schedules_and_their_marks,
+            results_and_progress_are_kept_for_their_time,
+        );
+    };
+}
+
 /// The sampler's and the operator page's views: how long the next job has waited, one holder
 /// per role, and the journal of fence rejections (newest first, bounded).
 pub async fn operator_views_oldest_ready_role_and_journal(store: Stores) {

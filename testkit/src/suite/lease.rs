@@ -2,6 +2,33 @@
 
 use super::*;
 
+/// Every one of the hot-path cases in this file: add a new one here too.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! lease_cases {
+    ($($how:tt)*) => {
+        $crate::lease_store_case!($($how)*;
+            claim_honours_batch_priority_and_delay,
+            one_live_lease_per_scope,
+            tokens_grow_per_scope,
+            renew_extends_and_reports_lost,
+            stale_lease_is_powerless,
+            stalls_requeue_then_bury,
+            retry_and_dead_settlements,
+            fenced_settlement_reseeds_above_the_sink,
+            enqueue_rejects_bad_jobs_whole,
+            names_are_checked_and_default_scopes_are_private,
+            a_held_scope_blocks_only_itself,
+            release_gives_the_job_back_uncharged,
+            epoch_limit_and_dead_purge,
+            one_settlement_per_lease_per_batch,
+            claims_only_the_kinds_asked_for,
+            the_watermark_stays_below_every_live_lease,
+            unique_keys_make_enqueue_idempotent,
+        );
+    };
+}
+
 pub async fn claim_honours_batch_priority_and_delay(store: Stores) {
     store
         .enqueue(vec![

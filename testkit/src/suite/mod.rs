@@ -83,66 +83,58 @@ pub async fn run_together(
     );
 }
 
+/// Every [`LeaseStore`]-and-friends case, on a backend: `lease_store_suite!(make)` makes one
+/// test per case, each on the stores `make` (an expression that evaluates to a future of
+/// `(Stores, guard)`) builds; `lease_store_suite!(list)` defines `lease_store_cases()`, every
+/// case by name, to run them together on one shared backend. The cases are listed in their
+/// own files (`lease_cases!`, `queue_cases!`, `control_cases!`), so a new case touches one.
 #[macro_export]
 macro_rules! lease_store_suite {
-    // `lease_store_cases()`: every case by name, to run them together on one shared backend.
     (list) => {
-        $crate::lease_store_suite!(@with list ());
-    };
-    // One test per case, each on the store `$make` makes.
-    ($make:expr) => {
-        $crate::lease_store_suite!(@with cases $make);
-    };
-    (@with $arm:ident $make:tt) => {
-        $crate::lease_store_suite!(@$arm $make;
-            claim_honours_batch_priority_and_delay,
-            one_live_lease_per_scope,
-            tokens_grow_per_scope,
-            renew_extends_and_reports_lost,
-            stale_lease_is_powerless,
-            stalls_requeue_then_bury,
-            retry_and_dead_settlements,
-            fenced_settlement_reseeds_above_the_sink,
-            status_views_and_dead_letter_retry,
-            enqueue_rejects_bad_jobs_whole,
-            names_are_checked_and_default_scopes_are_private,
-            a_held_scope_blocks_only_itself,
-            release_gives_the_job_back_uncharged,
-            epoch_limit_and_dead_purge,
-            one_settlement_per_lease_per_batch,
-            claims_only_the_kinds_asked_for,
-            the_watermark_stays_below_every_live_lease,
-            operator_views_oldest_ready_role_and_journal,
-            unique_keys_make_enqueue_idempotent,
-            a_paused_queue_hands_out_nothing_and_loses_nothing,
-            kept_schedules_and_their_marks,
-            results_and_progress_are_kept_for_their_time,
-            a_rate_limited_queue_hands_out_no_more_than_its_rate,
-            cancel_removes_a_queued_job_and_revokes_a_running_one,
-            a_capped_kind_never_runs_more_than_its_cap,
-        );
-    };
-    (@list $unused:tt; $($case:ident),* $(,)?) => {
         #[allow(clippy::type_complexity)]
         fn lease_store_cases() -> Vec<(
             &'static str,
             fn(palisade::Stores) -> $crate::futures_util::future::BoxFuture<'static, ()>,
         )> {
-            vec![$((stringify!($case), |store| -> $crate::futures_util::future::BoxFuture<'static, ()> {
-                Box::pin($crate::suite::$case(store))
-            })),*]
+            let mut cases = Vec::new();
+            $crate::lease_cases!(push cases);
+            $crate::queue_cases!(push cases);
+            $crate::control_cases!(push cases);
+            cases
         }
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
+    ($make:expr) => {
         mod lease_store {
             use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    let (store, _keep): (palisade::Stores, _) = $make.await;
-                    $crate::suite::$case(store).await;
-                }
-            )*
+            $crate::lease_cases!(test $make);
+            $crate::queue_cases!(test $make);
+            $crate::control_cases!(test $make);
         }
+    };
+}
+
+/// Cases of the lease suite, as entries of a list (`push`) or as tests (`test`): what the
+/// per-file case lists expand to.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! lease_store_case {
+    (push $cases:ident; $($case:ident),* $(,)?) => {
+        $(
+            $cases.push((
+                stringify!($case),
+                (|store: palisade::Stores| -> $crate::futures_util::future::BoxFuture<'static, ()> {
+                    Box::pin($crate::suite::$case(store))
+                }) as fn(palisade::Stores) -> $crate::futures_util::future::BoxFuture<'static, ()>,
+            ));
+        )*
+    };
+    (test $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let (store, _keep): (palisade::Stores, _) = $make.await;
+                $crate::suite::$case(store).await;
+            }
+        )*
     };
 }

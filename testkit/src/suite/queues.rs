@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// Every one of the view and queue-control cases in this file: add a new one here too.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! queue_cases {
+    ($($how:tt)*) => {
+        $crate::lease_store_case!($($how)*;
+            status_views_and_dead_letter_retry,
+            a_paused_queue_hands_out_nothing_and_loses_nothing,
+            a_rate_limited_queue_hands_out_no_more_than_its_rate,
+            cancel_removes_a_queued_job_and_revokes_a_running_one,
+            a_capped_kind_never_runs_more_than_its_cap,
+        );
+    };
+}
+
 pub async fn status_views_and_dead_letter_retry(store: Stores) {
     store
         .enqueue(vec![
