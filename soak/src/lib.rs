@@ -799,18 +799,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     let sink = rt
         .block_on(palisade::PostgresSink::connect(&books))
         .context("the soak's Postgres")?;
-    rt.block_on(async {
-        let client = sink.pool().get().await?;
-        client
-            .batch_execute(
-                "CREATE TABLE soak_ledger (id bigserial PRIMARY KEY, nonce bigint NOT NULL, \
-                 scope text NOT NULL, token bigint NOT NULL, cents bigint NOT NULL); \
-                 CREATE TABLE soak_beats (id bigserial PRIMARY KEY, scope text NOT NULL, \
-                 token bigint NOT NULL)",
-            )
-            .await?;
-        anyhow::Ok(())
-    })?;
+    rt.block_on(create_tables(&sink))?;
     let deliveries = Arc::new(Mutex::new(BTreeMap::new()));
     let receipts = receiver(deliveries.clone())?;
     println!(
@@ -930,41 +919,22 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             let w = rng.random_range(0..workers.len());
             // Every run meets the epoch path at least once, however the draws fall.
             let wipe_due = !report.faults.contains_key(WIPE) && started.elapsed() > faults_for / 2;
-            let kind = match if wipe_due {
+            let draw = if wipe_due {
                 15
             } else {
                 rng.random_range(0..16)
-            } {
-                0..=5 => {
-                    let pause = args.lease.mul_f64(rng.random_range(0.5..3.0));
-                    workers[w].signal("-STOP");
-                    resume.push((now + pause, Some(w)));
-                    "worker SIGSTOP"
-                }
-                6..=8 => {
-                    let args = workers[w].args.clone();
-                    workers[w] = Worker::start(&args, &log, &plant)?; // the old one is kill -9'd on drop
-                    "worker kill -9 + restart"
-                }
-                9..=11 => {
-                    let pause = args.lease.mul_f64(rng.random_range(0.3..2.0));
-                    redis.signal("-STOP");
-                    resume.push((now + pause, None));
-                    "redis SIGSTOP"
-                }
-                12..=14 => {
-                    redis.restart()?;
-                    resume.retain(|(_, who)| who.is_some());
-                    "redis restart (AOF)"
-                }
-                _ => {
-                    redis.signal("-CONT");
-                    resume.retain(|(_, who)| who.is_some());
-                    redis.wipe("{palisade}:*")?;
-                    evidence_wiped_through = nonce;
-                    WIPE
-                }
             };
+            let mut fleet = Fleet {
+                workers: &mut workers,
+                redis: &mut redis,
+                resume: &mut resume,
+                log: &log,
+                plant: &plant,
+            };
+            let kind = fleet.inject(draw, w, args.lease, &mut rng, now)?;
+            if kind == WIPE {
+                evidence_wiped_through = nonce;
+            }
             *report.faults.entry(kind).or_default() += 1;
             bar.set_message(format!("{} jobs, last fault: {kind}", acked.len()));
             next_fault = now + Duration::from_millis(rng.random_range(1000..4000));
@@ -990,6 +960,110 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         wiped_through: evidence_wiped_through,
         ..Evidence::default()
     };
+    wait_for_drain(&rt, &client, &sink, &mut evidence, deadline);
+    for w in &workers {
+        w.signal("-TERM");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    workers.clear();
+    // Collect the evidence.
+    rt.block_on(collect_evidence(
+        &sink,
+        &client,
+        &redis.url(),
+        &schema,
+        &mut evidence,
+    ))?;
+    evidence.deliveries = deliveries.lock().unwrap().clone();
+    if let Ok(text) = std::fs::read_to_string(&log) {
+        evidence.attempts = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    }
+    tally(&mut report, &evidence);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+/// What the soak's faults act on.
+struct Fleet<'a> {
+    workers: &'a mut Vec<Worker>,
+    redis: &'a mut Redis,
+    /// SIGCONT due: a worker, or Redis (`None`).
+    resume: &'a mut Vec<(Instant, Option<usize>)>,
+    log: &'a Path,
+    plant: &'a [(&'a str, String)],
+}
+
+impl Fleet<'_> {
+    /// Injects the fault `draw` (0..16) picks — on worker `w` where it hits a worker — and
+    /// names it.
+    fn inject(
+        &mut self,
+        draw: i32,
+        w: usize,
+        lease: Duration,
+        rng: &mut StdRng,
+        now: Instant,
+    ) -> anyhow::Result<&'static str> {
+        Ok(match draw {
+            0..=5 => {
+                let pause = lease.mul_f64(rng.random_range(0.5..3.0));
+                self.workers[w].signal("-STOP");
+                self.resume.push((now + pause, Some(w)));
+                "worker SIGSTOP"
+            }
+            6..=8 => {
+                let args = self.workers[w].args.clone();
+                // The old one is kill -9'd on drop.
+                self.workers[w] = Worker::start(&args, self.log, self.plant)?;
+                "worker kill -9 + restart"
+            }
+            9..=11 => {
+                let pause = lease.mul_f64(rng.random_range(0.3..2.0));
+                self.redis.signal("-STOP");
+                self.resume.push((now + pause, None));
+                "redis SIGSTOP"
+            }
+            12..=14 => {
+                self.redis.restart()?;
+                self.resume.retain(|(_, who)| who.is_some());
+                "redis restart (AOF)"
+            }
+            _ => {
+                self.redis.signal("-CONT");
+                self.resume.retain(|(_, who)| who.is_some());
+                self.redis.wipe("{palisade}:*")?;
+                WIPE
+            }
+        })
+    }
+}
+
+/// The tables the `books` sink's handlers write: every posting applied, and every heartbeat.
+async fn create_tables(sink: &palisade::PostgresSink) -> anyhow::Result<()> {
+    let client = sink.pool().get().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE soak_ledger (id bigserial PRIMARY KEY, nonce bigint NOT NULL, \
+             scope text NOT NULL, token bigint NOT NULL, cents bigint NOT NULL); \
+             CREATE TABLE soak_beats (id bigserial PRIMARY KEY, scope text NOT NULL, \
+             token bigint NOT NULL)",
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until nothing is queued or running and the outbox is delivered, or `deadline`;
+/// records what is left in `evidence`.
+fn wait_for_drain(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    sink: &palisade::PostgresSink,
+    evidence: &mut Evidence,
+    deadline: Instant,
+) {
     loop {
         let counts = rt.block_on(client.counts("default"));
         let outbox = rt.block_on(sink.outbox_counts());
@@ -1006,70 +1080,70 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    for w in &workers {
-        w.signal("-TERM");
+}
+
+/// Reads what the run left — the books' rows, the dead letters, the ledger balances — into
+/// `evidence`, and drops the run's schema.
+async fn collect_evidence(
+    sink: &palisade::PostgresSink,
+    client: &Client,
+    redis_url: &str,
+    schema: &str,
+    evidence: &mut Evidence,
+) -> anyhow::Result<()> {
+    let pg = sink.pool().get().await?;
+    for row in pg
+        .query(
+            "SELECT nonce, scope, token, cents FROM soak_ledger ORDER BY id",
+            &[],
+        )
+        .await?
+    {
+        evidence.ledger.push((
+            row.get::<_, i64>(0) as u64,
+            row.get(1),
+            row.get::<_, i64>(2) as u64,
+            row.get(3),
+        ));
     }
-    std::thread::sleep(Duration::from_secs(3));
-    workers.clear();
-    // Collect the evidence.
-    rt.block_on(async {
-        let pg = sink.pool().get().await?;
-        for row in pg
-            .query(
-                "SELECT nonce, scope, token, cents FROM soak_ledger ORDER BY id",
-                &[],
-            )
-            .await?
-        {
-            evidence.ledger.push((
-                row.get::<_, i64>(0) as u64,
-                row.get(1),
-                row.get::<_, i64>(2) as u64,
-                row.get(3),
-            ));
-        }
-        for row in pg
-            .query("SELECT scope, token FROM soak_beats ORDER BY id", &[])
-            .await?
-        {
-            evidence
-                .beats
-                .push((row.get(0), row.get::<_, i64>(1) as u64));
-        }
-        for dead in client.dead("default", 1_000_000).await? {
-            if let Ok(p) = serde_json::from_str::<Post>(&dead.job.payload) {
-                evidence.dead_nonces.insert(p.nonce, dead.reason.clone());
-            }
-        }
-        let store = palisade::RedisFencedStore::new(
-            palisade::store::redis::pool(&redis.url())?,
-            &format!("palisade-{LEDGER}"),
-        );
-        let accounts: std::collections::BTreeSet<u32> = evidence
-            .ledger
-            .iter()
-            .filter_map(|(_, s, _, _)| s.trim_start_matches("account:").parse().ok())
-            .chain(evidence.acked.values().map(|(account, _)| *account))
-            .collect();
-        for account in accounts {
-            if let Some(palisade::Value::Hash(h)) = store.read(&account_key(account)).await? {
-                evidence.balances.insert(
-                    account,
-                    h.get("balance").and_then(|b| b.parse().ok()).unwrap_or(0),
-                );
-            }
-        }
-        pg.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await?;
-        anyhow::Ok(())
-    })?;
-    evidence.deliveries = deliveries.lock().unwrap().clone();
-    if let Ok(text) = std::fs::read_to_string(&log) {
-        evidence.attempts = text
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+    for row in pg
+        .query("SELECT scope, token FROM soak_beats ORDER BY id", &[])
+        .await?
+    {
+        evidence
+            .beats
+            .push((row.get(0), row.get::<_, i64>(1) as u64));
     }
+    for dead in client.dead("default", 1_000_000).await? {
+        if let Ok(p) = serde_json::from_str::<Post>(&dead.job.payload) {
+            evidence.dead_nonces.insert(p.nonce, dead.reason.clone());
+        }
+    }
+    let store = palisade::RedisFencedStore::new(
+        palisade::store::redis::pool(redis_url)?,
+        &format!("palisade-{LEDGER}"),
+    );
+    let accounts: std::collections::BTreeSet<u32> = evidence
+        .ledger
+        .iter()
+        .filter_map(|(_, s, _, _)| s.trim_start_matches("account:").parse().ok())
+        .chain(evidence.acked.values().map(|(account, _)| *account))
+        .collect();
+    for account in accounts {
+        if let Some(palisade::Value::Hash(h)) = store.read(&account_key(account)).await? {
+            evidence.balances.insert(
+                account,
+                h.get("balance").and_then(|b| b.parse().ok()).unwrap_or(0),
+            );
+        }
+    }
+    pg.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await?;
+    Ok(())
+}
+
+/// The report's figures, from the evidence.
+fn tally(report: &mut Report, evidence: &Evidence) {
     report.jobs = evidence.acked.len();
     for a in evidence
         .attempts
@@ -1098,11 +1172,9 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         .values()
         .map(|n| n.saturating_sub(1))
         .sum();
-    report.violations = check(&evidence);
+    report.violations = check(evidence);
     report.lost_with_wipe = evidence.lost_with_wipe().len();
-    report.unexpected_dead = unexpected_dead(&evidence);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(report)
+    report.unexpected_dead = unexpected_dead(evidence);
 }
 
 /// Prints the final table.

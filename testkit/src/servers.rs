@@ -382,7 +382,8 @@ impl RedisCluster {
     }
 
     /// Every live node sees the state ok and 3 masters that cover all slots, and every master
-    /// has a replica attached.
+    /// has a replica attached and in sync (`state=online`: a replica still loading its first
+    /// copy confirms no `WAIT`, which failed the failover test once in CI).
     pub fn healthy(&self) -> bool {
         let live: Vec<&RedisServer> = self.nodes.iter().filter(|n| n.child.is_some()).collect();
         live.iter().all(|n| {
@@ -394,7 +395,9 @@ impl RedisCluster {
                 && masters.iter().all(|&m| {
                     self.nodes[m]
                         .cli(&["INFO", "replication"])
-                        .is_some_and(|r| r.contains("connected_slaves:1"))
+                        .is_some_and(|r| {
+                            r.contains("connected_slaves:1") && r.contains("state=online")
+                        })
                 })
         }
     }
