@@ -376,3 +376,84 @@ async fn a_migration_to_partitions_on_a_cluster_never_lowers_tokens() {
     )
     .await;
 }
+
+/// A cluster that speaks only TLS, between its nodes too: the coordinator and a sink batch
+/// across masters work through it with its CA; with another CA, or plain `redis://`, the
+/// first operation fails quickly with one clear line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_works_with_its_ca_and_refuses_another() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start_tls)
+        .await
+        .unwrap();
+    // (Asked first: each redis-cli call is a TLS handshake, and they add up to seconds.)
+    let scopes: Vec<String> = (0..12).map(|i| format!("acct:{i}")).collect();
+    let masters: BTreeSet<usize> = scopes
+        .iter()
+        .map(|s| cluster.master_of(&format!("{{{s}}}:balance")))
+        .collect();
+    assert_eq!(masters.len(), 3, "the batch spans every master");
+    let store = RedisLeaseStore::new(cluster.target(), "tls");
+    store
+        .enqueue_all(vec![NewJob::raw("transfer", "null").with_scope("acct:1")])
+        .await
+        .unwrap();
+    let claim = store
+        .claim_kinds(
+            "default",
+            &["transfer".to_string()],
+            "A",
+            1,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+        .pop()
+        .expect("the job is claimed over TLS");
+    let sink = RedisFencedStore::new(cluster.target(), "ledger");
+    let results = sink
+        .write_batch(credits(&scopes, 7, LeaseId::new(), "tls-1"))
+        .await
+        .unwrap();
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(Admission::Applied))),
+        "{results:?}"
+    );
+    let settled = store
+        .settle(vec![(claim.lease.id, Settlement::Complete)])
+        .await
+        .unwrap();
+    assert!(settled[0].is_ok(), "{settled:?}");
+
+    let dir = std::env::temp_dir().join(format!("palisade-wrong-ca-{}", LeaseId::new()));
+    let wrong = palisade_testkit::tls::Certificates::authority(&dir, "wrong");
+    let started = std::time::Instant::now();
+    let refused =
+        store::redis::ping(store::redis::cluster_with_ca(&cluster.urls(), Some(&wrong)).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        refused.to_lowercase().contains("certificate") && !refused.contains('\n'),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+    let plain: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replace("rediss://", "redis://"))
+        .collect();
+    let mixed = [cluster.urls()[0].clone(), plain[1].clone()];
+    let err = store::redis::cluster_with_ca(&mixed, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("use one for all"), "{err}");
+    let err = store::redis::cluster_with_ca(&plain, Some(&wrong))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("only applies to TLS"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

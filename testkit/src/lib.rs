@@ -2,6 +2,7 @@
 //!
 //! - [`servers`]: private `redis-server` processes and clusters on free loopback ports, and
 //!   throw-away PostgreSQL schemas — tests never touch the shared Redis on 6379.
+//! - [`tls`]: a CA and server certificates made in the test, for TLS servers.
 //! - [`net`]: free ports, a bare HTTP GET, a polling wait, a recording HTTP receiver.
 //! - [`process`]: a worker binary under test as a child process (signals, `/metrics`, kill on
 //!   drop).
@@ -17,6 +18,7 @@ pub mod net;
 pub mod process;
 pub mod servers;
 pub mod suite;
+pub mod tls;
 
 /// For the suite macros' expansions.
 #[doc(hidden)]
@@ -26,5 +28,6 @@ pub use faults::{Faults, Op};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
 pub use process::Process;
 pub use servers::{
-    drop_postgres_schema, fresh_postgres_schema, postgres_url, RedisCluster, RedisServer,
+    drop_postgres_schema, fresh_postgres_schema, postgres_url, RedisCluster, RedisSentinels,
+    RedisServer,
 };

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use crate::tls::Certificates;
+
 pub struct RedisServer {
     pub port: u16,
     pub dir: PathBuf,
@@ -13,6 +15,8 @@ pub struct RedisServer {
     child: Option<Child>,
     /// CA file when the server speaks only TLS.
     tls_ca: Option<PathBuf>,
+    /// The configuration file a sentinel starts from (and rewrites).
+    conf: Option<PathBuf>,
 }
 
 fn free_port() -> u16 {
@@ -42,104 +46,63 @@ impl RedisServer {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_as(extra, None)
+    }
+
+    fn start_as(extra: &[&str], sentinel_conf: Option<&str>) -> Self {
         let dir = std::env::temp_dir().join(format!("palisade-redis-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
+        let conf = sentinel_conf.map(|text| {
+            let path = dir.join("sentinel.conf");
+            std::fs::write(&path, text).unwrap();
+            path
+        });
         let mut server = Self {
             port: free_port(),
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
             tls_ca: None,
+            conf,
         };
         server.spawn();
         server
     }
 
     /// A TLS-only server with a certificate for 127.0.0.1 / localhost signed by a CA made
-    /// here with openssl; the CA's PEM is at [`RedisServer::tls_ca`].
+    /// here ([`Certificates`]); the CA's PEM is at [`RedisServer::tls_ca`].
     pub fn start_tls() -> Self {
+        let dir = std::env::temp_dir().join(format!("palisade-certs-{}", uuid::Uuid::new_v4()));
+        Self::start_tls_with(
+            &["--save", "", "--appendonly", "no"],
+            &Certificates::make(&dir),
+        )
+    }
+
+    /// A TLS-only server with `extra` arguments and the certificates `certs` (several servers
+    /// of one cluster share one CA).
+    pub fn start_tls_with(extra: &[&str], certs: &Certificates) -> Self {
         let dir = std::env::temp_dir().join(format!("palisade-redis-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let openssl = |args: &[&str]| {
-            let ok = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .stderr(Stdio::null())
-                .status();
-            assert!(
-                ok.expect("openssl is installed").success(),
-                "openssl {args:?}"
-            );
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=palisade-test-ca",
+        let file = |path: &std::path::Path| path.display().to_string();
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            "--tls-cert-file".into(),
+            file(&certs.cert),
+            "--tls-key-file".into(),
+            file(&certs.key),
+            "--tls-ca-cert-file".into(),
+            file(&certs.ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
         ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ]);
-        std::fs::write(
-            dir.join("san.cnf"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "1",
-            "-extfile",
-            "san.cnf",
-        ]);
-        let file = |name: &str| dir.join(name).display().to_string();
         let mut server = Self {
             port: free_port(),
-            extra: vec![
-                "--save".into(),
-                "".into(),
-                "--appendonly".into(),
-                "no".into(),
-                "--tls-cert-file".into(),
-                file("server.crt"),
-                "--tls-key-file".into(),
-                file("server.key"),
-                "--tls-ca-cert-file".into(),
-                file("ca.crt"),
-                "--tls-auth-clients".into(),
-                "no".into(),
-            ],
-            tls_ca: Some(dir.join("ca.crt")),
+            extra: args,
+            tls_ca: Some(certs.ca.clone()),
             dir,
             child: None,
+            conf: None,
         };
         server.spawn();
         server
@@ -164,7 +127,11 @@ impl RedisServer {
                 "127.0.0.1".into(),
             ],
         };
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(conf) = &self.conf {
+            command.arg(conf).arg("--sentinel");
+        }
+        let child = command
             .args(ports)
             .arg("--dir")
             .arg(&self.dir)
@@ -323,16 +290,34 @@ pub async fn drop_postgres_schema(sink: &palisade::PostgresSink) {
 /// timeout (a dead master's replica takes over within a few seconds), nothing on disk.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
+    /// The CA of a TLS cluster.
+    ca: Option<PathBuf>,
 }
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster that speaks only TLS, between its nodes too (`tls-cluster`,
+    /// `tls-replication`), with certificates made here; its CA is [`RedisCluster::tls_ca`].
+    pub fn start_tls() -> Self {
+        let dir = std::env::temp_dir().join(format!("palisade-certs-{}", uuid::Uuid::new_v4()));
+        Self::start_with(Some(Certificates::make(&dir)))
+    }
+
+    pub fn tls_ca(&self) -> &std::path::Path {
+        self.ca.as_deref().expect("a TLS cluster")
+    }
+
+    fn start_with(certs: Option<Certificates>) -> Self {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 // The cluster bus gets its own free port (by default port + 10000, which
                 // may be taken or past 65535).
                 let bus = free_port().to_string();
-                RedisServer::start_with(&[
+                let tls = ["--tls-cluster", "yes", "--tls-replication", "yes"];
+                let args = [
                     "--save",
                     "",
                     "--appendonly",
@@ -346,14 +331,22 @@ impl RedisCluster {
                     // A replica whose master vanished a moment ago still takes over.
                     "--cluster-replica-validity-factor",
                     "0",
-                ])
+                ];
+                match &certs {
+                    Some(certs) => RedisServer::start_tls_with(&[&args[..], &tls].concat(), certs),
+                    None => RedisServer::start_with(&args),
+                }
             })
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut cli = Command::new("redis-cli");
+        if let Some(certs) = &certs {
+            cli.arg("--tls").arg("--cacert").arg(&certs.ca);
+        }
+        let out = cli
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
@@ -365,7 +358,10 @@ impl RedisCluster {
             "redis-cli --cluster create: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            ca: certs.map(|c| c.ca),
+        };
         cluster.wait_until(|c| c.healthy(), "the cluster never became healthy");
         cluster
     }
@@ -376,7 +372,7 @@ impl RedisCluster {
     }
 
     pub fn target(&self) -> palisade::store::redis::Target {
-        palisade::store::redis::cluster(&self.urls())
+        palisade::store::redis::cluster_with_ca(&self.urls(), self.ca.as_deref())
             .unwrap()
             .into()
     }
@@ -470,5 +466,123 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("{what} within 30 s");
+    }
+}
+
+/// A private Redis Sentinel group on loopback: a master, one replica and three sentinels
+/// (quorum 2) watching it as `name`, a 1-second down-after time, nothing on disk.
+pub struct RedisSentinels {
+    /// The two data nodes; either may be the master now.
+    pub nodes: Vec<RedisServer>,
+    pub sentinels: Vec<RedisServer>,
+    pub name: String,
+}
+
+impl RedisSentinels {
+    pub fn start() -> Self {
+        let keep_nothing = ["--save", "", "--appendonly", "no"];
+        let master = RedisServer::start_with(&keep_nothing);
+        let port = master.port.to_string();
+        let replica = RedisServer::start_with(
+            &[&keep_nothing[..], &["--replicaof", "127.0.0.1", &port]].concat(),
+        );
+        let name = "palisade".to_string();
+        let conf = format!(
+            "sentinel monitor {name} 127.0.0.1 {port} 2\n\
+             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 5000\n\
+             sentinel parallel-syncs {name} 1\n"
+        );
+        let sentinels = (0..3)
+            .map(|_| RedisServer::start_as(&[], Some(&conf)))
+            .collect();
+        let group = Self {
+            nodes: vec![master, replica],
+            sentinels,
+            name,
+        };
+        group.wait_until(|g| g.healthy(), "the sentinel group never became healthy");
+        group
+    }
+
+    /// `redis+sentinel://` naming every sentinel.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), self.name)
+    }
+
+    pub fn target(&self) -> palisade::store::redis::Target {
+        palisade::store::redis::sentinel(&self.url(), None)
+            .unwrap()
+            .into()
+    }
+
+    /// The port every sentinel names as the master, if they agree.
+    pub fn master_port(&self) -> Option<u16> {
+        let mut named = self.sentinels.iter().map(|s| {
+            s.cli(&["SENTINEL", "get-master-addr-by-name", &self.name])
+                .and_then(|r| r.lines().nth(1).and_then(|p| p.trim().parse::<u16>().ok()))
+        });
+        let first = named.next()??;
+        named.all(|p| p == Some(first)).then_some(first)
+    }
+
+    /// Index (into `nodes`) of the master the sentinels name.
+    pub fn master(&self) -> usize {
+        let port = self.master_port().expect("the sentinels agree on a master");
+        self.nodes.iter().position(|n| n.port == port).unwrap()
+    }
+
+    /// The sentinels agree on a live master, know each other, and the other node replicates
+    /// from it and is in sync.
+    pub fn healthy(&self) -> bool {
+        let Some(port) = self.master_port() else {
+            return false;
+        };
+        let Some(master) = self.nodes.iter().find(|n| n.port == port) else {
+            return false;
+        };
+        self.sentinels.iter().all(|s| {
+            s.cli(&["SENTINEL", "master", &self.name])
+                .is_some_and(|r| r.contains("num-other-sentinels\n2"))
+        }) && master.cli(&["INFO", "replication"]).is_some_and(|r| {
+            r.contains("role:master")
+                && r.contains("connected_slaves:1")
+                && r.contains("state=online")
+        })
+    }
+
+    /// Kills the master (SIGKILL), waits until the sentinels have promoted the replica, then
+    /// starts the old master again on its port, empty — where a client that kept its address
+    /// finds a server that answers but, once the sentinels have demoted it, refuses writes —
+    /// and waits until it replicates from the new master.
+    pub fn fail_over(&mut self) {
+        let old = self.master();
+        let old_port = self.nodes[old].port;
+        self.nodes[old].stop();
+        self.wait_until(
+            |g| g.master_port().is_some_and(|p| p != old_port),
+            "the sentinels never promoted the replica",
+        );
+        self.nodes[old].restart_empty();
+        self.wait_until(
+            |g| g.healthy(),
+            "the old master never rejoined as a replica",
+        );
+    }
+
+    pub fn wait_until(&self, ok: impl Fn(&Self) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if ok(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{what} within 60 s");
     }
 }

@@ -42,7 +42,7 @@ use anyhow::Context as _;
 use clap::{ArgMatches, FromArgMatches, Subcommand};
 
 use crate::context::Registry;
-use crate::store::redis::{cluster, ping, pool_with_ca, redacted, Target};
+use crate::store::redis::{cluster_with_ca, ping, pool_with_ca, redacted, sentinel, Target};
 use crate::store::Stores;
 use crate::RedisLeaseStore;
 
@@ -485,8 +485,9 @@ fn init_logging(default: &str, json: bool) {
 /// Where the coordinator lives: flags every subcommand shares.
 #[derive(Clone, Debug, clap::Args)]
 struct RedisArgs {
-    /// Redis URL: redis://[user:password@]host[:port][/db], or rediss:// for TLS. The
-    /// password never appears in logs or output.
+    /// Redis URL: redis://[user:password@]host[:port][/db], or rediss:// for TLS; behind
+    /// Sentinel, redis+sentinel://[user:password@]host[:port],host[:port].../master-name[/db]
+    /// (rediss+sentinel:// for TLS). The password never appears in logs or output.
     #[arg(
         long,
         env = "PALISADE_REDIS_URL",
@@ -515,14 +516,21 @@ struct RedisArgs {
 
 impl RedisArgs {
     fn pool(&self, url: &str) -> anyhow::Result<Target> {
-        if self.redis_cluster {
-            if self.redis_ca_file.is_some() {
-                anyhow::bail!("--redis-ca-file: TLS to a Redis Cluster is not supported yet");
+        let ca = self.redis_ca_file.as_deref();
+        if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+            if self.redis_cluster {
+                anyhow::bail!(
+                    "--redis-cluster: {} names sentinels, not cluster nodes",
+                    redacted(url)
+                );
             }
-            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
-            return Ok(cluster(&nodes)?.into());
+            return Ok(sentinel(url, ca)?.into());
         }
-        Ok(pool_with_ca(url, self.redis_ca_file.as_deref())?.into())
+        if self.redis_cluster {
+            let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
+            return Ok(cluster_with_ca(&nodes, ca)?.into());
+        }
+        Ok(pool_with_ca(url, ca)?.into())
     }
 
     /// A pool for `url` that has answered a PING.

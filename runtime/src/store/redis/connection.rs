@@ -11,6 +11,7 @@ use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{self, RetryMethod};
 use deadpool_redis::{Manager, Pool, Runtime};
 
+use super::sentinel::Sentinel;
 use crate::error::{Error, Result};
 
 /// `url` with any password replaced by `***` — in the userinfo, or a `pass`/`password`
@@ -68,19 +69,7 @@ pub fn pool_with_ca(url: &str, ca_file: Option<&std::path::Path>) -> Result<Pool
     };
     let mut info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| bad(&e))?;
     if url.starts_with("rediss://") {
-        // One process-wide rustls provider; a second install attempt is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let root_cert = ca_file
-            .map(|path| {
-                std::fs::read(path)
-                    .map_err(|e| Error::Config(format!("Redis CA file {}: {e}", path.display())))
-            })
-            .transpose()?;
-        let certificates = redis::TlsCertificates {
-            client_tls: None,
-            root_cert,
-        };
-        info = redis::Client::build_with_tls(info, certificates)
+        info = redis::Client::build_with_tls(info, tls_certificates(ca_file)?)
             .map_err(|e| bad(&e))?
             .get_connection_info()
             .clone();
@@ -156,8 +145,38 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-/// A [`Cluster`] reached through `nodes` (TLS to a cluster is not supported yet).
+/// The certificates every TLS link to Redis trusts: the PEM authority in `ca_file`, or the
+/// system's trust store. Installs the process-wide rustls provider (ring) first.
+pub(super) fn tls_certificates(
+    ca_file: Option<&std::path::Path>,
+) -> Result<redis::TlsCertificates> {
+    // One process-wide rustls provider; a second install attempt is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let root_cert = ca_file
+        .map(|path| {
+            std::fs::read(path)
+                .map_err(|e| Error::Config(format!("Redis CA file {}: {e}", path.display())))
+        })
+        .transpose()?;
+    Ok(redis::TlsCertificates {
+        client_tls: None,
+        root_cert,
+    })
+}
+
+/// A [`Cluster`] reached through `nodes` (see [`cluster_with_ca`]).
 pub fn cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Cluster> {
+    cluster_with_ca(nodes, None)
+}
+
+/// A [`Cluster`] reached through `nodes`: all `redis://`, or all `rediss://` for TLS to every
+/// node (trusting the PEM authority in `ca_file`, otherwise the system's trust store). The
+/// cluster must announce its TLS ports (`tls-cluster yes`), since the client follows the
+/// addresses the nodes give.
+pub fn cluster_with_ca<S: AsRef<str>>(
+    nodes: &[S],
+    ca_file: Option<&std::path::Path>,
+) -> Result<Cluster> {
     let shown = nodes
         .iter()
         .map(|n| redacted(n.as_ref()))
@@ -171,19 +190,32 @@ pub fn cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Cluster> {
     }
     let mut infos = Vec::with_capacity(nodes.len());
     for node in nodes {
-        let node = node.as_ref();
-        if node.starts_with("rediss://") {
-            return Err(bad(&"TLS to a Redis Cluster is not supported yet"));
-        }
-        infos.push(redis::IntoConnectionInfo::into_connection_info(node).map_err(|e| bad(&e))?);
+        infos.push(
+            redis::IntoConnectionInfo::into_connection_info(node.as_ref()).map_err(|e| bad(&e))?,
+        );
+    }
+    let tls = nodes
+        .iter()
+        .filter(|n| n.as_ref().starts_with("rediss://"))
+        .count();
+    if tls != 0 && tls != nodes.len() {
+        return Err(bad(
+            &"some nodes are rediss:// and some redis://: use one for all",
+        ));
     }
     let limit = Duration::from_secs(5);
-    let client = ClusterClientBuilder::new(infos)
+    let mut builder = ClusterClientBuilder::new(infos)
         .connection_timeout(limit)
         .response_timeout(limit * 2)
-        .retries(0)
-        .build()
-        .map_err(|e| bad(&e))?;
+        .retries(0);
+    if tls > 0 {
+        builder = builder
+            .tls(redis::TlsMode::Secure)
+            .certs(tls_certificates(ca_file)?);
+    } else if ca_file.is_some() {
+        return Err(bad(&"a CA file only applies to TLS (rediss://) nodes"));
+    }
+    let client = builder.build().map_err(|e| bad(&e))?;
     Ok(Cluster {
         client: Arc::new(client),
         shown,
@@ -191,13 +223,34 @@ pub fn cluster<S: AsRef<str>>(nodes: &[S]) -> Result<Cluster> {
     })
 }
 
-/// The Redis a store talks to: one server, through a connection [`Pool`], or a [`Cluster`].
+/// The Redis a store talks to: one server, through a connection [`Pool`], a [`Cluster`], or
+/// a master found through its [`Sentinel`]s.
 #[derive(Clone, Debug)]
 pub enum Target {
     /// One Redis server (or a primary with replicas behind one address).
     Server(Pool),
     /// A Redis Cluster.
     Cluster(Cluster),
+    /// The master of a group watched by Redis Sentinel.
+    Sentinel(Sentinel),
+}
+
+impl From<Sentinel> for Target {
+    fn from(sentinel: Sentinel) -> Self {
+        Self::Sentinel(sentinel)
+    }
+}
+
+impl Target {
+    /// Forgets the connection shared by every link to this target, so the next operation
+    /// connects (and, behind Sentinel, asks for the master) afresh.
+    fn forget_shared(&self) {
+        match self {
+            Self::Server(_) => {}
+            Self::Cluster(cluster) => *cluster.slot() = None,
+            Self::Sentinel(sentinel) => *sentinel.slot() = None,
+        }
+    }
 }
 
 impl From<Pool> for Target {
@@ -240,6 +293,14 @@ pub async fn ping(target: impl Into<Target>) -> Result<()> {
             let pong = ping.query_async::<String>(&mut conn).await;
             if pong.is_err() {
                 *cluster.slot() = None;
+            }
+            pong
+        }
+        Target::Sentinel(sentinel) => {
+            let mut conn = sentinel.connection().await?;
+            let pong = ping.query_async::<String>(&mut conn).await;
+            if pong.is_err() {
+                *sentinel.slot() = None;
             }
             pong
         }
@@ -462,22 +523,27 @@ impl Link {
             )),
             Target::Cluster(cluster) if self.own => Conn::Cluster(cluster.connect().await?),
             Target::Cluster(cluster) => Conn::Cluster(cluster.connection().await?),
+            Target::Sentinel(sentinel) if self.own => Conn::Server(sentinel.connect().await?),
+            Target::Sentinel(sentinel) => Conn::Server(sentinel.connection().await?),
         };
         *self.slot() = Some(conn.clone());
         Ok(conn)
     }
 
-    /// Classifies a Redis error, forgetting the connection if the error says it is unusable.
+    /// Classifies a Redis error, forgetting the connection if the error says it is unusable —
+    /// broken, or to a server that is no longer the master (`READONLY`: after a failover the
+    /// demoted master keeps answering; a connection kept to it would never write again).
     pub(super) fn broken(&self, e: redis::RedisError) -> Error {
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_timeout()
             || e.is_connection_refusal()
             || e.is_unrecoverable_error()
+            || e.code() == Some("READONLY")
         {
             *self.slot() = None;
-            if let (Target::Cluster(cluster), false) = (&self.target, self.own) {
-                *cluster.slot() = None;
+            if !self.own {
+                self.target.forget_shared();
             }
         }
         classify(&e)

@@ -9,14 +9,18 @@ mod connection;
 mod fenced;
 mod lease;
 mod scripts;
+mod sentinel;
 
 /// The connection pool [`pool`] returns, re-exported so users need no version-matched
 /// `deadpool-redis` dependency of their own to name it.
 pub use deadpool_redis::Pool;
 
-pub use connection::{cluster, ping, pool, pool_with_ca, redacted, Cluster, Target};
+pub use connection::{
+    cluster, cluster_with_ca, ping, pool, pool_with_ca, redacted, Cluster, Target,
+};
 pub use fenced::RedisFencedStore;
 pub use lease::RedisLeaseStore;
+pub use sentinel::{sentinel, Sentinel};
 
 /// The prefixes of a coordinator in `partitions` partitions: `prefix` itself for one (the
 /// unpartitioned layout, unchanged); otherwise `prefix-p<i>.<n>` for partition `i`, each its
