@@ -82,6 +82,23 @@ impl Error {
 /// Library result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `e` and every cause under it, `outer: inner: innermost`, on one line, each cause named
+/// once (many errors already print their source): "error sending request" alone hides
+/// whether it was a timeout, a refusal or a certificate.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut shown = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !shown.contains(&text) {
+            shown.push_str(": ");
+            shown.push_str(&text);
+        }
+        source = cause.source();
+    }
+    shown.replace('\n', " ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +121,21 @@ mod tests {
         ] {
             assert!(!permanent.is_retryable(), "{permanent}");
         }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle: inner")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn a_chain_names_each_cause_once_on_one_line() {
+        let e = Outer(Middle(std::io::Error::other("inner")));
+        assert_eq!(chain(&e), "outer: middle: inner");
+        let e = std::io::Error::other("two\nlines");
+        assert_eq!(chain(&e), "two lines");
     }
 }

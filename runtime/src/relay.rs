@@ -26,7 +26,7 @@ use rand::Rng as _;
 use serde::Deserialize;
 
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::error::{chain, Error, Result};
 use crate::job::NewJob;
 use crate::metrics as m;
 use crate::store::postgres::{OutboxEntry, PostgresSink};
@@ -73,6 +73,9 @@ pub struct RelayConfig {
     pub max_backoff: Duration,
     /// Delivered entries are deleted this long after delivery (a few hundred per round).
     pub keep_delivered: Duration,
+    /// A PEM certificate authority `https://` targets are trusted by, besides Mozilla's
+    /// roots (a receiver with a certificate of the user's own CA).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RelayConfig {
@@ -85,6 +88,7 @@ impl Default for RelayConfig {
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(600),
             keep_delivered: Duration::from_secs(7 * 24 * 3600),
+            ca_file: None,
         }
     }
 }
@@ -156,7 +160,21 @@ impl OutboxRelay {
         let _ = rustls::crypto::ring::default_provider().install_default();
         // A delivery must end well inside the lease, or a second relay could take the entry
         // while the first is still sending it.
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder();
+        if let Some(path) = &config.ca_file {
+            let bad = |e: &dyn std::fmt::Display| {
+                Error::Config(format!("outbox CA file {}: {e}", path.display()))
+            };
+            let pem = std::fs::read(path).map_err(|e| bad(&e))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(&e))?;
+            if certs.is_empty() {
+                return Err(bad(&"no PEM certificate in it"));
+            }
+            for cert in certs {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http
             .timeout(config.lease / 2)
             // A redirect would turn the POST into a body-less GET (301/302/303) and could be
             // taken for a delivery; a moved receiver is a configuration matter.
@@ -198,7 +216,7 @@ impl OutboxRelay {
                 let target = targets[&entry.target].clone();
                 let (sink, config, http) = (sink.clone(), config.clone(), http.clone());
                 async move {
-                    let attempt = deliver(&target, &http, &entry).await;
+                    let attempt = deliver(&target, &http, &entry, config.lease / 2).await;
                     settle(&sink, &config, &entry, attempt).await;
                 }
             });
@@ -216,7 +234,12 @@ impl OutboxRelay {
 }
 
 /// One attempt at one entry.
-async fn deliver(target: &OutboxTarget, http: &reqwest::Client, entry: &OutboxEntry) -> Attempt {
+async fn deliver(
+    target: &OutboxTarget,
+    http: &reqwest::Client,
+    entry: &OutboxEntry,
+    timeout: Duration,
+) -> Attempt {
     match target {
         OutboxTarget::Http(url) => {
             let sent = http
@@ -243,8 +266,17 @@ async fn deliver(target: &OutboxTarget, http: &reqwest::Client, entry: &OutboxEn
                     }
                 }
                 // A request that cannot even be built will never be sent.
-                Err(e) if e.is_builder() => Attempt::Refused(format!("{url}: {e}")),
-                Err(e) => Attempt::Failed(format!("{url}: {e}")),
+                // The cause travels with the error (timed out, refused, a certificate), so an
+                // operator can tell what would help; the URL is said once, first.
+                Err(e) if e.is_builder() => {
+                    Attempt::Refused(format!("{url}: {}", chain(&e.without_url())))
+                }
+                Err(e) if e.is_timeout() => Attempt::Failed(format!(
+                    "{url}: timed out after {timeout:?} (half the outbox lease: a longer \
+                     lease gives a delivery longer): {}",
+                    chain(&e.without_url())
+                )),
+                Err(e) => Attempt::Failed(format!("{url}: {}", chain(&e.without_url()))),
             }
         }
         OutboxTarget::Enqueue { client, queue } => {

@@ -793,6 +793,92 @@ async fn the_relay_classifies_answers_and_never_follows_redirects() {
     drop_postgres_schema(&sink).await;
 }
 
+/// A failed delivery is stored with its cause, not just "error sending request": a refused
+/// connection says so, and a receiver that never answers says the delivery timed out after
+/// half the outbox lease — what a longer `--outbox-lease` would change.
+#[actix_rt::test]
+async fn a_failed_delivery_keeps_its_cause() {
+    use actix::Actor as _;
+    let sink = sink().await;
+    // Nothing listens on `refused`; `silent` accepts and never answers.
+    let [refused] = palisade_testkit::free_ports::<1>();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let targets = std::collections::HashMap::from([
+        (
+            "refused".to_owned(),
+            OutboxTarget::Http(format!("http://127.0.0.1:{refused}/hook")),
+        ),
+        (
+            "silent".to_owned(),
+            OutboxTarget::Http(format!("http://127.0.0.1:{silent_port}/hook")),
+        ),
+    ]);
+    sink.transaction(
+        &Scope::new("s"),
+        fence(1),
+        &IdempotencyKey::new("job/tx/k"),
+        |tx| {
+            Box::pin(async move {
+                tx.outbox("refused").push("e", &1).await?;
+                tx.outbox("silent").push("e", &2).await?;
+                Ok(())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let config = RelayConfig {
+        poll: Duration::from_millis(20),
+        lease: Duration::from_secs(1),
+        backoff: Duration::from_secs(60),
+        ..RelayConfig::default()
+    };
+    let _relay = OutboxRelay::new(sink.clone(), targets, config)
+        .unwrap()
+        .start();
+    let errors = || async {
+        rows(
+            &sink,
+            &format!(
+                "SELECT target, coalesce(last_error, '') FROM {}.outbox ORDER BY target",
+                sink.schema()
+            ),
+        )
+        .await
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let seen = errors().await;
+        if seen.iter().all(|(_, e)| !e.is_empty()) {
+            break seen;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (refused_error, silent_error) = (&seen[0].1, &seen[1].1);
+    assert!(
+        refused_error.to_lowercase().contains("connection refused"),
+        "{refused_error}"
+    );
+    assert!(
+        silent_error.contains("timed out after 500ms") && silent_error.contains("outbox lease"),
+        "{silent_error}"
+    );
+    for error in [refused_error, silent_error] {
+        assert_eq!(
+            error.matches("127.0.0.1").count(),
+            1,
+            "the URL once: {error}"
+        );
+    }
+    drop(silent);
+    drop_postgres_schema(&sink).await;
+}
+
 /// A TCP proxy in front of PostgreSQL. Once armed, it forwards the next `COMMIT` to the
 /// server, swallows the server's answer and cuts the client off: the commit happened, and
 /// the client cannot know. Returns the proxy's port and the arming switch.
@@ -865,7 +951,8 @@ fn commit_swallowing_proxy() -> (u16, Arc<std::sync::atomic::AtomicBool>) {
 async fn a_lost_commit_answer_resolves_to_duplicate_on_retry() {
     let (port, armed) = commit_swallowing_proxy();
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let url = format!("postgres://postgres@127.0.0.1:{port}/test?schema={schema}");
+    // The proxy reads the protocol: no TLS (the default, prefer, would encrypt it).
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test?schema={schema}&sslmode=disable");
     let sink = Arc::new(PostgresSink::connect(&url).await.unwrap());
     let table = user_table(&sink).await;
     let scope = Scope::new("s");

@@ -28,6 +28,6 @@ pub use faults::{Faults, Op};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
 pub use process::Process;
 pub use servers::{
-    drop_postgres_schema, fresh_postgres_schema, postgres_url, RedisCluster, RedisSentinels,
-    RedisServer,
+    drop_postgres_schema, fresh_postgres_schema, postgres_url, PostgresTls, RedisCluster,
+    RedisSentinels, RedisServer,
 };

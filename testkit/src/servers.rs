@@ -586,3 +586,138 @@ impl RedisSentinels {
         panic!("{what} within 60 s");
     }
 }
+
+/// A private PostgreSQL server (`initdb` in a temporary directory, `postgres` on a free
+/// loopback port, as the `postgres` user when the tests run as root) that accepts only TLS
+/// connections (`hostssl`; plain ones are rejected by `pg_hba.conf`), with certificates made
+/// here. Listens on 127.0.0.1 and 127.0.0.2 (a name its certificate does not carry). Stopped
+/// by pid (SIGQUIT: immediate shutdown) when dropped.
+pub struct PostgresTls {
+    pub port: u16,
+    pub certs: Certificates,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn postgres_bin(name: &str) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (.ci/run installs it)")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin").join(name))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("no {name} under /usr/lib/postgresql"))
+}
+
+impl PostgresTls {
+    pub fn start() -> Self {
+        use std::os::unix::process::CommandExt;
+        let dir = std::env::temp_dir().join(format!("palisade-pg-{}", uuid::Uuid::new_v4()));
+        let certs = Certificates::make(&dir.join("certs"));
+        // Postgres refuses to run as root: as root, hand the directory to `postgres`.
+        let as_user = |command: &mut Command| {
+            if Command::new("id")
+                .arg("-u")
+                .output()
+                .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+            {
+                let id = |flag: &str| -> u32 {
+                    let out = Command::new("id")
+                        .args([flag, "postgres"])
+                        .output()
+                        .unwrap();
+                    String::from_utf8_lossy(&out.stdout)
+                        .trim()
+                        .parse()
+                        .expect("a postgres user")
+                };
+                command.uid(id("-u")).gid(id("-g"));
+            }
+        };
+        let chown = |path: &std::path::Path| {
+            let _ = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(path)
+                .status();
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        chown(&dir);
+        let _ = Command::new("chmod").arg("600").arg(&certs.key).status();
+        let data = dir.join("data");
+        let mut initdb = Command::new(postgres_bin("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        as_user(&mut initdb);
+        assert!(initdb.status().unwrap().success(), "initdb failed");
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostnossl all all 127.0.0.0/8 reject\n",
+        )
+        .unwrap();
+        chown(&dir);
+        let port = free_port();
+        let file = |p: &std::path::Path| p.display().to_string();
+        let mut postgres = Command::new(postgres_bin("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(&dir)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1,127.0.0.2",
+                "-c",
+                "ssl=on",
+                "-c",
+                "fsync=off",
+            ])
+            .args(["-c", &format!("ssl_cert_file={}", file(&certs.cert))])
+            .args(["-c", &format!("ssl_key_file={}", file(&certs.key))])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        as_user(&mut postgres);
+        let child = postgres.spawn().expect("postgres starts");
+        let server = Self {
+            port,
+            certs,
+            dir,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let ready = Command::new(postgres_bin("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("private postgres on port {port} did not start");
+    }
+
+    /// `postgres://postgres@<host>:<port>/postgres?<query>`.
+    pub fn url(&self, host: &str, query: &str) -> String {
+        format!("postgres://postgres@{host}:{}/postgres?{query}", self.port)
+    }
+}
+
+impl Drop for PostgresTls {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

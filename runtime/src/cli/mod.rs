@@ -84,7 +84,7 @@ struct Extra {
 const INSTALLATION_FLAGS: [(&str, &str); 6] = [
     ("redis", "redis"),
     ("prefix", "prefix"),
-    ("redis_ca_file", "redis-ca-file"),
+    ("ca_file", "ca-file"),
     ("redis_cluster", "redis-cluster"),
     ("partitions", "partitions"),
     ("sinks", "sink"),
@@ -92,7 +92,7 @@ const INSTALLATION_FLAGS: [(&str, &str); 6] = [
 
 /// The installation a subcommand of the user's own runs against, from the same flags and
 /// environment as the built-in ones (`--redis`, `--prefix`, `--partitions`,
-/// `--redis-ca-file`, `--redis-cluster`, `--sink NAME=URL`, and their `PALISADE_*`
+/// `--ca-file`, `--redis-cluster`, `--sink NAME=URL`, and their `PALISADE_*`
 /// variables).
 pub struct Installation {
     redis: RedisArgs,
@@ -144,7 +144,9 @@ impl Installation {
             anyhow::bail!("this binary declares no sink {name:?}");
         };
         if sinks::is_postgres(url) {
-            let pg = sinks::postgres_sinks(&[(name.to_owned(), url.clone())]).await?;
+            let ca = self.redis.ca_file();
+            let pg =
+                sinks::postgres_sinks(&[(name.to_owned(), url.clone())], ca.as_deref()).await?;
             let (_, pg) = pg.into_iter().next().expect("one postgres:// sink");
             return Ok(std::sync::Arc::new(crate::PostgresFencedStore::new(pg)));
         }
@@ -285,8 +287,8 @@ impl App {
     /// runtime (`tokio::runtime::Runtime`) for the async calls.
     ///
     /// The flags are the command's own, so they go before a subcommand of it. `command` must
-    /// not define arguments named `redis`, `prefix`, `redis_ca_file`, `redis_cluster`,
-    /// `partitions` or `sinks`, nor the long flags `--redis`, `--prefix`, `--redis-ca-file`,
+    /// not define arguments named `redis`, `prefix`, `ca_file`, `redis_cluster`,
+    /// `partitions` or `sinks`, nor the long flags `--redis`, `--prefix`, `--ca-file`,
     /// `--redis-cluster`, `--partitions` or `--sink`: a binary that does refuses to run
     /// (exit 2, naming the argument), rather than read the wrong installation.
     pub fn subcommand_with(
@@ -499,9 +501,17 @@ struct RedisArgs {
     /// of one installation — workers and producers — must use the same prefix.
     #[arg(long, env = "PALISADE_PREFIX", default_value = "palisade")]
     prefix: String,
-    /// PEM certificate authority to trust for rediss:// URLs (default: the system's).
-    #[arg(long, env = "PALISADE_REDIS_CA_FILE", value_name = "PATH")]
-    redis_ca_file: Option<PathBuf>,
+    /// PEM certificate authority every TLS link trusts: rediss:// URLs (coordinator, sinks,
+    /// cluster nodes, sentinels) and Postgres URLs with sslmode=verify-ca|verify-full and no
+    /// sslrootcert of their own (default: the system's roots for Redis, Mozilla's for
+    /// Postgres). Also --redis-ca-file and PALISADE_REDIS_CA_FILE, its former names.
+    #[arg(
+        long,
+        alias = "redis-ca-file",
+        env = "PALISADE_CA_FILE",
+        value_name = "PATH"
+    )]
+    ca_file: Option<PathBuf>,
     /// Every Redis URL (coordinator and sinks) names nodes of a Redis Cluster: one node, or
     /// several separated by commas; the rest of the cluster is learned from them.
     #[arg(long, env = "PALISADE_REDIS_CLUSTER", value_parser = clap::builder::BoolishValueParser::new())]
@@ -515,8 +525,16 @@ struct RedisArgs {
 }
 
 impl RedisArgs {
+    /// `--ca-file`, or the variable of its former name.
+    pub(super) fn ca_file(&self) -> Option<PathBuf> {
+        self.ca_file
+            .clone()
+            .or_else(|| std::env::var_os("PALISADE_REDIS_CA_FILE").map(PathBuf::from))
+    }
+
     fn pool(&self, url: &str) -> anyhow::Result<Target> {
-        let ca = self.redis_ca_file.as_deref();
+        let ca = self.ca_file();
+        let ca = ca.as_deref();
         if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
             if self.redis_cluster {
                 anyhow::bail!(

@@ -72,6 +72,10 @@ pub(super) struct OutboxArgs {
     /// Most dead entries listed or retried per sink, oldest first.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// PEM certificate authority for sinks with sslmode=verify-ca|verify-full and no
+    /// sslrootcert of their own.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PATH")]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 /// Runs `outbox list` or `outbox retry`.
@@ -85,7 +89,7 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let sinks = postgres_sinks(&urls).await?;
+        let sinks = postgres_sinks(&urls, args.ca_file.as_deref()).await?;
         if sinks.is_empty() {
             bail!(
                 "no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)"
@@ -180,6 +184,7 @@ impl RelayArgs {
             lease: self.outbox_lease,
             max_attempts: self.outbox_attempts,
             backoff: self.outbox_backoff,
+            ca_file: redis.ca_file(),
             ..RelayConfig::default()
         };
         let mut relays = Vec::new();
@@ -208,7 +213,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
     System::new().block_on(async move {
-        let sinks = postgres_sinks(&sink_urls).await?;
+        let sinks = postgres_sinks(&sink_urls, args.redis.ca_file().as_deref()).await?;
         let _relays = args.relay.start(&sinks, &args.redis).await?;
         health.set_ready(true);
         super::shutdown_signal().await;

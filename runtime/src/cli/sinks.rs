@@ -58,12 +58,16 @@ pub(super) fn sink_urls(
         .collect())
 }
 
-/// Connects every sink whose URL is `postgres://` or `postgresql://`.
+/// Connects every sink whose URL is `postgres://` or `postgresql://`; one that verifies
+/// certificates (`sslmode=verify-ca|verify-full`) and names no `sslrootcert` trusts `ca`
+/// (`--ca-file`).
 pub(super) async fn postgres_sinks(
     sink_urls: &[(String, String)],
+    ca: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
     let mut sinks = Vec::new();
     for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
+        let url = &crate::store::postgres::tls::with_default_root(url, ca)?;
         let sink = PostgresSink::connect(url)
             .await
             .with_context(|| format!("sink {name} at {}", redacted(url)))?;

@@ -249,7 +249,9 @@ async fn epoch_source(args: &WorkerArgs) -> anyhow::Result<Option<Arc<dyn crate:
         epochs = Some(Arc::new(FileEpochSource::new(path)));
     }
     if let Some(url) = &args.epoch_postgres {
-        let source = PostgresEpochSource::connect(url, &args.redis.prefix)
+        let url =
+            crate::store::postgres::tls::with_default_root(url, args.redis.ca_file().as_deref())?;
+        let source = PostgresEpochSource::connect(&url, &args.redis.prefix)
             .await
             .context("connecting to the Postgres epoch source")?;
         epochs = Some(Arc::new(source));
@@ -275,7 +277,7 @@ async fn connect_sinks(
     let mut pools: HashMap<String, Target> = HashMap::new();
     pools.insert(args.redis.redis.clone(), coordinator);
     let mut sinks = Sinks::new();
-    let postgres = postgres_sinks(sink_urls).await?;
+    let postgres = postgres_sinks(sink_urls, args.redis.ca_file().as_deref()).await?;
     for (sink, pg) in &postgres {
         let store = PostgresFencedStore::new(pg.clone());
         sinks = sinks

@@ -49,6 +49,7 @@ use crate::ids::{FencingToken, IdempotencyKey, LeaseId, Scope};
 mod fenced;
 mod migrate;
 pub mod outbox;
+pub(crate) mod tls;
 
 pub use fenced::PostgresFencedStore;
 pub(crate) use outbox::OutboxEntry;
@@ -160,11 +161,14 @@ fn checked_schema(name: &str) -> Result<String> {
     }
 }
 
-/// A pool for `url` (`postgres://…`), checked for syntax only; connections open lazily.
+/// A pool for `url` (`postgres://…`, TLS by its `sslmode` and `sslrootcert`: see the `tls`
+/// module), checked for syntax only; connections open lazily.
 pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool> {
+    let (url, tls) = tls::split_tls(url)?;
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
+    config.ssl_mode(tls.pg_mode());
     // A process paused inside a fenced transaction holds its scope's fence row lock; the
     // server ends such a transaction after a minute idle, so the next holder does not wait
     // forever (unless the URL sets its own value).
@@ -172,13 +176,15 @@ pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool
     if !options.contains("idle_in_transaction_session_timeout") {
         config.options(format!("{options} -c idle_in_transaction_session_timeout=60000").trim());
     }
-    let manager = deadpool_postgres::Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        deadpool_postgres::ManagerConfig {
-            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-        },
-    );
+    let manager_config = deadpool_postgres::ManagerConfig {
+        recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+    };
+    let manager = match tls.connector()? {
+        Some(tls) => deadpool_postgres::Manager::from_config(config, tls, manager_config),
+        None => {
+            deadpool_postgres::Manager::from_config(config, tokio_postgres::NoTls, manager_config)
+        }
+    };
     deadpool_postgres::Pool::builder(manager)
         .max_size(max_size)
         .wait_timeout(Some(Duration::from_secs(30)))
@@ -201,8 +207,10 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
                 Error::Backend(message)
             }
         }
-        None if e.is_closed() || io_cause(&e) => Error::Unavailable(format!("postgres: {e}")),
-        None => Error::Backend(format!("postgres: {e}")),
+        None if e.is_closed() || io_cause(&e) => {
+            Error::Unavailable(format!("postgres: {}", crate::error::chain(&e)))
+        }
+        None => Error::Backend(format!("postgres: {}", crate::error::chain(&e))),
     }
 }
 
