@@ -55,7 +55,7 @@ fn bad_worker_flags_are_refused() {
     };
     let out = worker("10ms");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--lease must be at least"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("10ms is outside 300ms..=1day"));
     assert_eq!(
         worker("soon").status.code(),
         Some(2),
@@ -89,6 +89,13 @@ fn careless_worker_configurations_are_refused_up_front() {
         (&["--sink", "nope=redis://x"], "declares no sink"),
         (&["--name", "a\nb"], "control character"),
         (&["--prefix", ""], "prefix is empty"),
+        // Issue 22: durations out of sane bounds, prefixes against the name rules.
+        (&["--lease", "1000y"], "1000years is outside 300ms..=1day"),
+        (&["--drain", "2days"], "2days is outside 0s..=1day"),
+        (&["--prefix", "{x}"], "no braces"),
+        (&["--prefix", "a\nb"], "control character"),
+        (&["--prefix", "c1-p0.3"], "ends like a partition"),
+        (&["--prefix", "c1-g2"], "ends like a partition"),
     ];
     for (extra, why) in cases {
         let args: Vec<&str> = redis.iter().chain(extra.iter()).copied().collect();
@@ -154,4 +161,120 @@ fn schedules_that_never_fire_are_refused() {
     let (code, text) = add("0 0 29 2 *");
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("cannot reach Redis"), "{text}");
+}
+
+/// What clap or the binary printed as the error, asserted to be one line: everything but
+/// blank lines and clap's "For more information" hint.
+fn one_error_line(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("For more information"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line expected: {text}");
+    lines[0].to_owned()
+}
+
+/// Issue 22: each link or name a careless configuration gets wrong is refused at once, exit
+/// code 2, with one line that says what is wrong.
+#[test]
+fn bad_links_are_refused_with_one_line() {
+    use std::io::{Read, Write};
+    // A port that answers like an HTTP server.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http_port = http.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in http.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 512];
+            let _ = stream.read(&mut buf);
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\n<html></html>");
+        }
+    });
+    let http_url = format!("redis://127.0.0.1:{http_port}");
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec![
+                "worker".into(),
+                "--redis".into(),
+                "http://127.0.0.1:1".into(),
+            ],
+            vec![],
+            "http://127.0.0.1:1 is not a Redis URL",
+        ),
+        (
+            vec!["status".into(), "--redis".into(), http_url.clone()],
+            vec![],
+            "is not the Redis protocol — is this a Redis port?",
+        ),
+        (
+            vec![
+                "worker".into(),
+                "--redis".into(),
+                "redis://127.0.0.1:1".into(),
+            ],
+            vec![("PALISADE_SINK_TYPO_URL", "redis://127.0.0.1:1")],
+            "PALISADE_SINK_TYPO_URL names no sink this binary declares",
+        ),
+        (
+            vec![
+                "worker".into(),
+                "--redis".into(),
+                "redis://127.0.0.1:1".into(),
+                "--sink".into(),
+                "ledger=postgres://u@127.0.0.1:1/db?sslmode=verify_full".into(),
+            ],
+            vec![],
+            "use disable, prefer, require, verify-ca or verify-full",
+        ),
+        (
+            vec![
+                "worker".into(),
+                "--redis-cluster".into(),
+                "--redis".into(),
+                "redis+sentinel://127.0.0.1:1/m".into(),
+            ],
+            vec![],
+            "names sentinels, not cluster nodes",
+        ),
+        (
+            vec![
+                "status".into(),
+                "--redis".into(),
+                "redis+sentinel://127.0.0.1:1".into(),
+            ],
+            vec![],
+            "no master name",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--redis".into(),
+                "redis://127.0.0.1:1".into(),
+                "--outbox-lease".into(),
+                "0s".into(),
+            ],
+            vec![],
+            "0s is outside 1s..=1day",
+        ),
+        (
+            vec![
+                "status".into(),
+                "--redis".into(),
+                "redis://127.0.0.1:1".into(),
+                "--prefix".into(),
+                "{x}".into(),
+            ],
+            vec![],
+            "no braces",
+        ),
+    ];
+    for (args, env, why) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, text) = palisade(&args, &env);
+        assert_eq!(code, Some(2), "{args:?}: {text}");
+        let line = one_error_line(&text);
+        assert!(line.contains(why), "{args:?}: expected {why:?} in {line}");
+    }
 }

@@ -856,3 +856,143 @@ fn a_worker_of_the_old_layout_is_refused_after_a_move() {
     let listed = palisade(&redis, &["schedule", "list", "--partitions", "2"]);
     assert!(listed.contains("tick"), "the schedule moved: {listed}");
 }
+
+/// Issue 22, a worker that behaves when its links misbehave:
+/// - `/readyz` turns 503 within 2 s of Redis no longer answering (SIGSTOP: connections stay
+///   open, replies never come), and 200 again once it answers;
+/// - with Redis gone, repeated warnings are rate-limited (about 7 lines a second before);
+/// - a second SIGTERM during a long drain releases the running job and exits at once.
+#[test]
+fn a_worker_behaves_when_redis_stops_answering_and_on_a_second_signal() {
+    use std::io::{BufRead, BufReader};
+    let (mut redis, sink) = (RedisServer::start(), RedisServer::start());
+    palisade(
+        &redis,
+        &[
+            "enqueue",
+            "email.send",
+            r#"{"to":"a@example.com","millis":600000}"#,
+        ],
+    );
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["worker", "--redis", &redis.url()])
+        .args(["--sink", &format!("ledger={}", sink.url())])
+        .args([
+            "--name",
+            "links",
+            "--lease",
+            "30s",
+            "--drain",
+            "60s",
+            "--arbiters",
+            "1",
+        ])
+        .args(["--log-format", "json"])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, String)>();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    let get = |path: &str| http_get(port, path);
+    wait_for("ready", Duration::from_secs(15), || {
+        get("/readyz").as_deref() == Some("ready\n")
+    });
+    wait_for("the long job running", Duration::from_secs(15), || {
+        counts(&redis)["leased"] == 1
+    });
+
+    redis.signal("-STOP");
+    let stopped = Instant::now();
+    wait_for(
+        "not ready while Redis is paused",
+        Duration::from_secs(10),
+        || get("/readyz").as_deref() == Some("not ready\n"),
+    );
+    let noticed = stopped.elapsed();
+    eprintln!("/readyz noticed the paused Redis after {noticed:?}");
+    assert!(noticed < Duration::from_millis(2500), "{noticed:?}");
+    redis.signal("-CONT");
+    wait_for("ready again", Duration::from_secs(10), || {
+        get("/readyz").as_deref() == Some("ready\n")
+    });
+
+    // Redis gone for 6 s: warnings are held back per call site, not one per attempt.
+    while rx.try_recv().is_ok() {}
+    let down = Instant::now();
+    redis.stop();
+    std::thread::sleep(Duration::from_secs(6));
+    let warnings: Vec<String> = rx
+        .try_iter()
+        .filter(|(at, l)| *at >= down && l.contains("\"WARN\""))
+        .map(|(_, l)| l)
+        .collect();
+    assert!(
+        warnings.len() <= 10,
+        "{} warnings in 6 s: {warnings:#?}",
+        warnings.len()
+    );
+    redis.restart();
+    wait_for("ready after the restart", Duration::from_secs(15), || {
+        get("/readyz").as_deref() == Some("ready\n")
+    });
+    // The restarted Redis is empty: enqueue the long job again and let it start.
+    palisade(
+        &redis,
+        &[
+            "enqueue",
+            "email.send",
+            r#"{"to":"b@example.com","millis":600000}"#,
+        ],
+    );
+    wait_for(
+        "the long job running again",
+        Duration::from_secs(20),
+        || counts(&redis)["leased"] == 1,
+    );
+
+    let pid = child.id().to_string();
+    let term = || {
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(ok.success());
+    };
+    term();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal only drains"
+    );
+    let second = Instant::now();
+    term();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            second.elapsed() < Duration::from_secs(10),
+            "a second signal did not end the 60 s drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("exited {:?} after the second signal", second.elapsed());
+    assert!(exit.success(), "{exit:?}");
+    let c = counts(&redis);
+    assert_eq!(
+        (c["ready"].as_u64(), c["leased"].as_u64()),
+        (Some(1), Some(0)),
+        "the running job was released: {c}"
+    );
+    let said: Vec<String> = rx.try_iter().map(|(_, l)| l).collect();
+    assert!(
+        said.iter().any(|l| l.contains("second signal")),
+        "{said:#?}"
+    );
+}

@@ -86,7 +86,7 @@ impl Coordinator {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reaper pass failed; will retry");
+                    crate::repeats::warn_repeated!(error = %e, "reaper pass failed; will retry");
                     counter!(m::BACKEND_ERRORS, "op" => "reap").increment(1);
                 }
             }

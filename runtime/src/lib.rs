@@ -80,6 +80,7 @@ mod policy;
 #[cfg(feature = "postgres")]
 mod relay;
 mod renewal;
+mod repeats;
 mod sampler;
 mod schedule;
 mod scheduler;

@@ -204,13 +204,13 @@ impl OutboxRelay {
             let entries = match sink.claim_outbox(&names, config.batch, config.lease).await {
                 Ok(entries) => entries,
                 Err(e) => {
-                    tracing::warn!(error = %e, "outbox relay: claiming entries failed");
+                    crate::repeats::warn_repeated!(error = %e, "outbox relay: claiming entries failed");
                     return 0;
                 }
             };
             let n = entries.len();
             if let Err(e) = sink.prune_outbox(config.keep_delivered, 256).await {
-                tracing::warn!(error = %e, "outbox relay: pruning delivered entries failed");
+                crate::repeats::warn_repeated!(error = %e, "outbox relay: pruning delivered entries failed");
             }
             let deliveries = entries.into_iter().map(|entry| {
                 let target = targets[&entry.target].clone();

@@ -96,11 +96,11 @@ impl Renewal {
                     counter!(m::RENEWALS, "outcome" => "lost").increment(lost.len() as u64);
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, leases = leases.len(), "lease renewal failed");
+                    crate::repeats::warn_repeated!(error = %e, leases = leases.len(), "lease renewal failed");
                     counter!(m::RENEWALS, "outcome" => "error").increment(1);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "coordinator unreachable for renewal");
+                    crate::repeats::warn_repeated!(error = %e, "coordinator unreachable for renewal");
                     counter!(m::RENEWALS, "outcome" => "error").increment(1);
                 }
             }

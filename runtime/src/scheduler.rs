@@ -122,7 +122,7 @@ impl Scheduler {
                     act.reported = problems;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "scheduler pass failed; next tick tries again");
+                    crate::repeats::warn_repeated!(error = %e, "scheduler pass failed; next tick tries again");
                     counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
                 }
             }

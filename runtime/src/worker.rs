@@ -176,6 +176,9 @@ pub struct Worker {
     in_flight: usize,
     /// Jobs given back unfinished at the drain deadline.
     released: usize,
+    /// The drain deadline passed (or a second `Drain` cut it short): what still ran was
+    /// released.
+    deadline_passed: bool,
     /// An unreachable backend gets exponentially fewer claims and settlement retries (and log
     /// lines), not one per poll tick.
     claim_backoff: Backoff,
@@ -221,6 +224,7 @@ impl Worker {
             drain: None,
             in_flight: 0,
             released: 0,
+            deadline_passed: false,
             claim_backoff: Backoff::default(),
             settle_backoff: Backoff::default(),
             metrics: HashMap::new(),
@@ -271,7 +275,7 @@ impl Worker {
                 }
                 Err(e) => {
                     let backoff = act.claim_backoff.failed();
-                    tracing::warn!(worker = %act.config.name, error = %e, ?backoff, "claim failed; backing off");
+                    crate::repeats::warn_repeated!(worker = %act.config.name, error = %e, ?backoff, "claim failed; backing off");
                     counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
                 }
             }
@@ -392,7 +396,7 @@ impl Worker {
                     // Keep renewing and try again; if the leases expire first, the reaper
                     // requeues the jobs and our late settlement is refused — never lost.
                     let backoff = act.settle_backoff.failed();
-                    tracing::warn!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
+                    crate::repeats::warn_repeated!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
                     counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
                     act.pending.extend(batch);
                 }
@@ -548,6 +552,9 @@ impl Worker {
     /// expire, so a rolling restart charges nothing. Their handlers are cancelled; one that
     /// still writes is fenced once the job runs again.
     fn release_unfinished(&mut self, ctx: &mut Context<Self>) {
+        if std::mem::replace(&mut self.deadline_passed, true) {
+            return;
+        }
         let unfinished: Vec<(LeaseId, Running)> = self.running.drain().collect();
         self.released = unfinished.len();
         if self.released > 0 {
@@ -616,7 +623,9 @@ pub struct Drained {
 
 /// Stops claiming, waits up to `deadline` for running handlers, then cancels the rest,
 /// releases their jobs back to the coordinator (ready at once, no attempt or stall charged)
-/// and stops.
+/// and stops. A second `Drain` while one runs only brings the deadline closer (an operator's
+/// second Ctrl-C: `Duration::ZERO` releases at once); the first one's answer reports the
+/// drain, the second answers `Drained::default()`.
 #[derive(Message)]
 #[rtype(result = "Drained")]
 pub struct Drain {
@@ -628,6 +637,15 @@ impl Handler<Drain> for Worker {
     type Result = ResponseFuture<Drained>;
 
     fn handle(&mut self, msg: Drain, ctx: &mut Self::Context) -> Self::Result {
+        if self.drain.is_some() {
+            tracing::info!(worker = %self.config.name, running = self.running.len(), deadline = ?msg.deadline, "drain cut short");
+            ctx.run_later(msg.deadline, |act, ctx| {
+                if act.drain.is_some() {
+                    act.release_unfinished(ctx);
+                }
+            });
+            return Box::pin(async { Drained::default() });
+        }
         let (tx, rx) = oneshot::channel();
         self.drain = Some(tx);
         tracing::info!(worker = %self.config.name, running = self.running.len(), "draining");

@@ -211,6 +211,16 @@ impl RedisServer {
             .collect()
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`) to the server's process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let ok = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} {pid}");
+    }
+
     /// Stops the server by pid (SIGKILL: nothing gets a chance to flush beyond what its
     /// persistence settings already wrote).
     pub fn stop(&mut self) {

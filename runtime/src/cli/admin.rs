@@ -38,7 +38,7 @@ pub(super) struct EnqueueArgs {
     #[arg(long, default_value = "default")]
     queue: String,
     /// Not claimable before this much time has passed, e.g. 30s or 5m.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = super::duration_within(Duration::ZERO, super::YEAR))]
     delay: Option<Duration>,
     /// Higher runs first (-4096..=4096).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -60,7 +60,7 @@ pub(super) struct EnqueueArgs {
     /// How long the unique key stays held after its job was enqueued, even once it is done:
     /// by default a repeat within a day (a webhook delivered twice) adds nothing however
     /// soon the first job ran. 0s gives the key up as soon as its job is done.
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "unique")]
+    #[arg(long, default_value = "24h", value_parser = super::duration_within(Duration::ZERO, super::YEAR), requires = "unique")]
     unique_ttl: Duration,
 }
 
@@ -451,7 +451,7 @@ pub(super) struct ScheduleAddArgs {
     #[arg(long, default_value = "last", value_parser = parse_catch_up)]
     catch_up: crate::CatchUp,
     /// A tick late by at most this much still fires.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = super::duration_within(Duration::ZERO, super::YEAR))]
     grace: Duration,
 }
 
@@ -563,7 +563,7 @@ pub(super) struct LimitArgs {
     #[arg(long, required_unless_present = "off", conflicts_with = "off")]
     jobs: Option<u32>,
     /// The period, e.g. 1s or 1m.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
     per: Duration,
     /// Lift the queue's limit.
     #[arg(long)]

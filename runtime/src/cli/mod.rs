@@ -37,6 +37,7 @@ mod worker;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{ArgMatches, FromArgMatches, Subcommand};
@@ -392,7 +393,7 @@ impl App {
                     Ok(args) => match sinks::sink_urls(
                         &sinks,
                         &args.sinks,
-                        |var| std::env::var(var).ok(),
+                        &sinks::environment(),
                         &args.redis.redis,
                     ) {
                         Ok(sinks) => run(
@@ -533,6 +534,9 @@ impl RedisArgs {
     }
 
     fn pool(&self, url: &str) -> anyhow::Result<Target> {
+        if url == self.redis {
+            redis_url(url).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+        }
         let ca = self.ca_file();
         let ca = ca.as_deref();
         if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
@@ -571,6 +575,8 @@ impl RedisArgs {
         max_payload_bytes: usize,
         configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
     ) -> anyhow::Result<(Target, Stores)> {
+        // Names first: a bad prefix is refused without waiting on a connection.
+        crate::store::redis::check_prefix(&self.prefix)?;
         let target = self.reachable(&self.redis, "Redis").await?;
         let generation = crate::store::redis::check_layout(
             target.clone(),
@@ -617,6 +623,57 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// A `--redis` value: a Redis URL (or, for a cluster, comma-separated ones), refused with one
+/// line otherwise — before a sink that defaults to it would take the blame. (Not a clap value
+/// parser: clap quotes a refused value whole, password and all.)
+pub(super) fn redis_url(text: &str) -> Result<String, String> {
+    const SCHEMES: [&str; 6] = [
+        "redis://",
+        "rediss://",
+        "redis+unix://",
+        "unix://",
+        "redis+sentinel://",
+        "rediss+sentinel://",
+    ];
+    let is_redis = |url: &str| SCHEMES.iter().any(|s| url.trim().starts_with(s));
+    let sentinel = text.starts_with("redis+sentinel://") || text.starts_with("rediss+sentinel://");
+    if sentinel || (!text.is_empty() && text.split(',').all(is_redis)) {
+        return Ok(text.to_owned());
+    }
+    Err(format!(
+        "{} is not a Redis URL (redis://, rediss://, redis+unix://, redis+sentinel://; a cluster's \
+         nodes separated by commas)",
+        redacted(text)
+    ))
+}
+
+/// One day, and one year: the longest a lease, drain or outbox lease (a day) and a delay,
+/// unique key or grace period (a year) may sensibly be. Longer is a typo (`--lease 1000y`
+/// was accepted, and its expiry printed as 31557599998.5 s).
+pub(super) const DAY: Duration = Duration::from_secs(24 * 3600);
+pub(super) const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A value parser for a duration flag (humantime: `300ms`, `30s`, `2h`) between `min` and
+/// `max`, refusing others with one line that gives the bounds.
+pub(super) fn duration_within(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let d =
+            humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 300ms, 30s, 2h)"))?;
+        if d < min || d > max {
+            return Err(format!(
+                "{} is outside {}..={}",
+                humantime::format_duration(d),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ));
+        }
+        Ok(d)
     }
 }
 

@@ -30,10 +30,10 @@ pub(super) struct RelayArgs {
     outbox_attempts: u32,
     /// How long a relay holds an entry it is delivering (a delivery times out at half of it);
     /// another relay takes the entry after this if the first died.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = super::duration_within(Duration::from_secs(1), super::DAY))]
     outbox_lease: Duration,
     /// Delay before the second attempt; doubles per attempt (jittered), at most 10 minutes.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::ZERO, super::DAY))]
     outbox_backoff: Duration,
 }
 
@@ -84,7 +84,7 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         OutboxCommand::List(args) => (args, false),
         OutboxCommand::Retry(args) => (args, true),
     };
-    let urls = sink_urls(declared, &args.sinks, |var| std::env::var(var).ok(), "")?;
+    let urls = sink_urls(declared, &args.sinks, &super::sinks::environment(), "")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -204,7 +204,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
     let sink_urls = sink_urls(
         declared,
         &args.sinks,
-        |var| std::env::var(var).ok(),
+        &super::sinks::environment(),
         &args.redis.redis,
     )?;
     let health = Health::new();

@@ -10,14 +10,49 @@ use anyhow::{bail, Context as _};
 use crate::store::postgres::PostgresSink;
 use crate::store::redis::redacted;
 
+/// The process's environment, its UTF-8 variables (what the sink lookups read).
+pub(super) fn environment() -> HashMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// `PALISADE_SINK_<NAME>_URL` for sink `name`: upper case, anything but letters and digits
+/// as `_`.
+fn sink_var(name: &str) -> String {
+    let var: String = name
+        .chars()
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c.to_ascii_uppercase(),
+            false => '_',
+        })
+        .collect();
+    format!("PALISADE_SINK_{var}_URL")
+}
+
 /// Resolves where each declared sink lives: `--sink NAME=URL`, then
-/// `PALISADE_SINK_<NAME>_URL`, then the coordinator's Redis.
+/// `PALISADE_SINK_<NAME>_URL` from `env`, then the coordinator's Redis. A
+/// `PALISADE_SINK_*_URL` naming no declared sink is refused, as `--sink typo=…` is: a typo
+/// would otherwise send that sink's writes to the coordinator's Redis without a word.
 pub(super) fn sink_urls(
     declared: &[String],
     flags: &[String],
-    env: impl Fn(&str) -> Option<String>,
+    env: &HashMap<String, String>,
     default: &str,
 ) -> anyhow::Result<Vec<(String, String)>> {
+    let known: Vec<String> = declared.iter().map(|d| sink_var(d)).collect();
+    let mut stray: Vec<&String> = env
+        .keys()
+        .filter(|k| k.starts_with("PALISADE_SINK_") && k.ends_with("_URL") && !known.contains(k))
+        .collect();
+    stray.sort();
+    if let Some(var) = stray.first() {
+        bail!(
+            "{var} names no sink this binary declares (declared: {}; their variables: {})",
+            declared.join(", "),
+            known.join(", ")
+        );
+    }
     let mut given = HashMap::new();
     for flag in flags {
         let Some((name, url)) = flag.split_once('=') else {
@@ -39,19 +74,9 @@ pub(super) fn sink_urls(
     Ok(declared
         .iter()
         .map(|name| {
-            let var: String = name
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() {
-                        c.to_ascii_uppercase()
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
             let url = given
                 .remove(name)
-                .or_else(|| env(&format!("PALISADE_SINK_{var}_URL")))
+                .or_else(|| env.get(&sink_var(name)).cloned())
                 .unwrap_or_else(|| default.to_owned());
             (name.clone(), url)
         })
@@ -91,10 +116,15 @@ mod tests {
             "in-ventory".to_owned(),
             "audit".to_owned(),
         ];
-        let env =
-            |var: &str| (var == "PALISADE_SINK_IN_VENTORY_URL").then(|| "redis://inv".to_owned());
+        let env = HashMap::from([
+            (
+                "PALISADE_SINK_IN_VENTORY_URL".to_owned(),
+                "redis://inv".to_owned(),
+            ),
+            ("PALISADE_SINKS".to_owned(), "not ours".to_owned()),
+        ]);
         let flags = ["ledger=redis://ledger".to_owned()];
-        let urls = sink_urls(&declared, &flags, env, "redis://coordinator").unwrap();
+        let urls = sink_urls(&declared, &flags, &env, "redis://coordinator").unwrap();
         assert_eq!(
             urls,
             [
@@ -103,7 +133,16 @@ mod tests {
                 ("audit".into(), "redis://coordinator".into()),
             ]
         );
-        assert!(sink_urls(&declared, &["nope=redis://x".into()], env, "d").is_err());
-        assert!(sink_urls(&declared, &["ledger".into()], env, "d").is_err());
+        assert!(sink_urls(&declared, &["nope=redis://x".into()], &env, "d").is_err());
+        assert!(sink_urls(&declared, &["ledger".into()], &env, "d").is_err());
+        let typo = HashMap::from([("PALISADE_SINK_LEDGR_URL".to_owned(), "redis://x".to_owned())]);
+        let err = sink_urls(&declared, &[], &typo, "d")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("PALISADE_SINK_LEDGR_URL names no sink")
+                && err.contains("PALISADE_SINK_LEDGER_URL"),
+            "{err}"
+        );
     }
 }

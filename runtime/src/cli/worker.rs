@@ -44,8 +44,9 @@ pub(super) struct WorkerArgs {
     /// renewals; default: one per core.
     #[arg(long)]
     arbiters: Option<usize>,
-    /// Lease length; renewed every third of it. A paused worker loses its jobs after this.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// Lease length (300ms..=24h); renewed every third of it. A paused worker loses its jobs
+    /// after this.
+    #[arg(long, default_value = "30s", value_parser = super::duration_within(Duration::from_millis(300), super::DAY))]
     lease: Duration,
     /// Worker name shown in `status` (default: host-pid; `/N` is appended per arbiter).
     #[arg(long)]
@@ -88,7 +89,7 @@ pub(super) struct WorkerArgs {
     epoch_postgres: Option<String>,
     /// On SIGTERM / SIGINT, how long running handlers get to finish; jobs still running
     /// then are released back to ready (no attempt counted, no stall charged).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = super::duration_within(Duration::ZERO, super::DAY))]
     drain: Duration,
     /// Dead-lettered jobs kept per queue; the oldest go first (see `dead purge`).
     #[arg(long, default_value_t = DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DEAD_RETENTION as u64))]
@@ -135,13 +136,22 @@ pub(super) fn run(
     let sink_urls = sink_urls(
         declared,
         &args.sinks,
-        |var| std::env::var(var).ok(),
+        &super::sinks::environment(),
         &args.redis.redis,
     )?;
     for (name, url) in &sink_urls {
-        if !(url.starts_with("redis://") || url.starts_with("rediss://") || is_postgres(url)) {
+        let redis = [
+            "redis://",
+            "rediss://",
+            "redis+sentinel://",
+            "rediss+sentinel://",
+        ];
+        if is_postgres(url) {
+            // Its TLS settings are checked now, not after the coordinator is reached.
+            crate::store::postgres::tls::split_tls(url).with_context(|| format!("sink {name}"))?;
+        } else if !redis.iter().any(|s| url.starts_with(s)) {
             bail!(
-                "sink {name}: {} is not a redis://, rediss:// or postgres:// URL",
+                "sink {name}: {} is not a redis://, rediss://, redis+sentinel:// or postgres:// URL",
                 redacted(url)
             );
         }
@@ -203,8 +213,20 @@ pub(super) fn run(
         super::shutdown_signal().await;
         draining.store(true, Ordering::Relaxed);
         health.set_ready(false);
-        tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining");
-        let released = drain(workers, args.drain).await?;
+        tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining (a second signal releases running jobs and exits now)");
+        let addrs: Vec<Addr<Worker>> = workers.iter().map(|(_, addr)| addr.clone()).collect();
+        let drained = drain(workers, args.drain);
+        tokio::pin!(drained);
+        let released = tokio::select! {
+            released = &mut drained => released?,
+            () = super::shutdown_signal() => {
+                tracing::warn!(worker = %name, "second signal: releasing running jobs and exiting now");
+                for addr in &addrs {
+                    addr.do_send(Drain { deadline: Duration::ZERO });
+                }
+                drained.await?
+            }
+        };
         tracing::info!(worker = %name, released, "drained; exiting");
         anyhow::Ok(())
     })
@@ -212,9 +234,8 @@ pub(super) fn run(
 
 /// Refuses flags that cannot work before anything starts; the number of arbiters to run.
 fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
-    if args.lease < Duration::from_millis(300) {
-        bail!("--lease must be at least 300ms (it is renewed every third of it)");
-    }
+    // The coordinator's URL first: the sinks default to it, and would take the blame.
+    super::redis_url(&args.redis.redis).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
     let arbiters = args
         .arbiters
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -225,7 +246,7 @@ fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
     if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
         bail!("--queues names {dup:?} twice (give it one weight instead)");
     }
-    crate::job::check_name("prefix", &args.redis.prefix)?;
+    crate::store::redis::check_prefix(&args.redis.prefix)?;
     if let Some(name) = &args.name {
         crate::job::check_name("worker name", name)?;
     }
@@ -344,17 +365,28 @@ fn watch_readiness(backends: &Backends, health: Health, draining: Arc<AtomicBool
     let probes: Vec<Target> = backends.pools.values().cloned().collect();
     let pg_probes: Vec<Arc<PostgresSink>> =
         backends.postgres.iter().map(|(_, pg)| pg.clone()).collect();
+    // Every probe at once, each bounded: a Redis that stopped answering (SIGSTOP, a
+    // blackholed link) would otherwise hold a PING for the whole response timeout (10 s),
+    // and /readyz would say ready all that while. Not ready within PROBE + EVERY (1.3 s).
+    const PROBE: Duration = Duration::from_millis(800);
+    const EVERY: Duration = Duration::from_millis(500);
     actix::spawn(async move {
         loop {
-            let mut up = true;
-            for probe in &probes {
-                up &= ping(probe).await.is_ok();
-            }
-            for probe in &pg_probes {
-                up &= probe.ping().await.is_ok();
-            }
+            let redis = probes
+                .iter()
+                .map(|probe| async move { tokio::time::timeout(PROBE, ping(probe)).await });
+            let postgres = pg_probes
+                .iter()
+                .map(|probe| async move { tokio::time::timeout(PROBE, probe.ping()).await });
+            let (redis, postgres) = futures_util::future::join(
+                futures_util::future::join_all(redis),
+                futures_util::future::join_all(postgres),
+            )
+            .await;
+            let up = redis.iter().all(|r| matches!(r, Ok(Ok(_))))
+                && postgres.iter().all(|r| matches!(r, Ok(Ok(_))));
             health.set_ready(up && !draining.load(Ordering::Relaxed));
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(EVERY).await;
         }
     });
 }

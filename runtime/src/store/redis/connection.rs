@@ -350,8 +350,18 @@ pub(super) fn round_trip(op: &'static str) {
     metrics::counter!(crate::metrics::REDIS_ROUND_TRIPS, "op" => op).increment(1);
 }
 
+/// An error of the link to Redis, on one line. A server that is not Redis (an HTTP port, a
+/// Postgres) answers bytes redis-rs cannot parse, and its error quotes them over several
+/// lines: that is said as what it is.
 pub(super) fn unavailable(e: impl std::fmt::Display) -> Error {
-    Error::Unavailable(format!("redis: {e}"))
+    let text = e.to_string();
+    if text.contains("Parse error") {
+        let first = text.lines().next().unwrap_or_default();
+        return Error::Unavailable(format!(
+            "redis: the server's reply is not the Redis protocol — is this a Redis port? ({first})"
+        ));
+    }
+    Error::Unavailable(format!("redis: {}", text.replace('\n', " ")))
 }
 
 /// A reply that does not decode: permanent (asking again gets the same reply).

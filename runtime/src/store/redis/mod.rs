@@ -79,6 +79,7 @@ pub fn coordinator(
     max_payload_bytes: usize,
     configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
 ) -> crate::Result<crate::store::Stores> {
+    check_prefix(prefix)?;
     let target = target.into();
     let mut parts: Vec<crate::store::Stores> = layout_prefixes(prefix, partitions, generation)
         .iter()
@@ -129,6 +130,7 @@ pub async fn check_layout(
     prefix: &str,
     partitions: usize,
 ) -> crate::Result<u64> {
+    check_prefix(prefix)?;
     let target = target.into();
     let want = partitions.max(1).to_string();
     // SET NX, then MGET: two commands rather than SET NX GET, which needs Redis 7.
@@ -333,9 +335,74 @@ async fn layout_command(
     cmd.query_async(&mut conn).await.map_err(|e| link.broken(e))
 }
 
+/// An installation's prefix: a name by the usual rules (not empty, at most `MAX_NAME_BYTES`, no
+/// control characters), without braces (the coordinator puts its keys in `{<prefix>}`: a
+/// brace of the prefix's own would change the hash tag, and with it the slot), and not a
+/// name the layouts derive (`<base>-p<i>.<n>`, `<base>-p<i>`, `<base>-g<generation>`): that is
+/// another installation's partition or generation, opened directly.
+pub fn check_prefix(prefix: &str) -> crate::Result<()> {
+    let bad = |why: &str| crate::Error::Config(format!("prefix {prefix:?}: {why}"));
+    crate::job::check_name("prefix", prefix).map_err(|e| bad(&e.to_string()))?;
+    if prefix.contains(['{', '}']) {
+        return Err(bad("no braces (the coordinator's hash tag is {<prefix>})"));
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let derived = prefix.rsplit_once('-').is_some_and(|(base, tail)| {
+        !base.is_empty()
+            && (tail.strip_prefix('g').is_some_and(digits)
+                || tail.strip_prefix('p').is_some_and(|p| {
+                    let (i, n) = p.split_once('.').unwrap_or((p, "0"));
+                    digits(i) && digits(n)
+                }))
+    });
+    if derived {
+        return Err(bad(
+            "ends like a partition (-p<i>.<n>) or layout generation (-g<n>) of another \
+             installation's prefix; choose another name",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_follow_the_name_rules_and_never_name_a_derived_layout() {
+        for good in [
+            "palisade",
+            "c1",
+            "team-a",
+            "orders:eu",
+            "my-p",
+            "x-page",
+            "a-g",
+            "v1.2",
+        ] {
+            assert!(check_prefix(good).is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("{x}", "braces"),
+            ("a}b", "braces"),
+            ("a\nb", "control character"),
+            ("c1-p0.3", "partition"),
+            ("c1-p2", "partition"),
+            ("c1-g4", "generation"),
+        ] {
+            let err = check_prefix(bad).unwrap_err().to_string();
+            assert!(err.contains(why) && !err.contains('\n'), "{bad:?}: {err}");
+        }
+        // Every name the layouts derive is refused as a prefix of its own.
+        for p in layout_prefixes("c1", 3, 2)
+            .iter()
+            .chain(&partition_prefixes("c1", 4))
+        {
+            assert!(check_prefix(p).is_err(), "{p}");
+        }
+        assert!(check_prefix(&"x".repeat(crate::MAX_NAME_BYTES + 1)).is_err());
+    }
 
     #[test]
     fn partitions_take_evenly_spaced_slots() {
