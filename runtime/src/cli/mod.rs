@@ -470,9 +470,14 @@ impl App {
 /// object per line (for log shippers). A second call (tests) keeps the first subscriber.
 fn init_logging(default: &str, json: bool) {
     use tracing_subscriber::EnvFilter;
-    // tokio-postgres logs server NOTICEs ("schema already exists, skipping") at info.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default},tokio_postgres=warn")));
+    // tokio-postgres logs server NOTICEs ("schema already exists, skipping") at info;
+    // redis-rs warns once per node for every failed cluster connection, which our own error
+    // already reports with its cause (one line instead of one per node).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{default},tokio_postgres=warn,redis::cluster_handling=error"
+        ))
+    });
     use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -133,7 +133,8 @@ impl Cluster {
         self.client
             .get_async_connection()
             .await
-            .map_err(|e| unavailable(format_args!("cluster {}: {e}", self.shown)))
+            // (The caller names the nodes; `shown` is for Debug.)
+            .map_err(|e| unavailable(format_args!("cluster: {e}")))
     }
 }
 
