@@ -94,8 +94,6 @@ fn careless_worker_configurations_are_refused_up_front() {
         (&["--drain", "2days"], "2days is outside 0s..=1day"),
         (&["--prefix", "{x}"], "no braces"),
         (&["--prefix", "a\nb"], "control character"),
-        (&["--prefix", "c1-p0.3"], "ends like a partition"),
-        (&["--prefix", "c1-g2"], "ends like a partition"),
     ];
     for (extra, why) in cases {
         let args: Vec<&str> = redis.iter().chain(extra.iter()).copied().collect();
@@ -277,4 +275,34 @@ fn bad_links_are_refused_with_one_line() {
         let line = one_error_line(&text);
         assert!(line.contains(why), "{args:?}: expected {why:?} in {line}");
     }
+}
+
+/// Issue 22: `--prefix c1-p0.3` used to open installation c1's partition directly. A name the
+/// layouts derive from an installation that exists is refused with what to use instead; one
+/// that only looks derived, with no such installation, still works.
+#[test]
+fn a_prefix_naming_another_installations_partition_is_refused() {
+    let redis = palisade_testkit::RedisServer::start();
+    let url = redis.url();
+    let status = |prefix: &str| palisade(&["status", "--redis", &url, "--prefix", prefix], &[]);
+    assert_eq!(
+        status("c1").0,
+        Some(0),
+        "the installation c1 records its layout"
+    );
+    for derived in ["c1-p0.3", "c1-g2", "c1-g2-p1.7"] {
+        let (code, text) = status(derived);
+        assert_eq!(code, Some(2), "{derived}: {text}");
+        let line = one_error_line(&text);
+        assert!(
+            line.contains("partition or layout generation of the installation \"c1\"")
+                && line.contains("--prefix c1"),
+            "{derived}: {line}"
+        );
+    }
+    assert_eq!(
+        status("acme-p1").0,
+        Some(0),
+        "no installation acme: a plain name"
+    );
 }

@@ -85,6 +85,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// `e` and every cause under it, `outer: inner: innermost`, on one line, each cause named
 /// once (many errors already print their source): "error sending request" alone hides
 /// whether it was a timeout, a refusal or a certificate.
+#[cfg(feature = "postgres")]
 pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut shown = e.to_string();
     let mut source = e.source();
@@ -131,6 +132,7 @@ mod tests {
     #[error("middle: inner")]
     struct Middle(#[source] std::io::Error);
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn a_chain_names_each_cause_once_on_one_line() {
         let e = Outer(Middle(std::io::Error::other("inner")));

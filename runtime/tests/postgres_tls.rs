@@ -141,6 +141,24 @@ async fn each_sslmode_connects_or_refuses_as_libpq_would() {
     );
     assert!(PostgresEpochSource::connect(&url, "tls").await.is_err());
 
+    // A Unix socket carries no TLS: libpq ignores sslmode there, and so does the sink (rustls
+    // could not even name the server).
+    let socket = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        server.socket_dir().display(),
+        server.port
+    );
+    let sink = PostgresSink::connect(&socket)
+        .await
+        .expect("a Unix socket connects");
+    assert!(!encrypted(&sink).await);
+    // verify-ca against the public roots is refused (any public CA signs any name).
+    let err = PostgresSink::connect(&server.url("localhost", "sslmode=verify-ca"))
+        .await
+        .err()
+        .unwrap();
+    assert!(one_line(&err).contains("needs sslrootcert"), "{err}");
+
     // A bad mode, and a root file that is not there, fail before connecting.
     let err = PostgresSink::connect(&server.url("localhost", "sslmode=verify_full"))
         .await

@@ -714,6 +714,11 @@ impl PostgresTls {
         panic!("private postgres on port {port} did not start");
     }
 
+    /// The directory of its Unix socket (`pg_hba.conf`: `local all all trust`).
+    pub fn socket_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     /// `postgres://postgres@<host>:<port>/postgres?<query>`.
     pub fn url(&self, host: &str, query: &str) -> String {
         format!("postgres://postgres@{host}:{}/postgres?{query}", self.port)

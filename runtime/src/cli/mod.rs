@@ -533,16 +533,16 @@ struct RedisArgs {
 impl RedisArgs {
     /// `--ca-file`, or the variable of its former name.
     pub(super) fn ca_file(&self) -> Option<PathBuf> {
-        self.ca_file
-            .clone()
-            .or_else(|| std::env::var_os("PALISADE_REDIS_CA_FILE").map(PathBuf::from))
+        ca_file_or_env(self.ca_file.clone())
     }
 
     fn pool(&self, url: &str) -> anyhow::Result<Target> {
         if url == self.redis {
-            redis_url(url).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+            redis_url(url, self.redis_cluster).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
         }
-        let ca = self.ca_file();
+        // The one CA serves the TLS links; a plain link beside them (a redis:// sink next to
+        // a TLS Postgres) just does not use it.
+        let ca = self.ca_file().filter(|_| url.starts_with("rediss"));
         let ca = ca.as_deref();
         if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
             if self.redis_cluster {
@@ -631,10 +631,16 @@ async fn shutdown_signal() {
     }
 }
 
-/// A `--redis` value: a Redis URL (or, for a cluster, comma-separated ones), refused with one
+/// `--ca-file` as given, else the variable of its former name; an empty value is none.
+pub(super) fn ca_file_or_env(flag: Option<PathBuf>) -> Option<PathBuf> {
+    flag.or_else(|| std::env::var_os("PALISADE_REDIS_CA_FILE").map(PathBuf::from))
+        .filter(|path| !path.as_os_str().is_empty())
+}
+
+/// A `--redis` value: a Redis URL (or, with `cluster`, comma-separated ones), refused with one
 /// line otherwise — before a sink that defaults to it would take the blame. (Not a clap value
 /// parser: clap quotes a refused value whole, password and all.)
-pub(super) fn redis_url(text: &str) -> Result<String, String> {
+pub(super) fn redis_url(text: &str, cluster: bool) -> Result<String, String> {
     const SCHEMES: [&str; 6] = [
         "redis://",
         "rediss://",
@@ -645,7 +651,12 @@ pub(super) fn redis_url(text: &str) -> Result<String, String> {
     ];
     let is_redis = |url: &str| SCHEMES.iter().any(|s| url.trim().starts_with(s));
     let sentinel = text.starts_with("redis+sentinel://") || text.starts_with("rediss+sentinel://");
-    if sentinel || (!text.is_empty() && text.split(',').all(is_redis)) {
+    // A comma splits nodes only on a cluster: elsewhere it may be part of a password.
+    let nodes = match cluster {
+        true => text.split(',').all(is_redis),
+        false => is_redis(text),
+    };
+    if sentinel || (!text.is_empty() && nodes) {
         return Ok(text.to_owned());
     }
     Err(format!(

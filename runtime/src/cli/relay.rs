@@ -89,7 +89,8 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let sinks = postgres_sinks(&urls, args.ca_file.as_deref()).await?;
+        let ca = super::ca_file_or_env(args.ca_file.clone());
+        let sinks = postgres_sinks(&urls, ca.as_deref()).await?;
         if sinks.is_empty() {
             bail!(
                 "no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)"

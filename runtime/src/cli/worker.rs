@@ -219,7 +219,13 @@ pub(super) fn run(
         tokio::pin!(drained);
         let released = tokio::select! {
             released = &mut drained => released?,
-            () = super::shutdown_signal() => {
+            // A signal within a second of the first is the same stop asked twice (a Ctrl-C
+            // to a process group under foreman, a supervisor's SIGTERM beside it), not an
+            // operator asking to cut the drain short.
+            () = async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                super::shutdown_signal().await
+            } => {
                 tracing::warn!(worker = %name, "second signal: releasing running jobs and exiting now");
                 for addr in &addrs {
                     addr.do_send(Drain { deadline: Duration::ZERO });
@@ -235,7 +241,8 @@ pub(super) fn run(
 /// Refuses flags that cannot work before anything starts; the number of arbiters to run.
 fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
     // The coordinator's URL first: the sinks default to it, and would take the blame.
-    super::redis_url(&args.redis.redis).map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
+    super::redis_url(&args.redis.redis, args.redis.redis_cluster)
+        .map_err(|e| anyhow::anyhow!("--redis: {e}"))?;
     let arbiters = args
         .arbiters
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -379,7 +379,7 @@ impl LeaseStore for PartitionedLeaseStore {
                 Ok(got) => claims.extend(got),
                 Err(e) => {
                     // Said here: the caller hears of it only if no partition had work.
-                    crate::repeats::warn_repeated!(partition = i, error = %e, "claim from a partition failed");
+                    crate::repeats::warn_repeated!(key = i; partition = i, error = %e, "claim from a partition failed");
                     first_error.get_or_insert(e);
                 }
             }
@@ -418,7 +418,7 @@ impl LeaseStore for PartitionedLeaseStore {
                     lost.extend(gone);
                 }
                 Err(e) => {
-                    crate::repeats::warn_repeated!(partition = i, error = %e, "renewal failed; its leases count as lost");
+                    crate::repeats::warn_repeated!(key = i; partition = i, error = %e, "renewal failed; its leases count as lost");
                     lost.extend(routed[i].iter().copied());
                     failed.get_or_insert(e);
                 }

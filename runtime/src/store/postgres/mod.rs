@@ -168,6 +168,20 @@ pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
+    // A Unix socket carries no TLS (libpq ignores sslmode there), and rustls could not name
+    // its server: those connections go plain.
+    let unix_only = !config.get_hosts().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    let tls = match unix_only {
+        true => tls::Tls {
+            mode: tls::SslMode::Disable,
+            root_cert: None,
+        },
+        false => tls,
+    };
     config.ssl_mode(tls.pg_mode());
     // A process paused inside a fenced transaction holds its scope's fence row lock; the
     // server ends such a transaction after a minute idle, so the next holder does not wait

@@ -15,7 +15,7 @@
 //! Certificates are checked against `sslrootcert` (a PEM file), else against Mozilla's root
 //! store (webpki-roots).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -80,7 +80,9 @@ pub(crate) fn split_tls(url: &str) -> Result<(String, Tls)> {
                 let mut kept = Vec::new();
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                    let decoded: String = form_urlencoded::parse(format!("v={value}").as_bytes())
+                    // Percent-decoded as a URL is; a '+' stays a '+' (a file name, not a space).
+                    let literal = value.replace('+', "%2B");
+                    let decoded: String = form_urlencoded::parse(format!("v={literal}").as_bytes())
                         .next()
                         .map(|(_, v)| v.into_owned())
                         .unwrap_or_default();
@@ -96,9 +98,8 @@ pub(crate) fn split_tls(url: &str) -> Result<(String, Tls)> {
         }
     } else {
         let mut kept = Vec::new();
-        for word in url.split_whitespace() {
-            let (key, value) = word.split_once('=').unwrap_or((word, ""));
-            if !take(key, value.trim_matches('\''))? {
+        for (word, key, value) in words(url) {
+            if !take(&key, &value)? {
                 kept.push(word);
             }
         }
@@ -110,6 +111,62 @@ pub(crate) fn split_tls(url: &str) -> Result<(String, Tls)> {
         mode = SslMode::VerifyCa;
     }
     Ok((rest, Tls { mode, root_cert }))
+}
+
+/// The `key=value` words of a libpq connection string: each with its text as written, its key
+/// and its value unquoted (`'…'` with `\'` and `\\` inside), so spaces in quoted values
+/// survive and a quoted value can never pass for a word of its own.
+fn words(conninfo: &str) -> Vec<(&str, String, String)> {
+    let mut out = Vec::new();
+    let bytes = conninfo.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == bytes.len() {
+            break;
+        }
+        let start = i;
+        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let key = conninfo[start..i].to_owned();
+        let mut value = String::new();
+        if i < bytes.len() && bytes[i] == b'=' {
+            i += 1;
+            if i < bytes.len() && bytes[i] == b'\'' {
+                i += 1;
+                let mut chars = conninfo[i..].char_indices();
+                loop {
+                    match chars.next() {
+                        None => {
+                            i = bytes.len();
+                            break;
+                        }
+                        Some((at, '\'')) => {
+                            i += at + 1;
+                            break;
+                        }
+                        Some((_, '\\')) => {
+                            if let Some((_, c)) = chars.next() {
+                                value.push(c);
+                            }
+                        }
+                        Some((_, c)) => value.push(c),
+                    }
+                }
+            } else {
+                let from = i;
+                while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                    i += 1;
+                }
+                value = conninfo[from..i].to_owned();
+            }
+        }
+        out.push((&conninfo[start..i], key, value));
+    }
+    out
 }
 
 impl Tls {
@@ -134,6 +191,16 @@ impl Tls {
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
                 .with_no_client_auth(),
+            SslMode::VerifyCa if self.root_cert.is_none() => {
+                // Any public CA signs certificates for any name anyone registers: a chain
+                // check without a name check is only worth something against roots of one's
+                // own (libpq refuses this too).
+                return Err(Error::Config(
+                    "Postgres sslmode=verify-ca needs sslrootcert (or --ca-file): against the \
+                     public roots, use verify-full"
+                        .into(),
+                ));
+            }
             SslMode::VerifyCa | SslMode::VerifyFull => {
                 let verifier =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(self.roots()?), provider)
@@ -178,13 +245,23 @@ impl Tls {
 
 /// `sslrootcert=` for `url` when it verifies certificates and names none, so one CA option
 /// (the CLI's `--ca-file`) serves every link.
-pub(crate) fn with_default_root(url: &str, ca_file: Option<&Path>) -> Result<String> {
+#[cfg(feature = "cli")]
+pub(crate) fn with_default_root(url: &str, ca_file: Option<&std::path::Path>) -> Result<String> {
     let (_, tls) = split_tls(url)?;
     let Some(ca) = ca_file else {
         return Ok(url.to_owned());
     };
     if tls.root_cert.is_some() || !matches!(tls.mode, SslMode::VerifyCa | SslMode::VerifyFull) {
         return Ok(url.to_owned());
+    }
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        // A `key=value` string: one more word, quoted.
+        let quoted = ca
+            .display()
+            .to_string()
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        return Ok(format!("{url} sslrootcert='{quoted}'"));
     }
     let ca: String = form_urlencoded::byte_serialize(ca.as_os_str().as_encoded_bytes()).collect();
     let joiner = if url.contains('?') { '&' } else { '?' };
@@ -293,6 +370,7 @@ impl ServerCertVerifier for AnyName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn sslmode_and_sslrootcert_are_taken_out_of_the_url() {
@@ -332,6 +410,7 @@ mod tests {
         assert!(!err.contains('\n'));
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn one_ca_option_serves_urls_that_verify_and_name_none() {
         let ca = Some(Path::new("/etc/ca.pem"));
@@ -347,6 +426,24 @@ mod tests {
             "postgres://h/db"
         );
         assert_eq!(with_default_root(url, None).unwrap(), url);
+        // A key=value string gets one more quoted word, which reads back.
+        let kv = with_default_root(
+            "host=h sslmode=verify-full",
+            Some(Path::new("/a b/c'a.pem")),
+        )
+        .unwrap();
+        let (_, tls) = split_tls(&kv).unwrap();
+        assert_eq!(tls.root_cert.as_deref(), Some(Path::new("/a b/c'a.pem")));
+    }
+
+    #[test]
+    fn verify_ca_without_a_root_of_ones_own_is_refused() {
+        let tls = Tls {
+            mode: SslMode::VerifyCa,
+            root_cert: None,
+        };
+        let err = tls.connector().err().unwrap().to_string();
+        assert!(err.contains("needs sslrootcert"), "{err}");
     }
 
     #[test]

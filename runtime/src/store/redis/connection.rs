@@ -26,7 +26,10 @@ pub fn redacted(url: &str) -> String {
         let params: Vec<String> = query
             .split('&')
             .map(|param| match param.split_once('=') {
-                Some((key, _)) if key == "pass" || key == "password" => format!("{key}=***"),
+                // `pass`, `password`, `sentinel_password`, …
+                Some((key, _)) if key == "pass" || key.ends_with("password") => {
+                    format!("{key}=***")
+                }
                 _ => param.to_owned(),
             })
             .collect();
@@ -298,12 +301,31 @@ pub async fn ping(target: impl Into<Target>) -> Result<()> {
             pong
         }
         Target::Sentinel(sentinel) => {
+            // ROLE, not PING: a master demoted while this connection stayed open still
+            // answers PING; the probe forgets it so the next operation asks the sentinels.
             let mut conn = sentinel.connection().await?;
-            let pong = ping.query_async::<String>(&mut conn).await;
-            if pong.is_err() {
+            let role = redis::cmd("ROLE")
+                .query_async::<redis::Value>(&mut conn)
+                .await;
+            let master = match &role {
+                Ok(redis::Value::Array(parts)) => matches!(
+                    parts.first(),
+                    Some(redis::Value::BulkString(b)) if b.as_slice() == b"master"
+                ),
+                _ => false,
+            };
+            if !master {
                 *sentinel.slot() = None;
             }
-            pong
+            match role {
+                Err(e) => Err(e),
+                Ok(_) if !master => {
+                    return Err(unavailable(
+                        "the node the sentinels named is no longer the master",
+                    ))
+                }
+                Ok(_) => Ok("PONG".to_owned()),
+            }
         }
     };
     pong.map(drop).map_err(unavailable)
@@ -599,6 +621,10 @@ mod tests {
         assert_eq!(
             redacted("redis+unix:///run/redis.sock?db=2&pass=s3cret&password=x"),
             "redis+unix:///run/redis.sock?db=2&pass=***&password=***"
+        );
+        assert_eq!(
+            redacted("redis+sentinel://h1,h2/m?sentinel_password=s3cret&sentinel_username=u"),
+            "redis+sentinel://h1,h2/m?sentinel_password=***&sentinel_username=u"
         );
         let err = pool("redis://:s3cret@host:notaport")
             .err()

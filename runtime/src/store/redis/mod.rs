@@ -132,6 +132,19 @@ pub async fn check_layout(
 ) -> crate::Result<u64> {
     check_prefix(prefix)?;
     let target = target.into();
+    // A name the layouts derive from an installation that exists is that installation's
+    // partition or generation: opened directly, it would be read and written around the
+    // installation's own rules. (Checked against the records, so a prefix that only looks
+    // derived — `acme-p1` with no `acme` — keeps working.)
+    if let Some(base) = derived_from(prefix) {
+        let (recorded, _) = records(&target, base).await?;
+        if !recorded.is_empty() {
+            return Err(crate::Error::Config(format!(
+                "prefix {prefix:?} is a partition or layout generation of the installation \
+                 {base:?}: use --prefix {base}"
+            )));
+        }
+    }
     let want = partitions.max(1).to_string();
     // SET NX, then MGET: two commands rather than SET NX GET, which needs Redis 7.
     layout_command(&target, &layout_key(prefix), &["SET", &want, "NX"]).await?;
@@ -336,32 +349,30 @@ async fn layout_command(
 }
 
 /// An installation's prefix: a name by the usual rules (not empty, at most `MAX_NAME_BYTES`, no
-/// control characters), without braces (the coordinator puts its keys in `{<prefix>}`: a
-/// brace of the prefix's own would change the hash tag, and with it the slot), and not a
-/// name the layouts derive (`<base>-p<i>.<n>`, `<base>-p<i>`, `<base>-g<generation>`): that is
-/// another installation's partition or generation, opened directly.
+/// control characters) and without braces (the coordinator puts its keys in `{<prefix>}`: a
+/// brace of the prefix's own changes the hash tag, and puts every partition in one slot).
+/// [`check_layout`] also refuses a name the layouts derive from an installation that exists.
 pub fn check_prefix(prefix: &str) -> crate::Result<()> {
     let bad = |why: &str| crate::Error::Config(format!("prefix {prefix:?}: {why}"));
     crate::job::check_name("prefix", prefix).map_err(|e| bad(&e.to_string()))?;
     if prefix.contains(['{', '}']) {
         return Err(bad("no braces (the coordinator's hash tag is {<prefix>})"));
     }
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let derived = prefix.rsplit_once('-').is_some_and(|(base, tail)| {
-        !base.is_empty()
-            && (tail.strip_prefix('g').is_some_and(digits)
-                || tail.strip_prefix('p').is_some_and(|p| {
-                    let (i, n) = p.split_once('.').unwrap_or((p, "0"));
-                    digits(i) && digits(n)
-                }))
-    });
-    if derived {
-        return Err(bad(
-            "ends like a partition (-p<i>.<n>) or layout generation (-g<n>) of another \
-             installation's prefix; choose another name",
-        ));
-    }
     Ok(())
+}
+
+/// The installation `prefix` would be a derived name of — `<base>-p<i>.<n>` or `<base>-p<i>`
+/// (a partition), `<base>-g<generation>` (a layout generation) — if it looks like one.
+fn derived_from(prefix: &str) -> Option<&str> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (base, tail) = prefix.rsplit_once('-')?;
+    let derived = tail.strip_prefix('g').is_some_and(digits)
+        || tail.strip_prefix('p').is_some_and(|p| {
+            let (i, n) = p.split_once('.').unwrap_or((p, "0"));
+            digits(i) && digits(n)
+        });
+    // A generation's partitions are `<base>-g<g>-p<i>.<n>`: their installation is `<base>`.
+    (derived && !base.is_empty()).then(|| derived_from(base).unwrap_or(base))
 }
 
 #[cfg(test)]
@@ -369,15 +380,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prefixes_follow_the_name_rules_and_never_name_a_derived_layout() {
+    fn prefixes_follow_the_name_rules() {
         for good in [
             "palisade",
             "c1",
             "team-a",
             "orders:eu",
-            "my-p",
-            "x-page",
-            "a-g",
+            "acme-p1",
+            "eu-g2",
             "v1.2",
         ] {
             assert!(check_prefix(good).is_ok(), "{good}");
@@ -387,21 +397,25 @@ mod tests {
             ("{x}", "braces"),
             ("a}b", "braces"),
             ("a\nb", "control character"),
-            ("c1-p0.3", "partition"),
-            ("c1-p2", "partition"),
-            ("c1-g4", "generation"),
         ] {
             let err = check_prefix(bad).unwrap_err().to_string();
             assert!(err.contains(why) && !err.contains('\n'), "{bad:?}: {err}");
         }
-        // Every name the layouts derive is refused as a prefix of its own.
+        assert!(check_prefix(&"x".repeat(crate::MAX_NAME_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn every_derived_name_leads_back_to_its_installation() {
         for p in layout_prefixes("c1", 3, 2)
             .iter()
             .chain(&partition_prefixes("c1", 4))
         {
-            assert!(check_prefix(p).is_err(), "{p}");
+            assert_eq!(derived_from(p), Some("c1"), "{p}");
         }
-        assert!(check_prefix(&"x".repeat(crate::MAX_NAME_BYTES + 1)).is_err());
+        assert_eq!(derived_from("c1-g7"), Some("c1"));
+        for plain in ["c1", "team-a", "x-page", "a-g", "-p1", "my-p"] {
+            assert_eq!(derived_from(plain), None, "{plain}");
+        }
     }
 
     #[test]

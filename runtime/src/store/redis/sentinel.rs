@@ -47,15 +47,26 @@ impl Sentinel {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
-        let conn = self.connect().await?;
+        // One discovery for every caller waiting here: who gets the lock second finds the
+        // connection the first one made.
+        let mut client = self.client.lock().await;
+        if let Some(conn) = self.slot().as_ref() {
+            return Ok(conn.clone());
+        }
+        let conn = self.discover(&mut client).await?;
         Ok(self.slot().get_or_insert(conn).clone())
     }
 
     /// A new connection of its own to the master the sentinels name now.
     pub(super) async fn connect(&self) -> Result<MultiplexedConnection> {
+        // The lock serialises discovery: redis-rs caches its sentinel connections.
+        let mut client = self.client.lock().await;
+        self.discover(&mut client).await
+    }
+
+    async fn discover(&self, client: &mut SentinelClient) -> Result<MultiplexedConnection> {
         let found = tokio::time::timeout(DISCOVERY, async {
-            // The lock serialises discovery: redis-rs caches its sentinel connections.
-            let client = self.client.lock().await.async_get_client().await?;
+            let client = client.async_get_client().await?;
             client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await
@@ -111,10 +122,16 @@ pub fn sentinel(url: &str, ca_file: Option<&Path>) -> Result<Sentinel> {
     // Each part is parsed by redis-rs as a URL of its own, so credentials are percent-decoded
     // and hosts checked as for any Redis URL.
     let parse = |userinfo: Option<&str>, host: &str| {
-        let host = if host.contains(':') || host.starts_with('[') {
-            host.to_owned()
-        } else {
-            format!("{host}:26379")
+        // `h:port`, `[v6]:port`; without a port, the sentinels' own (26379).
+        let has_port = match host.strip_prefix('[') {
+            Some(v6) => v6
+                .split_once(']')
+                .is_some_and(|(_, rest)| rest.starts_with(':')),
+            None => host.contains(':'),
+        };
+        let host = match has_port {
+            true => host.to_owned(),
+            false => format!("{host}:26379"),
         };
         let at = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
         format!("{scheme}://{at}{host}")
@@ -192,8 +209,12 @@ mod tests {
         assert!(err("redis+sentinel://h1/m?color=red").contains("unknown parameter"));
         let secret = err("redis+sentinel://:s3cret@h1:notaport/m");
         assert!(!secret.contains("s3cret"), "{secret}");
+        let secret = sentinel("redis+sentinel://h1/m?sentinel_password=s3cret&bad=1", None)
+            .unwrap_err()
+            .to_string();
+        assert!(!secret.contains("s3cret"), "{secret}");
         assert!(sentinel(
-            "redis+sentinel://:pw@h1,h2:26380,[::1]:26381/mymaster/2",
+            "redis+sentinel://:pw@h1,h2:26380,[::1]:26381,[::1]/mymaster/2",
             None
         )
         .is_ok());
