@@ -269,63 +269,7 @@ async fn a_failover_moves_the_epoch_and_refuses_the_old_holder() {
 
     // The lease the dead master granted expires on its successor (or never reached it); the
     // job is claimed again, under the next epoch.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let second = loop {
-        let _ = store.reap(100).await;
-        if let Ok(mut claims) = store.claim_kinds("default", &kinds, "B", 1, ttl).await {
-            if let Some(claim) = claims.pop() {
-                break claim;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(second.job.id, first.job.id);
-    assert!(
-        second.lease.token.epoch() > first.lease.token.epoch(),
-        "{:?} after {:?}",
-        second.lease.token,
-        first.lease.token
-    );
-    assert_eq!(
-        sink.write(write(&second, "b1")).await.unwrap(),
-        Admission::Applied
-    );
-    match sink.write(write(&first, "a2")).await.unwrap() {
-        Admission::Rejected(Rejection::StaleToken { presented, highest }) => {
-            assert_eq!(presented, first.lease.token);
-            assert!(highest >= second.lease.token);
-        }
-        other => panic!("the old holder's write was not refused: {other:?}"),
-    }
-    assert_eq!(
-        store.renew(&[first.lease.id], ttl).await.unwrap(),
-        vec![first.lease.id]
-    );
-    assert!(matches!(
-        store
-            .settle(vec![(first.lease.id, Settlement::Complete)])
-            .await
-            .unwrap()[..],
-        [Err(Error::LeaseNotCurrent(_))]
-    ));
-    assert!(store
-        .settle(vec![(second.lease.id, Settlement::Complete)])
-        .await
-        .unwrap()[0]
-        .is_ok());
-    let later = store
-        .claim_kinds("default", &["later".to_string()], "B", 1, ttl)
-        .await
-        .unwrap();
-    assert_eq!(
-        later.len(),
-        1,
-        "a job enqueued with WAIT was lost in the failover"
-    );
+    palisade_testkit::failover::the_old_holder_is_refused(&store, &sink, &first, write, ttl).await;
 }
 
 /// A coordinator in three partitions on the cluster keeps each scope on one counter and

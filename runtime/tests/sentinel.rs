@@ -71,68 +71,7 @@ async fn a_failover_is_followed_moves_the_epoch_and_refuses_the_old_holder() {
     tokio::task::block_in_place(|| group.fail_over());
     assert_ne!(group.master(), old, "the sentinels named the same master");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let second = loop {
-        let _ = store.reap(100).await;
-        if let Ok(mut claims) = store.claim_kinds("default", &kinds, "B", 1, ttl).await {
-            if let Some(claim) = claims.pop() {
-                break claim;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never came back: the store did not follow the failover"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(second.job.id, first.job.id);
-    assert!(
-        second.lease.token.epoch() > first.lease.token.epoch(),
-        "{:?} after {:?}",
-        second.lease.token,
-        first.lease.token
-    );
-    // The sink's connection went down with the old master: its first write after the
-    // failover may fail as `Unavailable` (retryable: a handler's attempt would be retried);
-    // the next one finds the new master.
-    let applied = match sink.write(incr(&second, "b1")).await {
-        Err(Error::Unavailable(_)) => sink.write(incr(&second, "b1")).await,
-        other => other,
-    };
-    assert_eq!(applied.unwrap(), Admission::Applied);
-    match sink.write(incr(&first, "a2")).await.unwrap() {
-        Admission::Rejected(Rejection::StaleToken { presented, highest }) => {
-            assert_eq!(presented, first.lease.token);
-            assert!(highest >= second.lease.token);
-        }
-        other => panic!("the old holder's write was not refused: {other:?}"),
-    }
-    assert_eq!(
-        store.renew(&[first.lease.id], ttl).await.unwrap(),
-        vec![first.lease.id],
-        "the old holder's lease was renewed"
-    );
-    assert!(matches!(
-        store
-            .settle(vec![(first.lease.id, Settlement::Complete)])
-            .await
-            .unwrap()[..],
-        [Err(Error::LeaseNotCurrent(_))]
-    ));
-    assert!(store
-        .settle(vec![(second.lease.id, Settlement::Complete)])
-        .await
-        .unwrap()[0]
-        .is_ok());
-    let later = store
-        .claim_kinds("default", &["later".to_string()], "B", 1, ttl)
-        .await
-        .unwrap();
-    assert_eq!(
-        later.len(),
-        1,
-        "a job enqueued with WAIT was lost in the failover"
-    );
+    palisade_testkit::failover::the_old_holder_is_refused(&store, &sink, &first, incr, ttl).await;
     // Everything above went to the new master: the demoted one holds nothing of it.
     let demoted = &group.nodes[old];
     assert!(

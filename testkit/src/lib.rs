@@ -8,11 +8,13 @@
 //!   drop).
 //! - [`suite`]: one conformance suite per store trait, run against every backend
 //!   ([`lease_store_suite!`], [`fenced_store_suite!`]).
+//! - [`failover`]: what must hold after the coordinator's master failed over.
 //! - [`faults`]: a [`LeaseStore`](palisade::LeaseStore) wrapper that makes chosen operations
 //!   fail, to force the failure paths; it implements only the trait it changes.
 
 #![allow(missing_docs)]
 
+pub mod failover;
 pub mod faults;
 pub mod net;
 pub mod process;

@@ -185,37 +185,34 @@ impl Tls {
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Config(format!("Postgres TLS: {e}")))?;
-        let config = match self.mode {
-            SslMode::Disable => return Ok(None),
-            SslMode::Prefer | SslMode::Require => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
-                .with_no_client_auth(),
-            SslMode::VerifyCa if self.root_cert.is_none() => {
-                // Any public CA signs certificates for any name anyone registers: a chain
-                // check without a name check is only worth something against roots of one's
-                // own (libpq refuses this too).
-                return Err(Error::Config(
-                    "Postgres sslmode=verify-ca needs sslrootcert (or --ca-file): against the \
-                     public roots, use verify-full"
-                        .into(),
-                ));
-            }
-            SslMode::VerifyCa | SslMode::VerifyFull => {
-                let verifier =
-                    WebPkiServerVerifier::builder_with_provider(Arc::new(self.roots()?), provider)
-                        .build()
-                        .map_err(|e| Error::Config(format!("Postgres TLS: {e}")))?;
-                let verifier: Arc<dyn ServerCertVerifier> = match self.mode {
-                    SslMode::VerifyCa => Arc::new(AnyName(verifier)),
-                    _ => verifier,
-                };
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(verifier)
-                    .with_no_client_auth()
-            }
+        if self.mode == SslMode::Disable {
+            return Ok(None);
+        }
+        if self.mode == SslMode::VerifyCa && self.root_cert.is_none() {
+            // Any public CA signs certificates for any name anyone registers: a chain check
+            // without a name check is only worth something against roots of one's own (libpq
+            // refuses this too).
+            return Err(Error::Config(
+                "Postgres sslmode=verify-ca needs sslrootcert (or --ca-file): against the \
+                 public roots, use verify-full"
+                    .into(),
+            ));
+        }
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(self.roots()?), provider)
+                .build()
+                .map_err(|e| Error::Config(format!("Postgres TLS: {e}")))?;
+        let verifier: Arc<dyn ServerCertVerifier> = match self.mode {
+            SslMode::VerifyFull => verifier,
+            mode => Arc::new(Lenient {
+                inner: verifier,
+                check_chain: mode == SslMode::VerifyCa,
+            }),
         };
+        let config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
         Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
     }
 
@@ -268,63 +265,17 @@ pub(crate) fn with_default_root(url: &str, ca_file: Option<&std::path::Path>) ->
     Ok(format!("{url}{joiner}sslrootcert={ca}"))
 }
 
-/// `prefer` and `require` as libpq has them: encrypted, but any certificate is accepted (the
-/// handshake's own signatures are still checked, so the channel is to whoever holds the
-/// key the certificate names).
+/// The verifiers libpq's weaker modes need, around rustls' own: `prefer`/`require`
+/// (`check_chain: false`) accept any certificate, `verify-ca` (`true`) checks the chain but
+/// not the name. Either way the handshake's own signatures are checked by the inner verifier,
+/// so the channel is to whoever holds the key the certificate names.
 #[derive(Debug)]
-struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    inner: Arc<WebPkiServerVerifier>,
+    check_chain: bool,
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the name in the certificate may be
-/// any.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -333,10 +284,18 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        if !self.check_chain {
+            return Ok(ServerCertVerified::assertion());
+        }
+        // rustls checks the chain and validity before the name: a name error means the rest
+        // passed.
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -350,7 +309,7 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.inner.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -359,11 +318,11 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.inner.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.inner.supported_verify_schemes()
     }
 }
 
