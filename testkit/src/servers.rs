@@ -65,7 +65,7 @@ impl RedisServer {
             tls_ca: None,
             conf,
         };
-        server.spawn();
+        server.start_fresh();
         server
     }
 
@@ -104,7 +104,7 @@ impl RedisServer {
             child: None,
             conf: None,
         };
-        server.spawn();
+        server.start_fresh();
         server
     }
 
@@ -112,7 +112,31 @@ impl RedisServer {
         self.tls_ca.as_deref().expect("a TLS server")
     }
 
+    /// The first start: on a port another process took between `free_port` and the bind
+    /// (tests start clusters in parallel, each asking for a dozen ports), again on fresh ones —
+    /// the port and a cluster bus port. Restarts keep their port ([`RedisServer::spawn`]).
+    fn start_fresh(&mut self) {
+        for _ in 0..4 {
+            if self.try_spawn() {
+                return;
+            }
+            self.stop();
+            self.port = free_port();
+            if let Some(i) = self.extra.iter().position(|a| a == "--cluster-port") {
+                self.extra[i + 1] = free_port().to_string();
+            }
+        }
+        self.spawn();
+    }
+
     fn spawn(&mut self) {
+        if !self.try_spawn() {
+            panic!("private redis-server on port {} did not start", self.port);
+        }
+    }
+
+    /// Starts the process; whether it answered PING within 10 s.
+    fn try_spawn(&mut self) -> bool {
         let ports = match self.tls_ca {
             Some(_) => [
                 "--port".to_string(),
@@ -143,12 +167,24 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self.cli(&["PING"]).is_some_and(|r| r == "PONG") {
-                return;
+            // Ours answering, not another process that holds the port (then ours exits).
+            let pid = self.child.as_ref().map(Child::id).unwrap_or_default();
+            let ours = self.cli(&["INFO", "server"]).is_some_and(|info| {
+                info.lines()
+                    .any(|l| l.trim() == format!("process_id:{pid}"))
+            });
+            if ours {
+                return true;
+            }
+            // A server that could not bind its port exits at once.
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().ok().flatten().is_some() {
+                    return false;
+                }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("private redis-server on port {} did not start", self.port);
+        false
     }
 
     pub fn url(&self) -> String {
