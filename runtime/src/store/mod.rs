@@ -12,11 +12,14 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
-use crate::job::{Cancelled, Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement};
+use crate::job::{Claim, Enqueued, NewJob, Settlement};
 pub use crate::mutation::{Mutation, Value};
 use crate::schedule::{Schedule, ScheduleSpec};
 
+mod admin;
 pub mod epoch;
+
+pub use admin::{Inspect, QueueAdmin};
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
@@ -121,69 +124,6 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// before the coordinator has one, the floor it will start at). An epoch above
     /// [`FencingToken::MAX_EPOCH`] is an [`Error::Epoch`](crate::Error::Epoch).
     async fn raise_epoch(&self, at_least: u32) -> Result<u32>;
-}
-
-/// Read-only views of the queues, for operators and the depth sampler: counts, dead letters,
-/// live leases, the age of the next job. Never changes anything.
-#[async_trait]
-pub trait Inspect: Send + Sync + 'static {
-    /// Counts for one queue.
-    async fn counts(&self, queue: &str) -> Result<QueueCounts>;
-
-    /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
-    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>>;
-
-    /// Every queue that has ever had a job or a rate limit.
-    async fn queues(&self) -> Result<Vec<String>>;
-
-    /// Live leases, soonest to expire first, at most `limit`.
-    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>>;
-
-    /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
-    /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
-    /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
-    /// is ready.
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
-}
-
-/// What an operator changes about queues and kinds (pause, cancel, dead-letter retry and
-/// purge, concurrency caps, rate limits), and those settings read back.
-#[async_trait]
-pub trait QueueAdmin: Send + Sync + 'static {
-    /// Pauses (`true`) or resumes a queue: while paused, claims from it hand out nothing;
-    /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
-    /// usual), so nothing is lost.
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
-
-    /// The paused queues, sorted.
-    async fn paused(&self) -> Result<Vec<String>>;
-
-    /// Cancels job `job`: queued, it goes to the dead letters with `reason`; running, its
-    /// lease is revoked at once and it goes there too (see [`Cancelled`]).
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled>;
-
-    /// Moves up to `limit` dead-lettered jobs of `queue` back to ready with fresh attempts,
-    /// oldest first; returns how many.
-    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize>;
-
-    /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
-    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
-
-    /// Caps (`Some(n)`) how many jobs of `kind` may run at once across the fleet, or lifts
-    /// the cap. Jobs running when a cap is set do not count against it.
-    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()>;
-
-    /// A kind's concurrency cap.
-    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>>;
-
-    /// Every kind's concurrency cap, by kind (what a layout migration carries).
-    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>>;
-
-    /// Sets (`Some`) or lifts a queue's rate limit; a new limit starts with a full bucket.
-    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()>;
-
-    /// A queue's rate limit.
-    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>>;
 }
 
 /// Fleet-wide state kept in exactly one place (partition 0 of a partitioned layout): the
@@ -370,59 +310,6 @@ impl LeaseStore for Stores {
     }
     async fn raise_epoch(&self, at_least: u32) -> Result<u32> {
         self.leases.raise_epoch(at_least).await
-    }
-}
-
-#[async_trait]
-impl Inspect for Stores {
-    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
-        self.inspect.counts(queue).await
-    }
-    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
-        self.inspect.dead(queue, limit).await
-    }
-    async fn queues(&self) -> Result<Vec<String>> {
-        self.inspect.queues().await
-    }
-    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-        self.inspect.leases(limit).await
-    }
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        self.inspect.oldest_ready(queue).await
-    }
-}
-
-#[async_trait]
-impl QueueAdmin for Stores {
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.admin.set_paused(queue, paused).await
-    }
-    async fn paused(&self) -> Result<Vec<String>> {
-        self.admin.paused().await
-    }
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-        self.admin.cancel(job, reason).await
-    }
-    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        self.admin.retry_dead(queue, limit).await
-    }
-    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        self.admin.purge_dead(queue, limit).await
-    }
-    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
-        self.admin.set_concurrency_cap(kind, cap).await
-    }
-    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
-        self.admin.concurrency_cap(kind).await
-    }
-    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
-        self.admin.concurrency_caps().await
-    }
-    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
-        self.admin.set_rate_limit(queue, limit).await
-    }
-    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
-        self.admin.rate_limit(queue).await
     }
 }
 

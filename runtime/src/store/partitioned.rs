@@ -21,12 +21,14 @@
 //!   concurrency cap is split into shares, one per partition, that add up to it (each at
 //!   least 1, so a limit below P allows P).
 //!
+//! The queue views and controls fan out as `store/admin.rs` says, beside each operation.
+//!
 //! Limits, by construction: unique keys are unique per partition (jobs that share a unique
 //! key must share a named scope or have none); an enqueue batch that spans partitions is
 //! atomic per partition, not across them (every job is validated before any is sent, so only
 //! a backend error can split it).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,19 +37,16 @@ use async_trait::async_trait;
 use futures_util::future::{join_all, try_join_all};
 
 use crate::error::{Error, Result};
-use crate::ids::{FencingToken, JobId, LeaseId, Scope};
-use crate::job::{
-    Cancelled, Claim, DeadJob, Enqueued, NewJob, QueueCounts, RateLimit, Settlement,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-};
-use crate::store::{ControlStore, Inspect, LeaseInfo, LeaseStore, QueueAdmin, Reaped, Stores};
+use crate::ids::{FencingToken, LeaseId, Scope};
+use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::store::{ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, Stores};
 
 /// Most partitions: a claim asks each of them.
 pub const MAX_PARTITIONS: usize = 256;
 
 /// A coordinator over P partitions; see the module documentation.
 pub struct PartitionedLeaseStore {
-    parts: Vec<Stores>,
+    pub(super) parts: Vec<Stores>,
     /// Where the next default-scoped job without a unique key goes.
     next_job: AtomicUsize,
     /// Where the next claim of each queue starts: per queue, because one counter for all
@@ -66,7 +65,7 @@ pub fn partition_of(key: &str, p: usize) -> usize {
 
 /// `total` split into `p` shares that add up to it, each at least 1 (so the sum is
 /// `max(total, p)`).
-fn shares(total: u32, p: usize) -> Vec<u32> {
+pub(super) fn shares(total: u32, p: usize) -> Vec<u32> {
     let p32 = p as u32;
     (0..p32)
         .map(|j| (total / p32 + u32::from(j < total % p32)).max(1))
@@ -105,7 +104,7 @@ impl PartitionedLeaseStore {
         self.parts.len()
     }
 
-    fn control(&self) -> &Stores {
+    pub(super) fn control(&self) -> &Stores {
         &self.parts[0]
     }
 
@@ -126,7 +125,7 @@ impl PartitionedLeaseStore {
     }
 
     /// Runs `op` on every partition at once; the first error wins.
-    async fn on_all<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
+    pub(super) async fn on_all<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
     where
         F: Fn(Stores) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -135,7 +134,7 @@ impl PartitionedLeaseStore {
     }
 
     /// [`on_all`](Self::on_all), with each partition's index.
-    async fn on_each<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
+    pub(super) async fn on_each<T, F, Fut>(&self, op: F) -> Result<Vec<T>>
     where
         F: Fn(usize, Stores) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -151,7 +150,7 @@ impl PartitionedLeaseStore {
 
     /// Runs `op` on one partition after another with what is left of `limit`; how many it
     /// did in all.
-    async fn up_to<F, Fut>(&self, limit: usize, op: F) -> Result<usize>
+    pub(super) async fn up_to<F, Fut>(&self, limit: usize, op: F) -> Result<usize>
     where
         F: Fn(Stores, usize) -> Fut,
         Fut: std::future::Future<Output = Result<usize>>,
@@ -588,163 +587,6 @@ impl LeaseStore for PartitionedLeaseStore {
     }
 }
 
-#[async_trait]
-impl Inspect for PartitionedLeaseStore {
-    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
-        let all = self
-            .on_all(|part| async move { part.counts(queue).await })
-            .await?;
-        Ok(all
-            .into_iter()
-            .fold(QueueCounts::default(), |a, c| QueueCounts {
-                ready: a.ready + c.ready,
-                delayed: a.delayed + c.delayed,
-                leased: a.leased + c.leased,
-                waiting: a.waiting + c.waiting,
-                completed: a.completed + c.completed,
-                dead: a.dead + c.dead,
-            }))
-    }
-
-    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
-        let all = self
-            .on_all(|part| async move { part.dead(queue, limit).await })
-            .await?;
-        Ok(all.concat().into_iter().take(limit).collect())
-    }
-
-    async fn queues(&self) -> Result<Vec<String>> {
-        let all = self
-            .on_all(|part| async move { part.queues().await })
-            .await?;
-        Ok(all
-            .concat()
-            .into_iter()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect())
-    }
-
-    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-        let all = self
-            .on_all(|part| async move { part.leases(limit).await })
-            .await?;
-        let mut all = all.concat();
-        all.sort_by_key(|l| l.expires_in);
-        all.truncate(limit);
-        Ok(all)
-    }
-
-    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        let all = self
-            .on_all(|part| async move { part.oldest_ready(queue).await })
-            .await?;
-        Ok(all.into_iter().flatten().max())
-    }
-}
-
-#[async_trait]
-impl QueueAdmin for PartitionedLeaseStore {
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        self.on_all(|part| async move { part.set_paused(queue, paused).await })
-            .await
-            .map(drop)
-    }
-
-    async fn paused(&self) -> Result<Vec<String>> {
-        self.control().paused().await
-    }
-
-    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
-        for part in &self.parts {
-            match part.cancel(job, reason).await? {
-                Cancelled::Missing => continue,
-                done => return Ok(done),
-            }
-        }
-        Ok(Cancelled::Missing)
-    }
-
-    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        self.up_to(limit, |part, left| async move {
-            part.retry_dead(queue, left).await
-        })
-        .await
-    }
-
-    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        self.up_to(limit, |part, left| async move {
-            part.purge_dead(queue, left).await
-        })
-        .await
-    }
-
-    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
-        if cap == Some(0) {
-            // Refused by every backend the same way; asked of the control partition alone.
-            return self.control().set_concurrency_cap(kind, cap).await;
-        }
-        let shares = cap.map(|cap| shares(cap, self.parts.len()));
-        self.on_each(|j, part| {
-            let share = shares.as_ref().map(|s| s[j]);
-            async move { part.set_concurrency_cap(kind, share).await }
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
-        let all = self
-            .on_all(|part| async move { part.concurrency_cap(kind).await })
-            .await?;
-        Ok(all.into_iter().sum::<Option<u32>>())
-    }
-
-    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
-        // Each partition holds a share; the cap is their sum (as `concurrency_cap` says).
-        let mut caps = std::collections::BTreeMap::<String, u32>::new();
-        for part in self
-            .on_all(|part| async move { part.concurrency_caps().await })
-            .await?
-        {
-            for (kind, share) in part {
-                let cap = caps.entry(kind).or_default();
-                *cap = cap.saturating_add(share);
-            }
-        }
-        Ok(caps.into_iter().collect())
-    }
-
-    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
-        if let Some(limit) = &limit {
-            limit.validate()?;
-        }
-        let shares = limit.map(|l| shares(l.jobs, self.parts.len()));
-        self.on_each(|j, part| {
-            let share = limit.zip(shares.as_ref()).map(|(l, s)| RateLimit {
-                jobs: s[j],
-                per: l.per,
-            });
-            async move { part.set_rate_limit(queue, share).await }
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
-        let all = self
-            .on_all(|part| async move { part.rate_limit(queue).await })
-            .await?;
-        let Some(per) = all.iter().flatten().map(|l| l.per).next() else {
-            return Ok(None);
-        };
-        Ok(Some(RateLimit {
-            jobs: all.iter().flatten().map(|l| l.jobs).sum(),
-            per,
-        }))
-    }
-}
-
 /// The partitioned layout as one coordinator: its hot path, views and queue controls fan
 /// out over the partitions; the clock, roles, schedules and records are partition 0's.
 impl From<PartitionedLeaseStore> for Stores {
@@ -759,6 +601,8 @@ impl From<PartitionedLeaseStore> for Stores {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]

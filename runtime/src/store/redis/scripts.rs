@@ -1,16 +1,15 @@
-//! The coordinator's scripts (`runtime/lua/`, each prefixed with `common.lua`), loaded once
-//! and run by EVALSHA, with the decoders of their replies beside them: every reply shape is
-//! decoded here and nowhere else.
+//! The coordinator's scripts (`runtime/lua/`, each prefixed with `common.lua`, loaded once
+//! and run by EVALSHA): the macro that declares one beside the Rust that runs it, and the
+//! decoders of their structured replies (rows, tokens, watermarks): each shape is decoded
+//! here and nowhere else.
 //!
 //! Tokens travel in two forms, each forced by its reader: coordinator scripts return a
 //! token as its epoch and counter (Lua's doubles cannot hold `epoch << 40 | counter`
 //! exactly), decoded by [`token`]; the sink script compares 20-digit zero-padded decimals
 //! (string order = numeric order), made by `fenced::padded`.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use deadpool_redis::redis::Script;
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -20,75 +19,20 @@ use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{Claim, Job};
 use crate::store::LeaseInfo;
 
+/// Declares a coordinator script, `common.lua` prefixed, beside the Rust that runs it:
+/// `static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");` (the file under
+/// `runtime/lua/`). Adding an operation therefore touches no list of scripts.
 macro_rules! coordinator_script {
     ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../../lua/common.lua"),
-                include_str!(concat!("../../../lua/", $file))
+        std::sync::LazyLock::new(|| {
+            deadpool_redis::redis::Script::new(concat!(
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/common.lua")),
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))
             ))
         })
     };
 }
-
-pub(super) static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
-pub(super) static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
-pub(super) static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
-pub(super) static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
-pub(super) static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
-pub(super) static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
-pub(super) static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
-pub(super) static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
-pub(super) static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
-pub(super) static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
-pub(super) static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
-pub(super) static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
-/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
-/// generation record, ARGV name, ms and the caller's generation (refused, changing nothing,
-/// for another: `common.lua`, `wrong_layout`).
-pub(super) static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
-           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
-             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
-         local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
-         if cur == nil or tonumber(ARGV[2]) > cur then \
-           redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
-         return 0",
-    )
-});
-/// Raises the epoch floor to ARGV[1] and, if the epoch in force is lower, moves to it with a
-/// fresh counter (as a fenced settlement's reseed does): KEYS[1] the epoch hash, KEYS[2] the
-/// counter; returns the epoch in force, or the floor when there is no epoch yet. Reads and
-/// checks before it writes; a record of the wrong type fails before any change.
-pub(super) static RAISE_EPOCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local e = redis.call('HMGET', KEYS[1], 'epoch', 'floor') \
-         local floor = tonumber(ARGV[1]) \
-         local cur = tonumber(e[1] or '') \
-         if tonumber(e[2] or '') == nil or tonumber(e[2]) < floor then \
-           redis.call('HSET', KEYS[1], 'floor', floor) end \
-         if cur == nil then return tostring(floor) end \
-         if cur < floor then \
-           redis.call('HSET', KEYS[1], 'epoch', floor) \
-           redis.call('SET', KEYS[2], 0) \
-           cur = floor end \
-         return tostring(cur)",
-    )
-});
-/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] the layout generation record, ARGV
-/// holder, ttl ms and the caller's generation (refused for another, as above); 1 if held.
-pub(super) static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
-           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
-             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
-         local cur = redis.call('GET', KEYS[1]) \
-         if cur == false or cur == ARGV[1] then \
-           redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
-         return 0",
-    )
-});
+pub(super) use coordinator_script;
 
 /// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
 /// record, never a panic.

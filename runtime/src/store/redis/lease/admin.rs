@@ -1,10 +1,11 @@
 //! The Redis coordinator's read-only views and queue controls.
 
 use std::sync::atomic::Ordering;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::redis;
+use deadpool_redis::redis::{self, Script};
 use serde::Deserialize;
 
 use super::RedisLeaseStore;
@@ -12,10 +13,15 @@ use crate::error::Result;
 use crate::ids::{JobId, Scope};
 use crate::job::{Cancelled, DeadJob, Job, QueueCounts, RateLimit};
 use crate::store::redis::connection::garbage;
-use crate::store::redis::scripts::{
-    decode_lease_row, decode_watermark, CANCEL, COUNTS, LEASES, OLDEST, PURGE_DEAD, RETRY_DEAD,
-};
+use crate::store::redis::scripts::{coordinator_script, decode_lease_row, decode_watermark};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+
+static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
+static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
+static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
+static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
+static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
+static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 
 #[async_trait]
 impl Inspect for RedisLeaseStore {

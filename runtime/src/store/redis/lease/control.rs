@@ -1,20 +1,48 @@
 //! The Redis coordinator's clock, roles, schedules and records.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::redis;
+use deadpool_redis::redis::{self, Script};
 
 use super::RedisLeaseStore;
 use crate::error::Result;
 use crate::ids::JobId;
 use crate::schedule::ScheduleSpec;
 use crate::store::redis::connection::garbage;
-use crate::store::redis::scripts::{ADVANCE_SCHEDULE, HOLD_ROLE};
 use crate::store::{
     check_role_ttl, check_schedule, ControlStore, RecordStore, RejectionNote, PROGRESS_RETENTION,
     REJECTION_JOURNAL,
 };
+
+/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
+/// generation record, ARGV name, ms and the caller's generation (refused, changing nothing,
+/// for another: `common.lua`, `wrong_layout`).
+static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
+         if cur == nil or tonumber(ARGV[2]) > cur then \
+           redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
+         return 0",
+    )
+});
+/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] the layout generation record, ARGV
+/// holder, ttl ms and the caller's generation (refused for another, as above); 1 if held.
+static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = redis.call('GET', KEYS[1]) \
+         if cur == false or cur == ARGV[1] then \
+           redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
+         return 0",
+    )
+});
 
 #[async_trait]
 impl ControlStore for RedisLeaseStore {

@@ -8,18 +8,15 @@ mod admin;
 mod control;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::redis;
+use deadpool_redis::redis::{self, Script};
 use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
-use super::scripts::{
-    decode_claim, decode_watermark, token, Meta, CLAIM, ENQUEUE, ESTABLISH_EPOCH, RAISE_EPOCH,
-    REAP, RENEW, SETTLE,
-};
+use super::scripts::{coordinator_script, decode_claim, decode_watermark, token, Meta};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY};
@@ -27,6 +24,32 @@ use crate::store::epoch::EpochSource;
 use crate::store::{
     promotions_per_claim, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
 };
+
+static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
+static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
+static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
+static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
+static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
+static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
+/// Raises the epoch floor to ARGV[1] and, if the epoch in force is lower, moves to it with a
+/// fresh counter (as a fenced settlement's reseed does): KEYS[1] the epoch hash, KEYS[2] the
+/// counter; returns the epoch in force, or the floor when there is no epoch yet. Reads and
+/// checks before it writes; a record of the wrong type fails before any change.
+static RAISE_EPOCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local e = redis.call('HMGET', KEYS[1], 'epoch', 'floor') \
+         local floor = tonumber(ARGV[1]) \
+         local cur = tonumber(e[1] or '') \
+         if tonumber(e[2] or '') == nil or tonumber(e[2]) < floor then \
+           redis.call('HSET', KEYS[1], 'floor', floor) end \
+         if cur == nil then return tostring(floor) end \
+         if cur < floor then \
+           redis.call('HSET', KEYS[1], 'epoch', floor) \
+           redis.call('SET', KEYS[2], 0) \
+           cur = floor end \
+         return tostring(cur)",
+    )
+});
 
 /// The coordinator on Redis. For prefix `palisade` every key starts with `{palisade}:` — one
 /// Redis Cluster hash tag, so each script touches one slot.

@@ -1,0 +1,290 @@
+//! The queue views and controls ([`Inspect`], [`QueueAdmin`]): what each operation means,
+//! how [`Stores`] hands it on, and how it spans a partitioned layout (a sum, a union, an OR,
+//! or shares that add up). An operation's meaning across partitions is part of its contract,
+//! so it is stated here, beside the operation; each backend implements the operation in its
+//! own `admin.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::partitioned::{shares, PartitionedLeaseStore};
+use super::{LeaseInfo, Stores};
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::job::{Cancelled, DeadJob, QueueCounts, RateLimit};
+
+/// Read-only views of the queues, for operators and the depth sampler: counts, dead letters,
+/// live leases, the age of the next job. Never changes anything.
+#[async_trait]
+pub trait Inspect: Send + Sync + 'static {
+    /// Counts for one queue.
+    async fn counts(&self, queue: &str) -> Result<QueueCounts>;
+
+    /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>>;
+
+    /// Every queue that has ever had a job or a rate limit.
+    async fn queues(&self) -> Result<Vec<String>>;
+
+    /// Live leases, soonest to expire first, at most `limit`.
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>>;
+
+    /// Age of the job next in line in `queue` — per kind, the oldest — since it first became
+    /// claimable (enqueue time plus delay; a job requeued after a stall, release or retry
+    /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
+    /// is ready.
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
+}
+
+/// What an operator changes about queues and kinds (pause, cancel, dead-letter retry and
+/// purge, concurrency caps, rate limits), and those settings read back.
+#[async_trait]
+pub trait QueueAdmin: Send + Sync + 'static {
+    /// Pauses (`true`) or resumes a queue: while paused, claims from it hand out nothing;
+    /// its jobs stay where they are (enqueue still adds, running jobs renew and settle as
+    /// usual), so nothing is lost.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// The paused queues, sorted.
+    async fn paused(&self) -> Result<Vec<String>>;
+
+    /// Cancels job `job`: queued, it goes to the dead letters with `reason`; running, its
+    /// lease is revoked at once and it goes there too (see [`Cancelled`]).
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled>;
+
+    /// Moves up to `limit` dead-lettered jobs of `queue` back to ready with fresh attempts,
+    /// oldest first; returns how many.
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+
+    /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+
+    /// Caps (`Some(n)`) how many jobs of `kind` may run at once across the fleet, or lifts
+    /// the cap. Jobs running when a cap is set do not count against it.
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()>;
+
+    /// A kind's concurrency cap.
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>>;
+
+    /// Every kind's concurrency cap, by kind (what a layout migration carries).
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>>;
+
+    /// Sets (`Some`) or lifts a queue's rate limit; a new limit starts with a full bucket.
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()>;
+
+    /// A queue's rate limit.
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>>;
+}
+
+#[async_trait]
+impl Inspect for Stores {
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        self.inspect.counts(queue).await
+    }
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        self.inspect.dead(queue, limit).await
+    }
+    async fn queues(&self) -> Result<Vec<String>> {
+        self.inspect.queues().await
+    }
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        self.inspect.leases(limit).await
+    }
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        self.inspect.oldest_ready(queue).await
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for Stores {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.admin.set_paused(queue, paused).await
+    }
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.admin.paused().await
+    }
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        self.admin.cancel(job, reason).await
+    }
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.admin.retry_dead(queue, limit).await
+    }
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.admin.purge_dead(queue, limit).await
+    }
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        self.admin.set_concurrency_cap(kind, cap).await
+    }
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        self.admin.concurrency_cap(kind).await
+    }
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        self.admin.concurrency_caps().await
+    }
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        self.admin.set_rate_limit(queue, limit).await
+    }
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        self.admin.rate_limit(queue).await
+    }
+}
+
+// The partitioned layout: each operation fans out over the partitions.
+#[async_trait]
+impl Inspect for PartitionedLeaseStore {
+    async fn counts(&self, queue: &str) -> Result<QueueCounts> {
+        let all = self
+            .on_all(|part| async move { part.counts(queue).await })
+            .await?;
+        Ok(all
+            .into_iter()
+            .fold(QueueCounts::default(), |a, c| QueueCounts {
+                ready: a.ready + c.ready,
+                delayed: a.delayed + c.delayed,
+                leased: a.leased + c.leased,
+                waiting: a.waiting + c.waiting,
+                completed: a.completed + c.completed,
+                dead: a.dead + c.dead,
+            }))
+    }
+
+    async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
+        let all = self
+            .on_all(|part| async move { part.dead(queue, limit).await })
+            .await?;
+        Ok(all.concat().into_iter().take(limit).collect())
+    }
+
+    async fn queues(&self) -> Result<Vec<String>> {
+        let all = self
+            .on_all(|part| async move { part.queues().await })
+            .await?;
+        Ok(all
+            .concat()
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
+        let all = self
+            .on_all(|part| async move { part.leases(limit).await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by_key(|l| l.expires_in);
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
+        let all = self
+            .on_all(|part| async move { part.oldest_ready(queue).await })
+            .await?;
+        Ok(all.into_iter().flatten().max())
+    }
+}
+
+#[async_trait]
+impl QueueAdmin for PartitionedLeaseStore {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.on_all(|part| async move { part.set_paused(queue, paused).await })
+            .await
+            .map(drop)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        self.control().paused().await
+    }
+
+    async fn cancel(&self, job: JobId, reason: &str) -> Result<Cancelled> {
+        for part in &self.parts {
+            match part.cancel(job, reason).await? {
+                Cancelled::Missing => continue,
+                done => return Ok(done),
+            }
+        }
+        Ok(Cancelled::Missing)
+    }
+
+    async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.up_to(limit, |part, left| async move {
+            part.retry_dead(queue, left).await
+        })
+        .await
+    }
+
+    async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
+        self.up_to(limit, |part, left| async move {
+            part.purge_dead(queue, left).await
+        })
+        .await
+    }
+
+    async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
+        if cap == Some(0) {
+            // Refused by every backend the same way; asked of the control partition alone.
+            return self.control().set_concurrency_cap(kind, cap).await;
+        }
+        let shares = cap.map(|cap| shares(cap, self.parts.len()));
+        self.on_each(|j, part| {
+            let share = shares.as_ref().map(|s| s[j]);
+            async move { part.set_concurrency_cap(kind, share).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn concurrency_cap(&self, kind: &str) -> Result<Option<u32>> {
+        let all = self
+            .on_all(|part| async move { part.concurrency_cap(kind).await })
+            .await?;
+        Ok(all.into_iter().sum::<Option<u32>>())
+    }
+
+    async fn concurrency_caps(&self) -> Result<Vec<(String, u32)>> {
+        // Each partition holds a share; the cap is their sum (as `concurrency_cap` says).
+        let mut caps = BTreeMap::<String, u32>::new();
+        for part in self
+            .on_all(|part| async move { part.concurrency_caps().await })
+            .await?
+        {
+            for (kind, share) in part {
+                let cap = caps.entry(kind).or_default();
+                *cap = cap.saturating_add(share);
+            }
+        }
+        Ok(caps.into_iter().collect())
+    }
+
+    async fn set_rate_limit(&self, queue: &str, limit: Option<RateLimit>) -> Result<()> {
+        if let Some(limit) = &limit {
+            limit.validate()?;
+        }
+        let shares = limit.map(|l| shares(l.jobs, self.parts.len()));
+        self.on_each(|j, part| {
+            let share = limit.zip(shares.as_ref()).map(|(l, s)| RateLimit {
+                jobs: s[j],
+                per: l.per,
+            });
+            async move { part.set_rate_limit(queue, share).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
+        let all = self
+            .on_all(|part| async move { part.rate_limit(queue).await })
+            .await?;
+        let Some(per) = all.iter().flatten().map(|l| l.per).next() else {
+            return Ok(None);
+        };
+        Ok(Some(RateLimit {
+            jobs: all.iter().flatten().map(|l| l.jobs).sum(),
+            per,
+        }))
+    }
+}
