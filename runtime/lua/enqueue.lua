@@ -4,8 +4,9 @@
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls) unique_key (empty: none) unique_ttl_ms
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  per job, the id it goes by: its own, or — when another job (an earlier one of this
---          batch included) holds its unique key — that job's, and then it is not added
+-- Returns  per job, its id when it was added; "=" and the id of the job it is when it was not:
+--          the job (an earlier one of this batch included) holding its unique key, or the job
+--          its (producer-chosen) id already names
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type (or the
 --          enqueue counter is not an integer): raised before anything changed (jobs are
 --          validated by the client before they are sent)
@@ -72,10 +73,15 @@ for i = 0, n - 1 do
   if ukey ~= '' then
     local holder = held[ukey] or redis.call('GET', base .. 'unique:' .. ukey)
     if holder then
-      out[i + 1] = holder
-    else
-      held[ukey] = ARGV[o + 1]
+      out[i + 1] = '=' .. holder
     end
+  end
+  -- A producer-chosen id (NewJob::with_id) whose job is still known adds nothing.
+  if not out[i + 1] and existing > 0 and redis.call('EXISTS', jobs[i + 1]) == 1 then
+    out[i + 1] = '=' .. ARGV[o + 1]
+  end
+  if ukey ~= '' and not out[i + 1] then
+    held[ukey] = ARGV[o + 1]
   end
 end
 local last = redis.call('INCRBY', base .. 'seq', n)

@@ -2,7 +2,7 @@
 //! counts — as a plain async handle. Tokio only: no actix `System`, no actors, so it drops
 //! into an axum or actix-web handler as is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use metrics::counter;
 
@@ -12,7 +12,9 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, Enqueued, NewJob, QueueCounts};
+use crate::job::{
+    Cancelled, DeadJob, Enqueued, NewJob, QueueCounts, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
+};
 use crate::metrics as m;
 use crate::store::{Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
 
@@ -152,13 +154,39 @@ impl Client {
 }
 
 /// Enqueues and counts the jobs added per queue in `palisade_jobs_enqueued_total`: the one
-/// enqueue path of [`Client`] and the [`Coordinator`](crate::Coordinator) actor.
+/// enqueue path of [`Client`], the [`Coordinator`](crate::Coordinator) actor, the scheduler and
+/// `palisade enqueue`.
+///
+/// Every job without an id gets one here, before the first attempt ([`NewJob::with_id`], kept
+/// taken for [`ENQUEUE_RETRY_WINDOW`]), and a transient failure is retried with the same ids
+/// for up to [`ENQUEUE_RETRY_FOR`]: a reply lost after the backend acted cannot add a job
+/// twice. A minted id's job found existing was added by an earlier attempt of this call (no
+/// one else knows the id), so it is reported as added.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
     jobs: Vec<NewJob>,
 ) -> Result<Vec<Enqueued>> {
+    let mut minted = HashSet::new();
+    let jobs: Vec<NewJob> = jobs
+        .into_iter()
+        .map(|job| match job.id {
+            Some(_) => job,
+            None => {
+                let id = JobId::new();
+                minted.insert(id);
+                job.with_id_for(id, ENQUEUE_RETRY_WINDOW)
+            }
+        })
+        .collect();
     let queues: Vec<String> = jobs.iter().map(|j| j.queue.clone()).collect();
-    let done = store.enqueue_all(jobs).await?;
+    let done = with_retries(|| store.enqueue_all(jobs.clone())).await?;
+    let done: Vec<Enqueued> = done
+        .into_iter()
+        .map(|what| match what {
+            Enqueued::Existing(id) if minted.contains(&id) => Enqueued::Added(id),
+            what => what,
+        })
+        .collect();
     let mut per_queue: HashMap<String, u64> = HashMap::new();
     for (queue, what) in queues.into_iter().zip(&done) {
         if matches!(what, Enqueued::Added(_)) {
@@ -169,4 +197,25 @@ pub(crate) async fn enqueue_counted(
         counter!(m::JOBS_ENQUEUED, "queue" => queue).increment(n);
     }
     Ok(done)
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or has failed transiently for
+/// [`ENQUEUE_RETRY_FOR`] (then its last error), backing off from 50 ms to 1 s.
+async fn with_retries<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match attempt().await {
+            Err(e) if e.is_retryable() && started.elapsed() + backoff < ENQUEUE_RETRY_FOR => {
+                crate::repeats::warn_repeated!(error = %e, "enqueue failed; retrying with the same job ids");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            done => return done,
+        }
+    }
 }

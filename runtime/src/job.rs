@@ -20,6 +20,10 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
 /// Longest delay (ten years): keeps every deadline exact in milliseconds on every backend.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// How long a job enqueued with [`NewJob::with_id`] keeps its id taken, counted from its
+/// enqueue, even once it is done: a day, as long as a producer may sensibly retry.
+pub const ID_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// Checks a kind, queue or scope name: non-empty, at most [`MAX_NAME_BYTES`], no control
 /// characters (they would corrupt logs, keys and the tab-separated records of the Redis
 /// backend).
@@ -63,6 +67,10 @@ pub struct NewJob {
     /// Idempotent enqueue: see [`NewJob::with_unique_key`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<UniqueKey>,
+    /// The id it goes by, chosen by the producer: see [`NewJob::with_id`]. `None`: the
+    /// backend mints one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<JobId>,
 }
 
 /// A job's unique key: while another job holds it, enqueueing this one adds nothing.
@@ -170,7 +178,34 @@ impl NewJob {
             max_attempts: 5,
             max_stalls: 3,
             unique: None,
+            id: None,
         }
+    }
+
+    /// The job goes by `id`, chosen by the producer (for example derived from the request
+    /// that made it), so a retried enqueue is the same job: while a job with this id is
+    /// queued, delayed, waiting or running, and for [`ID_RETENTION`] after it was enqueued,
+    /// enqueueing it again adds nothing and answers [`Enqueued::Existing`]`(id)`. The id is
+    /// kept taken by the unique key `id:<id>`, unless the job has a unique key of its own,
+    /// which then decides ([`NewJob::with_unique_key`]). Ids must differ within one batch.
+    ///
+    /// [`Client`](crate::Client), the [`Coordinator`](crate::Coordinator) actor and
+    /// `palisade enqueue` give every job without one an id of their own before the first
+    /// attempt, kept for [`ENQUEUE_RETRY_WINDOW`], and retry a transient failure with it.
+    pub fn with_id(self, id: JobId) -> Self {
+        self.with_id_for(id, ID_RETENTION)
+    }
+
+    /// [`with_id`](Self::with_id), the id kept taken for `ttl`.
+    pub(crate) fn with_id_for(mut self, id: JobId, ttl: Duration) -> Self {
+        self.id = Some(id);
+        if self.unique.is_none() {
+            self.unique = Some(UniqueKey {
+                key: format!("id:{id}"),
+                ttl,
+            });
+        }
+        self
     }
 
     /// Makes the enqueue idempotent under `key`: while another job enqueued with the same
@@ -269,6 +304,32 @@ impl NewJob {
         }
         Ok(())
     }
+}
+
+/// How long ids that [`Client`](crate::Client), the [`Coordinator`](crate::Coordinator) actor
+/// and `palisade enqueue` give jobs stay taken ([`NewJob::with_id`]): longer than they retry
+/// ([`ENQUEUE_RETRY_FOR`]), so no retry can add a job twice.
+pub const ENQUEUE_RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// How long those producers retry an enqueue that failed transiently (the backend was
+/// unreachable, or the reply was lost after it acted), with the same ids.
+pub const ENQUEUE_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Checks every job of a batch ([`NewJob::validate`]) and that no two share an id: a batch is
+/// all or nothing, so one bad job refuses it whole.
+pub(crate) fn validate_batch(jobs: &[NewJob], max_payload_bytes: usize) -> Result<()> {
+    let mut ids = std::collections::HashSet::new();
+    for job in jobs {
+        job.validate(max_payload_bytes)?;
+        if let Some(id) = job.id {
+            if !ids.insert(id) {
+                return Err(Error::InvalidJob(format!(
+                    "job id {id} appears twice in one batch"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A job as stored, handed out inside a [`Claim`].

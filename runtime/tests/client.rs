@@ -68,3 +68,43 @@ async fn client_reports_unreachable_redis_as_retryable() {
         .unwrap();
     assert!(err.is_retryable(), "{err}");
 }
+
+/// Issue 23: the reply of an enqueue is lost after the script ran (the proxy cuts it
+/// half-way). The client retries with the ids it gave the jobs before the first attempt, and
+/// each job is there once, under the id it returned. Minting ids per attempt adds them twice.
+#[tokio::test]
+async fn an_enqueue_whose_reply_is_lost_is_retried_as_the_same_jobs() {
+    use palisade_testkit::FaultProxy;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port, 23);
+    let client = Client::connect(&proxy.redis_url(), "lost").await.unwrap();
+    // A reply carrying a job id (a 36-byte bulk string), not a PING's.
+    proxy.cut_next_replies(1, b"$36\r\n");
+    let one = client.enqueue(NewJob::raw("k", "1")).await.unwrap();
+    proxy.cut_next_replies(1, b"$36\r\n");
+    let many = client
+        .enqueue_many(vec![
+            NewJob::raw("k", "2").with_scope("s"),
+            NewJob::raw("k", "3").with_delay(Duration::from_secs(60)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(proxy.stats().cut, 2, "both replies were cut");
+    // The enqueue script counts every job it is given, added or not: each batch ran twice.
+    let seq = server.cli(&["GET", "{lost}:seq"]).unwrap();
+    assert_eq!(seq, "6", "each enqueue ran twice");
+    let counts = client.counts("default").await.unwrap();
+    assert_eq!(
+        (counts.ready, counts.waiting, counts.delayed),
+        (2, 0, 1),
+        "{counts:?}"
+    );
+    let ready = server
+        .cli(&["ZRANGE", "{lost}:q:default\tk", "0", "-1"])
+        .unwrap();
+    let mut ids: Vec<String> = ready.lines().map(str::to_owned).collect();
+    ids.sort();
+    let mut want = vec![one.to_string(), many[0].to_string()];
+    want.sort();
+    assert_eq!(ids, want, "the jobs go by the ids the client returned");
+}

@@ -6,6 +6,8 @@
 //! - [`net`]: free ports, a bare HTTP GET, a polling wait, a recording HTTP receiver.
 //! - [`process`]: a worker binary under test as a child process (signals, `/metrics`, kill on
 //!   drop).
+//! - [`proxy`]: a seeded TCP fault proxy (latency, drops, partitions, replies cut half-way)
+//!   between a client under test and its server.
 //! - [`suite`]: one conformance suite per store trait, run against every backend
 //!   ([`lease_store_suite!`], [`fenced_store_suite!`]).
 //! - [`failover`]: what must hold after the coordinator's master failed over.
@@ -18,6 +20,7 @@ pub mod failover;
 pub mod faults;
 pub mod net;
 pub mod process;
+pub mod proxy;
 pub mod servers;
 pub mod suite;
 pub mod tls;
@@ -29,6 +32,7 @@ pub use futures_util;
 pub use faults::{Faults, Op};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
 pub use process::Process;
+pub use proxy::{FaultProxy, LinkFaults, ProxyStats};
 pub use servers::{
     drop_postgres_schema, fresh_postgres_schema, postgres_url, PostgresTls, RedisCluster,
     RedisSentinels, RedisServer,

@@ -57,6 +57,12 @@ pub(super) struct EnqueueArgs {
     /// with a note on stderr. `{field}` is replaced as in --scope.
     #[arg(long, value_name = "KEY")]
     unique: Option<String>,
+    /// The job's id, chosen by you (a UUID), so that running this command again is the same
+    /// job: while that job is known, and for a day after it was enqueued, nothing more is
+    /// added and a note says so. Without it a fresh id is made, kept across this command's
+    /// own retries.
+    #[arg(long, value_name = "UUID", conflicts_with = "stdin")]
+    id: Option<uuid::Uuid>,
     /// How long the unique key stays held after its job was enqueued, even once it is done:
     /// by default a repeat within a day (a webhook delivered twice) adds nothing however
     /// soon the first job ran. 0s gives the key up as soon as its job is done.
@@ -80,6 +86,9 @@ impl EnqueueArgs {
         }
         if let Some(template) = &self.unique {
             job = job.with_unique_key(fill(template, payload)?, self.unique_ttl);
+        }
+        if let Some(id) = self.id {
+            job = job.with_id(crate::JobId::from(id));
         }
         job.validate(self.max_payload_bytes)?;
         Ok(job)
@@ -142,17 +151,24 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
         let mut unprinted = None;
         for (done, batch) in (0..).step_by(1000).zip(jobs.chunks(1000)) {
             // Each batch is all or nothing; say exactly how far a failure got.
-            let added = store
-                .enqueue_all(batch.iter().map(|(_, job)| job.clone()).collect())
-                .await
-                .with_context(|| not_enqueued(&jobs, done))?;
-            for ((line, _), outcome) in batch.iter().zip(&added) {
+            // With the same job ids on every retry (`enqueue_counted`): a lost reply cannot
+            // add a line twice.
+            let added = crate::client::enqueue_counted(
+                &store,
+                batch.iter().map(|(_, job)| job.clone()).collect(),
+            )
+            .await
+            .with_context(|| not_enqueued(&jobs, done))?;
+            for ((line, job), outcome) in batch.iter().zip(&added) {
                 if let Enqueued::Existing(id) = outcome {
+                    let why = if job.id == Some(*id) {
+                        format!("job {id} is already enqueued")
+                    } else {
+                        format!("job {id} holds its unique key")
+                    };
                     match line {
-                        Some(n) => {
-                            eprintln!("stdin line {n} not added: job {id} holds its unique key")
-                        }
-                        None => eprintln!("job not added: job {id} holds its unique key"),
+                        Some(n) => eprintln!("stdin line {n} not added: {why}"),
+                        None => eprintln!("job not added: {why}"),
                     }
                 }
             }

@@ -5,8 +5,8 @@
 //! - **Scopes stay on one counter.** A job with a named scope goes to the partition its
 //!   scope hashes to (CRC16 of the scope, modulo P: stable across processes and versions), so
 //!   every token of a scope comes from one counter and only grows. A job in its default
-//!   scope has no ordering to keep: it goes to the partition its unique key hashes to, or
-//!   round-robin.
+//!   scope has no ordering to keep: it goes to the partition its unique key (or its
+//!   producer-chosen id) hashes to, so a retry finds its first attempt, or round-robin.
 //! - **Claims** take the whole batch from one partition, the next one each claim of the
 //!   queue (round-robin), and what it lacked from the partitions after it, one after another
 //!   (work stealing): one script call per claim while the queues have work, as with one
@@ -117,10 +117,13 @@ impl PartitionedLeaseStore {
     /// The partition a job goes to.
     fn place(&self, job: &NewJob) -> usize {
         let p = self.parts.len();
-        match (&job.scope, &job.unique) {
-            (Some(scope), _) => partition_of(scope.as_str(), p),
-            (None, Some(unique)) => partition_of(&unique.key, p),
-            (None, None) => self.next_job.fetch_add(1, Ordering::Relaxed) % p,
+        // A retried enqueue goes where its first attempt went: by its unique key, or by its
+        // id as `with_id`'s unique key names it (so with or without that key, one partition).
+        match (&job.scope, &job.unique, job.id) {
+            (Some(scope), _, _) => partition_of(scope.as_str(), p),
+            (None, Some(unique), _) => partition_of(&unique.key, p),
+            (None, None, Some(id)) => partition_of(&format!("id:{id}"), p),
+            (None, None, None) => self.next_job.fetch_add(1, Ordering::Relaxed) % p,
         }
     }
 
@@ -308,9 +311,7 @@ pub async fn retire(old: &Stores) {
 #[async_trait]
 impl LeaseStore for PartitionedLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        for job in &jobs {
-            job.validate(self.max_payload_bytes)?;
-        }
+        crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
         let mut batches: Vec<(Vec<usize>, Vec<NewJob>)> =
             vec![Default::default(); self.parts.len()];
         for (i, job) in jobs.into_iter().enumerate() {

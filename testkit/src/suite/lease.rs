@@ -25,6 +25,7 @@ macro_rules! lease_cases {
             claims_only_the_kinds_asked_for,
             the_watermark_stays_below_every_live_lease,
             unique_keys_make_enqueue_idempotent,
+            a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
         );
     };
 }
@@ -749,4 +750,62 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
         .await
         .unwrap();
     assert!(matches!(fine[0], Enqueued::Added(_)));
+}
+
+/// Issue 23: a retried enqueue (the reply of the first was lost) is the same job when the job
+/// carries its id.
+pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store: Stores) {
+    let (x, y, z) = (JobId::new(), JobId::new(), JobId::new());
+    let q = |kind: &str| job(kind).with_queue("ids");
+    assert_eq!(
+        store.enqueue_all(vec![q("a").with_id(x)]).await.unwrap(),
+        [Enqueued::Added(x)]
+    );
+    // Again, alone or in a batch with a new job: the known one adds nothing.
+    let again = store
+        .enqueue_all(vec![q("a").with_id(x), q("b").with_id(y)])
+        .await
+        .unwrap();
+    assert_eq!(again, [Enqueued::Existing(x), Enqueued::Added(y)]);
+    // Two jobs with one id in one batch: refused whole, nothing added.
+    let twice = store
+        .enqueue_all(vec![q("c").with_id(z), q("d").with_id(z)])
+        .await;
+    assert!(matches!(twice, Err(Error::InvalidJob(_))), "{twice:?}");
+    assert_eq!(store.counts("ids").await.unwrap().ready, 2);
+    // Without the unique key `with_id` makes, a live job's id still adds nothing.
+    let mut bare = q("e").with_id(z);
+    bare.unique = None;
+    assert_eq!(
+        store.enqueue_all(vec![bare.clone()]).await.unwrap(),
+        [Enqueued::Added(z)]
+    );
+    assert_eq!(
+        store.enqueue_all(vec![bare]).await.unwrap(),
+        [Enqueued::Existing(z)]
+    );
+    // Done: the id stays taken (for `ID_RETENTION`).
+    let claims = store.claim("ids", "suite", 10, TTL).await.unwrap();
+    assert_eq!(claims.len(), 3);
+    for c in &claims {
+        settle(&store, c.lease.id, Settlement::Complete)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.enqueue_all(vec![q("a").with_id(x)]).await.unwrap(),
+        [Enqueued::Existing(x)]
+    );
+    // A unique key of the job's own decides: another id under a held key is turned away.
+    let w = JobId::new();
+    let keyed = store
+        .enqueue_all(vec![
+            q("f").with_unique_key("ids-k", TTL).with_id(w),
+            q("g").with_unique_key("ids-k", TTL).with_id(JobId::new()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(keyed, [Enqueued::Added(w), Enqueued::Existing(w)]);
+    let counts = store.counts("ids").await.unwrap();
+    assert_eq!((counts.ready, counts.completed), (1, 3), "{counts:?}");
 }

@@ -602,9 +602,7 @@ impl LeaseState {
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        for job in &jobs {
-            job.validate(self.max_payload_bytes)?;
-        }
+        crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
         let now = Instant::now();
         let mut state = lock(&self.state);
         state.forget_unique_keys(now);
@@ -614,7 +612,12 @@ impl LeaseStore for MemoryLeaseStore {
                 out.push(Enqueued::Existing(holder.0));
                 continue;
             }
-            let id = JobId::new();
+            let id = new.id.unwrap_or_else(JobId::new);
+            // A producer-chosen id (`NewJob::with_id`) whose job is still known adds nothing.
+            if state.jobs.contains_key(&id) {
+                out.push(Enqueued::Existing(id));
+                continue;
+            }
             let job = Job {
                 id,
                 scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),

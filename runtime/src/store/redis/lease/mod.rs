@@ -227,10 +227,11 @@ impl RedisLeaseStore {
 #[async_trait]
 impl LeaseStore for RedisLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        for job in &jobs {
-            job.validate(self.max_payload_bytes)?;
-        }
-        let ids: Vec<JobId> = jobs.iter().map(|_| JobId::new()).collect();
+        crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
+        let ids: Vec<JobId> = jobs
+            .iter()
+            .map(|j| j.id.unwrap_or_else(JobId::new))
+            .collect();
         let mut invocation = ENQUEUE.key(&self.base);
         invocation.arg(jobs.len());
         for (id, job) in ids.iter().zip(jobs) {
@@ -292,12 +293,14 @@ impl LeaseStore for RedisLeaseStore {
         }
         ids.into_iter()
             .zip(used)
-            .map(|(id, used)| {
-                if used == id.to_string() {
-                    Ok(Enqueued::Added(id))
-                } else {
-                    Ok(Enqueued::Existing(JobId::from(parse::<uuid::Uuid>(&used)?)))
-                }
+            .map(|(id, used)| match used.strip_prefix('=') {
+                Some(holder) => Ok(Enqueued::Existing(JobId::from(parse::<uuid::Uuid>(
+                    holder,
+                )?))),
+                None if used == id.to_string() => Ok(Enqueued::Added(id)),
+                None => Err(garbage(format_args!(
+                    "enqueue answered {used} for job {id}"
+                ))),
             })
             .collect()
     }
