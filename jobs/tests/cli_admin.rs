@@ -5,8 +5,8 @@ use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use palisade_testkit::RedisServer;
 use palisade_testkit::{wait_for, Process};
+use palisade_testkit::{FaultProxy, RedisServer};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
@@ -218,4 +218,44 @@ fn schedule_list_shows_the_tick_the_scheduler_fires() {
             || redis.cli(&["EXISTS", &key]).as_deref() == Some("1"),
         );
     }
+}
+
+/// Issue 23: an enqueue whose reply is lost after the script ran (the proxy cuts it) is
+/// retried with the ids the command gave its jobs before the first attempt: each line is one
+/// job. And `--id` makes running the command again the same job.
+#[test]
+fn an_enqueue_whose_reply_is_lost_or_that_is_run_again_adds_each_job_once() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port, 23);
+    // A reply carrying job ids (36-byte bulk strings), not a PING's.
+    proxy.cut_next_replies(1, b"$36\r\n");
+    let input: String = (0..3)
+        .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":1}}\n"))
+        .collect();
+    let url = proxy.redis_url();
+    let out = run(
+        &redis,
+        &["enqueue", "email.send", "--stdin", "--redis", &url],
+        &input,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    assert_eq!(proxy.stats().cut, 1, "the reply was cut");
+    // The script counts every job it is given: it ran twice, and added three.
+    assert_eq!(redis.cli(&["GET", "{palisade}:seq"]).unwrap(), "6");
+    assert_eq!(counts(&redis)["ready"], 3);
+
+    let id = "0b8e9a52-3c1d-4b7e-9f00-5a1d2c3b4e5f";
+    let args = ["enqueue", "email.send", EMAIL, "--id", id];
+    assert_eq!(ok(&redis, &args).trim(), id);
+    let again = run(&redis, &args, "");
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), id);
+    assert!(
+        stderr.contains(&format!("job {id} is already enqueued")),
+        "{stderr}"
+    );
+    assert_eq!(counts(&redis)["ready"], 4);
 }

@@ -160,8 +160,8 @@ impl Client {
 /// Every job without an id gets one here, before the first attempt ([`NewJob::with_id`], kept
 /// taken for [`ENQUEUE_RETRY_WINDOW`]), and a transient failure is retried with the same ids
 /// for up to [`ENQUEUE_RETRY_FOR`]: a reply lost after the backend acted cannot add a job
-/// twice. A minted id's job found existing was added by an earlier attempt of this call (no
-/// one else knows the id), so it is reported as added.
+/// twice. A job found existing under the very id minted for it was added by an earlier
+/// attempt of this call (no one else knows the id), so it is reported as added.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
     jobs: Vec<NewJob>,
@@ -182,8 +182,12 @@ pub(crate) async fn enqueue_counted(
     let done = with_retries(|| store.enqueue_all(jobs.clone())).await?;
     let done: Vec<Enqueued> = done
         .into_iter()
-        .map(|what| match what {
-            Enqueued::Existing(id) if minted.contains(&id) => Enqueued::Added(id),
+        .zip(&jobs)
+        .map(|(what, job)| match what {
+            // This job itself, under the id minted for it (not another job of the batch's).
+            Enqueued::Existing(id) if job.id == Some(id) && minted.contains(&id) => {
+                Enqueued::Added(id)
+            }
             what => what,
         })
         .collect();
