@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use palisade_testkit::{
-    free_port, http_get, wait_for, FaultProxy, LinkFaults, Process, RedisServer,
+    free_port, http_get, wait_for, FaultProxy, LinkFaults, Process, RedisServer, SkewedClock,
 };
 use serde_json::Value;
 
@@ -29,11 +29,23 @@ fn worker_with(
 
 /// [`worker_with`] on Redis URLs (a fault proxy's, say).
 fn worker_at(redis: &str, sink: &str, name: &str, lease: &str, extra: &[&str]) -> Process {
+    worker_in(redis, sink, name, lease, extra, &[])
+}
+
+/// [`worker_at`] with more environment (a skewed clock's).
+fn worker_in(
+    redis: &str,
+    sink: &str,
+    name: &str,
+    lease: &str,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> Process {
     let ledger = format!("ledger={sink}");
     let mut args = vec!["--redis", redis, "--sink", &ledger, "--name", name];
     args.extend(["--lease", lease, "--concurrency", "8", "--arbiters", "1"]);
     args.extend(extra);
-    Process::worker(BIN, &args, "warn")
+    Process::worker_with_env(BIN, &args, "warn", env)
 }
 
 fn palisade(redis: &RedisServer, args: &[&str]) -> String {
@@ -1168,4 +1180,122 @@ fn replies_lost_after_the_server_acted_never_double_apply_lose_or_hold() {
     to_redis.set(LinkFaults::default());
     to_sink.set(LinkFaults::default());
     assert!(a.terminate().success());
+}
+
+/// Enqueues `jobs` deposits of 1, 2, 3, ... cents over `accounts` accounts, each holding its
+/// job `hold_ms`, with room for many stalls; what each account should end with.
+fn enqueue_deposits(redis: &RedisServer, jobs: u32, accounts: u32, hold_ms: u64) -> Vec<i64> {
+    let mut expected = vec![0i64; accounts as usize];
+    let input: String = (0..jobs)
+        .map(|i| {
+            let (account, cents) = (i % accounts, i64::from(i) + 1);
+            expected[account as usize] += cents;
+            format!("{{\"account\":{account},\"cents\":{cents},\"hold_ms\":{hold_ms}}}\n")
+        })
+        .collect();
+    let mut enqueue = Command::new(BIN)
+        .args([
+            "enqueue",
+            "ledger.deposit",
+            "--stdin",
+            "--scope",
+            "account:{account}",
+        ])
+        .args(["--max-attempts", "20", "--max-stalls", "20"])
+        .env("PALISADE_REDIS_URL", redis.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    enqueue
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(enqueue.wait().unwrap().success());
+    expected
+}
+
+/// Issue 23: the coordinator's Redis host clock jumps ahead (past every live lease), back,
+/// and behind, while one worker's wall clock runs ten minutes ahead, then behind. The jump
+/// ahead expires the live leases by the Redis clock: they are reaped and run again by the
+/// other worker while their first holders still run. No deposit is lost or applied twice,
+/// and each tick of a one-second schedule enqueues one job, whichever way the clocks went.
+#[test]
+fn clocks_that_jump_lose_no_job_let_no_stale_write_in_and_fire_each_tick_once() {
+    let dir = std::env::temp_dir().join(format!("palisade-clocks-{}", std::process::id()));
+    let (redis_clock, worker_clock) = (SkewedClock::new(&dir), SkewedClock::new(&dir));
+    let (redis, sink) = (
+        RedisServer::start_with_clock(&redis_clock),
+        RedisServer::start(),
+    );
+    add_tick_schedule(&redis);
+    let workers = [
+        worker(&redis, &sink, "A", "1s"),
+        worker_in(
+            &redis.url(),
+            &sink.url(),
+            "B",
+            "1s",
+            &[],
+            &worker_clock.env(),
+        ),
+    ];
+    let expected = enqueue_deposits(&redis, 60, 4, 500);
+    let steps = [
+        (&worker_clock, 600),
+        (&redis_clock, 300),
+        (&worker_clock, -600),
+        (&redis_clock, 0),
+        (&redis_clock, -120),
+        (&worker_clock, 0),
+    ];
+    for (clock, seconds) in steps {
+        std::thread::sleep(Duration::from_millis(1500));
+        clock.set(seconds);
+    }
+    let total: i64 = expected.iter().sum();
+    wait_for(
+        "every deposit to be applied",
+        Duration::from_secs(120),
+        || (0..4).map(|a| balance(&sink, a)).sum::<i64>() >= total,
+    );
+    palisade(&redis, &["schedule", "remove", "tick"]);
+    wait_for("the queue to drain", Duration::from_secs(60), || {
+        let c = counts(&redis);
+        c["ready"] == 0 && c["leased"] == 0 && c["waiting"] == 0
+    });
+    for (account, want) in expected.iter().enumerate() {
+        assert_eq!(balance(&sink, account as u32), *want, "account {account}");
+    }
+    let sum = |name: &str, labels: &[(&str, &str)]| -> u64 {
+        workers.iter().map(|w| w.counter(name, labels)).sum()
+    };
+    assert_eq!(
+        sum("palisade_sink_writes_total", &[("outcome", "applied")]),
+        60,
+        "each deposit applied once"
+    );
+    assert!(
+        sum("palisade_stalls_total", &[]) >= 1,
+        "the jump ahead expired no live lease"
+    );
+    let keys = redis
+        .cli(&["KEYS", "{palisade}:unique:schedule:tick:*"])
+        .unwrap_or_default();
+    let ticks: std::collections::BTreeSet<i64> = keys
+        .lines()
+        .filter_map(|k| k.rsplit(':').next()?.parse().ok())
+        .collect();
+    assert!(!ticks.is_empty(), "no tick fired");
+    let c = counts(&redis);
+    assert_eq!(c["dead"], 0, "{c}");
+    assert_eq!(
+        c["completed"].as_u64().unwrap(),
+        60 + ticks.len() as u64,
+        "one job per tick: {c}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

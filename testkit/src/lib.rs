@@ -10,12 +10,14 @@
 //!   between a client under test and its server.
 //! - [`suite`]: one conformance suite per store trait, run against every backend
 //!   ([`lease_store_suite!`], [`fenced_store_suite!`]).
+//! - [`clock`]: a process's wall clock skewed and jumped at will (libfaketime).
 //! - [`failover`]: what must hold after the coordinator's master failed over.
 //! - [`faults`]: a [`LeaseStore`](palisade::LeaseStore) wrapper that makes chosen operations
 //!   fail, to force the failure paths; it implements only the trait it changes.
 
 #![allow(missing_docs)]
 
+pub mod clock;
 pub mod failover;
 pub mod faults;
 pub mod net;
@@ -29,6 +31,7 @@ pub mod tls;
 #[doc(hidden)]
 pub use futures_util;
 
+pub use clock::SkewedClock;
 pub use faults::{Faults, Op};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
 pub use process::Process;

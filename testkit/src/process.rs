@@ -17,12 +17,18 @@ impl Process {
     /// Starts `bin worker <args> --metrics 127.0.0.1:<free port>` with `RUST_LOG=<log>`, and
     /// waits (up to 20 s) until its `/metrics` answers.
     pub fn worker(bin: &str, args: &[&str], log: &str) -> Self {
+        Self::worker_with_env(bin, args, log, &[])
+    }
+
+    /// [`worker`](Self::worker) with more environment (a skewed clock's, say).
+    pub fn worker_with_env(bin: &str, args: &[&str], log: &str, env: &[(String, String)]) -> Self {
         let metrics_port = free_port();
         let child = Command::new(bin)
             .arg("worker")
             .args(args)
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
             .env("RUST_LOG", log)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

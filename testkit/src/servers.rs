@@ -17,6 +17,8 @@ pub struct RedisServer {
     tls_ca: Option<PathBuf>,
     /// The configuration file a sentinel starts from (and rewrites).
     conf: Option<PathBuf>,
+    /// Environment of the process (a skewed clock's).
+    env: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -46,10 +48,10 @@ impl RedisServer {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::start_as(extra, None)
+        Self::start_as(extra, None, Vec::new())
     }
 
-    fn start_as(extra: &[&str], sentinel_conf: Option<&str>) -> Self {
+    fn start_as(extra: &[&str], sentinel_conf: Option<&str>, env: Vec<(String, String)>) -> Self {
         let dir = std::env::temp_dir().join(format!("palisade-redis-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = sentinel_conf.map(|text| {
@@ -64,9 +66,16 @@ impl RedisServer {
             child: None,
             tls_ca: None,
             conf,
+            env,
         };
         server.start_fresh();
         server
+    }
+
+    /// A server that keeps nothing on disk and reads its wall clock from `clock`: its `TIME`,
+    /// so the coordinator's clock, and its key expiry move as the test sets it.
+    pub fn start_with_clock(clock: &crate::clock::SkewedClock) -> Self {
+        Self::start_as(&["--save", "", "--appendonly", "no"], None, clock.env())
     }
 
     /// A TLS-only server with a certificate for 127.0.0.1 / localhost signed by a CA made
@@ -103,6 +112,7 @@ impl RedisServer {
             dir,
             child: None,
             conf: None,
+            env: Vec::new(),
         };
         server.start_fresh();
         server
@@ -160,6 +170,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -540,7 +551,7 @@ impl RedisSentinels {
              sentinel parallel-syncs {name} 1\n"
         );
         let sentinels = (0..3)
-            .map(|_| RedisServer::start_as(&[], Some(&conf)))
+            .map(|_| RedisServer::start_as(&[], Some(&conf), Vec::new()))
             .collect();
         let group = Self {
             nodes: vec![master, replica],
