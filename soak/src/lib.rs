@@ -10,7 +10,12 @@
 //! A seeded nemesis meanwhile SIGSTOPs workers past their lease, kill -9s and restarts them,
 //! restarts Redis (clean shutdown, AOF), SIGSTOPs Redis shorter and longer than the lease,
 //! and wipes the coordinator (every coordinator key deleted at once, the epoch path; the
-//! workers keep their epochs in Postgres, `--epoch-postgres`).
+//! workers keep their epochs in Postgres, `--epoch-postgres`). Each worker reaches Redis and
+//! Postgres through its own fault proxy (`palisade_testkit::FaultProxy`, seeded from the
+//! run's seed), and the nemesis also partitions a worker from both past its lease, makes its
+//! links lossy for a while (latency, jitter, drops, replies cut half-way), cuts the next
+//! replies it gets after Redis acted, and steps the Redis host's clock ahead (past every live
+//! lease), behind and back (libfaketime, `palisade_testkit::SkewedClock`).
 //! Then the faults stop, the work drains, and the checker reads the evidence: the Postgres
 //! ledger (one row per applied posting, serial taken under the fence lock), the Redis sink's
 //! balances, the receiver's deliveries, every worker's log of write attempts and the
@@ -41,6 +46,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use palisade_jobs::{account_key, LEDGER};
+use palisade_testkit::{FaultProxy, LinkFaults, SkewedClock};
 
 /// Kind name of [`post`].
 pub const POST: &str = "soak.post";
@@ -566,11 +572,13 @@ fn stale_by_time(attempts: &[Attempt]) -> Vec<String> {
     violations
 }
 
-/// A private redis-server with an append-only file, restarted on the same port and file.
+/// A private redis-server with an append-only file, restarted on the same port and file,
+/// reading its wall clock from `clock` (the nemesis jumps it).
 struct Redis {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    clock: SkewedClock,
 }
 
 impl Redis {
@@ -580,6 +588,7 @@ impl Redis {
             port,
             dir: dir.to_owned(),
             child: None,
+            clock: SkewedClock::new(dir),
         };
         redis.spawn()?;
         Ok(redis)
@@ -602,6 +611,7 @@ impl Redis {
             ])
             .arg("--dir")
             .arg(&self.dir)
+            .envs(self.clock.env())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -659,6 +669,51 @@ impl Drop for Redis {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A worker's links, each through a fault proxy: to Redis (its coordinator and its ledger
+/// sink) and, where the Postgres URL names a host and port, to Postgres.
+struct Links {
+    redis: FaultProxy,
+    postgres: Option<FaultProxy>,
+}
+
+impl Links {
+    fn each(&self) -> impl Iterator<Item = &FaultProxy> {
+        std::iter::once(&self.redis).chain(&self.postgres)
+    }
+}
+
+/// `url` (a `postgres://` URL) with its host and port replaced by `127.0.0.1:port`, and the
+/// port it named; `None` for a URL without one (key=value form, a socket).
+fn through(url: &str, port: u16) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hostport) = match authority.rsplit_once('@') {
+        Some((user, hostport)) => (format!("{user}@"), hostport),
+        None => (String::new(), authority),
+    };
+    let upstream = hostport.rsplit_once(':')?.1.parse().ok()?;
+    Some((format!("{scheme}://{user}127.0.0.1:{port}{tail}"), upstream))
+}
+
+/// A fault the nemesis undoes later.
+enum Undo {
+    /// SIGCONT a worker.
+    Worker(usize),
+    /// SIGCONT Redis.
+    Redis,
+    /// Heal a worker's links: no partition, no faults.
+    Links(usize),
+}
+
+/// Lifts a worker's partition and faults.
+fn heal(links: &Links) {
+    for link in links.each() {
+        link.set(LinkFaults::default());
+        link.blackhole(false);
     }
 }
 
@@ -812,11 +867,31 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         dir.display()
     );
 
+    // Each worker reaches Redis and Postgres through its own fault proxies.
+    let links: Vec<Links> = (0..args.workers)
+        .map(|i| {
+            let seed = seed.wrapping_add(i as u64);
+            let postgres = through(&args.postgres, 0)
+                .map(|(_, upstream)| FaultProxy::start(upstream, seed ^ 0x5047));
+            Links {
+                redis: FaultProxy::start(redis.port, seed),
+                postgres,
+            }
+        })
+        .collect();
     let worker_args = |i: usize| -> Vec<String> {
+        let redis_url = links[i].redis.redis_url();
+        let (books, epochs) = match &links[i].postgres {
+            Some(proxy) => (
+                through(&books, proxy.port()).map_or(books.clone(), |(url, _)| url),
+                through(&epochs, proxy.port()).map_or(epochs.clone(), |(url, _)| url),
+            ),
+            None => (books.clone(), epochs.clone()),
+        };
         [
             "worker",
             "--redis",
-            &redis.url(),
+            &redis_url,
             "--name",
             &format!("soak-{i}"),
             "--lease",
@@ -828,7 +903,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             "--drain",
             "2s",
             "--sink",
-            &format!("{LEDGER}={}", redis.url()),
+            &format!("{LEDGER}={redis_url}"),
             "--sink",
             &format!("{BOOKS}={books}"),
             "--relay",
@@ -868,7 +943,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         ProgressStyle::with_template("{bar:40} {pos}/{len}s  {msg}").expect("static template"),
     );
     let mut next_fault = Instant::now() + Duration::from_millis(rng.random_range(500..2000));
-    let mut resume: Vec<(Instant, Option<usize>)> = Vec::new(); // SIGCONT due (worker, or Redis)
+    let mut resume: Vec<(Instant, Undo)> = Vec::new(); // what to undo, when
     let tick = Duration::from_secs(1) / args.rate.max(1);
     while started.elapsed() < faults_for {
         // Produce.
@@ -907,10 +982,11 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
                 bail!("a worker exited on its own ({status}): {tail:?}");
             }
         }
-        for (_, who) in resume.iter().filter(|(at, _)| *at <= now) {
-            match who {
-                Some(w) => workers[*w].signal("-CONT"),
-                None => redis.signal("-CONT"),
+        for (_, undo) in resume.iter().filter(|(at, _)| *at <= now) {
+            match undo {
+                Undo::Worker(w) => workers[*w].signal("-CONT"),
+                Undo::Redis => redis.signal("-CONT"),
+                Undo::Links(w) => heal(&links[*w]),
             }
         }
         resume.retain(|(at, _)| *at > now);
@@ -922,11 +998,12 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
             let draw = if wipe_due {
                 15
             } else {
-                rng.random_range(0..16)
+                rng.random_range(0..21)
             };
             let mut fleet = Fleet {
                 workers: &mut workers,
                 redis: &mut redis,
+                links: &links,
                 resume: &mut resume,
                 log: &log,
                 plant: &plant,
@@ -943,8 +1020,10 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         std::thread::sleep(tick.saturating_sub(Instant::now() - now));
     }
     bar.finish_and_clear();
-    // Heal: everything resumed, then drain.
+    // Heal: everything resumed, every link clean, the clock right, then drain.
     redis.signal("-CONT");
+    redis.clock.set(0);
+    links.iter().for_each(heal);
     for w in &workers {
         w.signal("-CONT");
     }
@@ -990,14 +1069,16 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
 struct Fleet<'a> {
     workers: &'a mut Vec<Worker>,
     redis: &'a mut Redis,
-    /// SIGCONT due: a worker, or Redis (`None`).
-    resume: &'a mut Vec<(Instant, Option<usize>)>,
+    /// Each worker's links.
+    links: &'a [Links],
+    /// What to undo, when.
+    resume: &'a mut Vec<(Instant, Undo)>,
     log: &'a Path,
     plant: &'a [(&'a str, String)],
 }
 
 impl Fleet<'_> {
-    /// Injects the fault `draw` (0..16) picks — on worker `w` where it hits a worker — and
+    /// Injects the fault `draw` (0..21) picks — on worker `w` where it hits a worker — and
     /// names it.
     fn inject(
         &mut self,
@@ -1011,7 +1092,7 @@ impl Fleet<'_> {
             0..=5 => {
                 let pause = lease.mul_f64(rng.random_range(0.5..3.0));
                 self.workers[w].signal("-STOP");
-                self.resume.push((now + pause, Some(w)));
+                self.resume.push((now + pause, Undo::Worker(w)));
                 "worker SIGSTOP"
             }
             6..=8 => {
@@ -1023,17 +1104,54 @@ impl Fleet<'_> {
             9..=11 => {
                 let pause = lease.mul_f64(rng.random_range(0.3..2.0));
                 self.redis.signal("-STOP");
-                self.resume.push((now + pause, None));
+                self.resume.push((now + pause, Undo::Redis));
                 "redis SIGSTOP"
             }
             12..=14 => {
                 self.redis.restart()?;
-                self.resume.retain(|(_, who)| who.is_some());
+                self.resume.retain(|(_, undo)| !matches!(undo, Undo::Redis));
                 "redis restart (AOF)"
+            }
+            16 | 17 => {
+                // A partition: nothing moves between this worker and Redis or Postgres (its
+                // sockets stay open, what it sent arrives when it heals), past its lease.
+                let cut_off = lease.mul_f64(rng.random_range(0.5..3.0));
+                self.links[w].each().for_each(|link| link.blackhole(true));
+                self.resume.push((now + cut_off, Undo::Links(w)));
+                "worker link partition"
+            }
+            18 => {
+                // A bad link for a while: latency, jitter, drops, replies cut half-way.
+                let faults = LinkFaults {
+                    latency: Duration::from_millis(rng.random_range(1..20)),
+                    jitter: Duration::from_millis(rng.random_range(0..30)),
+                    drop: 0.005,
+                    cut_reply: 0.02,
+                };
+                self.links[w].each().for_each(|link| link.set(faults));
+                let lasting = lease.mul_f64(rng.random_range(2.0..6.0));
+                self.resume.push((now + lasting, Undo::Links(w)));
+                "worker lossy link"
+            }
+            19 => {
+                // Replies lost after the server acted: whatever this worker asked next.
+                self.links[w].redis.cut_next_replies(rng.random_range(1..4), b"");
+                "worker replies lost"
+            }
+            20 => {
+                // The Redis host's clock steps, ahead (past every live lease) or behind, or
+                // back to the real time; never near the sink's key retention (a day).
+                let offset = match rng.random_range(0..3) {
+                    0 => 0,
+                    1 => rng.random_range(2..90),
+                    _ => -rng.random_range(2..60),
+                };
+                self.redis.clock.set(offset);
+                "redis clock jump"
             }
             _ => {
                 self.redis.signal("-CONT");
-                self.resume.retain(|(_, who)| who.is_some());
+                self.resume.retain(|(_, undo)| !matches!(undo, Undo::Redis));
                 self.redis.wipe("{palisade}:*")?;
                 WIPE
             }
