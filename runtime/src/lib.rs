@@ -98,7 +98,8 @@ pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, Job, JobError, NewJob, QueueCounts, RateLimit, Settlement,
-    UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
+    UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION,
+    MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
