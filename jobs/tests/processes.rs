@@ -715,16 +715,8 @@ fn enqueue_emails(redis: &RedisServer, n: usize, millis: u64) {
     let lines: String = (0..n)
         .map(|i| format!("{{\"to\":\"u{i}@example.com\",\"millis\":{millis}}}\n"))
         .collect();
-    let mut enqueue = Command::new(BIN)
-        .args(["enqueue", "email.send", "--stdin"])
-        .env("PALISADE_REDIS_URL", redis.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(enqueue.stdin.as_mut().unwrap(), lines.as_bytes()).unwrap();
-    drop(enqueue.stdin.take());
-    assert!(enqueue.wait().unwrap().success());
+    let args = ["enqueue", "email.send", "--stdin"];
+    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines);
 }
 
 #[test]
@@ -1113,37 +1105,8 @@ fn replies_lost_after_the_server_acted_never_double_apply_lose_or_hold() {
     to_redis.set(lossy(0.05));
     to_sink.set(lossy(0.1));
     let a = worker_at(&to_redis.redis_url(), &to_sink.redis_url(), "A", "1s", &[]);
-    let (jobs, accounts) = (80u32, 8u32);
-    let mut expected = vec![0i64; accounts as usize];
-    let input: String = (0..jobs)
-        .map(|i| {
-            let (account, cents) = (i % accounts, i64::from(i) + 1);
-            expected[account as usize] += cents;
-            format!("{{\"account\":{account},\"cents\":{cents}}}\n")
-        })
-        .collect();
-    let mut enqueue = Command::new(BIN)
-        .args([
-            "enqueue",
-            "ledger.deposit",
-            "--stdin",
-            "--scope",
-            "account:{account}",
-        ])
-        .args(["--max-attempts", "20", "--max-stalls", "20"])
-        .env("PALISADE_REDIS_URL", redis.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write as _;
-    enqueue
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    assert!(enqueue.wait().unwrap().success());
+    let jobs = 80u32;
+    let expected = enqueue_deposits(&redis, jobs, 8, 0);
     wait_for(
         "every deposit to complete",
         Duration::from_secs(180),
@@ -1193,28 +1156,18 @@ fn enqueue_deposits(redis: &RedisServer, jobs: u32, accounts: u32, hold_ms: u64)
             format!("{{\"account\":{account},\"cents\":{cents},\"hold_ms\":{hold_ms}}}\n")
         })
         .collect();
-    let mut enqueue = Command::new(BIN)
-        .args([
-            "enqueue",
-            "ledger.deposit",
-            "--stdin",
-            "--scope",
-            "account:{account}",
-        ])
-        .args(["--max-attempts", "20", "--max-stalls", "20"])
-        .env("PALISADE_REDIS_URL", redis.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write as _;
-    enqueue
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    assert!(enqueue.wait().unwrap().success());
+    let args = [
+        "enqueue",
+        "ledger.deposit",
+        "--stdin",
+        "--scope",
+        "account:{account}",
+        "--max-attempts",
+        "20",
+        "--max-stalls",
+        "20",
+    ];
+    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &input);
     expected
 }
 

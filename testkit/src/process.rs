@@ -128,3 +128,28 @@ pub fn run(bin: &str, redis_url: &str, args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// [`run`] with `input` on its stdin (`enqueue --stdin`, say).
+pub fn run_with_stdin(bin: &str, redis_url: &str, args: &[&str], input: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("PALISADE_REDIS_URL", redis_url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let text = input.to_owned();
+    // Written from a thread: a child that answers as it reads must not block on a full pipe.
+    let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{bin} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
