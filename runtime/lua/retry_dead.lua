@@ -3,7 +3,8 @@
 -- ARGV[1]  queue, ARGV[2] most jobs to move (oldest first)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  how many were moved
--- Errors   none (a record whose keys another program wrote over stays in the list)
+-- Errors   none (a record whose keys another program wrote over, or whose id names a live job
+--          again, stays in the list, at its end)
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
   local refused = wrong_layout(KEYS[1])
@@ -27,6 +28,12 @@ for _ = 1, tonumber(ARGV[2]) do
     break
   end
   local job = base .. 'job:' .. d.id
+  if redis.call('EXISTS', job) == 1 then
+    -- Its id names a live job again (re-enqueued with that id, NewJob::with_id): reviving it
+    -- would write over that job. The record stays (at the end), unchanged.
+    redis.call('RPUSH', base .. 'q:' .. queue .. ':dead', raw)
+    break
+  end
   local want, counted = { [job] = 'hash' }, {}
   settle_keys(base, want, counted, d.id,
     { d.queue, d.scope ~= 'job:' .. d.id and d.scope or nil, d.kind }, true, false, false)

@@ -160,7 +160,8 @@ impl Client {
 /// Every job without an id gets one here, before the first attempt ([`NewJob::with_id`], kept
 /// taken for [`ENQUEUE_RETRY_WINDOW`]), and a transient failure is retried with the same ids
 /// for up to [`ENQUEUE_RETRY_FOR`]: a reply lost after the backend acted cannot add a job
-/// twice. A job found existing under the very id minted for it was added by an earlier
+/// twice. A batch with a job whose own unique key lapses within the window is not retried
+/// (its failure is [`Error::OutcomeUnknown`] at once). A job found existing under the very id minted for it was added by an earlier
 /// attempt of this call (no one else knows the id), so it is reported as added.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
@@ -179,7 +180,15 @@ pub(crate) async fn enqueue_counted(
         })
         .collect();
     let queues: Vec<String> = jobs.iter().map(|j| j.queue.clone()).collect();
-    let done = with_retries(|| store.enqueue_all(jobs.clone())).await?;
+    // A retry is safe only if every job's id stays taken longer than the retries go on: a job
+    // whose own unique key lapses sooner (`--unique-ttl 0s`) could be done and gone, key and
+    // all, when the retry arrives, and would be added again.
+    let retry_safe = jobs.iter().all(|j| {
+        j.unique
+            .as_ref()
+            .is_some_and(|u| u.ttl >= ENQUEUE_RETRY_WINDOW)
+    });
+    let done = with_retries(retry_safe, jobs.len(), || store.enqueue_all(jobs.clone())).await?;
     let done: Vec<Enqueued> = done
         .into_iter()
         .zip(&jobs)
@@ -203,9 +212,12 @@ pub(crate) async fn enqueue_counted(
     Ok(done)
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or has failed transiently for
-/// [`ENQUEUE_RETRY_FOR`] (then its last error), backing off from 50 ms to 1 s.
-async fn with_retries<T, F, Fut>(mut attempt: F) -> Result<T>
+/// Runs the enqueue `attempt` of `jobs` jobs until it succeeds, fails for good, or has failed
+/// transiently for [`ENQUEUE_RETRY_FOR`], backing off from 50 ms to 1 s (only once, when a
+/// retry is not `safe`). A transient failure it gives up on may have happened after the
+/// backend acted (a lost reply), so it is [`Error::OutcomeUnknown`], never "not added": the
+/// same jobs enqueued again add nothing if they carry ids ([`NewJob::with_id`]).
+async fn with_retries<T, F, Fut>(safe: bool, jobs: usize, mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -214,7 +226,13 @@ where
     let mut backoff = Duration::from_millis(50);
     loop {
         match attempt().await {
-            Err(e) if e.is_retryable() && started.elapsed() + backoff < ENQUEUE_RETRY_FOR => {
+            // A layout error is decided before anything changes; the others may not be.
+            Err(e @ (Error::Unavailable(_) | Error::OutcomeUnknown(_))) => {
+                if !safe || started.elapsed() + backoff >= ENQUEUE_RETRY_FOR {
+                    return Err(Error::OutcomeUnknown(format!(
+                        "{jobs} job(s) may or may not have been enqueued: {e}"
+                    )));
+                }
                 crate::repeats::warn_repeated!(error = %e, "enqueue failed; retrying with the same job ids");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));

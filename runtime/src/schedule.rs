@@ -115,6 +115,14 @@ impl TryFrom<ScheduleSpec> for Schedule {
         spec.job
             .validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)
             .map_err(|e| Error::InvalidJob(format!("schedule {}: {e}", spec.name)))?;
+        if spec.job.id.is_some() {
+            // Every tick is a job of its own (unique per tick): one id for all would let only
+            // the first tick in, or refuse a batch of due ticks for good.
+            return Err(Error::InvalidJob(format!(
+                "schedule {}: its job has an id (NewJob::with_id); each tick's job gets its own",
+                spec.name
+            )));
+        }
         if !(MIN_GRACE..=MAX_GRACE).contains(&spec.grace) {
             return Err(Error::InvalidJob(format!(
                 "schedule {}: grace {:?} is outside {MIN_GRACE:?}..={MAX_GRACE:?}",
@@ -300,6 +308,17 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_whose_job_has_an_id_is_refused() {
+        let job = NewJob::raw("k", "{}").with_id(crate::JobId::new());
+        let refused = Schedule::new("s", "* * * * *", job);
+        assert!(
+            matches!(&refused, Err(Error::InvalidJob(e)) if e.contains("has an id")),
+            "{:?}",
+            refused.err()
+        );
+    }
 
     fn every_second() -> Schedule {
         Schedule::new("tick", "* * * * * *", NewJob::raw("k", "null")).unwrap()

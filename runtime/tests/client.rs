@@ -108,3 +108,29 @@ async fn an_enqueue_whose_reply_is_lost_is_retried_as_the_same_jobs() {
     want.sort();
     assert_eq!(ids, want, "the jobs go by the ids the client returned");
 }
+
+/// Found by the attack review of issue 23: a job whose own unique key lapses within the
+/// retry window (`--unique-ttl 0s`) could be done and gone, key and all, before a retry: the
+/// enqueue is not retried, and its failure says the outcome is unknown.
+#[tokio::test]
+async fn an_enqueue_that_cannot_be_retried_safely_says_its_outcome_is_unknown() {
+    use palisade_testkit::FaultProxy;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port, 23);
+    let client = Client::connect(&proxy.redis_url(), "short").await.unwrap();
+    proxy.cut_next_replies(1, b"$36\r\n");
+    let done = client
+        .enqueue(NewJob::raw("k", "1").with_unique_key("k", Duration::ZERO))
+        .await;
+    assert!(matches!(done, Err(Error::OutcomeUnknown(_))), "{done:?}");
+    assert_eq!(
+        server.cli(&["GET", "{short}:seq"]).unwrap(),
+        "1",
+        "not retried"
+    );
+    assert_eq!(
+        client.counts("default").await.unwrap().ready,
+        1,
+        "it was added"
+    );
+}

@@ -46,7 +46,11 @@ impl SkewedClock {
     /// Puts the clock `seconds` ahead of the real time (behind when negative), from the
     /// process's next reading on: a jump, whichever way.
     pub fn set(&self, seconds: i64) {
-        std::fs::write(&self.file, format!("{seconds:+}\n")).unwrap();
+        // Written aside and renamed over: the process reads the file on every clock call and
+        // must never see it half-written (empty: the real time, for a moment).
+        let next = self.file.with_extension("next");
+        std::fs::write(&next, format!("{seconds:+}\n")).unwrap();
+        std::fs::rename(&next, &self.file).unwrap();
     }
 
     /// The environment that makes a process read this clock.

@@ -158,7 +158,10 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
                 batch.iter().map(|(_, job)| job.clone()).collect(),
             )
             .await
-            .with_context(|| not_enqueued(&jobs, done))?;
+            .map_err(|e| {
+                let unknown = matches!(e, crate::Error::OutcomeUnknown(_));
+                anyhow::Error::from(e).context(not_enqueued(&jobs, done, unknown))
+            })?;
             for ((line, job), outcome) in batch.iter().zip(&added) {
                 if let Enqueued::Existing(id) = outcome {
                     let why = if job.id == Some(*id) {
@@ -188,11 +191,23 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
 
 /// What a failed batch, the one from `jobs[done]` on, leaves: the input lines of it and
 /// every later one (never sent) are not enqueued, the jobs before it are.
-fn not_enqueued(jobs: &[(Option<usize>, NewJob)], done: usize) -> String {
+fn not_enqueued(jobs: &[(Option<usize>, NewJob)], done: usize, unknown: bool) -> String {
     let lines = (
         jobs.get(done).and_then(|j| j.0),
         jobs.last().and_then(|j| j.0),
     );
+    if unknown {
+        // The backend may have acted before the link failed: say so, never "not enqueued".
+        return match lines {
+            (Some(first), Some(last)) => format!(
+                "stdin lines {first}..={last} may or may not have been enqueued (the {done} \
+                 jobs of the lines before were: their ids are on stdout)"
+            ),
+            _ => "the job may or may not have been enqueued: check before enqueueing it again \
+                  without --id"
+                .into(),
+        };
+    }
     match lines {
         (Some(first), Some(last)) if done == 0 => {
             format!("nothing was enqueued (stdin lines {first}..={last})")

@@ -26,6 +26,7 @@ macro_rules! lease_cases {
             the_watermark_stays_below_every_live_lease,
             unique_keys_make_enqueue_idempotent,
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
+            a_dead_job_is_not_revived_over_a_live_job_of_its_id,
         );
     };
 }
@@ -808,4 +809,42 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
     assert_eq!(keyed, [Enqueued::Added(w), Enqueued::Existing(w)]);
     let counts = store.counts("ids").await.unwrap();
     assert_eq!((counts.ready, counts.completed), (1, 3), "{counts:?}");
+}
+
+/// Found by the attack review of issue 23: a dead job's id enqueued again (its id no longer
+/// taken) names a live job; retrying the dead record must not write over that job.
+pub async fn a_dead_job_is_not_revived_over_a_live_job_of_its_id(store: Stores) {
+    let x = JobId::new();
+    let mut bare = job("a").with_queue("revive").with_id(x);
+    bare.unique = None;
+    store.enqueue_all(vec![bare.clone()]).await.unwrap();
+    let c = store
+        .claim("revive", "suite", 1, TTL)
+        .await
+        .unwrap()
+        .remove(0);
+    settle(
+        &store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "bad".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let mut again = bare;
+    again.payload = "\"second\"".into();
+    assert_eq!(
+        store.enqueue_all(vec![again]).await.unwrap(),
+        [Enqueued::Added(x)]
+    );
+    assert_eq!(store.retry_dead("revive", 10).await.unwrap(), 0);
+    let counts = store.counts("revive").await.unwrap();
+    assert_eq!((counts.ready, counts.dead), (1, 1), "{counts:?}");
+    let c = store.claim("revive", "suite", 10, TTL).await.unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        c[0].job.payload, "\"second\"",
+        "the live job kept its payload"
+    );
 }

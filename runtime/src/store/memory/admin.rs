@@ -177,20 +177,26 @@ impl QueueAdmin for MemoryLeaseStore {
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
         let now = Instant::now();
         let mut state = lock(&self.state);
-        let revived: Vec<DeadJob> = match state.queues.get_mut(queue) {
-            Some(q) => {
-                let n = limit.min(q.dead.len());
-                q.dead.drain(..n).collect()
+        let mut count = 0;
+        while count < limit {
+            let Some(dead) = state.queues.get_mut(queue).and_then(|q| q.dead.pop_front()) else {
+                break;
+            };
+            if state.jobs.contains_key(&dead.job.id) {
+                // Its id names a live job again (re-enqueued with that id): reviving it would
+                // write over that job. The record stays (at the end), as on Redis.
+                if let Some(q) = state.queues.get_mut(queue) {
+                    q.dead.push_back(dead);
+                }
+                break;
             }
-            None => return Ok(0),
-        };
-        let count = revived.len();
-        for DeadJob { mut job, .. } in revived {
+            let DeadJob { mut job, .. } = dead;
             let id = job.id;
             job.attempt = 0;
             job.stalls = 0;
             state.jobs.insert(id, job);
             state.park(id, now, now);
+            count += 1;
         }
         Ok(count)
     }
