@@ -1252,3 +1252,51 @@ fn clocks_that_jump_lose_no_job_let_no_stale_write_in_and_fire_each_tick_once() 
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Found by the soak of issue 23: a worker restarted while its Redis was restarting exited
+/// ("BusyLoading: Redis is loading the dataset in memory"). A worker started while Redis
+/// loads its append-only file now waits for it, then works.
+#[test]
+fn a_worker_started_while_redis_loads_its_data_waits_for_it() {
+    let mut redis = RedisServer::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        // About 8 s of loading, answering clients all along (with -LOADING).
+        "--key-load-delay",
+        "800",
+        "--loading-process-events-interval-bytes",
+        "1024",
+        "--enable-debug-command",
+        "local",
+    ]);
+    let sink = RedisServer::start();
+    redis.cli(&["DEBUG", "POPULATE", "10000"]).unwrap();
+    redis.cli(&["BGREWRITEAOF"]).unwrap();
+    wait_for("the AOF rewrite", Duration::from_secs(20), || {
+        redis.cli(&["INFO", "persistence"]).is_some_and(|i| {
+            i.contains("aof_rewrite_in_progress:0") && i.contains("aof_rewrite_scheduled:0")
+        })
+    });
+    let (url, port) = (redis.url(), redis.port.to_string());
+    let loading = || {
+        Command::new("redis-cli")
+            .args(["-p", &port, "PING"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("LOADING"))
+    };
+    // Restarted in the background (the kit's restart returns once Redis answers), and the
+    // worker started while it loads.
+    let patient = std::thread::scope(|s| {
+        s.spawn(|| redis.restart());
+        wait_for("Redis to be loading", Duration::from_secs(20), loading);
+        worker_at(&url, &sink.url(), "patient", "1s", &[])
+    });
+    deposit(&redis, 3, 125, 0);
+    wait_for("the deposit", Duration::from_secs(40), || {
+        counts(&redis)["completed"] == 1
+    });
+    assert_eq!(balance(&sink, 3), 125);
+    assert!(patient.terminate().success());
+}

@@ -43,7 +43,7 @@ use anyhow::Context as _;
 use clap::{ArgMatches, FromArgMatches, Subcommand};
 
 use crate::context::Registry;
-use crate::store::redis::{cluster_with_ca, ping, pool_with_ca, redacted, sentinel, Target};
+use crate::store::redis::{cluster_with_ca, pool_with_ca, redacted, sentinel, Target};
 use crate::store::Stores;
 use crate::RedisLeaseStore;
 
@@ -560,10 +560,11 @@ impl RedisArgs {
         Ok(pool_with_ca(url, ca)?.into())
     }
 
-    /// A pool for `url` that has answered a PING.
+    /// A pool for `url` that has answered a PING (waiting up to a minute for a server that is
+    /// there but not ready: loading its data, say).
     async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Target> {
         let pool = self.pool(url)?;
-        ping(&pool)
+        crate::store::redis::ping_until_ready(pool.clone(), Duration::from_secs(60))
             .await
             .with_context(|| format!("cannot reach {what} at {}", redacted(url)))?;
         Ok(pool)

@@ -331,6 +331,48 @@ pub async fn ping(target: impl Into<Target>) -> Result<()> {
     pong.map(drop).map_err(unavailable)
 }
 
+/// [`ping`], waiting out a server that is there but not ready — loading its data after a
+/// restart, busy with a script, a master or cluster not settled yet — for up to `patience`: a
+/// worker started beside its Redis (a host reboot, a deploy of both, a restart while Redis
+/// loads its append-only file) waits for it instead of exiting. A refused connection still
+/// fails at once.
+pub async fn ping_until_ready(target: impl Into<Target>, patience: Duration) -> Result<()> {
+    let target = target.into();
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match ping(target.clone()).await {
+            Err(Error::Unavailable(why))
+                if not_now(&why) && tokio::time::Instant::now() < deadline =>
+            {
+                crate::repeats::warn_repeated!(error = %why, "Redis is not ready yet; waiting");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether an unavailable link's text says a server is there but not ready: its "not now"
+/// codes (as the server or redis-rs names them), or a connection it accepted and then
+/// dropped or left unanswered (a handshake sent while it loads can hang until the timeout).
+/// Not a refused connection, a name that does not resolve or a certificate refused: those
+/// are a wrong address or setting, said at once.
+fn not_now(why: &str) -> bool {
+    const SIGNS: [&str; 10] = [
+        "LOADING",
+        "BusyLoading",
+        "BUSY",
+        "TRYAGAIN",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "timed out",
+        "Connection reset",
+        "Broken pipe",
+        "connection closed",
+    ];
+    SIGNS.iter().any(|sign| why.contains(sign))
+}
+
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the text between the first
 /// `{` and the next `}`, if not empty) or of the whole key, modulo 16384 — as the server
 /// computes it.

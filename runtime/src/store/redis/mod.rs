@@ -16,7 +16,7 @@ mod sentinel;
 pub use deadpool_redis::Pool;
 
 pub use connection::{
-    cluster, cluster_with_ca, ping, pool, pool_with_ca, redacted, Cluster, Target,
+    cluster, cluster_with_ca, ping, ping_until_ready, pool, pool_with_ca, redacted, Cluster, Target,
 };
 pub use fenced::RedisFencedStore;
 pub use lease::RedisLeaseStore;
