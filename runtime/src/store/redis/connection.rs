@@ -359,17 +359,18 @@ pub async fn ping_until_ready(target: impl Into<Target>, patience: Duration) -> 
 /// are a wrong address or setting, said at once.
 fn not_now(why: &str) -> bool {
     const SIGNS: [&str; 10] = [
-        "LOADING",
-        "BusyLoading",
-        "BUSY",
-        "TRYAGAIN",
-        "MASTERDOWN",
-        "CLUSTERDOWN",
+        "loading",
+        "busy",
+        "tryagain",
+        "masterdown",
+        "clusterdown",
         "timed out",
-        "Connection reset",
-        "Broken pipe",
+        "connection reset",
+        "broken pipe",
         "connection closed",
+        "end of file",
     ];
+    let why = why.to_lowercase();
     SIGNS.iter().any(|sign| why.contains(sign))
 }
 
