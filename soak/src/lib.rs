@@ -1135,7 +1135,9 @@ impl Fleet<'_> {
             }
             19 => {
                 // Replies lost after the server acted: whatever this worker asked next.
-                self.links[w].redis.cut_next_replies(rng.random_range(1..4), b"");
+                self.links[w]
+                    .redis
+                    .cut_next_replies(rng.random_range(1..4), b"");
                 "worker replies lost"
             }
             20 => {
