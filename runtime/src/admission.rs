@@ -490,4 +490,42 @@ mod tests {
         assert_eq!(r.highest(), Some(FencingToken::from_u64(2)));
         assert_eq!(Rejection::Mutation { why: "x".into() }.highest(), None);
     }
+
+    /// Killed mutants (issue 23's mutation run): `advance` never lowers a fence, even when
+    /// asked with an older generation (a caller that skipped `decide`), and `refuse_content`
+    /// says whether the fence moved, which decides whether it is queued for collection.
+    #[test]
+    fn advance_never_lowers_and_refuse_content_says_whether_it_moved() {
+        let (a, b) = (LeaseId::new(), LeaseId::new());
+        assert_eq!(advance(Some(fence(5, a)), fence(3, b)), Some(fence(5, a)));
+        assert_eq!(advance(Some(fence(5, a)), fence(5, b)), Some(fence(5, a)));
+        assert_eq!(advance(Some(fence(5, a)), fence(6, b)), Some(fence(6, b)));
+        assert_eq!(advance(None, fence(1, b)), Some(fence(1, b)));
+        let mut scope = ScopeFence::default();
+        assert!(scope.refuse_content(fence(2, a)), "a first fence moves");
+        assert!(!scope.refuse_content(fence(2, a)), "the same one does not");
+        assert!(!scope.refuse_content(fence(1, b)), "an older one does not");
+        assert!(scope.refuse_content(fence(3, b)), "a newer one does");
+    }
+
+    /// Killed mutants: every rejection names its reason as the metrics and the journal label it.
+    #[test]
+    fn rejections_name_their_reasons() {
+        let stale = Rejection::StaleToken {
+            presented: FencingToken::from_u64(1),
+            highest: FencingToken::from_u64(2),
+        };
+        let conflict = Rejection::TokenConflict {
+            token: FencingToken::from_u64(2),
+            held_by: LeaseId::new(),
+            presented_by: LeaseId::new(),
+        };
+        let mutation = Rejection::Mutation {
+            why: "overflow".into(),
+        };
+        assert_eq!(
+            [stale.reason(), conflict.reason(), mutation.reason()],
+            ["stale_token", "token_conflict", "mutation"]
+        );
+    }
 }

@@ -281,4 +281,16 @@ mod tests {
         );
         assert!(data.is_empty());
     }
+
+    /// Killed mutants (issue 23's mutation run): each mutation names the key it changes (the
+    /// Redis sink routes a write to its key's slot and checks it by this name).
+    #[test]
+    fn each_mutation_names_its_key() {
+        let hash = Mutation::HashSet {
+            key: "h".into(),
+            fields: vec![("f".into(), "v".into())],
+        };
+        let (s, i) = (set("s", "v"), incr("i", "f", 1));
+        assert_eq!([s.key(), hash.key(), i.key()], ["s", "h", "i"]);
+    }
 }
