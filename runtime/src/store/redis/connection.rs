@@ -353,22 +353,18 @@ pub async fn ping_until_ready(target: impl Into<Target>, patience: Duration) -> 
 }
 
 /// Whether an unavailable link's text says a server is there but not ready: its "not now"
-/// codes (as the server or redis-rs names them), or a connection it accepted and then
-/// dropped or left unanswered (a handshake sent while it loads can hang until the timeout).
-/// Not a refused connection, a name that does not resolve or a certificate refused: those
-/// are a wrong address or setting, said at once.
+/// codes (as the server or redis-rs names them), or a connection it accepted and left
+/// unanswered (a handshake sent while it loads can hang until the timeout). Not a refused or
+/// reset connection (a plain client at a TLS-only port is reset at once), a name that does
+/// not resolve or a certificate refused: those are a wrong address or setting, said at once.
 fn not_now(why: &str) -> bool {
-    const SIGNS: [&str; 10] = [
+    const SIGNS: [&str; 6] = [
         "loading",
         "busy",
         "tryagain",
         "masterdown",
         "clusterdown",
         "timed out",
-        "connection reset",
-        "broken pipe",
-        "connection closed",
-        "end of file",
     ];
     let why = why.to_lowercase();
     SIGNS.iter().any(|sign| why.contains(sign))
