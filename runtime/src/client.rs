@@ -161,8 +161,9 @@ impl Client {
 /// taken for [`ENQUEUE_RETRY_WINDOW`]), and a transient failure is retried with the same ids
 /// for up to [`ENQUEUE_RETRY_FOR`]: a reply lost after the backend acted cannot add a job
 /// twice. A batch with a job whose own unique key lapses within the window is not retried
-/// (its failure is [`Error::OutcomeUnknown`] at once). A job found existing under the very id minted for it was added by an earlier
-/// attempt of this call (no one else knows the id), so it is reported as added.
+/// (its failure is [`Error::OutcomeUnknown`] at once). A job found existing under the very id
+/// minted for it was added by an earlier attempt of this call (no one else knows the id), so
+/// it is reported as added.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
     jobs: Vec<NewJob>,
@@ -213,7 +214,7 @@ pub(crate) async fn enqueue_counted(
 }
 
 /// Runs the enqueue `attempt` of `jobs` jobs until it succeeds, fails for good, or has failed
-/// transiently for [`ENQUEUE_RETRY_FOR`], backing off from 50 ms to 1 s (only once, when a
+/// transiently for [`ENQUEUE_RETRY_FOR`], backing off from 50 ms to 1 s (once only, when a
 /// retry is not `safe`). A transient failure it gives up on may have happened after the
 /// backend acted (a lost reply), so it is [`Error::OutcomeUnknown`], never "not added": the
 /// same jobs enqueued again add nothing if they carry ids ([`NewJob::with_id`]).
