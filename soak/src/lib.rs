@@ -24,7 +24,9 @@
 //! A wipe loses the coordinator's jobs: postings acknowledged before a wipe and never applied
 //! are counted as lost *with the wipe* (the operator's loss, reported, not a violation), and
 //! one whose Redis credit landed before its job vanished explains exactly its cents of the
-//! difference between the sinks. Everything else is checked as strictly as without wipes, and
+//! difference between the sinks. Which credits landed, and how often, the checker reads from
+//! the sink itself: each credit records its posting's cents in the account's hash in the same
+//! write, so neither a lost reply nor a kill -9 between send and log can hide one. Everything else is checked as strictly as without wipes, and
 //! a holder from before a wipe must still be refused after it.
 //!
 //! Not injected: kill -9 of Redis (AOF `everysec` may lose the last second, which is Redis'
@@ -211,11 +213,21 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
         let key = palisade::IdempotencyKey::new(format!("{job}/credit-half"));
         ctx.sink(LEDGER)?.write_keyed(key, first).await?;
     }
-    let mut credit = vec![Mutation::HashIncr {
-        key: account_key(p.account),
-        field: "balance".into(),
-        by: p.cents,
-    }];
+    // The credit also records its posting's cents under the posting, in the same hash and
+    // the same write: the checker reads from the sink itself which postings the balance
+    // holds, and how often, whatever a lost reply or a kill -9 kept out of the log.
+    let mut credit = vec![
+        Mutation::HashIncr {
+            key: account_key(p.account),
+            field: "balance".into(),
+            by: p.cents,
+        },
+        Mutation::HashIncr {
+            key: account_key(p.account),
+            field: credit_field(p.nonce),
+            by: p.cents,
+        },
+    ];
     if p.poison {
         credit.push(Mutation::Set {
             key: account_key(p.account),
@@ -250,6 +262,11 @@ pub async fn post(ctx: JobContext, p: Post) -> Result<(), JobError> {
     log_outcome(&ctx, p.nonce, &format!("{job}/tx/post"), sent, &posted);
     posted?.accepted()?;
     Ok(())
+}
+
+/// The field of an account's hash that records the cents posting `nonce` credited.
+fn credit_field(nonce: u64) -> String {
+    format!("posting:{nonce}")
 }
 
 /// A bug planted on purpose (`palisade-soak soak --plant`), to show the checker catches it in a
@@ -365,6 +382,9 @@ pub struct Evidence {
     pub dead_nonces: BTreeMap<u64, String>,
     /// Redis sink balances by account.
     pub balances: BTreeMap<u32, i64>,
+    /// The Redis sink's record of credits: nonce → (account, cents credited, summed over
+    /// every time the credit was applied).
+    pub credits: BTreeMap<u64, (u32, i64)>,
     /// Receipts the receiver accepted, by nonce.
     pub deliveries: BTreeMap<u64, u32>,
     /// Every logged write attempt.
@@ -471,35 +491,58 @@ pub fn check(e: &Evidence) -> Vec<String> {
             e.pending
         ));
     }
-    // All or nothing, exactly once across sinks: the Redis balances are the sums of the
-    // postings the Postgres ledger holds (each job writes both, each keyed by job).
-    let mut sums: BTreeMap<u32, i64> = BTreeMap::new();
-    for (account, cents) in rows.values() {
-        *sums.entry(*account).or_default() += cents;
+    // All or nothing within the Redis sink: a credit adds to the balance and records its
+    // posting in one write, so each balance is the sum of its records.
+    let mut recorded: BTreeMap<u32, i64> = BTreeMap::new();
+    for (account, cents) in e.credits.values() {
+        *recorded.entry(*account).or_default() += cents;
     }
-    // A posting a wipe took after its credit landed: the credit stays, exactly once.
-    let credited: std::collections::BTreeSet<u64> = e
-        .attempts
-        .iter()
-        .filter(|a| a.sink == LEDGER && a.key.ends_with("/credit"))
-        .filter(|a| a.outcome == "applied" || a.outcome == "duplicate")
-        .map(|a| a.nonce)
-        .collect();
-    for nonce in wiped.iter().filter(|n| credited.contains(n)) {
-        let (account, cents) = e.acked[nonce];
-        *sums.entry(account).or_default() += cents;
-    }
-    for account in sums
+    for account in recorded
         .keys()
         .chain(e.balances.keys())
         .collect::<std::collections::BTreeSet<_>>()
     {
         let (want, have) = (
-            sums.get(account).copied().unwrap_or(0),
+            recorded.get(account).copied().unwrap_or(0),
             e.balances.get(account).copied().unwrap_or(0),
         );
         if want != have {
-            violations.push(format!("all_or_nothing: account {account} holds {have} in Redis, its postings sum to {want}"));
+            violations.push(format!("all_or_nothing: account {account} holds {have} in Redis, its credits record {want}"));
+        }
+    }
+    // Exactly once across sinks: each posting in the Postgres ledger credited once in Redis
+    // (each job writes both, each keyed by job), and no other posting credited but one a
+    // wipe took after its credit landed (acknowledged or not: an enqueue whose answer was
+    // lost can still have run).
+    for (nonce, (account, cents)) in &rows {
+        match e.credits.get(nonce) {
+            Some(&(_, credited)) if credited == *cents => {}
+            Some(&(_, credited)) if *cents != 0 && credited % cents == 0 => violations.push(format!(
+                "at_most_once_per_key: posting {nonce} credited {} times in Redis",
+                credited / cents
+            )),
+            Some(&(_, credited)) => violations.push(format!(
+                "all_or_nothing: posting {nonce} credited {credited} in Redis, {cents} in the ledger"
+            )),
+            None => violations.push(format!(
+                "all_or_nothing: posting {nonce} (account {account}) is in the ledger, its credit not in Redis"
+            )),
+        }
+    }
+    for (nonce, (account, credited)) in e.credits.iter().filter(|(n, _)| !rows.contains_key(n)) {
+        let poison = e.poison.contains(nonce);
+        let taken_by_wipe = *nonce <= e.wiped_through && !e.dead_nonces.contains_key(nonce);
+        match e.acked.get(nonce) {
+            _ if poison => violations.push(format!(
+                "all_or_nothing: poison posting {nonce} credited {credited} in Redis"
+            )),
+            Some(&(_, cents)) if taken_by_wipe && cents != *credited => violations.push(format!(
+                "at_most_once_per_key: posting {nonce} (account {account}) credited {credited} in Redis for {cents}"
+            )),
+            _ if taken_by_wipe => {}
+            _ => violations.push(format!(
+                "all_or_nothing: posting {nonce} (account {account}) credited in Redis, never in the ledger"
+            )),
         }
     }
     // Effects: every applied posting's receipt delivered, none for a posting never applied.
@@ -826,6 +869,9 @@ pub struct Report {
     pub unexpected_dead: Vec<String>,
     /// Acknowledged postings lost with a coordinator wipe.
     pub lost_with_wipe: usize,
+    /// Postings a wipe took after their credit landed (the sink's record), and how many of
+    /// those no handler logged as applied or duplicate (a lost reply, a kill -9 after send).
+    pub credited_with_wipe: (usize, usize),
 }
 
 /// Runs the soak; the report says what happened and what the checker found.
@@ -1255,6 +1301,12 @@ async fn collect_evidence(
                 account,
                 h.get("balance").and_then(|b| b.parse().ok()).unwrap_or(0),
             );
+            for (field, cents) in &h {
+                let nonce = field.strip_prefix("posting:").and_then(|n| n.parse().ok());
+                if let (Some(nonce), Ok(cents)) = (nonce, cents.parse()) {
+                    evidence.credits.insert(nonce, (account, cents));
+                }
+            }
         }
     }
     pg.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -1294,6 +1346,25 @@ fn tally(report: &mut Report, evidence: &Evidence) {
         .sum();
     report.violations = check(evidence);
     report.lost_with_wipe = evidence.lost_with_wipe().len();
+    let logged: std::collections::BTreeSet<u64> = evidence
+        .attempts
+        .iter()
+        .filter(|a| a.sink == LEDGER && a.key.ends_with("/credit"))
+        .filter(|a| a.outcome == "applied" || a.outcome == "duplicate")
+        .map(|a| a.nonce)
+        .collect();
+    let in_ledger: std::collections::BTreeSet<u64> =
+        evidence.ledger.iter().map(|(n, ..)| *n).collect();
+    let taken: Vec<u64> = evidence
+        .credits
+        .keys()
+        .filter(|n| !in_ledger.contains(n) && **n <= evidence.wiped_through)
+        .copied()
+        .collect();
+    report.credited_with_wipe = (
+        taken.len(),
+        taken.iter().filter(|n| !logged.contains(n)).count(),
+    );
     report.unexpected_dead = unexpected_dead(evidence);
 }
 
@@ -1355,6 +1426,14 @@ pub fn print(report: &Report) {
     );
     println!(
         "  {:<44} {:>8}",
+        "postings credited, then taken by a wipe", report.credited_with_wipe.0
+    );
+    println!(
+        "  {:<44} {:>8}",
+        "  of them, the credit not logged as landed", report.credited_with_wipe.1
+    );
+    println!(
+        "  {:<44} {:>8}",
         "receipts delivered more than once", report.redelivered
     );
     println!(
@@ -1382,6 +1461,7 @@ mod tests {
             e.ledger
                 .push((nonce, format!("account:{account}"), token, cents));
             e.deliveries.insert(nonce, 1);
+            e.credits.insert(nonce, (account, cents));
         }
         e.balances = BTreeMap::from([(0, 30), (1, 5)]);
         e
@@ -1399,6 +1479,7 @@ mod tests {
         e.ledger.push((4, "account:0".into(), 6, 1));
         e.acked.insert(4, (0, 1));
         e.deliveries.insert(4, 1);
+        e.credits.insert(4, (0, 1));
         e.balances.insert(0, 31);
         let v = check(&e);
         assert!(v.iter().any(|v| v.starts_with("no_stale_write")), "{v:?}");
@@ -1496,30 +1577,73 @@ mod tests {
     fn a_wipe_excuses_only_what_it_took() {
         let mut e = evidence();
         // Postings 4 and 5 were acknowledged before a wipe and never applied; 4's credit
-        // landed in Redis before its job vanished.
+        // landed in Redis before its job vanished (whatever its handler logged), and so did
+        // 8's, whose enqueue was never acknowledged.
         e.acked.insert(4, (0, 100));
         e.acked.insert(5, (1, 7));
-        e.wiped_through = 5;
-        let mut credit = attempt("ledger", 9, "applied", 1, 2);
-        (credit.nonce, credit.key) = (4, "job4/credit".into());
-        e.attempts.push(credit);
-        e.balances.insert(0, 30 + 100);
+        e.wiped_through = 8;
+        e.credits.insert(4, (0, 100));
+        e.credits.insert(8, (0, 2));
+        e.balances.insert(0, 30 + 100 + 2);
         assert_eq!(check(&e), Vec::<String>::new());
         assert_eq!(e.lost_with_wipe(), vec![4, 5]);
-        // 5's credit in Redis with no credit attempt logged: not the wipe's doing.
-        e.balances.insert(1, 5 + 7);
-        let v = check(&e);
-        assert!(
-            v.iter().any(|v| v.starts_with("all_or_nothing: account 1")),
-            "{v:?}"
-        );
-        e.balances.insert(1, 5);
-        // A posting acknowledged after the wipe is owed as before.
-        e.acked.insert(6, (1, 3));
+        // 4 credited twice before the wipe took it: not the wipe's doing.
+        e.credits.insert(4, (0, 200));
+        e.balances.insert(0, 30 + 200 + 2);
         let v = check(&e);
         assert!(
             v.iter()
-                .any(|v| v.contains("acknowledged posting 6 never applied")),
+                .any(|v| v.starts_with("at_most_once_per_key: posting 4")),
+            "{v:?}"
+        );
+        e.credits.insert(4, (0, 100));
+        e.balances.insert(0, 30 + 100 + 2);
+        // A posting acknowledged after the wipe is owed as before, both halves.
+        e.acked.insert(9, (1, 3));
+        e.credits.insert(9, (1, 3));
+        e.balances.insert(1, 5 + 3);
+        let v = check(&e);
+        assert!(
+            v.iter()
+                .any(|v| v.contains("acknowledged posting 9 never applied")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|v| v.contains("posting 9 (account 1) credited in Redis, never in the ledger")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_credit_missing_or_doubled_in_redis_is_caught() {
+        let mut e = evidence();
+        e.credits.remove(&3);
+        e.balances.insert(1, 0);
+        let v = check(&e);
+        assert!(
+            v.iter()
+                .any(|v| v
+                    .contains("posting 3 (account 1) is in the ledger, its credit not in Redis")),
+            "{v:?}"
+        );
+        e.credits.insert(3, (1, 10));
+        e.balances.insert(1, 10);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.contains("posting 3 credited 2 times")),
+            "{v:?}"
+        );
+        // A dead poison posting with a record: its list was not refused whole.
+        let mut e = evidence();
+        e.acked.insert(5, (1, 40));
+        e.poison.insert(5);
+        e.dead_nonces.insert(5, "mutation refused".into());
+        e.credits.insert(5, (1, 40));
+        e.balances.insert(1, 45);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.contains("poison posting 5 credited")),
             "{v:?}"
         );
     }
