@@ -134,3 +134,41 @@ async fn an_enqueue_that_cannot_be_retried_safely_says_its_outcome_is_unknown() 
         "it was added"
     );
 }
+
+/// Issue 23, the `Coordinator` actor's path: its `Enqueue` retries a lost reply with the ids
+/// it gave the jobs before the first attempt, like `Client` (both go through one function;
+/// this pins that the actor does not mint its own).
+#[actix::test]
+async fn the_coordinator_actors_enqueue_whose_reply_is_lost_adds_each_job_once() {
+    use actix::Actor as _;
+    use palisade::{Coordinator, Enqueue, RedisLeaseStore};
+    use palisade_testkit::FaultProxy;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port, 23);
+    let pool = palisade::store::redis::pool(&proxy.redis_url()).unwrap();
+    let store = Arc::new(RedisLeaseStore::new(pool, "actor"));
+    let coordinator = Coordinator::new(store).start();
+    proxy.cut_next_replies(1, b"$36\r\n");
+    let ids = coordinator
+        .send(Enqueue(vec![
+            NewJob::raw("k", "1"),
+            NewJob::raw("k", "2").with_scope("s"),
+        ]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(proxy.stats().cut, 1, "the reply was cut");
+    assert_eq!(
+        server.cli(&["GET", "{actor}:seq"]).unwrap(),
+        "4",
+        "the batch ran twice"
+    );
+    let ready = server
+        .cli(&["ZRANGE", "{actor}:q:default\tk", "0", "-1"])
+        .unwrap();
+    let mut got: Vec<String> = ready.lines().map(str::to_owned).collect();
+    got.sort();
+    let mut want: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    want.sort();
+    assert_eq!(got, want, "each job once, under the id the actor returned");
+}
