@@ -14,7 +14,10 @@
 //!   <scope>/<key>` — the same for every attempt and every run of the job, so the receiver can
 //!   drop repeats (the relay is at least once by nature: it may deliver and die before it marks).
 //! - [`OutboxTarget::Enqueue`]: enqueues a Palisade job (`{"kind": .., "payload": .., "scope": ..}`),
-//!   so a job can fence its follow-up jobs.
+//!   so a job can fence its follow-up jobs. The follow-up goes by an id derived from the entry
+//!   (a name-based UUID of its target, scope and key), so a delivery repeated after a relay
+//!   died before marking it, or after an answer that never came, is the same job, not a
+//!   second one (for [`ID_RETENTION`](crate::ID_RETENTION) after the first).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -289,7 +292,8 @@ async fn deliver(
                 }
             };
             let mut job = NewJob::raw(follow_up.kind, follow_up.payload.to_string())
-                .with_queue(queue.clone());
+                .with_queue(queue.clone())
+                .with_id(follow_up_id(entry));
             if let Some(scope) = follow_up.scope {
                 job = job.with_scope(scope);
             }
@@ -300,6 +304,17 @@ async fn deliver(
             }
         }
     }
+}
+
+/// The id of an entry's follow-up job: the same for every delivery of the entry, and
+/// different for every other entry (its scope and key name the job, the transaction and the
+/// push).
+fn follow_up_id(entry: &OutboxEntry) -> crate::JobId {
+    /// Palisade's namespace for follow-up job ids (a random UUID, fixed forever: changing it
+    /// would let an upgraded relay enqueue an entry a second time).
+    const FOLLOW_UPS: uuid::Uuid = uuid::Uuid::from_u128(0x5b0f6f0e_3c2a_4f8e_9a51_6c1d2b7e4a90);
+    let name = format!("{}\n{}", entry.target, entry.idempotency_key());
+    uuid::Uuid::new_v5(&FOLLOW_UPS, name.as_bytes()).into()
 }
 
 /// Marks the entry after an attempt and counts it.

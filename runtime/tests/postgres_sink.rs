@@ -453,6 +453,44 @@ async fn the_relay_enqueues_follow_up_jobs_and_buries_what_is_not_one() {
     assert_eq!(claims.len(), 1);
     assert_eq!(claims[0].job.kind, "ship");
     assert_eq!(claims[0].lease.scope, Scope::new("order:1"));
+    // Delivered again, as after a relay that enqueued and died before it marked the entry
+    // (or whose enqueue's answer never came): the same job, not a second one — its id comes
+    // from the entry, while the first is still running here.
+    rows(
+        &sink,
+        &format!(
+            "UPDATE {}.outbox SET state = 'pending', next_attempt_at = now(), delivered_at = NULL \
+             WHERE state = 'delivered'",
+            sink.schema()
+        ),
+    )
+    .await;
+    let counts = outbox_when(&sink, |c| c.delivered == 1 && c.pending == 0).await;
+    assert_eq!(counts.delivered, 1);
+    let attempts: i32 = rows(
+        &sink,
+        &format!(
+            "SELECT attempts FROM {}.outbox WHERE state = 'delivered'",
+            sink.schema()
+        ),
+    )
+    .await[0]
+        .get(0);
+    assert_eq!(attempts, 2, "delivered twice");
+    let followups = Client::new(store.clone())
+        .counts("followups")
+        .await
+        .unwrap();
+    assert_eq!(
+        (followups.ready, followups.waiting, followups.leased),
+        (0, 0, 1),
+        "no second follow-up job (it would wait for the first's scope)"
+    );
+    let more = store
+        .claim("followups", "t", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(more.is_empty(), "{more:?}");
     let why: String = rows(
         &sink,
         &format!(
