@@ -15,9 +15,9 @@
 //!   drop repeats (the relay is at least once by nature: it may deliver and die before it marks).
 //! - [`OutboxTarget::Enqueue`]: enqueues a Palisade job (`{"kind": .., "payload": .., "scope": ..}`),
 //!   so a job can fence its follow-up jobs. The follow-up goes by an id derived from the entry
-//!   (a name-based UUID of its target, scope and key), so a delivery repeated after a relay
-//!   died before marking it, or after an answer that never came, is the same job, not a
-//!   second one (for [`ID_RETENTION`](crate::ID_RETENTION) after the first).
+//!   (a name-based UUID of its sink, target, scope and key), so a delivery repeated after a
+//!   relay died before marking it, or after an answer that never came, is the same job, not a
+//!   second one (for [`ID_RETENTION`](crate::ID_RETENTION) after the first enqueue).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,9 +58,14 @@ struct FollowUp {
     scope: Option<String>,
 }
 
-/// Pace and patience of a relay.
+/// Pace and patience of a relay, and the name of its sink.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
+    /// The sink's name as the workers know it (`--sink NAME=…`): part of every follow-up
+    /// job's id, so one job's entries of the same key in two sinks are two follow-ups. Give
+    /// each sink's relay its own, and keep it (a renamed sink's undelivered entries would be
+    /// enqueued again under new ids).
+    pub sink: String,
     /// Most entries leased per round.
     pub batch: usize,
     /// How long a leased entry is this relay's; a delivery times out at half of it.
@@ -84,6 +89,7 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
+            sink: String::new(),
             batch: 64,
             lease: Duration::from_secs(60),
             poll: Duration::from_millis(200),
@@ -219,7 +225,7 @@ impl OutboxRelay {
                 let target = targets[&entry.target].clone();
                 let (sink, config, http) = (sink.clone(), config.clone(), http.clone());
                 async move {
-                    let attempt = deliver(&target, &http, &entry, config.lease / 2).await;
+                    let attempt = deliver(&target, &http, &config, &entry).await;
                     settle(&sink, &config, &entry, attempt).await;
                 }
             });
@@ -240,9 +246,10 @@ impl OutboxRelay {
 async fn deliver(
     target: &OutboxTarget,
     http: &reqwest::Client,
+    config: &RelayConfig,
     entry: &OutboxEntry,
-    timeout: Duration,
 ) -> Attempt {
+    let (timeout, sink) = (config.lease / 2, config.sink.as_str());
     match target {
         OutboxTarget::Http(url) => {
             let sent = http
@@ -293,12 +300,19 @@ async fn deliver(
             };
             let mut job = NewJob::raw(follow_up.kind, follow_up.payload.to_string())
                 .with_queue(queue.clone())
-                .with_id(follow_up_id(entry));
+                .with_id(follow_up_id(sink, entry));
             if let Some(scope) = follow_up.scope {
                 job = job.with_scope(scope);
             }
-            match client.enqueue(job).await {
-                Ok(_) => Attempt::Delivered,
+            match client.enqueue_unique(job).await {
+                Ok(crate::Enqueued::Added(_)) => Attempt::Delivered,
+                Ok(crate::Enqueued::Existing(id)) => {
+                    // A repeated delivery (or a collision, which the id's parts rule out
+                    // unless two relays share a sink name): said, since it means an earlier
+                    // attempt's answer was lost or its relay died before marking.
+                    tracing::info!(entry = entry.id, job = %id, "follow-up job already enqueued; not again");
+                    Attempt::Delivered
+                }
                 Err(e) if e.is_retryable() => Attempt::Failed(e.to_string()),
                 Err(e) => Attempt::Refused(e.to_string()),
             }
@@ -309,11 +323,11 @@ async fn deliver(
 /// The id of an entry's follow-up job: the same for every delivery of the entry, and
 /// different for every other entry (its scope and key name the job, the transaction and the
 /// push).
-fn follow_up_id(entry: &OutboxEntry) -> crate::JobId {
+fn follow_up_id(sink: &str, entry: &OutboxEntry) -> crate::JobId {
     /// Palisade's namespace for follow-up job ids (a random UUID, fixed forever: changing it
     /// would let an upgraded relay enqueue an entry a second time).
     const FOLLOW_UPS: uuid::Uuid = uuid::Uuid::from_u128(0x5b0f6f0e_3c2a_4f8e_9a51_6c1d2b7e4a90);
-    let name = format!("{}\n{}", entry.target, entry.idempotency_key());
+    let name = format!("{sink}\n{}\n{}", entry.target, entry.idempotency_key());
     uuid::Uuid::new_v5(&FOLLOW_UPS, name.as_bytes()).into()
 }
 
@@ -365,6 +379,44 @@ impl Actor for OutboxRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_follow_up_id_is_the_same_for_every_delivery_of_an_entry_and_only_for_it() {
+        let entry = OutboxEntry {
+            id: 7,
+            target: "jobs".into(),
+            scope: "order:1".into(),
+            key: "job/tx/ship/next".into(),
+            payload: serde_json::Value::Null,
+            attempts: 1,
+            lease: uuid::Uuid::new_v4(),
+        };
+        // Another attempt, by another relay, under another lease: the same job.
+        let again = OutboxEntry {
+            id: 7,
+            attempts: 5,
+            lease: uuid::Uuid::new_v4(),
+            ..entry.clone()
+        };
+        assert_eq!(
+            follow_up_id("billing", &entry),
+            follow_up_id("billing", &again)
+        );
+        // The same key in another sink, target or scope, or another key: another job.
+        let mut others = vec![follow_up_id("shipping", &entry)];
+        for change in [
+            |e: &mut OutboxEntry| e.target = "jobs2".into(),
+            |e: &mut OutboxEntry| e.scope = "order:2".into(),
+            |e: &mut OutboxEntry| e.key = "job/tx/ship/other".into(),
+        ] {
+            let mut e = entry.clone();
+            change(&mut e);
+            others.push(follow_up_id("billing", &e));
+        }
+        others.push(follow_up_id("billing", &entry));
+        let distinct: std::collections::HashSet<_> = others.iter().collect();
+        assert_eq!(distinct.len(), others.len(), "{others:?}");
+    }
 
     #[test]
     fn backoff_doubles_is_capped_and_jittered_down_to_half() {

@@ -376,7 +376,9 @@ pub struct Evidence {
     pub ledger: Vec<(u64, String, u64, i64)>,
     /// Beat rows in commit order: (scope, token).
     pub beats: Vec<(String, u64)>,
-    /// Postings enqueued as poison (their credit must be refused whole).
+    /// Every posting the producer made, acknowledged or not: nonce → (account, cents).
+    pub produced: BTreeMap<u64, (u32, i64)>,
+    /// Postings made as poison, acknowledged or not (their credit must be refused whole).
     pub poison: std::collections::BTreeSet<u64>,
     /// Postings the coordinator holds as dead after the drain, with the reason.
     pub dead_nonces: BTreeMap<u64, String>,
@@ -516,7 +518,11 @@ pub fn check(e: &Evidence) -> Vec<String> {
     // lost can still have run).
     for (nonce, (account, cents)) in &rows {
         match e.credits.get(nonce) {
+            Some(&(credited_to, _)) if credited_to != *account => violations.push(format!(
+                "all_or_nothing: posting {nonce} credited to account {credited_to} in Redis, account {account} in the ledger"
+            )),
             Some(&(_, credited)) if credited == *cents => {}
+            // A multiple is the credit applied that often (postings are never 0 cents).
             Some(&(_, credited)) if *cents != 0 && credited % cents == 0 => violations.push(format!(
                 "at_most_once_per_key: posting {nonce} credited {} times in Redis",
                 credited / cents
@@ -532,15 +538,21 @@ pub fn check(e: &Evidence) -> Vec<String> {
     for (nonce, (account, credited)) in e.credits.iter().filter(|(n, _)| !rows.contains_key(n)) {
         let poison = e.poison.contains(nonce);
         let taken_by_wipe = *nonce <= e.wiped_through && !e.dead_nonces.contains_key(nonce);
-        match e.acked.get(nonce) {
+        match e.produced.get(nonce) {
+            None => violations.push(format!(
+                "all_or_nothing: a credit in Redis for posting {nonce}, which was never made"
+            )),
             _ if poison => violations.push(format!(
                 "all_or_nothing: poison posting {nonce} credited {credited} in Redis"
+            )),
+            Some(&(made_for, _)) if made_for != *account => violations.push(format!(
+                "all_or_nothing: posting {nonce} for account {made_for} credited to account {account}"
             )),
             Some(&(_, cents)) if taken_by_wipe && cents != *credited => violations.push(format!(
                 "at_most_once_per_key: posting {nonce} (account {account}) credited {credited} in Redis for {cents}"
             )),
-            _ if taken_by_wipe => {}
-            _ => violations.push(format!(
+            Some(_) if taken_by_wipe => {}
+            Some(_) => violations.push(format!(
                 "all_or_nothing: posting {nonce} (account {account}) credited in Redis, never in the ledger"
             )),
         }
@@ -980,6 +992,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
 
     let mut report = Report::default();
     let mut acked = BTreeMap::new();
+    let mut produced = BTreeMap::new();
     let mut poison = std::collections::BTreeSet::new();
     let mut nonce = 0u64;
     let mut evidence_wiped_through = 0u64;
@@ -1013,12 +1026,15 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         let enqueued = rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(2), client.enqueue(job)).await
         });
+        // Every posting is known to the checker, acknowledged or not: one whose enqueue's
+        // answer was lost can still have run, and its credit must still be right.
+        produced.insert(nonce, (account, posting.cents));
+        if posting.poison {
+            poison.insert(nonce);
+        }
         if let Ok(Ok(_)) = enqueued {
             acked.insert(nonce, (account, posting.cents));
-            if posting.poison {
-                poison.insert(nonce);
-            }
-        } // else: unknown; the checker only requires acknowledged postings
+        } // else: unknown; the checker only requires acknowledged postings to be applied
           // Resume what is due.
         let now = Instant::now();
         for w in &mut workers {
@@ -1081,6 +1097,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
     let deadline = Instant::now() + Duration::from_secs(180).max(faults_for / 4);
     let mut evidence = Evidence {
         acked,
+        produced,
         poison,
         wiped_through: evidence_wiped_through,
         ..Evidence::default()
@@ -1293,7 +1310,7 @@ async fn collect_evidence(
         .ledger
         .iter()
         .filter_map(|(_, s, _, _)| s.trim_start_matches("account:").parse().ok())
-        .chain(evidence.acked.values().map(|(account, _)| *account))
+        .chain(evidence.produced.values().map(|(account, _)| *account))
         .collect();
     for account in accounts {
         if let Some(palisade::Value::Hash(h)) = store.read(&account_key(account)).await? {
@@ -1359,6 +1376,7 @@ fn tally(report: &mut Report, evidence: &Evidence) {
         .credits
         .keys()
         .filter(|n| !in_ledger.contains(n) && **n <= evidence.wiped_through)
+        .filter(|n| !evidence.poison.contains(n) && !evidence.dead_nonces.contains_key(n))
         .copied()
         .collect();
     report.credited_with_wipe = (
@@ -1454,10 +1472,17 @@ pub fn print(report: &Report) {
 mod tests {
     use super::*;
 
+    /// Posting `nonce` made and acknowledged.
+    fn made(e: &mut Evidence, nonce: u64, account: u32, cents: i64) {
+        e.acked.insert(nonce, (account, cents));
+        e.produced.insert(nonce, (account, cents));
+    }
+
     fn evidence() -> Evidence {
         let mut e = Evidence::default();
         for (nonce, account, token, cents) in [(1, 0, 5, 10), (2, 0, 7, 20), (3, 1, 6, 5)] {
             e.acked.insert(nonce, (account, cents));
+            e.produced.insert(nonce, (account, cents));
             e.ledger
                 .push((nonce, format!("account:{account}"), token, cents));
             e.deliveries.insert(nonce, 1);
@@ -1477,7 +1502,8 @@ mod tests {
         let mut e = evidence();
         // A paused holder of token 6 committed after token 7 on account 0.
         e.ledger.push((4, "account:0".into(), 6, 1));
-        e.acked.insert(4, (0, 1));
+        made(&mut e, 4, 0, 1);
+        e.produced.insert(4, (0, 1));
         e.deliveries.insert(4, 1);
         e.credits.insert(4, (0, 1));
         e.balances.insert(0, 31);
@@ -1561,7 +1587,7 @@ mod tests {
     fn a_half_applied_poison_posting_is_caught() {
         let mut e = evidence();
         // Poison posting 5 on account 1 was refused and died, but its first step stayed.
-        e.acked.insert(5, (1, 40));
+        made(&mut e, 5, 1, 40);
         e.poison.insert(5);
         e.dead_nonces.insert(5, "mutation refused".into());
         assert_eq!(check(&e), Vec::<String>::new());
@@ -1579,9 +1605,10 @@ mod tests {
         // Postings 4 and 5 were acknowledged before a wipe and never applied; 4's credit
         // landed in Redis before its job vanished (whatever its handler logged), and so did
         // 8's, whose enqueue was never acknowledged.
-        e.acked.insert(4, (0, 100));
-        e.acked.insert(5, (1, 7));
+        made(&mut e, 4, 0, 100);
+        made(&mut e, 5, 1, 7);
         e.wiped_through = 8;
+        e.produced.insert(8, (0, 2));
         e.credits.insert(4, (0, 100));
         e.credits.insert(8, (0, 2));
         e.balances.insert(0, 30 + 100 + 2);
@@ -1599,7 +1626,7 @@ mod tests {
         e.credits.insert(4, (0, 100));
         e.balances.insert(0, 30 + 100 + 2);
         // A posting acknowledged after the wipe is owed as before, both halves.
-        e.acked.insert(9, (1, 3));
+        made(&mut e, 9, 1, 3);
         e.credits.insert(9, (1, 3));
         e.balances.insert(1, 5 + 3);
         let v = check(&e);
@@ -1634,9 +1661,41 @@ mod tests {
             v.iter().any(|v| v.contains("posting 3 credited 2 times")),
             "{v:?}"
         );
+        // Credited to another account than the ledger's.
+        let mut e = evidence();
+        e.credits.insert(3, (0, 5));
+        e.balances = BTreeMap::from([(0, 35)]);
+        let v = check(&e);
+        assert!(
+            v.iter()
+                .any(|v| v.contains("posting 3 credited to account 0")),
+            "{v:?}"
+        );
+        // Taken by a wipe, never acknowledged, and credited twice first.
+        let mut e = evidence();
+        e.wiped_through = 8;
+        e.produced.insert(8, (0, 2));
+        e.credits.insert(8, (0, 4));
+        e.balances.insert(0, 30 + 4);
+        let v = check(&e);
+        assert!(
+            v.iter()
+                .any(|v| v.starts_with("at_most_once_per_key: posting 8")),
+            "{v:?}"
+        );
+        // A poison posting whose enqueue was never acknowledged, applied whole.
+        e.credits.insert(8, (0, 2));
+        e.balances.insert(0, 30 + 2);
+        assert_eq!(check(&e), Vec::<String>::new());
+        e.poison.insert(8);
+        let v = check(&e);
+        assert!(
+            v.iter().any(|v| v.contains("poison posting 8 credited")),
+            "{v:?}"
+        );
         // A dead poison posting with a record: its list was not refused whole.
         let mut e = evidence();
-        e.acked.insert(5, (1, 40));
+        made(&mut e, 5, 1, 40);
         e.poison.insert(5);
         e.dead_nonces.insert(5, "mutation refused".into());
         e.credits.insert(5, (1, 40));
@@ -1651,7 +1710,7 @@ mod tests {
     #[test]
     fn lost_doubled_and_stray_effects_are_caught() {
         let mut e = evidence();
-        e.acked.insert(9, (2, 1)); // acknowledged, never applied
+        made(&mut e, 9, 2, 1); // acknowledged, never applied
         e.ledger.push((2, "account:0".into(), 8, 20)); // applied twice
         e.deliveries.insert(77, 1); // a receipt for nothing
         e.deliveries.remove(&1); // a receipt never sent

@@ -190,7 +190,11 @@ impl RelayArgs {
         };
         let mut relays = Vec::new();
         for (name, sink) in sinks {
-            let relay = OutboxRelay::new(sink.clone(), targets.clone(), config.clone())
+            let config = RelayConfig {
+                sink: name.clone(),
+                ..config.clone()
+            };
+            let relay = OutboxRelay::new(sink.clone(), targets.clone(), config)
                 .with_context(|| format!("relay of sink {name}"))?;
             relays.push(relay.start());
         }
