@@ -373,6 +373,37 @@ mod tests {
         assert!(capped[0] > far - window);
     }
 
+    /// The promises the constants make, in numbers (found by cargo-mutants: `24 * 3600`
+    /// read as `24 + 3600` passed every other test).
+    #[test]
+    fn catch_up_reaches_back_a_day_and_a_tick_key_outlives_every_tick_still_fired() {
+        let hourly = Schedule::new("h", "0 * * * *", NewJob::raw("k", "null"))
+            .unwrap()
+            .with_catch_up(CatchUp::All(100));
+        let hour = 3_600_000;
+        let now = utc(2026, 12, 1) + 30 * 60_000;
+        // Down 20 hours: the 20 hourly ticks missed are all due (the last within its grace).
+        let (ticks, _) = hourly.due(Some(now - 20 * hour), now);
+        assert_eq!(ticks.len(), 20, "{ticks:?}");
+        // Down 30 hours: only the last day's 24 (the window is a day).
+        let (ticks, _) = hourly.due(Some(now - 30 * hour), now);
+        assert_eq!(ticks.len(), 24, "{ticks:?}");
+        assert!(TICK_KEY_TTL > CATCH_UP_WINDOW + MAX_GRACE);
+        assert_eq!(
+            CATCH_UP_WINDOW,
+            Duration::from_secs(86_400),
+            "documented as a day"
+        );
+    }
+
+    #[test]
+    fn a_schedule_keeps_its_name_up_to_the_limit() {
+        let at_limit = "x".repeat(MAX_SCHEDULE_NAME_BYTES);
+        let s = Schedule::new(at_limit.clone(), "* * * * *", NewJob::raw("k", "null")).unwrap();
+        assert_eq!(s.name(), at_limit);
+        assert!(Schedule::try_from(s.spec().clone()).is_ok());
+    }
+
     #[test]
     fn patterns_read_in_their_time_zone() {
         // 07:00 on weekdays in Berlin: 2026-11-30 is a Monday, 07:00 CET = 06:00 UTC.
