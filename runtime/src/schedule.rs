@@ -584,6 +584,11 @@ mod tests {
                 let early = s.due(Some(now), next - 1).0;
                 assert!(early.is_empty(), "{}: {now}: {early:?}", s.name());
                 assert_eq!(s.due(Some(now), next).0, vec![next], "{}: {now}", s.name());
+                // What `schedule list` shows: that tick, whether the mark is behind now,
+                // missing or ahead (a tick handled early by another scheduler).
+                assert_eq!(s.next_fired(Some(now - 5_000), now), Some(next));
+                assert_eq!(s.next_fired(None, now), Some(next));
+                assert_eq!(s.next_fired(Some(next), now), s.next_tick(next));
             }
         }
     }
