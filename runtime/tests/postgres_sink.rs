@@ -1095,3 +1095,50 @@ async fn delivered_entries_are_pruned_after_their_retention() {
     assert_eq!(left, OutboxCounts::default(), "entries never pruned");
     drop_postgres_schema(&sink).await;
 }
+
+/// A sink started while its database drops the first connections (a link flapping at start, a
+/// server restarting) waits for it instead of failing; a refused connection and a wrong
+/// setting still fail at once, patience or not. (Found by the soak: a worker restarted on a
+/// lossy link exited on "early eof" from its Postgres sink's start-up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_started_while_its_database_drops_connections_waits_for_it() {
+    use palisade_testkit::FaultProxy;
+    let (schema, _) = fresh_postgres_schema();
+    let proxy = FaultProxy::start(5432, 23);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/test?schema={schema}&sslmode=disable",
+        proxy.port()
+    );
+    // Without patience, the first dropped connection is the answer.
+    proxy.cut_next_replies(1, b"");
+    let at_once = PostgresSink::connect(&url).await;
+    assert!(
+        matches!(&at_once, Err(Error::Unavailable(_))),
+        "{:?}",
+        at_once.err()
+    );
+    proxy.cut_next_replies(3, b"");
+    let sink = PostgresSink::connect_until_ready(&url, Duration::from_secs(30))
+        .await
+        .expect("waited for the link");
+    assert_eq!(proxy.stats().cut, 4, "every connection dropped was tried");
+    sink.ping().await.unwrap();
+    drop_postgres_schema(&sink).await;
+    // A wrong setting is not waited for: nothing listens (refused), or the database is unknown.
+    for wrong in [
+        format!(
+            "postgres://postgres@127.0.0.1:{}/test?sslmode=disable",
+            palisade_testkit::free_port()
+        ),
+        "postgres://postgres@127.0.0.1:5432/no_such_database_here?sslmode=disable".to_owned(),
+    ] {
+        let started = std::time::Instant::now();
+        let refused = PostgresSink::connect_until_ready(&wrong, Duration::from_secs(30)).await;
+        assert!(refused.is_err(), "{wrong}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{wrong} waited {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -560,11 +560,11 @@ impl RedisArgs {
         Ok(pool_with_ca(url, ca)?.into())
     }
 
-    /// A pool for `url` that has answered a PING (waiting up to a minute for a server that is
-    /// there but not ready: loading its data, say).
+    /// A pool for `url` that has answered a PING (waiting up to [`STARTUP_PATIENCE`] for a
+    /// server that is there but not ready: loading its data, say).
     async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Target> {
         let pool = self.pool(url)?;
-        crate::store::redis::ping_until_ready(pool.clone(), Duration::from_secs(60))
+        crate::store::redis::ping_until_ready(pool.clone(), STARTUP_PATIENCE)
             .await
             .with_context(|| format!("cannot reach {what} at {}", redacted(url)))?;
         Ok(pool)
@@ -601,6 +601,11 @@ impl RedisArgs {
         Ok((target, store))
     }
 }
+
+/// How long a command waits at start for a Redis or Postgres that is there but not ready
+/// (loading its data, starting up, a link dropping its first connections); a refused
+/// connection or a wrong setting fails at once.
+pub(super) const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
 /// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).

@@ -93,7 +93,7 @@ pub(super) async fn postgres_sinks(
     let mut sinks = Vec::new();
     for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
         let url = &crate::store::postgres::tls::with_default_root(url, ca)?;
-        let sink = PostgresSink::connect(url)
+        let sink = PostgresSink::connect_until_ready(url, super::STARTUP_PATIENCE)
             .await
             .with_context(|| format!("sink {name} at {}", redacted(url)))?;
         sinks.push((name.clone(), Arc::new(sink)));

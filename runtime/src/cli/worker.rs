@@ -14,7 +14,7 @@ use anyhow::{bail, Context as _};
 
 use super::relay::RelayArgs;
 use super::sinks::{is_postgres, postgres_sinks, sink_urls};
-use super::RedisArgs;
+use super::{RedisArgs, STARTUP_PATIENCE};
 use crate::context::{Registry, Sinks};
 use crate::coordinator::Coordinator;
 use crate::metrics::Health;
@@ -279,9 +279,10 @@ async fn epoch_source(args: &WorkerArgs) -> anyhow::Result<Option<Arc<dyn crate:
     if let Some(url) = &args.epoch_postgres {
         let url =
             crate::store::postgres::tls::with_default_root(url, args.redis.ca_file().as_deref())?;
-        let source = PostgresEpochSource::connect(&url, &args.redis.prefix)
-            .await
-            .context("connecting to the Postgres epoch source")?;
+        let source =
+            PostgresEpochSource::connect_until_ready(&url, &args.redis.prefix, STARTUP_PATIENCE)
+                .await
+                .context("connecting to the Postgres epoch source")?;
         epochs = Some(Arc::new(source));
     }
     Ok(epochs)

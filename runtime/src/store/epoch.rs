@@ -154,13 +154,28 @@ impl PostgresEpochSource {
     /// Epochs for the coordinator called `name` (use its key prefix), in table
     /// `palisade_epochs` of the database at `url` (created if missing).
     pub async fn connect(url: &str, name: &str) -> Result<Self> {
+        Self::connect_until_ready(url, name, std::time::Duration::ZERO).await
+    }
+
+    /// [`connect`](Self::connect), waiting up to `patience` for a server that is there but not
+    /// ready (as [`PostgresSink::connect_until_ready`](crate::PostgresSink::connect_until_ready)
+    /// does).
+    pub async fn connect_until_ready(
+        url: &str,
+        name: &str,
+        patience: std::time::Duration,
+    ) -> Result<Self> {
         let pool = super::postgres::pool(url, 2)?;
         let source = Self {
             pool,
             name: name.to_owned(),
         };
-        source
-            .client()
+        super::postgres::when_ready(&source.pool, patience, || source.create_table()).await?;
+        Ok(source)
+    }
+
+    async fn create_table(&self) -> Result<()> {
+        self.client()
             .await?
             // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; an
             // advisory lock makes first start-up on many hosts at once safe.
@@ -175,7 +190,7 @@ impl PostgresEpochSource {
             )
             .await
             .map_err(postgres_error)?;
-        Ok(source)
+        Ok(())
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {

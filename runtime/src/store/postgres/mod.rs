@@ -208,6 +208,85 @@ pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool
         .map_err(|e| Error::Config(format!("postgres pool: {e}")))
 }
 
+/// Runs a start-up `step` (bringing a schema up, creating a table) against the server behind
+/// `pool`, waiting up to `patience` for a server that is there but not ready: a worker started
+/// beside its database (a host reboot, a deploy of both, a flaky link at start) waits for it
+/// instead of exiting. A wrong address or setting still fails at once ([`not_ready`]).
+///
+/// Once a connection has been made, the address, credentials and certificate are known to be
+/// right, so every transient failure of `step` after that is the link's, and waited out too;
+/// `step` must be safe to run again (the migrations are, under their advisory lock).
+pub(crate) async fn when_ready<T, F, Fut>(
+    pool: &deadpool_postgres::Pool,
+    patience: Duration,
+    mut step: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let waiting = || tokio::time::Instant::now() < deadline;
+    let pause = || tokio::time::sleep(Duration::from_millis(200));
+    loop {
+        match pool.get().await {
+            // (The connection goes back to the pool, for `step`.)
+            Ok(_) => break,
+            Err(e) if not_ready(&e) && waiting() => {
+                crate::repeats::warn_repeated!(error = %pool_error(e), "Postgres is not ready yet; waiting");
+                pause().await;
+            }
+            Err(e) => return Err(pool_error(e)),
+        }
+    }
+    loop {
+        match step().await {
+            Err(e @ (Error::Unavailable(_) | Error::OutcomeUnknown(_))) if waiting() => {
+                crate::repeats::warn_repeated!(error = %e, "Postgres link failed during start-up; trying again");
+                pause().await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether a failed first contact says the server is there but not ready: starting up,
+/// shutting down or recovering (SQLSTATE 57P03), out of connection slots (53300), or a
+/// connection it accepted and then dropped (end of file) or left unanswered (a timeout). Not a
+/// refused connection, a name that does not resolve, a wrong password, database or
+/// certificate, or any other server error: those are a wrong address or setting, said at once.
+fn not_ready(e: &deadpool_postgres::PoolError) -> bool {
+    use deadpool_postgres::PoolError;
+    let e = match e {
+        PoolError::Timeout(_) => return true,
+        PoolError::Backend(e) => e,
+        _ => return false,
+    };
+    if let Some(db) = e.as_db_error() {
+        return matches!(db.code().code(), "57P03" | "53300");
+    }
+    if e.is_closed() {
+        return true;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind;
+            return match io.kind() {
+                ErrorKind::UnexpectedEof | ErrorKind::TimedOut | ErrorKind::ConnectionAborted => {
+                    true
+                }
+                // The end of the stream inside a message, as tokio-util's codec (which
+                // tokio-postgres reads through) reports it: a connection dropped mid-reply.
+                ErrorKind::Other => io.to_string() == "bytes remaining on stream",
+                _ => false,
+            };
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// Classifies a Postgres error by what the caller should do. tokio-postgres prints a server
 /// error as just "db error", so the server's code and message are spelled out.
 pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
@@ -374,6 +453,13 @@ impl PostgresSink {
     /// [`Error::Config`] on a bad URL or schema name, [`Error::Unavailable`] if the server
     /// cannot be reached.
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_until_ready(url, Duration::ZERO).await
+    }
+
+    /// [`connect`](Self::connect), waiting up to `patience` for a server that is there but not
+    /// ready — starting up, out of connection slots, or a link that drops or leaves the first
+    /// connections unanswered. A refused connection or a wrong setting still fails at once.
+    pub async fn connect_until_ready(url: &str, patience: Duration) -> Result<Self> {
         let (url, schema) = split_schema(url)?;
         let schema = checked_schema(&schema)?;
         let max = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
@@ -388,7 +474,10 @@ impl PostgresSink {
             swept_ms: AtomicU64::new(0),
             collect_every: Self::DEFAULT_COLLECT_INTERVAL,
         };
-        migrate::run(&sink.pool, &sink.schema).await?;
+        when_ready(&sink.pool, patience, || {
+            migrate::run(&sink.pool, &sink.schema)
+        })
+        .await?;
         Ok(sink)
     }
 
