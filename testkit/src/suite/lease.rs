@@ -146,6 +146,12 @@ pub async fn renew_extends_and_reports_lost(store: Stores) {
     let short = claim_ttl(&store, Duration::from_millis(20)).await;
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(store.renew(&[short], TTL).await.unwrap(), [short]);
+    // Nor may it settle: the coordinator's clock ended it, whether or not a reaper ran.
+    let late = settle(&store, short, Settlement::Complete).await;
+    assert!(
+        matches!(late, Err(Error::LeaseNotCurrent(l)) if l == short),
+        "an expired lease settled: {late:?}"
+    );
     assert_eq!(
         store.reap(10).await.unwrap().len(),
         1,

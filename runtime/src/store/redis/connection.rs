@@ -123,7 +123,7 @@ impl Cluster {
     }
 
     /// The shared connection, made on first use.
-    async fn connection(&self) -> Result<ClusterConnection> {
+    async fn connection(&self) -> std::result::Result<ClusterConnection, Unready> {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
@@ -132,12 +132,12 @@ impl Cluster {
     }
 
     /// A new connection of its own.
-    async fn connect(&self) -> Result<ClusterConnection> {
+    async fn connect(&self) -> std::result::Result<ClusterConnection, Unready> {
+        // (The caller names the nodes; `shown` is for Debug.)
         self.client
             .get_async_connection()
             .await
-            // (The caller names the nodes; `shown` is for Debug.)
-            .map_err(|e| unavailable(format_args!("cluster: {e}")))
+            .map_err(|e| Unready::Redis("cluster: ".into(), e))
     }
 }
 
@@ -281,15 +281,69 @@ impl From<Cluster> for Target {
     }
 }
 
+/// Why a link could not be used, kept typed so that [`ping_until_ready`] decides on the
+/// server's codes and redis-rs' error kinds, not on the text of a flattened error.
+pub(super) enum Unready {
+    /// What Redis or redis-rs said (after what was being reached: "cluster: ", …).
+    Redis(String, redis::RedisError),
+    /// No answer in time (a pool checkout, a sentinel discovery): a connection accepted and
+    /// left unanswered.
+    Silent(String),
+    /// The node the sentinels named answers as a replica: a failover under way.
+    Demoted,
+    /// A wrong setting or a broken pool, said as it is.
+    Failed(Error),
+}
+
+impl Unready {
+    /// Whether the server is there but not ready: its "not now" codes (loading its data, busy
+    /// with a script, a cluster or master not settled) or a connection left unanswered (a
+    /// handshake sent while it loads can hang until the timeout). Not a refused or reset
+    /// connection (a plain client at a TLS-only port is reset at once), a name that does not
+    /// resolve or a certificate refused: those are a wrong address or setting, said at once.
+    fn not_now(&self) -> bool {
+        match self {
+            Self::Redis(_, e) => {
+                e.is_timeout()
+                    || matches!(
+                        e.code(),
+                        Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN")
+                    )
+            }
+            Self::Silent(_) | Self::Demoted => true,
+            Self::Failed(_) => false,
+        }
+    }
+}
+
+impl From<Unready> for Error {
+    fn from(unready: Unready) -> Self {
+        match unready {
+            Unready::Redis(what, e) => unavailable(format_args!("{what}{e}")),
+            Unready::Silent(why) => unavailable(why),
+            Unready::Demoted => unavailable("the node the sentinels named is no longer the master"),
+            Unready::Failed(e) => e,
+        }
+    }
+}
+
 /// One round trip (to every node of a cluster), to turn "unreachable", "wrong password" and
 /// the like into an error at start.
 pub async fn ping(target: impl Into<Target>) -> Result<()> {
+    probe(target.into()).await.map_err(Error::from)
+}
+
+async fn probe(target: Target) -> std::result::Result<(), Unready> {
     // A pooled connection is borrowed, not taken, and the cluster's shared one is used, so a
     // readiness probe that pings every second opens no connection per ping.
     let ping = redis::cmd("PING");
-    let pong = match target.into() {
+    let pong = match target {
         Target::Server(pool) => {
-            let mut conn = pool.get().await.map_err(unavailable)?;
+            let mut conn = pool.get().await.map_err(|e| match e {
+                deadpool_redis::PoolError::Backend(e) => Unready::Redis(String::new(), e),
+                deadpool_redis::PoolError::Timeout(_) => Unready::Silent(e.to_string()),
+                other => Unready::Failed(unavailable(other)),
+            })?;
             ping.query_async::<String>(&mut conn).await
         }
         Target::Cluster(cluster) => {
@@ -319,55 +373,32 @@ pub async fn ping(target: impl Into<Target>) -> Result<()> {
             }
             match role {
                 Err(e) => Err(e),
-                Ok(_) if !master => {
-                    return Err(unavailable(
-                        "the node the sentinels named is no longer the master",
-                    ))
-                }
+                Ok(_) if !master => return Err(Unready::Demoted),
                 Ok(_) => Ok("PONG".to_owned()),
             }
         }
     };
-    pong.map(drop).map_err(unavailable)
+    pong.map(drop).map_err(|e| Unready::Redis(String::new(), e))
 }
 
 /// [`ping`], waiting out a server that is there but not ready — loading its data after a
-/// restart, busy with a script, a master or cluster not settled yet — for up to `patience`: a
-/// worker started beside its Redis (a host reboot, a deploy of both, a restart while Redis
-/// loads its append-only file) waits for it instead of exiting. A refused connection still
-/// fails at once.
+/// restart, busy with a script, a master or cluster not settled yet, a handshake left
+/// unanswered — for up to `patience`: a worker started beside its Redis (a host reboot, a
+/// deploy of both, a restart while Redis loads its append-only file) waits for it instead of
+/// exiting. A refused connection or a wrong setting still fails at once.
 pub async fn ping_until_ready(target: impl Into<Target>, patience: Duration) -> Result<()> {
     let target = target.into();
     let deadline = tokio::time::Instant::now() + patience;
     loop {
-        match ping(target.clone()).await {
-            Err(Error::Unavailable(why))
-                if not_now(&why) && tokio::time::Instant::now() < deadline =>
-            {
+        match probe(target.clone()).await {
+            Err(unready) if unready.not_now() && tokio::time::Instant::now() < deadline => {
+                let why = Error::from(unready);
                 crate::repeats::warn_repeated!(error = %why, "Redis is not ready yet; waiting");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            done => return done,
+            done => return done.map_err(Error::from),
         }
     }
-}
-
-/// Whether an unavailable link's text says a server is there but not ready: its "not now"
-/// codes (as the server or redis-rs names them), or a connection it accepted and left
-/// unanswered (a handshake sent while it loads can hang until the timeout). Not a refused or
-/// reset connection (a plain client at a TLS-only port is reset at once), a name that does
-/// not resolve or a certificate refused: those are a wrong address or setting, said at once.
-fn not_now(why: &str) -> bool {
-    const SIGNS: [&str; 6] = [
-        "loading",
-        "busy",
-        "tryagain",
-        "masterdown",
-        "clusterdown",
-        "timed out",
-    ];
-    let why = why.to_lowercase();
-    SIGNS.iter().any(|sign| why.contains(sign))
 }
 
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (the text between the first
@@ -625,6 +656,47 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's error reply, as redis-rs decodes it.
+    fn server_error(reply: &str) -> redis::RedisError {
+        redis::parse_redis_value(reply.as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn readiness_is_decided_on_codes_and_kinds() {
+        let redis = |e| Unready::Redis(String::new(), e);
+        for reply in [
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-BUSY Redis is busy running a script\r\n",
+            "-MASTERDOWN Link with MASTER is down\r\n",
+            "-CLUSTERDOWN The cluster is down\r\n",
+            "-TRYAGAIN Multiple keys request during rehashing\r\n",
+        ] {
+            assert!(redis(server_error(reply)).not_now(), "{reply}");
+        }
+        let io = |kind| redis(std::io::Error::from(kind).into());
+        assert!(io(std::io::ErrorKind::TimedOut).not_now());
+        assert!(Unready::Silent("pool checkout timed out".into()).not_now());
+        assert!(Unready::Demoted.not_now());
+        // Wrong settings: said at once, whatever their text says.
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+        ] {
+            assert!(!io(kind).not_now(), "{kind:?}");
+        }
+        for reply in [
+            "-WRONGPASS invalid username-password pair\r\n",
+            "-NOAUTH Authentication required (loading is not the point)\r\n",
+            "-ERR busy doing something else\r\n",
+        ] {
+            assert!(!redis(server_error(reply)).not_now(), "{reply}");
+        }
+        assert!(!Unready::Failed(Error::Config("x".into())).not_now());
+    }
 
     #[test]
     fn slots_follow_the_hash_tag() {

@@ -10,7 +10,7 @@ use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use deadpool_redis::redis::{self, ConnectionAddr, IntoConnectionInfo, TlsMode};
 
-use super::connection::{redacted, tls_certificates, unavailable};
+use super::connection::{redacted, tls_certificates, Unready};
 use crate::error::{Error, Result};
 
 /// A Redis master found through its sentinels (see [`sentinel`]).
@@ -43,7 +43,7 @@ impl Sentinel {
 
     /// The shared connection to the master, found on first use and after [`Self::slot`] is
     /// cleared.
-    pub(super) async fn connection(&self) -> Result<MultiplexedConnection> {
+    pub(super) async fn connection(&self) -> std::result::Result<MultiplexedConnection, Unready> {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
@@ -58,13 +58,16 @@ impl Sentinel {
     }
 
     /// A new connection of its own to the master the sentinels name now.
-    pub(super) async fn connect(&self) -> Result<MultiplexedConnection> {
+    pub(super) async fn connect(&self) -> std::result::Result<MultiplexedConnection, Unready> {
         // The lock serialises discovery: redis-rs caches its sentinel connections.
         let mut client = self.client.lock().await;
         self.discover(&mut client).await
     }
 
-    async fn discover(&self, client: &mut SentinelClient) -> Result<MultiplexedConnection> {
+    async fn discover(
+        &self,
+        client: &mut SentinelClient,
+    ) -> std::result::Result<MultiplexedConnection, Unready> {
         let found = tokio::time::timeout(DISCOVERY, async {
             let client = client.async_get_client().await?;
             client
@@ -74,8 +77,8 @@ impl Sentinel {
         .await;
         match found {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(unavailable(format_args!("sentinel {}: {e}", self.shown))),
-            Err(_) => Err(unavailable(format_args!(
+            Ok(Err(e)) => Err(Unready::Redis(format!("sentinel {}: ", self.shown), e)),
+            Err(_) => Err(Unready::Silent(format!(
                 "sentinel {}: no master found within {DISCOVERY:?}",
                 self.shown
             ))),
