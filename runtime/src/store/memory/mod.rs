@@ -854,6 +854,27 @@ mod tests {
         assert!(state.jobs.is_empty());
     }
 
+    /// A store made in an epoch grants its first token there (a restarted embedded
+    /// coordinator must start above the epoch it used before), clamped to the largest epoch;
+    /// and it holds payloads to its own cap (mutants of both survived the suite, which builds
+    /// stores with the defaults).
+    #[tokio::test]
+    async fn a_store_keeps_the_epoch_and_payload_cap_it_was_made_with() {
+        for (asked, granted) in [(7, 7), (u32::MAX, FencingToken::MAX_EPOCH)] {
+            let store = MemoryLeaseStore::with_epoch(asked);
+            store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+            let claim = store
+                .claim("default", "w", 1, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(claim[0].lease.token.epoch(), granted, "asked {asked}");
+        }
+        let store = MemoryLeaseStore::new().with_max_payload_bytes(8);
+        let big = store.enqueue(vec![NewJob::raw("k", "\"123456789\"")]).await;
+        assert!(matches!(big, Err(Error::InvalidJob(_))), "{big:?}");
+        store.enqueue(vec![NewJob::raw("k", "1")]).await.unwrap();
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
