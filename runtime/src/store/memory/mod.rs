@@ -875,6 +875,36 @@ mod tests {
         store.enqueue(vec![NewJob::raw("k", "1")]).await.unwrap();
     }
 
+    /// `pick`'s guard for invariant 3, which the store's own bookkeeping never needs (a shared
+    /// scope has one ready head): with a second job of a scope planted among the ready ones,
+    /// and with a ready job whose scope is held, a claim still grants one live lease per scope
+    /// and sets the others aside (a mutant of the guard survived every path the API reaches).
+    #[tokio::test]
+    async fn a_claim_never_grants_a_held_or_twice_picked_scope() {
+        let store = MemoryLeaseStore::new();
+        let jobs = (0..3)
+            .map(|_| NewJob::raw("k", "null").with_scope("s"))
+            .collect();
+        store.enqueue(jobs).await.unwrap();
+        let plant_waiting_as_ready = |store: &MemoryLeaseStore| {
+            let mut state = lock(&store.state);
+            let scope = Scope::new("s");
+            let key = state.scopes.get_mut(&scope).unwrap().waiting.pop_first().unwrap();
+            let q = state.queues.get_mut("default").unwrap();
+            q.waiting -= 1;
+            q.ready.entry("k".into()).or_default().insert(key);
+        };
+        plant_waiting_as_ready(&store);
+        let ttl = Duration::from_secs(5);
+        let first = store.claim("default", "w", 3, ttl).await.unwrap();
+        assert_eq!(first.len(), 1, "two picks of one scope");
+        plant_waiting_as_ready(&store);
+        let held = store.claim("default", "w", 3, ttl).await.unwrap();
+        assert!(held.is_empty(), "a held scope granted again: {held:?}");
+        let counts = store.counts("default").await.unwrap();
+        assert_eq!((counts.ready, counts.waiting, counts.leased), (0, 2, 1));
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
