@@ -175,22 +175,22 @@ impl PostgresEpochSource {
     }
 
     async fn create_table(&self) -> Result<()> {
-        self.client()
-            .await?
-            // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; an
-            // advisory lock makes first start-up on many hosts at once safe.
-            .batch_execute(
-                "BEGIN;
-                 SELECT pg_advisory_xact_lock(7461827);
-                 CREATE TABLE IF NOT EXISTS palisade_epochs (
-                     name  TEXT PRIMARY KEY,
-                     epoch BIGINT NOT NULL CHECK (epoch > 0)
-                 );
-                 COMMIT;",
-            )
-            .await
-            .map_err(postgres_error)?;
-        Ok(())
+        let mut client = self.client().await?;
+        // A transaction of the driver's, not a BEGIN in a batch: one that fails is rolled back
+        // when dropped, so a retry does not meet its session still in an aborted transaction.
+        let tx = client.transaction().await.map_err(postgres_error)?;
+        // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog; an advisory
+        // lock makes first start-up on many hosts at once safe.
+        tx.batch_execute(
+            "SELECT pg_advisory_xact_lock(7461827);
+             CREATE TABLE IF NOT EXISTS palisade_epochs (
+                 name  TEXT PRIMARY KEY,
+                 epoch BIGINT NOT NULL CHECK (epoch > 0)
+             );",
+        )
+        .await
+        .map_err(postgres_error)?;
+        tx.commit().await.map_err(postgres_error)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {

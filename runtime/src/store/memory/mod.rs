@@ -889,7 +889,13 @@ mod tests {
         let plant_waiting_as_ready = |store: &MemoryLeaseStore| {
             let mut state = lock(&store.state);
             let scope = Scope::new("s");
-            let key = state.scopes.get_mut(&scope).unwrap().waiting.pop_first().unwrap();
+            let key = state
+                .scopes
+                .get_mut(&scope)
+                .unwrap()
+                .waiting
+                .pop_first()
+                .unwrap();
             let q = state.queues.get_mut("default").unwrap();
             q.waiting -= 1;
             q.ready.entry("k".into()).or_default().insert(key);

@@ -225,8 +225,10 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    let deadline = tokio::time::Instant::now() + patience;
-    let waiting = || tokio::time::Instant::now() < deadline;
+    // (A patience too large for the clock is no deadline at all.)
+    let deadline = tokio::time::Instant::now().checked_add(patience);
+    let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    let waiting = || left().is_none_or(|left| !left.is_zero());
     let pause = || tokio::time::sleep(Duration::from_millis(200));
     loop {
         match pool.get().await {
@@ -240,7 +242,19 @@ where
         }
     }
     loop {
-        match step().await {
+        // Each attempt within what is left: a step stuck behind a lock (a lost COMMIT's
+        // session not yet ended) must not outlast the patience.
+        let attempt = match left() {
+            Some(left) => tokio::time::timeout(left.max(Duration::from_secs(1)), step())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Unavailable(format!(
+                        "postgres: start-up step unfinished after {patience:?}"
+                    )))
+                }),
+            None => step().await,
+        };
+        match attempt {
             Err(e @ (Error::Unavailable(_) | Error::OutcomeUnknown(_))) if waiting() => {
                 crate::repeats::warn_repeated!(error = %e, "Postgres link failed during start-up; trying again");
                 pause().await;
@@ -272,15 +286,17 @@ fn not_ready(e: &deadpool_postgres::PoolError) -> bool {
     while let Some(c) = cause {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind;
-            return match io.kind() {
-                ErrorKind::UnexpectedEof | ErrorKind::TimedOut | ErrorKind::ConnectionAborted => {
-                    true
-                }
-                // The end of the stream inside a message, as tokio-util's codec (which
-                // tokio-postgres reads through) reports it: a connection dropped mid-reply.
-                ErrorKind::Other => io.to_string() == "bytes remaining on stream",
-                _ => false,
-            };
+            // Not tokio-util's "bytes remaining on stream" (an end of file inside a message):
+            // an HTTP server's reply reads as the start of a huge message cut short, and a
+            // wrong port must be said at once. A reset is waited for: Postgres negotiates TLS
+            // itself, so unlike Redis it is no sign of a plain client at a TLS port.
+            return matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::TimedOut
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::ConnectionReset
+            );
         }
         cause = c.source();
     }

@@ -309,11 +309,37 @@ impl Unready {
                         e.code(),
                         Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN")
                     )
+                    || wrapped_not_now(e)
             }
             Self::Silent(_) | Self::Demoted => true,
             Self::Failed(_) => false,
         }
     }
+}
+
+/// redis-rs wraps two causes in errors of its own that keep only the cause's text: a cluster's
+/// first connections ("Failed to create initial connections", the cause's display as detail:
+/// "Io: timed out", "BusyLoading: …") and a `SELECT` refused while connecting to a database
+/// other than 0 ("Redis server refused to switch database", the server's message without its
+/// code as detail: "Redis is loading the dataset in memory"). Only for those two is the
+/// detail read, for the not-now causes' own words.
+fn wrapped_not_now(e: &redis::RedisError) -> bool {
+    const WRAPPERS: [&str; 2] = [
+        "Failed to create initial connections",
+        "Redis server refused to switch database",
+    ];
+    const CAUSES: [&str; 8] = [
+        "timed out",
+        "busyloading",
+        "redis is loading",
+        "redis is busy",
+        "tryagain",
+        "masterdown",
+        "master is down",
+        "clusterdown",
+    ];
+    let (text, detail) = (e.to_string(), e.detail().unwrap_or_default().to_lowercase());
+    WRAPPERS.iter().any(|w| text.starts_with(w)) && CAUSES.iter().any(|c| detail.contains(c))
 }
 
 impl From<Unready> for Error {
@@ -388,10 +414,11 @@ async fn probe(target: Target) -> std::result::Result<(), Unready> {
 /// exiting. A refused connection or a wrong setting still fails at once.
 pub async fn ping_until_ready(target: impl Into<Target>, patience: Duration) -> Result<()> {
     let target = target.into();
-    let deadline = tokio::time::Instant::now() + patience;
+    let deadline = tokio::time::Instant::now().checked_add(patience);
+    let waiting = || deadline.is_none_or(|d| tokio::time::Instant::now() < d);
     loop {
         match probe(target.clone()).await {
-            Err(unready) if unready.not_now() && tokio::time::Instant::now() < deadline => {
+            Err(unready) if unready.not_now() && waiting() => {
                 let why = Error::from(unready);
                 crate::repeats::warn_repeated!(error = %why, "Redis is not ready yet; waiting");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -696,6 +723,27 @@ mod tests {
             assert!(!redis(server_error(reply)).not_now(), "{reply}");
         }
         assert!(!Unready::Failed(Error::Config("x".into())).not_now());
+        // The causes redis-rs wraps keep only their text: read there, and only there.
+        let wrapped = |desc, detail: &str| {
+            redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                desc,
+                detail.to_owned(),
+            )))
+        };
+        let cluster = "Failed to create initial connections";
+        let select = "Redis server refused to switch database";
+        assert!(wrapped(cluster, "Io: timed out").not_now());
+        assert!(wrapped(cluster, "BusyLoading: Redis is loading the dataset").not_now());
+        assert!(wrapped(
+            select,
+            "Redis is busy running a script. You can only call SCRIPT KILL"
+        )
+        .not_now());
+        assert!(wrapped(select, "Redis is loading the dataset in memory").not_now());
+        assert!(!wrapped(cluster, "Io: Connection refused (os error 111)").not_now());
+        assert!(!wrapped(select, "DB index is out of range").not_now());
+        assert!(!wrapped("Something else", "timed out").not_now());
     }
 
     #[test]
