@@ -911,6 +911,29 @@ mod tests {
         assert_eq!((counts.ready, counts.waiting, counts.leased), (0, 2, 1));
     }
 
+    /// The token counter is spent to its last value, and a batch that would pass it takes the
+    /// next epoch whole (cargo-mutants: the bound read as `>=` or `==` survived the suite,
+    /// which never brings a counter near its end).
+    #[tokio::test]
+    async fn the_counter_is_spent_to_its_last_value_then_the_epoch_moves() {
+        let store = MemoryLeaseStore::with_epoch(3);
+        lock(&store.state).counter = FencingToken::MAX_COUNTER - 2;
+        let jobs = (0..4).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        let tokens = |claims: Vec<Claim>| -> Vec<(u32, u64)> {
+            claims
+                .iter()
+                .map(|c| (c.lease.token.epoch(), c.lease.token.counter()))
+                .collect()
+        };
+        let ttl = Duration::from_secs(5);
+        let last = FencingToken::MAX_COUNTER;
+        let spent = store.claim("default", "w", 2, ttl).await.unwrap();
+        assert_eq!(tokens(spent), [(3, last - 1), (3, last)]);
+        let next = store.claim("default", "w", 2, ttl).await.unwrap();
+        assert_eq!(tokens(next), [(4, 1), (4, 2)]);
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
