@@ -934,6 +934,32 @@ mod tests {
         assert_eq!(tokens(next), [(4, 1), (4, 2)]);
     }
 
+    /// A result kept again with a longer ttl outlives its first expiry, and a ttl too long for
+    /// the clock keeps it (cargo-mutants: the sweep's "still the same record" check read as
+    /// `!=`, and the overflow fallback's `+` read as `-`, survived the suite).
+    #[tokio::test]
+    async fn results_kept_again_outlive_their_first_expiry() {
+        use crate::store::RecordStore;
+        let store = MemoryLeaseStore::new();
+        let (job, other) = (JobId::new(), JobId::new());
+        store
+            .put_result(job, "1".into(), Duration::from_millis(30))
+            .await
+            .unwrap();
+        store
+            .put_result(job, "2".into(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Any write sweeps what expired: the first expiry is due, its record is not.
+        store
+            .put_result(other, "3".into(), Duration::MAX)
+            .await
+            .unwrap();
+        assert_eq!(store.result(job).await.unwrap().as_deref(), Some("2"));
+        assert_eq!(store.result(other).await.unwrap().as_deref(), Some("3"));
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
