@@ -227,8 +227,7 @@ where
 {
     // (A patience too large for the clock is no deadline at all.)
     let deadline = tokio::time::Instant::now().checked_add(patience);
-    let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-    let waiting = || left().is_none_or(|left| !left.is_zero());
+    let waiting = || deadline.is_none_or(|d| tokio::time::Instant::now() < d);
     let pause = || tokio::time::sleep(Duration::from_millis(200));
     loop {
         match pool.get().await {
@@ -241,19 +240,11 @@ where
             Err(e) => return Err(pool_error(e)),
         }
     }
+    // (An attempt is not cut short: a migration may queue on the advisory lock behind other
+    // hosts' migrations, and a lock held by a session whose COMMIT answer was lost goes with
+    // that session, which the server ends within the idle-in-transaction timeout.)
     loop {
-        // Each attempt within what is left: a step stuck behind a lock (a lost COMMIT's
-        // session not yet ended) must not outlast the patience.
-        let attempt = match left() {
-            Some(left) => tokio::time::timeout(left.max(Duration::from_secs(1)), step())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Unavailable(format!(
-                        "postgres: start-up step unfinished after {patience:?}"
-                    )))
-                }),
-            None => step().await,
-        };
+        let attempt = step().await;
         match attempt {
             Err(e @ (Error::Unavailable(_) | Error::OutcomeUnknown(_))) if waiting() => {
                 crate::repeats::warn_repeated!(error = %e, "Postgres link failed during start-up; trying again");
