@@ -960,6 +960,44 @@ mod tests {
         assert_eq!(store.result(other).await.unwrap().as_deref(), Some("3"));
     }
 
+    /// A renewed lease is reaped at its new expiry, not its old one, and a default scope's
+    /// newest token is its own job's (cargo-mutants: the expiry index written as `now - ttl`
+    /// on renewal, and the job match in `highest_token` read as `!=`, survived the suite).
+    #[tokio::test(start_paused = true)]
+    async fn a_renewed_lease_is_reaped_at_its_new_expiry_and_tokens_are_per_job() {
+        let store = MemoryLeaseStore::new();
+        let jobs = (0..2).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        let claims = store
+            .claim("default", "w", 2, Duration::from_secs(1))
+            .await
+            .unwrap();
+        for c in &claims {
+            let token = store.highest_token(&Scope::of_job(c.job.id)).await.unwrap();
+            assert_eq!(token, Some(c.lease.token), "job {}", c.job.id);
+        }
+        let lease = claims[0].lease.id;
+        assert!(store
+            .renew(&[lease], Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_empty());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let reaped = store.reap(10).await.unwrap();
+        assert_eq!(reaped.len(), 1, "only the lease not renewed");
+        assert!(store
+            .renew(&[lease], Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_empty());
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(
+            store.reap(10).await.unwrap().len(),
+            1,
+            "reaped once it ran out"
+        );
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
