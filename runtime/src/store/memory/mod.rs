@@ -998,6 +998,36 @@ mod tests {
         );
     }
 
+    /// Raising the epoch to the one in use changes nothing (a counter reset there would grant a
+    /// token twice), the largest epoch can be reached and none above it; a delayed job that is
+    /// due counts as ready, not delayed (cargo-mutants survivors in `raise_epoch` and `counts`).
+    #[tokio::test(start_paused = true)]
+    async fn raising_to_the_epoch_in_use_grants_no_token_twice() {
+        let store = MemoryLeaseStore::with_epoch(2);
+        let jobs = (0..2).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        let ttl = Duration::from_secs(5);
+        let first = store.claim("default", "w", 1, ttl).await.unwrap();
+        assert_eq!(store.raise_epoch(2).await.unwrap(), 2);
+        let second = store.claim("default", "w", 1, ttl).await.unwrap();
+        assert!(second[0].lease.token > first[0].lease.token);
+        let top = FencingToken::MAX_EPOCH;
+        assert_eq!(store.raise_epoch(top).await.unwrap(), top);
+        assert!(matches!(
+            store.raise_epoch(top + 1).await,
+            Err(Error::Epoch(_))
+        ));
+        store
+            .enqueue(vec![
+                NewJob::raw("k", "null").with_delay(Duration::from_millis(50))
+            ])
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(60)).await;
+        let counts = store.counts("default").await.unwrap();
+        assert_eq!((counts.ready, counts.delayed), (1, 0));
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
