@@ -1028,6 +1028,25 @@ mod tests {
         assert_eq!((counts.ready, counts.delayed), (1, 0));
     }
 
+    /// Cancelling a ready job leaves the delayed ones alone, and cancelling a delayed one
+    /// removes just it (cargo-mutants: the delayed set's filter read as `==` survived).
+    #[tokio::test]
+    async fn cancelling_one_job_leaves_the_delayed_others_alone() {
+        use crate::job::Cancelled;
+        use crate::store::QueueAdmin;
+        let store = MemoryLeaseStore::new();
+        let later = |s| NewJob::raw("k", "null").with_delay(Duration::from_secs(s));
+        let ids = store
+            .enqueue(vec![NewJob::raw("k", "null"), later(60), later(90)])
+            .await
+            .unwrap();
+        assert_eq!(store.cancel(ids[0], "x").await.unwrap(), Cancelled::Removed);
+        assert_eq!(store.counts("default").await.unwrap().delayed, 2);
+        assert_eq!(store.cancel(ids[1], "x").await.unwrap(), Cancelled::Removed);
+        let counts = store.counts("default").await.unwrap();
+        assert_eq!((counts.delayed, counts.dead), (1, 2));
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
