@@ -1047,6 +1047,28 @@ mod tests {
         assert_eq!((counts.delayed, counts.dead), (1, 2));
     }
 
+    /// Retrying dead jobs moves at most the number asked (cargo-mutants: the bound read as
+    /// `<=` survived).
+    #[tokio::test]
+    async fn retrying_dead_jobs_moves_at_most_the_number_asked() {
+        use crate::store::QueueAdmin;
+        let store = MemoryLeaseStore::new();
+        let jobs = (0..3).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        let claims = store
+            .claim("default", "w", 3, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let dead = claims
+            .iter()
+            .map(|c| (c.lease.id, Settlement::Dead { reason: "x".into() }))
+            .collect();
+        store.settle(dead).await.unwrap();
+        assert_eq!(store.retry_dead("default", 1).await.unwrap(), 1);
+        let counts = store.counts("default").await.unwrap();
+        assert_eq!((counts.ready, counts.dead), (1, 2));
+    }
+
     /// A lease is expired at its deadline exactly, for renew as for settle and reap
     /// (mutation tests found the boundary unchecked).
     #[tokio::test(start_paused = true)]
