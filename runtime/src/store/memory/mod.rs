@@ -960,18 +960,20 @@ mod tests {
         assert_eq!(store.result(other).await.unwrap().as_deref(), Some("3"));
     }
 
+    /// Enqueues `n` plain jobs and claims them all for `ttl`.
+    async fn claim_new(store: &MemoryLeaseStore, n: usize, ttl: Duration) -> Vec<Claim> {
+        let jobs = (0..n).map(|_| NewJob::raw("k", "null")).collect();
+        store.enqueue(jobs).await.unwrap();
+        store.claim("default", "w", n, ttl).await.unwrap()
+    }
+
     /// A renewed lease is reaped at its new expiry, not its old one, and a default scope's
     /// newest token is its own job's (cargo-mutants: the expiry index written as `now - ttl`
     /// on renewal, and the job match in `highest_token` read as `!=`, survived the suite).
     #[tokio::test(start_paused = true)]
     async fn a_renewed_lease_is_reaped_at_its_new_expiry_and_tokens_are_per_job() {
         let store = MemoryLeaseStore::new();
-        let jobs = (0..2).map(|_| NewJob::raw("k", "null")).collect();
-        store.enqueue(jobs).await.unwrap();
-        let claims = store
-            .claim("default", "w", 2, Duration::from_secs(1))
-            .await
-            .unwrap();
+        let claims = claim_new(&store, 2, Duration::from_secs(1)).await;
         for c in &claims {
             let token = store.highest_token(&Scope::of_job(c.job.id)).await.unwrap();
             assert_eq!(token, Some(c.lease.token), "job {}", c.job.id);
@@ -1053,12 +1055,7 @@ mod tests {
     async fn retrying_dead_jobs_moves_at_most_the_number_asked() {
         use crate::store::QueueAdmin;
         let store = MemoryLeaseStore::new();
-        let jobs = (0..3).map(|_| NewJob::raw("k", "null")).collect();
-        store.enqueue(jobs).await.unwrap();
-        let claims = store
-            .claim("default", "w", 3, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let claims = claim_new(&store, 3, Duration::from_secs(5)).await;
         let dead = claims
             .iter()
             .map(|c| (c.lease.id, Settlement::Dead { reason: "x".into() }))
