@@ -862,11 +862,7 @@ mod tests {
     async fn a_store_keeps_the_epoch_and_payload_cap_it_was_made_with() {
         for (asked, granted) in [(7, 7), (u32::MAX, FencingToken::MAX_EPOCH)] {
             let store = MemoryLeaseStore::with_epoch(asked);
-            store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
-            let claim = store
-                .claim("default", "w", 1, Duration::from_secs(5))
-                .await
-                .unwrap();
+            let claim = claim_new(&store, 1, Duration::from_secs(5)).await;
             assert_eq!(claim[0].lease.token.epoch(), granted, "asked {asked}");
         }
         let store = MemoryLeaseStore::new().with_max_payload_bytes(8);
@@ -978,20 +974,13 @@ mod tests {
             let token = store.highest_token(&Scope::of_job(c.job.id)).await.unwrap();
             assert_eq!(token, Some(c.lease.token), "job {}", c.job.id);
         }
-        let lease = claims[0].lease.id;
-        assert!(store
-            .renew(&[lease], Duration::from_secs(10))
-            .await
-            .unwrap()
-            .is_empty());
+        let lease = [claims[0].lease.id];
+        let renew = || store.renew(&lease, Duration::from_secs(10));
+        assert!(renew().await.unwrap().is_empty());
         tokio::time::advance(Duration::from_secs(2)).await;
         let reaped = store.reap(10).await.unwrap();
         assert_eq!(reaped.len(), 1, "only the lease not renewed");
-        assert!(store
-            .renew(&[lease], Duration::from_secs(10))
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(renew().await.unwrap().is_empty(), "still current");
         tokio::time::advance(Duration::from_secs(11)).await;
         assert_eq!(
             store.reap(10).await.unwrap().len(),

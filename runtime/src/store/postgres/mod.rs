@@ -244,8 +244,7 @@ where
     // hosts' migrations, and a lock held by a session whose COMMIT answer was lost goes with
     // that session, which the server ends within the idle-in-transaction timeout.)
     loop {
-        let attempt = step().await;
-        match attempt {
+        match step().await {
             Err(e @ (Error::Unavailable(_) | Error::OutcomeUnknown(_))) if waiting() => {
                 crate::repeats::warn_repeated!(error = %e, "Postgres link failed during start-up; trying again");
                 pause().await;
