@@ -74,6 +74,7 @@ mod coordinator;
 mod error;
 mod ids;
 mod job;
+mod linger;
 pub mod metrics;
 mod mutation;
 mod policy;

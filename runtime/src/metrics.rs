@@ -66,6 +66,9 @@ pub const QUEUE_DEPTH: &str = "palisade_queue_depth";
 pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_seconds";
 /// From sending the claim that granted a lease to its handler starting. Labels: queue.
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
+/// From a handler returning to the coordinator answering its settlement: the worker's
+/// settlement linger plus the round trip (`WorkerConfig::linger`). Labels: queue.
+pub const SETTLE_WAIT: &str = "palisade_settle_wait_seconds";
 /// One lease renewal round trip (all of a worker's leases in one call).
 pub const RENEWAL_DURATION: &str = "palisade_renewal_duration_seconds";
 /// Schedule ticks fired by the scheduler role holder. Labels: schedule, outcome (enqueued,
@@ -99,6 +102,7 @@ pub const ALL: &[&str] = &[
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
     CLAIM_TO_START,
+    SETTLE_WAIT,
     RENEWAL_DURATION,
     SCHEDULE_TICKS,
 ];
@@ -145,6 +149,11 @@ pub fn describe() {
         CLAIM_TO_START,
         Unit::Seconds,
         "From sending the claim that granted a lease to its handler starting"
+    );
+    describe_histogram!(
+        SETTLE_WAIT,
+        Unit::Seconds,
+        "From a handler returning to the coordinator answering its settlement"
     );
     describe_counter!(
         SCHEDULE_TICKS,

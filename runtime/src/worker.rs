@@ -22,6 +22,7 @@ use crate::coordinator::{ClaimJobs, Coordinator, NoteRejections, PutNote, Settle
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
+use crate::linger::{Due, Linger};
 use crate::metrics as m;
 use crate::policy::RetryPolicy;
 #[cfg(feature = "testing")]
@@ -45,6 +46,13 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// Backoff for handler retries.
     pub retry: RetryPolicy,
+    /// How long a finished job's settlement, and a freed slot's claim, may wait for others to
+    /// share their round trip (default 2 ms). A batch goes at once when it is full or when
+    /// no running handler could join it, so no-op and CPU-bound handlers never wait; handlers
+    /// that await I/O finish spread out, and without it each costs two round trips of its
+    /// own. `Duration::ZERO` sends each at once. A lingering settlement still holds its
+    /// scope: a hot scope runs at most 1 / (handler + linger + round trip) jobs a second.
+    pub linger: Duration,
 }
 
 impl WorkerConfig {
@@ -58,7 +66,17 @@ impl WorkerConfig {
             lease_ttl: Duration::from_secs(30),
             poll_interval: Duration::from_millis(50),
             retry: RetryPolicy::default(),
+            linger: Self::DEFAULT_LINGER,
         }
+    }
+
+    /// The default [`WorkerConfig::linger`].
+    pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
+
+    /// Free slots that make a claim worth its round trip at once: a quarter of the claim
+    /// batch. Fewer wait up to `linger` for more.
+    fn refill_at(&self) -> usize {
+        self.batch.min(self.concurrency).div_ceil(4)
     }
 
     fn validate(&self) -> Result<()> {
@@ -77,6 +95,11 @@ impl WorkerConfig {
         }
         if self.poll_interval.is_zero() {
             return bad("poll_interval must be positive");
+        }
+        // A settlement lingers while its lease is renewed; a linger near the lease would be a
+        // misconfiguration (it exists to share round trips, which takes milliseconds).
+        if self.linger > self.lease_ttl / 10 {
+            return bad("linger must be at most a tenth of lease_ttl");
         }
         Ok(())
     }
@@ -125,12 +148,17 @@ struct Pending {
     /// The handler's result, kept only once the coordinator accepted the completion: a run
     /// fenced off (its lease no longer current) leaves no result behind.
     result: Option<String>,
+    /// When the handler returned (or the job was released).
+    finished: Instant,
+    /// Where the settle wait is recorded.
+    settle_wait: Histogram,
 }
 
 /// Metric handles of one (queue, kind), looked up once instead of per job.
 struct KindMetrics {
     duration: Histogram,
     claim_to_start: Histogram,
+    settle_wait: Histogram,
     /// By outcome: completed, retried, dead, fenced, released.
     finished: [Counter; 5],
 }
@@ -142,6 +170,7 @@ impl KindMetrics {
         Self {
             duration: histogram!(m::JOB_DURATION, &labels),
             claim_to_start: histogram!(m::CLAIM_TO_START, "queue" => queue.to_owned()),
+            settle_wait: histogram!(m::SETTLE_WAIT, "queue" => queue.to_owned()),
             finished: [
                 finished("completed"),
                 finished("retried"),
@@ -167,6 +196,10 @@ pub struct Worker {
     /// afterwards (their late writes are fenced) still reaches the rejection journal.
     released_runs: HashMap<LeaseId, Arc<RunState>>,
     pending: Vec<Pending>,
+    /// When the settlements in `pending` go out.
+    settle_linger: Linger,
+    /// When the free slots are claimed for.
+    claim_linger: Linger,
     claiming: bool,
     frozen: bool,
     next_queue: usize,
@@ -218,6 +251,8 @@ impl Worker {
             running: HashMap::new(),
             released_runs: HashMap::new(),
             pending: Vec::new(),
+            settle_linger: Linger::default(),
+            claim_linger: Linger::default(),
             claiming: false,
             frozen: false,
             next_queue: 0,
@@ -244,6 +279,11 @@ impl Worker {
             return;
         }
         if !self.claim_backoff.ready() {
+            return;
+        }
+        self.claim_linger.joined();
+        let full = self.config.refill_at();
+        if !self.due_now(|w| &mut w.claim_linger, room, full, Self::fill, ctx) {
             return;
         }
         let n = room.min(self.config.batch);
@@ -339,9 +379,43 @@ impl Worker {
         });
     }
 
-    /// Sends finished jobs' settlements in one batch; more pile up while one is in flight.
+    /// Whether the batch of `items` kept by `which` goes out now (then its clock restarts);
+    /// if not, `again` runs once its linger is over. Running handlers are what could still
+    /// join a batch (finished jobs' settlements, freed slots).
+    fn due_now(
+        &mut self,
+        which: fn(&mut Self) -> &mut Linger,
+        items: usize,
+        full: usize,
+        again: fn(&mut Self, &mut Context<Self>),
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let (more_coming, linger) = (!self.running.is_empty(), self.config.linger);
+        match which(self).due(items, full, more_coming, linger) {
+            Due::Now => {
+                which(self).sent();
+                true
+            }
+            Due::In(wait) => {
+                if which(self).arm() {
+                    ctx.run_later(wait, move |act, ctx| {
+                        which(act).fired();
+                        again(act, ctx);
+                    });
+                }
+                false
+            }
+        }
+    }
+
+    /// Sends finished jobs' settlements in one batch; more pile up while one is in flight,
+    /// or while the batch lingers (`WorkerConfig::linger`).
     fn flush(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight > 0 || self.pending.is_empty() || !self.settle_backoff.ready() {
+            return;
+        }
+        let (items, full) = (self.pending.len(), self.config.batch);
+        if !self.due_now(|w| &mut w.settle_linger, items, full, Self::flush, ctx) {
             return;
         }
         let batch = std::mem::take(&mut self.pending);
@@ -361,6 +435,7 @@ impl Worker {
                         act.sinks.observe_watermark(w);
                     }
                     for (p, result) in batch.iter().zip(results) {
+                        p.settle_wait.record(p.finished.elapsed());
                         act.renewal().do_send(ForgetLease(p.lease));
                         match result {
                             Ok(()) => {
@@ -398,6 +473,7 @@ impl Worker {
                     let backoff = act.settle_backoff.failed();
                     crate::repeats::warn_repeated!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
                     counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                    act.settle_linger.joined();
                     act.pending.extend(batch);
                 }
             }
@@ -514,11 +590,15 @@ impl Handler<JobFinished> for Worker {
             .duration
             .record(running.started.elapsed().as_secs_f64());
         metrics.finished[outcome].increment(1);
+        let settle_wait = metrics.settle_wait.clone();
+        self.settle_linger.joined();
         self.pending.push(Pending {
             lease: msg.lease,
             settlement,
             job,
             result,
+            finished: Instant::now(),
+            settle_wait,
         });
         self.flush(ctx);
         self.fill(ctx);
@@ -564,12 +644,17 @@ impl Worker {
             running.cancel.cancel();
             self.journal(&running.run);
             self.released_runs.insert(lease, running.run.clone());
-            self.metrics(&running.job).finished[4].increment(1);
+            let metrics = self.metrics(&running.job);
+            metrics.finished[4].increment(1);
+            let settle_wait = metrics.settle_wait.clone();
+            self.settle_linger.joined();
             self.pending.push(Pending {
                 lease,
                 settlement: Settlement::Release,
                 job: running.job,
                 result: None,
+                finished: Instant::now(),
+                settle_wait,
             });
         }
         self.flush(ctx);

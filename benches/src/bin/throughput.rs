@@ -7,6 +7,8 @@
 //! Postgres:  `… --redis redis://127.0.0.1:6390 --jobs 20000 --postgres postgres://postgres@127.0.0.1/test`
 //! Cluster:   `… --cluster --redis redis://127.0.0.1:7000 --jobs 20000 [--sink]` (per-master
 //!            CPU split; `benches/cluster.sh` starts a private 3-master cluster)
+//! I/O-bound: `… --handler-ms 5 [--rate 4000]` (each handler awaits 5 ms; paced enqueue
+//!            reports enqueue-to-start and end-to-end latency)
 //!
 //! Against Redis it uses a fresh key prefix and deletes its keys afterwards; run it against a
 //! Redis nothing else uses, or the command and CPU counts include other clients' work.
@@ -62,6 +64,23 @@ struct Args {
     /// thread (compare `--workers 1` and `--workers 2`: one arbiter is one core).
     #[arg(long, default_value_t = 0)]
     cpu_us: u64,
+    /// I/O-bound handlers: each job awaits this many milliseconds on average (a call to an API
+    /// or a database), holding its slot but no thread: uniformly between half and one and a
+    /// half times it, woken at that instant by a timer thread of the harness's own (tokio's
+    /// timer wakes on millisecond ticks, which would finish handlers in lockstep, as real
+    /// replies do not).
+    #[arg(long, default_value_t = 0)]
+    handler_ms: u64,
+    /// Enqueue at this many jobs a second while the workers run (every millisecond, the jobs
+    /// due by then) instead of all before, and report enqueue-to-start and end-to-end latency.
+    /// Keep it below the workers' capacity (concurrency / handler time), or the latency is the
+    /// backlog's.
+    #[arg(long)]
+    rate: Option<u64>,
+    /// The workers' settlement and claim linger in microseconds (default: the library's,
+    /// `WorkerConfig::DEFAULT_LINGER`; 0 sends every settlement and claim at once).
+    #[arg(long)]
+    linger_us: Option<u64>,
     /// Idempotency-key retention of the Redis sink (the library's default: 24 h).
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     key_retention: Duration,
@@ -169,11 +188,103 @@ impl RedisStats {
     }
 }
 
+/// Wakes waiters at their deadlines, each at its own instant, from a thread of its own.
+#[derive(Clone)]
+struct Alarm(std::sync::mpsc::Sender<(Instant, tokio::sync::oneshot::Sender<()>)>);
+
+impl Alarm {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<(Instant, tokio::sync::oneshot::Sender<()>)>();
+        std::thread::spawn(move || {
+            let mut due: BTreeMap<(Instant, u64), tokio::sync::oneshot::Sender<()>> =
+                BTreeMap::new();
+            let mut seq = 0u64;
+            loop {
+                let next = due.keys().next().map(|k| k.0);
+                let got = match next {
+                    Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+                    None => rx
+                        .recv()
+                        .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+                };
+                match got {
+                    Ok((at, waker)) => {
+                        seq += 1;
+                        due.insert((at, seq), waker);
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                let now = Instant::now();
+                while let Some(entry) = due.first_entry() {
+                    if entry.key().0 > now {
+                        break;
+                    }
+                    let _ = entry.remove().send(());
+                }
+            }
+        });
+        Self(tx)
+    }
+
+    async fn wait(&self, d: Duration) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = self.0.send((Instant::now() + d, tx));
+        let _ = rx.await;
+    }
+}
+
+/// CPU seconds used so far by every process named `postgres` on this machine (the server's
+/// backends, checkpointer, WAL writer …, and those that exited): the harness runs beside the
+/// database it measures.
+fn postgres_cpu_seconds() -> f64 {
+    let ticks = 100.0; // USER_HZ on Linux
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ..." — utime and stime are fields 14 and 15.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime, stime, and the reaped children's cutime, cstime: backends that exited count
+        // in the postmaster's.
+        for field in fields.iter().skip(11).take(4) {
+            total += field.parse::<f64>().unwrap_or(0.0) / ticks;
+        }
+    }
+    total
+}
+
+/// The server's next transaction id: every writing transaction (committed or rolled back)
+/// takes one, so the difference counts them (the server's statistics lag by up to 10 s).
+async fn postgres_xid(pg: &PostgresSink) -> i64 {
+    let client = pg.pool().get().await.unwrap();
+    client
+        .query_one("SELECT txid_current()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A quantile of a summary the recorder renders (no buckets configured), summed over labels.
+fn summary_quantile(text: &str, name: &str, quantile: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("quantile=\"{quantile}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
 }
 
 fn round_trips(metrics: &PrometheusHandle, ops: &[&str]) -> u64 {
@@ -273,23 +384,36 @@ fn main() {
             assert_eq!(held.len(), args.pause_holder, "the paused holder got every hot scope");
         }
         let coordinator = Coordinator::new(store.clone()).start();
+        let mut pg_before = None;
 
+        if let Some(pg) = &postgres_sink {
+            pg_before = Some((postgres_cpu_seconds(), postgres_xid(pg).await));
+        }
         let (before, _) = all_stats(&servers).await;
         let t0 = Instant::now();
-        let jobs: Vec<NewJob> = (0..args.jobs)
-            .map(|i| match args.scopes {
-                Some(scopes) => NewJob::raw("noop", "null").with_scope(format!("acct:{}", i % scopes.max(1))),
-                None => NewJob::raw("noop", "null"),
-            })
-            .collect();
-        for chunk in jobs.chunks(1000) {
-            coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
+        // With --rate, a job's payload is its number, so its handler finds its enqueue time.
+        let job = move |i: usize| {
+            let payload = if args.rate.is_some() { i.to_string() } else { "null".into() };
+            match args.scopes {
+                Some(scopes) => NewJob::raw("noop", payload).with_scope(format!("acct:{}", i % scopes.max(1))),
+                None => NewJob::raw("noop", payload),
+            }
+        };
+        let enqueued_at: Arc<Vec<Mutex<Option<Instant>>>> = Arc::new((0..args.jobs).map(|_| Mutex::new(None)).collect());
+        if args.rate.is_none() {
+            let jobs: Vec<NewJob> = (0..args.jobs).map(job).collect();
+            for chunk in jobs.chunks(1000) {
+                coordinator.send(Enqueue(chunk.to_vec())).await.unwrap().unwrap();
+            }
         }
         let enqueue = t0.elapsed();
         let enqueue_trips = round_trips(&metrics, &["enqueue"]);
         let (after_enqueue, cpu_after_enqueue) = all_stats(&servers).await;
 
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
+        let alarm = Alarm::start();
+        // (enqueue → handler start, enqueue → handler end) of each job, with --rate.
+        let spans = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
         let ttl = Duration::from_secs(30);
         let t1 = Instant::now();
         let mut arbiters = Vec::new();
@@ -299,19 +423,27 @@ fn main() {
                 batch: args.concurrency,
                 lease_ttl: ttl,
                 poll_interval: Duration::from_millis(1),
+                linger: args.linger_us.map_or(WorkerConfig::DEFAULT_LINGER, Duration::from_micros),
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
             let (latencies, write, cpu, cluster) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us), args.cluster);
+            let (spans, enqueued_at, wait, alarm) = (spans.clone(), enqueued_at.clone(), Duration::from_millis(args.handler_ms), alarm.clone());
             let update = args.postgres.is_some().then(|| format!("UPDATE {bench_schema}.account SET n = n + 1 WHERE id = $1"));
-            let registry = Registry::new().register("noop", move |ctx: JobContext, _: ()| {
-                let (latencies, update) = (latencies.clone(), update.clone());
+            let registry = Registry::new().register("noop", move |ctx: JobContext, number: Option<usize>| {
+                let (latencies, update, spans, enqueued_at, alarm) = (latencies.clone(), update.clone(), spans.clone(), enqueued_at.clone(), alarm.clone());
                 async move {
+                    let started = Instant::now();
                     // The lease deadline is claim-request time + ttl.
                     let claimed = ctx.lease().expires_at - ttl;
                     latencies.lock().unwrap().push(claimed.elapsed());
                     let spin = Instant::now();
                     while spin.elapsed() < cpu {
                         std::hint::spin_loop();
+                    }
+                    if !wait.is_zero() {
+                        // Uniform in [wait / 2, 3 wait / 2], from the job id's random bits.
+                        let spread = (ctx.job().id.as_uuid().as_u128() % 1000) as u32;
+                        alarm.wait(wait / 2 + wait * spread / 1000).await;
                     }
                     if write {
                         // One shared data key: what is measured afterwards is the sink's own state, not
@@ -332,6 +464,10 @@ fn main() {
                             .await?
                             .accepted()?;
                     }
+                    let enqueued = number.and_then(|i| *enqueued_at.get(i)?.lock().unwrap());
+                    if let Some(enqueued) = enqueued {
+                        spans.lock().unwrap().push((started - enqueued, enqueued.elapsed()));
+                    }
                     Ok(())
                 }
             });
@@ -339,6 +475,23 @@ fn main() {
             let arbiter = Arbiter::new();
             Worker::start_in_arbiter(&arbiter.handle(), move |_| worker);
             arbiters.push(arbiter);
+        }
+        if let Some(rate) = args.rate {
+            // Paced: every millisecond, the jobs due by then, each stamped as it is sent.
+            let mut sent = 0;
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            while sent < args.jobs {
+                tick.tick().await;
+                let due = ((t1.elapsed().as_secs_f64() * rate as f64) as usize).min(args.jobs);
+                if due > sent {
+                    let now = Instant::now();
+                    for slot in &enqueued_at[sent..due] {
+                        *slot.lock().unwrap() = Some(now);
+                    }
+                    coordinator.send(Enqueue((sent..due).map(job).collect())).await.unwrap().unwrap();
+                    sent = due;
+                }
+            }
         }
         loop {
             let counts = coordinator.send(CountJobs("default".into())).await.unwrap().unwrap();
@@ -371,11 +524,21 @@ fn main() {
         );
         println!("  enqueue      {:>9.0} jobs/s (bulk, 1000 per call)", n / enqueue.as_secs_f64());
         println!("  run          {:>9.0} jobs/s ({:.2}s)", n / run.as_secs_f64(), run.as_secs_f64());
-        println!(
-            "  claim->start p50 {:.2}ms  p99 {:.2}ms",
-            percentile(&lat, 0.5).as_secs_f64() * 1e3,
-            percentile(&lat, 0.99).as_secs_f64() * 1e3
-        );
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!("  claim->start p50 {:.2}ms  p99 {:.2}ms", ms(percentile(&lat, 0.5)), ms(percentile(&lat, 0.99)));
+        if let Some(rate) = args.rate {
+            let spans = spans.lock().unwrap();
+            let mut to_start: Vec<Duration> = spans.iter().map(|s| s.0).collect();
+            let mut to_end: Vec<Duration> = spans.iter().map(|s| s.1).collect();
+            to_start.sort();
+            to_end.sort();
+            let text = metrics.render();
+            let wait = |q: &str| summary_quantile(&text, palisade::metrics::SETTLE_WAIT, q) * 1e3;
+            println!("  paced at {rate} jobs/s, {} handler ms:", args.handler_ms);
+            println!("  enqueue->start       p50 {:.2}ms  p99 {:.2}ms", ms(percentile(&to_start, 0.5)), ms(percentile(&to_start, 0.99)));
+            println!("  enqueue->handler end p50 {:.2}ms  p99 {:.2}ms", ms(percentile(&to_end, 0.5)), ms(percentile(&to_end, 0.99)));
+            println!("  settle wait (handler end->settled) p50 {:.2}ms  p99 {:.2}ms", wait("0.5"), wait("0.99"));
+        }
         if !servers.is_empty() {
             let (after, cpu_after) = all_stats(&servers).await;
             let run_trips = round_trips(&metrics, &["claim", "settle", "renew", "reap", "establish_epoch"]);
@@ -466,7 +629,15 @@ fn main() {
                 }
             }
         }
-        if let Some(pg) = &postgres_sink {
+        if let (Some(pg), Some((cpu, commits))) = (&postgres_sink, pg_before) {
+            let cpu = postgres_cpu_seconds() - cpu;
+            // Less the one txid_current() itself takes.
+            let commits = postgres_xid(pg).await - commits - 1;
+            println!(
+                "  Postgres CPU per job {:.1}µs (every postgres process on this machine), writing transactions per job {:.3}",
+                cpu / n * 1e6,
+                commits as f64 / n
+            );
             let client = pg.pool().get().await.unwrap();
             let total: i64 = client
                 .query_one(&format!("SELECT sum(n)::bigint FROM {bench_schema}.account"), &[])
