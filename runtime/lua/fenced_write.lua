@@ -32,8 +32,10 @@
 --          {"error", why} (this write's own keys or arguments are unusable, a malformed
 --          mutation list included: a client bug, not a decision; nothing changed)
 -- Errors   none: every check runs before the first change, because Redis does not roll a
---          script back. The rule is the one in runtime/src/mutation.rs; messages match it
---          word for word (the differential test compares them).
+--          script back (a single hash mutation is checked by Redis itself as the one command
+--          that applies it, which changes nothing when it refuses). The rule is the one in
+--          runtime/src/mutation.rs; messages match it word for word (the differential test
+--          compares them).
 local retention, most, prefix, fences = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -180,6 +182,14 @@ local function well_formed(mutations)
   return true
 end
 
+-- A list of one HashIncr, or of one HashSet of at most 1000 fields (one HSET): what Redis
+-- refuses as a whole, for the reasons check() gives.
+local function single_hash(mutations)
+  local m = mutations[1]
+  return #mutations == 1
+    and (m[1] == 'I' or (m[1] == 'H' and #m[3] >= 2 and #m[3] <= 2000))
+end
+
 -- The watermark only grows. A stored one that is corrupt fails every write of the call
 -- closed (fences below it may have been forgotten: treating it as 0 would let their stale
 -- holders in); a missing one is a fresh sink's 0.
@@ -204,9 +214,10 @@ local due = {}
 if collecting and not corrupt then
   due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
 end
-do
+if #due > 0 then
+  -- The due members are the queue's first ones in order: one range removal takes them all.
+  redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
   for _, member in ipairs(due) do
-    redis.call('ZREM', KEYS[2], member)
     local scope = string.match(member, '^%d+\t(.*)$')
     if scope then
       local fence = fences .. '{' .. scope .. '}:fence'
@@ -276,12 +287,35 @@ local function write(fence, keys, token, lease, key, encoded)
   end
   local ok, mutations = pcall(cjson.decode, encoded)
   local why
+  -- Checked here, or (a single hash mutation) by Redis as it is applied, below.
+  local checked = true
   if ok and type(mutations) == 'table' and type(mutations.refuse) == 'string' then
     why = mutations.refuse
   elseif not ok or not well_formed(mutations) then
     return { 'error', 'the mutation list is malformed' }
+  elseif single_hash(mutations) then
+    checked = false
   else
     why = check(mutations)
+  end
+  if why == nil and not checked then
+    -- One hash mutation, the common write: Redis checks it as check() would (the same
+    -- string2ll, overflow and type rules) and refuses it whole, so it is tried first and
+    -- explained only when refused — two reads fewer per write.
+    local m = mutations[1]
+    local done
+    if m[1] == 'I' then
+      done = redis.pcall('HINCRBY', prefix .. m[2], m[3], m[4])
+    else
+      done = redis.pcall('HSET', prefix .. m[2], unpack(m[3]))
+    end
+    if type(done) == 'table' and done.err then
+      why = check(mutations)
+      if not why then
+        -- Not a content refusal (the server itself refused): nothing changed.
+        return { 'error', 'the mutation failed: ' .. done.err }
+      end
+    end
   end
   if why then
     -- Refused for its content, after the ownership checks passed: no data, no key, but the
@@ -292,17 +326,24 @@ local function write(fence, keys, token, lease, key, encoded)
     end
     return { 'mutation', why }
   end
-  for _, m in ipairs(mutations) do
-    apply(m)
+  if checked then
+    for _, m in ipairs(mutations) do
+      apply(m)
+    end
   end
   if advance then
     redis.call('SET', fence, token .. '\t' .. lease)
     queue_for_collection(fence, token)
   end
   redis.call('ZADD', keys, now, key)
-  redis.call('ZREMRANGEBYSCORE', keys, '-inf', now - retention)
-  if redis.call('ZCARD', keys) > most then
-    redis.call('ZREMRANGEBYRANK', keys, 0, -(most + 1))
+  local kept = redis.call('ZCARD', keys)
+  -- A set of one was created just now (a scope's first write, every default scope's only
+  -- one): nothing in it is past retention or over the count.
+  if kept > 1 then
+    redis.call('ZREMRANGEBYSCORE', keys, '-inf', now - retention)
+    if kept > most then
+      redis.call('ZREMRANGEBYRANK', keys, 0, -(most + 1))
+    end
   end
   redis.call('PEXPIRE', keys, retention)
   return { 'applied' }
