@@ -1,7 +1,9 @@
 //! Fenced Postgres: the admission rule of ARCHITECTURE.md §4 inside the user's own database, in the
 //! same transaction as the user's own SQL.
 //!
-//! Every fenced transaction runs these steps on one connection, under READ COMMITTED:
+//! Every fenced transaction runs these steps on one connection, under READ COMMITTED, in
+//! three round trips of its own (BEGIN; steps 1 and 2 with the advance; the key record and
+//! COMMIT each one more) plus the closure's statements:
 //!
 //! 1. **Lock or create the scope's fence row**: `INSERT .. ON CONFLICT (scope) DO UPDATE ..
 //!    RETURNING token, lease`. The statement waits for any other writer of the scope and then
@@ -11,13 +13,17 @@
 //!    idempotency key was applied — in a *second* statement. Under READ COMMITTED each
 //!    statement sees what was committed when it started, so this one sees every key and
 //!    watermark committed by whoever held the lock before us; read in step 1's statement, it
-//!    could miss them (its snapshot predates the wait for the lock).
+//!    could miss them (its snapshot predates the wait for the lock). A third statement
+//!    advances the fence to the write's token (strictly upwards) ahead of the decision: the
+//!    three go out together and the server runs them in order, so the pipeline keeps both
+//!    snapshots and costs one round trip.
 //! 3. **Decide** with [`admission::decide`], the one rule every
 //!    backend uses. A refusal rolls the transaction back: nothing changed, not even the row
-//!    step 1 created.
+//!    step 1 created, nor the advance.
 //! 4. **Apply** — the user's closure ([`PostgresSink::transaction`]) or a `Mutation` list
-//!    ([`PostgresFencedStore`]) — then advance the fence and record the key (with the
-//!    closure's result) in one statement, and commit.
+//!    ([`PostgresFencedStore`]) — then record the key (with the closure's result) and
+//!    commit. The fence was advanced before the closure ran, so even a closure that ends the
+//!    transaction itself leaves the fence advanced.
 //! 5. **A write refused for its content** (a mutation list that does not fit, a closure that
 //!    fails) rolls its own work back — and with it the fence advance of step 4. The writer
 //!    passed the ownership checks, so its token must still fence older leases out
@@ -40,6 +46,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::admission::{self, Admission, Fence, Rejection};
@@ -576,24 +583,45 @@ impl PostgresSink {
         Ok(())
     }
 
-    /// Steps 1 and 2: the fence lock, then the facts.
+    /// Steps 1 and 2: the fence lock, then the facts — and the fence advanced to `fence`
+    /// ahead of the decision, all three sent together (one round trip). The server runs them
+    /// in order, each statement with its own snapshot, so the facts are still read after the
+    /// lock is held; the lock's row is returned before the advance touches it. The advance is
+    /// what an admitted write does first anyway (strictly by token, never lowering the fence);
+    /// a refused one rolls its transaction back, and the advance with it.
     async fn open(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         scope: &str,
         key: &str,
+        fence: Fence,
     ) -> Result<Facts> {
         let lock = tx
             .prepare_cached(&self.sql.lock_fence)
             .await
             .map_err(postgres_error)?;
-        let row = tx
-            .query_one(&lock, &[&scope])
+        let facts = tx
+            .prepare_cached(&self.sql.facts)
             .await
             .map_err(postgres_error)?;
-        let token: Option<i64> = row.get(0);
-        let lease: Option<Uuid> = row.get(1);
-        let xid: i64 = row.get(2);
+        let advance = tx
+            .prepare_cached(&self.sql.advance)
+            .await
+            .map_err(postgres_error)?;
+        let token = bigint(fence.token)?;
+        let lock_args: [&(dyn ToSql + Sync); 1] = [&scope];
+        let facts_args: [&(dyn ToSql + Sync); 2] = [&scope, &key];
+        let advance_args: [&(dyn ToSql + Sync); 3] = [&scope, &token, fence.lease.as_uuid()];
+        // try_join polls them in this order, and each sends its request on its first poll.
+        let (locked, row, _) = futures_util::try_join!(
+            tx.query_one(&lock, &lock_args),
+            tx.query_one(&facts, &facts_args),
+            tx.execute(&advance, &advance_args),
+        )
+        .map_err(postgres_error)?;
+        let token: Option<i64> = locked.get(0);
+        let lease: Option<Uuid> = locked.get(1);
+        let xid: i64 = locked.get(2);
         let highest = match (token, lease) {
             (Some(t), Some(l)) => Some(Fence {
                 token: FencingToken::from_u64(u64::try_from(t).map_err(|_| {
@@ -603,14 +631,6 @@ impl PostgresSink {
             }),
             _ => None,
         };
-        let facts = tx
-            .prepare_cached(&self.sql.facts)
-            .await
-            .map_err(postgres_error)?;
-        let row = tx
-            .query_one(&facts, &[&scope, &key])
-            .await
-            .map_err(postgres_error)?;
         let stored: i64 = row.get(0);
         // The watermark this process observed counts at once, published or not.
         let watermark = u64::try_from(stored)
@@ -623,27 +643,6 @@ impl PostgresSink {
             key_applied: row.get(1),
             result: row.get(2),
         })
-    }
-
-    /// Moves the fence up to `fence` (before the write's own changes, so that even a
-    /// closure that ends the transaction early leaves the fence advanced).
-    async fn advance(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        scope: &str,
-        fence: Fence,
-    ) -> Result<()> {
-        let statement = tx
-            .prepare_cached(&self.sql.advance)
-            .await
-            .map_err(postgres_error)?;
-        tx.execute(
-            &statement,
-            &[&scope, &bigint(fence.token)?, fence.lease.as_uuid()],
-        )
-        .await
-        .map_err(postgres_error)?;
-        Ok(())
     }
 
     /// Records the applied `key` with the write's `result` in the transaction `xid` that
@@ -694,13 +693,10 @@ impl PostgresSink {
         let tx = begin(client).await?;
         // No key to look up: a content refusal records none, and the decision below only
         // asks whether the write still owns the scope.
-        let facts = self.open(&tx, scope, "").await?;
+        let facts = self.open(&tx, scope, "", fence).await?;
         match admission::decide(facts.highest, fence, false, facts.watermark) {
             Admission::Rejected(_) => tx.rollback().await.map_err(postgres_error),
-            _ => {
-                self.advance(&tx, scope, fence).await?;
-                Self::commit(tx).await
-            }
+            _ => Self::commit(tx).await,
         }
     }
 
@@ -775,7 +771,7 @@ impl PostgresSink {
         self.collect(client, crate::store::collect_budget(1))
             .await?;
         let tx = begin(client).await?;
-        let facts = self.open(&tx, scope.as_str(), key.as_str()).await?;
+        let facts = self.open(&tx, scope.as_str(), key.as_str(), fence).await?;
         match admission::decide(facts.highest, fence, facts.key_applied, facts.watermark) {
             Admission::Rejected(rejection) => {
                 tx.rollback().await.map_err(postgres_error)?;
@@ -788,12 +784,10 @@ impl PostgresSink {
                             "the result recorded for key {key} does not decode: {e}"
                         ))
                     })?;
-                self.advance(&tx, scope.as_str(), fence).await?;
                 Self::commit(tx).await?;
                 Ok(Fenced::Duplicate(result))
             }
             Admission::Applied => {
-                self.advance(&tx, scope.as_str(), fence).await?;
                 // The closure borrows the transaction only inside this block, so that after a
                 // failure this connection is free for step 5 (a second pooled connection per
                 // failing closure could wait out the pool when every connection fails at once).
@@ -978,7 +972,7 @@ pub(crate) async fn write_mutations(
     let scope = write.scope.as_str();
     let key = write.key.as_str();
     bigint(write.fence.token)?;
-    let facts = sink.open(&tx, scope, key).await?;
+    let facts = sink.open(&tx, scope, key, write.fence).await?;
     let decided = admission::decide(
         facts.highest,
         write.fence,
@@ -990,9 +984,7 @@ pub(crate) async fn write_mutations(
             tx.rollback().await.map_err(postgres_error)?;
             return Ok(decided);
         }
-        Admission::Duplicate => {
-            sink.advance(&tx, scope, write.fence).await?;
-        }
+        Admission::Duplicate => {}
         Admission::Applied => {
             if let Err(why) = fenced::apply(sink, &tx, write.mutations).await? {
                 tx.rollback().await.map_err(postgres_error)?;
@@ -1000,7 +992,6 @@ pub(crate) async fn write_mutations(
                     .await?;
                 return Ok(Admission::Rejected(Rejection::Mutation { why }));
             }
-            sink.advance(&tx, scope, write.fence).await?;
             sink.record(&tx, scope, key, write.fence.token, None, facts.xid)
                 .await?;
         }
