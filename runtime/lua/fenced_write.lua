@@ -31,9 +31,11 @@
 --          refused writer still proves every older lease stale, runtime/src/admission.rs) |
 --          {"error", why} (this write's own keys or arguments are unusable, a malformed
 --          mutation list included: a client bug, not a decision; nothing changed)
--- Errors   none: every check runs before the first change, because Redis does not roll a
---          script back (a single hash mutation is checked by Redis itself as the one command
---          that applies it, which changes nothing when it refuses). The rule is the one in
+-- Errors   none of its own: every check runs before the first change, because Redis does
+--          not roll a script back (a single hash mutation is checked by Redis itself as the
+--          one command that applies it, which changes nothing when it refuses). The one error
+--          raised is the server's refusal of the script's first write (OOM, READONLY,
+--          MISCONF), which Redis makes only before a script changed anything. The rule is the one in
 --          runtime/src/mutation.rs; messages match it word for word (the differential test
 --          compares them).
 local retention, most, prefix, fences = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -312,8 +314,10 @@ local function write(fence, keys, token, lease, key, encoded)
     if type(done) == 'table' and done.err then
       why = check(mutations)
       if not why then
-        -- Not a content refusal (the server itself refused): nothing changed.
-        return { 'error', 'the mutation failed: ' .. done.err }
+        -- Not this write's content: the server refuses writes now (OOM, READONLY on a
+        -- demoted master, MISCONF). It refuses only a script's first write, so nothing has
+        -- changed: raise it as it is, for the client to retry or reconnect as for any call.
+        error(done)
       end
     end
   end
