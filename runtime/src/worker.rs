@@ -50,8 +50,10 @@ pub struct WorkerConfig {
     /// share their round trip (default 2 ms). A batch goes at once when it is full or when
     /// no running handler could join it, so no-op and CPU-bound handlers never wait; handlers
     /// that await I/O finish spread out, and without it each costs two round trips of its
-    /// own. `Duration::ZERO` sends each at once. A lingering settlement still holds its
-    /// scope: a hot scope runs at most 1 / (handler + linger + round trip) jobs a second.
+    /// own. `Duration::ZERO` sends each at once. Waits run on tokio's millisecond timer: a
+    /// batch goes between `linger - 1 ms` and `linger` after its first item, and a linger of
+    /// 1 ms or less is none. A lingering settlement still holds its scope: a hot scope runs
+    /// at most 1 / (handler + linger + round trip) jobs a second.
     pub linger: Duration,
 }
 
