@@ -13,10 +13,10 @@
 //!    idempotency key was applied — in a *second* statement. Under READ COMMITTED each
 //!    statement sees what was committed when it started, so this one sees every key and
 //!    watermark committed by whoever held the lock before us; read in step 1's statement, it
-//!    could miss them (its snapshot predates the wait for the lock). A third statement
-//!    advances the fence to the write's token (strictly upwards) ahead of the decision: the
-//!    three go out together and the server runs them in order, so the pipeline keeps both
-//!    snapshots and costs one round trip.
+//!    could miss them (its snapshot predates the wait for the lock). The same statement
+//!    advances the fence to the write's token (strictly upwards) ahead of the decision. Both
+//!    statements go out together and the server runs them in order, so the pipeline keeps
+//!    both snapshots and costs one round trip.
 //! 3. **Decide** with [`admission::decide`], the one rule every
 //!    backend uses. A refusal rolls the transaction back: nothing changed, not even the row
 //!    step 1 created, nor the advance.
@@ -399,7 +399,6 @@ pub(crate) fn sql_millis(d: Duration) -> f64 {
 struct Statements {
     lock_fence: String,
     facts: String,
-    advance: String,
     record: String,
     collect: String,
     highest: String,
@@ -417,14 +416,14 @@ impl Statements {
                  ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope \
                  RETURNING token, lease, txid_current()"
             ),
+            // The facts, and the fence advanced to $3 (never lowered) in the same statement:
+            // the update touches only the fence row this transaction has locked, the read
+            // only `meta` and `keys`, so neither sees the other.
             facts: format!(
-                "SELECT m.watermark, k.key IS NOT NULL, k.result FROM {s}.meta m \
+                "WITH advance AS (UPDATE {s}.fence SET token = $3, lease = $4 \
+                     WHERE scope = $1 AND (token IS NULL OR token < $3)) \
+                 SELECT m.watermark, k.key IS NOT NULL, k.result FROM {s}.meta m \
                  LEFT JOIN {s}.keys k ON k.scope = $1 AND k.key = $2"
-            ),
-            // Advance the fence (never lower it).
-            advance: format!(
-                "UPDATE {s}.fence SET token = $2, lease = $3 \
-                 WHERE scope = $1 AND (token IS NULL OR token < $2)"
             ),
             // Record an applied key — only if this is still the transaction that took the
             // fence lock (a closure may have ended it with a COMMIT or ROLLBACK of its own).
@@ -619,10 +618,10 @@ impl PostgresSink {
         Ok(())
     }
 
-    /// Steps 1 and 2: the fence lock, then the facts — and the fence advanced to `fence`
-    /// ahead of the decision, all three sent together (one round trip). The server runs them
-    /// in order, each statement with its own snapshot, so the facts are still read after the
-    /// lock is held; the lock's row is returned before the advance touches it. The advance is
+    /// Steps 1 and 2: the fence lock, then the facts — with the fence advanced to `fence`
+    /// ahead of the decision — sent together (one round trip). The server runs them in order,
+    /// each statement with its own snapshot, so the facts are still read after the lock is
+    /// held; the lock's row is returned before the advance touches it. The advance is
     /// what an admitted write does first anyway (strictly by token, never lowering the fence);
     /// a refused one rolls its transaction back, and the advance with it.
     async fn open(
@@ -640,19 +639,13 @@ impl PostgresSink {
             .prepare_cached(&self.sql.facts)
             .await
             .map_err(postgres_error)?;
-        let advance = tx
-            .prepare_cached(&self.sql.advance)
-            .await
-            .map_err(postgres_error)?;
         let token = bigint(fence.token)?;
         let lock_args: [&(dyn ToSql + Sync); 1] = [&scope];
-        let facts_args: [&(dyn ToSql + Sync); 2] = [&scope, &key];
-        let advance_args: [&(dyn ToSql + Sync); 3] = [&scope, &token, fence.lease.as_uuid()];
+        let facts_args: [&(dyn ToSql + Sync); 4] = [&scope, &key, &token, fence.lease.as_uuid()];
         // try_join polls them in this order, and each sends its request on its first poll.
-        let (locked, row, _) = futures_util::try_join!(
+        let (locked, row) = futures_util::try_join!(
             tx.query_one(&lock, &lock_args),
             tx.query_one(&facts, &facts_args),
-            tx.execute(&advance, &advance_args),
         )
         .map_err(postgres_error)?;
         let token: Option<i64> = locked.get(0);
