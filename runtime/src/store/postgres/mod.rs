@@ -2,8 +2,8 @@
 //! same transaction as the user's own SQL.
 //!
 //! Every fenced transaction runs these steps on one connection, under READ COMMITTED, in
-//! three round trips of its own (BEGIN; steps 1 and 2 with the advance; the key record and
-//! COMMIT each one more) plus the closure's statements:
+//! three round trips of its own (BEGIN; steps 1 and 2 with the advance; the key record with
+//! COMMIT) plus the closure's statements:
 //!
 //! 1. **Lock or create the scope's fence row**: `INSERT .. ON CONFLICT (scope) DO UPDATE ..
 //!    RETURNING token, lease`. The statement waits for any other writer of the scope and then
@@ -22,8 +22,9 @@
 //!    step 1 created, nor the advance.
 //! 4. **Apply** — the user's closure ([`PostgresSink::transaction`]) or a `Mutation` list
 //!    ([`PostgresFencedStore`]) — then record the key (with the closure's result) and
-//!    commit. The fence was advanced before the closure ran, so even a closure that ends the
-//!    transaction itself leaves the fence advanced.
+//!    commit, sent together. The fence was advanced before the closure ran, so even a closure
+//!    that ends the transaction itself leaves the fence advanced; the record then fails, and
+//!    whatever the closure began afterwards is rolled back.
 //! 5. **A write refused for its content** (a mutation list that does not fit, a closure that
 //!    fails) rolls its own work back — and with it the fence advance of step 4. The writer
 //!    passed the ownership checks, so its token must still fence older leases out
@@ -426,10 +427,14 @@ impl Statements {
                  LEFT JOIN {s}.keys k ON k.scope = $1 AND k.key = $2"
             ),
             // Record an applied key — only if this is still the transaction that took the
-            // fence lock (a closure may have ended it with a COMMIT or ROLLBACK of its own).
+            // fence lock (a closure may have ended it with a COMMIT or ROLLBACK of its own):
+            // otherwise a division by zero (SQLSTATE 22012) aborts whatever transaction this
+            // is, so the COMMIT sent behind it commits nothing. (txid_current() is volatile,
+            // so the planner never folds the division ahead of time.)
             record: format!(
                 "INSERT INTO {s}.keys (scope, key, token, result) \
-                 SELECT $1, $2, $3, $4 WHERE txid_current() = $5 ON CONFLICT DO NOTHING"
+                 SELECT $1, $2, $3, $4 WHERE 1 / (txid_current() = $5)::int = 1 \
+                 ON CONFLICT DO NOTHING"
             ),
             collect: format!(
                 "WITH raise AS (UPDATE {s}.meta SET watermark = $1 WHERE watermark < $1), \
@@ -482,7 +487,7 @@ impl PostgresSink {
     const COLLECT_BATCH: usize = 2048;
 
     /// Connections one sink keeps at most, unless the URL says `pool_size=N`. A fenced
-    /// transaction holds its connection for four round trips plus the handler's own
+    /// transaction holds its connection for three round trips plus the handler's own
     /// statements, about a millisecond, so 8 connections carry thousands of transactions a
     /// second — more than one database server commits — while every worker process takes
     /// its share of the server's `max_connections` (100 by default, 3 of them reserved):
@@ -675,10 +680,19 @@ impl PostgresSink {
     }
 
     /// Records the applied `key` with the write's `result` in the transaction `xid` that
-    /// holds the fence lock; an error if that transaction is no longer the current one.
-    async fn record(
+    /// holds the fence lock, and commits, in one round trip; an error if that transaction is
+    /// no longer the current one (nothing of it is committed then).
+    ///
+    /// The COMMIT goes out right behind the record, so it cannot go through
+    /// `Transaction::commit` (which takes the transaction the record's future borrows): it is
+    /// sent as `COMMIT; BEGIN`, and the transaction guard's ROLLBACK on drop ends that empty
+    /// second transaction (a bare ROLLBACK after COMMIT would put a warning in the server's
+    /// log for every job). The record fails — division by zero, on purpose — when the
+    /// transaction is not the one that took the lock, so a closure that ended it and began
+    /// another sees that other one rolled back, not committed.
+    async fn record_and_commit(
         &self,
-        tx: &deadpool_postgres::Transaction<'_>,
+        tx: deadpool_postgres::Transaction<'_>,
         scope: &str,
         key: &str,
         token: FencingToken,
@@ -690,13 +704,28 @@ impl PostgresSink {
             .await
             .map_err(postgres_error)?;
         let result = result.filter(|v| !v.is_null());
-        let n = tx
-            .execute(&statement, &[&scope, &key, &bigint(token)?, &result, &xid])
-            .await
-            .map_err(postgres_error)?;
-        if n != 1 {
-            return Err(ended_inside(key));
+        let token = bigint(token)?;
+        let args: [&(dyn ToSql + Sync); 5] = [&scope, &key, &token, &result, &xid];
+        let (recorded, committed) = futures_util::join!(
+            tx.execute(&statement, &args),
+            tx.batch_execute("COMMIT; BEGIN"),
+        );
+        match recorded {
+            // The server answered: the transaction is aborted, and the COMMIT behind the
+            // record rolled it back.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO) => {
+                return Err(ended_inside(key))
+            }
+            Err(e) if e.as_db_error().is_some() => return Err(postgres_error(e)),
+            // The link failed with the COMMIT already sent: it may have been applied.
+            Err(e) => return Err(commit_error(e)),
+            Ok(1) => {}
+            // Nothing recorded and yet committed: the key was there already, which only a
+            // closure writing our own table can do.
+            Ok(_) => return Err(ended_inside(key)),
         }
+        committed.map_err(commit_error)?;
+        drop(tx);
         Ok(())
     }
 
@@ -731,22 +760,7 @@ impl PostgresSink {
 
     /// Commits; a lost answer to COMMIT is [`Error::OutcomeUnknown`].
     async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<()> {
-        tx.commit().await.map_err(|e| {
-            // An error about the transaction itself (a deferred constraint, a serialization
-            // failure) means it rolled back. The connection going away — dropped, or the
-            // server process terminated or shutting down (08, 57P) — says nothing about
-            // whether the commit record was written first.
-            let connection_lost = e.as_db_error().is_none_or(|db| {
-                ["08", "57P"]
-                    .iter()
-                    .any(|c| db.code().code().starts_with(c))
-            });
-            if connection_lost {
-                Error::OutcomeUnknown(format!("postgres COMMIT: {}", postgres_error(e)))
-            } else {
-                postgres_error(e)
-            }
-        })
+        tx.commit().await.map_err(commit_error)
     }
 
     /// Runs `f` in one fenced transaction for `scope` under `fence`, keyed by `key`:
@@ -860,8 +874,8 @@ impl PostgresSink {
                 };
                 let json = serde_json::to_value(&value)
                     .map_err(|e| Error::Payload(format!("transaction result: {e}")))?;
-                self.record(
-                    &tx,
+                self.record_and_commit(
+                    tx,
                     scope.as_str(),
                     key.as_str(),
                     fence.token,
@@ -869,7 +883,6 @@ impl PostgresSink {
                     facts.xid,
                 )
                 .await?;
-                Self::commit(tx).await?;
                 Ok(Fenced::Applied(value))
             }
         }
@@ -890,6 +903,23 @@ impl PostgresSink {
                 lease: LeaseId::from(lease?),
             })
         }))
+    }
+}
+
+/// What a failed COMMIT means. An error about the transaction itself (a deferred constraint,
+/// a serialization failure) means it rolled back. The connection going away — dropped, or
+/// the server process terminated or shutting down (08, 57P) — says nothing about whether the
+/// commit record was written first: [`Error::OutcomeUnknown`].
+fn commit_error(e: tokio_postgres::Error) -> Error {
+    let connection_lost = e.as_db_error().is_none_or(|db| {
+        ["08", "57P"]
+            .iter()
+            .any(|c| db.code().code().starts_with(c))
+    });
+    if connection_lost {
+        Error::OutcomeUnknown(format!("postgres COMMIT: {}", postgres_error(e)))
+    } else {
+        postgres_error(e)
     }
 }
 
@@ -1021,8 +1051,9 @@ pub(crate) async fn write_mutations(
                     .await?;
                 return Ok(Admission::Rejected(Rejection::Mutation { why }));
             }
-            sink.record(&tx, scope, key, write.fence.token, None, facts.xid)
+            sink.record_and_commit(tx, scope, key, write.fence.token, None, facts.xid)
                 .await?;
+            return Ok(decided);
         }
     }
     PostgresSink::commit(tx).await?;
