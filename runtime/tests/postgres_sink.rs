@@ -705,47 +705,6 @@ async fn a_closure_that_commits_on_its_own_is_an_error_and_the_fence_holds() {
     drop_postgres_schema(&sink).await;
 }
 
-/// A closure that ends the fenced transaction and begins another writes outside the fence
-/// lock: what it writes there must not commit, although the key record and COMMIT go out
-/// together (the record fails in any transaction but the one that took the lock, which
-/// aborts it). And the error says so.
-#[tokio::test]
-async fn work_after_a_closure_ends_and_restarts_the_transaction_is_rolled_back() {
-    let sink = sink().await;
-    let table = user_table(&sink).await;
-    let scope = Scope::new("s");
-    for (i, end) in ["ROLLBACK", "COMMIT"].into_iter().enumerate() {
-        let sql = format!("{end}; BEGIN; INSERT INTO {table} (token, note) VALUES (9, 'outside')");
-        let outcome: Result<Fenced<()>> = sink
-            .transaction(
-                &scope,
-                fence(9),
-                &IdempotencyKey::new(format!("k{i}")),
-                |tx| {
-                    Box::pin(async move {
-                        tx.batch_execute(&sql).await?;
-                        Ok(())
-                    })
-                },
-            )
-            .await;
-        assert!(
-            matches!(&outcome, Err(Error::Backend(why)) if why.contains("ended inside its closure")),
-            "{end}: {outcome:?}"
-        );
-    }
-    let outside = rows(
-        &sink,
-        &format!("SELECT 1 FROM {table} WHERE note = 'outside'"),
-    )
-    .await;
-    assert!(outside.is_empty(), "work outside the fence lock committed");
-    // Neither key was recorded: nothing of either write counts as applied.
-    let keys = rows(&sink, &format!("SELECT key FROM {}.keys", sink.schema())).await;
-    assert!(keys.is_empty(), "{} keys recorded", keys.len());
-    drop_postgres_schema(&sink).await;
-}
-
 /// Issue 10 attack finding 5: durations far beyond any sane setting do not break writes.
 #[tokio::test]
 async fn huge_retentions_and_watermarks_do_not_break_writes() {

@@ -96,6 +96,8 @@ struct RedisStats {
     commands: BTreeMap<String, u64>,
     cpu_seconds: f64,
     used_memory: i64,
+    /// Bytes the server read from and wrote to its clients.
+    net_bytes: u64,
 }
 
 /// Every server that does the work: the one Redis, or each master of a cluster (by address).
@@ -142,6 +144,7 @@ async fn all_stats(servers: &[(String, deadpool_redis::Pool)]) -> (RedisStats, V
         }
         total.cpu_seconds += one.cpu_seconds;
         total.used_memory += one.used_memory;
+        total.net_bytes += one.net_bytes;
         cpu.push(one.cpu_seconds);
     }
     (total, cpu)
@@ -164,6 +167,11 @@ async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
             stats.commands.insert(name.to_owned(), calls);
+        }
+        for key in ["total_net_input_bytes:", "total_net_output_bytes:"] {
+            if let Some(v) = line.strip_prefix(key) {
+                stats.net_bytes += v.trim().parse::<u64>().unwrap_or(0);
+            }
         }
         if let Some(v) = line.strip_prefix("used_memory:") {
             stats.used_memory = v.trim().parse().unwrap_or(0);
@@ -559,6 +567,11 @@ fn main() {
                 "  Redis CPU per job: run {:.1}µs, enqueue {:.1}µs",
                 (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6,
                 (after_enqueue.cpu_seconds - before.cpu_seconds) / n * 1e6
+            );
+            // Work counted rather than timed (time is shared by every process on the cores).
+            println!(
+                "  Redis network bytes per job (in + out, every server): run {:.0}",
+                (after.net_bytes - after_enqueue.net_bytes) as f64 / n
             );
             if args.cluster {
                 let run_cpu = after.cpu_seconds - after_enqueue.cpu_seconds;

@@ -429,8 +429,9 @@ impl Statements {
             // Record an applied key — only if this is still the transaction that took the
             // fence lock (a closure may have ended it with a COMMIT or ROLLBACK of its own):
             // otherwise a division by zero (SQLSTATE 22012) aborts whatever transaction this
-            // is, so the COMMIT sent behind it commits nothing. (txid_current() is volatile,
-            // so the planner never folds the division ahead of time.)
+            // is, so the COMMIT sent behind it commits nothing. (txid_current() is stable, not
+            // immutable, so the planner never folds the division ahead of time, in generic and
+            // custom plans alike.)
             record: format!(
                 "INSERT INTO {s}.keys (scope, key, token, result) \
                  SELECT $1, $2, $3, $4 WHERE 1 / (txid_current() = $5)::int = 1 \
@@ -685,10 +686,10 @@ impl PostgresSink {
     ///
     /// The COMMIT goes out right behind the record, so it cannot go through
     /// `Transaction::commit` (which takes the transaction the record's future borrows): it is
-    /// sent as `COMMIT; BEGIN`, and the transaction guard's ROLLBACK on drop ends that empty
-    /// second transaction (a bare ROLLBACK after COMMIT would put a warning in the server's
-    /// log for every job). The record fails — division by zero, on purpose — when the
-    /// transaction is not the one that took the lock, so a closure that ended it and began
+    /// sent as a COMMIT and a BEGIN, and the transaction guard's ROLLBACK on drop ends that
+    /// empty second transaction (a bare ROLLBACK after COMMIT would put a warning in the
+    /// server's log for every job). The record fails — division by zero, on purpose — when
+    /// the transaction is not the one that took the lock, so a closure that ended it and began
     /// another sees that other one rolled back, not committed.
     async fn record_and_commit(
         &self,
@@ -698,35 +699,85 @@ impl PostgresSink {
         token: FencingToken,
         result: Option<serde_json::Value>,
         xid: i64,
-    ) -> Result<()> {
-        let statement = tx
-            .prepare_cached(&self.sql.record)
-            .await
-            .map_err(postgres_error)?;
+    ) -> Ended {
+        let statement = match tx.prepare_cached(&self.sql.record).await {
+            Ok(statement) => statement,
+            Err(e) => return Ended::RolledBack(postgres_error(e)),
+        };
         let result = result.filter(|v| !v.is_null());
-        let token = bigint(token)?;
+        // Refused here, not by the driver after the COMMIT is queued: a record that cannot
+        // be sent must not let the transaction commit without its key.
+        let size = result
+            .as_ref()
+            .map_or(0, |v| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len()));
+        if size > MAX_RECORDED_RESULT {
+            return Ended::RolledBack(Error::Payload(format!(
+                "the transaction's result is {size} bytes; at most {MAX_RECORDED_RESULT} are \
+                 recorded with its key"
+            )));
+        }
+        let token = match bigint(token) {
+            Ok(token) => token,
+            Err(e) => return Ended::RolledBack(e),
+        };
         let args: [&(dyn ToSql + Sync); 5] = [&scope, &key, &token, &result, &xid];
-        let (recorded, committed) = futures_util::join!(
+        // Three messages, one round trip. BEGIN is its own query, so it runs even after a
+        // failed COMMIT (the guard's ROLLBACK then ends it quietly), and its own failure is
+        // not taken for the COMMIT's.
+        let (recorded, committed, _) = futures_util::join!(
             tx.execute(&statement, &args),
-            tx.batch_execute("COMMIT; BEGIN"),
+            tx.batch_execute("COMMIT"),
+            tx.batch_execute("BEGIN"),
         );
+        drop(tx);
         match recorded {
             // The server answered: the transaction is aborted, and the COMMIT behind the
             // record rolled it back.
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO) => {
-                return Err(ended_inside(key))
+                return Ended::RolledBack(ended_inside(key))
             }
-            Err(e) if e.as_db_error().is_some() => return Err(postgres_error(e)),
+            Err(e) if e.as_db_error().is_some() => return Ended::RolledBack(postgres_error(e)),
             // The link failed with the COMMIT already sent: it may have been applied.
-            Err(e) => return Err(commit_error(e)),
+            Err(e) => return Ended::Failed(commit_error(e)),
             Ok(1) => {}
-            // Nothing recorded and yet committed: the key was there already, which only a
+            // Committed, but nothing recorded: the key was there already, which only a
             // closure writing our own table can do.
-            Ok(_) => return Err(ended_inside(key)),
+            Ok(_) => return Ended::Failed(ended_inside(key)),
         }
-        committed.map_err(commit_error)?;
-        drop(tx);
-        Ok(())
+        match committed {
+            Ok(()) => Ended::Committed,
+            Err(e) => match commit_error(e) {
+                e @ Error::OutcomeUnknown(_) => Ended::Failed(e),
+                e => Ended::RolledBack(e),
+            },
+        }
+    }
+
+    /// What the caller of [`record_and_commit`](Self::record_and_commit) sees. A write the
+    /// server rolled back at its last step (a deferred constraint at COMMIT, a closure that
+    /// returned Ok from an aborted transaction, or ended it) passed the ownership checks, so
+    /// its token still fences older leases out (step 5, best-effort); the error is returned
+    /// either way.
+    async fn settle_ended(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        scope: &str,
+        fence: Fence,
+        ended: Ended,
+    ) -> Result<()> {
+        match ended {
+            Ended::Committed => Ok(()),
+            Ended::Failed(e) => Err(e),
+            Ended::RolledBack(e) => {
+                if let Err(advance) = self.advance_after_refusal(client, scope, fence).await {
+                    tracing::warn!(
+                        scope, error = %advance,
+                        "a refused fenced transaction could not advance its fence"
+                    );
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Whether `tx` is still the transaction `xid` that took the fence lock (a closure may
@@ -874,15 +925,18 @@ impl PostgresSink {
                 };
                 let json = serde_json::to_value(&value)
                     .map_err(|e| Error::Payload(format!("transaction result: {e}")))?;
-                self.record_and_commit(
-                    tx,
-                    scope.as_str(),
-                    key.as_str(),
-                    fence.token,
-                    Some(json),
-                    facts.xid,
-                )
-                .await?;
+                let ended = self
+                    .record_and_commit(
+                        tx,
+                        scope.as_str(),
+                        key.as_str(),
+                        fence.token,
+                        Some(json),
+                        facts.xid,
+                    )
+                    .await;
+                self.settle_ended(client, scope.as_str(), fence, ended)
+                    .await?;
                 Ok(Fenced::Applied(value))
             }
         }
@@ -905,6 +959,20 @@ impl PostgresSink {
         }))
     }
 }
+
+/// How [`PostgresSink::record_and_commit`] ended.
+enum Ended {
+    Committed,
+    /// Nothing of the transaction committed; the server refused it after the ownership
+    /// checks passed (or the closure had ended it), so its fence must still be advanced.
+    RolledBack(Error),
+    /// Committed or not, nothing more to do than report it (a lost answer is
+    /// [`Error::OutcomeUnknown`]).
+    Failed(Error),
+}
+
+/// Most bytes of a closure's result recorded with its key (jsonb holds at most 256 MiB).
+const MAX_RECORDED_RESULT: usize = 255 << 20;
 
 /// What a failed COMMIT means. An error about the transaction itself (a deferred constraint,
 /// a serialization failure) means it rolled back. The connection going away — dropped, or
@@ -1051,8 +1119,10 @@ pub(crate) async fn write_mutations(
                     .await?;
                 return Ok(Admission::Rejected(Rejection::Mutation { why }));
             }
-            sink.record_and_commit(tx, scope, key, write.fence.token, None, facts.xid)
-                .await?;
+            let ended = sink
+                .record_and_commit(tx, scope, key, write.fence.token, None, facts.xid)
+                .await;
+            sink.settle_ended(client, scope, write.fence, ended).await?;
             return Ok(decided);
         }
     }
