@@ -26,7 +26,8 @@
 //!    that ends the transaction itself leaves the fence advanced; the record then fails, and
 //!    whatever the closure began afterwards is rolled back.
 //! 5. **A write refused for its content** (a mutation list that does not fit, a closure that
-//!    fails) rolls its own work back — and with it the fence advance of step 4. The writer
+//!    fails, or the server refusing the last step: a deferred constraint at COMMIT, a closure
+//!    that returned Ok from an aborted transaction) rolls its own work back — and with it the fence advance of step 4. The writer
 //!    passed the ownership checks, so its token must still fence older leases out
 //!    ([`admission::advance`]): a short second transaction locks the fence row again,
 //!    decides again (the facts may have moved meanwhile) and advances the fence strictly by
