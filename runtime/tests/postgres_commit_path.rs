@@ -138,6 +138,17 @@ async fn insert(
         "INSERT INTO {table} (token, note) VALUES ({}, '{key}')",
         f.token.as_u64()
     );
+    fenced_sql(sink, scope, f, key, sql).await
+}
+
+/// A fenced transaction under `f`, keyed `key`, whose closure runs `sql`.
+async fn fenced_sql(
+    sink: &PostgresSink,
+    scope: &Scope,
+    f: Fence,
+    key: &str,
+    sql: String,
+) -> Result<Fenced<()>> {
     sink.transaction(scope, f, &IdempotencyKey::new(key), move |tx| {
         Box::pin(async move {
             tx.batch_execute(&sql).await?;
@@ -182,19 +193,7 @@ async fn the_guard_holds_under_every_plan_and_leaves_the_connection_idle() {
         for end in ["COMMIT", "ROLLBACK"] {
             let sql =
                 format!("{end}; BEGIN; INSERT INTO {table} (token, note) VALUES (1, 'outside')");
-            let outcome: Result<Fenced<()>> = sink
-                .transaction(
-                    &scope,
-                    fence(1),
-                    &IdempotencyKey::new(format!("bad-{end}")),
-                    |tx| {
-                        Box::pin(async move {
-                            tx.batch_execute(&sql).await?;
-                            Ok(())
-                        })
-                    },
-                )
-                .await;
+            let outcome = fenced_sql(&sink, &scope, fence(1), &format!("bad-{end}"), sql).await;
             assert!(
                 matches!(&outcome, Err(Error::Backend(why)) if why.contains("ended inside")),
                 "{mode} {end}: {outcome:?}"
@@ -249,14 +248,7 @@ async fn a_commit_refused_by_a_deferred_constraint_applies_nothing_and_still_fen
     let scope = Scope::new("s");
     let pid = sink_pid(&sink, &scope, fence(1), "pid").await;
     let sql = format!("INSERT INTO {table} (token, note, parent) VALUES (5, 'orphan', 42)");
-    let outcome: Result<Fenced<()>> = sink
-        .transaction(&scope, fence(5), &IdempotencyKey::new("k"), |tx| {
-            Box::pin(async move {
-                tx.batch_execute(&sql).await?;
-                Ok(())
-            })
-        })
-        .await;
+    let outcome = fenced_sql(&sink, &scope, fence(5), "k", sql).await;
     assert!(
         matches!(&outcome, Err(Error::Backend(why)) if why.contains("23503")),
         "{outcome:?}"
@@ -351,14 +343,7 @@ async fn a_closure_that_records_our_own_key_commits_and_is_reported() {
         "INSERT INTO {table} (token, note) VALUES (5, 'mine');
          INSERT INTO {s}.keys (scope, key, token) VALUES ('s', 'k', 5)"
     );
-    let outcome: Result<Fenced<()>> = sink
-        .transaction(&scope, fence(5), &IdempotencyKey::new("k"), |tx| {
-            Box::pin(async move {
-                tx.batch_execute(&sql).await?;
-                Ok(())
-            })
-        })
-        .await;
+    let outcome = fenced_sql(&sink, &scope, fence(5), "k", sql).await;
     let committed = count(&sink, &format!("SELECT count(*) FROM {table}")).await;
     drop_postgres_schema(&sink).await;
     eprintln!("outcome {outcome:?}, rows committed {committed}");

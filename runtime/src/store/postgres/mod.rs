@@ -741,9 +741,14 @@ impl PostgresSink {
             // The link failed with the COMMIT already sent: it may have been applied.
             Err(e) => return Ended::Failed(commit_error(e)),
             Ok(1) => {}
-            // Committed, but nothing recorded: the key was there already, which only a
-            // closure writing our own table can do.
-            Ok(_) => return Ended::Failed(ended_inside(key)),
+            // Committed, under the fence, but nothing recorded: the key was there already,
+            // which only a closure writing our own key table can do.
+            Ok(_) => {
+                return Ended::Failed(Error::Backend(format!(
+                    "the fenced transaction for key {key:?} committed, but its key was already \
+                     recorded inside it (does the closure write the sink's own key table?)"
+                )))
+            }
         }
         match committed {
             Ok(()) => Ended::Committed,
