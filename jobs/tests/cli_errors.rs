@@ -92,6 +92,12 @@ fn careless_worker_configurations_are_refused_up_front() {
         // Issue 22: durations out of sane bounds, prefixes against the name rules.
         (&["--lease", "1000y"], "1000years is outside 300ms..=1day"),
         (&["--drain", "2days"], "2days is outside 0s..=1day"),
+        // Issue 24: the settlement linger is bounded by itself and by the lease.
+        (&["--linger", "2s"], "2s is outside 0s..=1s"),
+        (
+            &["--linger", "500ms", "--lease", "1s"],
+            "at most a tenth of --lease",
+        ),
         (&["--prefix", "{x}"], "no braces"),
         (&["--prefix", "a\nb"], "control character"),
     ];

@@ -750,6 +750,22 @@ impl Handler<Drain> for Worker {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_linger_beyond_a_tenth_of_the_lease_is_refused() {
+        let config = |linger| WorkerConfig {
+            lease_ttl: Duration::from_secs(30),
+            linger,
+            ..WorkerConfig::new("w")
+        };
+        assert!(config(Duration::ZERO).validate().is_ok());
+        assert!(config(Duration::from_secs(3)).validate().is_ok());
+        let refused = config(Duration::from_millis(3001)).validate();
+        assert!(
+            matches!(&refused, Err(Error::Config(why)) if why.contains("linger")),
+            "{refused:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn backoff_doubles_caps_and_resets() {
         let mut backoff = Backoff::default();

@@ -48,6 +48,10 @@ pub(super) struct WorkerArgs {
     /// after this.
     #[arg(long, default_value = "30s", value_parser = super::duration_within(Duration::from_millis(300), super::DAY))]
     lease: Duration,
+    /// How long a finished job's settlement, and a freed slot's claim, may wait for others to
+    /// share a round trip (0..=1s; `0ms`: each at once). At most a tenth of `--lease`.
+    #[arg(long, default_value = "2ms", value_parser = super::duration_within(Duration::ZERO, Duration::from_secs(1)))]
+    linger: Duration,
     /// Worker name shown in `status` (default: host-pid; `/N` is appended per arbiter).
     #[arg(long)]
     name: Option<String>,
@@ -56,7 +60,8 @@ pub(super) struct WorkerArgs {
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Where a declared fenced sink lives: `NAME=URL` (repeatable), `redis://`, `rediss://`
-    /// or `postgres://…[?schema=NAME]` (default schema `palisade`). Also
+    /// or `postgres://…[?schema=NAME&pool_size=N]` (default schema `palisade`, 8 connections).
+    /// Also
     /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
     #[arg(long = "sink", value_name = "NAME=URL")]
     sinks: Vec<String>,
@@ -249,6 +254,9 @@ fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
     if !(1..=256).contains(&arbiters) {
         bail!("--arbiters must be 1..=256");
     }
+    if args.linger > args.lease / 10 {
+        bail!("--linger must be at most a tenth of --lease");
+    }
     let mut seen = std::collections::HashSet::new();
     if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
         bail!("--queues names {dup:?} twice (give it one weight instead)");
@@ -352,6 +360,7 @@ fn start_workers(
             concurrency: args.concurrency,
             batch: args.concurrency,
             lease_ttl: args.lease,
+            linger: args.linger,
             poll_interval: Duration::from_millis(20),
             ..WorkerConfig::new(if arbiters == 1 {
                 name.to_owned()
