@@ -41,6 +41,18 @@ async fn one_connection_sink(options: &str) -> Arc<PostgresSink> {
     )
 }
 
+/// A one-connection sink and a `ledger` table in its schema.
+async fn ledger_sink() -> (Arc<PostgresSink>, String) {
+    let sink = one_connection_sink("").await;
+    let table = format!("{}.ledger", sink.schema());
+    exec(
+        &sink,
+        &format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, token bigint, note text)"),
+    )
+    .await;
+    (sink, table)
+}
+
 /// A plain connection beside the sink's pool, for watching the sink's backend.
 async fn watcher() -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
@@ -291,14 +303,7 @@ async fn assert_fenced_at_5_and_drop(sink: &PostgresSink, table: &str, scope: &S
 #[tokio::test]
 async fn a_closure_that_swallows_a_failed_statement_applies_nothing_and_still_fences() {
     let watch = watcher().await;
-    let sink = one_connection_sink("").await;
-    let s = sink.schema();
-    let table = format!("{s}.ledger");
-    exec(
-        &sink,
-        &format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, token bigint, note text)"),
-    )
-    .await;
+    let (sink, table) = ledger_sink().await;
     let scope = Scope::new("s");
     let pid = sink_pid(&sink, &scope, fence(1), "pid").await;
     let ins = format!("INSERT INTO {table} (token, note) VALUES (5, 'swallowed')");
@@ -326,18 +331,12 @@ async fn a_closure_that_swallows_a_failed_statement_applies_nothing_and_still_fe
 
 /// The record's `Ok(0)` arm: the key is already there in the fenced transaction itself (only a
 /// closure writing the sink's own `keys` table does that). The `COMMIT` behind the record has
-/// then committed the closure's work under the fence — and the caller hears a permanent
-/// "ended inside its closure ... not covered by the fence" error. Documents the behaviour.
+/// then committed the closure's work under the fence, and the caller hears an error saying
+/// so. Documents the behaviour.
 #[tokio::test]
 async fn a_closure_that_records_our_own_key_commits_and_is_reported() {
-    let sink = one_connection_sink("").await;
+    let (sink, table) = ledger_sink().await;
     let s = sink.schema();
-    let table = format!("{s}.ledger");
-    exec(
-        &sink,
-        &format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, token bigint, note text)"),
-    )
-    .await;
     let scope = Scope::new("s");
     let sql = format!(
         "INSERT INTO {table} (token, note) VALUES (5, 'mine');

@@ -27,7 +27,8 @@
 //!    whatever the closure began afterwards is rolled back.
 //! 5. **A write refused for its content** (a mutation list that does not fit, a closure that
 //!    fails, or the server refusing the last step: a deferred constraint at COMMIT, a closure
-//!    that returned Ok from an aborted transaction) rolls its own work back — and with it the fence advance of step 4. The writer
+//!    that returned Ok from an aborted transaction) rolls its own work back — and with it the
+//!    fence advance of step 2. The writer
 //!    passed the ownership checks, so its token must still fence older leases out
 //!    ([`admission::advance`]): a short second transaction locks the fence row again,
 //!    decides again (the facts may have moved meanwhile) and advances the fence strictly by
@@ -775,14 +776,22 @@ impl PostgresSink {
             Ended::Committed => Ok(()),
             Ended::Failed(e) => Err(e),
             Ended::RolledBack(e) => {
-                if let Err(advance) = self.advance_after_refusal(client, scope, fence).await {
-                    tracing::warn!(
-                        scope, error = %advance,
-                        "a refused fenced transaction could not advance its fence"
-                    );
-                }
+                self.fence_anyway(client, scope, fence).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Step 5, best-effort, for a write rolled back after it passed the ownership checks:
+    /// the caller reports the write's own error whether or not the fence could be advanced.
+    async fn fence_anyway(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        scope: &str,
+        fence: Fence,
+    ) {
+        if let Err(advance) = self.advance_after_refusal(client, scope, fence).await {
+            cannot_fence(scope, &advance);
         }
     }
 
@@ -913,18 +922,11 @@ impl PostgresSink {
                         }
                         // Best-effort (step 5): the closure's error is what the caller must
                         // see, whether or not the fence could be advanced.
-                        let advanced = match tx.rollback().await {
-                            Ok(()) => {
-                                self.advance_after_refusal(client, scope.as_str(), fence)
-                                    .await
+                        match tx.rollback().await {
+                            Ok(()) => self.fence_anyway(client, scope.as_str(), fence).await,
+                            Err(rollback) => {
+                                cannot_fence(scope.as_str(), &postgres_error(rollback))
                             }
-                            Err(e) => Err(postgres_error(e)),
-                        };
-                        if let Err(advance) = advanced {
-                            tracing::warn!(
-                                scope = scope.as_str(), error = %advance,
-                                "a failed fenced transaction could not advance its fence"
-                            );
                         }
                         return Err(closure_error(e));
                     }
@@ -979,6 +981,11 @@ enum Ended {
 
 /// Most bytes of a closure's result recorded with its key (jsonb holds at most 256 MiB).
 const MAX_RECORDED_RESULT: usize = 255 << 20;
+
+/// A refused write's fence could not be advanced (step 5 is best-effort).
+fn cannot_fence(scope: &str, error: &Error) {
+    tracing::warn!(scope, %error, "a refused fenced transaction could not advance its fence");
+}
 
 /// What a failed COMMIT means. An error about the transaction itself (a deferred constraint,
 /// a serialization failure) means it rolled back. The connection going away — dropped, or
