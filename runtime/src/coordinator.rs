@@ -14,7 +14,7 @@ use crate::ids::{FencingToken, JobId, LeaseId};
 use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
 use crate::sampler::Sampler;
-use crate::store::{Inspect, LeaseStore, RecordStore, Stores};
+use crate::store::{ClaimRequest, Inspect, LeaseStore, RecordStore, Stores};
 
 /// Façade over a coordinator's [`Stores`]; one per process is enough. Workers drive its hot
 /// path ([`LeaseStore`]); it reaps, and answers counts and dead letters ([`Inspect`]) and
@@ -130,33 +130,56 @@ impl Handler<Enqueue> for Coordinator {
     }
 }
 
-/// Claims up to `n` jobs of `queue` for `worker`, each under a lease of `ttl`.
+/// A worker's settlements and its next claim, in one message — one round trip where the
+/// backend can ([`LeaseStore::settle_and_claim`]). Either part may be absent.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Claim>>")]
-pub(crate) struct ClaimJobs {
-    /// Queue to claim from.
-    pub queue: String,
-    /// Kinds the worker has handlers for; only those are claimed.
-    pub kinds: Vec<String>,
-    /// Claiming worker's name (for status output).
-    pub worker: String,
-    /// Batch size.
-    pub n: usize,
-    /// Lease length.
-    pub ttl: Duration,
+#[rtype(result = "Exchanged")]
+pub(crate) struct Exchange {
+    /// Finished jobs to complete, retry, dead-letter or release, each checked by lease id.
+    pub settlements: Vec<(LeaseId, Settlement)>,
+    /// Jobs to claim after them.
+    pub claim: Option<ClaimRequest>,
 }
 
-impl Handler<ClaimJobs> for Coordinator {
-    type Result = ResponseFuture<Result<Vec<Claim>>>;
+/// Each settlement's result and the low watermark after them, or why none was settled.
+pub(crate) type Settled = Result<(Vec<Result<()>>, Option<FencingToken>)>;
 
-    fn handle(&mut self, msg: ClaimJobs, _: &mut Self::Context) -> Self::Result {
+/// The answer to an [`Exchange`], one outcome per part it had.
+pub(crate) struct Exchanged {
+    /// Each settlement's result and the low watermark after them (for the worker's sinks).
+    pub settled: Option<Settled>,
+    /// The claims granted.
+    pub claimed: Option<Result<Vec<Claim>>>,
+}
+
+impl Handler<Exchange> for Coordinator {
+    type Result = ResponseFuture<Exchanged>;
+
+    fn handle(&mut self, msg: Exchange, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let claims = store
-                .claim_kinds(&msg.queue, &msg.kinds, &msg.worker, msg.n, msg.ttl)
-                .await?;
-            counter!(m::CLAIMS, "queue" => msg.queue).increment(claims.len() as u64);
-            Ok(claims)
+            let Exchange { settlements, claim } = msg;
+            let (settled, claimed) = match claim {
+                Some(claim) if !settlements.is_empty() => {
+                    let (settled, claimed) = store.settle_and_claim(settlements, &claim).await;
+                    (Some(settled), Some((claim.queue, claimed)))
+                }
+                Some(c) => {
+                    let claimed = c.on(&store).await;
+                    (None, Some((c.queue, claimed)))
+                }
+                None => (Some(store.settle(settlements).await), None),
+            };
+            let claimed = claimed.map(|(queue, claimed)| {
+                if let Ok(claims) = &claimed {
+                    counter!(m::CLAIMS, "queue" => queue).increment(claims.len() as u64);
+                }
+                claimed
+            });
+            Exchanged {
+                settled: settled.map(|r| r.map(|results| (results, store.watermark()))),
+                claimed,
+            }
         })
     }
 }
@@ -177,24 +200,6 @@ impl Handler<RenewLeases> for Coordinator {
     fn handle(&mut self, msg: RenewLeases, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move { store.renew(&msg.leases, msg.ttl).await })
-    }
-}
-
-/// Completes, retries or dead-letters finished jobs, each checked by lease id. Answers with
-/// each settlement's result and the low watermark after them (for the worker's sinks).
-#[derive(Message)]
-#[rtype(result = "Result<(Vec<Result<()>>, Option<FencingToken>)>")]
-pub(crate) struct SettleJobs(pub Vec<(LeaseId, Settlement)>);
-
-impl Handler<SettleJobs> for Coordinator {
-    type Result = ResponseFuture<Result<(Vec<Result<()>>, Option<FencingToken>)>>;
-
-    fn handle(&mut self, msg: SettleJobs, _: &mut Self::Context) -> Self::Result {
-        let store = self.store.clone();
-        Box::pin(async move {
-            let results = store.settle(msg.0).await?;
-            Ok((results, store.watermark()))
-        })
     }
 }
 

@@ -121,8 +121,8 @@ pub use store::postgres::{
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{
-    ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore, QueueAdmin, Reaped,
-    RecordStore, RejectionNote, Stores,
+    ClaimRequest, ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore,
+    QueueAdmin, Reaped, RecordStore, RejectionNote, Stores,
 };
 #[cfg(feature = "testing")]
 pub use worker::Freeze;

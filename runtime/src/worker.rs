@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
-use crate::coordinator::{ClaimJobs, Coordinator, NoteRejections, PutNote, SettleJobs};
+use crate::coordinator::{Coordinator, Exchange, Exchanged, NoteRejections, PutNote, Settled};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
@@ -28,6 +28,7 @@ use crate::policy::RetryPolicy;
 #[cfg(feature = "testing")]
 use crate::renewal::SuspendRenewals;
 use crate::renewal::{ForgetLease, LeaseLost, Renewal, TrackLease};
+use crate::store::ClaimRequest;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -274,54 +275,135 @@ impl Worker {
             .expect("renewal starts with the worker")
     }
 
-    /// Asks for as many jobs as there is room for.
-    fn fill(&mut self, ctx: &mut Context<Self>) {
+    /// Whether a claim could go now: room for a job, not frozen or draining, none in flight,
+    /// not backing off.
+    fn may_claim(&self) -> bool {
+        self.config.concurrency > self.running.len()
+            && !self.frozen
+            && self.drain.is_none()
+            && !self.claiming
+            && self.claim_backoff.ready()
+    }
+
+    /// Whether settlements could go now: some wait, none in flight, not backing off.
+    fn may_settle(&self) -> bool {
+        self.in_flight == 0 && !self.pending.is_empty() && self.settle_backoff.ready()
+    }
+
+    /// The claim for every free slot (up to the batch), from the next queue in turn.
+    fn next_claim(&mut self) -> ClaimRequest {
+        self.claim_linger.sent();
         let room = self.config.concurrency.saturating_sub(self.running.len());
-        if self.frozen || self.drain.is_some() || self.claiming || room == 0 {
-            return;
+        let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
+        self.next_queue = self.next_queue.wrapping_add(1);
+        ClaimRequest {
+            queue,
+            kinds: self.kinds.clone(),
+            worker: self.config.name.clone(),
+            n: room.min(self.config.batch),
+            ttl: self.config.lease_ttl,
         }
-        if !self.claim_backoff.ready() {
+    }
+
+    /// Asks for as many jobs as there is room for, once enough slots are free (or they have
+    /// waited the linger); settlements waiting meanwhile go along in the same round trip.
+    fn fill(&mut self, ctx: &mut Context<Self>) {
+        if !self.may_claim() {
             return;
         }
         self.claim_linger.joined();
+        let room = self.config.concurrency - self.running.len();
         let full = self.config.refill_at();
         if !self.due_now(|w| &mut w.claim_linger, room, full, Self::fill, ctx) {
             return;
         }
-        let n = room.min(self.config.batch);
-        let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
-        self.next_queue = self.next_queue.wrapping_add(1);
-        self.claiming = true;
+        let batch = if self.may_settle() {
+            self.settle_linger.sent();
+            std::mem::take(&mut self.pending)
+        } else {
+            Vec::new()
+        };
+        let claim = self.next_claim();
+        self.exchange(batch, Some(claim), ctx);
+    }
+
+    /// Sends finished jobs' settlements in one batch, with a claim for the free slots if one
+    /// may go; more pile up while one is in flight, or while the batch lingers
+    /// (`WorkerConfig::linger`).
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if !self.may_settle() {
+            return;
+        }
+        let (items, full) = (self.pending.len(), self.config.batch);
+        if !self.due_now(|w| &mut w.settle_linger, items, full, Self::flush, ctx) {
+            return;
+        }
+        let batch = std::mem::take(&mut self.pending);
+        let claim = self.may_claim().then(|| self.next_claim());
+        self.exchange(batch, claim, ctx);
+    }
+
+    /// Sends `batch`'s settlements and `claim` to the coordinator in one message (one round
+    /// trip where the backend can) and handles each part's answer.
+    fn exchange(
+        &mut self,
+        batch: Vec<Pending>,
+        claim: Option<ClaimRequest>,
+        ctx: &mut Context<Self>,
+    ) {
+        let (settling, claiming) = (!batch.is_empty(), claim.is_some());
+        // Only what this exchange carries is in flight: a claim-only exchange leaves a
+        // settlement batch already on its way alone, and the other way round.
+        if settling {
+            self.in_flight = batch.len();
+        }
+        if claiming {
+            self.claiming = true;
+        }
         let sent = Instant::now();
-        let request = self.coordinator.send(ClaimJobs {
-            queue,
-            kinds: self.kinds.clone(),
-            worker: self.config.name.clone(),
-            n,
-            ttl: self.config.lease_ttl,
+        let request = self.coordinator.send(Exchange {
+            settlements: batch
+                .iter()
+                .map(|p| (p.lease, p.settlement.clone()))
+                .collect(),
+            claim,
         });
-        ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
-            act.claiming = false;
-            match result.map_err(Error::from).and_then(|r| r) {
-                Ok(claims) => {
-                    let failures = act.claim_backoff.succeeded();
-                    if failures > 0 {
-                        tracing::info!(worker = %act.config.name, failures, "claiming again");
-                    }
-                    if !claims.is_empty() {
-                        for claim in claims {
-                            act.launch(claim, sent, ctx);
-                        }
-                        act.fill(ctx);
-                    }
-                }
-                Err(e) => {
-                    let backoff = act.claim_backoff.failed();
-                    crate::repeats::warn_repeated!(worker = %act.config.name, error = %e, ?backoff, "claim failed; backing off");
-                    counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
-                }
+        ctx.spawn(request.into_actor(self).map(move |reply, act, ctx| {
+            let Exchanged { settled, claimed } = reply.unwrap_or_else(|closed| Exchanged {
+                settled: settling.then(|| Err(closed.into())),
+                claimed: claiming.then(|| Err(closed.into())),
+            });
+            if let Some(settled) = settled {
+                act.settled(batch, settled, ctx);
+            }
+            if let Some(claimed) = claimed {
+                act.claimed(claimed, sent, ctx);
             }
         }));
+    }
+
+    /// A claim's answer: starts the claimed jobs and asks for more if there is room.
+    fn claimed(&mut self, result: Result<Vec<Claim>>, sent: Instant, ctx: &mut Context<Self>) {
+        self.claiming = false;
+        match result {
+            Ok(claims) => {
+                let failures = self.claim_backoff.succeeded();
+                if failures > 0 {
+                    tracing::info!(worker = %self.config.name, failures, "claiming again");
+                }
+                if !claims.is_empty() {
+                    for claim in claims {
+                        self.launch(claim, sent, ctx);
+                    }
+                    self.fill(ctx);
+                }
+            }
+            Err(e) => {
+                let backoff = self.claim_backoff.failed();
+                crate::repeats::warn_repeated!(worker = %self.config.name, error = %e, ?backoff, "claim failed; backing off");
+                counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
+            }
+        }
     }
 
     /// Starts `claim`'s handler; `sent` is when the claim that granted it was sent.
@@ -410,78 +492,62 @@ impl Worker {
         }
     }
 
-    /// Sends finished jobs' settlements in one batch; more pile up while one is in flight,
-    /// or while the batch lingers (`WorkerConfig::linger`).
-    fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.in_flight > 0 || self.pending.is_empty() || !self.settle_backoff.ready() {
-            return;
-        }
-        let (items, full) = (self.pending.len(), self.config.batch);
-        if !self.due_now(|w| &mut w.settle_linger, items, full, Self::flush, ctx) {
-            return;
-        }
-        let batch = std::mem::take(&mut self.pending);
-        self.in_flight = batch.len();
-        let request = self.coordinator.send(SettleJobs(
-            batch
-                .iter()
-                .map(|p| (p.lease, p.settlement.clone()))
-                .collect(),
-        ));
-        ctx.spawn(request.into_actor(self).map(move |result, act, ctx| {
-            act.in_flight = 0;
-            match result.map_err(Error::from).and_then(|r| r) {
-                Ok((results, watermark)) => {
-                    act.settle_backoff.succeeded();
-                    if let Some(w) = watermark {
-                        act.sinks.observe_watermark(w);
-                    }
-                    for (p, result) in batch.iter().zip(results) {
-                        p.settle_wait.record(p.finished.elapsed());
-                        act.renewal().do_send(ForgetLease(p.lease));
-                        match result {
-                            Ok(()) => {
-                                if let Some(json) = &p.result {
-                                    act.coordinator
-                                        .do_send(PutNote::Result(p.job.id, json.clone()));
-                                }
+    /// A settlement batch's answer: forgets the leases, keeps the results of completed jobs,
+    /// and keeps the batch for another try if the coordinator could not be reached.
+    fn settled(&mut self, batch: Vec<Pending>, result: Settled, ctx: &mut Context<Self>) {
+        self.in_flight = 0;
+        match result {
+            Ok((results, watermark)) => {
+                self.settle_backoff.succeeded();
+                if let Some(w) = watermark {
+                    self.sinks.observe_watermark(w);
+                }
+                for (p, result) in batch.iter().zip(results) {
+                    p.settle_wait.record(p.finished.elapsed());
+                    self.renewal().do_send(ForgetLease(p.lease));
+                    match result {
+                        Ok(()) => {
+                            if let Some(json) = &p.result {
+                                self.coordinator
+                                    .do_send(PutNote::Result(p.job.id, json.clone()));
                             }
-                            Err(e @ Error::LeaseNotCurrent(_)) => {
-                                tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
-                                counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone()).increment(1);
-                            }
-                            Err(e) => {
-                                // Refused for another reason (an exhausted epoch): the lease
-                                // runs out and the reaper requeues the job.
-                                tracing::error!(lease = %p.lease, job = %p.job.id, error = %e, "settlement failed");
-                                counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
-                            }
+                        }
+                        Err(e @ Error::LeaseNotCurrent(_)) => {
+                            tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
+                            counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone())
+                                .increment(1);
+                        }
+                        Err(e) => {
+                            // Refused for another reason (an exhausted epoch): the lease
+                            // runs out and the reaper requeues the job.
+                            tracing::error!(lease = %p.lease, job = %p.job.id, error = %e, "settlement failed");
+                            counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
                         }
                     }
                 }
-                Err(e) if !e.is_retryable() => {
-                    // Retrying a permanent error repeats it forever: give the settlements
-                    // up loudly. Their leases run out and the reaper requeues the jobs (as
-                    // stalls), so nothing is lost.
-                    tracing::error!(error = %e, jobs = batch.len(), "settlement failed permanently; leaving the jobs to the reaper");
-                    counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
-                    for p in &batch {
-                        act.renewal().do_send(ForgetLease(p.lease));
-                    }
-                }
-                Err(e) => {
-                    // Keep renewing and try again; if the leases expire first, the reaper
-                    // requeues the jobs and our late settlement is refused — never lost.
-                    let backoff = act.settle_backoff.failed();
-                    crate::repeats::warn_repeated!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
-                    counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
-                    act.settle_linger.joined();
-                    act.pending.extend(batch);
+            }
+            Err(e) if !e.is_retryable() => {
+                // Retrying a permanent error repeats it forever: give the settlements
+                // up loudly. Their leases run out and the reaper requeues the jobs (as
+                // stalls), so nothing is lost.
+                tracing::error!(error = %e, jobs = batch.len(), "settlement failed permanently; leaving the jobs to the reaper");
+                counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                for p in &batch {
+                    self.renewal().do_send(ForgetLease(p.lease));
                 }
             }
-            act.flush(ctx);
-            act.check_drained(ctx);
-        }));
+            Err(e) => {
+                // Keep renewing and try again; if the leases expire first, the reaper
+                // requeues the jobs and our late settlement is refused — never lost.
+                let backoff = self.settle_backoff.failed();
+                crate::repeats::warn_repeated!(error = %e, jobs = batch.len(), ?backoff, "settlement failed; retrying");
+                counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
+                self.settle_linger.joined();
+                self.pending.extend(batch);
+            }
+        }
+        self.flush(ctx);
+        self.check_drained(ctx);
     }
 
     fn check_drained(&mut self, ctx: &mut Context<Self>) {

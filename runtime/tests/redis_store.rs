@@ -1137,3 +1137,56 @@ async fn odd_integers_skipped_leases_and_odd_watermarks() {
     assert!(done[0].is_ok());
     assert!(store.watermark().is_some());
 }
+
+/// Issue 24: the pipelined settle-and-claim on a server that cannot run it as sent — no epoch
+/// yet (the claim part is refused with PALISADE_EPOCH), and scripts flushed (both parts
+/// answered NOSCRIPT) — does each refused part again on its own, losing nothing.
+#[tokio::test]
+async fn a_pipelined_pair_redoes_a_part_the_server_did_not_run() {
+    use palisade::{ClaimRequest, Error, LeaseId, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "pair");
+    let request = ClaimRequest {
+        queue: "default".into(),
+        kinds: Vec::new(),
+        worker: "t".into(),
+        n: 5,
+        ttl: Duration::from_secs(30),
+    };
+    store
+        .enqueue(vec![NewJob::raw("a", "null"), NewJob::raw("b", "null")])
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["EXISTS", "{pair}:epoch"]).unwrap(), "0");
+    let nobody = LeaseId::new();
+    let (settled, claimed) = store
+        .settle_and_claim(vec![(nobody, Settlement::Release)], &request)
+        .await;
+    assert!(matches!(
+        settled.unwrap()[0],
+        Err(Error::LeaseNotCurrent(_))
+    ));
+    let claimed = claimed.expect("the claim establishes an epoch and is made again");
+    assert_eq!(claimed.len(), 2);
+
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    store.enqueue(vec![NewJob::raw("c", "null")]).await.unwrap();
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    let (settled, again) = store
+        .settle_and_claim(
+            claimed
+                .iter()
+                .map(|c| (c.lease.id, Settlement::Complete))
+                .collect(),
+            &request,
+        )
+        .await;
+    assert!(settled.unwrap().iter().all(Result::is_ok));
+    let again = again.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job.kind, "c");
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.completed, counts.leased), (2, 1));
+}

@@ -100,6 +100,22 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// gets `Err(LeaseNotCurrent)` and changes nothing.
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>>;
 
+    /// [`settle`](Self::settle), then [`claim_kinds`](Self::claim_kinds) as `claim` asks —
+    /// the worker's usual pair, which a remote backend sends in one round trip (Redis: one
+    /// pipeline, two scripts, each atomic on its own). The claim sees what the settlements
+    /// freed, except on Redis in the one call after the server lost its scripts (a restart):
+    /// a settle part answered `NOSCRIPT` is settled again after the claim. Each part has its
+    /// own outcome: a failed claim does not undo the settlements, nor the other way round.
+    /// The default makes the two calls one after the other, so a wrapper that overrides
+    /// either is used.
+    async fn settle_and_claim(
+        &self,
+        settlements: Vec<(LeaseId, Settlement)>,
+        claim: &ClaimRequest,
+    ) -> (Result<Vec<Result<()>>>, Result<Vec<Claim>>) {
+        settle_then_claim(self, settlements, claim).await
+    }
+
     /// The low watermark as of the latest [`settle`](Self::settle): every lease with a lower
     /// token is no longer current (see the `admission` module docs). `None` before any. Local
     /// and cheap: backends compute it inside the settle operation.
@@ -124,6 +140,41 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// before the coordinator has one, the floor it will start at). An epoch above
     /// [`FencingToken::MAX_EPOCH`] is an [`Error::Epoch`](crate::Error::Epoch).
     async fn raise_epoch(&self, at_least: u32) -> Result<u32>;
+}
+
+/// One claim, as [`LeaseStore::claim_kinds`] takes it (for
+/// [`LeaseStore::settle_and_claim`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// Queue to claim from.
+    pub queue: String,
+    /// Kinds the claimer has handlers for (every kind when empty).
+    pub kinds: Vec<String>,
+    /// Claiming worker's name.
+    pub worker: String,
+    /// Most jobs to claim.
+    pub n: usize,
+    /// Lease length.
+    pub ttl: Duration,
+}
+
+impl ClaimRequest {
+    /// Makes this claim on `store`.
+    pub(crate) async fn on<S: LeaseStore + ?Sized>(&self, store: &S) -> Result<Vec<Claim>> {
+        store
+            .claim_kinds(&self.queue, &self.kinds, &self.worker, self.n, self.ttl)
+            .await
+    }
+}
+
+/// [`LeaseStore::settle_and_claim`] as two calls, one after the other (its default).
+pub(crate) async fn settle_then_claim<S: LeaseStore + ?Sized>(
+    store: &S,
+    settlements: Vec<(LeaseId, Settlement)>,
+    claim: &ClaimRequest,
+) -> (Result<Vec<Result<()>>>, Result<Vec<Claim>>) {
+    let settled = store.settle(settlements).await;
+    (settled, claim.on(store).await)
 }
 
 /// Fleet-wide state kept in exactly one place (partition 0 of a partitioned layout): the
@@ -295,6 +346,13 @@ impl LeaseStore for Stores {
     }
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
         self.leases.settle(settlements).await
+    }
+    async fn settle_and_claim(
+        &self,
+        settlements: Vec<(LeaseId, Settlement)>,
+        claim: &ClaimRequest,
+    ) -> (Result<Vec<Result<()>>>, Result<Vec<Claim>>) {
+        self.leases.settle_and_claim(settlements, claim).await
     }
     fn watermark(&self) -> Option<FencingToken> {
         self.leases.watermark()

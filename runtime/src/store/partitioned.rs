@@ -39,7 +39,7 @@ use futures_util::future::{join_all, try_join_all};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, LeaseId, Scope};
 use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::store::{ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, Stores};
+use crate::store::{ClaimRequest, ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, Stores};
 
 /// Most partitions: a claim asks each of them.
 pub const MAX_PARTITIONS: usize = 256;
@@ -71,6 +71,12 @@ pub(super) fn shares(total: u32, p: usize) -> Vec<u32> {
         .map(|j| (total / p32 + u32::from(j < total % p32)).max(1))
         .collect()
 }
+
+/// Settlements as a store takes them.
+type Batch = Vec<(LeaseId, Settlement)>;
+
+/// A store's answer to a settle call.
+type SettleReply = Result<Vec<Result<()>>>;
 
 impl PartitionedLeaseStore {
     /// A coordinator over `parts` (1..=[`MAX_PARTITIONS`]), in a fixed order: every process
@@ -166,6 +172,197 @@ impl PartitionedLeaseStore {
     }
 
     /// Claims from partition `i` and remembers who granted the leases.
+    /// Where `queue`'s next claim starts: the next partition each claim (round-robin).
+    fn claim_start(&self, queue: &str) -> usize {
+        let mut next = self
+            .next_claim
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let at = next.entry(queue.to_owned()).or_default();
+        let start = *at;
+        *at = at.wrapping_add(1);
+        start
+    }
+
+    /// Claims the rest of `request` from the partitions after `start`, from the `from`-th
+    /// on, on top of `claims` (what the earlier ones granted). A failure is said here; the
+    /// caller hears of one only if no partition had work.
+    async fn claim_on(
+        &self,
+        start: usize,
+        from: usize,
+        request: &ClaimRequest,
+        mut claims: Vec<Claim>,
+        mut first_error: Option<Error>,
+    ) -> Result<Vec<Claim>> {
+        let p = self.parts.len();
+        // The whole batch from one partition, the next one each claim (round-robin), and
+        // what it lacked from the partitions after it (work stealing). Not a share from
+        // each: every script call has a fixed cost (pause, rate and cap checks, the epoch
+        // check, the watermark at settle), and splitting each claim P ways multiplied the
+        // calls per job — +26 % Redis CPU per job with 3 partitions (docs/performance.md).
+        let ClaimRequest {
+            queue,
+            kinds,
+            worker,
+            n,
+            ttl,
+        } = request;
+        for k in from..p {
+            if claims.len() >= *n {
+                break;
+            }
+            let i = (start + k) % p;
+            match self
+                .claim_from(i, queue, kinds, worker, n - claims.len(), *ttl)
+                .await
+            {
+                Ok(got) => claims.extend(got),
+                Err(e) => {
+                    crate::repeats::warn_repeated!(key = i; partition = i, error = %e, "claim from a partition failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if claims.is_empty() => Err(e),
+            _ => Ok(claims),
+        }
+    }
+
+    /// Settles each settlement on the partition that granted its lease (all of them at
+    /// once), and, with `claim` = (partition, request), claims there in the same call — after
+    /// that partition's settlements, in their round trip.
+    async fn settle_routed(
+        &self,
+        settlements: Vec<(LeaseId, Settlement)>,
+        claim: Option<(usize, &ClaimRequest)>,
+    ) -> (Result<Vec<Result<()>>>, Option<Result<Vec<Claim>>>) {
+        let p = self.parts.len();
+        let total = settlements.len();
+        let ids: Vec<LeaseId> = settlements.iter().map(|(lease, _)| *lease).collect();
+        let mut routed: Vec<(Vec<usize>, Batch)> = vec![Default::default(); p];
+        let mut unknown = Vec::new();
+        {
+            let owners = self.owners();
+            for (k, s) in settlements.into_iter().enumerate() {
+                match owners.get(&s.0) {
+                    Some(&i) => {
+                        routed[i].0.push(k);
+                        routed[i].1.push(s);
+                    }
+                    None => unknown.push((k, s)),
+                }
+            }
+        }
+        let rides = claim.is_some_and(|(c, _)| !routed[c].0.is_empty());
+        let calls = routed
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(i, (at, batch))| async move {
+                match claim {
+                    Some((c, request)) if c == i => {
+                        let (settled, claimed) =
+                            self.parts[i].settle_and_claim(batch, request).await;
+                        (at, settled, Some(claimed))
+                    }
+                    _ => (at, self.parts[i].settle(batch).await, None),
+                }
+            });
+        let alone = async {
+            match claim {
+                Some((c, r)) if !rides => Some(r.on(&self.parts[c]).await),
+                _ => None,
+            }
+        };
+        let (answers, mut claimed) = futures_util::join!(join_all(calls), alone);
+        let mut replies = Vec::with_capacity(answers.len());
+        for (at, settled, got) in answers {
+            claimed = claimed.or(got);
+            replies.push((at, settled));
+        }
+        if let (Some((c, _)), Some(Ok(claims))) = (claim, &claimed) {
+            let mut owners = self.owners();
+            for granted in claims {
+                owners.insert(granted.lease.id, c);
+            }
+        }
+        (self.settled(total, ids, replies, unknown).await, claimed)
+    }
+
+    /// Puts the partitions' settle `replies` (each with the positions of its settlements)
+    /// together, settles the leases no partition is known to own, and forgets the settled
+    /// leases.
+    async fn settled(
+        &self,
+        total: usize,
+        ids: Vec<LeaseId>,
+        replies: Vec<(Vec<usize>, SettleReply)>,
+        unknown: Vec<(usize, (LeaseId, Settlement))>,
+    ) -> Result<Vec<Result<()>>> {
+        let mut out: Vec<Option<Result<()>>> = (0..total).map(|_| None).collect();
+        let mut failed = None;
+        for (at, reply) in replies {
+            match reply {
+                Ok(results) => {
+                    for (k, r) in at.into_iter().zip(results) {
+                        out[k] = Some(r);
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    // The caller retries a failed call whole (a worker keeps its settlements
+                    // for the next attempt): leases another partition settled meanwhile then
+                    // answer "not current", and nothing is lost.
+                    return Err(e);
+                }
+                Err(e) => {
+                    for k in at {
+                        out[k] = Some(Err(Error::Backend(e.to_string())));
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        // A lease this process did not claim: every partition is asked; it is settled where
+        // it is current, and stale everywhere else.
+        for (k, settlement) in unknown {
+            let tries = self.on_all(|part| {
+                let settlement = settlement.clone();
+                async move { Ok(part.settle(vec![settlement]).await?.pop()) }
+            });
+            let result = match tries.await {
+                Ok(results) => {
+                    let mut results: Vec<Result<()>> = results.into_iter().flatten().collect();
+                    match results.iter().position(|r| r.is_ok()) {
+                        Some(i) => results.swap_remove(i),
+                        None => results
+                            .into_iter()
+                            .find(|r| !matches!(r, Err(Error::LeaseNotCurrent(_))))
+                            .unwrap_or(Err(Error::LeaseNotCurrent(settlement.0))),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            out[k] = Some(result);
+        }
+        if let (Some(e), true) = (failed, out.iter().all(|r| matches!(r, Some(Err(_)) | None))) {
+            return Err(e);
+        }
+        let results: Vec<Result<()>> = out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Backend("no settle reply".into()))))
+            .collect();
+        // A settled lease is over whatever the answer, unless the answer was "try again".
+        let mut owners = self.owners();
+        for (lease, result) in ids.iter().zip(&results) {
+            if !matches!(result, Err(e) if e.is_retryable()) {
+                owners.remove(lease);
+            }
+        }
+        Ok(results)
+    }
+
     async fn claim_from(
         &self,
         i: usize,
@@ -346,48 +543,44 @@ impl LeaseStore for PartitionedLeaseStore {
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
-        let p = self.parts.len();
         if n == 0 {
             return Ok(Vec::new());
         }
-        let start = {
-            let mut next = self
-                .next_claim
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let at = next.entry(queue.to_owned()).or_default();
-            let start = *at;
-            *at = at.wrapping_add(1);
-            start
+        let request = ClaimRequest {
+            queue: queue.to_owned(),
+            kinds: kinds.to_vec(),
+            worker: worker.to_owned(),
+            n,
+            ttl,
         };
-        // The whole batch from one partition, the next one each claim (round-robin), and
-        // what it lacked from the partitions after it (work stealing). Not a share from
-        // each: every script call has a fixed cost (pause, rate and cap checks, the epoch
-        // check, the watermark at settle), and splitting each claim P ways multiplied the
-        // calls per job — +26 % Redis CPU per job with 3 partitions (docs/performance.md).
-        let mut claims = Vec::with_capacity(n);
-        let mut first_error = None;
-        for k in 0..p {
-            if claims.len() >= n {
-                break;
-            }
-            let i = (start + k) % p;
-            match self
-                .claim_from(i, queue, kinds, worker, n - claims.len(), ttl)
-                .await
-            {
-                Ok(got) => claims.extend(got),
-                Err(e) => {
-                    // Said here: the caller hears of it only if no partition had work.
-                    crate::repeats::warn_repeated!(key = i; partition = i, error = %e, "claim from a partition failed");
-                    first_error.get_or_insert(e);
-                }
-            }
+        let start = self.claim_start(queue);
+        self.claim_on(start, 0, &request, Vec::new(), None).await
+    }
+
+    /// The claim goes with the settlements its first partition owns (one round trip there,
+    /// as on one server); the other partitions' settlements go to theirs at the same time.
+    async fn settle_and_claim(
+        &self,
+        settlements: Vec<(LeaseId, Settlement)>,
+        claim: &ClaimRequest,
+    ) -> (Result<Vec<Result<()>>>, Result<Vec<Claim>>) {
+        if claim.n == 0 {
+            return (self.settle(settlements).await, Ok(Vec::new()));
         }
-        match first_error {
-            Some(e) if claims.is_empty() => Err(e),
-            _ => Ok(claims),
-        }
+        let start = self.claim_start(&claim.queue);
+        let (settled, first) = self.settle_routed(settlements, Some((start, claim))).await;
+        let (claims, failed) = match first {
+            Some(Ok(claims)) => (claims, None),
+            Some(Err(e)) => {
+                crate::repeats::warn_repeated!(key = start; partition = start, error = %e, "claim from a partition failed");
+                (Vec::new(), Some(e))
+            }
+            None => (Vec::new(), None),
+        };
+        (
+            settled,
+            self.claim_on(start, 1, claim, claims, failed).await,
+        )
     }
 
     async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
@@ -448,88 +641,7 @@ impl LeaseStore for PartitionedLeaseStore {
     }
 
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
-        let p = self.parts.len();
-        let total = settlements.len();
-        let ids: Vec<LeaseId> = settlements.iter().map(|(lease, _)| *lease).collect();
-        let mut routed: Vec<(Vec<usize>, Vec<(LeaseId, Settlement)>)> = vec![Default::default(); p];
-        let mut unknown = Vec::new();
-        {
-            let owners = self.owners();
-            for (k, s) in settlements.into_iter().enumerate() {
-                match owners.get(&s.0) {
-                    Some(&i) => {
-                        routed[i].0.push(k);
-                        routed[i].1.push(s);
-                    }
-                    None => unknown.push((k, s)),
-                }
-            }
-        }
-        let mut out: Vec<Option<Result<()>>> = (0..total).map(|_| None).collect();
-        let calls = routed
-            .into_iter()
-            .enumerate()
-            .filter(|(_, (at, _))| !at.is_empty())
-            .map(|(i, (at, batch))| async move { (at, self.parts[i].settle(batch).await) });
-        let mut failed = None;
-        for (at, reply) in join_all(calls).await {
-            match reply {
-                Ok(results) => {
-                    for (k, r) in at.into_iter().zip(results) {
-                        out[k] = Some(r);
-                    }
-                }
-                Err(e) if e.is_retryable() => {
-                    // The caller retries a failed call whole (a worker keeps its settlements
-                    // for the next attempt): leases another partition settled meanwhile then
-                    // answer "not current", and nothing is lost.
-                    return Err(e);
-                }
-                Err(e) => {
-                    for k in at {
-                        out[k] = Some(Err(Error::Backend(e.to_string())));
-                    }
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        // A lease this process did not claim: every partition is asked; it is settled where
-        // it is current, and stale everywhere else.
-        for (k, settlement) in unknown {
-            let tries = self.on_all(|part| {
-                let settlement = settlement.clone();
-                async move { Ok(part.settle(vec![settlement]).await?.pop()) }
-            });
-            let result = match tries.await {
-                Ok(results) => {
-                    let mut results: Vec<Result<()>> = results.into_iter().flatten().collect();
-                    match results.iter().position(|r| r.is_ok()) {
-                        Some(i) => results.swap_remove(i),
-                        None => results
-                            .into_iter()
-                            .find(|r| !matches!(r, Err(Error::LeaseNotCurrent(_))))
-                            .unwrap_or(Err(Error::LeaseNotCurrent(settlement.0))),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            out[k] = Some(result);
-        }
-        if let (Some(e), true) = (failed, out.iter().all(|r| matches!(r, Some(Err(_)) | None))) {
-            return Err(e);
-        }
-        let results: Vec<Result<()>> = out
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Backend("no settle reply".into()))))
-            .collect();
-        // A settled lease is over whatever the answer, unless the answer was "try again".
-        let mut owners = self.owners();
-        for (lease, result) in ids.iter().zip(&results) {
-            if !matches!(result, Err(e) if e.is_retryable()) {
-                owners.remove(lease);
-            }
-        }
-        Ok(results)
+        self.settle_routed(settlements, None).await.0
     }
 
     fn watermark(&self) -> Option<FencingToken> {

@@ -27,6 +27,7 @@ macro_rules! lease_cases {
             unique_keys_make_enqueue_idempotent,
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
+            settle_and_claim_settles_first,
         );
     };
 }
@@ -853,4 +854,74 @@ pub async fn a_dead_job_is_not_revived_over_a_live_job_of_its_id(store: Stores) 
         c[0].job.payload, "\"second\"",
         "the live job kept its payload"
     );
+}
+
+/// Issue 24: a worker's settlements and its next claim in one call (one round trip on Redis).
+/// The claim comes after the settlements — it gets the job whose scope one of them freed —
+/// and each part has its own outcome: a refused settlement or a refused claim leaves the
+/// other part applied.
+pub async fn settle_and_claim_settles_first(store: Stores) {
+    store
+        .enqueue(vec![job("a").with_scope("s"), job("b").with_scope("s")])
+        .await
+        .unwrap();
+    let a = claim(&store, 10).await;
+    assert_eq!(a.len(), 1, "scope s is busy until a settles");
+    let a = &a[0];
+    store.enqueue(vec![job("c").with_scope("t")]).await.unwrap();
+    // In steady state: a Redis that has not run the settle script yet answers the pipelined
+    // pair's settle part with NOSCRIPT, and it is settled again after the claim.
+    let never_granted = LeaseId::new();
+    let warm = store
+        .settle(vec![(never_granted, Settlement::Release)])
+        .await;
+    assert!(matches!(warm.unwrap()[0], Err(Error::LeaseNotCurrent(_))));
+    let request = |worker: &str, n| ClaimRequest {
+        queue: "default".into(),
+        kinds: Vec::new(),
+        worker: worker.into(),
+        n,
+        ttl: TTL,
+    };
+    let (settled, claimed) = store
+        .settle_and_claim(
+            vec![
+                (a.lease.id, Settlement::Complete),
+                (never_granted, Settlement::Complete),
+            ],
+            &request("suite", 10),
+        )
+        .await;
+    let settled = settled.unwrap();
+    assert!(settled[0].is_ok(), "{settled:?}");
+    assert!(
+        matches!(settled[1], Err(Error::LeaseNotCurrent(_))),
+        "{settled:?}"
+    );
+    let mut claimed = claimed.unwrap();
+    claimed.sort_by(|x, y| x.job.kind.cmp(&y.job.kind));
+    let kinds: Vec<&str> = claimed.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["b", "c"], "the claim did not see the scope a freed");
+    assert!(claimed[0].lease.token > a.lease.token);
+
+    // A claim refused whole (a worker name no lease can hold) does not undo the settlement
+    // that went with it; a claim of none claims nothing.
+    let (settled, refused) = store
+        .settle_and_claim(
+            vec![(claimed[0].lease.id, Settlement::Complete)],
+            &request("bad\tname", 10),
+        )
+        .await;
+    assert!(settled.unwrap()[0].is_ok());
+    assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+    let (settled, none) = store
+        .settle_and_claim(
+            vec![(claimed[1].lease.id, Settlement::Complete)],
+            &request("suite", 0),
+        )
+        .await;
+    assert!(settled.unwrap()[0].is_ok());
+    assert!(none.unwrap().is_empty());
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.ready, counts.leased, counts.completed), (0, 0, 3));
 }

@@ -22,7 +22,8 @@ use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY};
 use crate::store::epoch::EpochSource;
 use crate::store::{
-    promotions_per_claim, LeaseStore, Reaped, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
+    promotions_per_claim, settle_then_claim, ClaimRequest, LeaseStore, Reaped,
+    DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION,
 };
 
 static ENQUEUE: LazyLock<Script> = coordinator_script!("enqueue.lua");
@@ -157,6 +158,120 @@ impl RedisLeaseStore {
 
     async fn conn(&self) -> Result<Conn> {
         self.link.get().await
+    }
+
+    /// `claim.lua`'s call for `request`, with a fresh lease id per job asked for; `None`
+    /// when it asks for nothing. A worker name the lease entry cannot hold is refused.
+    fn claim_invocation(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<Option<redis::ScriptInvocation<'static>>> {
+        // The worker name is stored in each lease entry, fields split by tabs.
+        crate::job::check_name("worker name", &request.worker)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        if request.n == 0 {
+            return Ok(None);
+        }
+        // Each kind once: the script reads a kind's ready set per name given, and a name
+        // given twice would put a claimed job aside as well (memory filters by kind, so never).
+        let mut kinds = request.kinds.clone();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let leases: Vec<String> = (0..request.n).map(|_| LeaseId::new().to_string()).collect();
+        let mut invocation = CLAIM.key(&self.base);
+        invocation
+            .arg(&request.queue)
+            .arg(&request.worker)
+            .arg(request.ttl.as_millis() as u64)
+            .arg(promotions_per_claim(request.n))
+            .arg(kinds.len())
+            .arg(&kinds)
+            .arg(&leases)
+            .arg(self.generation);
+        Ok(Some(invocation))
+    }
+
+    /// `settle.lua`'s call for `settlements`.
+    fn settle_invocation(
+        &self,
+        settlements: &[(LeaseId, Settlement)],
+    ) -> redis::ScriptInvocation<'static> {
+        let mut invocation = SETTLE.key(&self.base);
+        invocation.arg(settlements.len()).arg(self.dead_retention);
+        for (lease, settlement) in settlements {
+            let (action, arg, reason) = match settlement {
+                Settlement::Complete => ("complete", 0u64, ""),
+                Settlement::Retry { delay, reason } => (
+                    "retry",
+                    delay.min(&MAX_DELAY).as_millis() as u64,
+                    reason.as_str(),
+                ),
+                Settlement::Dead { reason } => ("dead", 0, reason.as_str()),
+                Settlement::Release => ("release", 0, ""),
+                Settlement::Fenced { highest, reason } => {
+                    ("fenced", u64::from(highest.epoch()), reason.as_str())
+                }
+            };
+            invocation
+                .arg(lease.to_string())
+                .arg(action)
+                .arg(arg)
+                .arg(reason);
+        }
+        invocation.arg(self.generation);
+        invocation
+    }
+
+    /// Reads `settle.lua`'s reply to `settlements`: one result each, then the watermark.
+    async fn settle_results(
+        &self,
+        settlements: &[(LeaseId, Settlement)],
+        mut results: Vec<String>,
+    ) -> Result<Vec<Result<()>>> {
+        if let Some(w) = results.pop() {
+            if let Some(w) = decode_watermark(&w)? {
+                self.watermark.fetch_max(w.as_u64(), Ordering::Relaxed);
+            }
+        }
+        if results.len() != settlements.len() {
+            return Err(garbage(format_args!(
+                "{} settle results for {} settlements",
+                results.len(),
+                settlements.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(results.len());
+        for ((lease, _), result) in settlements.iter().zip(results) {
+            if result == "stale" {
+                out.push(Err(Error::LeaseNotCurrent(*lease)));
+                continue;
+            }
+            if result == "invalid" {
+                out.push(Err(garbage(format_args!(
+                    "lease {lease}: the settle script refused the settlement's arguments"
+                ))));
+                continue;
+            }
+            if let Some(why) = result.strip_prefix("corrupt:") {
+                // Another program wrote over a key this settlement needs: it alone changed
+                // nothing; the lease stays, and the reaper retries it once the key is repaired.
+                out.push(Err(Error::Backend(format!(
+                    "lease {lease}: PALISADE_CORRUPT {why}: nothing was changed"
+                ))));
+                continue;
+            }
+            if result == "exhausted" {
+                out.push(Err(Error::Epoch(format!(
+                    "lease {lease}: a sink holds a token in the largest epoch; none left above it"
+                ))));
+                continue;
+            }
+            if let Some(epoch) = result.strip_prefix("reseeded:") {
+                self.record_reseed(parse(epoch)?).await;
+            }
+            out.push(Ok(()));
+        }
+        Ok(out)
     }
 
     /// Moves to a new epoch once the claim script found the counters unproven.
@@ -313,61 +428,30 @@ impl LeaseStore for RedisLeaseStore {
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
-        // The worker name is stored in each lease entry, fields split by tabs.
-        crate::job::check_name("worker name", worker).map_err(|e| Error::Config(e.to_string()))?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        // Each kind once: the script reads a kind's ready set per name given, and a name given
-        // twice would put a claimed job aside as well (memory filters by kind, so never).
-        let mut kinds = kinds.to_vec();
-        kinds.sort_unstable();
-        kinds.dedup();
+        let request = ClaimRequest {
+            queue: queue.to_owned(),
+            kinds: kinds.to_vec(),
+            worker: worker.to_owned(),
+            n,
+            ttl,
+        };
         // A lost epoch is established once and the claim retried; a second failure in a row
         // means something keeps wiping Redis, which the caller hears about.
         for _ in 0..2 {
-            let leases: Vec<String> = (0..n).map(|_| LeaseId::new().to_string()).collect();
-            let mut invocation = CLAIM.key(&self.base);
-            invocation
-                .arg(queue)
-                .arg(worker)
-                .arg(ttl.as_millis() as u64)
-                .arg(promotions_per_claim(n))
-                .arg(kinds.len())
-                .arg(&kinds)
-                .arg(&leases)
-                .arg(self.generation);
+            let Some(invocation) = self.claim_invocation(&request)? else {
+                return Ok(Vec::new());
+            };
             let sent = Instant::now();
             round_trip("claim");
             let mut conn = self.conn().await?;
-            let rows: Vec<Vec<String>> = match invocation.invoke_async(&mut conn).await {
-                Ok(rows) => rows,
+            match invocation.invoke_async(&mut conn).await {
+                Ok(rows) => return decode_claims(rows, &request, sent),
                 Err(e) if e.code() == Some("PALISADE_EPOCH") => {
                     drop(conn);
                     self.establish_epoch().await?;
-                    continue;
                 }
                 Err(e) => return Err(self.link.broken(e)),
-            };
-            // Rows decode one by one: a corrupt job record must not take the good claims of
-            // the same batch down with it (their leases were granted already). A row that does
-            // not decode is logged and left to expire; the reaper dead-letters it.
-            let mut claims = Vec::with_capacity(rows.len());
-            let mut first_error = None;
-            for r in rows {
-                let decoded = decode_claim(r, queue, sent + ttl);
-                match decoded {
-                    Ok(claim) => claims.push(claim),
-                    Err(e) => {
-                        tracing::error!(queue, error = %e, "claimed a job whose record does not decode; leaving it to the reaper");
-                        first_error.get_or_insert(e);
-                    }
-                }
             }
-            return match first_error {
-                Some(e) if claims.is_empty() => Err(e),
-                _ => Ok(claims),
-            };
         }
         Err(Error::Unavailable(
             "redis: token counters vanished again right after a new epoch was established".into(),
@@ -399,80 +483,71 @@ impl LeaseStore for RedisLeaseStore {
         if settlements.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = SETTLE.key(&self.base);
-        invocation.arg(settlements.len()).arg(self.dead_retention);
-        for (lease, settlement) in &settlements {
-            let (action, arg, reason) = match settlement {
-                Settlement::Complete => ("complete", 0u64, ""),
-                Settlement::Retry { delay, reason } => (
-                    "retry",
-                    delay.min(&MAX_DELAY).as_millis() as u64,
-                    reason.as_str(),
-                ),
-                Settlement::Dead { reason } => ("dead", 0, reason.as_str()),
-                Settlement::Release => ("release", 0, ""),
-                Settlement::Fenced { highest, reason } => {
-                    ("fenced", u64::from(highest.epoch()), reason.as_str())
-                }
-            };
-            invocation
-                .arg(lease.to_string())
-                .arg(action)
-                .arg(arg)
-                .arg(reason);
-        }
-        invocation.arg(self.generation);
+        let invocation = self.settle_invocation(&settlements);
         round_trip("settle");
         let mut conn = self.conn().await?;
-        let mut results: Vec<String> = invocation
+        let results: Vec<String> = invocation
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
         drop(conn);
-        if let Some(w) = results.pop() {
-            if let Some(w) = decode_watermark(&w)? {
-                self.watermark.fetch_max(w.as_u64(), Ordering::Relaxed);
+        self.settle_results(&settlements, results).await
+    }
+
+    /// Both scripts in one pipeline: one round trip. Each runs atomically on its own, in
+    /// order, so the claim sees the scopes the settlements freed. A script Redis does not
+    /// hold yet (a restart, `SCRIPT FLUSH`) or a claim that must establish an epoch first
+    /// changed nothing, and that part is done again by its own call.
+    async fn settle_and_claim(
+        &self,
+        settlements: Vec<(LeaseId, Settlement)>,
+        claim: &ClaimRequest,
+    ) -> (Result<Vec<Result<()>>>, Result<Vec<Claim>>) {
+        let claim_call = match self.claim_invocation(claim) {
+            Ok(Some(invocation)) if !settlements.is_empty() => invocation,
+            _ => return settle_then_claim(self, settlements, claim).await,
+        };
+        let settle_call = self.settle_invocation(&settlements);
+        let sent = Instant::now();
+        round_trip("settle_and_claim");
+        let reply = match self.conn().await {
+            Ok(mut conn) => redis::pipe()
+                .ignore_errors()
+                .invoke_script(&settle_call)
+                .invoke_script(&claim_call)
+                .query_async::<(
+                    redis::RedisResult<Vec<String>>,
+                    redis::RedisResult<Vec<Vec<String>>>,
+                )>(&mut conn)
+                .await
+                .map_err(|e| self.link.broken(e)),
+            Err(e) => Err(e),
+        };
+        let (settled, claimed) = match reply {
+            Ok(parts) => parts,
+            Err(e) => {
+                // The link failed: both parts failed alike (the claim's copy of the error
+                // keeps its class, so the worker backs off both the same way).
+                let twin = if e.is_retryable() {
+                    Error::Unavailable(e.to_string())
+                } else {
+                    Error::Backend(e.to_string())
+                };
+                return (Err(e), Err(twin));
             }
-        }
-        if results.len() != settlements.len() {
-            return Err(garbage(format_args!(
-                "{} settle results for {} settlements",
-                results.len(),
-                settlements.len()
-            )));
-        }
-        let mut out = Vec::with_capacity(results.len());
-        for ((lease, _), result) in settlements.iter().zip(results) {
-            if result == "stale" {
-                out.push(Err(Error::LeaseNotCurrent(*lease)));
-                continue;
-            }
-            if result == "invalid" {
-                out.push(Err(garbage(format_args!(
-                    "lease {lease}: the settle script refused the settlement's arguments"
-                ))));
-                continue;
-            }
-            if let Some(why) = result.strip_prefix("corrupt:") {
-                // Another program wrote over a key this settlement needs: it alone changed
-                // nothing; the lease stays, and the reaper retries it once the key is repaired.
-                out.push(Err(Error::Backend(format!(
-                    "lease {lease}: PALISADE_CORRUPT {why}: nothing was changed"
-                ))));
-                continue;
-            }
-            if result == "exhausted" {
-                out.push(Err(Error::Epoch(format!(
-                    "lease {lease}: a sink holds a token in the largest epoch; none left above it"
-                ))));
-                continue;
-            }
-            if let Some(epoch) = result.strip_prefix("reseeded:") {
-                self.record_reseed(parse(epoch)?).await;
-            }
-            out.push(Ok(()));
-        }
-        Ok(out)
+        };
+        let not_run = |e: &redis::RedisError| e.code() == Some("NOSCRIPT");
+        let settled = match settled {
+            Ok(results) => self.settle_results(&settlements, results).await,
+            Err(e) if not_run(&e) => self.settle(settlements).await,
+            Err(e) => Err(self.link.broken(e)),
+        };
+        let claimed = match claimed {
+            Ok(rows) => decode_claims(rows, claim, sent),
+            Err(e) if not_run(&e) || e.code() == Some("PALISADE_EPOCH") => claim.on(self).await,
+            Err(e) => Err(self.link.broken(e)),
+        };
+        (settled, claimed)
     }
 
     fn watermark(&self) -> Option<FencingToken> {
@@ -577,5 +652,31 @@ impl LeaseStore for RedisLeaseStore {
             source.next_epoch(epoch).await?;
         }
         Ok(epoch)
+    }
+}
+
+/// Decodes `claim.lua`'s rows one by one: a corrupt job record must not take the good claims
+/// of the same batch down with it (their leases were granted already). A row that does not
+/// decode is logged and left to expire; the reaper dead-letters it.
+fn decode_claims(
+    rows: Vec<Vec<String>>,
+    request: &ClaimRequest,
+    sent: Instant,
+) -> Result<Vec<Claim>> {
+    let queue = request.queue.as_str();
+    let mut claims = Vec::with_capacity(rows.len());
+    let mut first_error = None;
+    for r in rows {
+        match decode_claim(r, queue, sent + request.ttl) {
+            Ok(claim) => claims.push(claim),
+            Err(e) => {
+                tracing::error!(queue, error = %e, "claimed a job whose record does not decode; leaving it to the reaper");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if claims.is_empty() => Err(e),
+        _ => Ok(claims),
     }
 }
