@@ -54,7 +54,8 @@ pub const OUTBOX_RETRIED: &str = "palisade_outbox_retried_total";
 /// Outbox entries given up on after their last attempt (state `dead`). Labels: target.
 pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
 
-/// Client round trips to Redis on the hot paths. Labels: op.
+/// Client round trips to Redis on the hot paths. Labels: op (`claim`, `settle`, `renew`,
+/// `reap`, `enqueue`, `settle_and_claim` for the worker's pipelined pair, ...).
 pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
 
 /// Jobs in a queue by state (ready|waiting|delayed|leased|dead), sampled by the one worker

@@ -210,7 +210,7 @@ pub struct Worker {
     /// Settlements in the batch on its way to the coordinator (0: none in flight; a batch is
     /// never empty).
     in_flight: usize,
-    /// Jobs given back unfinished at the drain deadline.
+    /// Jobs given back unfinished (`Drained::released`).
     released: usize,
     /// The drain deadline passed (or a second `Drain` cut it short): what still ran was
     /// released.
@@ -386,6 +386,11 @@ impl Worker {
     fn claimed(&mut self, result: Result<Vec<Claim>>, sent: Instant, ctx: &mut Context<Self>) {
         self.claiming = false;
         match result {
+            Ok(claims) if self.drain.is_some() => {
+                // The claim went out before the drain began: give the jobs straight back
+                // (ready at once, nothing charged) instead of starting them.
+                self.give_back(claims, ctx);
+            }
             Ok(claims) => {
                 let failures = self.claim_backoff.succeeded();
                 if failures > 0 {
@@ -404,6 +409,31 @@ impl Worker {
                 counter!(m::BACKEND_ERRORS, "op" => "claim").increment(1);
             }
         }
+        self.check_drained(ctx);
+    }
+
+    /// Releases `claims` unstarted; counted among the drain's released jobs.
+    fn give_back(&mut self, claims: Vec<Claim>, ctx: &mut Context<Self>) {
+        if claims.is_empty() {
+            return;
+        }
+        tracing::info!(worker = %self.config.name, jobs = claims.len(), "draining: releasing jobs claimed as the drain began");
+        self.released += claims.len();
+        for Claim { job, lease } in claims {
+            let settle_wait = self.metrics(&job).settle_wait.clone();
+            // Renewed until the release is answered, like any lease this worker holds.
+            self.renewal().do_send(TrackLease(lease.clone()));
+            self.settle_linger.joined();
+            self.pending.push(Pending {
+                lease: lease.id,
+                settlement: Settlement::Release,
+                job: Arc::new(job),
+                result: None,
+                finished: Instant::now(),
+                settle_wait,
+            });
+        }
+        self.flush(ctx);
     }
 
     /// Starts `claim`'s handler; `sent` is when the claim that granted it was sent.
@@ -551,7 +581,10 @@ impl Worker {
     }
 
     fn check_drained(&mut self, ctx: &mut Context<Self>) {
-        if self.running.is_empty() && self.pending.is_empty() && self.in_flight == 0 {
+        // A claim in flight may still bring jobs back, which must be given back before the
+        // worker stops (or they would stay leased to a stopped worker until they expire).
+        let idle = self.running.is_empty() && self.pending.is_empty() && self.in_flight == 0;
+        if idle && !self.claiming {
             if let Some(done) = self.drain.take() {
                 let _ = done.send(Drained {
                     released: self.released,
@@ -704,9 +737,9 @@ impl Worker {
             return;
         }
         let unfinished: Vec<(LeaseId, Running)> = self.running.drain().collect();
-        self.released = unfinished.len();
-        if self.released > 0 {
-            tracing::warn!(worker = %self.config.name, released = self.released, "drain deadline passed; releasing unfinished jobs");
+        self.released += unfinished.len();
+        if !unfinished.is_empty() {
+            tracing::warn!(worker = %self.config.name, released = unfinished.len(), "drain deadline passed; releasing unfinished jobs");
         }
         for (lease, running) in unfinished {
             running.cancel.cancel();
@@ -767,7 +800,8 @@ impl Handler<Freeze> for Worker {
 /// How a drain ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Drained {
-    /// Jobs still running at the deadline, given back to the coordinator.
+    /// Jobs given back to the coordinator unfinished: still running at the deadline, or
+    /// claimed just as the drain began (never started).
     pub released: usize,
     /// Settlements (releases included) that never reached the coordinator (it was
     /// unreachable); their leases expire and the reaper requeues the jobs as stalls.

@@ -570,6 +570,68 @@ async fn drain_waits_for_running_handlers() {
     assert_eq!(h.counts().await.completed, 5);
 }
 
+/// Issue 24 (found by review): a drain that begins while a settlement and a claim are on
+/// their way together. The claim's jobs are given back unstarted (ready, nothing charged),
+/// counted as released, and the worker stops only after that — none stays leased to a
+/// stopped worker.
+#[actix::test]
+async fn a_drain_gives_back_what_a_claim_in_flight_brings() {
+    tokio::time::pause();
+    let (faults, store) = Faults::around(Arc::new(MemoryLeaseStore::new()));
+    let coordinator = Coordinator::new(store.clone()).start();
+    let started = Arc::new(AtomicUsize::new(0));
+    let registry = Registry::new().register("quick", {
+        let started = started.clone();
+        move |_: JobContext, _: ()| {
+            started.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        }
+    });
+    let single = WorkerConfig {
+        concurrency: 1,
+        batch: 1,
+        ..config("w")
+    };
+    coordinator
+        .send(Enqueue(vec![NewJob::raw("quick", "null"); 2]))
+        .await
+        .unwrap()
+        .unwrap();
+    faults.delay(Duration::from_millis(100));
+    let worker = Worker::new(single, coordinator.clone(), registry, Sinks::new())
+        .unwrap()
+        .start();
+    // The first job runs; its settlement goes with the claim for the freed slot, slowly.
+    while started.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let drained = worker
+        .send(Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "a job started during the drain"
+    );
+    assert_eq!(drained.released, 1, "{drained:?}");
+    let counts = coordinator
+        .send(CountJobs("default".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (counts.completed, counts.ready, counts.leased),
+        (1, 1, 0),
+        "{counts:?}"
+    );
+    let again = store.claim("default", "next", 1, TTL).await.unwrap();
+    assert_eq!((again[0].job.attempt, again[0].job.stalls), (1, 0));
+}
+
 /// Two schedulers on one coordinator (real time: schedules fire by the coordinator's wall
 /// clock): one job per tick, not two, and the mark follows.
 #[actix::test]

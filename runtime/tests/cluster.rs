@@ -294,7 +294,8 @@ async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
     let store: Stores = store::partitioned::PartitionedLeaseStore::new(parts.clone())
         .unwrap()
         .into();
-    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store, parts).await;
+    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store.clone(), parts).await;
+    palisade_testkit::suite::the_pair_visits_every_partition(store, 3).await;
 }
 
 /// From one partition to three on the cluster (the Redis epoch scripts), without lowering a

@@ -55,7 +55,8 @@ async fn the_suite_holds_for_a_partitioned_coordinator() {
 #[tokio::test]
 async fn partitions_keep_each_scope_on_one_counter_and_share_the_work() {
     let (store, parts) = three_partitions();
-    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store, parts).await;
+    palisade_testkit::suite::partitions_keep_scopes_and_share_work(store.clone(), parts).await;
+    palisade_testkit::suite::the_pair_visits_every_partition(store, 3).await;
 }
 
 #[tokio::test]

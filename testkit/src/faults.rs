@@ -28,6 +28,8 @@ pub enum Op {
 pub struct Faults {
     inner: Arc<dyn LeaseStore>,
     failing: Mutex<HashSet<Op>>,
+    /// How long each claim and settlement takes on top of the backend's own time.
+    delay: Mutex<Duration>,
 }
 
 impl Faults {
@@ -38,6 +40,7 @@ impl Faults {
         let faults = Arc::new(Faults {
             inner: stores.lease_store(),
             failing: Mutex::default(),
+            delay: Mutex::default(),
         });
         (faults.clone(), stores.with_lease_store(faults))
     }
@@ -49,6 +52,19 @@ impl Faults {
             true => set.insert(op),
             false => set.remove(&op),
         };
+    }
+
+    /// Makes every claim and settlement take `delay` longer (a slow link), so a test can act
+    /// while one is in flight.
+    pub fn delay(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+
+    async fn slow(&self) {
+        let delay = *self.delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
     }
 
     fn check(&self, op: Op) -> Result<()> {
@@ -73,6 +89,7 @@ impl LeaseStore for Faults {
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Claim>> {
+        self.slow().await;
         self.check(Op::Claim)?;
         self.inner.claim_kinds(queue, kinds, worker, n, ttl).await
     }
@@ -81,6 +98,7 @@ impl LeaseStore for Faults {
         self.inner.renew(leases, ttl).await
     }
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
+        self.slow().await;
         self.check(Op::Settle)?;
         self.inner.settle(settlements).await
     }

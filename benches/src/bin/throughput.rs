@@ -549,8 +549,13 @@ fn main() {
         }
         if !servers.is_empty() {
             let (after, cpu_after) = all_stats(&servers).await;
-            let run_trips = round_trips(&metrics, &["claim", "settle", "renew", "reap", "establish_epoch"]);
+            let run_trips = round_trips(&metrics, &["claim", "settle", "settle_and_claim", "renew", "reap", "establish_epoch"]);
             let sink_trips = round_trips(&metrics, &["fenced_write"]);
+            let by_op: Vec<String> = ["claim", "settle", "settle_and_claim", "renew"]
+                .iter()
+                .map(|op| format!("{op} {:.3}", round_trips(&metrics, &[op]) as f64 / n))
+                .collect();
+            println!("  round trips per job by op: {}", by_op.join(", "));
             println!(
                 "  round trips per job: claim+complete {:.3}, with sink {:.3}, enqueue {:.4}",
                 run_trips as f64 / n,

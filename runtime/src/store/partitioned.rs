@@ -171,15 +171,14 @@ impl PartitionedLeaseStore {
         Ok(limit - left)
     }
 
-    /// Claims from partition `i` and remembers who granted the leases.
-    /// Where `queue`'s next claim starts: the next partition each claim (round-robin).
+    /// The partition `queue`'s next claim starts at: the next one each claim (round-robin).
     fn claim_start(&self, queue: &str) -> usize {
         let mut next = self
             .next_claim
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let at = next.entry(queue.to_owned()).or_default();
-        let start = *at;
+        let start = *at % self.parts.len();
         *at = at.wrapping_add(1);
         start
     }
@@ -363,6 +362,7 @@ impl PartitionedLeaseStore {
         Ok(results)
     }
 
+    /// Claims from partition `i` and remembers who granted the leases.
     async fn claim_from(
         &self,
         i: usize,
@@ -559,6 +559,10 @@ impl LeaseStore for PartitionedLeaseStore {
 
     /// The claim goes with the settlements its first partition owns (one round trip there,
     /// as on one server); the other partitions' settlements go to theirs at the same time.
+    /// When the first partition has fewer jobs than asked, the rest are taken from the
+    /// partitions after it as in [`claim_kinds`](LeaseStore::claim_kinds), one round trip
+    /// each — and the settlements' answer waits for that too (a near-empty queue on P
+    /// partitions: up to P − 1 round trips later than a settlement sent alone).
     async fn settle_and_claim(
         &self,
         settlements: Vec<(LeaseId, Settlement)>,

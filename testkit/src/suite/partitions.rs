@@ -292,3 +292,37 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
     assert_eq!(old.rate_limit("default").await.unwrap(), None);
     assert!(old.concurrency_caps().await.unwrap().is_empty());
 }
+
+/// Issue 24: a worker's settle-and-claim pair, round after round, goes to every partition in
+/// turn and stays correct past the first P rounds (the claim's partition index wraps), with
+/// each round completing the previous round's job. Uses its own queue.
+pub async fn the_pair_visits_every_partition(store: Stores, partitions: usize) {
+    let rounds = 3 * partitions + 2;
+    let jobs = (0..rounds).map(|_| job("k").with_queue("pairs")).collect();
+    store.enqueue(jobs).await.unwrap();
+    let request = ClaimRequest {
+        queue: "pairs".into(),
+        kinds: Vec::new(),
+        worker: "suite".into(),
+        n: 1,
+        ttl: Duration::from_secs(30),
+    };
+    let mut held: Vec<(LeaseId, Settlement)> = Vec::new();
+    let mut claimed = 0;
+    for round in 0..=rounds {
+        let (settled, claims) = store.settle_and_claim(held.clone(), &request).await;
+        assert!(
+            settled.unwrap().iter().all(Result::is_ok),
+            "round {round}: a settlement was refused"
+        );
+        let claims = claims.unwrap();
+        claimed += claims.len();
+        held = claims
+            .iter()
+            .map(|c| (c.lease.id, Settlement::Complete))
+            .collect();
+    }
+    assert_eq!(claimed, rounds);
+    let counts = store.counts("pairs").await.unwrap();
+    assert_eq!((counts.completed, counts.pending()), (rounds as u64, 0));
+}
