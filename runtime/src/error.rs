@@ -79,6 +79,18 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A copy of this error's message in its class (retryable stays retryable), for each
+    /// part of a failed call that must report it.
+    pub(crate) fn same_class(&self) -> Error {
+        if self.is_retryable() {
+            Error::Unavailable(self.to_string())
+        } else {
+            Error::Backend(self.to_string())
+        }
+    }
+}
+
 /// Library result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

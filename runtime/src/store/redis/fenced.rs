@@ -202,15 +202,6 @@ fn wire(mutations: &[Mutation]) -> String {
     serde_json::to_string(&list).expect("strings and lists always encode")
 }
 
-/// `e` again, for each write of a failed call: retryable stays retryable.
-fn same_class(e: &Error) -> Error {
-    if e.is_retryable() {
-        Error::Unavailable(e.to_string())
-    } else {
-        Error::Backend(e.to_string())
-    }
-}
-
 /// Decodes one write's reply; a reply of an unknown shape fails that write alone.
 fn decode(write: &FencedWrite, reply: &[String]) -> Result<Admission> {
     let token = |s: &str| parse::<u64>(s).map(FencingToken::from_u64);
@@ -294,7 +285,7 @@ impl FencedStore for RedisFencedStore {
                 }
                 Err(e) => {
                     for &(i, _) in members {
-                        out[i] = Some(Err(same_class(&e)));
+                        out[i] = Some(Err(e.same_class()));
                     }
                     failed.get_or_insert(e);
                 }

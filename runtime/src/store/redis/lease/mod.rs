@@ -528,11 +528,7 @@ impl LeaseStore for RedisLeaseStore {
             Err(e) => {
                 // The link failed: both parts failed alike (the claim's copy of the error
                 // keeps its class, so the worker backs off both the same way).
-                let twin = if e.is_retryable() {
-                    Error::Unavailable(e.to_string())
-                } else {
-                    Error::Backend(e.to_string())
-                };
+                let twin = e.same_class();
                 return (Err(e), Err(twin));
             }
         };
