@@ -2,14 +2,16 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 4 fields per settlement:
 --          lease id, action, arg, reason
---          action "complete" | "retry" (arg = delay ms) | "dead" | "release" (back to ready,
+--          action "complete" (arg = how long its result is kept, ms, and reason = the result's
+--          JSON, kept at "result:<job id>"; arg 0: no result) | "retry" (arg = delay ms) |
+--          "dead" | "release" (back to ready,
 --          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
 --          reported)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  one entry per settlement, then "w:<epoch>:<counter>", the low watermark after the
 --          batch (or "w:" before any epoch exists). Per settlement: "ok", "stale" (lease not
 --          current: nothing changed),
---          "invalid" (unknown action or an arg that is not a non-negative integer: nothing
+--          "invalid" (unknown action or an arg that is not a non-negative integer below 10^15: nothing
 --          changed),
 --          "exhausted" (a fenced settlement would need an epoch above 2^23 - 1: nothing
 --          changed), "corrupt:<why>" (a key this settlement would write holds another type
@@ -50,7 +52,7 @@ end
 local ACTIONS = { complete = true, retry = true, dead = true, release = true, fenced = true }
 local function valid(action, arg)
   local n = tonumber(arg)
-  return ACTIONS[action] and n ~= nil and n == n and n >= 0 and n < 1e15
+  return ACTIONS[action] and n ~= nil and n == n and n >= 0 and n < 1e15 and n == math.floor(n)
 end
 
 -- First, read-only: which settlements are current, their jobs' records, and that every key
@@ -118,6 +120,10 @@ for _, i in ipairs(current) do
     leased[queue] = (leased[queue] or 0) + 1
     uncap(base, id, f[3])
     if action == 'complete' then
+      if tonumber(arg) > 0 then
+        -- With the completion, never after it: an accepted completion has its result.
+        redis.call('SET', base .. 'result:' .. id, reason, 'PX', arg)
+      end
       release_unique_key(base, id, f[4], f[5])
       leave(base, id, f[2])
       finished[#finished + 1] = job

@@ -128,7 +128,7 @@ impl RunState {
             sent.1 = Some(json);
         } else {
             *sent = (Some(now), None);
-            coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
+            coordinator.do_send(crate::coordinator::PutProgress(*job, json));
         }
     }
 
@@ -144,7 +144,7 @@ impl RunState {
             .1
             .take();
         if let Some(json) = latest {
-            coordinator.do_send(crate::coordinator::PutNote::Progress(*job, json));
+            coordinator.do_send(crate::coordinator::PutProgress(*job, json));
         }
     }
 

@@ -257,31 +257,23 @@ impl Handler<NoteRejections> for Coordinator {
     }
 }
 
-/// Keeps a job's result or progress; best effort (a failure is logged and counted).
+/// Keeps a job's latest progress; best effort (a failure is logged and counted). A job's
+/// result goes with its completion instead (`Settlement::Complete`).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) enum PutNote {
-    /// The result envelope, kept for the retention.
-    Result(crate::ids::JobId, String),
-    /// The latest progress.
-    Progress(crate::ids::JobId, String),
-}
+pub(crate) struct PutProgress(pub crate::ids::JobId, pub String);
 
 /// How long results are kept.
 pub const RESULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-impl Handler<PutNote> for Coordinator {
+impl Handler<PutProgress> for Coordinator {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, msg: PutNote, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: PutProgress, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let done = match msg {
-                PutNote::Result(job, json) => store.put_result(job, json, RESULT_RETENTION).await,
-                PutNote::Progress(job, json) => store.put_progress(job, json).await,
-            };
-            if let Err(e) = done {
-                tracing::warn!(error = %e, "could not keep a job's result or progress");
+            if let Err(e) = store.put_progress(msg.0, msg.1).await {
+                tracing::warn!(error = %e, "could not keep a job's progress");
                 metrics::counter!(crate::metrics::BACKEND_ERRORS, "op" => "put_note").increment(1);
             }
         })

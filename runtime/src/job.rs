@@ -412,8 +412,14 @@ impl From<Error> for JobError {
 /// How a finished job settles at the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settlement {
-    /// Done; remove it.
-    Complete,
+    /// Done; remove it. The handler's `result` (JSON), if any, is kept with the settlement,
+    /// atomically, for [`RESULT_RETENTION`](crate::coordinator::RESULT_RETENTION): a
+    /// completion that is accepted has its result, and one that is refused (the lease is no
+    /// longer current) leaves none.
+    Complete {
+        /// The handler's result as JSON (`Registry::register_with_result`).
+        result: Option<String>,
+    },
     /// Back to the queue, claimable after `delay`.
     Retry {
         /// Backoff before the next claim.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
-use crate::coordinator::{Coordinator, Exchange, Exchanged, NoteRejections, PutNote, Settled};
+use crate::coordinator::{Coordinator, Exchange, Exchanged, NoteRejections, Settled};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
 use crate::job::{Claim, Job, JobError, Settlement};
@@ -148,9 +148,6 @@ struct Pending {
     lease: LeaseId,
     settlement: Settlement,
     job: Arc<Job>,
-    /// The handler's result, kept only once the coordinator accepted the completion: a run
-    /// fenced off (its lease no longer current) leaves no result behind.
-    result: Option<String>,
     /// When the handler returned (or the job was released).
     finished: Instant,
     /// Where the settle wait is recorded.
@@ -428,7 +425,6 @@ impl Worker {
                 lease: lease.id,
                 settlement: Settlement::Release,
                 job: Arc::new(job),
-                result: None,
                 finished: Instant::now(),
                 settle_wait,
             });
@@ -536,12 +532,7 @@ impl Worker {
                     p.settle_wait.record(p.finished.elapsed());
                     self.renewal().do_send(ForgetLease(p.lease));
                     match result {
-                        Ok(()) => {
-                            if let Some(json) = &p.result {
-                                self.coordinator
-                                    .do_send(PutNote::Result(p.job.id, json.clone()));
-                            }
-                        }
+                        Ok(()) => {}
                         Err(e @ Error::LeaseNotCurrent(_)) => {
                             tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
                             counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone())
@@ -654,23 +645,24 @@ impl Handler<JobFinished> for Worker {
         let job = running.job;
         self.journal(&running.run);
         running.run.flush_progress();
-        let settlement = self
+        let mut settlement = self
             .config
             .retry
             .settle(&job, &msg.outcome, rand::random::<f64>());
-        let result = match &settlement {
-            Settlement::Complete => running.run.take_result(),
-            _ => None,
-        };
+        // The result goes with the completion, in the same atomic step: an accepted completion
+        // has it, a refused one (the lease is no longer current) leaves none.
+        if let Settlement::Complete { result } = &mut settlement {
+            *result = running.run.take_result();
+        }
         let outcome = match &settlement {
-            Settlement::Complete => 0,
+            Settlement::Complete { .. } => 0,
             Settlement::Retry { .. } => 1,
             Settlement::Dead { .. } => 2,
             Settlement::Fenced { .. } => 3,
             Settlement::Release => 4,
         };
         match &settlement {
-            Settlement::Complete => {
+            Settlement::Complete { .. } => {
                 tracing::debug!(job = %job.id, kind = %job.kind, "job completed")
             }
             Settlement::Retry { delay, reason } => {
@@ -697,7 +689,6 @@ impl Handler<JobFinished> for Worker {
             lease: msg.lease,
             settlement,
             job,
-            result,
             finished: Instant::now(),
             settle_wait,
         });
@@ -753,7 +744,6 @@ impl Worker {
                 lease,
                 settlement: Settlement::Release,
                 job: running.job,
-                result: None,
                 finished: Instant::now(),
                 settle_wait,
             });

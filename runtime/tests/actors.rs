@@ -102,7 +102,7 @@ impl Harness {
             let claims = self.store.claim("warmup", "t", 1, TTL).await.unwrap();
             let lease = claims[0].lease.id;
             self.store
-                .settle(vec![(lease, Settlement::Complete)])
+                .settle(vec![(lease, Settlement::Complete { result: None })])
                 .await
                 .unwrap();
         }
@@ -210,7 +210,7 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
     // A's completion is refused, atomically and without touching anything.
     let refused = h
         .store
-        .settle(vec![(a.lease, Settlement::Complete)])
+        .settle(vec![(a.lease, Settlement::Complete { result: None })])
         .await
         .unwrap();
     assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(l))] if l == a.lease));

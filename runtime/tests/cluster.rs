@@ -364,7 +364,10 @@ async fn a_tls_cluster_works_with_its_ca_and_refuses_another() {
         "{results:?}"
     );
     let settled = store
-        .settle(vec![(claim.lease.id, Settlement::Complete)])
+        .settle(vec![(
+            claim.lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(settled[0].is_ok(), "{settled:?}");

@@ -538,7 +538,11 @@ impl Side {
 
     fn settlement(&self, no: Option<usize>, outcome: Outcome) -> Settlement {
         match outcome {
-            Outcome::Complete => Settlement::Complete,
+            // A result named after the claim that made it (none for a lease never granted):
+            // the final comparison sees which completion's result each job kept.
+            Outcome::Complete => Settlement::Complete {
+                result: no.map(|no| format!("\"claim {no}\"")),
+            },
             Outcome::Retry { later } => Settlement::Retry {
                 delay: if later { HOUR } else { Duration::ZERO },
                 reason: "flaky".into(),
@@ -846,8 +850,13 @@ impl Coordinators {
             }
         }
         by_no.sort();
-        for (no, m, r) in by_no {
+        for &(no, m, r) in &by_no {
             scopes.push((format!("job#{no}"), Scope::of_job(m), Scope::of_job(r)));
+            same(
+                format_args!("result of job#{no}"),
+                mem.store.result(m).await.as_ref(),
+                red.store.result(r).await.as_ref(),
+            )?;
         }
         for (name, sm, sr) in scopes {
             let m = mem.store.highest_token(&sm).await;

@@ -136,7 +136,10 @@ impl World {
                         self.accepted.insert(scope, token);
                         let settled = self
                             .store
-                            .settle(vec![(claim.lease.id, Settlement::Complete)])
+                            .settle(vec![(
+                                claim.lease.id,
+                                Settlement::Complete { result: None },
+                            )])
                             .await
                             .unwrap();
                         assert!(settled[0].is_ok());

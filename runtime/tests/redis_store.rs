@@ -203,7 +203,7 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         assert_eq!(out.lines().next(), Some("invalid"), "{action} {arg}");
     }
     let done = store
-        .settle(vec![(c.lease.id, Settlement::Complete)])
+        .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
         .await
         .unwrap();
     assert!(
@@ -289,12 +289,18 @@ async fn corrupt_watermark_records_fail_safe() {
         .cli(&["HSET", "{wmc}:watermark", "epoch", "garbage"])
         .unwrap();
     let done = store
-        .settle(vec![(claims[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            claims[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await;
     assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
     server.cli(&["SET", "{wmc}:counter", "7x"]).unwrap();
     let done = store
-        .settle(vec![(claims[1].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            claims[1].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await;
     assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
     // A corrupt counter is "not provably intact": the next claim moves to a new epoch.
@@ -407,7 +413,10 @@ async fn complete_one(store: &dyn palisade::LeaseStore) {
     let ttl = std::time::Duration::from_secs(30);
     let c = store.claim("default", "w", 1, ttl).await.unwrap().remove(0);
     store
-        .settle(vec![(c.lease.id, palisade::Settlement::Complete)])
+        .settle(vec![(
+            c.lease.id,
+            palisade::Settlement::Complete { result: None },
+        )])
         .await
         .unwrap()
         .remove(0)
@@ -490,7 +499,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         ("renew", old.renew(&[lease], ttl).await.unwrap_err()),
         (
             "settle",
-            old.settle(vec![(lease, Settlement::Complete)])
+            old.settle(vec![(lease, Settlement::Complete { result: None })])
                 .await
                 .unwrap_err(),
         ),
@@ -607,7 +616,10 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
 
     let (first, second) = (&claims[0], &claims[1]);
     let done = store
-        .settle(vec![(first.lease.id, Settlement::Complete)])
+        .settle(vec![(
+            first.lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -632,7 +644,10 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
         .await
         .unwrap();
     let done = store
-        .settle(vec![(third[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            third[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -740,7 +755,10 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
         .unwrap();
     let before = snapshot(&server);
     let only_scoped = store
-        .settle(vec![(scoped.lease.id, Settlement::Complete)])
+        .settle(vec![(
+            scoped.lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(corrupt_settlement(&only_scoped[0]), "{only_scoped:?}");
@@ -757,8 +775,8 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     );
     let r = store
         .settle(vec![
-            (scoped.lease.id, Settlement::Complete),
-            (plain.lease.id, Settlement::Complete),
+            (scoped.lease.id, Settlement::Complete { result: None }),
+            (plain.lease.id, Settlement::Complete { result: None }),
         ])
         .await
         .unwrap();
@@ -810,7 +828,7 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     ]);
     let results = store
         .settle(vec![
-            (gone.lease.id, Settlement::Complete),
+            (gone.lease.id, Settlement::Complete { result: None }),
             (odd.lease.id, Settlement::Release),
         ])
         .await
@@ -859,9 +877,9 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     server.write_over("{ox}:q:bad:stats", "x");
     let results = store
         .settle(vec![
-            (good[0].lease.id, Settlement::Complete),
-            (bad[0].lease.id, Settlement::Complete),
-            (good[1].lease.id, Settlement::Complete),
+            (good[0].lease.id, Settlement::Complete { result: None }),
+            (bad[0].lease.id, Settlement::Complete { result: None }),
+            (good[1].lease.id, Settlement::Complete { result: None }),
         ])
         .await
         .unwrap();
@@ -878,7 +896,10 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     // Repaired, it settles: nothing was lost.
     server.cli(&["DEL", "{ox}:q:bad:stats"]);
     let again = store
-        .settle(vec![(bad[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            bad[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(again[0].is_ok(), "{again:?}");
@@ -899,7 +920,10 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     let job = format!("{{ox}}:job:{}", first[0].job.id);
     server.write_over(&job, "written over");
     let r = store
-        .settle(vec![(first[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            first[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(r[0].is_ok(), "{r:?}");
@@ -1012,7 +1036,7 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
     let results = store
         .settle(vec![
             (claims[0].lease.id, Settlement::Release),
-            (claims[1].lease.id, Settlement::Complete),
+            (claims[1].lease.id, Settlement::Complete { result: None }),
             (
                 claims[2].lease.id,
                 Settlement::Dead {
@@ -1060,7 +1084,10 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
     server.cli(&["SET", "{nx}:q:other:kinds", "x"]);
     let before = snapshot(&server);
     let r = store
-        .settle(vec![(head[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            head[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(corrupt_settlement(&r[0]), "{r:?}");
@@ -1131,7 +1158,10 @@ async fn odd_integers_skipped_leases_and_odd_watermarks() {
         .await
         .unwrap();
     let done = store
-        .settle(vec![(again[0].lease.id, Settlement::Complete)])
+        .settle(vec![(
+            again[0].lease.id,
+            Settlement::Complete { result: None },
+        )])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -1178,7 +1208,7 @@ async fn a_pipelined_pair_redoes_a_part_the_server_did_not_run() {
         .settle_and_claim(
             claimed
                 .iter()
-                .map(|c| (c.lease.id, Settlement::Complete))
+                .map(|c| (c.lease.id, Settlement::Complete { result: None }))
                 .collect(),
             &request,
         )

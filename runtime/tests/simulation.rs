@@ -277,7 +277,7 @@ impl World {
     async fn settle(&mut self, w: usize, i: usize, how: Settlement) {
         let held = self.workers[w].held.remove(i);
         let name = match &how {
-            Settlement::Complete => "complete",
+            Settlement::Complete { result: None } => "complete",
             Settlement::Dead { .. } => "dead",
             Settlement::Fenced { .. } => "fenced",
             _ => "retry",
@@ -319,7 +319,9 @@ impl World {
         let held = &self.workers[w].held[i];
         let plan = self.logical[held.logical as usize].writes.clone();
         if held.next >= plan.len() {
-            return self.settle(w, i, Settlement::Complete).await;
+            return self
+                .settle(w, i, Settlement::Complete { result: None })
+                .await;
         }
         let write = FencedWrite {
             scope: held.claim.lease.scope.clone(),

@@ -63,13 +63,19 @@ pub async fn the_old_holder_is_refused(
     );
     assert!(matches!(
         store
-            .settle(vec![(first.lease.id, Settlement::Complete)])
+            .settle(vec![(
+                first.lease.id,
+                Settlement::Complete { result: None }
+            )])
             .await
             .unwrap()[..],
         [Err(Error::LeaseNotCurrent(_))]
     ));
     assert!(store
-        .settle(vec![(second.lease.id, Settlement::Complete)])
+        .settle(vec![(
+            second.lease.id,
+            Settlement::Complete { result: None }
+        )])
         .await
         .unwrap()[0]
         .is_ok());

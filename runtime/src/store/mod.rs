@@ -300,6 +300,13 @@ impl Stores {
         self
     }
 
+    /// The same stores with the records replaced (a partitioned layout's, which finds a
+    /// result in its job's partition).
+    pub(crate) fn with_records(mut self, records: Arc<dyn RecordStore>) -> Self {
+        self.records = records;
+        self
+    }
+
     /// The same stores with the read-only views and queue controls replaced (a partitioned
     /// layout's, which fan out over every partition).
     pub(crate) fn with_queues(

@@ -37,9 +37,12 @@ use async_trait::async_trait;
 use futures_util::future::{join_all, try_join_all};
 
 use crate::error::{Error, Result};
-use crate::ids::{FencingToken, LeaseId, Scope};
+use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::store::{ClaimRequest, ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, Stores};
+use crate::store::{
+    ClaimRequest, ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, RecordStore,
+    RejectionNote, Stores,
+};
 
 /// Most partitions: a claim asks each of them.
 pub const MAX_PARTITIONS: usize = 256;
@@ -706,12 +709,38 @@ impl LeaseStore for PartitionedLeaseStore {
 
 /// The partitioned layout as one coordinator: its hot path, views and queue controls fan
 /// out over the partitions; the clock, roles, schedules and records are partition 0's.
+/// Records live in partition 0, but a result is kept with its job's completion, in the job's
+/// partition: it is looked for in every partition.
+#[async_trait]
+impl RecordStore for PartitionedLeaseStore {
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.parts[0].put_result(job, json, ttl).await
+    }
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        let found = self.on_all(|part| async move { part.result(job).await });
+        Ok(found.await?.into_iter().flatten().next())
+    }
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.parts[0].put_progress(job, json).await
+    }
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.parts[0].progress(job).await
+    }
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        self.parts[0].note_rejections(notes).await
+    }
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        self.parts[0].rejections(limit).await
+    }
+}
+
 impl From<PartitionedLeaseStore> for Stores {
     fn from(store: PartitionedLeaseStore) -> Self {
         let control = store.parts[0].clone();
         let store = Arc::new(store);
         control
             .with_lease_store(store.clone())
+            .with_records(store.clone())
             .with_queues(store.clone(), store)
     }
 }

@@ -28,6 +28,7 @@ macro_rules! lease_cases {
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
             settle_and_claim_settles_first,
+            a_result_is_kept_with_its_completion,
         );
     };
 }
@@ -79,7 +80,7 @@ pub async fn one_live_lease_per_scope(store: Stores) {
     assert_eq!(scopes, ["s", "t"], "a busy scope was granted twice");
     assert!(claim(&store, 10).await.is_empty());
     let a = first.iter().find(|c| c.job.kind == "a").unwrap();
-    settle(&store, a.lease.id, Settlement::Complete)
+    settle(&store, a.lease.id, Settlement::Complete { result: None })
         .await
         .unwrap();
     let second = claim(&store, 10).await;
@@ -102,7 +103,7 @@ pub async fn tokens_grow_per_scope(store: Stores) {
             store.highest_token(&Scope::new("grow")).await.unwrap(),
             last
         );
-        settle(&store, c.lease.id, Settlement::Complete)
+        settle(&store, c.lease.id, Settlement::Complete { result: None })
             .await
             .unwrap();
     }
@@ -137,7 +138,7 @@ pub async fn renew_extends_and_reports_lost(store: Stores) {
         let lost = store.renew(&[c.lease.id, stranger], TTL).await.unwrap();
         assert_eq!(lost, [stranger]);
     }
-    settle(&store, c.lease.id, Settlement::Complete)
+    settle(&store, c.lease.id, Settlement::Complete { result: None })
         .await
         .unwrap();
     assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
@@ -148,7 +149,7 @@ pub async fn renew_extends_and_reports_lost(store: Stores) {
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(store.renew(&[short], TTL).await.unwrap(), [short]);
     // Nor may it settle: the coordinator's clock ended it, whether or not a reaper ran.
-    let late = settle(&store, short, Settlement::Complete).await;
+    let late = settle(&store, short, Settlement::Complete { result: None }).await;
     assert!(
         matches!(late, Err(Error::LeaseNotCurrent(l)) if l == short),
         "an expired lease settled: {late:?}"
@@ -184,7 +185,7 @@ pub async fn stale_lease_is_powerless(store: Stores) {
         [old.lease.id]
     );
     for s in [
-        Settlement::Complete,
+        Settlement::Complete { result: None },
         Settlement::Retry {
             delay: Duration::ZERO,
             reason: "x".into(),
@@ -197,20 +198,24 @@ pub async fn stale_lease_is_powerless(store: Stores) {
             "{r:?}"
         );
     }
-    assert!(settle(&store, LeaseId::new(), Settlement::Complete)
-        .await
-        .is_err());
+    assert!(settle(
+        &store,
+        LeaseId::new(),
+        Settlement::Complete { result: None }
+    )
+    .await
+    .is_err());
     assert_eq!(
         store.renew(&[new.lease.id], TTL).await.unwrap(),
         Vec::<LeaseId>::new()
     );
     let counts = store.counts("default").await.unwrap();
     assert_eq!((counts.leased, counts.completed, counts.dead), (1, 0, 0));
-    settle(&store, new.lease.id, Settlement::Complete)
+    settle(&store, new.lease.id, Settlement::Complete { result: None })
         .await
         .unwrap();
     assert!(
-        settle(&store, new.lease.id, Settlement::Complete)
+        settle(&store, new.lease.id, Settlement::Complete { result: None })
             .await
             .is_err(),
         "completed twice"
@@ -296,7 +301,9 @@ pub async fn fenced_settlement_reseeds_above_the_sink(store: Stores) {
         again.lease.token
     );
     // A stale lease's fenced settlement is refused and moves nothing.
-    settle(&store, g.id, Settlement::Complete).await.unwrap();
+    settle(&store, g.id, Settlement::Complete { result: None })
+        .await
+        .unwrap();
     let far = FencingToken::new(again.lease.token.epoch() + 50, 1);
     let r = settle(
         &store,
@@ -308,9 +315,13 @@ pub async fn fenced_settlement_reseeds_above_the_sink(store: Stores) {
     )
     .await;
     assert!(matches!(r, Err(Error::LeaseNotCurrent(_))));
-    settle(&store, again.lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        again.lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     store.enqueue(vec![job("h").with_scope("f")]).await.unwrap();
     assert!(claim(&store, 1).await[0].lease.token < far);
 }
@@ -413,9 +424,13 @@ pub async fn a_held_scope_blocks_only_itself(store: Stores) {
     let kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
     assert_eq!(kinds, ["cold", "late"]);
     // The holder finishes: the next job of its scope (and only one) becomes claimable.
-    settle(&store, holder.lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        holder.lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     let next = claim(&store, 10).await;
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].job.kind, "hot");
@@ -461,7 +476,7 @@ pub async fn release_gives_the_job_back_uncharged(store: Stores) {
     );
     assert!(again[0].lease.token > c.lease.token);
     assert!(matches!(
-        settle(&store, c.lease.id, Settlement::Complete).await,
+        settle(&store, c.lease.id, Settlement::Complete { result: None }).await,
         Err(Error::LeaseNotCurrent(_))
     ));
     assert_eq!(
@@ -532,7 +547,7 @@ pub async fn one_settlement_per_lease_per_batch(store: Stores) {
     let c = claim(&store, 1).await.remove(0);
     let results = store
         .settle(vec![
-            (c.lease.id, Settlement::Complete),
+            (c.lease.id, Settlement::Complete { result: None }),
             (c.lease.id, Settlement::Release),
         ])
         .await
@@ -608,17 +623,25 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
     let claims = claim(&store, 3).await;
     let t: Vec<FencingToken> = claims.iter().map(|c| c.lease.token).collect();
     assert!(t[0] < t[1] && t[1] < t[2]);
-    settle(&store, claims[1].lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        claims[1].lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         store.watermark(),
         Some(t[0]),
         "the oldest live lease holds it back"
     );
-    settle(&store, claims[0].lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        claims[0].lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     assert_eq!(store.watermark(), Some(t[2]));
     settle(&store, claims[2].lease.id, Settlement::Release)
         .await
@@ -626,18 +649,26 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
     let idle = store.watermark().unwrap();
     assert!(idle > t[2], "no live lease: the next token");
     // A refused settlement publishes too, and the watermark never goes back.
-    assert!(settle(&store, claims[0].lease.id, Settlement::Complete)
-        .await
-        .is_err());
+    assert!(settle(
+        &store,
+        claims[0].lease.id,
+        Settlement::Complete { result: None }
+    )
+    .await
+    .is_err());
     assert_eq!(store.watermark(), Some(idle));
     let again = claim(&store, 1).await.remove(0);
     assert!(
         again.lease.token >= idle,
         "every new lease is at or above it"
     );
-    settle(&store, again.lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        again.lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     assert!(store.watermark().unwrap() > again.lease.token);
 }
 
@@ -691,9 +722,13 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
     assert_eq!(lease.job.id, a);
     let running = store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap();
     assert_eq!(running, vec![a]);
-    settle(&store, lease.lease.id, Settlement::Complete)
-        .await
-        .unwrap();
+    settle(
+        &store,
+        lease.lease.id,
+        Settlement::Complete { result: None },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap(),
         vec![a]
@@ -710,7 +745,7 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
 
     // A zero ttl holds only while the job is pending; death gives the key up too.
     for (queue, end) in [
-        ("q4", Settlement::Complete),
+        ("q4", Settlement::Complete { result: None }),
         (
             "q5",
             Settlement::Dead {
@@ -796,7 +831,7 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
     let claims = store.claim("ids", "suite", 10, TTL).await.unwrap();
     assert_eq!(claims.len(), 3);
     for c in &claims {
-        settle(&store, c.lease.id, Settlement::Complete)
+        settle(&store, c.lease.id, Settlement::Complete { result: None })
             .await
             .unwrap();
     }
@@ -886,8 +921,8 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     let (settled, claimed) = store
         .settle_and_claim(
             vec![
-                (a.lease.id, Settlement::Complete),
-                (never_granted, Settlement::Complete),
+                (a.lease.id, Settlement::Complete { result: None }),
+                (never_granted, Settlement::Complete { result: None }),
             ],
             &request("suite", 10),
         )
@@ -908,7 +943,7 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     // that went with it; a claim of none claims nothing.
     let (settled, refused) = store
         .settle_and_claim(
-            vec![(claimed[0].lease.id, Settlement::Complete)],
+            vec![(claimed[0].lease.id, Settlement::Complete { result: None })],
             &request("bad\tname", 10),
         )
         .await;
@@ -916,7 +951,7 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
     let (settled, none) = store
         .settle_and_claim(
-            vec![(claimed[1].lease.id, Settlement::Complete)],
+            vec![(claimed[1].lease.id, Settlement::Complete { result: None })],
             &request("suite", 0),
         )
         .await;
@@ -924,4 +959,62 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     assert!(none.unwrap().is_empty());
     let counts = store.counts("default").await.unwrap();
     assert_eq!((counts.ready, counts.leased, counts.completed), (0, 0, 3));
+}
+
+/// Issue 25: a handler's result is kept by the settlement that completes its job, in the same
+/// step — never by a later call a crash could lose. A completion that is refused (its lease is
+/// no longer current) leaves no result, and does not replace the accepted one.
+pub async fn a_result_is_kept_with_its_completion(store: Stores) {
+    let ids = store
+        .enqueue(vec![
+            job("with"),
+            job("without"),
+            job("stale").with_scope("r"),
+        ])
+        .await
+        .unwrap();
+    let claims = claim(&store, 10).await;
+    assert_eq!(claims.len(), 3);
+    let of = |kind: &str| claims.iter().find(|c| c.job.kind == kind).unwrap();
+    let done = |json: Option<&str>| Settlement::Complete {
+        result: json.map(str::to_owned),
+    };
+    let results = store
+        .settle(vec![
+            (of("with").lease.id, done(Some(r#"{"sum":42}"#))),
+            (of("without").lease.id, done(None)),
+            (of("with").lease.id, done(Some(r#"{"sum":-1}"#))),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+    assert!(matches!(results[2], Err(Error::LeaseNotCurrent(_))));
+    assert_eq!(
+        store.result(ids[0]).await.unwrap().as_deref(),
+        Some(r#"{"sum":42}"#),
+        "the accepted completion's result, not the refused one's"
+    );
+    assert_eq!(store.result(ids[1]).await.unwrap(), None);
+    // A run whose lease another run replaced: its completion and its result are refused.
+    let stale = of("stale");
+    let released = store
+        .settle(vec![(stale.lease.id, Settlement::Release)])
+        .await
+        .unwrap();
+    assert!(released[0].is_ok());
+    let again = claim(&store, 1).await.remove(0);
+    let late = settle(&store, stale.lease.id, done(Some("\"late\""))).await;
+    assert!(matches!(late, Err(Error::LeaseNotCurrent(_))), "{late:?}");
+    assert_eq!(
+        store.result(ids[2]).await.unwrap(),
+        None,
+        "a stale run left a result"
+    );
+    settle(&store, again.lease.id, done(Some("\"fresh\"")))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.result(ids[2]).await.unwrap().as_deref(),
+        Some("\"fresh\"")
+    );
 }

@@ -723,7 +723,12 @@ impl LeaseStore for MemoryLeaseStore {
                 continue;
             };
             match settlement {
-                Settlement::Complete => state.complete(id),
+                Settlement::Complete { result } => {
+                    state.complete(id);
+                    if let Some(json) = result {
+                        state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
+                    }
+                }
                 Settlement::Retry { delay, .. } => state.park(id, now + delay.min(MAX_DELAY), now),
                 Settlement::Dead { reason } => state.bury(id, reason, self.dead_retention),
                 Settlement::Release => {
@@ -846,7 +851,7 @@ mod tests {
             .unwrap();
         let done = claims
             .iter()
-            .map(|c| (c.lease.id, Settlement::Complete))
+            .map(|c| (c.lease.id, Settlement::Complete { result: None }))
             .collect();
         store.settle(done).await.unwrap();
         let state = lock(&store.state);

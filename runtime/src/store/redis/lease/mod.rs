@@ -200,7 +200,16 @@ impl RedisLeaseStore {
         invocation.arg(settlements.len()).arg(self.dead_retention);
         for (lease, settlement) in settlements {
             let (action, arg, reason) = match settlement {
-                Settlement::Complete => ("complete", 0u64, ""),
+                // The result is kept with the completion, for RESULT_RETENTION (arg, ms; 0:
+                // no result).
+                Settlement::Complete { result } => match result {
+                    Some(json) => (
+                        "complete",
+                        crate::coordinator::RESULT_RETENTION.as_millis() as u64,
+                        json.as_str(),
+                    ),
+                    None => ("complete", 0u64, ""),
+                },
                 Settlement::Retry { delay, reason } => (
                     "retry",
                     delay.min(&MAX_DELAY).as_millis() as u64,
