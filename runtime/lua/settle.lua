@@ -50,9 +50,11 @@ end
 
 -- Every entry is checked before it changes anything (Redis does not roll a script back).
 local ACTIONS = { complete = true, retry = true, dead = true, release = true, fenced = true }
+-- An arg is a decimal as Redis' own integer parser reads it ("0", or no leading zero, no sign,
+-- no exponent, no spaces): Lua's tonumber takes "1e3" or "0x10", which a PX would refuse
+-- after the script's first write.
 local function valid(action, arg)
-  local n = tonumber(arg)
-  return ACTIONS[action] and n ~= nil and n == n and n >= 0 and n < 1e15 and n == math.floor(n)
+  return ACTIONS[action] ~= nil and #arg <= 15 and (arg == '0' or arg:match('^[1-9]%d*$') ~= nil)
 end
 
 -- First, read-only: which settlements are current, their jobs' records, and that every key

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 
 use palisade::store::partitioned::PartitionedLeaseStore;
-use palisade::{FencedStore, Inspect, LeaseStore, MemoryFencedStore, MemoryLeaseStore, Stores};
+use palisade::{
+    store, Error, FencedStore, Inspect, JobId, LeaseStore, MemoryFencedStore, MemoryLeaseStore,
+    NewJob, RecordStore, RejectionNote, Result, Settlement, Stores,
+};
 use palisade_testkit::{fenced_store_suite, lease_store_suite};
 
 fn memory() -> Stores {
@@ -100,4 +103,67 @@ async fn every_partition_serves_a_queue_whatever_the_queue_rotation() {
         leased.iter().all(|&n| n >= 20),
         "each partition serves its share of a: {leased:?}"
     );
+}
+
+/// Records that cannot be reached (a partition's Redis down).
+struct Unreachable;
+
+#[async_trait::async_trait]
+impl RecordStore for Unreachable {
+    async fn put_result(&self, _: JobId, _: String, _: std::time::Duration) -> Result<()> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn result(&self, _: JobId) -> Result<Option<String>> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn put_progress(&self, _: JobId, _: String) -> Result<()> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn progress(&self, _: JobId) -> Result<Option<String>> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn note_rejections(&self, _: Vec<RejectionNote>) -> Result<()> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn rejections(&self, _: usize) -> Result<Vec<RejectionNote>> {
+        Err(Error::Unavailable("down".into()))
+    }
+}
+
+/// Issue 25: a result is kept in its job's partition and found there while another
+/// partition cannot answer; a job with no result anywhere reports the unreachable one.
+#[tokio::test]
+async fn a_result_is_found_while_another_partition_is_down() {
+    let mut parts: Vec<Stores> = (0..3).map(|_| memory()).collect();
+    parts[2] = parts[2]
+        .clone()
+        .with_records(std::sync::Arc::new(Unreachable));
+    let store: Stores = PartitionedLeaseStore::new(parts.clone()).unwrap().into();
+    // A scope that lands in partition 0.
+    let scope = (0..)
+        .map(|i| format!("s{i}"))
+        .find(|s| store::partitioned::partition_of(s, 3) == 0)
+        .unwrap();
+    let id = store
+        .enqueue(vec![NewJob::raw("k", "null").with_scope(scope)])
+        .await
+        .unwrap()[0];
+    let c = store
+        .claim("default", "t", 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    let done = Settlement::Complete {
+        result: Some("7".into()),
+    };
+    store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
+        .as_ref()
+        .unwrap();
+    assert_eq!(store.result(id).await.unwrap().as_deref(), Some("7"));
+    assert!(
+        parts[0].result(id).await.unwrap().is_some(),
+        "kept elsewhere"
+    );
+    let missing = store.result(JobId::new()).await;
+    assert!(matches!(missing, Err(Error::Unavailable(_))), "{missing:?}");
 }

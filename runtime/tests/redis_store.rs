@@ -193,7 +193,22 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         include_str!("../lua/settle.lua")
     );
     let lease = c.lease.id.to_string();
-    for (action, arg) in [("completed", "8388607"), ("retry", "nan"), ("retry", "x")] {
+    // Numbers Lua reads as whole but Redis' integer parser refuses (a result's PX, a delay)
+    // would fail the script after its first write.
+    let odd = [
+        ("completed", "8388607"),
+        ("retry", "nan"),
+        ("retry", "x"),
+        ("complete", "1e3"),
+        ("complete", "5.0"),
+        ("complete", "0x10"),
+        ("complete", " 7"),
+        ("complete", "+5"),
+        ("complete", "007"),
+        ("retry", "-1"),
+        ("complete", "1000000000000000"),
+    ];
+    for (action, arg) in odd {
         let out = server
             .cli(&[
                 "EVAL", script, "1", "{odd}:", "1", "5", &lease, action, arg, "why",
@@ -209,6 +224,11 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
     assert!(
         done[0].is_ok(),
         "the lease survived the invalid settlements: {done:?}"
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &format!("{{odd}}:result:{}", c.job.id)]),
+        Some("0".into()),
+        "an invalid completion kept a result"
     );
 }
 

@@ -277,7 +277,7 @@ impl World {
     async fn settle(&mut self, w: usize, i: usize, how: Settlement) {
         let held = self.workers[w].held.remove(i);
         let name = match &how {
-            Settlement::Complete { result: None } => "complete",
+            Settlement::Complete { .. } => "complete",
             Settlement::Dead { .. } => "dead",
             Settlement::Fenced { .. } => "fenced",
             _ => "retry",

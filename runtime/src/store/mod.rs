@@ -238,7 +238,8 @@ pub trait RecordStore: Send + Sync + 'static {
 /// Built from one backend that implements every trait (`Stores::from(Arc::new(store))`, or
 /// just pass the `Arc` wherever `impl Into<Stores>` is asked), or from a
 /// [`PartitionedLeaseStore`](partitioned::PartitionedLeaseStore), which implements only what
-/// partitions change and takes the fleet-wide control state and records from partition 0.
+/// partitions change and takes the fleet-wide control state and records from partition 0
+/// (results excepted: each is kept in its job's partition).
 /// A test wraps one concern without forwarding the rest:
 /// `Stores::from(inner).with_lease_store(Arc::new(MyFaults(...)))`.
 ///
@@ -301,8 +302,8 @@ impl Stores {
     }
 
     /// The same stores with the records replaced (a partitioned layout's, which finds a
-    /// result in its job's partition).
-    pub(crate) fn with_records(mut self, records: Arc<dyn RecordStore>) -> Self {
+    /// result in its job's partition; a test's that fails them).
+    pub fn with_records(mut self, records: Arc<dyn RecordStore>) -> Self {
         self.records = records;
         self
     }

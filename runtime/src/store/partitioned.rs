@@ -16,8 +16,9 @@
 //! - **The watermark** is the lowest of the partitions' watermarks, and none until every
 //!   partition has one: each partition's tokens are below its own watermark only, and a sink
 //!   compares every scope's tokens against one watermark.
-//! - **Control state** — roles, schedules, the rejection journal, results, progress, the
-//!   clock — lives in partition 0. Pauses go to every partition. A rate limit or a
+//! - **Control state** — roles, schedules, the rejection journal, progress, the clock —
+//!   lives in partition 0. A result is kept by its job's completion, in the job's partition,
+//!   and looked for in every partition. Pauses go to every partition. A rate limit or a
 //!   concurrency cap is split into shares, one per partition, that add up to it (each at
 //!   least 1, so a limit below P allows P).
 //!
@@ -716,9 +717,21 @@ impl RecordStore for PartitionedLeaseStore {
     async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
         self.parts[0].put_result(job, json, ttl).await
     }
+    /// Found wherever it is kept: a partition that cannot answer fails the lookup only when
+    /// no other partition has the result.
     async fn result(&self, job: JobId) -> Result<Option<String>> {
-        let found = self.on_all(|part| async move { part.result(job).await });
-        Ok(found.await?.into_iter().flatten().next())
+        let answers = join_all(self.parts.iter().map(|part| part.result(job))).await;
+        let mut failed = None;
+        for answer in answers {
+            match answer {
+                Ok(Some(json)) => return Ok(Some(json)),
+                Ok(None) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        failed.map_or(Ok(None), Err)
     }
     async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
         self.parts[0].put_progress(job, json).await
