@@ -76,7 +76,7 @@ fn memory_stores(c: &mut Criterion) {
                         .unwrap();
                     let done = claims
                         .iter()
-                        .map(|c| (c.lease.id, Settlement::Complete { result: None }))
+                        .map(|c| (c.lease.id, Settlement::completed()))
                         .collect();
                     store.settle(done).await.unwrap();
                 })

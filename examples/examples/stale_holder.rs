@@ -31,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
             .await?
             .remove(0);
         coordinator
-            .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+            .settle(vec![(c.lease.id, Settlement::completed())])
             .await?;
     }
     coordinator
@@ -113,12 +113,12 @@ async fn main() -> anyhow::Result<()> {
         ),
     );
     let done_a = coordinator
-        .settle(vec![(a.id, Settlement::Complete { result: None })])
+        .settle(vec![(a.id, Settlement::completed())])
         .await?
         .remove(0);
     step(8, format!("A tries to complete the job -> {done_a:?}"));
     let done_b = coordinator
-        .settle(vec![(b.id, Settlement::Complete { result: None })])
+        .settle(vec![(b.id, Settlement::completed())])
         .await?
         .remove(0);
     step(9, format!("B completes the job -> {done_b:?}"));

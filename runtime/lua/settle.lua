@@ -1,7 +1,9 @@
 -- settle.lua: completes, retries, dead-letters or reseeds finished jobs, each checked by lease.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 4 fields per settlement:
---          lease id, action, arg, reason
+-- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 5 fields per settlement:
+--          lease id, action, arg, reason, follow-ups (a completion's follow-up jobs as JSON,
+--          kept at "then:<job id>" and listed in the zset "thens" by the time kept, until the
+--          coordinator enqueued them; "" for none)
 --          action "complete" (arg = how long its result is kept, ms, and reason = the result's
 --          JSON, kept at "result:<job id>"; arg 0: no result) | "retry" (arg = delay ms) |
 --          "dead" | "release" (back to ready,
@@ -35,7 +37,7 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Look every lease up at once: its expiry and its job.
 local all, expiries, jobs, entries = {}, {}, {}, {}
 for i = 0, count - 1 do
-  all[#all + 1] = ARGV[3 + i * 4]
+  all[#all + 1] = ARGV[3 + i * 5]
 end
 for i = 1, #all, 500 do
   local chunk = { unpack(all, i, math.min(i + 499, #all)) }
@@ -64,13 +66,14 @@ end
 local out, current, records, settled = {}, {}, {}, {}
 local memo = {}
 for i = 0, count - 1 do
-  local o = 2 + i * 4
+  local o = 2 + i * 5
   local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local expiry, id = expiries[i + 1], jobs[i + 1]
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
     -- (a lease named twice in one batch is current only for its first settlement)
     out[i + 1] = 'stale'
-  elseif not valid(action, arg) then
+  elseif not valid(action, arg) or not ARGV[o + 4] or not ARGV[o + 5] then
+    -- (a short argument list from another client: the reason and follow-ups are written)
     out[i + 1] = 'invalid'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[i + 1] = 'exhausted'
@@ -86,6 +89,9 @@ for i = 0, count - 1 do
     if action == 'fenced' then
       want[base .. 'epoch'] = 'hash'
     end
+    if action == 'complete' and ARGV[o + 5] ~= '' then
+      want[base .. 'thens'] = 'zset'
+    end
     local wrong = unsafe(base, want, counted, memo)
     if wrong then
       out[i + 1] = 'corrupt:' .. wrong
@@ -100,8 +106,9 @@ end
 local released, finished, leased, completed = {}, {}, {}, {}
 local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
 for _, i in ipairs(current) do
-  local o = 2 + i * 4
+  local o = 2 + i * 5
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  local follow_ups = ARGV[o + 5]
   local id = jobs[i + 1]
   released[#released + 1] = lease
   local lease_epoch = epoch_of(entries[i + 1])
@@ -125,6 +132,11 @@ for _, i in ipairs(current) do
       if tonumber(arg) > 0 then
         -- With the completion, never after it: an accepted completion has its result.
         redis.call('SET', base .. 'result:' .. id, reason, 'PX', arg)
+      end
+      if follow_ups ~= '' then
+        -- Likewise its follow-up jobs: kept until the coordinator enqueued them.
+        redis.call('SET', base .. 'then:' .. id, follow_ups)
+        redis.call('ZADD', base .. 'thens', now, id)
       end
       release_unique_key(base, id, f[4], f[5])
       leave(base, id, f[2])

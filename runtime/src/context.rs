@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, Fence};
 use crate::error::{Error, Result};
-use crate::ids::{IdempotencyKey, Lease};
-use crate::job::{Job, JobError};
+use crate::ids::{IdempotencyKey, JobId, Lease};
+use crate::job::{Job, JobError, NewJob};
 use crate::sink::{FencedSink, Write};
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{
@@ -88,6 +88,8 @@ pub(crate) struct RunState {
     rejections: std::sync::Mutex<Vec<RejectionNote>>,
     /// The handler's result (JSON), for the worker to store with the completion.
     result: std::sync::Mutex<Option<String>>,
+    /// Jobs to enqueue once the completion is accepted, and their bytes of JSON so far.
+    follow_ups: std::sync::Mutex<(Vec<NewJob>, usize)>,
     /// Where `ctx.progress` goes.
     progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
     /// When progress was last sent, and the latest not sent yet.
@@ -107,6 +109,7 @@ impl RunState {
             writes: AtomicU32::new(0),
             rejections: std::sync::Mutex::default(),
             result: std::sync::Mutex::default(),
+            follow_ups: std::sync::Mutex::default(),
             progress: Some((job, coordinator)),
             progress_sent: std::sync::Mutex::default(),
         }
@@ -168,6 +171,11 @@ impl RunState {
         self.result.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    /// The follow-up jobs asked for (taken: they go with the completion once).
+    pub(crate) fn take_follow_ups(&self) -> Vec<NewJob> {
+        std::mem::take(&mut self.follow_ups.lock().unwrap_or_else(|p| p.into_inner()).0)
+    }
+
     /// Notes `admission` if it is a rejection.
     fn note(&self, sink: &str, lease: &Lease, admission: &Result<Admission>) {
         if let Ok(Admission::Rejected(rejection)) = admission {
@@ -218,6 +226,55 @@ impl JobContext {
             sinks,
             run,
         }
+    }
+
+    /// Enqueues `job` when this run's completion is accepted, in the same atomic step as
+    /// the completion: it exists once the coordinator accepted this lease's completion, and
+    /// never for a run that fails, is retried or released, or whose lease is no longer
+    /// current (a paused holder's follow-ups are refused with its settlement). Each gets a
+    /// fixed id unless it has one (`NewJob::with_id`): this job's id and its position among
+    /// the follow-ups, so a re-run's follow-ups are the same jobs, and a repeated enqueue of
+    /// them adds nothing. Returns its id.
+    ///
+    /// Checked now, with the library's rules (names, payload size at the default limit): a
+    /// job that could not be enqueued is an `Error::InvalidJob` here, not a lost job later.
+    /// At most [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) jobs and
+    /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES) of JSON per completion.
+    pub fn follow_up(&self, job: NewJob) -> Result<JobId> {
+        job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
+        let mut kept = self
+            .run
+            .follow_ups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (jobs, bytes) = &mut *kept;
+        if jobs.len() >= crate::job::MAX_FOLLOW_UPS {
+            return Err(Error::InvalidJob(format!(
+                "a completion carries at most {} follow-up jobs",
+                crate::job::MAX_FOLLOW_UPS
+            )));
+        }
+        let id = job
+            .id
+            .unwrap_or_else(|| follow_up_id(self.job.id, jobs.len()));
+        let job = job.with_id(id);
+        let size = serde_json::to_string(&job)
+            .map_err(|e| Error::Payload(e.to_string()))?
+            .len();
+        if *bytes + size > crate::job::MAX_FOLLOW_UP_BYTES {
+            return Err(Error::InvalidJob(format!(
+                "a completion's follow-up jobs take at most {} bytes of JSON",
+                crate::job::MAX_FOLLOW_UP_BYTES
+            )));
+        }
+        if jobs.iter().any(|j| j.id == Some(id)) {
+            return Err(Error::InvalidJob(format!(
+                "follow-up job id {id} is asked for twice"
+            )));
+        }
+        *bytes += size;
+        jobs.push(job);
+        Ok(id)
     }
 
     /// The job being run.
@@ -540,4 +597,15 @@ impl Registry {
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.0.keys().map(String::as_str)
     }
+}
+
+/// The id of the `index`-th follow-up job of job `parent`: the same in every run of the job,
+/// different for every other job and position.
+fn follow_up_id(parent: JobId, index: usize) -> JobId {
+    /// Palisade's namespace for follow-up job ids of completions (a random UUID, fixed
+    /// forever: changing it would let an upgraded worker add a follow-up a second time).
+    const COMPLETION_FOLLOW_UPS: uuid::Uuid =
+        uuid::Uuid::from_u128(0x2c7d_41a9_8e3b_4f60_b1d2_93a4_e5f6_0718);
+    let name = format!("{parent}\n{index}");
+    uuid::Uuid::new_v5(&COMPLETION_FOLLOW_UPS, name.as_bytes()).into()
 }

@@ -11,7 +11,7 @@ use metrics::counter;
 
 use crate::error::Result;
 use crate::ids::{FencingToken, JobId, LeaseId};
-use crate::job::{Claim, DeadJob, NewJob, QueueCounts, Settlement};
+use crate::job::{Claim, DeadJob, FollowUps, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
 use crate::sampler::Sampler;
 use crate::store::{ClaimRequest, Inspect, LeaseStore, RecordStore, Stores};
@@ -69,7 +69,11 @@ impl Coordinator {
         }
         self.reaping = true;
         let store = self.store.clone();
-        let pass = async move { store.reap(Self::REAP_BATCH).await };
+        let pass = async move {
+            let reaped = store.reap(Self::REAP_BATCH).await;
+            sweep_follow_ups(&store).await;
+            reaped
+        };
         ctx.spawn(pass.into_actor(self).map(|result, act, ctx| {
             act.reaping = false;
             match result {
@@ -262,6 +266,70 @@ impl Handler<NoteRejections> for Coordinator {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct PutProgress(pub crate::ids::JobId, pub String);
+
+/// Enqueues an accepted completion's follow-up jobs and forgets them — the fast path, sent
+/// by the worker once the completion is answered. Best effort: what is not enqueued stays
+/// kept, and the sweep delivers it later.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct DeliverFollowUps(pub FollowUps);
+
+impl Handler<DeliverFollowUps> for Coordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: DeliverFollowUps, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { deliver_follow_ups(&store, msg.0, "enqueued").await })
+    }
+}
+
+/// How long an accepted completion's follow-up jobs are left to their worker's delivery
+/// before the coordinator's sweep enqueues them (a worker killed right after its
+/// completion was accepted never delivers them).
+pub const FOLLOW_UP_GRACE: Duration = Duration::from_secs(10);
+
+/// Follow-up sets one sweep delivers at most.
+const FOLLOW_UP_SWEEP: usize = 100;
+
+/// Delivers the follow-up jobs kept longer than [`FOLLOW_UP_GRACE`] (runs with the reaper).
+async fn sweep_follow_ups(store: &Stores) {
+    match store.follow_ups(FOLLOW_UP_GRACE, FOLLOW_UP_SWEEP).await {
+        Ok(due) => {
+            for set in due {
+                deliver_follow_ups(store, set, "swept").await;
+            }
+        }
+        Err(e) => {
+            crate::repeats::warn_repeated!(error = %e, "follow-up sweep failed; will retry");
+            counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+        }
+    }
+}
+
+/// Enqueues `set` (each job has its fixed id, so a second delivery adds nothing) and then
+/// forgets it. A transient failure leaves it for the sweep; a permanent one (the store
+/// refuses the jobs for good) drops it loudly rather than retrying it forever.
+async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
+    let FollowUps { parent, jobs } = set;
+    let count = jobs.len() as u64;
+    match crate::client::enqueue_counted(store, jobs).await {
+        Ok(_) => counter!(m::FOLLOW_UPS, "outcome" => how).increment(count),
+        Err(e) if e.is_retryable() => {
+            crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
+            counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+            return;
+        }
+        Err(e) => {
+            tracing::error!(parent = %parent, jobs = count, error = %e, "follow-up jobs refused by enqueue for good; dropped");
+            counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(count);
+        }
+    }
+    if let Err(e) = store.forget_follow_ups(parent).await {
+        // Kept: the sweep enqueues them again (adding nothing) and forgets them then.
+        crate::repeats::warn_repeated!(parent = %parent, error = %e, "could not forget delivered follow-up jobs");
+        counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+    }
+}
 
 /// How long results are kept.
 pub const RESULT_RETENTION: Duration = Duration::from_secs(24 * 3600);

@@ -82,6 +82,7 @@ impl Error {
 impl Error {
     /// A copy of this error's message in its class (retryable stays retryable), for each
     /// part of a failed call that must report it.
+    #[cfg(feature = "redis")]
     pub(crate) fn same_class(&self) -> Error {
         if self.is_retryable() {
             Error::Unavailable(self.to_string())

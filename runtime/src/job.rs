@@ -413,12 +413,16 @@ impl From<Error> for JobError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settlement {
     /// Done; remove it. The handler's `result` (JSON), if any, is kept with the settlement,
-    /// atomically, for [`RESULT_RETENTION`](crate::coordinator::RESULT_RETENTION): a
+    /// atomically, for [`RESULT_RETENTION`](crate::RESULT_RETENTION): a
     /// completion that is accepted has its result, and one that is refused (the lease is no
     /// longer current) leaves none.
     Complete {
         /// The handler's result as JSON (`Registry::register_with_result`).
         result: Option<String>,
+        /// Jobs the handler asked for with [`JobContext::follow_up`](crate::JobContext::follow_up):
+        /// kept with the completion, in the same atomic step, and enqueued from there — so
+        /// they exist once the completion is accepted and never for one that is refused.
+        follow_ups: Vec<NewJob>,
     },
     /// Back to the queue, claimable after `delay`.
     Retry {
@@ -446,6 +450,32 @@ pub enum Settlement {
         /// The rejection, for the log.
         reason: String,
     },
+}
+
+impl Settlement {
+    /// A completion with no result and no follow-up jobs.
+    pub fn completed() -> Self {
+        Settlement::Complete {
+            result: None,
+            follow_ups: Vec::new(),
+        }
+    }
+}
+
+/// Most follow-up jobs one completion may carry (`JobContext::follow_up`).
+pub const MAX_FOLLOW_UPS: usize = 1000;
+
+/// Most bytes of JSON one completion's follow-up jobs may take together: they travel in the
+/// settlement and are kept with it until enqueued.
+pub const MAX_FOLLOW_UP_BYTES: usize = 16 * 1024 * 1024;
+
+/// One accepted completion's follow-up jobs, kept until they are enqueued.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowUps {
+    /// The job whose completion carried them.
+    pub parent: JobId,
+    /// The jobs, each with its id (`JobContext::follow_up` gives each one).
+    pub jobs: Vec<NewJob>,
 }
 
 /// Counts of one queue, for status output and progress bars.

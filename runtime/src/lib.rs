@@ -94,13 +94,15 @@ pub use client::Client;
 #[cfg(feature = "postgres")]
 pub use context::PostgresHandle;
 pub use context::{JobContext, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
-pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
+pub use coordinator::{
+    Coordinator, CountJobs, Enqueue, ListDead, FOLLOW_UP_GRACE, RESULT_RETENTION,
+};
 pub use error::{Error, Result};
 pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Cancelled, Claim, DeadJob, Enqueued, Job, JobError, NewJob, QueueCounts, RateLimit, Settlement,
-    UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION,
-    MAX_DELAY, MAX_NAME_BYTES, PRIORITY_RANGE,
+    Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, NewJob, QueueCounts, RateLimit,
+    Settlement, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
+    ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;

@@ -53,6 +53,10 @@ pub const OUTBOX_DELIVERED: &str = "palisade_outbox_delivered_total";
 pub const OUTBOX_RETRIED: &str = "palisade_outbox_retried_total";
 /// Outbox entries given up on after their last attempt (state `dead`). Labels: target.
 pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
+/// Follow-up jobs of accepted completions (`JobContext::follow_up`). Labels: outcome
+/// (`enqueued` by the worker's delivery, `swept` by the coordinator's sweep, `dropped`:
+/// refused for good by enqueue, logged with the reason).
+pub const FOLLOW_UPS: &str = "palisade_follow_ups_total";
 
 /// Client round trips to Redis on the hot paths. Labels: op (`claim`, `settle`, `renew`,
 /// `reap`, `enqueue`, `settle_and_claim` for the worker's pipelined pair, ...).
@@ -100,6 +104,7 @@ pub const ALL: &[&str] = &[
     OUTBOX_DELIVERED,
     OUTBOX_RETRIED,
     OUTBOX_DEAD,
+    FOLLOW_UPS,
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
     CLAIM_TO_START,
@@ -131,6 +136,10 @@ pub fn describe() {
     describe_counter!(
         OUTBOX_DEAD,
         "Outbox entries dead after their last attempt, by target"
+    );
+    describe_counter!(
+        FOLLOW_UPS,
+        "Follow-up jobs of accepted completions, by how they were enqueued"
     );
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
     describe_counter!(

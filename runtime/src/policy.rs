@@ -41,7 +41,7 @@ impl RetryPolicy {
     /// How a job that ended with `outcome` settles.
     pub fn settle(&self, job: &Job, outcome: &Result<(), JobError>, jitter: f64) -> Settlement {
         match outcome {
-            Ok(()) => Settlement::Complete { result: None },
+            Ok(()) => Settlement::completed(),
             Err(JobError::Fatal(reason)) => Settlement::Dead {
                 reason: reason.clone(),
             },
@@ -161,10 +161,7 @@ mod tests {
                 reason: "bad".into()
             }
         );
-        assert_eq!(
-            p.settle(&job(1, 3), &Ok(()), 0.0),
-            Settlement::Complete { result: None }
-        );
+        assert_eq!(p.settle(&job(1, 3), &Ok(()), 0.0), Settlement::completed());
     }
 
     #[test]

@@ -18,10 +18,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
-use crate::coordinator::{Coordinator, Exchange, Exchanged, NoteRejections, Settled};
+use crate::coordinator::{
+    Coordinator, DeliverFollowUps, Exchange, Exchanged, NoteRejections, Settled,
+};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
-use crate::job::{Claim, Job, JobError, Settlement};
+use crate::job::{Claim, FollowUps, Job, JobError, Settlement};
 use crate::linger::{Due, Linger};
 use crate::metrics as m;
 use crate::policy::RetryPolicy;
@@ -532,7 +534,19 @@ impl Worker {
                     p.settle_wait.record(p.finished.elapsed());
                     self.renewal().do_send(ForgetLease(p.lease));
                     match result {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            if let Settlement::Complete { follow_ups, .. } = &p.settlement {
+                                if !follow_ups.is_empty() {
+                                    // Kept with the completion already: enqueueing them now
+                                    // is the fast path; the coordinator's sweep finds any
+                                    // this message never delivers.
+                                    self.coordinator.do_send(DeliverFollowUps(FollowUps {
+                                        parent: p.job.id,
+                                        jobs: follow_ups.clone(),
+                                    }));
+                                }
+                            }
+                        }
                         Err(e @ Error::LeaseNotCurrent(_)) => {
                             tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
                             counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone())
@@ -651,8 +665,9 @@ impl Handler<JobFinished> for Worker {
             .settle(&job, &msg.outcome, rand::random::<f64>());
         // The result goes with the completion, in the same atomic step: an accepted completion
         // has it, a refused one (the lease is no longer current) leaves none.
-        if let Settlement::Complete { result } = &mut settlement {
+        if let Settlement::Complete { result, follow_ups } = &mut settlement {
             *result = running.run.take_result();
+            *follow_ups = running.run.take_follow_ups();
         }
         let outcome = match &settlement {
             Settlement::Complete { .. } => 0,

@@ -1,6 +1,7 @@
 //! Actors + in-memory stores, in virtual time (`tokio::time::pause`): lease expiry scenarios
 //! run in milliseconds and never depend on the machine's speed.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +78,12 @@ impl Harness {
             .unwrap()
     }
 
+    /// Asserts no accepted completion's follow-up jobs are still waiting to be enqueued.
+    async fn no_follow_ups_kept(&self) {
+        let kept = self.store.follow_ups(Duration::ZERO, 10).await.unwrap();
+        assert!(kept.is_empty(), "{kept:?}");
+    }
+
     /// Waits (in virtual time) until the default queue has nothing pending.
     async fn settle_all(&self) -> QueueCounts {
         for _ in 0..10_000 {
@@ -102,7 +109,7 @@ impl Harness {
             let claims = self.store.claim("warmup", "t", 1, TTL).await.unwrap();
             let lease = claims[0].lease.id;
             self.store
-                .settle(vec![(lease, Settlement::Complete { result: None })])
+                .settle(vec![(lease, Settlement::completed())])
                 .await
                 .unwrap();
         }
@@ -210,7 +217,7 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
     // A's completion is refused, atomically and without touching anything.
     let refused = h
         .store
-        .settle(vec![(a.lease, Settlement::Complete { result: None })])
+        .settle(vec![(a.lease, Settlement::completed())])
         .await
         .unwrap();
     assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(l))] if l == a.lease));
@@ -630,6 +637,136 @@ async fn a_drain_gives_back_what_a_claim_in_flight_brings() {
     );
     let again = store.claim("default", "next", 1, TTL).await.unwrap();
     assert_eq!((again[0].job.attempt, again[0].job.stalls), (1, 0));
+}
+
+/// Counts runs per job kind.
+fn counting(kinds: &[&'static str], runs: &Arc<Mutex<HashMap<String, usize>>>) -> Registry {
+    kinds.iter().fold(Registry::new(), |registry, &kind| {
+        let runs = runs.clone();
+        registry.register(kind, move |_: JobContext, _: ()| {
+            *runs.lock().unwrap().entry(kind.to_owned()).or_default() += 1;
+            async { Ok(()) }
+        })
+    })
+}
+
+/// Issue 25, scope 4: a handler's follow-up jobs exist once its completion is accepted —
+/// not after a failed attempt, and once only however often the job ran.
+#[actix::test]
+async fn follow_ups_run_once_after_their_parent_completes() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let attempts = Arc::new(AtomicU32::new(0));
+    let registry = counting(&["child"], &runs).register("fan", {
+        let attempts = attempts.clone();
+        move |ctx: JobContext, _: ()| {
+            let attempt = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                ctx.follow_up(NewJob::raw("child", "null"))?;
+                if attempt == 1 {
+                    return Err(JobError::retry("first attempt fails after asking"));
+                }
+                Ok(())
+            }
+        }
+    });
+    let _w = h.worker("w", registry);
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let counts = h.settle_all().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(counts.completed, 2, "the parent and one child: {counts:?}");
+    assert_eq!(runs.lock().unwrap().get("child"), Some(&1));
+    // Past the sweep's grace: nothing is delivered a second time.
+    tokio::time::sleep(FOLLOW_UP_GRACE * 2).await;
+    assert_eq!(h.counts().await.pending(), 0);
+    h.no_follow_ups_kept().await;
+}
+
+/// Issue 25: a paused holder's follow-up jobs never appear: its completion is refused, and
+/// with it what it carried. (A's child has an id of its own, so a wrongly kept one could not
+/// hide behind B's.)
+#[actix::test]
+async fn a_stale_holders_follow_ups_never_appear() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
+    let gate = Arc::new(Notify::new());
+    let registry_a = counting(&["child-a", "child-b"], &runs).register("fan", {
+        let gate = gate.clone();
+        move |ctx: JobContext, _: ()| {
+            let (gate, started_tx) = (gate.clone(), started_tx.clone());
+            async move {
+                started_tx.send(()).unwrap();
+                gate.notified().await; // paused past its lease
+                ctx.follow_up(NewJob::raw("child-a", "null").with_id(JobId::new()))?;
+                Ok(())
+            }
+        }
+    });
+    let registry_b = counting(&["child-a", "child-b"], &runs).register(
+        "fan",
+        |ctx: JobContext, _: ()| async move {
+            ctx.follow_up(NewJob::raw("child-b", "null"))?;
+            Ok(())
+        },
+    );
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let worker_a = h.worker("A", registry_a);
+    next(&mut started).await;
+    worker_a.send(Freeze(true)).await.unwrap();
+    let _worker_b = h.worker("B", registry_b);
+    while runs.lock().unwrap().get("child-b").is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    worker_a.send(Freeze(false)).await.unwrap();
+    gate.notify_one();
+    tokio::time::sleep(FOLLOW_UP_GRACE * 2).await;
+    let counts = h.counts().await;
+    assert_eq!(
+        (counts.completed, counts.pending(), counts.dead),
+        (2, 0, 0),
+        "{counts:?}"
+    );
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.get("child-b"), Some(&1));
+    assert_eq!(
+        runs.get("child-a"),
+        None,
+        "the stale holder's follow-up ran"
+    );
+}
+
+/// Issue 25: follow-up jobs kept with an accepted completion that no worker delivered (killed
+/// right after it) are enqueued by the coordinator's sweep after the grace, once.
+#[actix::test]
+async fn the_sweep_enqueues_follow_ups_no_worker_delivered() {
+    tokio::time::pause();
+    let h = harness();
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let c = h
+        .store
+        .claim("default", "gone", 1, TTL)
+        .await
+        .unwrap()
+        .remove(0);
+    let child = NewJob::raw("child", "null").with_id(JobId::new());
+    let done = Settlement::Complete {
+        result: None,
+        follow_ups: vec![child.clone()],
+    };
+    h.store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
+        .as_ref()
+        .unwrap();
+    assert_eq!(h.counts().await.ready, 0, "kept, not enqueued yet");
+    tokio::time::sleep(FOLLOW_UP_GRACE + Duration::from_secs(2)).await;
+    let counts = h.counts().await;
+    assert_eq!((counts.ready, counts.completed), (1, 1), "{counts:?}");
+    h.no_follow_ups_kept().await;
+    // Delivered again (a sweep racing a late worker): the same job, nothing added.
+    let again = h.store.enqueue_all(vec![child]).await.unwrap();
+    assert!(matches!(again[..], [Enqueued::Existing(_)]), "{again:?}");
 }
 
 /// Two schedulers on one coordinator (real time: schedules fire by the coordinator's wall

@@ -75,10 +75,7 @@ async fn a_capped_job_whose_record_is_gone_gives_its_slot_back() {
     let job = format!("{{cp}}:job:{}", first[0].job.id);
     server.write_over(&job, "written over");
     let r = store
-        .settle(vec![(
-            first[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(first[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(r[0].is_ok(), "{r:?}");
@@ -109,7 +106,7 @@ async fn a_lease_named_twice_is_current_only_for_its_first_settlement_even_if_co
     let r = store
         .settle(vec![
             (lease, Settlement::Dead { reason: "r".into() }),
-            (lease, Settlement::Complete { result: None }),
+            (lease, Settlement::completed()),
         ])
         .await
         .unwrap();
@@ -145,10 +142,7 @@ async fn a_gone_record_hands_on_past_a_waiting_job_whose_record_is_gone_too() {
     server.write_over(&job(&ids[0]), "written over");
     server.cli(&["DEL", &job(&ids[1])]);
     let r = store
-        .settle(vec![(
-            first[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(first[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(r[0].is_ok(), "{r:?}");
@@ -168,10 +162,7 @@ async fn a_gone_record_hands_on_past_a_waiting_job_whose_record_is_gone_too() {
         .await
         .unwrap();
     store
-        .settle(vec![(
-            next[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(next[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     let short = store
@@ -228,10 +219,7 @@ async fn old_format_lease_entries_still_list_settle_cancel_and_reap() {
     }
     let by_scope = |s: &str| claims.iter().find(|c| c.lease.scope.as_str() == s).unwrap();
     let r = store
-        .settle(vec![(
-            by_scope("a").lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(by_scope("a").lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(r[0].is_ok(), "{r:?}");

@@ -364,10 +364,7 @@ async fn a_tls_cluster_works_with_its_ca_and_refuses_another() {
         "{results:?}"
     );
     let settled = store
-        .settle(vec![(
-            claim.lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(claim.lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(settled[0].is_ok(), "{settled:?}");

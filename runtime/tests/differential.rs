@@ -542,6 +542,11 @@ impl Side {
             // the final comparison sees which completion's result each job kept.
             Outcome::Complete => Settlement::Complete {
                 result: no.map(|no| format!("\"claim {no}\"")),
+                // Every third claim's completion asks for a follow-up job, named after it.
+                follow_ups: no
+                    .filter(|no| no % 3 == 0)
+                    .map(|no| vec![NewJob::raw(format!("then{no}"), "null")])
+                    .unwrap_or_default(),
             },
             Outcome::Retry { later } => Settlement::Retry {
                 delay: if later { HOUR } else { Duration::ZERO },
@@ -850,6 +855,31 @@ impl Coordinators {
             }
         }
         by_no.sort();
+        // Follow-up jobs kept: whose completion (as a job number) and which.
+        let kept = |side: &Side, sets: &Vec<FollowUps>| {
+            let mut v: Vec<(usize, Vec<String>)> = sets
+                .iter()
+                .map(|f| {
+                    let kinds = f.jobs.iter().map(|j| j.kind.clone()).collect();
+                    (side.job_no(f.parent), kinds)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        same(
+            "follow-up jobs kept",
+            mem.store
+                .follow_ups(Duration::ZERO, 1000)
+                .await
+                .as_ref()
+                .map(|f| kept(mem, f)),
+            red.store
+                .follow_ups(Duration::ZERO, 1000)
+                .await
+                .as_ref()
+                .map(|f| kept(red, f)),
+        )?;
         for &(no, m, r) in &by_no {
             scopes.push((format!("job#{no}"), Scope::of_job(m), Scope::of_job(r)));
             same(

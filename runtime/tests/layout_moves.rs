@@ -56,7 +56,7 @@ async fn run_one(store: &dyn LeaseStore, queue: &str) {
         .unwrap();
     let c = store.claim(queue, "w", 1, TTL).await.unwrap().remove(0);
     store
-        .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+        .settle(vec![(c.lease.id, Settlement::completed())])
         .await
         .unwrap()
         .remove(0)
@@ -296,14 +296,14 @@ async fn a_settlement_refused_by_a_move_that_is_undone_does_not_run_the_job_agai
     stamp("retired:1");
     // ... the worker finishes the job and settles, as a worker does ...
     let settled = old
-        .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+        .settle(vec![(c.lease.id, Settlement::completed())])
         .await;
     // ... migrate refuses (a job is running) and move_locked stamps the old generation back.
     stamp("0");
     match &settled {
         // What the worker does (worker.rs): a retryable error is retried, anything else given up.
         Err(e) if e.is_retryable() => {
-            old.settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+            old.settle(vec![(c.lease.id, Settlement::completed())])
                 .await
                 .unwrap()
                 .remove(0)
@@ -456,7 +456,7 @@ async fn a_layout_key_of_another_type_refuses_everything_and_changes_nothing() {
     ));
     assert!(layout_refusal(
         &store
-            .settle(vec![(lease, Settlement::Complete { result: None })])
+            .settle(vec![(lease, Settlement::completed())])
             .await
             .unwrap_err()
     ));
@@ -468,7 +468,7 @@ async fn a_layout_key_of_another_type_refuses_everything_and_changes_nothing() {
     server.cli(&["DEL", "{wt}:layout"]);
     let c = store.claim("default", "w", 1, TTL).await.unwrap().remove(0);
     store
-        .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+        .settle(vec![(c.lease.id, Settlement::completed())])
         .await
         .unwrap();
     server.cli(&["HSET", "{wt}:layout", "gen", "0"]);

@@ -155,6 +155,7 @@ async fn a_result_is_found_while_another_partition_is_down() {
         .remove(0);
     let done = Settlement::Complete {
         result: Some("7".into()),
+        follow_ups: Vec::new(),
     };
     store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
         .as_ref()

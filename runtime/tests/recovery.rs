@@ -136,10 +136,7 @@ impl World {
                         self.accepted.insert(scope, token);
                         let settled = self
                             .store
-                            .settle(vec![(
-                                claim.lease.id,
-                                Settlement::Complete { result: None },
-                            )])
+                            .settle(vec![(claim.lease.id, Settlement::completed())])
                             .await
                             .unwrap();
                         assert!(settled[0].is_ok());

@@ -182,7 +182,7 @@ async fn stale_holder_is_refused(s: Setup) {
     }
     let refused = s
         .store
-        .settle(vec![(a_lease.id, Settlement::Complete { result: None })])
+        .settle(vec![(a_lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(matches!(refused[..], [Err(Error::LeaseNotCurrent(_))]));

@@ -212,13 +212,21 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         let out = server
             .cli(&[
                 "EVAL", script, "1", "{odd}:", "1", "5", &lease, action, arg, "why",
+                "",  // no follow-up jobs
                 "0", // the layout generation
             ])
             .unwrap();
         assert_eq!(out.lines().next(), Some("invalid"), "{action} {arg}");
     }
+    // A list too short for its count: the reason and follow-ups would be read past the end.
+    let out = server
+        .cli(&[
+            "EVAL", script, "1", "{odd}:", "1", "5", &lease, "complete", "0", "0",
+        ])
+        .unwrap();
+    assert_eq!(out.lines().next(), Some("invalid"), "a short list");
     let done = store
-        .settle(vec![(c.lease.id, Settlement::Complete { result: None })])
+        .settle(vec![(c.lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(
@@ -309,18 +317,12 @@ async fn corrupt_watermark_records_fail_safe() {
         .cli(&["HSET", "{wmc}:watermark", "epoch", "garbage"])
         .unwrap();
     let done = store
-        .settle(vec![(
-            claims[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(claims[0].lease.id, Settlement::completed())])
         .await;
     assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
     server.cli(&["SET", "{wmc}:counter", "7x"]).unwrap();
     let done = store
-        .settle(vec![(
-            claims[1].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(claims[1].lease.id, Settlement::completed())])
         .await;
     assert!(matches!(done.as_deref(), Ok([Ok(())])), "{done:?}");
     // A corrupt counter is "not provably intact": the next claim moves to a new epoch.
@@ -433,10 +435,7 @@ async fn complete_one(store: &dyn palisade::LeaseStore) {
     let ttl = std::time::Duration::from_secs(30);
     let c = store.claim("default", "w", 1, ttl).await.unwrap().remove(0);
     store
-        .settle(vec![(
-            c.lease.id,
-            palisade::Settlement::Complete { result: None },
-        )])
+        .settle(vec![(c.lease.id, palisade::Settlement::completed())])
         .await
         .unwrap()
         .remove(0)
@@ -519,7 +518,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
         ("renew", old.renew(&[lease], ttl).await.unwrap_err()),
         (
             "settle",
-            old.settle(vec![(lease, Settlement::Complete { result: None })])
+            old.settle(vec![(lease, Settlement::completed())])
                 .await
                 .unwrap_err(),
         ),
@@ -636,10 +635,7 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
 
     let (first, second) = (&claims[0], &claims[1]);
     let done = store
-        .settle(vec![(
-            first.lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(first.lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -664,10 +660,7 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
         .await
         .unwrap();
     let done = store
-        .settle(vec![(
-            third[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(third[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -775,10 +768,7 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
         .unwrap();
     let before = snapshot(&server);
     let only_scoped = store
-        .settle(vec![(
-            scoped.lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(scoped.lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(corrupt_settlement(&only_scoped[0]), "{only_scoped:?}");
@@ -795,8 +785,8 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     );
     let r = store
         .settle(vec![
-            (scoped.lease.id, Settlement::Complete { result: None }),
-            (plain.lease.id, Settlement::Complete { result: None }),
+            (scoped.lease.id, Settlement::completed()),
+            (plain.lease.id, Settlement::completed()),
         ])
         .await
         .unwrap();
@@ -848,7 +838,7 @@ async fn keys_written_over_fail_calls_whole_before_any_write() {
     ]);
     let results = store
         .settle(vec![
-            (gone.lease.id, Settlement::Complete { result: None }),
+            (gone.lease.id, Settlement::completed()),
             (odd.lease.id, Settlement::Release),
         ])
         .await
@@ -897,9 +887,9 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     server.write_over("{ox}:q:bad:stats", "x");
     let results = store
         .settle(vec![
-            (good[0].lease.id, Settlement::Complete { result: None }),
-            (bad[0].lease.id, Settlement::Complete { result: None }),
-            (good[1].lease.id, Settlement::Complete { result: None }),
+            (good[0].lease.id, Settlement::completed()),
+            (bad[0].lease.id, Settlement::completed()),
+            (good[1].lease.id, Settlement::completed()),
         ])
         .await
         .unwrap();
@@ -916,10 +906,7 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     // Repaired, it settles: nothing was lost.
     server.cli(&["DEL", "{ox}:q:bad:stats"]);
     let again = store
-        .settle(vec![(
-            bad[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(bad[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(again[0].is_ok(), "{again:?}");
@@ -940,10 +927,7 @@ async fn one_bad_record_fails_only_its_own_settlement_and_never_wedges_a_scope()
     let job = format!("{{ox}}:job:{}", first[0].job.id);
     server.write_over(&job, "written over");
     let r = store
-        .settle(vec![(
-            first[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(first[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(r[0].is_ok(), "{r:?}");
@@ -1056,7 +1040,7 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
     let results = store
         .settle(vec![
             (claims[0].lease.id, Settlement::Release),
-            (claims[1].lease.id, Settlement::Complete { result: None }),
+            (claims[1].lease.id, Settlement::completed()),
             (
                 claims[2].lease.id,
                 Settlement::Dead {
@@ -1104,10 +1088,7 @@ async fn numbers_lua_reads_but_redis_refuses_never_fail_halfway() {
     server.cli(&["SET", "{nx}:q:other:kinds", "x"]);
     let before = snapshot(&server);
     let r = store
-        .settle(vec![(
-            head[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(head[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(corrupt_settlement(&r[0]), "{r:?}");
@@ -1178,10 +1159,7 @@ async fn odd_integers_skipped_leases_and_odd_watermarks() {
         .await
         .unwrap();
     let done = store
-        .settle(vec![(
-            again[0].lease.id,
-            Settlement::Complete { result: None },
-        )])
+        .settle(vec![(again[0].lease.id, Settlement::completed())])
         .await
         .unwrap();
     assert!(done[0].is_ok());
@@ -1228,7 +1206,7 @@ async fn a_pipelined_pair_redoes_a_part_the_server_did_not_run() {
         .settle_and_claim(
             claimed
                 .iter()
-                .map(|c| (c.lease.id, Settlement::Complete { result: None }))
+                .map(|c| (c.lease.id, Settlement::completed()))
                 .collect(),
             &request,
         )
@@ -1239,4 +1217,35 @@ async fn a_pipelined_pair_redoes_a_part_the_server_did_not_run() {
     assert_eq!(again[0].job.kind, "c");
     let counts = store.counts("default").await.unwrap();
     assert_eq!((counts.completed, counts.leased), (2, 1));
+}
+
+/// Issue 25: a follow-up record another program wrote over is listed as an empty set (and
+/// logged), so the coordinator's sweep forgets it instead of failing on it every pass; a
+/// listed id that is not a job id fails the listing as garbage.
+#[tokio::test]
+async fn a_follow_up_record_written_over_does_not_stop_the_sweep() {
+    use palisade::{JobId, LeaseStore};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "fu");
+    let parent = JobId::new();
+    server.cli(&["SET", &format!("{{fu}}:then:{parent}"), "not json"]);
+    server.cli(&["ZADD", "{fu}:thens", "0", &parent.to_string()]);
+    let listed = store.follow_ups(Duration::ZERO, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].parent, parent);
+    assert!(listed[0].jobs.is_empty());
+    store.forget_follow_ups(parent).await.unwrap();
+    assert!(store
+        .follow_ups(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{{fu}}:then:{parent}")])
+            .as_deref(),
+        Some("0")
+    );
 }

@@ -319,9 +319,7 @@ impl World {
         let held = &self.workers[w].held[i];
         let plan = self.logical[held.logical as usize].writes.clone();
         if held.next >= plan.len() {
-            return self
-                .settle(w, i, Settlement::Complete { result: None })
-                .await;
+            return self.settle(w, i, Settlement::completed()).await;
         }
         let write = FencedWrite {
             scope: held.claim.lease.scope.clone(),

@@ -63,19 +63,13 @@ pub async fn the_old_holder_is_refused(
     );
     assert!(matches!(
         store
-            .settle(vec![(
-                first.lease.id,
-                Settlement::Complete { result: None }
-            )])
+            .settle(vec![(first.lease.id, Settlement::completed())])
             .await
             .unwrap()[..],
         [Err(Error::LeaseNotCurrent(_))]
     ));
     assert!(store
-        .settle(vec![(
-            second.lease.id,
-            Settlement::Complete { result: None }
-        )])
+        .settle(vec![(second.lease.id, Settlement::completed())])
         .await
         .unwrap()[0]
         .is_ok());

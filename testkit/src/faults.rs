@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade::{
-    Claim, Enqueued, Error, FencingToken, LeaseId, LeaseStore, NewJob, Reaped, Result, Scope,
-    Settlement, Stores,
+    Claim, Enqueued, Error, FencingToken, FollowUps, JobId, LeaseId, LeaseStore, NewJob, Reaped,
+    Result, Scope, Settlement, Stores,
 };
 
 /// A hot-path operation that can be made to fail.
@@ -108,6 +108,12 @@ impl LeaseStore for Faults {
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
         self.check(Op::Reap)?;
         self.inner.reap(max).await
+    }
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
+        self.inner.follow_ups(older_than, max).await
+    }
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
+        self.inner.forget_follow_ups(parent).await
     }
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
         self.inner.highest_token(scope).await

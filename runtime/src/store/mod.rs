@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{Admission, Fence};
 use crate::error::Result;
 use crate::ids::{FencingToken, IdempotencyKey, JobId, LeaseId, Scope};
-use crate::job::{Claim, Enqueued, NewJob, Settlement};
+use crate::job::{Claim, Enqueued, FollowUps, NewJob, Settlement};
 pub use crate::mutation::{Mutation, Value};
 use crate::schedule::{Schedule, ScheduleSpec};
 
@@ -125,6 +125,14 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Moves up to `max` expired leases' jobs back to ready (a stall) or to dead.
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>>;
+
+    /// Follow-up jobs of accepted completions ([`Settlement::Complete`]'s `follow_ups`) kept
+    /// for at least `older_than` and not forgotten yet, oldest first, at most `max` sets:
+    /// what a worker killed right after its completion was accepted never delivered.
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>>;
+
+    /// Forgets job `parent`'s follow-up jobs (they were enqueued).
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()>;
 
     /// The newest token granted for `scope`, if any.
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>>;
@@ -367,6 +375,12 @@ impl LeaseStore for Stores {
     }
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
         self.leases.reap(max).await
+    }
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
+        self.leases.follow_ups(older_than, max).await
+    }
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
+        self.leases.forget_follow_ups(parent).await
     }
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
         self.leases.highest_token(scope).await

@@ -39,7 +39,7 @@ use futures_util::future::{join_all, try_join_all};
 
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
-use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::job::{Claim, Enqueued, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::store::{
     ClaimRequest, ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, RecordStore,
     RejectionNote, Stores,
@@ -659,6 +659,21 @@ impl LeaseStore for PartitionedLeaseStore {
             .collect::<Option<Vec<_>>>()?
             .into_iter()
             .min()
+    }
+
+    /// Each partition keeps the follow-ups of the completions it accepted.
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
+        let kept = self.on_all(|part| async move { part.follow_ups(older_than, max).await });
+        let mut all = kept.await?.concat();
+        all.truncate(max);
+        Ok(all)
+    }
+
+    /// Asked of every partition: a parent's partition is not known from its id.
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
+        self.on_all(|part| async move { part.forget_follow_ups(parent).await })
+            .await
+            .map(drop)
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {

@@ -29,6 +29,7 @@ macro_rules! lease_cases {
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
             settle_and_claim_settles_first,
             a_result_is_kept_with_its_completion,
+            follow_ups_are_kept_with_an_accepted_completion,
         );
     };
 }
@@ -80,7 +81,7 @@ pub async fn one_live_lease_per_scope(store: Stores) {
     assert_eq!(scopes, ["s", "t"], "a busy scope was granted twice");
     assert!(claim(&store, 10).await.is_empty());
     let a = first.iter().find(|c| c.job.kind == "a").unwrap();
-    settle(&store, a.lease.id, Settlement::Complete { result: None })
+    settle(&store, a.lease.id, Settlement::completed())
         .await
         .unwrap();
     let second = claim(&store, 10).await;
@@ -103,7 +104,7 @@ pub async fn tokens_grow_per_scope(store: Stores) {
             store.highest_token(&Scope::new("grow")).await.unwrap(),
             last
         );
-        settle(&store, c.lease.id, Settlement::Complete { result: None })
+        settle(&store, c.lease.id, Settlement::completed())
             .await
             .unwrap();
     }
@@ -138,7 +139,7 @@ pub async fn renew_extends_and_reports_lost(store: Stores) {
         let lost = store.renew(&[c.lease.id, stranger], TTL).await.unwrap();
         assert_eq!(lost, [stranger]);
     }
-    settle(&store, c.lease.id, Settlement::Complete { result: None })
+    settle(&store, c.lease.id, Settlement::completed())
         .await
         .unwrap();
     assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
@@ -149,7 +150,7 @@ pub async fn renew_extends_and_reports_lost(store: Stores) {
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(store.renew(&[short], TTL).await.unwrap(), [short]);
     // Nor may it settle: the coordinator's clock ended it, whether or not a reaper ran.
-    let late = settle(&store, short, Settlement::Complete { result: None }).await;
+    let late = settle(&store, short, Settlement::completed()).await;
     assert!(
         matches!(late, Err(Error::LeaseNotCurrent(l)) if l == short),
         "an expired lease settled: {late:?}"
@@ -185,7 +186,7 @@ pub async fn stale_lease_is_powerless(store: Stores) {
         [old.lease.id]
     );
     for s in [
-        Settlement::Complete { result: None },
+        Settlement::completed(),
         Settlement::Retry {
             delay: Duration::ZERO,
             reason: "x".into(),
@@ -198,24 +199,20 @@ pub async fn stale_lease_is_powerless(store: Stores) {
             "{r:?}"
         );
     }
-    assert!(settle(
-        &store,
-        LeaseId::new(),
-        Settlement::Complete { result: None }
-    )
-    .await
-    .is_err());
+    assert!(settle(&store, LeaseId::new(), Settlement::completed())
+        .await
+        .is_err());
     assert_eq!(
         store.renew(&[new.lease.id], TTL).await.unwrap(),
         Vec::<LeaseId>::new()
     );
     let counts = store.counts("default").await.unwrap();
     assert_eq!((counts.leased, counts.completed, counts.dead), (1, 0, 0));
-    settle(&store, new.lease.id, Settlement::Complete { result: None })
+    settle(&store, new.lease.id, Settlement::completed())
         .await
         .unwrap();
     assert!(
-        settle(&store, new.lease.id, Settlement::Complete { result: None })
+        settle(&store, new.lease.id, Settlement::completed())
             .await
             .is_err(),
         "completed twice"
@@ -301,9 +298,7 @@ pub async fn fenced_settlement_reseeds_above_the_sink(store: Stores) {
         again.lease.token
     );
     // A stale lease's fenced settlement is refused and moves nothing.
-    settle(&store, g.id, Settlement::Complete { result: None })
-        .await
-        .unwrap();
+    settle(&store, g.id, Settlement::completed()).await.unwrap();
     let far = FencingToken::new(again.lease.token.epoch() + 50, 1);
     let r = settle(
         &store,
@@ -315,13 +310,9 @@ pub async fn fenced_settlement_reseeds_above_the_sink(store: Stores) {
     )
     .await;
     assert!(matches!(r, Err(Error::LeaseNotCurrent(_))));
-    settle(
-        &store,
-        again.lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, again.lease.id, Settlement::completed())
+        .await
+        .unwrap();
     store.enqueue(vec![job("h").with_scope("f")]).await.unwrap();
     assert!(claim(&store, 1).await[0].lease.token < far);
 }
@@ -424,13 +415,9 @@ pub async fn a_held_scope_blocks_only_itself(store: Stores) {
     let kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
     assert_eq!(kinds, ["cold", "late"]);
     // The holder finishes: the next job of its scope (and only one) becomes claimable.
-    settle(
-        &store,
-        holder.lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, holder.lease.id, Settlement::completed())
+        .await
+        .unwrap();
     let next = claim(&store, 10).await;
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].job.kind, "hot");
@@ -476,7 +463,7 @@ pub async fn release_gives_the_job_back_uncharged(store: Stores) {
     );
     assert!(again[0].lease.token > c.lease.token);
     assert!(matches!(
-        settle(&store, c.lease.id, Settlement::Complete { result: None }).await,
+        settle(&store, c.lease.id, Settlement::completed()).await,
         Err(Error::LeaseNotCurrent(_))
     ));
     assert_eq!(
@@ -547,7 +534,7 @@ pub async fn one_settlement_per_lease_per_batch(store: Stores) {
     let c = claim(&store, 1).await.remove(0);
     let results = store
         .settle(vec![
-            (c.lease.id, Settlement::Complete { result: None }),
+            (c.lease.id, Settlement::completed()),
             (c.lease.id, Settlement::Release),
         ])
         .await
@@ -623,25 +610,17 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
     let claims = claim(&store, 3).await;
     let t: Vec<FencingToken> = claims.iter().map(|c| c.lease.token).collect();
     assert!(t[0] < t[1] && t[1] < t[2]);
-    settle(
-        &store,
-        claims[1].lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, claims[1].lease.id, Settlement::completed())
+        .await
+        .unwrap();
     assert_eq!(
         store.watermark(),
         Some(t[0]),
         "the oldest live lease holds it back"
     );
-    settle(
-        &store,
-        claims[0].lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, claims[0].lease.id, Settlement::completed())
+        .await
+        .unwrap();
     assert_eq!(store.watermark(), Some(t[2]));
     settle(&store, claims[2].lease.id, Settlement::Release)
         .await
@@ -649,26 +628,18 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
     let idle = store.watermark().unwrap();
     assert!(idle > t[2], "no live lease: the next token");
     // A refused settlement publishes too, and the watermark never goes back.
-    assert!(settle(
-        &store,
-        claims[0].lease.id,
-        Settlement::Complete { result: None }
-    )
-    .await
-    .is_err());
+    assert!(settle(&store, claims[0].lease.id, Settlement::completed())
+        .await
+        .is_err());
     assert_eq!(store.watermark(), Some(idle));
     let again = claim(&store, 1).await.remove(0);
     assert!(
         again.lease.token >= idle,
         "every new lease is at or above it"
     );
-    settle(
-        &store,
-        again.lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, again.lease.id, Settlement::completed())
+        .await
+        .unwrap();
     assert!(store.watermark().unwrap() > again.lease.token);
 }
 
@@ -722,13 +693,9 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
     assert_eq!(lease.job.id, a);
     let running = store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap();
     assert_eq!(running, vec![a]);
-    settle(
-        &store,
-        lease.lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, lease.lease.id, Settlement::completed())
+        .await
+        .unwrap();
     assert_eq!(
         store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap(),
         vec![a]
@@ -745,7 +712,7 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
 
     // A zero ttl holds only while the job is pending; death gives the key up too.
     for (queue, end) in [
-        ("q4", Settlement::Complete { result: None }),
+        ("q4", Settlement::completed()),
         (
             "q5",
             Settlement::Dead {
@@ -831,7 +798,7 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
     let claims = store.claim("ids", "suite", 10, TTL).await.unwrap();
     assert_eq!(claims.len(), 3);
     for c in &claims {
-        settle(&store, c.lease.id, Settlement::Complete { result: None })
+        settle(&store, c.lease.id, Settlement::completed())
             .await
             .unwrap();
     }
@@ -921,8 +888,8 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     let (settled, claimed) = store
         .settle_and_claim(
             vec![
-                (a.lease.id, Settlement::Complete { result: None }),
-                (never_granted, Settlement::Complete { result: None }),
+                (a.lease.id, Settlement::completed()),
+                (never_granted, Settlement::completed()),
             ],
             &request("suite", 10),
         )
@@ -943,7 +910,7 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     // that went with it; a claim of none claims nothing.
     let (settled, refused) = store
         .settle_and_claim(
-            vec![(claimed[0].lease.id, Settlement::Complete { result: None })],
+            vec![(claimed[0].lease.id, Settlement::completed())],
             &request("bad\tname", 10),
         )
         .await;
@@ -951,7 +918,7 @@ pub async fn settle_and_claim_settles_first(store: Stores) {
     assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
     let (settled, none) = store
         .settle_and_claim(
-            vec![(claimed[1].lease.id, Settlement::Complete { result: None })],
+            vec![(claimed[1].lease.id, Settlement::completed())],
             &request("suite", 0),
         )
         .await;
@@ -978,6 +945,7 @@ pub async fn a_result_is_kept_with_its_completion(store: Stores) {
     let of = |kind: &str| claims.iter().find(|c| c.job.kind == kind).unwrap();
     let done = |json: Option<&str>| Settlement::Complete {
         result: json.map(str::to_owned),
+        follow_ups: Vec::new(),
     };
     let results = store
         .settle(vec![
@@ -1017,4 +985,55 @@ pub async fn a_result_is_kept_with_its_completion(store: Stores) {
         store.result(ids[2]).await.unwrap().as_deref(),
         Some("\"fresh\"")
     );
+}
+
+/// Issue 25, scope 4: a completion's follow-up jobs are kept by the settlement that accepts
+/// it — none for a refused one — until the coordinator has enqueued and forgotten them. The
+/// store does not enqueue them itself.
+pub async fn follow_ups_are_kept_with_an_accepted_completion(store: Stores) {
+    store
+        .enqueue(vec![job("parent").with_scope("fu"), job("other")])
+        .await
+        .unwrap();
+    let claims = claim(&store, 10).await;
+    let of = |kind: &str| claims.iter().find(|c| c.job.kind == kind).unwrap();
+    let child = |kind: &str| job(kind).with_id(JobId::new());
+    let with = |jobs: Vec<NewJob>| Settlement::Complete {
+        result: None,
+        follow_ups: jobs,
+    };
+    let parent = of("parent");
+    let results = store
+        .settle(vec![
+            (parent.lease.id, with(vec![child("a"), child("b")])),
+            (parent.lease.id, with(vec![child("twice")])),
+            (LeaseId::new(), with(vec![child("never")])),
+            (of("other").lease.id, Settlement::completed()),
+        ])
+        .await
+        .unwrap();
+    assert!(results[0].is_ok() && results[3].is_ok(), "{results:?}");
+    assert!(matches!(results[1], Err(Error::LeaseNotCurrent(_))));
+    assert!(matches!(results[2], Err(Error::LeaseNotCurrent(_))));
+    let kept = store.follow_ups(Duration::ZERO, 10).await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].parent, parent.job.id);
+    let kinds: Vec<&str> = kept[0].jobs.iter().map(|j| j.kind.as_str()).collect();
+    assert_eq!(kinds, ["a", "b"]);
+    assert!(
+        store
+            .follow_ups(Duration::from_secs(3600), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "listed before its grace"
+    );
+    assert_eq!(store.counts("default").await.unwrap().ready, 0);
+    store.forget_follow_ups(parent.job.id).await.unwrap();
+    store.forget_follow_ups(JobId::new()).await.unwrap();
+    assert!(store
+        .follow_ups(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -48,10 +48,8 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
         other.renew(&ids, TTL).await.unwrap().is_empty(),
         "a lease was lost"
     );
-    let done: Vec<(LeaseId, Settlement)> = ids
-        .iter()
-        .map(|&l| (l, Settlement::Complete { result: None }))
-        .collect();
+    let done: Vec<(LeaseId, Settlement)> =
+        ids.iter().map(|&l| (l, Settlement::completed())).collect();
     assert!(other
         .settle(done.clone())
         .await
@@ -75,7 +73,7 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
                 c.lease.scope,
                 c.lease.token
             );
-            settle(&store, c.lease.id, Settlement::Complete { result: None })
+            settle(&store, c.lease.id, Settlement::completed())
                 .await
                 .unwrap();
         }
@@ -97,7 +95,7 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
         "a claim did not steal from the partition that had the work"
     );
     for c in stolen {
-        settle(&store, c.lease.id, Settlement::Complete { result: None })
+        settle(&store, c.lease.id, Settlement::completed())
             .await
             .unwrap();
     }
@@ -123,7 +121,7 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
         .iter()
         .partition(|c| c.job.id.as_uuid().as_u128() % 2 == 0);
     for c in &done {
-        settle(&store, c.lease.id, Settlement::Complete { result: None })
+        settle(&store, c.lease.id, Settlement::completed())
             .await
             .unwrap();
     }
@@ -136,7 +134,7 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
             "watermark {w:?} passed live lease {:?}",
             c.lease.token
         );
-        settle(&store, c.lease.id, Settlement::Complete { result: None })
+        settle(&store, c.lease.id, Settlement::completed())
             .await
             .unwrap();
     }
@@ -177,12 +175,7 @@ pub async fn partitions_keep_scopes_and_share_work(store: Stores, parts: Vec<Sto
     assert_eq!(running.len(), 1);
     assert_eq!(store.cancel(id, "stop").await.unwrap(), Cancelled::Revoked);
     assert!(matches!(
-        settle(
-            &store,
-            running[0].lease.id,
-            Settlement::Complete { result: None }
-        )
-        .await,
+        settle(&store, running[0].lease.id, Settlement::completed()).await,
         Err(Error::LeaseNotCurrent(_))
     ));
 }
@@ -234,7 +227,7 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
         .await
         .unwrap()
         .remove(0);
-    settle(&new, stale.lease.id, Settlement::Complete { result: None })
+    settle(&new, stale.lease.id, Settlement::completed())
         .await
         .unwrap();
     new.set_rate_limit("unlimited since", Some(limit))
@@ -245,7 +238,7 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
         .unwrap();
     // Refused while the old layout still has work.
     assert!(matches!(migrate(&old, &new).await, Err(Error::Config(_))));
-    settle(&old, before.lease.id, Settlement::Complete { result: None })
+    settle(&old, before.lease.id, Settlement::completed())
         .await
         .unwrap();
     // And while it holds dead letters (they would be left behind, unseen).
@@ -327,7 +320,7 @@ pub async fn the_pair_visits_every_partition(store: Stores, partitions: usize) {
         claimed += claims.len();
         held = claims
             .iter()
-            .map(|c| (c.lease.id, Settlement::Complete { result: None }))
+            .map(|c| (c.lease.id, Settlement::completed()))
             .collect();
     }
     assert_eq!(claimed, rounds);

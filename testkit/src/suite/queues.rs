@@ -91,13 +91,9 @@ pub async fn a_paused_queue_hands_out_nothing_and_loses_nothing(store: Stores) {
         store.renew(&[running.lease.id], TTL).await.unwrap(),
         Vec::<LeaseId>::new()
     );
-    settle(
-        &store,
-        running.lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, running.lease.id, Settlement::completed())
+        .await
+        .unwrap();
     let other = store.claim("other", "suite", 5, TTL).await.unwrap();
     assert_eq!(other.len(), 1, "another queue is not paused");
     let counts = store.counts("default").await.unwrap();
@@ -235,7 +231,7 @@ pub async fn cancel_removes_a_queued_job_and_revokes_a_running_one(store: Stores
         "lost"
     );
     assert!(matches!(
-        settle(&store, lease, Settlement::Complete { result: None }).await,
+        settle(&store, lease, Settlement::completed()).await,
         Err(Error::LeaseNotCurrent(_))
     ));
     let c = counts().await;
@@ -274,13 +270,9 @@ pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Stores) {
     assert_eq!((of(&first, "capped"), of(&first, "free")), (2, 2));
     assert!(claim_k(10).await.is_empty(), "at the cap");
     let capped: Vec<&Claim> = first.iter().filter(|c| c.job.kind == "capped").collect();
-    settle(
-        &store,
-        capped[0].lease.id,
-        Settlement::Complete { result: None },
-    )
-    .await
-    .unwrap();
+    settle(&store, capped[0].lease.id, Settlement::completed())
+        .await
+        .unwrap();
     assert_eq!(
         of(&claim_k(10).await, "capped"),
         1,

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, Job, NewJob, RateLimit, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_DELAY,
+    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::policy::{on_stall, StallOutcome};
 use crate::schedule::ScheduleSpec;
@@ -103,6 +103,8 @@ struct LeaseState {
     schedule_marks: HashMap<String, i64>,
     /// Results and progress records by job, with when each goes; and their expiries in order.
     notes: HashMap<(JobId, bool), (String, Instant)>,
+    /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
+    follow_ups: HashMap<JobId, (Instant, Vec<NewJob>)>,
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
 }
 
@@ -723,10 +725,13 @@ impl LeaseStore for MemoryLeaseStore {
                 continue;
             };
             match settlement {
-                Settlement::Complete { result } => {
+                Settlement::Complete { result, follow_ups } => {
                     state.complete(id);
                     if let Some(json) = result {
                         state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
+                    }
+                    if !follow_ups.is_empty() {
+                        state.follow_ups.insert(id, (now, follow_ups));
                     }
                 }
                 Settlement::Retry { delay, .. } => state.park(id, now + delay.min(MAX_DELAY), now),
@@ -759,6 +764,31 @@ impl LeaseStore for MemoryLeaseStore {
 
     fn watermark(&self) -> Option<FencingToken> {
         lock(&self.state).watermark
+    }
+
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
+        let state = lock(&self.state);
+        let now = Instant::now();
+        let mut due: Vec<(&Instant, &JobId, &Vec<NewJob>)> = state
+            .follow_ups
+            .iter()
+            .filter(|(_, (at, _))| now.saturating_duration_since(*at) >= older_than)
+            .map(|(parent, (at, jobs))| (at, parent, jobs))
+            .collect();
+        due.sort_by_key(|(at, parent, _)| (**at, **parent));
+        Ok(due
+            .into_iter()
+            .take(max)
+            .map(|(_, &parent, jobs)| FollowUps {
+                parent,
+                jobs: jobs.clone(),
+            })
+            .collect())
+    }
+
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
+        lock(&self.state).follow_ups.remove(&parent);
+        Ok(())
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
@@ -851,7 +881,7 @@ mod tests {
             .unwrap();
         let done = claims
             .iter()
-            .map(|c| (c.lease.id, Settlement::Complete { result: None }))
+            .map(|c| (c.lease.id, Settlement::completed()))
             .collect();
         store.settle(done).await.unwrap();
         let state = lock(&store.state);

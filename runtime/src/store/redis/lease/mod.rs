@@ -19,7 +19,9 @@ use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
 use super::scripts::{coordinator_script, decode_claim, decode_watermark, token, Meta};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
-use crate::job::{Claim, Enqueued, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY};
+use crate::job::{
+    Claim, Enqueued, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+};
 use crate::store::epoch::EpochSource;
 use crate::store::{
     promotions_per_claim, settle_then_claim, ClaimRequest, LeaseStore, Reaped,
@@ -31,6 +33,23 @@ static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
 static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
 static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
 static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
+/// Lists accepted completions' follow-up jobs kept at least ARGV[1] ms (by the Redis clock),
+/// oldest first, at most ARGV[2]: KEYS[1] the base; returns parent id, jobs JSON ("" for a
+/// record gone meanwhile), ... Read-only.
+static FOLLOW_UPS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local ids = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'thens', '-inf', now - tonumber(ARGV[1]), \
+           'LIMIT', 0, tonumber(ARGV[2])) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           out[#out + 1] = id \
+           out[#out + 1] = redis.call('GET', KEYS[1] .. 'then:' .. id) or '' \
+         end \
+         return out",
+    )
+});
 static ESTABLISH_EPOCH: LazyLock<Script> = coordinator_script!("establish_epoch.lua");
 /// Raises the epoch floor to ARGV[1] and, if the epoch in force is lower, moves to it with a
 /// fresh counter (as a fenced settlement's reseed does): KEYS[1] the epoch hash, KEYS[2] the
@@ -199,10 +218,17 @@ impl RedisLeaseStore {
         let mut invocation = SETTLE.key(&self.base);
         invocation.arg(settlements.len()).arg(self.dead_retention);
         for (lease, settlement) in settlements {
+            // A completion's follow-up jobs, kept with it until enqueued ("": none).
+            let then = match settlement {
+                Settlement::Complete { follow_ups, .. } if !follow_ups.is_empty() => {
+                    serde_json::to_string(follow_ups).unwrap_or_default()
+                }
+                _ => String::new(),
+            };
             let (action, arg, reason) = match settlement {
                 // The result is kept with the completion, for RESULT_RETENTION (arg, ms; 0:
                 // no result).
-                Settlement::Complete { result } => match result {
+                Settlement::Complete { result, .. } => match result {
                     Some(json) => (
                         "complete",
                         crate::coordinator::RESULT_RETENTION.as_millis() as u64,
@@ -225,7 +251,8 @@ impl RedisLeaseStore {
                 .arg(lease.to_string())
                 .arg(action)
                 .arg(arg)
-                .arg(reason);
+                .arg(reason)
+                .arg(then);
         }
         invocation.arg(self.generation);
         invocation
@@ -558,6 +585,49 @@ impl LeaseStore for RedisLeaseStore {
     fn watermark(&self) -> Option<FencingToken> {
         let w = self.watermark.load(Ordering::Relaxed);
         (w > 0).then(|| FencingToken::from_u64(w))
+    }
+
+    async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = FOLLOW_UPS
+            .key(&self.base)
+            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+            .arg(max)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        flat.chunks_exact(2)
+            .map(|pair| {
+                let parent = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
+                // A record gone since it was listed (delivered meanwhile) is an empty set; so
+                // is one another program wrote over, said loudly, so that it cannot stop every
+                // later sweep.
+                let jobs = match pair[1].as_str() {
+                    "" => Vec::new(),
+                    json => serde_json::from_str(json).unwrap_or_else(|e| {
+                        tracing::error!(%parent, error = %e, "follow-up record does not decode; forgetting it");
+                        Vec::new()
+                    }),
+                };
+                Ok(FollowUps { parent, jobs })
+            })
+            .collect()
+    }
+
+    async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(format!("{}then:{parent}", self.base))
+            .ignore()
+            .cmd("ZREM")
+            .arg(format!("{}thens", self.base))
+            .arg(parent.to_string())
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
