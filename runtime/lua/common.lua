@@ -37,6 +37,10 @@
 --                               kind" (either may be empty): so the scope's turn and the cap's
 --                               slot are given back even when the job record was written over
 --                               (an entry of an earlier version has neither field)
+--   result:<job id>       string the result JSON of an accepted completion (PX: retention)
+--   then:<job id>         string an accepted completion's follow-up jobs (JSON), until the
+--                               coordinator enqueued them
+--   thens                 zset  job id -> when its follow-ups were kept (ms, Redis clock)
 --
 -- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
 -- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
