@@ -23,6 +23,8 @@ pub struct Coordinator {
     store: Stores,
     reap_every: Duration,
     reaping: bool,
+    /// A follow-up sweep is running (one at a time, beside the reaper, never delaying it).
+    sweeping: bool,
     /// How often the queue-depth [`Sampler`] ticks; `None`: no sampler.
     sample_every: Option<Duration>,
     sampler: Option<Addr<Sampler>>,
@@ -39,6 +41,7 @@ impl Coordinator {
             store: store.into(),
             reap_every: Duration::from_secs(1),
             reaping: false,
+            sweeping: false,
             sample_every: None,
             sampler: None,
         }
@@ -63,17 +66,25 @@ impl Coordinator {
         self
     }
 
+    /// Delivers follow-up jobs no worker delivered (see [`FOLLOW_UP_GRACE`]), on the
+    /// reaper's tick but as its own task.
+    fn sweep(&mut self, ctx: &mut Context<Self>) {
+        if std::mem::replace(&mut self.sweeping, true) {
+            return;
+        }
+        let store = self.store.clone();
+        let pass = async move { sweep_follow_ups(&store).await };
+        ctx.spawn(pass.into_actor(self).map(|(), act, _| act.sweeping = false));
+    }
+
     fn reap(&mut self, ctx: &mut Context<Self>) {
+        self.sweep(ctx);
         if self.reaping {
             return;
         }
         self.reaping = true;
         let store = self.store.clone();
-        let pass = async move {
-            let reaped = store.reap(Self::REAP_BATCH).await;
-            sweep_follow_ups(&store).await;
-            reaped
-        };
+        let pass = async move { store.reap(Self::REAP_BATCH).await };
         ctx.spawn(pass.into_actor(self).map(|result, act, ctx| {
             act.reaping = false;
             match result {
