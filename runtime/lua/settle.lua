@@ -72,8 +72,9 @@ for i = 0, count - 1 do
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
     -- (a lease named twice in one batch is current only for its first settlement)
     out[i + 1] = 'stale'
-  elseif not valid(action, arg) or not ARGV[o + 4] or not ARGV[o + 5] then
-    -- (a short argument list from another client: the reason and follow-ups are written)
+  elseif #ARGV ~= 3 + count * 5 or not valid(action, arg) then
+    -- (an argument list that does not fit its count, from another client: a field read at
+    -- the wrong place — a reason or follow-ups past the end — would be written)
     out[i + 1] = 'invalid'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[i + 1] = 'exhausted'

@@ -232,9 +232,11 @@ impl JobContext {
     /// the completion: it exists once the coordinator accepted this lease's completion, and
     /// never for a run that fails, is retried or released, or whose lease is no longer
     /// current (a paused holder's follow-ups are refused with its settlement). Each gets a
-    /// fixed id unless it has one (`NewJob::with_id`): this job's id and its position among
-    /// the follow-ups, so a re-run's follow-ups are the same jobs, and a repeated enqueue of
-    /// them adds nothing. Returns its id.
+    /// fixed id unless it has one (`NewJob::with_id`), made from this run's lease and its
+    /// position, so enqueueing the kept set again (the coordinator's sweep racing a late
+    /// delivery) adds nothing. A job with a unique key of its own is deduplicated by that
+    /// key instead (`NewJob::with_unique_key`): give it a ttl of at least a minute. Returns
+    /// its id.
     ///
     /// Checked now, with the library's rules (names, payload size at the default limit): a
     /// job that could not be enqueued is an `Error::InvalidJob` here, not a lost job later.
@@ -256,7 +258,7 @@ impl JobContext {
         }
         let id = job
             .id
-            .unwrap_or_else(|| follow_up_id(self.job.id, jobs.len()));
+            .unwrap_or_else(|| follow_up_id(self.lease.id, jobs.len()));
         let job = job.with_id(id);
         let size = serde_json::to_string(&job)
             .map_err(|e| Error::Payload(e.to_string()))?
@@ -599,13 +601,14 @@ impl Registry {
     }
 }
 
-/// The id of the `index`-th follow-up job of job `parent`: the same in every run of the job,
-/// different for every other job and position.
-fn follow_up_id(parent: JobId, index: usize) -> JobId {
+/// The id of the `index`-th follow-up job of the run under lease `lease`: fixed for that run
+/// (only one run's completion is ever accepted, and its set may be enqueued more than once),
+/// different for every other run — a job enqueued again under the same id gets new ones.
+fn follow_up_id(lease: crate::ids::LeaseId, index: usize) -> JobId {
     /// Palisade's namespace for follow-up job ids of completions (a random UUID, fixed
     /// forever: changing it would let an upgraded worker add a follow-up a second time).
     const COMPLETION_FOLLOW_UPS: uuid::Uuid =
         uuid::Uuid::from_u128(0x2c7d_41a9_8e3b_4f60_b1d2_93a4_e5f6_0718);
-    let name = format!("{parent}\n{index}");
+    let name = format!("{lease}\n{index}");
     uuid::Uuid::new_v5(&COMPLETION_FOLLOW_UPS, name.as_bytes()).into()
 }

@@ -323,16 +323,30 @@ async fn sweep_follow_ups(store: &Stores) {
 async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     let FollowUps { parent, jobs } = set;
     let count = jobs.len() as u64;
-    match crate::client::enqueue_counted(store, jobs).await {
+    match crate::client::enqueue_counted(store, jobs.clone()).await {
         Ok(_) => counter!(m::FOLLOW_UPS, "outcome" => how).increment(count),
         Err(e) if e.is_retryable() => {
             crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
             counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
             return;
         }
-        Err(e) => {
-            tracing::error!(parent = %parent, jobs = count, error = %e, "follow-up jobs refused by enqueue for good; dropped");
-            counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(count);
+        Err(_) => {
+            // A batch is all or nothing: one job the store refuses for good (a smaller
+            // payload limit than the worker's) must not take the others down with it.
+            for job in jobs {
+                match crate::client::enqueue_counted(store, vec![job]).await {
+                    Ok(_) => counter!(m::FOLLOW_UPS, "outcome" => how).increment(1),
+                    Err(e) if e.is_retryable() => {
+                        crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
+                        counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!(parent = %parent, error = %e, "a follow-up job refused by enqueue for good; dropped");
+                        counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(1);
+                    }
+                }
+            }
         }
     }
     if let Err(e) = store.forget_follow_ups(parent).await {

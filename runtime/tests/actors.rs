@@ -683,6 +683,40 @@ async fn follow_ups_run_once_after_their_parent_completes() {
     h.no_follow_ups_kept().await;
 }
 
+/// Issue 25 (review): a job enqueued again under the same id gets new follow-ups (their ids
+/// come from the run's lease, not the job's id); one follow-up the coordinator refuses for
+/// good (its payload over this coordinator's smaller limit) is dropped alone.
+#[actix::test]
+async fn follow_ups_of_a_reused_id_run_again_and_one_bad_one_drops_alone() {
+    tokio::time::pause();
+    let h = harness_with(Arc::new(
+        MemoryLeaseStore::new().with_max_payload_bytes(200),
+    ));
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let registry =
+        counting(&["child", "big"], &runs).register("fan", |ctx: JobContext, _: ()| async move {
+            ctx.follow_up(NewJob::raw("child", "null"))?;
+            let big = format!("\"{}\"", "x".repeat(1000));
+            ctx.follow_up(NewJob::raw("big", big))?;
+            Ok(())
+        });
+    let _w = h.worker("w", registry);
+    let id = JobId::new();
+    let parent = || {
+        NewJob::raw("fan", "null")
+            .with_unique_key("fan", Duration::ZERO)
+            .with_id(id)
+    };
+    h.enqueue(parent()).await;
+    h.settle_all().await;
+    h.enqueue(parent()).await;
+    let counts = h.settle_all().await;
+    assert_eq!(counts.completed, 4, "two parents, two children: {counts:?}");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.get("child"), Some(&2));
+    assert_eq!(runs.get("big"), None);
+}
+
 /// Issue 25: a paused holder's follow-up jobs never appear: its completion is refused, and
 /// with it what it carried. (A's child has an id of its own, so a wrongly kept one could not
 /// hide behind B's.)

@@ -148,18 +148,11 @@ async fn a_result_is_found_while_another_partition_is_down() {
         .enqueue(vec![NewJob::raw("k", "null").with_scope(scope)])
         .await
         .unwrap()[0];
-    let c = store
-        .claim("default", "t", 1, std::time::Duration::from_secs(30))
-        .await
-        .unwrap()
-        .remove(0);
     let done = Settlement::Complete {
         result: Some("7".into()),
         follow_ups: Vec::new(),
     };
-    store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
-        .as_ref()
-        .unwrap();
+    complete_one(&store, done).await;
     assert_eq!(store.result(id).await.unwrap().as_deref(), Some("7"));
     assert!(
         parts[0].result(id).await.unwrap().is_some(),
@@ -167,4 +160,40 @@ async fn a_result_is_found_while_another_partition_is_down() {
     );
     let missing = store.result(JobId::new()).await;
     assert!(matches!(missing, Err(Error::Unavailable(_))), "{missing:?}");
+}
+
+/// Issue 25 (review): a layout move is refused while completions' follow-up jobs are kept
+/// and not enqueued yet (the new layout would never enqueue them).
+#[tokio::test]
+async fn a_layout_with_follow_ups_kept_is_not_drained() {
+    let store = memory();
+    store
+        .enqueue(vec![NewJob::raw("fan", "null")])
+        .await
+        .unwrap();
+    let done = Settlement::Complete {
+        result: None,
+        follow_ups: vec![NewJob::raw("child", "null").with_id(JobId::new())],
+    };
+    let c = complete_one(&store, done).await;
+    let refused = store::partitioned::check_drained(&store).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("follow-up")),
+        "{refused:?}"
+    );
+    store.forget_follow_ups(c.job.id).await.unwrap();
+    store::partitioned::check_drained(&store).await.unwrap();
+}
+
+/// Claims the one ready job of `store` and completes it with `done`, which must be accepted.
+async fn complete_one(store: &Stores, done: Settlement) -> palisade::Claim {
+    let c = store
+        .claim("default", "t", 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
+        .as_ref()
+        .unwrap();
+    c
 }

@@ -388,8 +388,9 @@ impl PartitionedLeaseStore {
 }
 
 /// Refuses (`Error::Config`, naming what is left) while the coordinator layout `layout` still
-/// holds queued, delayed or running jobs, or dead letters: a migration moves no jobs, and dead
-/// letters left behind could not be seen or retried from the new layout (retry or purge them).
+/// holds queued, delayed or running jobs, dead letters, or completions' follow-up jobs not
+/// enqueued yet: a migration moves no jobs, and dead letters left behind could not be seen or
+/// retried from the new layout (retry or purge them).
 pub async fn check_drained(layout: &Stores) -> Result<()> {
     let mut pending = Vec::new();
     for queue in layout.queues().await? {
@@ -400,6 +401,13 @@ pub async fn check_drained(layout: &Stores) -> Result<()> {
         if counts.dead > 0 {
             pending.push(format!("{queue}: {} dead", counts.dead));
         }
+    }
+    // Follow-up jobs kept with completions are enqueued from the layout that kept them.
+    let kept = layout.follow_ups(Duration::ZERO, 1000).await?.len();
+    if kept > 0 {
+        pending.push(format!(
+            "follow-up jobs of {kept} completions not enqueued yet (a coordinator's sweep              enqueues them within seconds)"
+        ));
     }
     if !pending.is_empty() {
         return Err(Error::Config(format!(
@@ -661,19 +669,53 @@ impl LeaseStore for PartitionedLeaseStore {
             .min()
     }
 
-    /// Each partition keeps the follow-ups of the completions it accepted.
+    /// Each partition keeps the follow-ups of the completions it accepted. Taken in turns
+    /// (the oldest of each, then the next of each, ...), so sets one partition cannot
+    /// deliver do not starve the others'; a partition that cannot answer is skipped while
+    /// another one answers.
     async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
-        let kept = self.on_all(|part| async move { part.follow_ups(older_than, max).await });
-        let mut all = kept.await?.concat();
+        let answers = join_all(
+            self.parts
+                .iter()
+                .map(|part| part.follow_ups(older_than, max)),
+        )
+        .await;
+        let mut lists = Vec::new();
+        let mut failed = None;
+        for answer in answers {
+            match answer {
+                Ok(list) => lists.push(list.into_iter()),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let (true, Some(e)) = (lists.is_empty(), failed) {
+            return Err(e);
+        }
+        let mut all = Vec::new();
+        while all.len() < max {
+            let before = all.len();
+            all.extend(lists.iter_mut().filter_map(Iterator::next));
+            if all.len() == before {
+                break;
+            }
+        }
         all.truncate(max);
         Ok(all)
     }
 
-    /// Asked of every partition: a parent's partition is not known from its id.
+    /// Asked of every partition (a parent's partition is not known from its id); done
+    /// where it is kept even if another partition cannot answer.
     async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {
-        self.on_all(|part| async move { part.forget_follow_ups(parent).await })
-            .await
-            .map(drop)
+        let answers = join_all(self.parts.iter().map(|part| part.forget_follow_ups(parent))).await;
+        match answers.iter().any(Result::is_ok) {
+            true => Ok(()),
+            false => answers
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err),
+        }
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {

@@ -221,7 +221,11 @@ impl RedisLeaseStore {
             // A completion's follow-up jobs, kept with it until enqueued ("": none).
             let then = match settlement {
                 Settlement::Complete { follow_ups, .. } if !follow_ups.is_empty() => {
-                    serde_json::to_string(follow_ups).unwrap_or_default()
+                    serde_json::to_string(follow_ups).unwrap_or_else(|e| {
+                        // (NewJob holds strings and numbers only: not expected.)
+                        tracing::error!(error = %e, "follow-up jobs do not encode; dropped");
+                        String::new()
+                    })
                 }
                 _ => String::new(),
             };
