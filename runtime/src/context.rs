@@ -88,8 +88,9 @@ pub(crate) struct RunState {
     rejections: std::sync::Mutex<Vec<RejectionNote>>,
     /// The handler's result (JSON), for the worker to store with the completion.
     result: std::sync::Mutex<Option<String>>,
-    /// Jobs to enqueue once the completion is accepted, and their bytes of JSON so far.
-    follow_ups: std::sync::Mutex<(Vec<NewJob>, usize)>,
+    /// Jobs to enqueue once the completion is accepted, their bytes of JSON so far, and
+    /// whether the run has ended (its follow-ups were taken: no more can join them).
+    follow_ups: std::sync::Mutex<(Vec<NewJob>, usize, bool)>,
     /// Where `ctx.progress` goes.
     progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
     /// When progress was last sent, and the latest not sent yet.
@@ -173,7 +174,9 @@ impl RunState {
 
     /// The follow-up jobs asked for (taken: they go with the completion once).
     pub(crate) fn take_follow_ups(&self) -> Vec<NewJob> {
-        std::mem::take(&mut self.follow_ups.lock().unwrap_or_else(|p| p.into_inner()).0)
+        let mut kept = self.follow_ups.lock().unwrap_or_else(|p| p.into_inner());
+        kept.2 = true;
+        std::mem::take(&mut kept.0)
     }
 
     /// Notes `admission` if it is a rejection.
@@ -243,13 +246,29 @@ impl JobContext {
     /// At most [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) jobs and
     /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES) of JSON per completion.
     pub fn follow_up(&self, job: NewJob) -> Result<JobId> {
+        let asked = self.keep_follow_up(job);
+        if let Err(e) = &asked {
+            // Said here too: a handler that drops the error would lose the job unseen.
+            tracing::warn!(job = %self.job.id, kind = %self.job.kind, error = %e, "follow-up job refused");
+        }
+        asked
+    }
+
+    fn keep_follow_up(&self, job: NewJob) -> Result<JobId> {
         job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
         let mut kept = self
             .run
             .follow_ups
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let (jobs, bytes) = &mut *kept;
+        let (jobs, bytes, ended) = &mut *kept;
+        if *ended {
+            // (A task the handler left running: its completion has gone without it.)
+            return Err(Error::InvalidJob(
+                "the run has ended: a follow-up job must be asked for before the handler returns"
+                    .into(),
+            ));
+        }
         if jobs.len() >= crate::job::MAX_FOLLOW_UPS {
             return Err(Error::InvalidJob(format!(
                 "a completion carries at most {} follow-up jobs",

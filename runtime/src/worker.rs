@@ -665,9 +665,12 @@ impl Handler<JobFinished> for Worker {
             .settle(&job, &msg.outcome, rand::random::<f64>());
         // The result goes with the completion, in the same atomic step: an accepted completion
         // has it, a refused one (the lease is no longer current) leaves none.
+        // Taken whatever the outcome, so none can be asked for after the run ended; kept only
+        // by a completion.
+        let asked = running.run.take_follow_ups();
         if let Settlement::Complete { result, follow_ups } = &mut settlement {
             *result = running.run.take_result();
-            *follow_ups = running.run.take_follow_ups();
+            *follow_ups = asked;
         }
         let outcome = match &settlement {
             Settlement::Complete { .. } => 0,

@@ -717,6 +717,34 @@ async fn follow_ups_of_a_reused_id_run_again_and_one_bad_one_drops_alone() {
     assert_eq!(runs.get("big"), None);
 }
 
+/// Issue 25 (review): a follow-up asked for by a task the handler left running, after the
+/// handler returned, is refused (its completion went without it), not silently lost.
+#[actix::test]
+async fn a_follow_up_after_the_handler_returned_is_refused() {
+    tokio::time::pause();
+    let h = harness();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let registry = Registry::new().register("fan", move |ctx: JobContext, _: ()| {
+        let tx = tx.clone();
+        async move {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                tx.send(ctx.follow_up(NewJob::raw("late", "null"))).unwrap();
+            });
+            Ok(())
+        }
+    });
+    let _w = h.worker("w", registry);
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let late = next(&mut rx).await;
+    assert!(
+        matches!(&late, Err(Error::InvalidJob(why)) if why.contains("ended")),
+        "{late:?}"
+    );
+    let counts = h.settle_all().await;
+    assert_eq!(counts.completed, 1);
+}
+
 /// Issue 25: a paused holder's follow-up jobs never appear: its completion is refused, and
 /// with it what it carried. (A's child has an id of its own, so a wrongly kept one could not
 /// hide behind B's.)
