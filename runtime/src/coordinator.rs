@@ -318,13 +318,13 @@ async fn sweep_follow_ups(store: &Stores) {
 }
 
 /// Enqueues `set` (each job has its fixed id, so a second delivery adds nothing) and then
-/// forgets it. A transient failure leaves it for the sweep; a permanent one (the store
-/// refuses the jobs for good) drops it loudly rather than retrying it forever.
+/// forgets it. A transient failure leaves it for the sweep; after a permanent one the jobs
+/// are enqueued one by one, and a job the store refuses for good is dropped loudly rather
+/// than retried forever.
 async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     let FollowUps { parent, jobs } = set;
-    let count = jobs.len() as u64;
     match crate::client::enqueue_counted(store, jobs.clone()).await {
-        Ok(_) => counter!(m::FOLLOW_UPS, "outcome" => how).increment(count),
+        Ok(done) => count_delivered(&done, how),
         Err(e) if e.is_retryable() => {
             crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
             counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
@@ -335,7 +335,7 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
             // payload limit than the worker's) must not take the others down with it.
             for job in jobs {
                 match crate::client::enqueue_counted(store, vec![job]).await {
-                    Ok(_) => counter!(m::FOLLOW_UPS, "outcome" => how).increment(1),
+                    Ok(done) => count_delivered(&done, how),
                     Err(e) if e.is_retryable() => {
                         crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
                         counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
@@ -354,6 +354,17 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
         crate::repeats::warn_repeated!(parent = %parent, error = %e, "could not forget delivered follow-up jobs");
         counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
     }
+}
+
+/// Counts delivered follow-ups: added now (as `how`), or there already (`existing`: a second
+/// delivery of the same set, which added nothing).
+fn count_delivered(done: &[crate::Enqueued], how: &'static str) {
+    let added = done
+        .iter()
+        .filter(|e| matches!(e, crate::Enqueued::Added(_)))
+        .count() as u64;
+    counter!(m::FOLLOW_UPS, "outcome" => how).increment(added);
+    counter!(m::FOLLOW_UPS, "outcome" => "existing").increment(done.len() as u64 - added);
 }
 
 /// How long results are kept.
