@@ -65,6 +65,10 @@ end
 -- counts as gone). Types are asked once per key for the whole batch (`memo`).
 local out, current, records, settled = {}, {}, {}, {}
 local memo = {}
+-- An argument list that does not fit its count (from another client) has every settlement
+-- refused: a field read at the wrong place — a reason or follow-ups past the end — would be
+-- written.
+local fits = #ARGV == 3 + count * 5
 for i = 0, count - 1 do
   local o = 2 + i * 5
   local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
@@ -72,9 +76,7 @@ for i = 0, count - 1 do
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
     -- (a lease named twice in one batch is current only for its first settlement)
     out[i + 1] = 'stale'
-  elseif #ARGV ~= 3 + count * 5 or not valid(action, arg) then
-    -- (an argument list that does not fit its count, from another client: a field read at
-    -- the wrong place — a reason or follow-ups past the end — would be written)
+  elseif not fits or not valid(action, arg) then
     out[i + 1] = 'invalid'
   elseif action == 'fenced' and tonumber(arg) >= 8388607 then
     out[i + 1] = 'exhausted'

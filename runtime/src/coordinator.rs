@@ -174,23 +174,17 @@ impl Handler<Exchange> for Coordinator {
         let store = self.store.clone();
         Box::pin(async move {
             let Exchange { settlements, claim } = msg;
-            let (settled, claimed) = match claim {
-                Some(claim) if !settlements.is_empty() => {
-                    let (settled, claimed) = store.settle_and_claim(settlements, &claim).await;
-                    (Some(settled), Some((claim.queue, claimed)))
+            let (settled, claimed) = match &claim {
+                Some(c) if !settlements.is_empty() => {
+                    let (settled, claimed) = store.settle_and_claim(settlements, c).await;
+                    (Some(settled), Some(claimed))
                 }
-                Some(c) => {
-                    let claimed = c.on(&store).await;
-                    (None, Some((c.queue, claimed)))
-                }
+                Some(c) => (None, Some(c.on(&store).await)),
                 None => (Some(store.settle(settlements).await), None),
             };
-            let claimed = claimed.map(|(queue, claimed)| {
-                if let Ok(claims) = &claimed {
-                    counter!(m::CLAIMS, "queue" => queue).increment(claims.len() as u64);
-                }
-                claimed
-            });
+            if let (Some(c), Some(Ok(claims))) = (claim, &claimed) {
+                counter!(m::CLAIMS, "queue" => c.queue).increment(claims.len() as u64);
+            }
             Exchanged {
                 settled: settled.map(|r| r.map(|results| (results, store.watermark()))),
                 claimed,
@@ -323,29 +317,26 @@ async fn sweep_follow_ups(store: &Stores) {
 /// than retried forever.
 async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     let FollowUps { parent, jobs } = set;
-    match crate::client::enqueue_counted(store, jobs.clone()).await {
-        Ok(done) => count_delivered(&done, how),
-        Err(e) if e.is_retryable() => {
-            crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
-            counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
-            return;
-        }
-        Err(_) => {
-            // A batch is all or nothing: one job the store refuses for good (a smaller
-            // payload limit than the worker's) must not take the others down with it.
-            for job in jobs {
-                match crate::client::enqueue_counted(store, vec![job]).await {
-                    Ok(done) => count_delivered(&done, how),
-                    Err(e) if e.is_retryable() => {
-                        crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
-                        counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::error!(parent = %parent, error = %e, "a follow-up job refused by enqueue for good; dropped");
-                        counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(1);
-                    }
-                }
+    // A batch is all or nothing: after a permanent refusal the jobs go one by one, so one job
+    // the store refuses for good (a smaller payload limit than the worker's) does not take
+    // the others down with it.
+    let mut batches = vec![jobs];
+    let mut alone = false;
+    while let Some(batch) = batches.pop() {
+        match crate::client::enqueue_counted(store, batch.clone()).await {
+            Ok(done) => count_delivered(&done, how),
+            Err(e) if e.is_retryable() => {
+                crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
+                counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+                return;
+            }
+            Err(e) if alone => {
+                tracing::error!(parent = %parent, error = %e, "a follow-up job refused by enqueue for good; dropped");
+                counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(1);
+            }
+            Err(_) => {
+                alone = true;
+                batches.extend(batch.into_iter().rev().map(|job| vec![job]));
             }
         }
     }

@@ -419,19 +419,24 @@ impl Worker {
         tracing::info!(worker = %self.config.name, jobs = claims.len(), "draining: releasing jobs claimed as the drain began");
         self.released += claims.len();
         for Claim { job, lease } in claims {
-            let settle_wait = self.metrics(&job).settle_wait.clone();
             // Renewed until the release is answered, like any lease this worker holds.
             self.renewal().do_send(TrackLease(lease.clone()));
-            self.settle_linger.joined();
-            self.pending.push(Pending {
-                lease: lease.id,
-                settlement: Settlement::Release,
-                job: Arc::new(job),
-                finished: Instant::now(),
-                settle_wait,
-            });
+            self.queue_settlement(lease.id, Settlement::Release, Arc::new(job));
         }
         self.flush(ctx);
+    }
+
+    /// Adds a settlement to the next batch (the first one starts its linger).
+    fn queue_settlement(&mut self, lease: LeaseId, settlement: Settlement, job: Arc<Job>) {
+        let settle_wait = self.metrics(&job).settle_wait.clone();
+        self.settle_linger.joined();
+        self.pending.push(Pending {
+            lease,
+            settlement,
+            job,
+            finished: Instant::now(),
+            settle_wait,
+        });
     }
 
     /// Starts `claim`'s handler; `sent` is when the claim that granted it was sent.
@@ -520,8 +525,9 @@ impl Worker {
         }
     }
 
-    /// A settlement batch's answer: forgets the leases, keeps the results of completed jobs,
-    /// and keeps the batch for another try if the coordinator could not be reached.
+    /// A settlement batch's answer: forgets the leases, has accepted completions' follow-up
+    /// jobs enqueued, and keeps the batch for another try if the coordinator could not be
+    /// reached.
     fn settled(&mut self, batch: Vec<Pending>, result: Settled, ctx: &mut Context<Self>) {
         self.in_flight = 0;
         match result {
@@ -663,10 +669,10 @@ impl Handler<JobFinished> for Worker {
             .config
             .retry
             .settle(&job, &msg.outcome, rand::random::<f64>());
-        // The result goes with the completion, in the same atomic step: an accepted completion
-        // has it, a refused one (the lease is no longer current) leaves none.
-        // Taken whatever the outcome, so none can be asked for after the run ended; kept only
-        // by a completion.
+        // The result and the follow-up jobs go with the completion, in the same atomic step:
+        // an accepted completion has them, a refused one (the lease is no longer current)
+        // leaves none. Follow-ups are taken whatever the outcome, so none can be asked for
+        // after the run ended.
         let asked = running.run.take_follow_ups();
         if let Settlement::Complete { result, follow_ups } = &mut settlement {
             *result = running.run.take_result();
@@ -701,15 +707,7 @@ impl Handler<JobFinished> for Worker {
             .duration
             .record(running.started.elapsed().as_secs_f64());
         metrics.finished[outcome].increment(1);
-        let settle_wait = metrics.settle_wait.clone();
-        self.settle_linger.joined();
-        self.pending.push(Pending {
-            lease: msg.lease,
-            settlement,
-            job,
-            finished: Instant::now(),
-            settle_wait,
-        });
+        self.queue_settlement(msg.lease, settlement, job);
         self.flush(ctx);
         self.fill(ctx);
     }
@@ -754,17 +752,8 @@ impl Worker {
             running.cancel.cancel();
             self.journal(&running.run);
             self.released_runs.insert(lease, running.run.clone());
-            let metrics = self.metrics(&running.job);
-            metrics.finished[4].increment(1);
-            let settle_wait = metrics.settle_wait.clone();
-            self.settle_linger.joined();
-            self.pending.push(Pending {
-                lease,
-                settlement: Settlement::Release,
-                job: running.job,
-                finished: Instant::now(),
-                settle_wait,
-            });
+            self.metrics(&running.job).finished[4].increment(1);
+            self.queue_settlement(lease, Settlement::Release, running.job);
         }
         self.flush(ctx);
         self.check_drained(ctx);

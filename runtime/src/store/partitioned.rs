@@ -286,10 +286,7 @@ impl PartitionedLeaseStore {
             replies.push((at, settled));
         }
         if let (Some((c, _)), Some(Ok(claims))) = (claim, &claimed) {
-            let mut owners = self.owners();
-            for granted in claims {
-                owners.insert(granted.lease.id, c);
-            }
+            self.own(c, claims);
         }
         (self.settled(total, ids, replies, unknown).await, claimed)
     }
@@ -379,11 +376,17 @@ impl PartitionedLeaseStore {
         let claims = self.parts[i]
             .claim_kinds(queue, kinds, worker, n, ttl)
             .await?;
+        self.own(i, &claims);
+        Ok(claims)
+    }
+
+    /// Remembers that partition `i` granted `claims`' leases (renewals and settlements go
+    /// there).
+    fn own(&self, i: usize, claims: &[Claim]) {
         let mut owners = self.owners();
-        for claim in &claims {
+        for claim in claims {
             owners.insert(claim.lease.id, i);
         }
-        Ok(claims)
     }
 }
 
@@ -406,7 +409,8 @@ pub async fn check_drained(layout: &Stores) -> Result<()> {
     let kept = layout.follow_ups(Duration::ZERO, 1000).await?.len();
     if kept > 0 {
         pending.push(format!(
-            "follow-up jobs of {kept} completions not enqueued yet (a coordinator's sweep              enqueues them within seconds)"
+            "follow-up jobs of {kept} completions not enqueued yet (a coordinator's sweep \
+             enqueues them within seconds)"
         ));
     }
     if !pending.is_empty() {
