@@ -745,6 +745,52 @@ async fn a_follow_up_after_the_handler_returned_is_refused() {
     assert_eq!(counts.completed, 1);
 }
 
+/// Issue 25: `follow_up` refuses an empty kind and an id asked for twice (colliding
+/// follow-ups) at once, keeping nothing of them; a raw payload that is not JSON is kept, like
+/// any raw enqueue, and its job ends dead with the reason when its handler cannot decode it.
+/// The good ones asked for beside them run, once each.
+#[actix::test]
+async fn follow_up_refuses_bad_jobs_and_keeps_the_good_ones() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let registry = counting(&["child"], &runs).register("fan", move |ctx: JobContext, _: ()| {
+        let tx = tx.clone();
+        async move {
+            let id = JobId::new();
+            let asked = vec![
+                ctx.follow_up(NewJob::raw("", "null")).map(drop),
+                ctx.follow_up(NewJob::raw("child", "{not json")).map(drop),
+                ctx.follow_up(NewJob::raw("child", "null").with_id(id))
+                    .map(drop),
+                ctx.follow_up(NewJob::raw("child", "null").with_id(id))
+                    .map(drop),
+                ctx.follow_up(NewJob::raw("child", "null")).map(drop),
+            ];
+            tx.send(asked).unwrap();
+            Ok(())
+        }
+    });
+    let _w = h.worker("w", registry);
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let asked = next(&mut rx).await;
+    assert!(matches!(asked[0], Err(Error::InvalidJob(_))), "{asked:?}");
+    assert!(
+        asked[1].is_ok() && asked[2].is_ok() && asked[4].is_ok(),
+        "{asked:?}"
+    );
+    assert!(
+        matches!(&asked[3], Err(Error::InvalidJob(why)) if why.contains("twice")),
+        "{asked:?}"
+    );
+    let counts = h.settle_all().await;
+    assert_eq!((counts.completed, counts.dead), (3, 1), "{counts:?}");
+    assert_eq!(runs.lock().unwrap().get("child"), Some(&2));
+    let dead = h.store.dead("default", 10).await.unwrap();
+    assert!(dead[0].reason.contains("payload"), "{dead:?}");
+}
+
 /// Issue 25: a paused holder's follow-up jobs never appear: its completion is refused, and
 /// with it what it carried. (A's child has an id of its own, so a wrongly kept one could not
 /// hide behind B's.)

@@ -1249,3 +1249,51 @@ async fn a_follow_up_record_written_over_does_not_stop_the_sweep() {
         Some("0")
     );
 }
+
+/// Issue 25: the follow-up list `thens` written over by another program (a type clash)
+/// refuses, before any write, only the completions in a batch that carry follow-up jobs —
+/// each keeps its lease for the reaper — while the rest of the batch settles.
+#[tokio::test]
+async fn a_thens_key_written_over_refuses_only_completions_with_follow_ups() {
+    use palisade::{Error, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "clash");
+    store
+        .enqueue(vec![NewJob::raw("a", "null"), NewJob::raw("b", "null")])
+        .await
+        .unwrap();
+    let claims = store
+        .claim("default", "t", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    server.write_over("{clash}:thens", "not a zset");
+    let with_follow_ups = Settlement::Complete {
+        result: Some("1".into()),
+        follow_ups: vec![NewJob::raw("child", "null")],
+    };
+    let results = store
+        .settle(vec![
+            (claims[0].lease.id, with_follow_ups),
+            (claims[1].lease.id, Settlement::completed()),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&results[0], Err(Error::Backend(why)) if why.contains("PALISADE_CORRUPT")),
+        "{results:?}"
+    );
+    assert!(results[1].is_ok(), "{results:?}");
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!((counts.completed, counts.leased), (1, 1), "{counts:?}");
+    assert_eq!(
+        server.cli(&["EXISTS", &format!("{{clash}}:result:{}", claims[0].job.id)]),
+        Some("0".into()),
+        "the refused completion wrote its result"
+    );
+    assert_eq!(
+        server.cli(&["GET", "{clash}:thens"]),
+        Some("not a zset".into())
+    );
+}
