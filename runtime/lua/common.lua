@@ -41,6 +41,20 @@
 --   then:<job id>         string an accepted completion's follow-up jobs (JSON), until the
 --                               coordinator enqueued them
 --   thens                 zset  job id -> when its follow-ups were kept (ms, Redis clock)
+-- Flows (store/flows.rs). In a job's partition:
+--   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)
+--   held                  zset  flow step jobs written and not released -> when written
+--   stepend               hash  job id -> "<flow id> TAB <step> TAB completed|dead": a flow
+--                               step that ended, until its flow's home recorded it
+--   stepends              zset  the same job ids -> when they ended
+-- At a flow's home:
+--   flow:<id>             hash  steps (count), created (ms)
+--   flow:<id>:steps       hash  step -> JSON {job, scope, after: [[step, fail|skip|run]], next}
+--   flow:<id>:left        hash  step -> its dependencies not ended yet
+--   flow:<id>:ends        hash  step -> completed | dead | skipped (each set once)
+--   flow:<id>:decided     hash  step -> run | skip | fail:<reason> (each set once)
+--   flow:<id>:out         set   steps decided and not confirmed released yet
+--   flows:out             zset  flow id -> when its unconfirmed releases were decided
 --
 -- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
 -- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
@@ -405,15 +419,35 @@ local function bump(job, field, by)
   return n
 end
 
+-- A flow step's job ended (`tag`: its record's "flow" field, "<flow id> TAB <step>";
+-- `end_`: completed or dead): kept in `stepend`/`stepends` until the flow's home recorded it
+-- (store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
+-- program wrote over them, says so in the Redis log instead of failing halfway.
+local function note_step_end(base, id, tag, end_)
+  if not tag then
+    return
+  end
+  local wrong = mistyped({ [base .. 'stepend'] = 'hash', [base .. 'stepends'] = 'zset' })
+  if wrong then
+    redis.log(redis.LOG_WARNING, 'palisade: end of flow step job ' .. id .. ' not kept: ' .. wrong)
+    return
+  end
+  if redis.call('HSETNX', base .. 'stepend', id, tag .. '\t' .. end_) == 1 then
+    redis.call('ZADD', base .. 'stepends', now_ms(), id)
+  end
+end
+
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest
 -- `keep` records of the queue, and hands its scope's turn on.
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
-  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls')
+  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow')
   if not f[2] then
     return -- (no readable record: callers check first)
   end
+  note_step_end(base, id, f[6], 'dead')
+  redis.call('ZREM', base .. 'held', id)
   local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,

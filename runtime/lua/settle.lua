@@ -84,7 +84,7 @@ for i = 0, count - 1 do
     -- (Named twice, even the first refused: the later one is stale, not a second chance.)
     settled[lease] = true
     local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
-      'kind')
+      'kind', 'flow')
     local parks = action ~= 'complete' and action ~= 'dead'
     local want, counted = {}, {}
     settle_keys(base, want, counted, id, { f[1], f[2], f[6] }, parks,
@@ -142,6 +142,7 @@ for _, i in ipairs(current) do
         redis.call('ZADD', base .. 'thens', now, id)
       end
       release_unique_key(base, id, f[4], f[5])
+      note_step_end(base, id, f[7], 'completed')
       leave(base, id, f[2])
       finished[#finished + 1] = job
       completed[queue] = (completed[queue] or 0) + 1

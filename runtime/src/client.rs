@@ -11,12 +11,13 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
-use crate::ids::JobId;
+use crate::flow::{Flow, FlowState, FlowStatus};
+use crate::ids::{FlowId, JobId};
 use crate::job::{
     Cancelled, DeadJob, Enqueued, NewJob, QueueCounts, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
 };
 use crate::metrics as m;
-use crate::store::{Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
+use crate::store::{FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
 
 /// A cheap-to-clone handle for producers: enqueue one or many jobs (delayed ones too, with
 /// [`NewJob::with_delay`]) and read queue counts, against Redis or an embedded coordinator.
@@ -87,19 +88,57 @@ impl Client {
     /// could not be kept (too large, not encodable) or does not decode as `T` is an
     /// `Error::Payload` saying so.
     pub async fn result<T: DeserializeOwned>(&self, id: JobId) -> Result<Option<T>> {
-        let Some(envelope) = self.store.result(id).await? else {
-            return Ok(None);
-        };
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "lowercase")]
-        enum Kept<T> {
-            Ok(T),
-            Error(String),
+        match self.store.result(id).await? {
+            Some(envelope) => decode_result(id, &envelope).map(Some),
+            None => Ok(None),
         }
-        match serde_json::from_str::<Kept<T>>(&envelope) {
-            Ok(Kept::Ok(value)) => Ok(Some(value)),
-            Ok(Kept::Error(why)) => Err(Error::Payload(format!("job {id}: {why}"))),
-            Err(e) => Err(Error::Payload(format!("job {id}'s result: {e}"))),
+    }
+
+    /// Creates `flow` all or nothing ([`Flow`]): its steps' jobs are written held, then the
+    /// flow is kept and its first steps released, so no step runs before the whole flow
+    /// exists, and a creation that stops halfway leaves nothing that runs or shows. Creating
+    /// the same flow again (a retried request: [`Flow::with_id`]) adds nothing. A transient
+    /// failure is retried for up to [`ENQUEUE_RETRY_FOR`]. Returns the flow's id.
+    pub async fn create_flow(&self, flow: &Flow) -> Result<FlowId> {
+        let steps = flow.steps().len();
+        with_retries(true, steps, || async {
+            // Kept already (this is a retry): its steps' jobs may have run and gone, and
+            // holding them again would leave held records behind.
+            if self.store.flow(flow.id()).await?.is_none() {
+                crate::store::flows::create(&self.store, flow, usize::MAX).await?;
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(flow.id())
+    }
+
+    /// Flow `id`'s state, step outcomes and counts, while it is kept (a finished flow for
+    /// [`FLOW_RETENTION`](crate::FLOW_RETENTION)).
+    pub async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
+        self.store.flow(id).await
+    }
+
+    /// Waits up to `timeout` for flow `id` to finish (succeeded or failed); its status then,
+    /// or `None` if it did not finish in time or is not kept.
+    pub async fn wait_flow(&self, id: FlowId, timeout: Duration) -> Result<Option<FlowStatus>> {
+        let start = tokio::time::Instant::now();
+        let deadline = start
+            .checked_add(timeout)
+            .unwrap_or_else(|| start + Duration::from_secs(100 * 365 * 86_400));
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if let Some(status) = self.store.flow(id).await? {
+                if status.state != FlowState::Running {
+                    return Ok(Some(status));
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
         }
     }
 
@@ -150,6 +189,21 @@ impl Client {
     /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
     pub async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
         self.store.dead(queue, limit).await
+    }
+}
+
+/// A kept result's envelope (`{"ok": value}` or `{"error": why}`) decoded as `T`.
+pub(crate) fn decode_result<T: DeserializeOwned>(id: JobId, envelope: &str) -> Result<T> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Kept<T> {
+        Ok(T),
+        Error(String),
+    }
+    match serde_json::from_str::<Kept<T>>(envelope) {
+        Ok(Kept::Ok(value)) => Ok(value),
+        Ok(Kept::Error(why)) => Err(Error::Payload(format!("job {id}: {why}"))),
+        Err(e) => Err(Error::Payload(format!("job {id}'s result: {e}"))),
     }
 }
 

@@ -298,6 +298,30 @@ impl JobContext {
         Ok(id)
     }
 
+    /// The result of step `step` of this job's flow — a step it runs after, whose result
+    /// (`Registry::register_with_result`) was kept with its accepted completion — decoded as
+    /// `T`. `Ok(None)` when that step kept no result (it returned none, was skipped or died,
+    /// or its result outlived [`RESULT_RETENTION`](crate::RESULT_RETENTION)). An
+    /// `Error::InvalidJob` for a job that is no flow step; `Error::Payload` when the result
+    /// does not decode as `T`.
+    pub async fn dependency<T: DeserializeOwned>(&self, step: &str) -> Result<Option<T>> {
+        let Some(flow) = &self.job.flow else {
+            return Err(Error::InvalidJob(format!(
+                "job {} is no flow step: it has no dependencies",
+                self.job.id
+            )));
+        };
+        let Some((_, coordinator)) = &self.run.progress else {
+            return Ok(None);
+        };
+        let id = crate::flow::step_job_id(flow.flow, step);
+        let json = coordinator
+            .send(crate::coordinator::ReadResult(id))
+            .await??;
+        json.map(|envelope| crate::client::decode_result(id, &envelope))
+            .transpose()
+    }
+
     /// The job being run.
     pub fn job(&self) -> &Job {
         &self.job

@@ -25,6 +25,9 @@ pub struct Coordinator {
     reaping: bool,
     /// A follow-up sweep is running (one at a time, beside the reaper, never delaying it).
     sweeping: bool,
+    /// A flow pass is running (one at a time), and whether another was asked for meanwhile.
+    flowing: bool,
+    flow_again: bool,
     /// How often the queue-depth [`Sampler`] ticks; `None`: no sampler.
     sample_every: Option<Duration>,
     sampler: Option<Addr<Sampler>>,
@@ -42,6 +45,8 @@ impl Coordinator {
             reap_every: Duration::from_secs(1),
             reaping: false,
             sweeping: false,
+            flowing: false,
+            flow_again: false,
             sample_every: None,
             sampler: None,
         }
@@ -77,8 +82,43 @@ impl Coordinator {
         ctx.spawn(pass.into_actor(self).map(|(), act, _| act.sweeping = false));
     }
 
+    /// Moves flows on: records the ends of their steps and releases what that unblocks
+    /// (`store/flows.rs`). One pass at a time; one asked for meanwhile runs after it.
+    fn advance_flows(&mut self, ctx: &mut Context<Self>) {
+        if self.flowing {
+            self.flow_again = true;
+            return;
+        }
+        self.flowing = true;
+        let store = self.store.clone();
+        let pass = async move {
+            let started = std::time::Instant::now();
+            // A full pass means more step ends are waiting: go on at once, a while at most.
+            loop {
+                match crate::store::flows::advance(&store).await {
+                    Ok(n)
+                        if n == crate::store::flows::ENDS_PER_PASS
+                            && started.elapsed() < Duration::from_secs(1) => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        crate::repeats::warn_repeated!(error = %e, "flow pass failed; will retry");
+                        counter!(m::BACKEND_ERRORS, "op" => "flows").increment(1);
+                        break;
+                    }
+                }
+            }
+        };
+        ctx.spawn(pass.into_actor(self).map(|(), act, ctx| {
+            act.flowing = false;
+            if std::mem::take(&mut act.flow_again) {
+                act.advance_flows(ctx);
+            }
+        }));
+    }
+
     fn reap(&mut self, ctx: &mut Context<Self>) {
         self.sweep(ctx);
+        self.advance_flows(ctx);
         if self.reaping {
             return;
         }
@@ -125,6 +165,34 @@ impl Actor for Coordinator {
         if let Some(sampler) = self.sampler.take() {
             sampler.do_send(crate::sampler::StopSampling);
         }
+    }
+}
+
+/// Asks for a flow pass now (a flow step's job ended): its step's end is kept already, so a
+/// message lost only waits for the reaper's tick.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct AdvanceFlows;
+
+impl Handler<AdvanceFlows> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: AdvanceFlows, ctx: &mut Self::Context) {
+        self.advance_flows(ctx);
+    }
+}
+
+/// Reads a kept job result (a flow step reading what a step it runs after returned).
+#[derive(Message)]
+#[rtype(result = "Result<Option<String>>")]
+pub(crate) struct ReadResult(pub JobId);
+
+impl Handler<ReadResult> for Coordinator {
+    type Result = ResponseFuture<Result<Option<String>>>;
+
+    fn handle(&mut self, msg: ReadResult, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.result(msg.0).await })
     }
 }
 

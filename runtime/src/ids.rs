@@ -60,6 +60,11 @@ uuid_id!(
 );
 
 uuid_id!(
+    /// Identifies one flow ([`Flow`](crate::Flow)) for its whole life.
+    FlowId
+);
+
+uuid_id!(
     /// Opaque id of one successful claim, used to renew, complete, fail or release it.
     ///
     /// It is random (UUID v4) on purpose: knowing one lease id tells nothing about the next,

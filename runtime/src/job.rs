@@ -353,6 +353,9 @@ pub struct Job {
     pub max_attempts: u32,
     /// Stalls allowed.
     pub max_stalls: u32,
+    /// The flow step it is, if it is one ([`Flow`](crate::Flow)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<crate::flow::FlowStep>,
 }
 
 /// A job plus the lease that lets one worker run it.

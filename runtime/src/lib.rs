@@ -72,6 +72,7 @@ mod client;
 mod context;
 mod coordinator;
 mod error;
+mod flow;
 mod ids;
 mod job;
 mod linger;
@@ -98,7 +99,12 @@ pub use coordinator::{
     Coordinator, CountJobs, Enqueue, ListDead, FOLLOW_UP_GRACE, RESULT_RETENTION,
 };
 pub use error::{Error, Result};
-pub use ids::{FencingToken, IdempotencyKey, JobId, Lease, LeaseId, Scope};
+pub use flow::{
+    decide as decide_step, step_job_id, Decision, Edge, Flow, FlowState, FlowStatus, FlowStep,
+    OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded, FLOW_RETENTION, MAX_FLOW_BYTES,
+    MAX_FLOW_STEPS,
+};
+pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, NewJob, QueueCounts, RateLimit,
     Settlement, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,

@@ -111,6 +111,7 @@ mod tests {
             stalls: 0,
             max_attempts,
             max_stalls: 1,
+            flow: None,
         }
     }
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
 use crate::coordinator::{
-    Coordinator, DeliverFollowUps, Exchange, Exchanged, NoteRejections, Settled,
+    AdvanceFlows, Coordinator, DeliverFollowUps, Exchange, Exchanged, NoteRejections, Settled,
 };
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
@@ -541,6 +541,16 @@ impl Worker {
                     self.renewal().do_send(ForgetLease(p.lease));
                     match result {
                         Ok(()) => {
+                            if p.job.flow.is_some()
+                                && matches!(
+                                    p.settlement,
+                                    Settlement::Complete { .. } | Settlement::Dead { .. }
+                                )
+                            {
+                                // The step's end was kept with the settlement: telling its
+                                // flow now is the fast path; the reaper's tick finds it too.
+                                self.coordinator.do_send(AdvanceFlows);
+                            }
                             if let Settlement::Complete { follow_ups, .. } = &p.settlement {
                                 if !follow_ups.is_empty() {
                                     // Kept with the completion already: enqueueing them now

@@ -18,8 +18,10 @@ use crate::schedule::{Schedule, ScheduleSpec};
 
 mod admin;
 pub mod epoch;
+pub(crate) mod flows;
 
 pub use admin::{Inspect, QueueAdmin};
+pub use flows::FlowStore;
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
@@ -259,11 +261,12 @@ pub struct Stores {
     admin: Arc<dyn QueueAdmin>,
     control: Arc<dyn ControlStore>,
     records: Arc<dyn RecordStore>,
+    flows: Arc<dyn FlowStore>,
 }
 
 impl<T> From<Arc<T>> for Stores
 where
-    T: LeaseStore + Inspect + QueueAdmin + ControlStore + RecordStore,
+    T: LeaseStore + Inspect + QueueAdmin + ControlStore + RecordStore + FlowStore,
 {
     fn from(store: Arc<T>) -> Self {
         Self {
@@ -271,7 +274,8 @@ where
             inspect: store.clone(),
             admin: store.clone(),
             control: store.clone(),
-            records: store,
+            records: store.clone(),
+            flows: store,
         }
     }
 }
@@ -300,6 +304,18 @@ impl Stores {
     /// Results, progress and the rejection journal.
     pub fn records(&self) -> Arc<dyn RecordStore> {
         self.records.clone()
+    }
+
+    /// Held flow jobs, step ends and flows.
+    pub fn flows(&self) -> Arc<dyn FlowStore> {
+        self.flows.clone()
+    }
+
+    /// The same stores with the flows replaced (a partitioned layout's, which keeps each job
+    /// in its partition and each flow at its home).
+    pub fn with_flows(mut self, flows: Arc<dyn FlowStore>) -> Self {
+        self.flows = flows;
+        self
     }
 
     /// The same stores with the hot path replaced (a wrapper that injects faults into claims
@@ -415,6 +431,43 @@ impl ControlStore for Stores {
     }
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
         self.control.advance_schedule(name, through).await
+    }
+}
+
+#[async_trait]
+impl FlowStore for Stores {
+    async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
+        self.flows.hold(jobs).await
+    }
+    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<()> {
+        self.flows.release(releases).await
+    }
+    async fn step_ends(&self, max: usize) -> Result<Vec<crate::flow::StepEnded>> {
+        self.flows.step_ends(max).await
+    }
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
+        self.flows.forget_step_ends(jobs).await
+    }
+    async fn put_flow(&self, flow: &crate::flow::Flow) -> Result<Vec<crate::flow::Release>> {
+        self.flows.put_flow(flow).await
+    }
+    async fn advance_flow(
+        &self,
+        flow: crate::ids::FlowId,
+        ended: &[(String, crate::flow::StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<crate::flow::Release>> {
+        self.flows.advance_flow(flow, ended, applied).await
+    }
+    async fn unreleased_flows(
+        &self,
+        older_than: Duration,
+        max: usize,
+    ) -> Result<Vec<crate::ids::FlowId>> {
+        self.flows.unreleased_flows(older_than, max).await
+    }
+    async fn flow(&self, id: crate::ids::FlowId) -> Result<Option<crate::flow::FlowStatus>> {
+        self.flows.flow(id).await
     }
 }
 

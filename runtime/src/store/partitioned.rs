@@ -21,6 +21,9 @@
 //!   and looked for in every partition. Pauses go to every partition. A rate limit or a
 //!   concurrency cap is split into shares, one per partition, that add up to it (each at
 //!   least 1, so a limit below P allows P).
+//! - **Flows** keep each step's job in the partition it would be enqueued to, and the flow
+//!   itself at its home, the partition its id hashes to; every step between them is
+//!   idempotent (`store/flows.rs`).
 //!
 //! The queue views and controls fan out as `store/admin.rs` says, beside each operation.
 //!
@@ -41,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{Claim, Enqueued, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
 use crate::store::{
-    ClaimRequest, ControlStore, Inspect, LeaseStore, QueueAdmin, Reaped, RecordStore,
+    ClaimRequest, ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, Reaped, RecordStore,
     RejectionNote, Stores,
 };
 
@@ -808,12 +811,102 @@ impl RecordStore for PartitionedLeaseStore {
     }
 }
 
+impl PartitionedLeaseStore {
+    /// The partition a flow step's job is kept in (where [`place`](Self::place) puts it).
+    fn route(&self, release: &crate::flow::Release) -> usize {
+        let p = self.parts.len();
+        match &release.scope {
+            Some(scope) => partition_of(scope.as_str(), p),
+            None => partition_of(&format!("id:{}", release.job), p),
+        }
+    }
+
+    /// A flow's home.
+    fn home(&self, flow: crate::ids::FlowId) -> &Stores {
+        &self.parts[partition_of(&format!("flow:{flow}"), self.parts.len())]
+    }
+
+    /// `items` split by partition.
+    fn split<T>(&self, items: Vec<T>, at: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+        let mut parts: Vec<Vec<T>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
+        for item in items {
+            let i = at(&item);
+            parts[i].push(item);
+        }
+        parts
+    }
+}
+
+#[async_trait]
+impl FlowStore for PartitionedLeaseStore {
+    async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
+        let parts = self.split(jobs, |(job, _)| self.place(job));
+        try_join_all(
+            parts
+                .into_iter()
+                .zip(&self.parts)
+                .filter(|(jobs, _)| !jobs.is_empty())
+                .map(|(jobs, part)| part.hold(jobs)),
+        )
+        .await?;
+        Ok(())
+    }
+    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<()> {
+        let parts = self.split(releases, |r| self.route(r));
+        try_join_all(
+            parts
+                .into_iter()
+                .zip(&self.parts)
+                .filter(|(releases, _)| !releases.is_empty())
+                .map(|(releases, part)| part.release(releases)),
+        )
+        .await?;
+        Ok(())
+    }
+    async fn step_ends(&self, max: usize) -> Result<Vec<crate::flow::StepEnded>> {
+        let all = self
+            .on_all(|part| async move { part.step_ends(max).await })
+            .await?;
+        Ok(all.into_iter().flatten().take(max).collect())
+    }
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
+        self.on_all(|part| async move { part.forget_step_ends(jobs).await })
+            .await?;
+        Ok(())
+    }
+    async fn put_flow(&self, flow: &crate::flow::Flow) -> Result<Vec<crate::flow::Release>> {
+        self.home(flow.id()).put_flow(flow).await
+    }
+    async fn advance_flow(
+        &self,
+        flow: crate::ids::FlowId,
+        ended: &[(String, crate::flow::StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<crate::flow::Release>> {
+        self.home(flow).advance_flow(flow, ended, applied).await
+    }
+    async fn unreleased_flows(
+        &self,
+        older_than: Duration,
+        max: usize,
+    ) -> Result<Vec<crate::ids::FlowId>> {
+        let all = self
+            .on_all(|part| async move { part.unreleased_flows(older_than, max).await })
+            .await?;
+        Ok(all.into_iter().flatten().take(max).collect())
+    }
+    async fn flow(&self, id: crate::ids::FlowId) -> Result<Option<crate::flow::FlowStatus>> {
+        self.home(id).flow(id).await
+    }
+}
+
 impl From<PartitionedLeaseStore> for Stores {
     fn from(store: PartitionedLeaseStore) -> Self {
         let control = store.parts[0].clone();
         let store = Arc::new(store);
         control
             .with_lease_store(store.clone())
+            .with_flows(store.clone())
             .with_records(store.clone())
             .with_queues(store.clone(), store)
     }

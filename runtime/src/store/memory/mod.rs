@@ -37,6 +37,7 @@ use crate::store::{
 
 mod admin;
 mod control;
+mod flows;
 mod sink;
 
 pub use sink::MemoryFencedStore;
@@ -106,6 +107,14 @@ struct LeaseState {
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
     follow_ups: HashMap<JobId, (Instant, Vec<NewJob>)>,
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
+    /// Flow steps' jobs written and not released yet, with their delays (`flows.rs`).
+    held: HashMap<JobId, Duration>,
+    /// Ends of flow steps not recorded at their flows' homes yet, in order.
+    step_ends: BTreeMap<u64, crate::flow::StepEnded>,
+    step_end_of: HashMap<JobId, u64>,
+    /// Flows kept here (their home), with when their releases were last decided while some
+    /// are unconfirmed, and when they finished.
+    flows: HashMap<crate::ids::FlowId, flows::KeptFlow>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -580,6 +589,7 @@ impl LeaseState {
         self.leave(id);
         self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
+            self.step_ended(&job, crate::flow::StepEnd::Completed);
             let q = self.queues.entry(job.queue).or_default();
             q.priority.remove(&id);
             q.completed += 1;
@@ -590,9 +600,14 @@ impl LeaseState {
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
+        self.held.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
+            self.step_ended(&job, crate::flow::StepEnd::Dead);
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
+            // (A dead letter is a plain job again, as on Redis: retried, it runs outside
+            // its flow, which recorded its end already.)
+            let job = Job { flow: None, ..job };
             q.dead.push_back(DeadJob { job, reason });
             while q.dead.len() > retention {
                 q.dead.pop_front();
@@ -630,6 +645,7 @@ impl LeaseStore for MemoryLeaseStore {
                 stalls: 0,
                 max_attempts: new.max_attempts,
                 max_stalls: new.max_stalls,
+                flow: None,
             };
             let queue = state.queues.entry(job.queue.clone()).or_default();
             queue.priority.insert(id, new.priority);

@@ -77,6 +77,7 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
             stalls: parse(&stalls)?,
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
+            flow: meta.flow,
         },
         lease: Lease {
             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
@@ -115,4 +116,7 @@ pub(super) struct Meta {
     pub(super) priority: i32,
     pub(super) max_attempts: u32,
     pub(super) max_stalls: u32,
+    /// The flow step a held job is (written by `hold`, absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) flow: Option<crate::flow::FlowStep>,
 }

@@ -82,6 +82,7 @@ impl Inspect for RedisLeaseStore {
                         stalls: r.stalls,
                         max_attempts: r.max_attempts,
                         max_stalls: r.max_stalls,
+                        flow: None,
                     },
                     reason: r.reason,
                 })

@@ -2,10 +2,11 @@
 //! `common.lua`); for prefix `palisade` every key starts with the hash tag `{palisade}:`.
 //!
 //! This file holds the store and its hot path; `admin.rs` its read-only views and queue
-//! controls, `control.rs` its clock, roles, schedules and records.
+//! controls, `control.rs` its clock, roles, schedules and records, `flows.rs` its flows.
 
 mod admin;
 mod control;
+mod flows;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -399,6 +400,7 @@ impl LeaseStore for RedisLeaseStore {
                 priority: job.priority,
                 max_attempts: job.max_attempts,
                 max_stalls: job.max_stalls,
+                flow: None,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
             let (unique_key, unique_ttl) = job

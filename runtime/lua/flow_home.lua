@@ -1,0 +1,159 @@
+-- flow_home.lua: a flow at its home (store/flows.rs): keeps it ("put") or records how steps
+-- ended and decides what that unblocks ("advance"); the rule is flow.rs' `decide`, mirrored in
+-- `decide_step` below. Every change is once-only: an end is recorded with HSETNX, a decision
+-- with HSETNX, and a dependency count goes down only when its dependency's end was recorded —
+-- so a repeated or replayed call changes nothing.
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  "put" | "advance", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
+--          put:     ARGV[4] step count n, then 3 fields per step: name, JSON {job, scope,
+--                   after: [[step, fail|skip|run]], next: [step]}, number of dependencies
+--          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
+--                   steps whose releases their partitions confirmed
+--          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
+-- Returns  4 fields per release decided and not confirmed: step, job id, scope ("" for none),
+--          decision ("run" | "skip" | "fail:<reason>"); nothing for a flow it does not keep
+-- Errors   "PALISADE_CORRUPT ..." when one of the flow's keys holds another type: raised before
+--          anything changed; also "PALISADE_LAYOUT ..." (before anything)
+do
+  local refused = wrong_layout(KEYS[1])
+  if refused then
+    return refused
+  end
+end
+local base, op, fid, retention = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local F = base .. 'flow:' .. fid
+local STEPS, LEFT, ENDS, DECIDED, OUT = F .. ':steps', F .. ':left', F .. ':ends', F .. ':decided',
+  F .. ':out'
+local wrong = mistyped({ [F] = 'hash', [STEPS] = 'hash', [LEFT] = 'hash', [ENDS] = 'hash',
+  [DECIDED] = 'hash', [OUT] = 'set', [base .. 'flows:out'] = 'zset' })
+if wrong then
+  return corrupt(wrong)
+end
+local now = now_ms()
+
+-- A step's record, or nil when it does not decode (another program wrote it): such a step
+-- is never decided, which the flow's state shows (running), rather than failing the call.
+local function step_of(name)
+  local raw = redis.call('HGET', STEPS, name)
+  local ok, step = pcall(cjson.decode, raw or '')
+  if ok and type(step) == 'table' and type(step.job) == 'string' then
+    return step
+  end
+  return nil
+end
+
+-- flow.rs' `decide`: nil while a dependency has not ended; then fail on a fail edge whose step
+-- did not complete (the first), else skip on such a skip edge, else run.
+local function decide_step(after)
+  local ends = {}
+  for i = 1, #after, 500 do
+    local names = {}
+    for k = i, math.min(i + 499, #after) do
+      names[#names + 1] = tostring(after[k][1])
+    end
+    local got = redis.call('HMGET', ENDS, unpack(names))
+    for k = 1, #got do
+      if not got[k] then
+        return nil
+      end
+      ends[i + k - 1] = got[k]
+    end
+  end
+  for i, e in ipairs(after) do
+    if ends[i] ~= 'completed' and e[2] == 'fail' then
+      return 'fail:step "' .. tostring(e[1]) .. '" it runs after was ' .. ends[i]
+    end
+  end
+  for i, e in ipairs(after) do
+    if ends[i] ~= 'completed' and e[2] == 'skip' then
+      return 'skip'
+    end
+  end
+  return 'run'
+end
+
+local exists = redis.call('EXISTS', F) == 1
+local changed = false
+if op == 'put' and not exists then
+  local n = tonumber(ARGV[4])
+  redis.call('HSET', F, 'steps', n, 'created', now)
+  for i = 0, n - 1 do
+    local o = 4 + i * 3
+    local name, deps = ARGV[o + 1], ARGV[o + 3]
+    redis.call('HSET', STEPS, name, ARGV[o + 2])
+    if deps == '0' then
+      redis.call('HSET', DECIDED, name, 'run')
+      redis.call('SADD', OUT, name)
+      changed = true
+    else
+      redis.call('HSET', LEFT, name, deps)
+    end
+  end
+  exists = true
+elseif op == 'advance' and exists then
+  local n = tonumber(ARGV[4])
+  local work = {}
+  for i = 0, n - 1 do
+    local name, end_ = ARGV[5 + i * 2], ARGV[6 + i * 2]
+    if redis.call('HEXISTS', STEPS, name) == 1 and redis.call('HSETNX', ENDS, name, end_) == 1 then
+      work[#work + 1] = name
+    end
+  end
+  while #work > 0 do
+    local name = table.remove(work)
+    local step = step_of(name)
+    for _, d in ipairs(step and type(step.next) == 'table' and step.next or {}) do
+      d = tostring(d)
+      if redis.call('HEXISTS', DECIDED, d) == 0 then
+        local left = math.max(count_of(redis.call('HGET', LEFT, d)) - 1, 0)
+        redis.call('HSET', LEFT, d, left)
+        local dstep = left == 0 and step_of(d)
+        local decision = dstep and type(dstep.after) == 'table' and decide_step(dstep.after)
+        if decision then
+          redis.call('HSET', DECIDED, d, decision)
+          redis.call('HDEL', LEFT, d)
+          redis.call('SADD', OUT, d)
+          changed = true
+          local ended = (decision == 'skip' and 'skipped')
+            or (string.sub(decision, 1, 5) == 'fail:' and 'dead') or nil
+          if ended and redis.call('HSETNX', ENDS, d, ended) == 1 then
+            work[#work + 1] = d
+          end
+        end
+      end
+    end
+  end
+  local m = tonumber(ARGV[5 + n * 2])
+  for i = 1, m do
+    redis.call('SREM', OUT, ARGV[5 + n * 2 + i])
+  end
+end
+if not exists then
+  return {}
+end
+local pending = redis.call('SMEMBERS', OUT)
+if #pending == 0 then
+  redis.call('ZREM', base .. 'flows:out', fid)
+elseif changed then
+  redis.call('ZADD', base .. 'flows:out', now, fid)
+else
+  redis.call('ZADD', base .. 'flows:out', 'NX', now, fid)
+end
+if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
+  -- Finished: kept for its retention, like its steps' results.
+  for _, key in ipairs({ F, STEPS, LEFT, ENDS, DECIDED, OUT }) do
+    redis.call('PEXPIRE', key, retention)
+  end
+end
+table.sort(pending)
+local out = {}
+for _, name in ipairs(pending) do
+  local step = step_of(name)
+  if step then
+    out[#out + 1] = name
+    out[#out + 1] = step.job
+    out[#out + 1] = type(step.scope) == 'string' and step.scope or ''
+    out[#out + 1] = redis.call('HGET', DECIDED, name) or 'run'
+  end
+end
+return out

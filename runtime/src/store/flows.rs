@@ -1,0 +1,154 @@
+//! Flows across partitions: the store operations a flow needs, and the two drivers that use
+//! them — creating a flow, and moving flows on after their steps ended.
+//!
+//! A flow's steps are ordinary jobs kept in their own partitions (a named scope decides
+//! where), while the flow itself — its graph, which steps ended and how, which were released
+//! — lives in one partition, its *home*. No script can span both, so every step between them
+//! is idempotent and kept until done:
+//!
+//! - **Created written first, released last.** Every step's job is written *held* (known,
+//!   never claimable) in its partition, then the flow is kept at its home, which decides the
+//!   first steps; only then are those released. A creation that stops halfway leaves held
+//!   jobs that never run and no flow anyone can see.
+//! - **A step's end is kept with its settlement.** The accepted completion, or the burial in
+//!   the dead letters, records the step's end in the same atomic step ([`FlowStore::step_ends`]);
+//!   it stays until the home has recorded it. The home records each step's end once (a set
+//!   of ended steps, added to — never a counter that a repeated delivery would decrement
+//!   twice) and decides each dependent once.
+//! - **A release is a state change that happens once.** Releasing a held job makes it ready
+//!   (or dead, or gone) only if it is still held, so a release delivered twice — a sweep
+//!   racing a late delivery — does nothing the second time, even after the job ran. The home
+//!   keeps each decided release until its partition confirmed it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::flow::{Flow, FlowStatus, FlowStep, Release, StepEnd, StepEnded};
+use crate::ids::{FlowId, JobId};
+use crate::job::NewJob;
+
+/// What flows need of a store: in each job's partition, held jobs and the ends of steps; at
+/// each flow's home, the flow. Every method is one atomic operation.
+#[async_trait]
+pub trait FlowStore: Send + Sync + 'static {
+    /// Writes flow steps' jobs held: known, never claimable until released. All or none;
+    /// a job whose id is already known is left as it is (a creation done again).
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()>;
+
+    /// Releases held jobs as each entry says: ready (after the job's delay), dead with the
+    /// reason, or forgotten. A job that is not held (released before, ended, unknown) is
+    /// left alone, so a release may be delivered any number of times.
+    async fn release(&self, releases: Vec<Release>) -> Result<()>;
+
+    /// Flow steps whose jobs ended here (an accepted completion, or dead) and that the flows'
+    /// homes have not recorded yet: oldest first, at most `max`.
+    async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>>;
+
+    /// Forgets those of `jobs` (their flows' homes recorded them).
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()>;
+
+    /// Keeps `flow` (already checked, its jobs held) at its home and decides its first
+    /// steps; returns every release decided and not confirmed yet. A flow already kept is
+    /// left as it is (its pending releases are returned).
+    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>>;
+
+    /// At `flow`'s home: records how steps ended (each step once: a repeated end changes
+    /// nothing), decides the steps that every dependency of has now ended
+    /// ([`decide`](crate::flow::decide)), and forgets the releases of `applied` (their
+    /// partitions confirmed them). Returns every release decided and not confirmed yet;
+    /// nothing for a flow it does not keep.
+    async fn advance_flow(
+        &self,
+        flow: FlowId,
+        ended: &[(String, StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<Release>>;
+
+    /// Flows with releases decided at least `older_than` ago and not confirmed (the
+    /// process that decided them stopped): at most `max`.
+    async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>>;
+
+    /// Flow `id`'s state, while it is kept.
+    async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>>;
+}
+
+/// Creates `flow`: checks it, holds its jobs, keeps it at its home, releases its first steps.
+/// Done again (the same flow id) it adds nothing. Releases that fail here are left to the
+/// coordinator's sweep, decided and kept: the flow exists once this returns `Ok`.
+pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usize) -> Result<()> {
+    flow.validate(max_payload)?;
+    store.hold(flow.held_jobs()).await?;
+    let releases = store.put_flow(flow).await?;
+    if let Err(e) = apply(store, flow.id(), releases).await {
+        tracing::warn!(flow = %flow.id(), error = %e, "first steps not released yet; the coordinator's sweep releases them");
+    }
+    Ok(())
+}
+
+/// Releases `releases` in their partitions and tells `flow`'s home; returns the releases the
+/// home decided meanwhile (none for a flow whose steps all ended).
+async fn apply(
+    store: &dyn FlowStore,
+    flow: FlowId,
+    releases: Vec<Release>,
+) -> Result<Vec<Release>> {
+    let mut releases = releases;
+    // Each round's releases may end steps at once (dead, skipped) and so decide more.
+    for _ in 0..crate::flow::MAX_FLOW_STEPS {
+        if releases.is_empty() {
+            break;
+        }
+        let applied: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
+        store.release(releases).await?;
+        let pending = store.advance_flow(flow, &[], &applied).await?;
+        releases = pending
+            .into_iter()
+            .filter(|r| !applied.contains(&r.step))
+            .collect();
+    }
+    Ok(releases)
+}
+
+/// Step ends one pass records at most.
+pub(crate) const ENDS_PER_PASS: usize = 1000;
+
+/// Flows one pass re-releases at most.
+const FLOWS_PER_PASS: usize = 100;
+
+/// How long a decided release waits for the process that decided it before the sweep
+/// delivers it.
+pub(crate) const RELEASE_GRACE: Duration = Duration::from_secs(10);
+
+/// One pass: tells flows' homes of the steps that ended, releases what they decide, and
+/// delivers releases a stopped process left decided. Returns how many step ends it
+/// recorded. Every step is idempotent: a pass repeated, or racing another process's, changes
+/// nothing twice.
+pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
+    let ends = store.step_ends(ENDS_PER_PASS).await?;
+    let mut by_flow: BTreeMap<FlowId, Vec<(String, StepEnd)>> = BTreeMap::new();
+    for end in &ends {
+        by_flow
+            .entry(end.flow)
+            .or_default()
+            .push((end.step.clone(), end.end));
+    }
+    for (flow, ended) in &by_flow {
+        let releases = store.advance_flow(*flow, ended, &[]).await?;
+        apply(store, *flow, releases).await?;
+    }
+    let recorded: Vec<JobId> = ends.iter().map(|e| e.job).collect();
+    if !recorded.is_empty() {
+        store.forget_step_ends(&recorded).await?;
+    }
+    for flow in store
+        .unreleased_flows(RELEASE_GRACE, FLOWS_PER_PASS)
+        .await?
+    {
+        let releases = store.advance_flow(flow, &[], &[]).await?;
+        apply(store, flow, releases).await?;
+    }
+    Ok(recorded.len())
+}

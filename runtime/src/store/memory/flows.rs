@@ -1,0 +1,190 @@
+//! The memory store's flows: held jobs and step ends of its partition, and the flows it is
+//! home to (the rule is `flow::Home`'s; this file keeps them under the store's one lock).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{lock, LeaseState, MemoryLeaseStore};
+use crate::error::Result;
+use crate::flow::{Flow, FlowStatus, FlowStep, Home, Release, ReleaseAction, StepEnd, StepEnded};
+use crate::ids::{FlowId, JobId, Scope};
+use crate::job::{Job, NewJob};
+use crate::store::FlowStore;
+
+/// A flow at its home, with when its unconfirmed releases were decided and when it finished.
+#[derive(Debug)]
+pub(super) struct KeptFlow {
+    home: Home,
+    decided_at: Instant,
+    finished_at: Option<Instant>,
+}
+
+impl LeaseState {
+    /// A flow step's job ended here: kept until its flow's home recorded it.
+    pub(super) fn step_ended(&mut self, job: &Job, end: StepEnd) {
+        let Some(step) = &job.flow else {
+            return;
+        };
+        if self.step_end_of.contains_key(&job.id) {
+            return;
+        }
+        let seq = self.next_seq();
+        self.step_end_of.insert(job.id, seq);
+        self.step_ends.insert(
+            seq,
+            StepEnded {
+                job: job.id,
+                flow: step.flow,
+                step: step.step.clone(),
+                end,
+            },
+        );
+    }
+
+    /// Forgets flows finished more than [`FLOW_RETENTION`](crate::FLOW_RETENTION) ago.
+    fn forget_finished_flows(&mut self, now: Instant) {
+        self.flows.retain(|_, f| {
+            f.finished_at
+                .is_none_or(|at| now.duration_since(at) < crate::flow::FLOW_RETENTION)
+        });
+    }
+
+    fn kept_flow(&mut self, flow: FlowId, now: Instant) -> Option<&mut KeptFlow> {
+        self.forget_finished_flows(now);
+        self.flows.get_mut(&flow)
+    }
+}
+
+impl KeptFlow {
+    /// Its pending releases, noting when they were decided and whether it finished.
+    fn settle(&mut self, now: Instant, changed: bool) -> Vec<Release> {
+        if changed {
+            self.decided_at = now;
+        }
+        if self.finished_at.is_none() && self.home.finished() {
+            self.finished_at = Some(now);
+        }
+        self.home.pending()
+    }
+}
+
+#[async_trait]
+impl FlowStore for MemoryLeaseStore {
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+        let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
+        crate::job::validate_batch(&news, self.max_payload_bytes)?;
+        let mut state = lock(&self.state);
+        for (new, step) in jobs {
+            let id = new.id.unwrap_or_else(JobId::new);
+            if state.jobs.contains_key(&id) {
+                continue;
+            }
+            let job = Job {
+                id,
+                scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),
+                queue: new.queue,
+                kind: new.kind,
+                payload: new.payload,
+                attempt: 0,
+                stalls: 0,
+                max_attempts: new.max_attempts,
+                max_stalls: new.max_stalls,
+                flow: Some(step),
+            };
+            let queue = state.queues.entry(job.queue.clone()).or_default();
+            queue.priority.insert(id, new.priority);
+            state.jobs.insert(id, job);
+            state.held.insert(id, new.delay);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, releases: Vec<Release>) -> Result<()> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        for r in releases {
+            let Some(delay) = state.held.remove(&r.job) else {
+                continue;
+            };
+            match r.action {
+                ReleaseAction::Run => state.park(r.job, now + delay, now),
+                ReleaseAction::Fail(reason) => state.bury(r.job, reason, self.dead_retention),
+                ReleaseAction::Skip => {
+                    if let Some(job) = state.jobs.remove(&r.job) {
+                        if let Some(q) = state.queues.get_mut(&job.queue) {
+                            q.priority.remove(&r.job);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {
+        let state = lock(&self.state);
+        Ok(state.step_ends.values().take(max).cloned().collect())
+    }
+
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
+        let mut state = lock(&self.state);
+        for job in jobs {
+            if let Some(seq) = state.step_end_of.remove(job) {
+                state.step_ends.remove(&seq);
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>> {
+        flow.validate(self.max_payload_bytes)?;
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        state.forget_finished_flows(now);
+        let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
+            home: Home::new(flow),
+            decided_at: now,
+            finished_at: None,
+        });
+        Ok(kept.settle(now, false))
+    }
+
+    async fn advance_flow(
+        &self,
+        flow: FlowId,
+        ended: &[(String, StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<Release>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let Some(kept) = state.kept_flow(flow, now) else {
+            return Ok(Vec::new());
+        };
+        let before = kept.home.status().released;
+        kept.home.advance(ended, applied);
+        let changed = kept.home.status().released != before;
+        Ok(kept.settle(now, changed))
+    }
+
+    async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        Ok(state
+            .flows
+            .iter()
+            .filter(|(_, f)| {
+                !f.home.pending().is_empty() && now.duration_since(f.decided_at) >= older_than
+            })
+            .map(|(id, _)| *id)
+            .take(max)
+            .collect())
+    }
+
+    async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        Ok(state.kept_flow(id, now).map(|f| f.home.status()))
+    }
+}

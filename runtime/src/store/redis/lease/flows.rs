@@ -1,0 +1,327 @@
+//! The Redis store's flows (`hold.lua`, `release.lua`, `flow_home.lua`; the key layout is in
+//! `common.lua`).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Script};
+use serde::Serialize;
+
+use super::RedisLeaseStore;
+use crate::error::{Error, Result};
+use crate::flow::{
+    Edge, Flow, FlowState, FlowStatus, FlowStep, Release, ReleaseAction, StepEnd, StepEnded,
+    FLOW_RETENTION,
+};
+use crate::ids::{FlowId, JobId, Scope};
+use crate::job::{NewJob, MAX_DELAY};
+use crate::store::redis::connection::{garbage, parse, round_trip};
+use crate::store::redis::scripts::{coordinator_script, Meta};
+use crate::store::FlowStore;
+
+static HOLD: LazyLock<Script> = coordinator_script!("hold.lua");
+static RELEASE: LazyLock<Script> = coordinator_script!("release.lua");
+static FLOW_HOME: LazyLock<Script> = coordinator_script!("flow_home.lua");
+/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; pairs of job id and record. Read-only.
+static STEP_ENDS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           out[#out + 1] = id \
+           out[#out + 1] = redis.call('HGET', KEYS[1] .. 'stepend', id) or '' \
+         end \
+         return out",
+    )
+});
+/// Flows with releases decided at least ARGV[1] ms ago, at most ARGV[2]. Read-only.
+static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         return redis.call('ZRANGEBYSCORE', KEYS[1] .. 'flows:out', '-inf', \
+           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))",
+    )
+});
+/// A flow's status: its step count, decided count, then pairs of step and end. Read-only.
+static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
+         local steps = redis.call('HGET', F, 'steps') \
+         if not steps then return {} end \
+         local out = { steps, tostring(redis.call('HLEN', F .. ':decided')) } \
+         local ends = redis.call('HGETALL', F .. ':ends') \
+         for _, v in ipairs(ends) do out[#out + 1] = v end \
+         return out",
+    )
+});
+
+/// A step as the home keeps it (`flow:<id>:steps`).
+#[derive(Serialize)]
+struct HomeStep<'a> {
+    job: JobId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'a Scope>,
+    after: Vec<(&'a str, crate::flow::OnDead)>,
+    next: Vec<&'a str>,
+}
+
+impl RedisLeaseStore {
+    /// Runs `flow_home.lua` and decodes its releases.
+    async fn home(&self, flow: FlowId, op: &str, args: Vec<String>) -> Result<Vec<Release>> {
+        round_trip("flow");
+        let mut invocation = FLOW_HOME.key(&self.base);
+        invocation
+            .arg(op)
+            .arg(flow.to_string())
+            .arg(FLOW_RETENTION.as_millis() as u64)
+            .arg(args)
+            .arg(self.generation);
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        flat.chunks_exact(4)
+            .map(|r| {
+                let action = match r[3].as_str() {
+                    "run" => ReleaseAction::Run,
+                    "skip" => ReleaseAction::Skip,
+                    other => match other.strip_prefix("fail:") {
+                        Some(why) => ReleaseAction::Fail(why.to_owned()),
+                        None => return Err(garbage(format_args!("bad decision {other:?}"))),
+                    },
+                };
+                Ok(Release {
+                    flow,
+                    step: r[0].clone(),
+                    job: JobId::from(parse::<uuid::Uuid>(&r[1])?),
+                    scope: (!r[2].is_empty()).then(|| Scope::new(r[2].clone())),
+                    action,
+                })
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl FlowStore for RedisLeaseStore {
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+        let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
+        crate::job::validate_batch(&news, self.max_payload_bytes)?;
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        round_trip("hold");
+        let mut invocation = HOLD.key(&self.base);
+        invocation.arg(jobs.len());
+        for (job, step) in jobs {
+            let id = job.id.unwrap_or_else(JobId::new);
+            let tag = format!("{}\t{}", step.flow, step.step);
+            let meta = serde_json::to_string(&Meta {
+                kind: job.kind.clone(),
+                payload: job.payload,
+                queue: job.queue.clone(),
+                scope: job.scope.clone(),
+                priority: job.priority,
+                max_attempts: job.max_attempts,
+                max_stalls: job.max_stalls,
+                flow: Some(step),
+            })
+            .map_err(|e| Error::Payload(e.to_string()))?;
+            invocation
+                .arg(id.to_string())
+                .arg(job.queue)
+                .arg(job.kind)
+                .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
+                .arg(job.delay.as_millis() as u64)
+                .arg(meta)
+                .arg(tag)
+                .arg("");
+        }
+        invocation.arg(self.generation);
+        let mut conn = self.conn().await?;
+        invocation
+            .invoke_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(())
+    }
+
+    async fn release(&self, releases: Vec<Release>) -> Result<()> {
+        if releases.is_empty() {
+            return Ok(());
+        }
+        round_trip("release");
+        let mut invocation = RELEASE.key(&self.base);
+        invocation.arg(releases.len()).arg(self.dead_retention);
+        for r in releases {
+            let (action, reason) = match r.action {
+                ReleaseAction::Run => ("run", String::new()),
+                ReleaseAction::Fail(why) => ("fail", why),
+                ReleaseAction::Skip => ("skip", String::new()),
+            };
+            invocation.arg(r.job.to_string()).arg(action).arg(reason);
+        }
+        invocation.arg(self.generation);
+        let mut conn = self.conn().await?;
+        invocation
+            .invoke_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(())
+    }
+
+    async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = STEP_ENDS
+            .key(&self.base)
+            .arg(max)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut ends = Vec::new();
+        for pair in flat.chunks_exact(2) {
+            let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
+            let mut parts = pair[1].split('\t');
+            let (flow, step, end) = (parts.next(), parts.next(), parts.next());
+            let decoded = (|| {
+                let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
+                Some((flow, step?.to_owned(), StepEnd::parse(end?)?))
+            })();
+            match decoded {
+                Some((flow, step, end)) => ends.push(StepEnded {
+                    job,
+                    flow,
+                    step,
+                    end,
+                }),
+                // Another program's record (or one gone since it was listed): said, and
+                // forgotten with the others, so it cannot stop every later pass.
+                None => {
+                    tracing::error!(%job, record = %pair[1], "flow step end does not decode; forgetting it");
+                    ends.push(StepEnded {
+                        job,
+                        flow: FlowId::from(uuid::Uuid::nil()),
+                        step: String::new(),
+                        end: StepEnd::Dead,
+                    });
+                }
+            }
+        }
+        Ok(ends)
+    }
+
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = jobs.iter().map(JobId::to_string).collect();
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .atomic()
+            .cmd("ZREM")
+            .arg(format!("{}stepends", self.base))
+            .arg(&ids)
+            .ignore()
+            .cmd("HDEL")
+            .arg(format!("{}stepend", self.base))
+            .arg(&ids)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>> {
+        flow.validate(self.max_payload_bytes)?;
+        let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
+        for s in flow.steps() {
+            for Edge { step, .. } in &s.after {
+                next.entry(step.as_str()).or_default().push(&s.name);
+            }
+        }
+        let mut args = vec![flow.steps().len().to_string()];
+        for s in flow.steps() {
+            let record = HomeStep {
+                job: flow.job_id(&s.name),
+                scope: s.job.scope.as_ref(),
+                after: s
+                    .after
+                    .iter()
+                    .map(|e| (e.step.as_str(), e.on_dead))
+                    .collect(),
+                next: next.remove(s.name.as_str()).unwrap_or_default(),
+            };
+            args.push(s.name.clone());
+            args.push(serde_json::to_string(&record).map_err(|e| Error::Payload(e.to_string()))?);
+            args.push(s.after.len().to_string());
+        }
+        self.home(flow.id(), "put", args).await
+    }
+
+    async fn advance_flow(
+        &self,
+        flow: FlowId,
+        ended: &[(String, StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<Release>> {
+        let mut args = vec![ended.len().to_string()];
+        for (step, end) in ended {
+            args.push(step.clone());
+            args.push(end.as_str().to_owned());
+        }
+        args.push(applied.len().to_string());
+        args.extend(applied.iter().cloned());
+        self.home(flow, "advance", args).await
+    }
+
+    async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
+        let mut conn = self.conn().await?;
+        let ids: Vec<String> = UNRELEASED
+            .key(&self.base)
+            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+            .arg(max)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        ids.iter()
+            .map(|id| Ok(FlowId::from(parse::<uuid::Uuid>(id)?)))
+            .collect()
+    }
+
+    async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = FLOW_STATUS
+            .key(&self.base)
+            .arg(id.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let [steps, decided, rest @ ..] = flat.as_slice() else {
+            return Ok(None);
+        };
+        let steps: usize = parse(steps)?;
+        let mut ended = std::collections::HashMap::new();
+        for pair in rest.chunks_exact(2) {
+            let end = StepEnd::parse(&pair[1])
+                .ok_or_else(|| garbage(format_args!("bad step end {:?}", pair[1])))?;
+            ended.insert(pair[0].clone(), end);
+        }
+        let state = if ended.len() < steps {
+            FlowState::Running
+        } else if ended.values().all(|e| *e == StepEnd::Completed) {
+            FlowState::Succeeded
+        } else {
+            FlowState::Failed
+        };
+        Ok(Some(FlowStatus {
+            id,
+            state,
+            steps,
+            ended,
+            released: parse(decided)?,
+        }))
+    }
+}

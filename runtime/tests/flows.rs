@@ -1,0 +1,374 @@
+//! Issue 25: flows — one conformance suite run against the memory store, one Redis, and three
+//! Redis partitions (a flow's steps spread over them, its home in one). Each scenario makes
+//! the bad thing try to happen: a dependent claimed early, a step's end or a release
+//! delivered twice or lost, a paused holder's completion, a creation stopped halfway.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade::store::{FlowStore, Stores};
+use palisade::*;
+use palisade_testkit::RedisServer;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn ok(value: i64) -> Settlement {
+    Settlement::Complete {
+        result: Some(format!("{{\"ok\":{value}}}")),
+        follow_ups: Vec::new(),
+    }
+}
+
+fn job(kind: &str) -> NewJob {
+    NewJob::raw(kind, "null")
+}
+
+/// A pass of the flow driver, as the coordinator runs it on every reaper tick.
+async fn pass(stores: &Stores) {
+    // (The driver is the coordinator's; a Client's create and the store calls below are
+    // what a test can reach: step ends are recorded and releases applied through them.)
+    let ends = stores.step_ends(1000).await.unwrap();
+    let mut by_flow: std::collections::BTreeMap<FlowId, Vec<(String, StepEnd)>> =
+        Default::default();
+    for e in &ends {
+        by_flow
+            .entry(e.flow)
+            .or_default()
+            .push((e.step.clone(), e.end));
+    }
+    for (flow, ended) in by_flow {
+        let mut releases = stores.advance_flow(flow, &ended, &[]).await.unwrap();
+        while !releases.is_empty() {
+            let applied: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
+            stores.release(releases).await.unwrap();
+            releases = stores.advance_flow(flow, &[], &applied).await.unwrap();
+        }
+    }
+    let jobs: Vec<JobId> = ends.iter().map(|e| e.job).collect();
+    stores.forget_step_ends(&jobs).await.unwrap();
+}
+
+/// Claims everything claimable of `kinds` (in `queue` default), by kind.
+async fn claim_all(stores: &Stores, worker: &str) -> Vec<Claim> {
+    stores.claim("default", worker, 100, TTL).await.unwrap()
+}
+
+fn kinds(claims: &[Claim]) -> Vec<String> {
+    let mut k: Vec<String> = claims
+        .iter()
+        .map(|c| c.job.flow.as_ref().unwrap().step.clone())
+        .collect();
+    k.sort();
+    k
+}
+
+async fn complete(stores: &Stores, claims: &[Claim], value: i64) {
+    let settled = stores
+        .settle(claims.iter().map(|c| (c.lease.id, ok(value))).collect())
+        .await
+        .unwrap();
+    assert!(settled.iter().all(|r| r.is_ok()), "{settled:?}");
+}
+
+/// A diamond a → (b, c) → d: nothing but `a` is claimable until `a` completed, `d` only
+/// after both; results are kept with each completion; the flow ends succeeded.
+async fn diamond(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k"))
+        .step_after("b", job("k"), &["a"])
+        .step_after("c", job("k").with_scope("shared-scope"), &["a"])
+        .step_after("d", job("k"), &["b", "c"]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(
+        (status.state, status.steps, status.released),
+        (FlowState::Running, 4, 1)
+    );
+    let a = claim_all(stores, "w").await;
+    assert_eq!(kinds(&a), ["a"], "only the root is claimable");
+    assert_eq!(a[0].job.flow.as_ref().unwrap().flow, id);
+    pass(stores).await;
+    assert!(
+        claim_all(stores, "w").await.is_empty(),
+        "b and c wait for a"
+    );
+    complete(stores, &a, 1).await;
+    pass(stores).await;
+    let bc = claim_all(stores, "w").await;
+    assert_eq!(kinds(&bc), ["b", "c"]);
+    complete(stores, &bc[..1], 2).await;
+    pass(stores).await;
+    assert!(claim_all(stores, "w").await.is_empty(), "d waits for both");
+    complete(stores, &bc[1..], 3).await;
+    pass(stores).await;
+    let d = claim_all(stores, "w").await;
+    assert_eq!(kinds(&d), ["d"]);
+    assert_eq!(d[0].job.flow.as_ref().unwrap().after, ["b", "c"]);
+    // What d's handler reads through its context: the results kept with b's and c's
+    // completions.
+    let b: Option<i64> = client.result(flow.job_id("b")).await.unwrap();
+    let c: Option<i64> = client.result(flow.job_id("c")).await.unwrap();
+    assert_eq!(b.unwrap() + c.unwrap(), 5);
+    complete(stores, &d, 4).await;
+    pass(stores).await;
+    let done = client
+        .wait_flow(id, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, FlowState::Succeeded);
+    assert_eq!(done.count(StepEnd::Completed), 4);
+    assert_eq!(stores.counts("default").await.unwrap().pending(), 0);
+}
+
+/// A batch of 5 whose child 2 dies: `on_success` is skipped (never runs, no dead letter),
+/// `on_complete` runs once — however often the step ends and releases are delivered again.
+async fn batch_callbacks_once(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::batch((0..5).map(|_| job("child")))
+        .on_success(job("yay"))
+        .on_complete(job("done"));
+    let id = client.create_flow(&flow).await.unwrap();
+    let children = claim_all(stores, "w").await;
+    assert_eq!(children.len(), 5);
+    let mut settlements = Vec::new();
+    for c in &children {
+        let dies = c.job.flow.as_ref().unwrap().step == "child:2";
+        settlements.push((
+            c.lease.id,
+            if dies {
+                Settlement::Dead {
+                    reason: "boom".into(),
+                }
+            } else {
+                ok(1)
+            },
+        ));
+    }
+    stores.settle(settlements).await.unwrap();
+    // The step ends delivered twice (a sweep racing a late delivery): recorded once.
+    let ends = stores.step_ends(100).await.unwrap();
+    assert_eq!(ends.len(), 5, "{ends:?}");
+    let ended: Vec<(String, StepEnd)> = ends.iter().map(|e| (e.step.clone(), e.end)).collect();
+    let first = stores.advance_flow(id, &ended, &[]).await.unwrap();
+    let again = stores.advance_flow(id, &ended, &[]).await.unwrap();
+    assert_eq!(first, again, "a repeated end decides nothing new");
+    let mut steps: Vec<(&str, &ReleaseAction)> =
+        first.iter().map(|r| (r.step.as_str(), &r.action)).collect();
+    steps.sort_by_key(|s| s.0);
+    assert_eq!(
+        steps,
+        [
+            ("on_complete", &ReleaseAction::Run),
+            ("on_success", &ReleaseAction::Skip)
+        ]
+    );
+    // Released twice: the callback becomes ready once.
+    stores.release(first.clone()).await.unwrap();
+    stores.release(first.clone()).await.unwrap();
+    pass(stores).await;
+    let callbacks = claim_all(stores, "w").await;
+    assert_eq!(kinds(&callbacks), ["on_complete"]);
+    complete(stores, &callbacks, 0).await;
+    // Released again after it ran and completed: nothing comes back.
+    stores.release(first).await.unwrap();
+    pass(stores).await;
+    pass(stores).await;
+    assert!(
+        claim_all(stores, "w").await.is_empty(),
+        "the callback ran once"
+    );
+    let done = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(done.state, FlowState::Failed);
+    assert_eq!(
+        (
+            done.count(StepEnd::Completed),
+            done.count(StepEnd::Dead),
+            done.count(StepEnd::Skipped)
+        ),
+        (5, 1, 1)
+    );
+    assert_eq!(
+        stores.dead("default", 10).await.unwrap().len(),
+        1,
+        "only child 2"
+    );
+}
+
+/// A dead step fails its dependent on a fail edge — to the dead letters, unrun, with the
+/// reason — and that one's run-anyway dependent still runs.
+async fn fail_edges_cascade(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k").with_queue("cascade"))
+        .step_after("b", job("k").with_queue("cascade"), &["a"])
+        .step_with("c", job("k").with_queue("cascade"), [("b", OnDead::Run)]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = stores.claim("cascade", "w", 10, TTL).await.unwrap();
+    stores
+        .settle(vec![(
+            a[0].lease.id,
+            Settlement::Dead {
+                reason: "no".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    pass(stores).await;
+    let c = stores.claim("cascade", "w", 10, TTL).await.unwrap();
+    assert_eq!(kinds(&c), ["c"], "b failed unrun; c runs anyway");
+    let dead = stores.dead("cascade", 10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead.iter().any(|d| d.job.id == flow.job_id("b")
+            && d.reason.contains("step \"a\" it runs after was dead")),
+        "{dead:?}"
+    );
+    complete(stores, &c, 0).await;
+    pass(stores).await;
+    let done = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(done.state, FlowState::Failed);
+    assert_eq!(done.ended["b"], StepEnd::Dead);
+}
+
+/// A holder paused past its lease: the step runs again under a new lease; the paused
+/// holder's completion is refused, so no end of its is kept and the dependent waits for the
+/// new holder's completion.
+async fn a_stale_holder_moves_nothing(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::chain([job("k").with_queue("stale"), job("k").with_queue("stale")]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let first = stores
+        .claim("stale", "paused", 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stores.reap(100).await.unwrap();
+    let second = stores.claim("stale", "w", 1, TTL).await.unwrap();
+    assert_eq!(second[0].job.id, first[0].job.id);
+    let late = stores
+        .settle(vec![(first[0].lease.id, ok(666))])
+        .await
+        .unwrap();
+    assert!(
+        matches!(late[0], Err(Error::LeaseNotCurrent(_))),
+        "{late:?}"
+    );
+    assert!(
+        stores.step_ends(10).await.unwrap().is_empty(),
+        "no end for a refused completion"
+    );
+    pass(stores).await;
+    assert!(stores.claim("stale", "w", 1, TTL).await.unwrap().is_empty());
+    assert_eq!(client.result::<i64>(flow.job_id("0")).await.unwrap(), None);
+    stores
+        .settle(vec![(second[0].lease.id, ok(7))])
+        .await
+        .unwrap();
+    pass(stores).await;
+    let next = stores.claim("stale", "w", 1, TTL).await.unwrap();
+    assert_eq!(kinds(&next), ["1"]);
+    assert_eq!(
+        client.result::<i64>(flow.job_id("0")).await.unwrap(),
+        Some(7)
+    );
+    complete(stores, &next, 0).await;
+    pass(stores).await;
+    assert_eq!(
+        client.flow(id).await.unwrap().unwrap().state,
+        FlowState::Succeeded
+    );
+}
+
+/// Written first, released last: held jobs alone (a creation that stopped before the flow
+/// was kept) never run and show nowhere; a flow kept whose first releases were lost is
+/// released by the sweep; a cycle is refused before anything is written.
+async fn halfway_and_lost_steps(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k").with_queue("halfway"))
+        .step_after("b", job("k").with_queue("halfway"), &["a"]);
+    let held: Vec<(NewJob, FlowStep)> = flow
+        .steps()
+        .iter()
+        .map(|s| {
+            let mut j = s.job.clone();
+            j.id = Some(flow.job_id(&s.name));
+            let step = FlowStep {
+                flow: flow.id(),
+                step: s.name.clone(),
+                after: s.after.iter().map(|e| e.step.clone()).collect(),
+            };
+            (j, step)
+        })
+        .collect();
+    stores.hold(held).await.unwrap();
+    assert!(stores
+        .claim("halfway", "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(stores.counts("halfway").await.unwrap().pending(), 0);
+    assert!(client.flow(flow.id()).await.unwrap().is_none());
+    // Kept, its first release decided and not delivered (the creator stopped): still
+    // nothing runs, until the sweep finds the flow.
+    let decided = stores.put_flow(&flow).await.unwrap();
+    assert_eq!(decided.len(), 1);
+    assert!(stores
+        .claim("halfway", "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    let stuck = stores.unreleased_flows(Duration::ZERO, 10).await.unwrap();
+    assert!(stuck.contains(&flow.id()), "{stuck:?}");
+    let releases = stores.advance_flow(flow.id(), &[], &[]).await.unwrap();
+    stores.release(releases).await.unwrap();
+    let a = stores.claim("halfway", "w", 10, TTL).await.unwrap();
+    assert_eq!(kinds(&a), ["a"]);
+    // Creating it again (a retried request) adds nothing.
+    client.create_flow(&flow).await.unwrap();
+    assert!(stores
+        .claim("halfway", "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    let cycle = Flow::new()
+        .step_after("x", job("k").with_queue("cycle"), &["y"])
+        .step_after("y", job("k").with_queue("cycle"), &["x"]);
+    let refused = client.create_flow(&cycle).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidJob(why)) if why.contains("cycle")),
+        "{refused:?}"
+    );
+    assert!(client.flow(cycle.id()).await.unwrap().is_none());
+}
+
+async fn conformance(stores: Stores) {
+    diamond(&stores).await;
+    batch_callbacks_once(&stores).await;
+    fail_edges_cascade(&stores).await;
+    a_stale_holder_moves_nothing(&stores).await;
+    halfway_and_lost_steps(&stores).await;
+}
+
+#[tokio::test]
+async fn flows_on_the_memory_store() {
+    conformance(Stores::from(Arc::new(MemoryLeaseStore::new()))).await;
+}
+
+#[tokio::test]
+async fn flows_on_redis() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores = palisade::store::redis::coordinator(pool, "flows", 1, 0, 1 << 20, |s| s).unwrap();
+    conformance(stores).await;
+}
+
+#[tokio::test]
+async fn flows_on_three_redis_partitions() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores = palisade::store::redis::coordinator(pool, "flows", 3, 0, 1 << 20, |s| s).unwrap();
+    conformance(stores).await;
+}
