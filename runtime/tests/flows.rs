@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix::prelude::*;
 use palisade::store::{FlowStore, Stores};
 use palisade::*;
 use palisade_testkit::RedisServer;
@@ -371,4 +372,128 @@ async fn flows_on_three_redis_partitions() {
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let stores = palisade::store::redis::coordinator(pool, "flows", 3, 0, 1 << 20, |s| s).unwrap();
     conformance(stores).await;
+}
+
+/// Fan-out/fan-in through real actors: 50 children return their numbers, a `sum` step reads
+/// every child's result from its context, and the batch's `on_complete` callback makes one
+/// fenced write; child 7 fails once (a retry is no end), so the sum waits for its retry. The
+/// sum is exact and the callback ran once.
+async fn fan_in(stores: Stores) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let coordinator = Coordinator::new(stores.clone())
+        .with_reap_interval(Duration::from_millis(50))
+        .start();
+    let sink_store = Arc::new(MemoryFencedStore::new());
+    let sinks = Sinks::new().with(
+        "ledger",
+        FencedSink::new("ledger", sink_store.clone()).start(),
+    );
+    let callbacks = Arc::new(AtomicU32::new(0));
+    let failed_once = Arc::new(AtomicU32::new(0));
+    let registry = Registry::new()
+        .register_with_result("child", {
+            let failed_once = failed_once.clone();
+            move |_: JobContext, n: i64| {
+                let fail = n == 7 && failed_once.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if fail {
+                        return Err(JobError::retry("first attempt of child 7 fails"));
+                    }
+                    Ok(n)
+                }
+            }
+        })
+        .register_with_result("sum", |ctx: JobContext, _: ()| async move {
+            let mut total = 0i64;
+            for step in &ctx.job().flow.as_ref().unwrap().after {
+                let n: i64 = ctx
+                    .dependency(step)
+                    .await?
+                    .ok_or_else(|| JobError::fatal(format!("no result of {step}")))?;
+                total += n;
+            }
+            Ok(total)
+        })
+        .register("announce", {
+            let callbacks = callbacks.clone();
+            move |ctx: JobContext, _: ()| {
+                callbacks.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let total: Option<i64> = ctx.dependency("sum").await?;
+                    ctx.sink("ledger")?
+                        .write(vec![Mutation::Set {
+                            key: "announced".into(),
+                            value: total.unwrap_or(-1).to_string(),
+                        }])
+                        .await?;
+                    Ok(())
+                }
+            }
+        });
+    let worker = Worker::new(
+        WorkerConfig {
+            poll_interval: Duration::from_millis(20),
+            retry: RetryPolicy {
+                base: Duration::from_millis(10),
+                max: Duration::from_millis(50),
+            },
+            ..WorkerConfig::new("fan-in")
+        },
+        coordinator.clone(),
+        registry,
+        sinks,
+    )
+    .expect("valid config")
+    .start();
+    let mut flow = Flow::new();
+    let mut children = Vec::new();
+    for n in 1..=50i64 {
+        let name = format!("child:{n}");
+        flow = flow.step(
+            &name,
+            NewJob::new("child", &n).unwrap().with_max_attempts(3),
+        );
+        children.push(name);
+    }
+    let names: Vec<&str> = children.iter().map(String::as_str).collect();
+    let flow = flow
+        .step_after("sum", NewJob::new("sum", &()).unwrap(), &names)
+        .on_complete(NewJob::new("announce", &()).unwrap());
+    let client = Client::new(stores.clone());
+    let id = client.create_flow(&flow).await.unwrap();
+    let done = client
+        .wait_flow(id, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the flow finished");
+    assert_eq!(done.state, FlowState::Succeeded, "{done:?}");
+    assert_eq!(
+        client.result::<i64>(flow.job_id("sum")).await.unwrap(),
+        Some(1275)
+    );
+    assert_eq!(callbacks.load(Ordering::SeqCst), 1, "the callback ran once");
+    assert_eq!(
+        sink_store.read("announced").await.unwrap(),
+        Some(Value::Text("1275".into()))
+    );
+    assert_eq!(failed_once.load(Ordering::SeqCst), 2, "child 7 ran twice");
+    worker
+        .send(Drain {
+            deadline: Duration::from_secs(5),
+        })
+        .await
+        .ok();
+}
+
+#[actix::test]
+async fn fan_in_through_actors_on_the_memory_store() {
+    fan_in(Stores::from(Arc::new(MemoryLeaseStore::new()))).await;
+}
+
+#[actix::test]
+async fn fan_in_through_actors_on_redis_partitions() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores = palisade::store::redis::coordinator(pool, "fanin", 3, 0, 1 << 20, |s| s).unwrap();
+    fan_in(stores).await;
 }
