@@ -497,3 +497,106 @@ async fn fan_in_through_actors_on_redis_partitions() {
     let stores = palisade::store::redis::coordinator(pool, "fanin", 3, 0, 1 << 20, |s| s).unwrap();
     fan_in(stores).await;
 }
+
+/// The rule exists twice — `flow::Home` (the memory store) and `flow_home.lua` — so both get
+/// the same random flows and histories: random DAGs whose step names carry quotes,
+/// backslashes, non-ASCII and digits, ends delivered in random order, replayed, for unknown
+/// steps, and releases confirmed at random. Every answer (the pending releases, reasons word
+/// for word) and every status must be equal.
+#[tokio::test]
+async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let names = [
+        "a",
+        "b\"q",
+        "c\\d",
+        "ünï",
+        "7",
+        "x y",
+        "{}",
+        "[]",
+        "on_success",
+        "z-1",
+        "é\"\\",
+        "1e3",
+    ];
+    let policies = [OnDead::Fail, OnDead::Skip, OnDead::Run];
+    let ends = [StepEnd::Completed, StepEnd::Dead];
+    for case in 0..150u64 {
+        let mut rng = StdRng::seed_from_u64(case);
+        let memory = Stores::from(Arc::new(MemoryLeaseStore::new()));
+        let redis = palisade::store::redis::coordinator(
+            pool.clone(),
+            &format!("diff{case}"),
+            1,
+            0,
+            1 << 20,
+            |s| s,
+        )
+        .unwrap();
+        let n = rng.random_range(1..=names.len());
+        let mut flow = Flow::new();
+        for i in 0..n {
+            let mut after = Vec::new();
+            for j in 0..i {
+                if rng.random_bool(0.4) {
+                    after.push((names[j], policies[rng.random_range(0..3)]));
+                }
+            }
+            flow = flow.step_with(names[i], job("k"), after);
+        }
+        let sorted = |mut r: Vec<Release>| {
+            r.sort_by(|a, b| a.step.cmp(&b.step));
+            r
+        };
+        let a = sorted(memory.put_flow(&flow).await.unwrap());
+        let b = sorted(redis.put_flow(&flow).await.unwrap());
+        assert_eq!(a, b, "case {case}: put");
+        let mut ended: Vec<(String, StepEnd)> = Vec::new();
+        for round in 0..rng.random_range(1..30) {
+            let mut batch = Vec::new();
+            for _ in 0..rng.random_range(0..4) {
+                let pick = rng.random_range(0..n + 1);
+                let name = if pick == n {
+                    "not-a-step".to_owned()
+                } else {
+                    names[pick].to_owned()
+                };
+                let end = ends[rng.random_range(0..2)];
+                batch.push((name, end));
+            }
+            if !ended.is_empty() && rng.random_bool(0.3) {
+                batch.push(ended[rng.random_range(0..ended.len())].clone());
+            }
+            let pending = sorted(memory.advance_flow(flow.id(), &[], &[]).await.unwrap());
+            let applied: Vec<String> = pending
+                .iter()
+                .filter(|_| rng.random_bool(0.5))
+                .map(|r| r.step.clone())
+                .collect();
+            let a = sorted(
+                memory
+                    .advance_flow(flow.id(), &batch, &applied)
+                    .await
+                    .unwrap(),
+            );
+            let b = sorted(
+                redis
+                    .advance_flow(flow.id(), &batch, &applied)
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(
+                a, b,
+                "case {case} round {round}: {batch:?} applied {applied:?}"
+            );
+            ended.extend(batch);
+            let sa = memory.flow(flow.id()).await.unwrap().unwrap();
+            let sb = redis.flow(flow.id()).await.unwrap().unwrap();
+            assert_eq!(sa, sb, "case {case} round {round}: status");
+        }
+    }
+}
