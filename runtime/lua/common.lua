@@ -447,7 +447,9 @@ local function bury(base, id, reason, keep)
     return -- (no readable record: callers check first)
   end
   note_step_end(base, id, f[6], 'dead')
-  redis.call('ZREM', base .. 'held', id)
+  if f[6] and redis.call('TYPE', base .. 'held').ok == 'zset' then
+    redis.call('ZREM', base .. 'held', id) -- (a held step cancelled before its release)
+  end
   local meta = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,

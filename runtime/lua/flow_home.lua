@@ -36,10 +36,22 @@ local now = now_ms()
 local function step_of(name)
   local raw = redis.call('HGET', STEPS, name)
   local ok, step = pcall(cjson.decode, raw or '')
-  if ok and type(step) == 'table' and type(step.job) == 'string' then
-    return step
+  if not (ok and type(step) == 'table' and type(step.job) == 'string'
+    and (step.scope == nil or type(step.scope) == 'string')
+    and type(step.after) == 'table' and type(step.next) == 'table') then
+    return nil
   end
-  return nil
+  for _, e in ipairs(step.after) do
+    if type(e) ~= 'table' or type(e[1]) ~= 'string' or type(e[2]) ~= 'string' then
+      return nil
+    end
+  end
+  for _, d in ipairs(step.next) do
+    if type(d) ~= 'string' then
+      return nil
+    end
+  end
+  return step
 end
 
 -- flow.rs' `decide`: nil while a dependency has not ended; then fail on a fail edge whose step
@@ -102,13 +114,12 @@ elseif op == 'advance' and exists then
   while #work > 0 do
     local name = table.remove(work)
     local step = step_of(name)
-    for _, d in ipairs(step and type(step.next) == 'table' and step.next or {}) do
-      d = tostring(d)
+    for _, d in ipairs(step and step.next or {}) do
       if redis.call('HEXISTS', DECIDED, d) == 0 then
         local left = math.max(count_of(redis.call('HGET', LEFT, d)) - 1, 0)
         redis.call('HSET', LEFT, d, left)
         local dstep = left == 0 and step_of(d)
-        local decision = dstep and type(dstep.after) == 'table' and decide_step(dstep.after)
+        local decision = dstep and decide_step(dstep.after)
         if decision then
           redis.call('HSET', DECIDED, d, decision)
           redis.call('HDEL', LEFT, d)
@@ -129,6 +140,8 @@ elseif op == 'advance' and exists then
   end
 end
 if not exists then
+  -- (Forgotten after its retention: no sweep should look for it again.)
+  redis.call('ZREM', base .. 'flows:out', fid)
   return {}
 end
 local pending = redis.call('SMEMBERS', OUT)

@@ -6,7 +6,7 @@
 -- ARGV[1]  count n, ARGV[2] dead-letter records kept per queue, then 3 fields per release:
 --          job id, action ("run" | "fail" | "skip"), reason (for "fail")
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  the number of jobs released
+-- Returns  the ids of the jobs left held because a key their release writes holds another type
 -- Errors   none of its own after the first write: each release's keys are checked before it
 --          changes anything, and one whose keys another program wrote over is skipped (said in
 --          the Redis log; it stays held, and the home keeps it decided); also
@@ -20,7 +20,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
-local released = 0
+local left = {}
 for i = 0, n - 1 do
   local o = 2 + i * 3
   local id, action, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
@@ -37,6 +37,7 @@ for i = 0, n - 1 do
     local wrong = unsafe(base, want, counted)
     if wrong then
       redis.log(redis.LOG_WARNING, 'palisade: flow step job ' .. id .. ' not released: ' .. wrong)
+      left[#left + 1] = id
     else
       redis.call('ZREM', base .. 'held', id)
       if not f[1] then
@@ -49,8 +50,7 @@ for i = 0, n - 1 do
       else
         redis.call('DEL', job)
       end
-      released = released + 1
     end
   end
 end
-return released
+return left

@@ -81,6 +81,7 @@ impl StepEnd {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // (read back by the Redis store)
     pub(crate) fn parse(word: &str) -> Option<Self> {
         match word {
             "completed" => Some(StepEnd::Completed),
@@ -105,7 +106,7 @@ pub enum Decision {
 /// The rule: `None` while a step `after` names has not ended; then [`Decision::Fail`] if
 /// one that did not complete is on a [`OnDead::Fail`] edge (the first such, in `after`'s
 /// order), else [`Decision::Skip`] if one is on a [`OnDead::Skip`] edge, else
-/// [`Decision::Run`]. Mirrored by `flow_advance.lua`.
+/// [`Decision::Run`]. Mirrored by `flow_home.lua`.
 pub fn decide(after: &[Edge], ended: impl Fn(&str) -> Option<StepEnd>) -> Option<Decision> {
     let mut ends = Vec::with_capacity(after.len());
     for edge in after {

@@ -541,9 +541,9 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
         let mut flow = Flow::new();
         for i in 0..n {
             let mut after = Vec::new();
-            for j in 0..i {
+            for earlier in &names[..i] {
                 if rng.random_bool(0.4) {
-                    after.push((names[j], policies[rng.random_range(0..3)]));
+                    after.push((*earlier, policies[rng.random_range(0..3)]));
                 }
             }
             flow = flow.step_with(names[i], job("k"), after);
@@ -599,4 +599,74 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
             assert_eq!(sa, sb, "case {case} round {round}: status");
         }
     }
+}
+
+/// From the attack review: another program's writes under the prefix stop only what they
+/// touch. A flow whose home keys were written over (`flow:<id>:left` a string) is not moved
+/// on, but the coordinator's pass still moves every other flow; a `held` key of another
+/// type does not break burying a plain job; a step-end entry that is no job id is dropped.
+#[actix::test]
+async fn a_corrupt_flow_stops_only_itself() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores =
+        palisade::store::redis::coordinator(pool.clone(), "corrupt", 1, 0, 1 << 20, |s| s).unwrap();
+    let client = Client::new(stores.clone());
+    let chain = |queue: &str| Flow::chain([job("k").with_queue(queue), job("k").with_queue(queue)]);
+    let (bad, good) = (chain("bad"), chain("good"));
+    client.create_flow(&bad).await.unwrap();
+    client.create_flow(&good).await.unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let _: () = deadpool_redis::redis::cmd("SET")
+        .arg(format!("{{corrupt}}:flow:{}:ends", bad.id()))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = deadpool_redis::redis::cmd("ZADD")
+        .arg("{corrupt}:stepends")
+        .arg(0)
+        .arg("not-a-job")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for queue in ["bad", "good"] {
+        let c = stores.claim(queue, "w", 1, TTL).await.unwrap();
+        complete(&stores, &c, 1).await;
+    }
+    let _coordinator = Coordinator::new(stores.clone())
+        .with_reap_interval(Duration::from_millis(50))
+        .start();
+    let mut next = Vec::new();
+    for _ in 0..100 {
+        next = stores.claim("good", "w", 1, TTL).await.unwrap();
+        if !next.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        kinds(&next),
+        ["1"],
+        "the good flow moved on past the corrupt one"
+    );
+    assert!(stores.claim("bad", "w", 1, TTL).await.unwrap().is_empty());
+    let left: Vec<String> = deadpool_redis::redis::cmd("ZRANGE")
+        .arg("{corrupt}:stepends")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!left.contains(&"not-a-job".to_owned()), "{left:?}");
+    // A `held` key of another type: burying a plain job is not broken by it.
+    let _: () = deadpool_redis::redis::cmd("SET")
+        .arg("{corrupt}:held")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let plain = client.enqueue(job("k").with_queue("plain")).await.unwrap();
+    assert!(client.cancel(plain).await.is_ok());
+    assert_eq!(stores.dead("plain", 10).await.unwrap().len(), 1);
 }

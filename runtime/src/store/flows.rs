@@ -40,8 +40,10 @@ pub trait FlowStore: Send + Sync + 'static {
 
     /// Releases held jobs as each entry says: ready (after the job's delay), dead with the
     /// reason, or forgotten. A job that is not held (released before, ended, unknown) is
-    /// left alone, so a release may be delivered any number of times.
-    async fn release(&self, releases: Vec<Release>) -> Result<()>;
+    /// left alone, so a release may be delivered any number of times. Returns the jobs left
+    /// held because a key their release writes holds another type (said in the log): their
+    /// releases stay decided at the home, to be delivered again once it is repaired.
+    async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>>;
 
     /// Flow steps whose jobs ended here (an accepted completion, or dead) and that the flows'
     /// homes have not recorded yet: oldest first, at most `max`.
@@ -101,12 +103,18 @@ async fn apply(
         if releases.is_empty() {
             break;
         }
-        let applied: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
-        store.release(releases).await?;
+        let all: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
+        let jobs: Vec<(JobId, String)> = releases.iter().map(|r| (r.job, r.step.clone())).collect();
+        let left = store.release(releases).await?;
+        let applied: Vec<String> = jobs
+            .into_iter()
+            .filter(|(job, _)| !left.contains(job))
+            .map(|(_, step)| step)
+            .collect();
         let pending = store.advance_flow(flow, &[], &applied).await?;
         releases = pending
             .into_iter()
-            .filter(|r| !applied.contains(&r.step))
+            .filter(|r| !all.contains(&r.step))
             .collect();
     }
     Ok(releases)
@@ -128,18 +136,31 @@ pub(crate) const RELEASE_GRACE: Duration = Duration::from_secs(10);
 /// nothing twice.
 pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
     let ends = store.step_ends(ENDS_PER_PASS).await?;
-    let mut by_flow: BTreeMap<FlowId, Vec<(String, StepEnd)>> = BTreeMap::new();
+    let mut by_flow: BTreeMap<FlowId, Vec<&StepEnded>> = BTreeMap::new();
     for end in &ends {
-        by_flow
-            .entry(end.flow)
-            .or_default()
-            .push((end.step.clone(), end.end));
+        by_flow.entry(end.flow).or_default().push(end);
     }
-    for (flow, ended) in &by_flow {
-        let releases = store.advance_flow(*flow, ended, &[]).await?;
-        apply(store, *flow, releases).await?;
+    // Each flow on its own: one whose home fails (another program wrote over its keys) must
+    // not hold up the others. A transient failure keeps its ends for the next pass; a
+    // permanent one repeats forever, so its ends are forgotten, loudly.
+    let mut recorded: Vec<JobId> = Vec::with_capacity(ends.len());
+    for (flow, steps) in &by_flow {
+        let ended: Vec<(String, StepEnd)> = steps.iter().map(|e| (e.step.clone(), e.end)).collect();
+        let moved = match store.advance_flow(*flow, &ended, &[]).await {
+            Ok(releases) => apply(store, *flow, releases).await.map(drop),
+            Err(e) => Err(e),
+        };
+        match moved {
+            Ok(()) => recorded.extend(steps.iter().map(|e| e.job)),
+            Err(e) if e.is_retryable() => {
+                crate::repeats::warn_repeated!(%flow, error = %e, "flow not moved on yet; the next pass tries again");
+            }
+            Err(e) => {
+                tracing::error!(%flow, error = %e, steps = ended.len(), "flow cannot be moved on; forgetting these step ends");
+                recorded.extend(steps.iter().map(|e| e.job));
+            }
+        }
     }
-    let recorded: Vec<JobId> = ends.iter().map(|e| e.job).collect();
     if !recorded.is_empty() {
         store.forget_step_ends(&recorded).await?;
     }
@@ -147,8 +168,13 @@ pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
         .unreleased_flows(RELEASE_GRACE, FLOWS_PER_PASS)
         .await?
     {
-        let releases = store.advance_flow(flow, &[], &[]).await?;
-        apply(store, flow, releases).await?;
+        let moved = match store.advance_flow(flow, &[], &[]).await {
+            Ok(releases) => apply(store, flow, releases).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = moved {
+            crate::repeats::warn_repeated!(%flow, error = %e, "releases of a flow not delivered yet");
+        }
     }
-    Ok(recorded.len())
+    Ok(ends.len())
 }

@@ -439,7 +439,7 @@ impl FlowStore for Stores {
     async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
         self.flows.hold(jobs).await
     }
-    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<()> {
+    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<Vec<JobId>> {
         self.flows.release(releases).await
     }
     async fn step_ends(&self, max: usize) -> Result<Vec<crate::flow::StepEnded>> {

@@ -851,9 +851,9 @@ impl FlowStore for PartitionedLeaseStore {
         .await?;
         Ok(())
     }
-    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<()> {
+    async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<Vec<JobId>> {
         let parts = self.split(releases, |r| self.route(r));
-        try_join_all(
+        let kept = try_join_all(
             parts
                 .into_iter()
                 .zip(&self.parts)
@@ -861,7 +861,7 @@ impl FlowStore for PartitionedLeaseStore {
                 .map(|(releases, part)| part.release(releases)),
         )
         .await?;
-        Ok(())
+        Ok(kept.into_iter().flatten().collect())
     }
     async fn step_ends(&self, max: usize) -> Result<Vec<crate::flow::StepEnded>> {
         let all = self
@@ -893,7 +893,7 @@ impl FlowStore for PartitionedLeaseStore {
         let all = self
             .on_all(|part| async move { part.unreleased_flows(older_than, max).await })
             .await?;
-        Ok(all.into_iter().flatten().take(max).collect())
+        Ok(all.into_iter().flatten().collect())
     }
     async fn flow(&self, id: crate::ids::FlowId) -> Result<Option<crate::flow::FlowStatus>> {
         self.home(id).flow(id).await

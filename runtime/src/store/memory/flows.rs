@@ -101,7 +101,7 @@ impl FlowStore for MemoryLeaseStore {
         Ok(())
     }
 
-    async fn release(&self, releases: Vec<Release>) -> Result<()> {
+    async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>> {
         let now = Instant::now();
         let mut state = lock(&self.state);
         for r in releases {
@@ -120,7 +120,7 @@ impl FlowStore for MemoryLeaseStore {
                 }
             }
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {

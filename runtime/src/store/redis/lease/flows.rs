@@ -23,25 +23,39 @@ use crate::store::FlowStore;
 static HOLD: LazyLock<Script> = coordinator_script!("hold.lua");
 static RELEASE: LazyLock<Script> = coordinator_script!("release.lua");
 static FLOW_HOME: LazyLock<Script> = coordinator_script!("flow_home.lua");
-/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; pairs of job id and record. Read-only.
+/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; pairs of job id and record. Drops
+/// (and logs) a member that is no job id, which no pass could ever forget by one.
 static STEP_ENDS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1) \
+        "if tonumber(ARGV[1]) < 1 then return {} end \
+         local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1) \
          local out = {} \
          for _, id in ipairs(ids) do \
-           out[#out + 1] = id \
-           out[#out + 1] = redis.call('HGET', KEYS[1] .. 'stepend', id) or '' \
+           if string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then \
+             out[#out + 1] = id \
+             out[#out + 1] = redis.call('HGET', KEYS[1] .. 'stepend', id) or '' \
+           else \
+             redis.log(redis.LOG_WARNING, 'palisade: flow step end ' .. id .. ' is no job id: dropped') \
+             redis.call('ZREM', KEYS[1] .. 'stepends', id) \
+           end \
          end \
          return out",
     )
 });
-/// Flows with releases decided at least ARGV[1] ms ago, at most ARGV[2]. Read-only.
+/// Flows with releases decided at least ARGV[1] ms ago, at most ARGV[2]; a member that is no
+/// flow id is dropped.
 static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local t = redis.call('TIME') \
          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-         return redis.call('ZRANGEBYSCORE', KEYS[1] .. 'flows:out', '-inf', \
-           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))",
+         local ids = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'flows:out', '-inf', \
+           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2])) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           if string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then out[#out + 1] = id \
+           else redis.call('ZREM', KEYS[1] .. 'flows:out', id) end \
+         end \
+         return out",
     )
 });
 /// A flow's status: its step count, decided count, then pairs of step and end. Read-only.
@@ -149,9 +163,9 @@ impl FlowStore for RedisLeaseStore {
         Ok(())
     }
 
-    async fn release(&self, releases: Vec<Release>) -> Result<()> {
+    async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>> {
         if releases.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         round_trip("release");
         let mut invocation = RELEASE.key(&self.base);
@@ -166,11 +180,13 @@ impl FlowStore for RedisLeaseStore {
         }
         invocation.arg(self.generation);
         let mut conn = self.conn().await?;
-        invocation
-            .invoke_async::<u64>(&mut conn)
+        let left: Vec<String> = invocation
+            .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        Ok(())
+        left.iter()
+            .map(|id| Ok(JobId::from(parse::<uuid::Uuid>(id)?)))
+            .collect()
     }
 
     async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {
