@@ -5,13 +5,15 @@
 -- so a repeated or replayed call changes nothing.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  "put" | "advance", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
---          put:     ARGV[4] step count n, then 3 fields per step: name, JSON {job, scope,
+--          put:     ARGV[4] creation (hold.lua), ARGV[5] step count n, then 3 fields per step: name, JSON {job, scope,
 --                   after: [[step, fail|skip|run]], next: [step]}, number of dependencies
 --          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
 --                   steps whose releases their partitions confirmed
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  4 fields per release decided and not confirmed: step, job id, scope ("" for none),
---          decision ("run" | "skip" | "fail:<reason>"); nothing for a flow it does not keep
+-- Returns  "1" if this call kept the flow ("put" of a flow not kept yet), else "0"; then 5
+--          fields per release decided and not confirmed: step, job id, scope ("" for none),
+--          decision ("run" | "skip" | "fail:<reason>"), creation; nothing more for a flow it
+--          does not keep
 -- Errors   "PALISADE_CORRUPT ..." when one of the flow's keys holds another type: raised before
 --          anything changed; also "PALISADE_LAYOUT ..." (before anything)
 do
@@ -86,11 +88,13 @@ end
 
 local exists = redis.call('EXISTS', F) == 1
 local changed = false
+local kept = '0'
 if op == 'put' and not exists then
-  local n = tonumber(ARGV[4])
-  redis.call('HSET', F, 'steps', n, 'created', now)
+  local n = tonumber(ARGV[5])
+  redis.call('HSET', F, 'steps', n, 'created', now, 'creation', ARGV[4])
+  kept = '1'
   for i = 0, n - 1 do
-    local o = 4 + i * 3
+    local o = 5 + i * 3
     local name, deps = ARGV[o + 1], ARGV[o + 3]
     redis.call('HSET', STEPS, name, ARGV[o + 2])
     if deps == '0' then
@@ -142,7 +146,7 @@ end
 if not exists then
   -- (Forgotten after its retention: no sweep should look for it again.)
   redis.call('ZREM', base .. 'flows:out', fid)
-  return {}
+  return { kept }
 end
 local pending = redis.call('SMEMBERS', OUT)
 if #pending == 0 then
@@ -159,7 +163,8 @@ if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
   end
 end
 table.sort(pending)
-local out = {}
+local creation = redis.call('HGET', F, 'creation') or ''
+local out = { kept }
 for _, name in ipairs(pending) do
   local step = step_of(name)
   if step then
@@ -167,6 +172,7 @@ for _, name in ipairs(pending) do
     out[#out + 1] = step.job
     out[#out + 1] = type(step.scope) == 'string' and step.scope or ''
     out[#out + 1] = redis.call('HGET', DECIDED, name) or 'run'
+    out[#out + 1] = creation
   end
 end
 return out

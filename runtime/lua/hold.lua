@@ -3,7 +3,8 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  job count n, then 8 fields per job: id queue kind scope (empty: the job's default
 --          scope) delay_ms meta (JSON, as enqueue.lua's) flow ("<flow id> TAB <step>")
---          unused (empty)
+--          creation (the id of the create_flow call holding it: release.lua releases a job
+--          only for the creation that held it)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  the number of jobs written (a job whose id is already known is left as it is)
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type: raised before
@@ -31,10 +32,10 @@ for i = 0, n - 1 do
   if redis.call('EXISTS', job) == 0 then
     if scope == '' then
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
+        'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'creation', ARGV[o + 8])
     else
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
+        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'creation', ARGV[o + 8])
     end
     redis.call('ZADD', base .. 'held', now, id)
     redis.call('SADD', base .. 'queues', queue)

@@ -441,6 +441,10 @@ pub struct Release {
     pub scope: Option<Scope>,
     /// Ready, dead with the reason, or gone.
     pub action: ReleaseAction,
+    /// The creation of the flow that was kept (each `create_flow` call holds its jobs under
+    /// its own): only a job held by that creation is released, so a job a losing, racing
+    /// creation held again after it ran is never released.
+    pub creation: String,
 }
 
 /// What releasing a held step does.
@@ -484,6 +488,7 @@ pub struct StepEnded {
 #[derive(Clone, Debug)]
 pub(crate) struct Home {
     id: FlowId,
+    creation: String,
     steps: HashMap<String, HomeStep>,
     ends: HashMap<String, StepEnd>,
     decided: HashMap<String, ReleaseAction>,
@@ -501,7 +506,7 @@ struct HomeStep {
 
 impl Home {
     /// A flow just kept: its steps that run after nothing are decided (released) at once.
-    pub(crate) fn new(flow: &Flow) -> Self {
+    pub(crate) fn new(flow: &Flow, creation: &str) -> Self {
         let mut steps: HashMap<String, HomeStep> = flow
             .steps
             .iter()
@@ -524,6 +529,7 @@ impl Home {
         }
         let mut home = Self {
             id: flow.id,
+            creation: creation.to_owned(),
             steps,
             ends: HashMap::new(),
             decided: HashMap::new(),
@@ -592,6 +598,7 @@ impl Home {
                     job: step.job,
                     scope: step.scope.clone(),
                     action: self.decided[name].clone(),
+                    creation: self.creation.clone(),
                 }
             })
             .collect()

@@ -282,16 +282,9 @@ async fn a_stale_holder_moves_nothing(stores: &Stores) {
     );
 }
 
-/// Written first, released last: held jobs alone (a creation that stopped before the flow
-/// was kept) never run and show nowhere; a flow kept whose first releases were lost is
-/// released by the sweep; a cycle is refused before anything is written.
-async fn halfway_and_lost_steps(stores: &Stores) {
-    let client = Client::new(stores.clone());
-    let flow = Flow::new()
-        .step("a", job("k").with_queue("halfway"))
-        .step_after("b", job("k").with_queue("halfway"), &["a"]);
-    let held: Vec<(NewJob, FlowStep)> = flow
-        .steps()
+/// A flow's jobs, as `create_flow` holds them.
+fn held(flow: &Flow) -> Vec<(NewJob, FlowStep)> {
+    flow.steps()
         .iter()
         .map(|s| {
             let mut j = s.job.clone();
@@ -303,8 +296,66 @@ async fn halfway_and_lost_steps(stores: &Stores) {
             };
             (j, step)
         })
+        .collect()
+}
+
+/// From the attack review: two creations of one flow id race. The first holds, keeps the
+/// flow and releases `a`, which runs and completes (its record gone) before the first
+/// confirms the release; the second's hold then writes `a` held again. The first's release,
+/// delivered again (a sweep), must not release the second's copy, and the second, finding
+/// the flow kept by another creation, forgets what it held: `a` never runs twice.
+async fn racing_creations_run_nothing_twice(stores: &Stores) {
+    let flow = Flow::chain([job("k").with_queue("race"), job("k").with_queue("race")]);
+    stores.hold("first", held(&flow)).await.unwrap();
+    let (kept, pending) = stores.put_flow(&flow, "first").await.unwrap();
+    assert!(kept);
+    stores.release(pending.clone()).await.unwrap();
+    let a = stores.claim("race", "w", 10, TTL).await.unwrap();
+    assert_eq!(kinds(&a), ["0"]);
+    complete(stores, &a, 1).await;
+    stores.hold("second", held(&flow)).await.unwrap();
+    let (kept, again) = stores.put_flow(&flow, "second").await.unwrap();
+    assert!(!kept, "the flow was kept by the first creation");
+    assert_eq!(again, pending, "the first creation's release, unconfirmed");
+    stores.release(again).await.unwrap();
+    assert!(
+        stores.claim("race", "w", 10, TTL).await.unwrap().is_empty(),
+        "the second creation's copy of a is not released by the first's release"
+    );
+    // The loser forgets what it held (what `create_flow` does on `kept == false`).
+    let mine: Vec<Release> = held(&flow)
+        .into_iter()
+        .map(|(job, step)| Release {
+            flow: flow.id(),
+            job: job.id.unwrap(),
+            scope: None,
+            step: step.step,
+            action: ReleaseAction::Skip,
+            creation: "second".into(),
+        })
         .collect();
-    stores.hold(held).await.unwrap();
+    stores.release(mine).await.unwrap();
+    let applied: Vec<String> = pending.iter().map(|r| r.step.clone()).collect();
+    stores.advance_flow(flow.id(), &[], &applied).await.unwrap();
+    pass(stores).await;
+    let b = stores.claim("race", "w", 10, TTL).await.unwrap();
+    assert_eq!(kinds(&b), ["1"], "b runs once, after a");
+    complete(stores, &b, 2).await;
+    pass(stores).await;
+    assert!(stores.claim("race", "w", 10, TTL).await.unwrap().is_empty());
+    let status = stores.flow(flow.id()).await.unwrap().unwrap();
+    assert_eq!(status.state, FlowState::Succeeded);
+}
+
+/// Written first, released last: held jobs alone (a creation that stopped before the flow
+/// was kept) never run and show nowhere; a flow kept whose first releases were lost is
+/// released by the sweep; a cycle is refused before anything is written.
+async fn halfway_and_lost_steps(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k").with_queue("halfway"))
+        .step_after("b", job("k").with_queue("halfway"), &["a"]);
+    stores.hold("creation-1", held(&flow)).await.unwrap();
     assert!(stores
         .claim("halfway", "w", 10, TTL)
         .await
@@ -314,7 +365,8 @@ async fn halfway_and_lost_steps(stores: &Stores) {
     assert!(client.flow(flow.id()).await.unwrap().is_none());
     // Kept, its first release decided and not delivered (the creator stopped): still
     // nothing runs, until the sweep finds the flow.
-    let decided = stores.put_flow(&flow).await.unwrap();
+    let (kept, decided) = stores.put_flow(&flow, "creation-1").await.unwrap();
+    assert!(kept);
     assert_eq!(decided.len(), 1);
     assert!(stores
         .claim("halfway", "w", 10, TTL)
@@ -351,6 +403,7 @@ async fn conformance(stores: Stores) {
     fail_edges_cascade(&stores).await;
     a_stale_holder_moves_nothing(&stores).await;
     halfway_and_lost_steps(&stores).await;
+    racing_creations_run_nothing_twice(&stores).await;
 }
 
 #[tokio::test]
@@ -552,8 +605,8 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
             r.sort_by(|a, b| a.step.cmp(&b.step));
             r
         };
-        let a = sorted(memory.put_flow(&flow).await.unwrap());
-        let b = sorted(redis.put_flow(&flow).await.unwrap());
+        let a = sorted(memory.put_flow(&flow, "c").await.unwrap().1);
+        let b = sorted(redis.put_flow(&flow, "c").await.unwrap().1);
         assert_eq!(a, b, "case {case}: put");
         let mut ended: Vec<(String, StepEnd)> = Vec::new();
         for round in 0..rng.random_range(1..30) {

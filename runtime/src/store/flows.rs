@@ -34,13 +34,14 @@ use crate::job::NewJob;
 /// each flow's home, the flow. Every method is one atomic operation.
 #[async_trait]
 pub trait FlowStore: Send + Sync + 'static {
-    /// Writes flow steps' jobs held: known, never claimable until released. All or none;
-    /// a job whose id is already known is left as it is (a creation done again).
-    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()>;
+    /// Writes flow steps' jobs held by `creation` (one `create_flow` call's own id): known,
+    /// never claimable until released. All or none; a job whose id is already known is left
+    /// as it is (a creation done again).
+    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()>;
 
     /// Releases held jobs as each entry says: ready (after the job's delay), dead with the
-    /// reason, or forgotten. A job that is not held (released before, ended, unknown) is
-    /// left alone, so a release may be delivered any number of times. Returns the jobs left
+    /// reason, or forgotten. A job that is not held by the entry's creation (released
+    /// before, ended, unknown, held by another creation) is left alone, so a release may be delivered any number of times. Returns the jobs left
     /// held because a key their release writes holds another type (said in the log): their
     /// releases stay decided at the home, to be delivered again once it is repaired.
     async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>>;
@@ -52,10 +53,10 @@ pub trait FlowStore: Send + Sync + 'static {
     /// Forgets those of `jobs` (their flows' homes recorded them).
     async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()>;
 
-    /// Keeps `flow` (already checked, its jobs held) at its home and decides its first
-    /// steps; returns every release decided and not confirmed yet. A flow already kept is
-    /// left as it is (its pending releases are returned).
-    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>>;
+    /// Keeps `flow` (already checked, its jobs held by `creation`) at its home and decides
+    /// its first steps; returns whether this call kept it, and every release decided and not
+    /// confirmed yet. A flow already kept is left as it is (`false`, its pending releases).
+    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)>;
 
     /// At `flow`'s home: records how steps ended (each step once: a repeated end changes
     /// nothing), decides the steps that every dependency of has now ended
@@ -82,8 +83,29 @@ pub trait FlowStore: Send + Sync + 'static {
 /// coordinator's sweep, decided and kept: the flow exists once this returns `Ok`.
 pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usize) -> Result<()> {
     flow.validate(max_payload)?;
-    store.hold(flow.held_jobs()).await?;
-    let releases = store.put_flow(flow).await?;
+    let creation = uuid::Uuid::new_v4().to_string();
+    store.hold(&creation, flow.held_jobs()).await?;
+    let (kept, releases) = store.put_flow(flow, &creation).await?;
+    if !kept {
+        // Another creation of the same flow id won: forget the jobs this one held (only
+        // those: a job held by the winner carries its creation, and one this call found
+        // existing was left alone). One of them may be a step that already ran and was
+        // written again here; it must not stay behind.
+        let mine: Vec<Release> = flow
+            .held_jobs()
+            .into_iter()
+            .map(|(job, step)| Release {
+                flow: flow.id(),
+                job: job.id.expect("held jobs carry their ids"),
+                scope: job.scope,
+                step: step.step,
+                action: crate::flow::ReleaseAction::Skip,
+                creation: creation.clone(),
+            })
+            .collect();
+        store.release(mine).await?;
+        return Ok(());
+    }
     if let Err(e) = apply(store, flow.id(), releases).await {
         tracing::warn!(flow = %flow.id(), error = %e, "first steps not released yet; the coordinator's sweep releases them");
     }

@@ -839,14 +839,14 @@ impl PartitionedLeaseStore {
 
 #[async_trait]
 impl FlowStore for PartitionedLeaseStore {
-    async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
+    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
         let parts = self.split(jobs, |(job, _)| self.place(job));
         try_join_all(
             parts
                 .into_iter()
                 .zip(&self.parts)
                 .filter(|(jobs, _)| !jobs.is_empty())
-                .map(|(jobs, part)| part.hold(jobs)),
+                .map(|(jobs, part)| part.hold(creation, jobs)),
         )
         .await?;
         Ok(())
@@ -874,8 +874,12 @@ impl FlowStore for PartitionedLeaseStore {
             .await?;
         Ok(())
     }
-    async fn put_flow(&self, flow: &crate::flow::Flow) -> Result<Vec<crate::flow::Release>> {
-        self.home(flow.id()).put_flow(flow).await
+    async fn put_flow(
+        &self,
+        flow: &crate::flow::Flow,
+        creation: &str,
+    ) -> Result<(bool, Vec<crate::flow::Release>)> {
+        self.home(flow.id()).put_flow(flow, creation).await
     }
     async fn advance_flow(
         &self,

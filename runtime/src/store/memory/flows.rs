@@ -72,7 +72,7 @@ impl KeptFlow {
 
 #[async_trait]
 impl FlowStore for MemoryLeaseStore {
-    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
         let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
         crate::job::validate_batch(&news, self.max_payload_bytes)?;
         let mut state = lock(&self.state);
@@ -96,7 +96,7 @@ impl FlowStore for MemoryLeaseStore {
             let queue = state.queues.entry(job.queue.clone()).or_default();
             queue.priority.insert(id, new.priority);
             state.jobs.insert(id, job);
-            state.held.insert(id, new.delay);
+            state.held.insert(id, (new.delay, creation.to_owned()));
         }
         Ok(())
     }
@@ -105,9 +105,11 @@ impl FlowStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut state = lock(&self.state);
         for r in releases {
-            let Some(delay) = state.held.remove(&r.job) else {
-                continue;
+            let delay = match state.held.get(&r.job) {
+                Some((delay, creation)) if *creation == r.creation => *delay,
+                _ => continue,
             };
+            state.held.remove(&r.job);
             match r.action {
                 ReleaseAction::Run => state.park(r.job, now + delay, now),
                 ReleaseAction::Fail(reason) => state.bury(r.job, reason, self.dead_retention),
@@ -138,17 +140,18 @@ impl FlowStore for MemoryLeaseStore {
         Ok(())
     }
 
-    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>> {
+    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
         let now = Instant::now();
         let mut state = lock(&self.state);
         state.forget_finished_flows(now);
+        let new = !state.flows.contains_key(&flow.id());
         let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
-            home: Home::new(flow),
+            home: Home::new(flow, creation),
             decided_at: now,
             finished_at: None,
         });
-        Ok(kept.settle(now, false))
+        Ok((new, kept.settle(now, false)))
     }
 
     async fn advance_flow(

@@ -107,8 +107,9 @@ struct LeaseState {
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
     follow_ups: HashMap<JobId, (Instant, Vec<NewJob>)>,
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
-    /// Flow steps' jobs written and not released yet, with their delays (`flows.rs`).
-    held: HashMap<JobId, Duration>,
+    /// Flow steps' jobs written and not released yet, with their delays and the creation
+    /// that held them (`flows.rs`).
+    held: HashMap<JobId, (Duration, String)>,
     /// Ends of flow steps not recorded at their flows' homes yet, in order.
     step_ends: BTreeMap<u64, crate::flow::StepEnded>,
     step_end_of: HashMap<JobId, u64>,

@@ -83,7 +83,12 @@ struct HomeStep<'a> {
 
 impl RedisLeaseStore {
     /// Runs `flow_home.lua` and decodes its releases.
-    async fn home(&self, flow: FlowId, op: &str, args: Vec<String>) -> Result<Vec<Release>> {
+    async fn home(
+        &self,
+        flow: FlowId,
+        op: &str,
+        args: Vec<String>,
+    ) -> Result<(bool, Vec<Release>)> {
         round_trip("flow");
         let mut invocation = FLOW_HOME.key(&self.base);
         invocation
@@ -97,7 +102,11 @@ impl RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        flat.chunks_exact(4)
+        let Some((kept, rows)) = flat.split_first() else {
+            return Err(garbage("empty flow_home reply"));
+        };
+        let releases = rows
+            .chunks_exact(5)
             .map(|r| {
                 let action = match r[3].as_str() {
                     "run" => ReleaseAction::Run,
@@ -113,15 +122,17 @@ impl RedisLeaseStore {
                     job: JobId::from(parse::<uuid::Uuid>(&r[1])?),
                     scope: (!r[2].is_empty()).then(|| Scope::new(r[2].clone())),
                     action,
+                    creation: r[4].clone(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((kept == "1", releases))
     }
 }
 
 #[async_trait]
 impl FlowStore for RedisLeaseStore {
-    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
         let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
         crate::job::validate_batch(&news, self.max_payload_bytes)?;
         if jobs.is_empty() {
@@ -152,7 +163,7 @@ impl FlowStore for RedisLeaseStore {
                 .arg(job.delay.as_millis() as u64)
                 .arg(meta)
                 .arg(tag)
-                .arg("");
+                .arg(creation);
         }
         invocation.arg(self.generation);
         let mut conn = self.conn().await?;
@@ -176,7 +187,11 @@ impl FlowStore for RedisLeaseStore {
                 ReleaseAction::Fail(why) => ("fail", why),
                 ReleaseAction::Skip => ("skip", String::new()),
             };
-            invocation.arg(r.job.to_string()).arg(action).arg(reason);
+            invocation
+                .arg(r.job.to_string())
+                .arg(action)
+                .arg(reason)
+                .arg(r.creation);
         }
         invocation.arg(self.generation);
         let mut conn = self.conn().await?;
@@ -250,7 +265,7 @@ impl FlowStore for RedisLeaseStore {
             .map_err(|e| self.link.broken(e))
     }
 
-    async fn put_flow(&self, flow: &Flow) -> Result<Vec<Release>> {
+    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
         let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
         for s in flow.steps() {
@@ -258,7 +273,7 @@ impl FlowStore for RedisLeaseStore {
                 next.entry(step.as_str()).or_default().push(&s.name);
             }
         }
-        let mut args = vec![flow.steps().len().to_string()];
+        let mut args = vec![creation.to_owned(), flow.steps().len().to_string()];
         for s in flow.steps() {
             let record = HomeStep {
                 job: flow.job_id(&s.name),
@@ -290,7 +305,7 @@ impl FlowStore for RedisLeaseStore {
         }
         args.push(applied.len().to_string());
         args.extend(applied.iter().cloned());
-        self.home(flow, "advance", args).await
+        Ok(self.home(flow, "advance", args).await?.1)
     }
 
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
