@@ -2,7 +2,8 @@
 //! [`palisade::cli::App`] over [`registry`] plus the `demo` subcommand (`src/main.rs`).
 //!
 //! # Layout
-//! - this file: the job kinds (`ledger.deposit`, `email.send`) and [`registry`].
+//! - this file: the job kinds (`ledger.deposit`, `email.send`, and the fan-in flow's
+//!   `report.part`, `report.total`, `report.announce`) and [`registry`].
 //! - `demo`: the embedded demo (`palisade demo`), `report` its picture.
 //!
 //! The chaos soak is a crate of its own (`soak/`, never shipped), so this binary carries no
@@ -102,9 +103,117 @@ pub async fn send_email(ctx: JobContext, e: Email) -> Result<(), JobError> {
     }
 }
 
+/// Kind name of [`report_part`].
+pub const REPORT_PART: &str = "report.part";
+/// Kind name of [`report_total`].
+pub const REPORT_TOTAL: &str = "report.total";
+/// Kind name of [`report_announce`].
+pub const REPORT_ANNOUNCE: &str = "report.announce";
+
+/// One part of a report: a number to add up, after some work.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Part {
+    /// The part's number.
+    pub n: i64,
+    /// Work this long first (lets tests pause or kill a worker while it holds parts).
+    #[serde(default)]
+    pub hold_ms: u64,
+}
+
+/// A report flow: `parts` parts (`part:1` … `part:N`, numbered 1..=N), a `total` step after
+/// all of them that adds their results up and writes the total through the ledger, and the
+/// batch's `on_complete` callback `report.announce`, which counts itself in the ledger once.
+pub fn report_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
+    let mut flow = palisade::Flow::new();
+    let mut names = Vec::new();
+    for n in 1..=parts {
+        let part = NewJob::new(REPORT_PART, &Part { n, hold_ms })
+            .expect("a Part always encodes")
+            .with_max_attempts(5);
+        flow = flow.step(format!("part:{n}"), part);
+        names.push(format!("part:{n}"));
+    }
+    let after: Vec<&str> = names.iter().map(String::as_str).collect();
+    flow.step_after(
+        "total",
+        NewJob::new(REPORT_TOTAL, &()).expect("unit encodes"),
+        &after,
+    )
+    .on_complete(NewJob::new(REPORT_ANNOUNCE, &()).expect("unit encodes"))
+}
+
+/// Ledger key of a report flow's total (and of its announcement count).
+pub fn report_key(flow: palisade::FlowId) -> String {
+    format!("report:{flow}")
+}
+
+/// `report.part`: returns its number.
+pub async fn report_part(_: JobContext, p: Part) -> Result<i64, JobError> {
+    if p.hold_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+    }
+    Ok(p.n)
+}
+
+/// `report.total`: adds up the results of the steps it runs after, writes the total through
+/// the ledger (fenced, keyed by job: a re-run cannot write twice), and returns it.
+pub async fn report_total(ctx: JobContext, _: ()) -> Result<i64, JobError> {
+    let step = ctx
+        .job()
+        .flow
+        .clone()
+        .ok_or_else(|| JobError::fatal("report.total runs only as a flow step"))?;
+    let mut total = 0i64;
+    for part in &step.after {
+        let n: i64 = ctx
+            .dependency(part)
+            .await?
+            .ok_or_else(|| JobError::fatal(format!("{part} kept no result")))?;
+        total += n;
+    }
+    let key = palisade::IdempotencyKey::new(format!("{}/total", ctx.job().id));
+    ctx.sink(LEDGER)?
+        .write_keyed(
+            key,
+            vec![Mutation::HashSet {
+                key: report_key(step.flow),
+                fields: vec![("total".into(), total.to_string())],
+            }],
+        )
+        .await?
+        .accepted()?;
+    Ok(total)
+}
+
+/// `report.announce`: the report flow's callback — counts itself once in the ledger (keyed by
+/// job: a callback run again after a stall adds nothing).
+pub async fn report_announce(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let step = ctx
+        .job()
+        .flow
+        .clone()
+        .ok_or_else(|| JobError::fatal("report.announce runs only as a flow step"))?;
+    let key = palisade::IdempotencyKey::new(format!("{}/announce", ctx.job().id));
+    ctx.sink(LEDGER)?
+        .write_keyed(
+            key,
+            vec![Mutation::HashIncr {
+                key: report_key(step.flow),
+                field: "announced".into(),
+                by: 1,
+            }],
+        )
+        .await?
+        .accepted()?;
+    Ok(())
+}
+
 /// Every job kind of this crate.
 pub fn registry() -> Registry {
     Registry::new()
         .register(DEPOSIT, deposit)
         .register(SEND_EMAIL, send_email)
+        .register_with_result(REPORT_PART, report_part)
+        .register_with_result(REPORT_TOTAL, report_total)
+        .register(REPORT_ANNOUNCE, report_announce)
 }
