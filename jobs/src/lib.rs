@@ -134,17 +134,31 @@ pub fn report_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
         names.push(format!("part:{n}"));
     }
     let after: Vec<&str> = names.iter().map(String::as_str).collect();
+    // Both write the report's ledger key under the report's scope (a Redis Cluster keeps a
+    // fence and the data it guards in one slot: the key's hash tag is the scope).
+    let scope = report_scope(flow.id());
     flow.step_after(
         "total",
-        NewJob::new(REPORT_TOTAL, &()).expect("unit encodes"),
+        NewJob::new(REPORT_TOTAL, &())
+            .expect("unit encodes")
+            .with_scope(scope.clone()),
         &after,
     )
-    .on_complete(NewJob::new(REPORT_ANNOUNCE, &()).expect("unit encodes"))
+    .on_complete(
+        NewJob::new(REPORT_ANNOUNCE, &())
+            .expect("unit encodes")
+            .with_scope(scope),
+    )
 }
 
-/// Ledger key of a report flow's total (and of its announcement count).
-pub fn report_key(flow: palisade::FlowId) -> String {
+/// The scope of a report flow's `total` and `report.announce` steps.
+pub fn report_scope(flow: palisade::FlowId) -> String {
     format!("report:{flow}")
+}
+
+/// Ledger key of a report flow's total and announcement count: its scope as a hash tag.
+pub fn report_key(flow: palisade::FlowId) -> String {
+    format!("{{{}}}", report_scope(flow))
 }
 
 /// `report.part`: returns its number.

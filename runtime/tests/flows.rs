@@ -723,3 +723,14 @@ async fn a_corrupt_flow_stops_only_itself() {
     assert!(client.cancel(plain).await.is_ok());
     assert_eq!(stores.dead("plain", 10).await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_on_a_cluster_with_three_partitions() {
+    let cluster = tokio::task::spawn_blocking(palisade_testkit::RedisCluster::start)
+        .await
+        .unwrap();
+    let stores =
+        palisade::store::redis::coordinator(cluster.target(), "flows", 3, 0, 1 << 20, |s| s)
+            .unwrap();
+    conformance(stores).await;
+}
