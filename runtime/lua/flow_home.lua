@@ -4,14 +4,18 @@
 -- with HSETNX, and a dependency count goes down only when its dependency's end was recorded —
 -- so a repeated or replayed call changes nothing.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  "put" | "advance", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
---          put:     ARGV[4] creation (hold.lua), ARGV[5] step count n, then 3 fields per step: name, JSON {job, scope,
---                   after: [[step, fail|skip|run]], next: [step]}, number of dependencies
+-- ARGV[1]  "put" | "advance" | "cancel", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
+--          put:     ARGV[4] creation (hold.lua), ARGV[5] step count n, then 3 fields per
+--                   step: name, JSON {job, scope, after: [[step, fail|skip|run]], next:
+--                   [step]}, number of dependencies
 --          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
 --                   steps whose releases their partitions confirmed
+--          cancel:  nothing more: every step not decided is decided "fail:flow cancelled"
+--                   (and has ended, dead); the flow is marked cancelled
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  "1" if this call kept the flow ("put" of a flow not kept yet), else "0"; then 5
---          fields per release decided and not confirmed: step, job id, scope ("" for none),
+-- Returns  "1" if this call kept the flow ("put" of a flow not kept yet), else "0"; then k
+--          and k job ids (for "cancel": the jobs of steps released to run that have not
+--          ended, for the caller to cancel; else k = 0); then 5 fields per release decided and not confirmed: step, job id, scope ("" for none),
 --          decision ("run" | "skip" | "fail:<reason>"), creation; nothing more for a flow it
 --          does not keep
 -- Errors   "PALISADE_CORRUPT ..." when one of the flow's keys holds another type: raised before
@@ -143,10 +147,30 @@ elseif op == 'advance' and exists then
     redis.call('SREM', OUT, ARGV[5 + n * 2 + i])
   end
 end
+local running = {}
+if op == 'cancel' and exists then
+  redis.call('HSET', F, 'cancelled', '1')
+  local names = redis.call('HKEYS', STEPS)
+  table.sort(names)
+  for _, name in ipairs(names) do
+    if redis.call('HEXISTS', DECIDED, name) == 0 then
+      redis.call('HSET', DECIDED, name, 'fail:flow cancelled')
+      redis.call('HDEL', LEFT, name)
+      redis.call('SADD', OUT, name)
+      redis.call('HSETNX', ENDS, name, 'dead')
+      changed = true
+    elseif redis.call('HGET', DECIDED, name) == 'run' and redis.call('HEXISTS', ENDS, name) == 0 then
+      local step = step_of(name)
+      if step then
+        running[#running + 1] = step.job
+      end
+    end
+  end
+end
 if not exists then
   -- (Forgotten after its retention: no sweep should look for it again.)
   redis.call('ZREM', base .. 'flows:out', fid)
-  return { kept }
+  return { kept, '0' }
 end
 local pending = redis.call('SMEMBERS', OUT)
 if #pending == 0 then
@@ -164,7 +188,10 @@ if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
 end
 table.sort(pending)
 local creation = redis.call('HGET', F, 'creation') or ''
-local out = { kept }
+local out = { kept, tostring(#running) }
+for _, job in ipairs(running) do
+  out[#out + 1] = job
+end
 for _, name in ipairs(pending) do
   local step = step_of(name)
   if step then

@@ -119,6 +119,15 @@ impl Client {
         self.store.flow(id).await
     }
 
+    /// Cancels flow `id` as a whole: its steps that had not started go to the dead letters
+    /// unrun ("flow cancelled"), its ready and running steps are cancelled like
+    /// [`Client::cancel`] (a running one's lease revoked, its late writes fenced); its state
+    /// is then [`FlowState::Cancelled`]. Returns how many jobs it stopped, or `None` for a flow
+    /// not kept. A step that completed meanwhile stays completed.
+    pub async fn cancel_flow(&self, id: FlowId) -> Result<Option<usize>> {
+        crate::store::flows::cancel(&self.store, id).await
+    }
+
     /// Waits up to `timeout` for flow `id` to finish (succeeded or failed); its status then,
     /// or `None` if it did not finish in time or is not kept.
     pub async fn wait_flow(&self, id: FlowId, timeout: Duration) -> Result<Option<FlowStatus>> {
@@ -129,7 +138,9 @@ impl Client {
         let mut pause = Duration::from_millis(10);
         loop {
             if let Some(status) = self.store.flow(id).await? {
-                if status.state != FlowState::Running {
+                if status.state != FlowState::Running
+                    && (status.state != FlowState::Cancelled || status.ended.len() == status.steps)
+                {
                     return Ok(Some(status));
                 }
             }

@@ -404,6 +404,10 @@ pub enum FlowState {
     Succeeded,
     /// Every step ended, and some did not complete.
     Failed,
+    /// Cancelled as a whole ([`Client::cancel_flow`](crate::Client::cancel_flow)): its
+    /// steps that had not started went to the dead letters unrun, its running ones were
+    /// cancelled.
+    Cancelled,
 }
 
 /// A flow as the coordinator keeps it: its state and each step's outcome so far.
@@ -493,7 +497,11 @@ pub(crate) struct Home {
     ends: HashMap<String, StepEnd>,
     decided: HashMap<String, ReleaseAction>,
     out: BTreeSet<String>,
+    cancelled: bool,
 }
+
+/// Why the steps of a cancelled flow that had not started went to the dead letters.
+pub(crate) const CANCELLED: &str = "flow cancelled";
 
 #[derive(Clone, Debug)]
 struct HomeStep {
@@ -534,6 +542,7 @@ impl Home {
             ends: HashMap::new(),
             decided: HashMap::new(),
             out: BTreeSet::new(),
+            cancelled: false,
         };
         for s in &flow.steps {
             if s.after.is_empty() {
@@ -609,8 +618,37 @@ impl Home {
         self.ends.len() == self.steps.len()
     }
 
+    /// Cancels the flow: every step not decided yet is decided dead unrun (and has ended);
+    /// returns the jobs of the steps released to run that have not ended (ready or running:
+    /// the caller cancels them). A second cancel finds nothing more to do.
+    pub(crate) fn cancel(&mut self) -> Vec<JobId> {
+        self.cancelled = true;
+        let mut names: Vec<&String> = self.steps.keys().collect();
+        names.sort();
+        for name in names {
+            if !self.decided.contains_key(name) {
+                self.decided
+                    .insert(name.clone(), ReleaseAction::Fail(CANCELLED.into()));
+                self.out.insert(name.clone());
+                self.ends.entry(name.clone()).or_insert(StepEnd::Dead);
+            }
+        }
+        let mut running: Vec<(&String, JobId)> = self
+            .decided
+            .iter()
+            .filter(|(name, action)| {
+                **action == ReleaseAction::Run && !self.ends.contains_key(*name)
+            })
+            .map(|(name, _)| (name, self.steps[name].job))
+            .collect();
+        running.sort();
+        running.into_iter().map(|(_, job)| job).collect()
+    }
+
     pub(crate) fn status(&self) -> FlowStatus {
-        let state = if !self.finished() {
+        let state = if self.cancelled {
+            FlowState::Cancelled
+        } else if !self.finished() {
             FlowState::Running
         } else if self.ends.values().all(|e| *e == StepEnd::Completed) {
             FlowState::Succeeded

@@ -347,6 +347,57 @@ async fn racing_creations_run_nothing_twice(stores: &Stores) {
     assert_eq!(status.state, FlowState::Succeeded);
 }
 
+/// A flow cancelled as a whole: the running step's lease is revoked (its completion
+/// refused), the ready one cancelled, the ones not started go to the dead letters unrun; the
+/// state is cancelled and nothing runs afterwards, whatever is delivered again.
+async fn cancelling_a_flow(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let q = |kind: &str| job(kind).with_queue("cancel");
+    let flow = Flow::new()
+        .step("a", q("k"))
+        .step_after("b", q("k"), &["a"])
+        .step_after("c", q("k"), &["b"])
+        .step("d", q("slow"));
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = stores
+        .claim_kinds("cancel", &["k".to_owned()], "w", 10, TTL)
+        .await
+        .unwrap();
+    assert_eq!(kinds(&a), ["a"]);
+    assert_eq!(client.cancel_flow(id).await.unwrap(), Some(4));
+    assert_eq!(client.cancel_flow(FlowId::new()).await.unwrap(), None);
+    let late = stores.settle(vec![(a[0].lease.id, ok(1))]).await.unwrap();
+    assert!(
+        matches!(late[0], Err(Error::LeaseNotCurrent(_))),
+        "{late:?}"
+    );
+    pass(stores).await;
+    pass(stores).await;
+    assert!(stores
+        .claim("cancel", "w", 10, TTL)
+        .await
+        .unwrap()
+        .is_empty());
+    let dead = stores.dead("cancel", 10).await.unwrap();
+    assert_eq!(dead.len(), 4, "{dead:?}");
+    assert!(
+        dead.iter().all(|d| d.reason == "flow cancelled"),
+        "{dead:?}"
+    );
+    let status = client
+        .wait_flow(id, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, FlowState::Cancelled);
+    assert_eq!(status.count(StepEnd::Dead), 4);
+    assert_eq!(
+        client.cancel_flow(id).await.unwrap(),
+        Some(0),
+        "nothing left to stop"
+    );
+}
+
 /// Written first, released last: held jobs alone (a creation that stopped before the flow
 /// was kept) never run and show nowhere; a flow kept whose first releases were lost is
 /// released by the sweep; a cycle is refused before anything is written.
@@ -404,6 +455,7 @@ async fn conformance(stores: Stores) {
     a_stale_holder_moves_nothing(&stores).await;
     halfway_and_lost_steps(&stores).await;
     racing_creations_run_nothing_twice(&stores).await;
+    cancelling_a_flow(&stores).await;
 }
 
 #[tokio::test]

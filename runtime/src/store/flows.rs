@@ -70,6 +70,12 @@ pub trait FlowStore: Send + Sync + 'static {
         applied: &[String],
     ) -> Result<Vec<Release>>;
 
+    /// At `flow`'s home: cancels it ([`FlowState::Cancelled`](crate::FlowState)) — every step
+    /// not decided yet is decided dead unrun ("flow cancelled") — and returns the releases
+    /// pending and the jobs of steps released to run that have not ended (the caller cancels
+    /// them); `None` for a flow it does not keep.
+    async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>>;
+
     /// Flows with releases decided at least `older_than` ago and not confirmed (the
     /// process that decided them stopped): at most `max`.
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>>;
@@ -140,6 +146,22 @@ async fn apply(
             .collect();
     }
     Ok(releases)
+}
+
+/// Cancels `flow` as a whole: steps not started go to the dead letters unrun, running and
+/// ready ones are cancelled (`QueueAdmin::cancel`: a running one's lease is revoked). Returns
+/// how many jobs it cancelled, or `None` for a flow not kept.
+pub(crate) async fn cancel(store: &crate::store::Stores, flow: FlowId) -> Result<Option<usize>> {
+    use crate::store::QueueAdmin;
+    let Some((releases, running)) = store.cancel_flow(flow).await? else {
+        return Ok(None);
+    };
+    let unrun = releases.len();
+    apply(store, flow, releases).await?;
+    for job in &running {
+        store.cancel(*job, crate::flow::CANCELLED).await?;
+    }
+    Ok(Some(unrun + running.len()))
 }
 
 /// Step ends one pass records at most.

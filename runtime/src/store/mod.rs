@@ -463,6 +463,12 @@ impl FlowStore for Stores {
     ) -> Result<Vec<crate::flow::Release>> {
         self.flows.advance_flow(flow, ended, applied).await
     }
+    async fn cancel_flow(
+        &self,
+        flow: crate::ids::FlowId,
+    ) -> Result<Option<(Vec<crate::flow::Release>, Vec<JobId>)>> {
+        self.flows.cancel_flow(flow).await
+    }
     async fn unreleased_flows(
         &self,
         older_than: Duration,

@@ -889,6 +889,12 @@ impl FlowStore for PartitionedLeaseStore {
     ) -> Result<Vec<crate::flow::Release>> {
         self.home(flow).advance_flow(flow, ended, applied).await
     }
+    async fn cancel_flow(
+        &self,
+        flow: crate::ids::FlowId,
+    ) -> Result<Option<(Vec<crate::flow::Release>, Vec<JobId>)>> {
+        self.home(flow).cancel_flow(flow).await
+    }
     async fn unreleased_flows(
         &self,
         older_than: Duration,

@@ -171,6 +171,16 @@ impl FlowStore for MemoryLeaseStore {
         Ok(kept.settle(now, changed))
     }
 
+    async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let Some(kept) = state.kept_flow(flow, now) else {
+            return Ok(None);
+        };
+        let running = kept.home.cancel();
+        Ok(Some((kept.settle(now, true), running)))
+    }
+
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
         let now = Instant::now();
         let state = lock(&self.state);

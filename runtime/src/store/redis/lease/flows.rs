@@ -58,18 +58,27 @@ static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
          return out",
     )
 });
-/// A flow's status: its step count, decided count, then pairs of step and end. Read-only.
+/// A flow's status: its step count, decided count, cancelled ("1" or "0"), then pairs of step
+/// and end. Read-only.
 static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
          local steps = redis.call('HGET', F, 'steps') \
          if not steps then return {} end \
-         local out = { steps, tostring(redis.call('HLEN', F .. ':decided')) } \
+                  local out = { steps, tostring(redis.call('HLEN', F .. ':decided')), \
+           redis.call('HGET', F, 'cancelled') or '0' } \
          local ends = redis.call('HGETALL', F .. ':ends') \
          for _, v in ipairs(ends) do out[#out + 1] = v end \
          return out",
     )
 });
+
+/// `flow_home.lua`'s answer.
+struct HomeReply {
+    kept: bool,
+    releases: Vec<Release>,
+    running: Vec<JobId>,
+}
 
 /// A step as the home keeps it (`flow:<id>:steps`).
 #[derive(Serialize)]
@@ -83,12 +92,7 @@ struct HomeStep<'a> {
 
 impl RedisLeaseStore {
     /// Runs `flow_home.lua` and decodes its releases.
-    async fn home(
-        &self,
-        flow: FlowId,
-        op: &str,
-        args: Vec<String>,
-    ) -> Result<(bool, Vec<Release>)> {
+    async fn home(&self, flow: FlowId, op: &str, args: Vec<String>) -> Result<HomeReply> {
         round_trip("flow");
         let mut invocation = FLOW_HOME.key(&self.base);
         invocation
@@ -102,9 +106,18 @@ impl RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let Some((kept, rows)) = flat.split_first() else {
-            return Err(garbage("empty flow_home reply"));
+        let [kept, k, rest @ ..] = flat.as_slice() else {
+            return Err(garbage("short flow_home reply"));
         };
+        let k: usize = parse(k)?;
+        if rest.len() < k {
+            return Err(garbage("short flow_home reply"));
+        }
+        let (running, rows) = rest.split_at(k);
+        let running = running
+            .iter()
+            .map(|id| Ok(JobId::from(parse::<uuid::Uuid>(id)?)))
+            .collect::<Result<Vec<_>>>()?;
         let releases = rows
             .chunks_exact(5)
             .map(|r| {
@@ -126,7 +139,11 @@ impl RedisLeaseStore {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((kept == "1", releases))
+        Ok(HomeReply {
+            kept: kept == "1",
+            releases,
+            running,
+        })
     }
 }
 
@@ -289,7 +306,8 @@ impl FlowStore for RedisLeaseStore {
             args.push(serde_json::to_string(&record).map_err(|e| Error::Payload(e.to_string()))?);
             args.push(s.after.len().to_string());
         }
-        self.home(flow.id(), "put", args).await
+        let reply = self.home(flow.id(), "put", args).await?;
+        Ok((reply.kept, reply.releases))
     }
 
     async fn advance_flow(
@@ -305,7 +323,15 @@ impl FlowStore for RedisLeaseStore {
         }
         args.push(applied.len().to_string());
         args.extend(applied.iter().cloned());
-        Ok(self.home(flow, "advance", args).await?.1)
+        Ok(self.home(flow, "advance", args).await?.releases)
+    }
+
+    async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {
+        if self.flow(flow).await?.is_none() {
+            return Ok(None);
+        }
+        let reply = self.home(flow, "cancel", Vec::new()).await?;
+        Ok(Some((reply.releases, reply.running)))
     }
 
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
@@ -330,7 +356,7 @@ impl FlowStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let [steps, decided, rest @ ..] = flat.as_slice() else {
+        let [steps, decided, cancelled, rest @ ..] = flat.as_slice() else {
             return Ok(None);
         };
         let steps: usize = parse(steps)?;
@@ -340,7 +366,9 @@ impl FlowStore for RedisLeaseStore {
                 .ok_or_else(|| garbage(format_args!("bad step end {:?}", pair[1])))?;
             ended.insert(pair[0].clone(), end);
         }
-        let state = if ended.len() < steps {
+        let state = if cancelled == "1" {
+            FlowState::Cancelled
+        } else if ended.len() < steps {
             FlowState::Running
         } else if ended.values().all(|e| *e == StepEnd::Completed) {
             FlowState::Succeeded
