@@ -161,12 +161,12 @@ pub fn report_key(flow: palisade::FlowId) -> String {
     format!("{{{}}}", report_scope(flow))
 }
 
-/// `report.part`: returns its number.
-pub async fn report_part(_: JobContext, p: Part) -> Result<i64, JobError> {
-    if p.hold_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+/// `report.part`: returns its number (after `hold_ms`, unless its lease is lost first).
+pub async fn report_part(ctx: JobContext, p: Part) -> Result<i64, JobError> {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(p.hold_ms)) => Ok(p.n),
+        _ = ctx.cancellation().cancelled() => Err(JobError::retry(format!("lease lost on part {}", p.n))),
     }
-    Ok(p.n)
 }
 
 /// `report.total`: adds up the results of the steps it runs after, writes the total through

@@ -167,3 +167,35 @@ fn the_report_adds_up_on_a_three_master_cluster_with_partitions() {
         assert!(w.terminate().success());
     }
 }
+
+/// `palisade flow cancel` stops a running flow: its running parts' leases are revoked, the
+/// rest never run; `flow show` says cancelled.
+#[test]
+fn the_cli_shows_and_cancels_a_flow() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let w = worker(&redis, &sink, "A");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(Client::connect(&redis.url(), "palisade"))
+        .unwrap();
+    let flow = palisade_jobs::report_flow(20, 60_000);
+    let id = rt.block_on(client.create_flow(&flow)).unwrap().to_string();
+    let palisade = |args: &[&str]| palisade_testkit::process::run(BIN, &redis.url(), args);
+    wait_for("parts to run", Duration::from_secs(20), || {
+        rt.block_on(client.counts("default")).unwrap().leased == 8
+    });
+    let shown = palisade(&["flow", "show", &id]);
+    assert!(shown.contains("running; 22 steps, 20 released"), "{shown}");
+    let said = palisade(&["flow", "cancel", &id]);
+    assert!(said.contains("cancelled: 22 jobs stopped"), "{said}");
+    wait_for("the flow to end cancelled", Duration::from_secs(20), || {
+        palisade(&["flow", "show", &id])
+            .contains("cancelled; 22 steps, 22 released, 0 completed, 22 dead")
+    });
+    let counts = rt.block_on(client.counts("default")).unwrap();
+    assert_eq!((counts.pending(), counts.dead), (0, 22), "{counts:?}");
+    assert!(w.terminate().success());
+}

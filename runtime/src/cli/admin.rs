@@ -221,7 +221,7 @@ fn not_enqueued(jobs: &[(Option<usize>, NewJob)], done: usize, unknown: bool) ->
 }
 
 /// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.
-fn print_lines(lines: impl Iterator<Item = String>) -> anyhow::Result<()> {
+pub(super) fn print_lines(lines: impl Iterator<Item = String>) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     for line in lines {

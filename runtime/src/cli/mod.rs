@@ -28,6 +28,8 @@
 //!   on stderr says which (`palisade <command>: …`, passwords shown as `***`).
 
 mod admin;
+mod flow;
+
 mod relay;
 mod sinks;
 #[cfg(feature = "ui")]
@@ -184,6 +186,9 @@ enum Builtin {
     Schedule(admin::ScheduleCommand),
     /// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked.
     Cancel(admin::CancelArgs),
+    /// Show or cancel a flow (a DAG of jobs created with `Client::create_flow`).
+    #[command(subcommand)]
+    Flow(flow::FlowCommand),
     /// Cap (or uncap) how many jobs of a kind run at once across every worker.
     Cap(admin::CapArgs),
     /// Move to another number of coordinator partitions without lowering any scope's tokens
@@ -448,6 +453,7 @@ impl App {
             Builtin::Cap(args) => admin::cap(args),
             Builtin::Partitions(args) => admin::partitions(args),
             Builtin::Cancel(args) => admin::cancel(args),
+            Builtin::Flow(command) => flow::flow(command),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),
         };

@@ -1,0 +1,84 @@
+//! `flow show` and `flow cancel`: a flow's state and step outcomes, and cancelling it whole.
+
+use anyhow::bail;
+
+use super::admin::print_lines;
+use super::{runtime, RedisArgs};
+use crate::flow::{FlowState, StepEnd};
+use crate::ids::FlowId;
+
+/// `flow`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum FlowCommand {
+    /// Show a flow's state, its counts by outcome and how each step that ended ended.
+    Show {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// The flow's id (as `Client::create_flow` returned it).
+        flow: uuid::Uuid,
+        /// Print it as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a flow: steps not started go to the dead letters unrun, ready and running ones
+    /// are cancelled (a running one's lease revoked).
+    Cancel {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// The flow's id.
+        flow: uuid::Uuid,
+    },
+}
+
+pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        match command {
+            FlowCommand::Show { redis, flow, json } => {
+                let (_, store) = redis.store().await?;
+                let client = crate::Client::new(store);
+                let id = FlowId::from(flow);
+                let Some(status) = client.flow(id).await? else {
+                    bail!("flow {id} is not kept (never created, or finished and forgotten)");
+                };
+                if json {
+                    return print_lines(std::iter::once(serde_json::to_string(&status)?));
+                }
+                let state = match status.state {
+                    FlowState::Running => "running",
+                    FlowState::Succeeded => "succeeded",
+                    FlowState::Failed => "failed",
+                    FlowState::Cancelled => "cancelled",
+                };
+                let head = format!(
+                    "flow {id}: {state}; {} steps, {} released, {} completed, {} dead, {} skipped",
+                    status.steps,
+                    status.released,
+                    status.count(StepEnd::Completed),
+                    status.count(StepEnd::Dead),
+                    status.count(StepEnd::Skipped),
+                );
+                // The steps that did not complete, by name (the completed ones are counted).
+                let mut missed: Vec<_> = status
+                    .ended
+                    .iter()
+                    .filter(|(_, e)| **e != StepEnd::Completed)
+                    .map(|(step, end)| format!("  {step}: {}", end.as_str()))
+                    .collect();
+                missed.sort();
+                print_lines(std::iter::once(head).chain(missed))
+            }
+            FlowCommand::Cancel { redis, flow } => {
+                let (_, store) = redis.store().await?;
+                let id = FlowId::from(flow);
+                match crate::Client::new(store).cancel_flow(id).await? {
+                    Some(n) => print_lines(std::iter::once(format!(
+                        "flow {id} cancelled: {n} jobs stopped"
+                    ))),
+                    None => {
+                        bail!("flow {id} is not kept (never created, or finished and forgotten)")
+                    }
+                }
+            }
+        }
+    })
+}
