@@ -90,6 +90,23 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
     check_report(&rt, &client, &flow, |key, field| {
         sink.cli(&["HGET", key, field])
     });
+    let shown = palisade_testkit::process::run(
+        BIN,
+        &redis.url(),
+        &["flow", "show", &id.to_string(), "--json"],
+    );
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["state"], "succeeded", "{shown}");
+    let recorded: u64 = [&a, &c, &b2]
+        .iter()
+        .map(|w| w.counter("palisade_flow_steps_total", &[("end", "completed")]))
+        .sum();
+    let released: u64 = [&a, &c, &b2]
+        .iter()
+        .map(|w| w.counter("palisade_flow_releases_total", &[("action", "run")]))
+        .sum();
+    // (B's share died with it; a pass may record a step again after a restart.)
+    assert!(recorded >= 500 && released >= 2, "{recorded} {released}");
     assert!(
         a.counter("palisade_settlements_refused_total", &[]) > 0,
         "the paused worker held parts past its lease"

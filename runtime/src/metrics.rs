@@ -59,6 +59,17 @@ pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
 /// the reason).
 pub const FOLLOW_UPS: &str = "palisade_follow_ups_total";
 
+/// Ends of flow steps' jobs recorded at their flows' homes by the coordinator's flow pass.
+/// Labels: end (`completed`, `dead`; a skipped step never ran: see the releases).
+pub const FLOW_STEPS: &str = "palisade_flow_steps_total";
+
+/// Flow steps released in their partitions. Labels: action (`run`, `fail`: to the dead
+/// letters unrun, `skip`).
+pub const FLOW_RELEASES: &str = "palisade_flow_releases_total";
+
+/// Flows created (`Client::create_flow`; a creation done again is not counted).
+pub const FLOWS_CREATED: &str = "palisade_flows_created_total";
+
 /// Client round trips to Redis on the hot paths. Labels: op (`claim`, `settle`, `renew`,
 /// `reap`, `enqueue`, `settle_and_claim` for the worker's pipelined pair, ...).
 pub const REDIS_ROUND_TRIPS: &str = "palisade_redis_round_trips_total";
@@ -106,6 +117,9 @@ pub const ALL: &[&str] = &[
     OUTBOX_RETRIED,
     OUTBOX_DEAD,
     FOLLOW_UPS,
+    FLOW_STEPS,
+    FLOW_RELEASES,
+    FLOWS_CREATED,
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
     CLAIM_TO_START,
@@ -142,6 +156,15 @@ pub fn describe() {
         FOLLOW_UPS,
         "Follow-up jobs of accepted completions, by how they were enqueued"
     );
+    describe_counter!(
+        FLOW_STEPS,
+        "Ends of flow steps recorded at their flows' homes, by end"
+    );
+    describe_counter!(
+        FLOW_RELEASES,
+        "Flow steps released in their partitions, by action"
+    );
+    describe_counter!(FLOWS_CREATED, "Flows created");
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
     describe_counter!(
         REDIS_ROUND_TRIPS,

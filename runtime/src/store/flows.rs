@@ -92,6 +92,9 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
     let creation = uuid::Uuid::new_v4().to_string();
     store.hold(&creation, flow.held_jobs()).await?;
     let (kept, releases) = store.put_flow(flow, &creation).await?;
+    if kept {
+        metrics::counter!(crate::metrics::FLOWS_CREATED).increment(1);
+    }
     if !kept {
         // Another creation of the same flow id won: forget the jobs this one held (only
         // those: a job held by the winner carries its creation, and one this call found
@@ -133,7 +136,19 @@ async fn apply(
         }
         let all: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
         let jobs: Vec<(JobId, String)> = releases.iter().map(|r| (r.job, r.step.clone())).collect();
+        let counts: Vec<&'static str> = releases
+            .iter()
+            .map(|r| match r.action {
+                crate::flow::ReleaseAction::Run => "run",
+                crate::flow::ReleaseAction::Fail(_) => "fail",
+                crate::flow::ReleaseAction::Skip => "skip",
+            })
+            .collect();
         let left = store.release(releases).await?;
+        // (Counted when delivered: a release delivered again counts again, rarely.)
+        for action in counts {
+            metrics::counter!(crate::metrics::FLOW_RELEASES, "action" => action).increment(1);
+        }
         let applied: Vec<String> = jobs
             .into_iter()
             .filter(|(job, _)| !left.contains(job))
@@ -195,7 +210,13 @@ pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
             Err(e) => Err(e),
         };
         match moved {
-            Ok(()) => recorded.extend(steps.iter().map(|e| e.job)),
+            Ok(()) => {
+                for e in steps {
+                    metrics::counter!(crate::metrics::FLOW_STEPS, "end" => e.end.as_str())
+                        .increment(1);
+                }
+                recorded.extend(steps.iter().map(|e| e.job));
+            }
             Err(e) if e.is_retryable() => {
                 crate::repeats::warn_repeated!(%flow, error = %e, "flow not moved on yet; the next pass tries again");
             }
