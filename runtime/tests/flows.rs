@@ -407,6 +407,22 @@ async fn halfway_and_lost_steps(stores: &Stores) {
         .step("a", job("k").with_queue("halfway"))
         .step_after("b", job("k").with_queue("halfway"), &["a"]);
     stores.hold("creation-1", held(&flow)).await.unwrap();
+    let mut listed: Vec<(String, String)> = stores
+        .held_jobs(Duration::ZERO, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.flow == flow.id())
+        .map(|r| (r.step, r.creation))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            ("a".into(), "creation-1".into()),
+            ("b".into(), "creation-1".into())
+        ]
+    );
     assert!(stores
         .claim("halfway", "w", 10, TTL)
         .await
@@ -785,4 +801,43 @@ async fn flows_on_a_cluster_with_three_partitions() {
         palisade::store::redis::coordinator(cluster.target(), "flows", 3, 0, 1 << 20, |s| s)
             .unwrap();
     conformance(stores).await;
+}
+
+/// From the attack review: held jobs of a creation that stopped between holding and keeping
+/// the flow are forgotten by the coordinator's pass once `HELD_GRACE` (10 minutes) passed;
+/// a layout with a running flow is not drained.
+#[actix::test]
+async fn orphaned_held_jobs_are_forgotten_and_a_running_flow_blocks_a_layout_move() {
+    tokio::time::pause();
+    let stores = Stores::from(Arc::new(MemoryLeaseStore::new()));
+    let orphan = Flow::chain([job("k").with_queue("orphan"), job("k").with_queue("orphan")]);
+    stores.hold("stopped", held(&orphan)).await.unwrap();
+    let running = Flow::chain([job("k").with_queue("kept"), job("k").with_queue("kept")]);
+    Client::new(stores.clone())
+        .create_flow(&running)
+        .await
+        .unwrap();
+    let refused = palisade::store::partitioned::check_drained(&stores).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("flows still running")),
+        "{refused:?}"
+    );
+    let _coordinator = Coordinator::new(stores.clone())
+        .with_reap_interval(Duration::from_secs(1))
+        .start();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        stores.held_jobs(Duration::ZERO, 10).await.unwrap().len(),
+        3,
+        "not yet"
+    );
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let left = stores.held_jobs(Duration::ZERO, 10).await.unwrap();
+    assert_eq!(left.len(), 1, "only the kept flow's waiting step: {left:?}");
+    assert_eq!(left[0].flow, running.id());
+    assert_eq!(
+        stores.cancel(orphan.job_id("0"), "x").await.unwrap(),
+        Cancelled::Missing,
+        "the orphan's jobs are gone"
+    );
 }

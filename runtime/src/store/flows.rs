@@ -76,6 +76,11 @@ pub trait FlowStore: Send + Sync + 'static {
     /// them); `None` for a flow it does not keep.
     async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>>;
 
+    /// Flow steps' jobs held here for at least `older_than`, oldest first, at most `max` —
+    /// with the creation that holds each — so the coordinator can forget those whose flow
+    /// was never kept (a creation that stopped halfway).
+    async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>>;
+
     /// Flows with releases decided at least `older_than` ago and not confirmed (the
     /// process that decided them stopped): at most `max`.
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>>;
@@ -179,6 +184,39 @@ pub(crate) async fn cancel(store: &crate::store::Stores, flow: FlowId) -> Result
     Ok(Some(unrun + running.len()))
 }
 
+/// How long a held job waits for its flow to be kept before it counts as an orphan: far
+/// longer than a creation takes.
+pub(crate) const HELD_GRACE: Duration = Duration::from_secs(600);
+
+/// Forgets held jobs older than [`HELD_GRACE`] whose flow is not kept (its creation stopped
+/// between holding and keeping, or the flow was forgotten): they could never run.
+async fn forget_orphans(store: &dyn FlowStore) -> Result<()> {
+    let held = store.held_jobs(HELD_GRACE, FLOWS_PER_PASS).await?;
+    let mut kept: BTreeMap<FlowId, bool> = BTreeMap::new();
+    let mut orphans = Vec::new();
+    for release in held {
+        let is_kept = match kept.get(&release.flow) {
+            Some(k) => *k,
+            None => {
+                let k = store.flow(release.flow).await?.is_some();
+                kept.insert(release.flow, k);
+                k
+            }
+        };
+        if !is_kept {
+            orphans.push(release);
+        }
+    }
+    if !orphans.is_empty() {
+        tracing::warn!(
+            jobs = orphans.len(),
+            "forgetting held flow jobs whose flow was never kept (a creation that stopped halfway)"
+        );
+        store.release(orphans).await?;
+    }
+    Ok(())
+}
+
 /// Step ends one pass records at most.
 pub(crate) const ENDS_PER_PASS: usize = 1000;
 
@@ -229,6 +267,7 @@ pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
     if !recorded.is_empty() {
         store.forget_step_ends(&recorded).await?;
     }
+    forget_orphans(store).await?;
     for flow in store
         .unreleased_flows(RELEASE_GRACE, FLOWS_PER_PASS)
         .await?

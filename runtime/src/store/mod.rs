@@ -469,6 +469,13 @@ impl FlowStore for Stores {
     ) -> Result<Option<(Vec<crate::flow::Release>, Vec<JobId>)>> {
         self.flows.cancel_flow(flow).await
     }
+    async fn held_jobs(
+        &self,
+        older_than: Duration,
+        max: usize,
+    ) -> Result<Vec<crate::flow::Release>> {
+        self.flows.held_jobs(older_than, max).await
+    }
     async fn unreleased_flows(
         &self,
         older_than: Duration,

@@ -416,6 +416,17 @@ pub async fn check_drained(layout: &Stores) -> Result<()> {
              enqueues them within seconds)"
         ));
     }
+    // Flows live in the layout that keeps them: their held steps, step ends not recorded
+    // yet, and releases not delivered.
+    let held = layout.held_jobs(Duration::ZERO, 1000).await?.len();
+    let ends = layout.step_ends(1000).await?.len();
+    let unreleased = layout.unreleased_flows(Duration::ZERO, 1000).await?.len();
+    if held + ends + unreleased > 0 {
+        pending.push(format!(
+            "flows still running ({held} steps waiting, {ends} step ends and {unreleased} \
+             flows' releases not delivered yet): let them finish or cancel them"
+        ));
+    }
     if !pending.is_empty() {
         return Err(Error::Config(format!(
             "the old layout still holds jobs ({}): drain it (and retry or purge its dead \
@@ -894,6 +905,16 @@ impl FlowStore for PartitionedLeaseStore {
         flow: crate::ids::FlowId,
     ) -> Result<Option<(Vec<crate::flow::Release>, Vec<JobId>)>> {
         self.home(flow).cancel_flow(flow).await
+    }
+    async fn held_jobs(
+        &self,
+        older_than: Duration,
+        max: usize,
+    ) -> Result<Vec<crate::flow::Release>> {
+        let all = self
+            .on_all(|part| async move { part.held_jobs(older_than, max).await })
+            .await?;
+        Ok(all.into_iter().flatten().collect())
     }
     async fn unreleased_flows(
         &self,

@@ -96,7 +96,9 @@ impl FlowStore for MemoryLeaseStore {
             let queue = state.queues.entry(job.queue.clone()).or_default();
             queue.priority.insert(id, new.priority);
             state.jobs.insert(id, job);
-            state.held.insert(id, (new.delay, creation.to_owned()));
+            state
+                .held
+                .insert(id, (new.delay, creation.to_owned(), Instant::now()));
         }
         Ok(())
     }
@@ -106,7 +108,7 @@ impl FlowStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         for r in releases {
             let delay = match state.held.get(&r.job) {
-                Some((delay, creation)) if *creation == r.creation => *delay,
+                Some((delay, creation, _)) if *creation == r.creation => *delay,
                 _ => continue,
             };
             state.held.remove(&r.job);
@@ -179,6 +181,33 @@ impl FlowStore for MemoryLeaseStore {
         };
         let running = kept.home.cancel();
         Ok(Some((kept.settle(now, true), running)))
+    }
+
+    async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        let mut held: Vec<(Instant, Release)> = state
+            .held
+            .iter()
+            .filter(|(_, (_, _, at))| now.duration_since(*at) >= older_than)
+            .filter_map(|(id, (_, creation, at))| {
+                let job = state.jobs.get(id)?;
+                let step = job.flow.as_ref()?;
+                Some((
+                    *at,
+                    Release {
+                        flow: step.flow,
+                        step: step.step.clone(),
+                        job: *id,
+                        scope: job.scope.job().is_none().then(|| job.scope.clone()),
+                        action: ReleaseAction::Skip,
+                        creation: creation.clone(),
+                    },
+                ))
+            })
+            .collect();
+        held.sort_by_key(|(at, r)| (*at, r.job));
+        Ok(held.into_iter().take(max).map(|(_, r)| r).collect())
     }
 
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {

@@ -109,7 +109,7 @@ struct LeaseState {
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
     /// Flow steps' jobs written and not released yet, with their delays and the creation
     /// that held them (`flows.rs`).
-    held: HashMap<JobId, (Duration, String)>,
+    held: HashMap<JobId, (Duration, String, Instant)>,
     /// Ends of flow steps not recorded at their flows' homes yet, in order.
     step_ends: BTreeMap<u64, crate::flow::StepEnded>,
     step_end_of: HashMap<JobId, u64>,

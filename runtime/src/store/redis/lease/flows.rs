@@ -58,6 +58,27 @@ static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
          return out",
     )
 });
+/// Held jobs kept at least ARGV[1] ms, at most ARGV[2], oldest first: job id, flow tag,
+/// scope, creation. Read-only.
+static HELD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local ids = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'held', '-inf', \
+           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2])) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           local f = redis.pcall('HMGET', KEYS[1] .. 'job:' .. id, 'flow', 'scope', 'creation') \
+           if type(f) == 'table' and not f.err then \
+             out[#out + 1] = id \
+             out[#out + 1] = f[1] or '' \
+             out[#out + 1] = f[2] or '' \
+             out[#out + 1] = f[3] or '' \
+           end \
+         end \
+         return out",
+    )
+});
 /// A flow's status: its step count, decided count, cancelled ("1" or "0"), then pairs of step
 /// and end. Read-only.
 static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
@@ -332,6 +353,33 @@ impl FlowStore for RedisLeaseStore {
         }
         let reply = self.home(flow, "cancel", Vec::new()).await?;
         Ok(Some((reply.releases, reply.running)))
+    }
+
+    async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = HELD
+            .key(&self.base)
+            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+            .arg(max)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut held = Vec::new();
+        for row in flat.chunks_exact(4) {
+            let job = JobId::from(parse::<uuid::Uuid>(&row[0])?);
+            let Some((flow, step)) = row[1].split_once('\t') else {
+                continue; // (a record gone since it was listed)
+            };
+            held.push(Release {
+                flow: FlowId::from(parse::<uuid::Uuid>(flow)?),
+                step: step.to_owned(),
+                job,
+                scope: (!row[2].is_empty()).then(|| Scope::new(row[2].clone())),
+                action: ReleaseAction::Skip,
+                creation: row[3].clone(),
+            });
+        }
+        Ok(held)
     }
 
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
