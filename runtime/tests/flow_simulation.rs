@@ -115,6 +115,9 @@ impl FlowStore for Planted {
     async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {
         self.inner.cancel_flow(flow).await
     }
+    async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>> {
+        self.inner.held_jobs(older_than, max).await
+    }
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
         self.inner.unreleased_flows(older_than, max).await
     }
