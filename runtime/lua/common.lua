@@ -47,6 +47,8 @@
 --   stepend               hash  job id -> "<flow id> TAB <step> TAB completed|dead": a flow
 --                               step that ended, until its flow's home recorded it
 --   stepends              zset  the same job ids -> when they ended
+--   ended:<job id>        string completed | dead | skipped: a flow step's job that ended, for
+--                               FLOW_RETENTION (hold.lua never writes it held again)
 -- At a flow's home:
 --   flow:<id>             hash  steps (count), created (ms)
 --   flow:<id>:steps       hash  step -> JSON {job, scope, after: [[step, fail|skip|run]], next}
@@ -419,6 +421,10 @@ local function bump(job, field, by)
   return n
 end
 
+-- How long a flow step's job that ended is remembered ("ended:<id>"), so that a creation of
+-- its flow done again does not write it held again: a day, flow.rs' FLOW_RETENTION.
+local STEP_TOMBSTONE_MS = 86400000
+
 -- A flow step's job ended (`tag`: its record's "flow" field, "<flow id> TAB <step>";
 -- `end_`: completed or dead): kept in `stepend`/`stepends` until the flow's home recorded it
 -- (store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
@@ -435,6 +441,8 @@ local function note_step_end(base, id, tag, end_)
   if redis.call('HSETNX', base .. 'stepend', id, tag .. '\t' .. end_) == 1 then
     redis.call('ZADD', base .. 'stepends', now_ms(), id)
   end
+  -- (SET replaces a key of any type: it cannot fail here.)
+  redis.call('SET', base .. 'ended:' .. id, end_, 'PX', STEP_TOMBSTONE_MS)
 end
 
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest

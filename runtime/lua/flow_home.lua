@@ -5,18 +5,19 @@
 -- so a repeated or replayed call changes nothing.
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  "put" | "advance" | "cancel", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
---          put:     ARGV[4] creation (hold.lua), ARGV[5] step count n, then 3 fields per
+--          put:     ARGV[4] step count n, then 3 fields per
 --                   step: name, JSON {job, scope, after: [[step, fail|skip|run]], next:
 --                   [step]}, number of dependencies
 --          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
 --                   steps whose releases their partitions confirmed
---          cancel:  nothing more: every step not decided is decided "fail:flow cancelled"
---                   (and has ended, dead); the flow is marked cancelled
+--          cancel:  nothing more: unless every step ended, every step not decided is
+--                   decided "fail:flow cancelled" (and has ended, dead); the flow is marked
+--                   cancelled
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  "1" if this call kept the flow ("put" of a flow not kept yet), else "0"; then k
 --          and k job ids (for "cancel": the jobs of steps released to run that have not
---          ended, for the caller to cancel; else k = 0); then 5 fields per release decided and not confirmed: step, job id, scope ("" for none),
---          decision ("run" | "skip" | "fail:<reason>"), creation; nothing more for a flow it
+--          ended, for the caller to cancel; else k = 0); then 4 fields per release decided and not confirmed: step, job id, scope ("" for none),
+--          decision ("run" | "skip" | "fail:<reason>"); nothing more for a flow it
 --          does not keep
 -- Errors   "PALISADE_CORRUPT ..." when one of the flow's keys holds another type: raised before
 --          anything changed; also "PALISADE_LAYOUT ..." (before anything)
@@ -94,11 +95,11 @@ local exists = redis.call('EXISTS', F) == 1
 local changed = false
 local kept = '0'
 if op == 'put' and not exists then
-  local n = tonumber(ARGV[5])
-  redis.call('HSET', F, 'steps', n, 'created', now, 'creation', ARGV[4])
+  local n = tonumber(ARGV[4])
+  redis.call('HSET', F, 'steps', n, 'created', now)
   kept = '1'
   for i = 0, n - 1 do
-    local o = 5 + i * 3
+    local o = 4 + i * 3
     local name, deps = ARGV[o + 1], ARGV[o + 3]
     redis.call('HSET', STEPS, name, ARGV[o + 2])
     if deps == '0' then
@@ -148,7 +149,9 @@ elseif op == 'advance' and exists then
   end
 end
 local running = {}
-if op == 'cancel' and exists then
+-- (A finished flow keeps its state.)
+if op == 'cancel' and exists
+  and redis.call('HLEN', ENDS) < count_of(redis.call('HGET', F, 'steps')) then
   redis.call('HSET', F, 'cancelled', '1')
   local names = redis.call('HKEYS', STEPS)
   table.sort(names)
@@ -187,7 +190,6 @@ if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
   end
 end
 table.sort(pending)
-local creation = redis.call('HGET', F, 'creation') or ''
 local out = { kept, tostring(#running) }
 for _, job in ipairs(running) do
   out[#out + 1] = job
@@ -199,7 +201,6 @@ for _, name in ipairs(pending) do
     out[#out + 1] = step.job
     out[#out + 1] = type(step.scope) == 'string' and step.scope or ''
     out[#out + 1] = redis.call('HGET', DECIDED, name) or 'run'
-    out[#out + 1] = creation
   end
 end
 return out

@@ -1,12 +1,13 @@
 -- hold.lua: writes flow steps' jobs held: known, never claimable until release.lua releases
 -- them (store/flows.rs: written first, released last).
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 8 fields per job: id queue kind scope (empty: the job's default
+-- ARGV[1]  job count n, then 7 fields per job: id queue kind scope (empty: the job's default
 --          scope) delay_ms meta (JSON, as enqueue.lua's) flow ("<flow id> TAB <step>")
---          creation (the id of the create_flow call holding it: release.lua releases a job
---          only for the creation that held it)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  the number of jobs written (a job whose id is already known is left as it is)
+-- Returns  the number of jobs written. A job whose id is already known is left as it is, and
+--          so is one whose step already ended ("ended:<id>", kept a day): a creation done
+--          again (a retried request, two producers racing) never writes a step that ran held
+--          again, where a release still being delivered would run it twice.
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type: raised before
 --          anything changed; also "PALISADE_LAYOUT ..." (before anything)
 do
@@ -18,7 +19,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local F = 8
+local F = 7
 local want = { [base .. 'queues'] = 'set', [base .. 'held'] = 'zset' }
 local wrong = mistyped(want)
 if wrong then
@@ -29,13 +30,13 @@ for i = 0, n - 1 do
   local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local job = base .. 'job:' .. id
-  if redis.call('EXISTS', job) == 0 then
+  if redis.call('EXISTS', job, base .. 'ended:' .. id) == 0 then
     if scope == '' then
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'creation', ARGV[o + 8])
+        'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
     else
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'creation', ARGV[o + 8])
+        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
     end
     redis.call('ZADD', base .. 'held', now, id)
     redis.call('SADD', base .. 'queues', queue)

@@ -1,11 +1,10 @@
 -- release.lua: releases held flow step jobs (hold.lua) as their flow's home decided: ready
 -- (after the delay kept with them), dead with a reason, or forgotten. A job that is not held
--- by the release's creation — released before, ended, never written, held by another
--- creation of the same flow (one that lost a race) — is left alone, so a release delivered twice does
+-- — released before, ended, never written — is left alone, so a release delivered twice does
 -- nothing the second time (store/flows.rs).
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  count n, ARGV[2] dead-letter records kept per queue, then 3 fields per release:
---          job id, action ("run" | "fail" | "skip"), reason (for "fail"), creation (hold.lua)
+--          job id, action ("run" | "fail" | "skip"), reason (for "fail")
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  the ids of the jobs left held because a key their release writes holds another type
 -- Errors   none of its own after the first write: each release's keys are checked before it
@@ -23,12 +22,12 @@ local now = now_ms()
 local n, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 local left = {}
 for i = 0, n - 1 do
-  local o = 2 + i * 4
-  local id, action, reason, creation = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  local o = 2 + i * 3
+  local id, action, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local held = redis.pcall('ZSCORE', base .. 'held', id)
   local job = base .. 'job:' .. id
-  local f = type(held) == 'string' and fields(job, 'queue', 'scope', 'kind', 'delay', 'creation') or {}
-  if type(held) == 'string' and f[5] == creation then
+  local f = type(held) == 'string' and fields(job, 'queue', 'scope', 'kind', 'delay') or {}
+  if type(held) == 'string' then
     local want, counted = {}, {}
     local delay = count_of(f[4])
     if f[1] then
@@ -44,12 +43,13 @@ for i = 0, n - 1 do
       if not f[1] then
         redis.call('DEL', job)
       elseif action == 'run' then
-        redis.call('HDEL', job, 'delay', 'creation')
+        redis.call('HDEL', job, 'delay')
         park(base, id, now + delay, now)
       elseif action == 'fail' then
         bury(base, id, reason, keep)
       else
         redis.call('DEL', job)
+        redis.call('SET', base .. 'ended:' .. id, 'skipped', 'PX', STEP_TOMBSTONE_MS)
       end
     end
   end

@@ -122,14 +122,16 @@ impl Client {
     /// Cancels flow `id` as a whole: its steps that had not started go to the dead letters
     /// unrun ("flow cancelled"), its ready and running steps are cancelled like
     /// [`Client::cancel`] (a running one's lease revoked, its late writes fenced); its state
-    /// is then [`FlowState::Cancelled`]. Returns how many jobs it stopped, or `None` for a flow
-    /// not kept. A step that completed meanwhile stays completed.
+    /// is then [`FlowState::Cancelled`]. Returns how many jobs it asked to stop, or `None` for
+    /// a flow not kept. A step that completed meanwhile stays completed; a flow that finished
+    /// keeps its state. On an error, cancelling again finishes the work.
     pub async fn cancel_flow(&self, id: FlowId) -> Result<Option<usize>> {
         crate::store::flows::cancel(&self.store, id).await
     }
 
-    /// Waits up to `timeout` for flow `id` to finish (succeeded or failed); its status then,
-    /// or `None` if it did not finish in time or is not kept.
+    /// Waits up to `timeout` for flow `id` to finish — succeeded, failed, or cancelled with
+    /// every step ended; its status then, or `None` if it did not finish in time or is not
+    /// kept.
     pub async fn wait_flow(&self, id: FlowId, timeout: Duration) -> Result<Option<FlowStatus>> {
         let start = tokio::time::Instant::now();
         let deadline = start

@@ -445,10 +445,6 @@ pub struct Release {
     pub scope: Option<Scope>,
     /// Ready, dead with the reason, or gone.
     pub action: ReleaseAction,
-    /// The creation of the flow that was kept (each `create_flow` call holds its jobs under
-    /// its own): only a job held by that creation is released, so a job a losing, racing
-    /// creation held again after it ran is never released.
-    pub creation: String,
 }
 
 /// What releasing a held step does.
@@ -492,7 +488,6 @@ pub struct StepEnded {
 #[derive(Clone, Debug)]
 pub(crate) struct Home {
     id: FlowId,
-    creation: String,
     steps: HashMap<String, HomeStep>,
     ends: HashMap<String, StepEnd>,
     decided: HashMap<String, ReleaseAction>,
@@ -514,7 +509,7 @@ struct HomeStep {
 
 impl Home {
     /// A flow just kept: its steps that run after nothing are decided (released) at once.
-    pub(crate) fn new(flow: &Flow, creation: &str) -> Self {
+    pub(crate) fn new(flow: &Flow) -> Self {
         let mut steps: HashMap<String, HomeStep> = flow
             .steps
             .iter()
@@ -537,7 +532,6 @@ impl Home {
         }
         let mut home = Self {
             id: flow.id,
-            creation: creation.to_owned(),
             steps,
             ends: HashMap::new(),
             decided: HashMap::new(),
@@ -607,7 +601,6 @@ impl Home {
                     job: step.job,
                     scope: step.scope.clone(),
                     action: self.decided[name].clone(),
-                    creation: self.creation.clone(),
                 }
             })
             .collect()
@@ -618,10 +611,14 @@ impl Home {
         self.ends.len() == self.steps.len()
     }
 
-    /// Cancels the flow: every step not decided yet is decided dead unrun (and has ended);
+    /// Cancels the flow (unless it finished): every step not decided yet is decided dead unrun
+    /// (and has ended);
     /// returns the jobs of the steps released to run that have not ended (ready or running:
     /// the caller cancels them). A second cancel finds nothing more to do.
     pub(crate) fn cancel(&mut self) -> Vec<JobId> {
+        if self.finished() {
+            return Vec::new(); // (a finished flow keeps its state)
+        }
         self.cancelled = true;
         let mut names: Vec<&String> = self.steps.keys().collect();
         names.sort();

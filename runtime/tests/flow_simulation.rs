@@ -55,8 +55,8 @@ struct Planted {
 
 #[async_trait]
 impl FlowStore for Planted {
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
-        self.inner.hold(creation, jobs).await
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+        self.inner.hold(jobs).await
     }
     async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>> {
         self.inner.release(releases).await
@@ -78,9 +78,9 @@ impl FlowStore for Planted {
     async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
         self.inner.forget_step_ends(jobs).await
     }
-    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)> {
+    async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         *self.flow.lock().unwrap() = Some(flow.clone());
-        self.inner.put_flow(flow, creation).await
+        self.inner.put_flow(flow).await
     }
     async fn advance_flow(
         &self,
@@ -96,17 +96,13 @@ impl FlowStore for Planted {
             for s in planned.steps() {
                 let one_ended = s.after.iter().any(|e| status.ended.contains_key(&e.step));
                 if one_ended && !releases.iter().any(|r| r.step == s.name) {
-                    let creation = releases.first().map(|r| r.creation.clone());
-                    if let Some(creation) = creation {
-                        releases.push(Release {
-                            flow,
-                            step: s.name.clone(),
-                            job: planned.job_id(&s.name),
-                            scope: s.job.scope.clone(),
-                            action: ReleaseAction::Run,
-                            creation,
-                        });
-                    }
+                    releases.push(Release {
+                        flow,
+                        step: s.name.clone(),
+                        job: planned.job_id(&s.name),
+                        scope: s.job.scope.clone(),
+                        action: ReleaseAction::Run,
+                    });
                 }
             }
         }

@@ -299,52 +299,70 @@ fn held(flow: &Flow) -> Vec<(NewJob, FlowStep)> {
         .collect()
 }
 
-/// From the attack review: two creations of one flow id race. The first holds, keeps the
-/// flow and releases `a`, which runs and completes (its record gone) before the first
-/// confirms the release; the second's hold then writes `a` held again. The first's release,
-/// delivered again (a sweep), must not release the second's copy, and the second, finding
-/// the flow kept by another creation, forgets what it held: `a` never runs twice.
-async fn racing_creations_run_nothing_twice(stores: &Stores) {
+/// From the attack reviews: a creation done again — a retry after a lost reply, a second
+/// producer racing the first — after a step already ran and its job was forgotten. Its
+/// `hold` must not write that step held again (the first creation's release of it, not yet
+/// confirmed and delivered again by a sweep, would run it twice), and the flow must still
+/// move on: nothing is stuck, nothing runs twice.
+async fn a_creation_done_again_runs_nothing_twice(stores: &Stores) {
     let flow = Flow::chain([job("k").with_queue("race"), job("k").with_queue("race")]);
-    stores.hold("first", held(&flow)).await.unwrap();
-    let (kept, pending) = stores.put_flow(&flow, "first").await.unwrap();
+    stores.hold(held(&flow)).await.unwrap();
+    let (kept, pending) = stores.put_flow(&flow).await.unwrap();
     assert!(kept);
     stores.release(pending.clone()).await.unwrap();
     let a = stores.claim("race", "w", 10, TTL).await.unwrap();
     assert_eq!(kinds(&a), ["0"]);
     complete(stores, &a, 1).await;
-    stores.hold("second", held(&flow)).await.unwrap();
-    let (kept, again) = stores.put_flow(&flow, "second").await.unwrap();
+    // The second creation: holds (step 0 ran and is gone: not written again), keeps nothing.
+    stores.hold(held(&flow)).await.unwrap();
+    let (kept, again) = stores.put_flow(&flow).await.unwrap();
     assert!(!kept, "the flow was kept by the first creation");
     assert_eq!(again, pending, "the first creation's release, unconfirmed");
+    let waiting: Vec<String> = stores
+        .held_jobs(Duration::ZERO, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.flow == flow.id())
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(waiting, ["1"], "step 0 is not held again");
     stores.release(again).await.unwrap();
     assert!(
         stores.claim("race", "w", 10, TTL).await.unwrap().is_empty(),
-        "the second creation's copy of a is not released by the first's release"
+        "step 0 does not run twice"
     );
-    // The loser forgets what it held (what `create_flow` does on `kept == false`).
-    let mine: Vec<Release> = held(&flow)
-        .into_iter()
-        .map(|(job, step)| Release {
-            flow: flow.id(),
-            job: job.id.unwrap(),
-            scope: None,
-            step: step.step,
-            action: ReleaseAction::Skip,
-            creation: "second".into(),
-        })
-        .collect();
-    stores.release(mine).await.unwrap();
+    // And through the client: a retried create_flow of the same flow adds nothing either.
+    Client::new(stores.clone())
+        .create_flow(&flow)
+        .await
+        .unwrap();
     let applied: Vec<String> = pending.iter().map(|r| r.step.clone()).collect();
     stores.advance_flow(flow.id(), &[], &applied).await.unwrap();
     pass(stores).await;
     let b = stores.claim("race", "w", 10, TTL).await.unwrap();
-    assert_eq!(kinds(&b), ["1"], "b runs once, after a");
+    assert_eq!(kinds(&b), ["1"], "step 1 runs once, after step 0");
     complete(stores, &b, 2).await;
     pass(stores).await;
     assert!(stores.claim("race", "w", 10, TTL).await.unwrap().is_empty());
     let status = stores.flow(flow.id()).await.unwrap().unwrap();
     assert_eq!(status.state, FlowState::Succeeded);
+}
+
+/// From the attack review: a creation's `put_flow` failed after its `hold` succeeded; the
+/// retried creation finds the jobs held and must still release them.
+async fn a_retried_creation_is_not_stuck(stores: &Stores) {
+    let flow = Flow::chain([
+        job("k").with_queue("retried"),
+        job("k").with_queue("retried"),
+    ]);
+    stores.hold(held(&flow)).await.unwrap();
+    Client::new(stores.clone())
+        .create_flow(&flow)
+        .await
+        .unwrap();
+    let a = stores.claim("retried", "w", 10, TTL).await.unwrap();
+    assert_eq!(kinds(&a), ["0"], "the first step runs");
 }
 
 /// A flow cancelled as a whole: the running step's lease is revoked (its completion
@@ -406,21 +424,21 @@ async fn halfway_and_lost_steps(stores: &Stores) {
     let flow = Flow::new()
         .step("a", job("k").with_queue("halfway"))
         .step_after("b", job("k").with_queue("halfway"), &["a"]);
-    stores.hold("creation-1", held(&flow)).await.unwrap();
-    let mut listed: Vec<(String, String)> = stores
+    stores.hold(held(&flow)).await.unwrap();
+    let mut listed: Vec<(String, JobId)> = stores
         .held_jobs(Duration::ZERO, 100)
         .await
         .unwrap()
         .into_iter()
         .filter(|r| r.flow == flow.id())
-        .map(|r| (r.step, r.creation))
+        .map(|r| (r.step, r.job))
         .collect();
     listed.sort();
     assert_eq!(
         listed,
         [
-            ("a".into(), "creation-1".into()),
-            ("b".into(), "creation-1".into())
+            ("a".into(), flow.job_id("a")),
+            ("b".into(), flow.job_id("b"))
         ]
     );
     assert!(stores
@@ -432,7 +450,7 @@ async fn halfway_and_lost_steps(stores: &Stores) {
     assert!(client.flow(flow.id()).await.unwrap().is_none());
     // Kept, its first release decided and not delivered (the creator stopped): still
     // nothing runs, until the sweep finds the flow.
-    let (kept, decided) = stores.put_flow(&flow, "creation-1").await.unwrap();
+    let (kept, decided) = stores.put_flow(&flow).await.unwrap();
     assert!(kept);
     assert_eq!(decided.len(), 1);
     assert!(stores
@@ -470,7 +488,8 @@ async fn conformance(stores: Stores) {
     fail_edges_cascade(&stores).await;
     a_stale_holder_moves_nothing(&stores).await;
     halfway_and_lost_steps(&stores).await;
-    racing_creations_run_nothing_twice(&stores).await;
+    a_creation_done_again_runs_nothing_twice(&stores).await;
+    a_retried_creation_is_not_stuck(&stores).await;
     cancelling_a_flow(&stores).await;
 }
 
@@ -673,8 +692,8 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
             r.sort_by(|a, b| a.step.cmp(&b.step));
             r
         };
-        let a = sorted(memory.put_flow(&flow, "c").await.unwrap().1);
-        let b = sorted(redis.put_flow(&flow, "c").await.unwrap().1);
+        let a = sorted(memory.put_flow(&flow).await.unwrap().1);
+        let b = sorted(redis.put_flow(&flow).await.unwrap().1);
         assert_eq!(a, b, "case {case}: put");
         let mut ended: Vec<(String, StepEnd)> = Vec::new();
         for round in 0..rng.random_range(1..30) {
@@ -714,6 +733,15 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
                 a, b,
                 "case {case} round {round}: {batch:?} applied {applied:?}"
             );
+            if rng.random_bool(0.03) {
+                let a = memory.cancel_flow(flow.id()).await.unwrap().unwrap();
+                let b = redis.cancel_flow(flow.id()).await.unwrap().unwrap();
+                assert_eq!(
+                    (sorted(a.0), a.1),
+                    (sorted(b.0), b.1),
+                    "case {case} round {round}: cancel"
+                );
+            }
             ended.extend(batch);
             let sa = memory.flow(flow.id()).await.unwrap().unwrap();
             let sb = redis.flow(flow.id()).await.unwrap().unwrap();
@@ -759,7 +787,7 @@ async fn a_corrupt_flow_stops_only_itself() {
         .with_reap_interval(Duration::from_millis(50))
         .start();
     let mut next = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..500 {
         next = stores.claim("good", "w", 1, TTL).await.unwrap();
         if !next.is_empty() {
             break;
@@ -811,7 +839,7 @@ async fn orphaned_held_jobs_are_forgotten_and_a_running_flow_blocks_a_layout_mov
     tokio::time::pause();
     let stores = Stores::from(Arc::new(MemoryLeaseStore::new()));
     let orphan = Flow::chain([job("k").with_queue("orphan"), job("k").with_queue("orphan")]);
-    stores.hold("stopped", held(&orphan)).await.unwrap();
+    stores.hold(held(&orphan)).await.unwrap();
     let running = Flow::chain([job("k").with_queue("kept"), job("k").with_queue("kept")]);
     Client::new(stores.clone())
         .create_flow(&running)

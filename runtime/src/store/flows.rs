@@ -37,7 +37,7 @@ pub trait FlowStore: Send + Sync + 'static {
     /// Writes flow steps' jobs held by `creation` (one `create_flow` call's own id): known,
     /// never claimable until released. All or none; a job whose id is already known is left
     /// as it is (a creation done again).
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()>;
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()>;
 
     /// Releases held jobs as each entry says: ready (after the job's delay), dead with the
     /// reason, or forgotten. A job that is not held by the entry's creation (released
@@ -56,7 +56,7 @@ pub trait FlowStore: Send + Sync + 'static {
     /// Keeps `flow` (already checked, its jobs held by `creation`) at its home and decides
     /// its first steps; returns whether this call kept it, and every release decided and not
     /// confirmed yet. A flow already kept is left as it is (`false`, its pending releases).
-    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)>;
+    async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)>;
 
     /// At `flow`'s home: records how steps ended (each step once: a repeated end changes
     /// nothing), decides the steps that every dependency of has now ended
@@ -94,31 +94,12 @@ pub trait FlowStore: Send + Sync + 'static {
 /// coordinator's sweep, decided and kept: the flow exists once this returns `Ok`.
 pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usize) -> Result<()> {
     flow.validate(max_payload)?;
-    let creation = uuid::Uuid::new_v4().to_string();
-    store.hold(&creation, flow.held_jobs()).await?;
-    let (kept, releases) = store.put_flow(flow, &creation).await?;
+    // Done again (a retry, a second producer), `hold` skips jobs it finds known or ended, and
+    // `put_flow` keeps the flow once: every step is still held, decided and released once.
+    store.hold(flow.held_jobs()).await?;
+    let (kept, releases) = store.put_flow(flow).await?;
     if kept {
         metrics::counter!(crate::metrics::FLOWS_CREATED).increment(1);
-    }
-    if !kept {
-        // Another creation of the same flow id won: forget the jobs this one held (only
-        // those: a job held by the winner carries its creation, and one this call found
-        // existing was left alone). One of them may be a step that already ran and was
-        // written again here; it must not stay behind.
-        let mine: Vec<Release> = flow
-            .held_jobs()
-            .into_iter()
-            .map(|(job, step)| Release {
-                flow: flow.id(),
-                job: job.id.expect("held jobs carry their ids"),
-                scope: job.scope,
-                step: step.step,
-                action: crate::flow::ReleaseAction::Skip,
-                creation: creation.clone(),
-            })
-            .collect();
-        store.release(mine).await?;
-        return Ok(());
     }
     if let Err(e) = apply(store, flow.id(), releases).await {
         tracing::warn!(flow = %flow.id(), error = %e, "first steps not released yet; the coordinator's sweep releases them");
@@ -176,12 +157,27 @@ pub(crate) async fn cancel(store: &crate::store::Stores, flow: FlowId) -> Result
     let Some((releases, running)) = store.cancel_flow(flow).await? else {
         return Ok(None);
     };
-    let unrun = releases.len();
-    apply(store, flow, releases).await?;
+    // The steps released to run first — a held one among them is buried, so its release,
+    // still pending, finds nothing to release — then the steps decided dead. Each goes on
+    // past a failure, which it reports at the end: a release left pending is delivered by the
+    // coordinator's sweep (dead, never run).
+    let mut failed = None;
     for job in &running {
-        store.cancel(*job, crate::flow::CANCELLED).await?;
+        if let Err(e) = store.cancel(*job, crate::flow::CANCELLED).await {
+            failed.get_or_insert(e);
+        }
     }
-    Ok(Some(unrun + running.len()))
+    let unrun = releases
+        .iter()
+        .filter(|r| matches!(&r.action, crate::flow::ReleaseAction::Fail(why) if why == crate::flow::CANCELLED))
+        .count();
+    if let Err(e) = apply(store, flow, releases).await {
+        failed.get_or_insert(e);
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(Some(unrun + running.len())),
+    }
 }
 
 /// How long a held job waits for its flow to be kept before it counts as an orphan: far
@@ -191,14 +187,22 @@ pub(crate) const HELD_GRACE: Duration = Duration::from_secs(600);
 /// Forgets held jobs older than [`HELD_GRACE`] whose flow is not kept (its creation stopped
 /// between holding and keeping, or the flow was forgotten): they could never run.
 async fn forget_orphans(store: &dyn FlowStore) -> Result<()> {
-    let held = store.held_jobs(HELD_GRACE, FLOWS_PER_PASS).await?;
+    // Best effort: a flow whose home cannot be read now counts as kept (nothing is
+    // forgotten on a doubt), and a failure here never stops the rest of the pass.
+    let held = match store.held_jobs(HELD_GRACE, FLOWS_PER_PASS).await {
+        Ok(held) => held,
+        Err(e) => {
+            crate::repeats::warn_repeated!(error = %e, "held flow jobs not read; the next pass tries again");
+            return Ok(());
+        }
+    };
     let mut kept: BTreeMap<FlowId, bool> = BTreeMap::new();
     let mut orphans = Vec::new();
     for release in held {
         let is_kept = match kept.get(&release.flow) {
             Some(k) => *k,
             None => {
-                let k = store.flow(release.flow).await?.is_some();
+                let k = !matches!(store.flow(release.flow).await, Ok(None));
                 kept.insert(release.flow, k);
                 k
             }
@@ -212,7 +216,9 @@ async fn forget_orphans(store: &dyn FlowStore) -> Result<()> {
             jobs = orphans.len(),
             "forgetting held flow jobs whose flow was never kept (a creation that stopped halfway)"
         );
-        store.release(orphans).await?;
+        if let Err(e) = store.release(orphans).await {
+            crate::repeats::warn_repeated!(error = %e, "orphaned held flow jobs not forgotten yet");
+        }
     }
     Ok(())
 }

@@ -436,8 +436,8 @@ impl ControlStore for Stores {
 
 #[async_trait]
 impl FlowStore for Stores {
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
-        self.flows.hold(creation, jobs).await
+    async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
+        self.flows.hold(jobs).await
     }
     async fn release(&self, releases: Vec<crate::flow::Release>) -> Result<Vec<JobId>> {
         self.flows.release(releases).await
@@ -451,9 +451,8 @@ impl FlowStore for Stores {
     async fn put_flow(
         &self,
         flow: &crate::flow::Flow,
-        creation: &str,
     ) -> Result<(bool, Vec<crate::flow::Release>)> {
-        self.flows.put_flow(flow, creation).await
+        self.flows.put_flow(flow).await
     }
     async fn advance_flow(
         &self,

@@ -850,14 +850,14 @@ impl PartitionedLeaseStore {
 
 #[async_trait]
 impl FlowStore for PartitionedLeaseStore {
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
+    async fn hold(&self, jobs: Vec<(NewJob, crate::flow::FlowStep)>) -> Result<()> {
         let parts = self.split(jobs, |(job, _)| self.place(job));
         try_join_all(
             parts
                 .into_iter()
                 .zip(&self.parts)
                 .filter(|(jobs, _)| !jobs.is_empty())
-                .map(|(jobs, part)| part.hold(creation, jobs)),
+                .map(|(jobs, part)| part.hold(jobs)),
         )
         .await?;
         Ok(())
@@ -888,9 +888,8 @@ impl FlowStore for PartitionedLeaseStore {
     async fn put_flow(
         &self,
         flow: &crate::flow::Flow,
-        creation: &str,
     ) -> Result<(bool, Vec<crate::flow::Release>)> {
-        self.home(flow.id()).put_flow(flow, creation).await
+        self.home(flow.id()).put_flow(flow).await
     }
     async fn advance_flow(
         &self,

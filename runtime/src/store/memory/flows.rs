@@ -27,6 +27,7 @@ impl LeaseState {
         let Some(step) = &job.flow else {
             return;
         };
+        self.ended_steps.insert(job.id, Instant::now());
         if self.step_end_of.contains_key(&job.id) {
             return;
         }
@@ -72,13 +73,18 @@ impl KeptFlow {
 
 #[async_trait]
 impl FlowStore for MemoryLeaseStore {
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
         let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
         crate::job::validate_batch(&news, self.max_payload_bytes)?;
+        let now = Instant::now();
         let mut state = lock(&self.state);
+        state
+            .ended_steps
+            .retain(|_, at| now.duration_since(*at) < crate::flow::FLOW_RETENTION);
         for (new, step) in jobs {
             let id = new.id.unwrap_or_else(JobId::new);
-            if state.jobs.contains_key(&id) {
+            // Known, or a step that already ended: a creation done again leaves it alone.
+            if state.jobs.contains_key(&id) || state.ended_steps.contains_key(&id) {
                 continue;
             }
             let job = Job {
@@ -96,9 +102,7 @@ impl FlowStore for MemoryLeaseStore {
             let queue = state.queues.entry(job.queue.clone()).or_default();
             queue.priority.insert(id, new.priority);
             state.jobs.insert(id, job);
-            state
-                .held
-                .insert(id, (new.delay, creation.to_owned(), Instant::now()));
+            state.held.insert(id, (new.delay, now));
         }
         Ok(())
     }
@@ -108,7 +112,7 @@ impl FlowStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         for r in releases {
             let delay = match state.held.get(&r.job) {
-                Some((delay, creation, _)) if *creation == r.creation => *delay,
+                Some((delay, _)) => *delay,
                 _ => continue,
             };
             state.held.remove(&r.job);
@@ -116,6 +120,7 @@ impl FlowStore for MemoryLeaseStore {
                 ReleaseAction::Run => state.park(r.job, now + delay, now),
                 ReleaseAction::Fail(reason) => state.bury(r.job, reason, self.dead_retention),
                 ReleaseAction::Skip => {
+                    state.ended_steps.insert(r.job, now);
                     if let Some(job) = state.jobs.remove(&r.job) {
                         if let Some(q) = state.queues.get_mut(&job.queue) {
                             q.priority.remove(&r.job);
@@ -142,14 +147,14 @@ impl FlowStore for MemoryLeaseStore {
         Ok(())
     }
 
-    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)> {
+    async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
         let now = Instant::now();
         let mut state = lock(&self.state);
         state.forget_finished_flows(now);
         let new = !state.flows.contains_key(&flow.id());
         let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
-            home: Home::new(flow, creation),
+            home: Home::new(flow),
             decided_at: now,
             finished_at: None,
         });
@@ -189,8 +194,8 @@ impl FlowStore for MemoryLeaseStore {
         let mut held: Vec<(Instant, Release)> = state
             .held
             .iter()
-            .filter(|(_, (_, _, at))| now.duration_since(*at) >= older_than)
-            .filter_map(|(id, (_, creation, at))| {
+            .filter(|(_, (_, at))| now.duration_since(*at) >= older_than)
+            .filter_map(|(id, (_, at))| {
                 let job = state.jobs.get(id)?;
                 let step = job.flow.as_ref()?;
                 Some((
@@ -201,7 +206,6 @@ impl FlowStore for MemoryLeaseStore {
                         job: *id,
                         scope: job.scope.job().is_none().then(|| job.scope.clone()),
                         action: ReleaseAction::Skip,
-                        creation: creation.clone(),
                     },
                 ))
             })

@@ -107,9 +107,12 @@ struct LeaseState {
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
     follow_ups: HashMap<JobId, (Instant, Vec<NewJob>)>,
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
-    /// Flow steps' jobs written and not released yet, with their delays and the creation
-    /// that held them (`flows.rs`).
-    held: HashMap<JobId, (Duration, String, Instant)>,
+    /// Flow steps' jobs written and not released yet, with their delays and when they were
+    /// written (`flows.rs`).
+    held: HashMap<JobId, (Duration, Instant)>,
+    /// Flow steps' jobs that ended (or were skipped), until [`FLOW_RETENTION`](crate::FLOW_RETENTION)
+    /// after: a creation done again must not write them held again.
+    ended_steps: HashMap<JobId, Instant>,
     /// Ends of flow steps not recorded at their flows' homes yet, in order.
     step_ends: BTreeMap<u64, crate::flow::StepEnded>,
     step_end_of: HashMap<JobId, u64>,

@@ -59,7 +59,7 @@ static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 /// Held jobs kept at least ARGV[1] ms, at most ARGV[2], oldest first: job id, flow tag,
-/// scope, creation. Read-only.
+/// scope; a member that is no job id is dropped.
 static HELD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local t = redis.call('TIME') \
@@ -68,12 +68,15 @@ static HELD: LazyLock<Script> = LazyLock::new(|| {
            now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2])) \
          local out = {} \
          for _, id in ipairs(ids) do \
-           local f = redis.pcall('HMGET', KEYS[1] .. 'job:' .. id, 'flow', 'scope', 'creation') \
+           if not string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then \
+             redis.call('ZREM', KEYS[1] .. 'held', id) \
+             id = nil \
+           end \
+           local f = id and redis.pcall('HMGET', KEYS[1] .. 'job:' .. id, 'flow', 'scope') \
            if type(f) == 'table' and not f.err then \
              out[#out + 1] = id \
              out[#out + 1] = f[1] or '' \
              out[#out + 1] = f[2] or '' \
-             out[#out + 1] = f[3] or '' \
            end \
          end \
          return out",
@@ -140,7 +143,7 @@ impl RedisLeaseStore {
             .map(|id| Ok(JobId::from(parse::<uuid::Uuid>(id)?)))
             .collect::<Result<Vec<_>>>()?;
         let releases = rows
-            .chunks_exact(5)
+            .chunks_exact(4)
             .map(|r| {
                 let action = match r[3].as_str() {
                     "run" => ReleaseAction::Run,
@@ -156,7 +159,6 @@ impl RedisLeaseStore {
                     job: JobId::from(parse::<uuid::Uuid>(&r[1])?),
                     scope: (!r[2].is_empty()).then(|| Scope::new(r[2].clone())),
                     action,
-                    creation: r[4].clone(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -170,7 +172,7 @@ impl RedisLeaseStore {
 
 #[async_trait]
 impl FlowStore for RedisLeaseStore {
-    async fn hold(&self, creation: &str, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
         let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
         crate::job::validate_batch(&news, self.max_payload_bytes)?;
         if jobs.is_empty() {
@@ -200,8 +202,7 @@ impl FlowStore for RedisLeaseStore {
                 .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
                 .arg(job.delay.as_millis() as u64)
                 .arg(meta)
-                .arg(tag)
-                .arg(creation);
+                .arg(tag);
         }
         invocation.arg(self.generation);
         let mut conn = self.conn().await?;
@@ -225,11 +226,7 @@ impl FlowStore for RedisLeaseStore {
                 ReleaseAction::Fail(why) => ("fail", why),
                 ReleaseAction::Skip => ("skip", String::new()),
             };
-            invocation
-                .arg(r.job.to_string())
-                .arg(action)
-                .arg(reason)
-                .arg(r.creation);
+            invocation.arg(r.job.to_string()).arg(action).arg(reason);
         }
         invocation.arg(self.generation);
         let mut conn = self.conn().await?;
@@ -303,7 +300,7 @@ impl FlowStore for RedisLeaseStore {
             .map_err(|e| self.link.broken(e))
     }
 
-    async fn put_flow(&self, flow: &Flow, creation: &str) -> Result<(bool, Vec<Release>)> {
+    async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
         let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
         for s in flow.steps() {
@@ -311,7 +308,7 @@ impl FlowStore for RedisLeaseStore {
                 next.entry(step.as_str()).or_default().push(&s.name);
             }
         }
-        let mut args = vec![creation.to_owned(), flow.steps().len().to_string()];
+        let mut args = vec![flow.steps().len().to_string()];
         for s in flow.steps() {
             let record = HomeStep {
                 job: flow.job_id(&s.name),
@@ -365,7 +362,7 @@ impl FlowStore for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         let mut held = Vec::new();
-        for row in flat.chunks_exact(4) {
+        for row in flat.chunks_exact(3) {
             let job = JobId::from(parse::<uuid::Uuid>(&row[0])?);
             let Some((flow, step)) = row[1].split_once('\t') else {
                 continue; // (a record gone since it was listed)
@@ -376,7 +373,6 @@ impl FlowStore for RedisLeaseStore {
                 job,
                 scope: (!row[2].is_empty()).then(|| Scope::new(row[2].clone())),
                 action: ReleaseAction::Skip,
-                creation: row[3].clone(),
             });
         }
         Ok(held)
