@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::{lock, LeaseState, MemoryLeaseStore};
 use crate::error::Result;
 use crate::flow::{Flow, FlowStatus, FlowStep, Home, Release, ReleaseAction, StepEnd, StepEnded};
-use crate::ids::{FlowId, JobId, Scope};
+use crate::ids::{FlowId, JobId};
 use crate::job::{Job, NewJob};
 use crate::store::FlowStore;
 
@@ -87,22 +87,8 @@ impl FlowStore for MemoryLeaseStore {
             if state.jobs.contains_key(&id) || state.ended_steps.contains_key(&id) {
                 continue;
             }
-            let job = Job {
-                id,
-                scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),
-                queue: new.queue,
-                kind: new.kind,
-                payload: new.payload,
-                attempt: 0,
-                stalls: 0,
-                max_attempts: new.max_attempts,
-                max_stalls: new.max_stalls,
-                flow: Some(step),
-            };
-            let queue = state.queues.entry(job.queue.clone()).or_default();
-            queue.priority.insert(id, new.priority);
-            state.jobs.insert(id, job);
-            state.held.insert(id, (new.delay, now));
+            let (delay, _) = state.insert_job(id, new, Some(step));
+            state.held.insert(id, (delay, now));
         }
         Ok(())
     }

@@ -588,6 +588,33 @@ impl LeaseState {
         }
     }
 
+    /// Keeps `new` as job `id` (its first attempt not made yet), nowhere a claim looks yet:
+    /// the caller parks it (an enqueue) or holds it (a flow step). Returns what the caller
+    /// still needs of it: its delay and unique key.
+    fn insert_job(
+        &mut self,
+        id: JobId,
+        new: NewJob,
+        flow: Option<crate::flow::FlowStep>,
+    ) -> (Duration, Option<crate::job::UniqueKey>) {
+        let job = Job {
+            id,
+            scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),
+            queue: new.queue,
+            kind: new.kind,
+            payload: new.payload,
+            attempt: 0,
+            stalls: 0,
+            max_attempts: new.max_attempts,
+            max_stalls: new.max_stalls,
+            flow,
+        };
+        let queue = self.queues.entry(job.queue.clone()).or_default();
+        queue.priority.insert(id, new.priority);
+        self.jobs.insert(id, job);
+        (new.delay, new.unique)
+    }
+
     fn complete(&mut self, id: JobId) {
         self.release_unique(id);
         self.leave(id);
@@ -639,23 +666,9 @@ impl LeaseStore for MemoryLeaseStore {
                 out.push(Enqueued::Existing(id));
                 continue;
             }
-            let job = Job {
-                id,
-                scope: new.scope.unwrap_or_else(|| Scope::of_job(id)),
-                queue: new.queue,
-                kind: new.kind,
-                payload: new.payload,
-                attempt: 0,
-                stalls: 0,
-                max_attempts: new.max_attempts,
-                max_stalls: new.max_stalls,
-                flow: None,
-            };
-            let queue = state.queues.entry(job.queue.clone()).or_default();
-            queue.priority.insert(id, new.priority);
-            state.jobs.insert(id, job);
-            state.park(id, now + new.delay, now);
-            if let Some(unique) = new.unique {
+            let (delay, unique) = state.insert_job(id, new, None);
+            state.park(id, now + delay, now);
+            if let Some(unique) = unique {
                 state.unique.insert(unique.key.clone(), (id, None));
                 state.job_unique.insert(id, (unique.key, now + unique.ttl));
             }
