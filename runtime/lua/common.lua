@@ -429,16 +429,21 @@ local STEP_TOMBSTONE_MS = 86400000
 -- `end_`: completed or dead): kept in `stepend`/`stepends` until the flow's home recorded it
 -- (store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
 -- program wrote over them, says so in the Redis log instead of failing halfway.
-local function note_step_end(base, id, tag, end_)
+local function note_step_end(base, id, tag, end_, added)
   if not tag then
     return
+  end
+  local record = tag .. '\t' .. end_
+  if added and added ~= '' then
+    -- (The steps its completion added: JSON, which holds no raw tab.)
+    record = record .. '\t' .. added
   end
   local wrong = mistyped({ [base .. 'stepend'] = 'hash', [base .. 'stepends'] = 'zset' })
   if wrong then
     redis.log(redis.LOG_WARNING, 'palisade: end of flow step job ' .. id .. ' not kept: ' .. wrong)
     return
   end
-  if redis.call('HSETNX', base .. 'stepend', id, tag .. '\t' .. end_) == 1 then
+  if redis.call('HSETNX', base .. 'stepend', id, record) == 1 then
     redis.call('ZADD', base .. 'stepends', now_ms(), id)
   end
   -- (SET replaces a key of any type: it cannot fail here.)

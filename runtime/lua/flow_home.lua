@@ -4,10 +4,16 @@
 -- with HSETNX, and a dependency count goes down only when its dependency's end was recorded —
 -- so a repeated or replayed call changes nothing.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  "put" | "advance" | "cancel", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
+-- ARGV[1]  "put" | "grow" | "advance" | "cancel", ARGV[2] flow id, ARGV[3] how long a finished flow is kept (ms)
 --          put:     ARGV[4] step count n, then 3 fields per
 --                   step: name, JSON {job, scope, after: [[step, fail|skip|run]], next:
 --                   [step]}, number of dependencies
+--          grow:    ARGV[4] the step whose completion added steps, ARGV[5] n, then n steps as
+--                   for put (full names; each runs after that step): added unless that
+--                   step's end is recorded or one of them is a step already; every step that
+--                   runs after that step then also runs after each of them, on the same kind
+--                   of edge (flow.rs' `Home::grow`); in a cancelled flow they are decided
+--                   "fail:flow cancelled" at once
 --          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
 --                   steps whose releases their partitions confirmed
 --          cancel:  nothing more: unless every step ended, every step not decided is
@@ -111,6 +117,82 @@ if op == 'put' and not exists then
     end
   end
   exists = true
+elseif op == 'grow' and exists then
+  local parent, n = ARGV[4], tonumber(ARGV[5])
+  local pstep = step_of(parent)
+  local fresh = pstep ~= nil and n > 0 and redis.call('HEXISTS', ENDS, parent) == 0
+  local added, records = {}, {}
+  for i = 0, n - 1 do
+    local o = 5 + i * 3
+    local ok, rec = pcall(cjson.decode, ARGV[o + 2])
+    if not ok or type(rec) ~= 'table' or type(rec.next) ~= 'table'
+      or redis.call('HEXISTS', STEPS, ARGV[o + 1]) == 1 then
+      fresh = false
+    end
+    added[#added + 1] = ARGV[o + 1]
+    records[#records + 1] = rec
+  end
+  -- Every record is encoded before the first write (Redis does not roll a script back).
+  local writes, dependents = {}, {}
+  if fresh then
+    for i, name in ipairs(added) do
+      local rec = records[i]
+      for _, d in ipairs(pstep.next) do
+        rec.next[#rec.next + 1] = d
+      end
+      writes[#writes + 1] = { name, rec }
+    end
+    for _, d in ipairs(pstep.next) do
+      local dstep = step_of(d)
+      if dstep then
+        local kind = 'fail'
+        for _, e in ipairs(dstep.after) do
+          if e[1] == parent then
+            kind = e[2]
+          end
+        end
+        for _, name in ipairs(added) do
+          dstep.after[#dstep.after + 1] = { name, kind }
+        end
+        writes[#writes + 1] = { d, dstep }
+        dependents[#dependents + 1] = d
+      end
+    end
+    for _, name in ipairs(added) do
+      pstep.next[#pstep.next + 1] = name
+    end
+    writes[#writes + 1] = { parent, pstep }
+    for _, w in ipairs(writes) do
+      local ok, json = pcall(cjson.encode, w[2])
+      if not ok then
+        fresh = false
+      end
+      w[2] = json
+    end
+  end
+  if fresh then
+    for _, w in ipairs(writes) do
+      redis.call('HSET', STEPS, w[1], w[2])
+    end
+    for i, name in ipairs(added) do
+      redis.call('HSET', LEFT, name, ARGV[5 + (i - 1) * 3 + 3])
+    end
+    for _, d in ipairs(dependents) do
+      if redis.call('HEXISTS', DECIDED, d) == 0 then
+        redis.call('HSET', LEFT, d, count_of(redis.call('HGET', LEFT, d)) + #added)
+      end
+    end
+    redis.call('HSET', F, 'steps', count_of(redis.call('HGET', F, 'steps')) + #added)
+    if redis.call('HEXISTS', F, 'cancelled') == 1 then
+      for _, name in ipairs(added) do
+        redis.call('HSET', DECIDED, name, 'fail:flow cancelled')
+        redis.call('HDEL', LEFT, name)
+        redis.call('SADD', OUT, name)
+        redis.call('HSET', ENDS, name, 'dead')
+      end
+      changed = true
+    end
+  end
 elseif op == 'advance' and exists then
   local n = tonumber(ARGV[4])
   local work = {}

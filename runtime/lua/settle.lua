@@ -1,9 +1,10 @@
 -- settle.lua: completes, retries, dead-letters or reseeds finished jobs, each checked by lease.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 5 fields per settlement:
---          lease id, action, arg, reason, follow-ups (a completion's follow-up jobs as JSON,
---          kept at "then:<job id>" and listed in the zset "thens" by the time kept, until the
---          coordinator enqueued them; "" for none)
+-- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 6 fields per settlement:
+--          lease id, action, arg, reason, follow-ups (a completion's follow-up jobs and flows
+--          as JSON, kept at "then:<job id>" and listed in the zset "thens" by the time kept,
+--          until the coordinator enqueued them; "" for none), added steps (the steps a flow
+--          step's completion adds to its flow, as JSON, kept with the step's end; "" for none)
 --          action "complete" (arg = how long its result is kept, ms, and reason = the result's
 --          JSON, kept at "result:<job id>"; arg 0: no result) | "retry" (arg = delay ms) |
 --          "dead" | "release" (back to ready,
@@ -37,7 +38,7 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Look every lease up at once: its expiry and its job.
 local all, expiries, jobs, entries = {}, {}, {}, {}
 for i = 0, count - 1 do
-  all[#all + 1] = ARGV[3 + i * 5]
+  all[#all + 1] = ARGV[3 + i * 6]
 end
 for i = 1, #all, 500 do
   local chunk = { unpack(all, i, math.min(i + 499, #all)) }
@@ -68,9 +69,9 @@ local memo = {}
 -- An argument list that does not fit its count (from another client) has every settlement
 -- refused: a field read at the wrong place — a reason or follow-ups past the end — would be
 -- written.
-local fits = #ARGV == 3 + count * 5
+local fits = #ARGV == 3 + count * 6
 for i = 0, count - 1 do
-  local o = 2 + i * 5
+  local o = 2 + i * 6
   local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local expiry, id = expiries[i + 1], jobs[i + 1]
   if not expiry or tonumber(expiry) <= now or not id or settled[lease] then
@@ -109,9 +110,9 @@ end
 local released, finished, leased, completed = {}, {}, {}, {}
 local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
 for _, i in ipairs(current) do
-  local o = 2 + i * 5
+  local o = 2 + i * 6
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local follow_ups = ARGV[o + 5]
+  local follow_ups, added = ARGV[o + 5], ARGV[o + 6]
   local id = jobs[i + 1]
   released[#released + 1] = lease
   local lease_epoch = epoch_of(entries[i + 1])
@@ -142,7 +143,7 @@ for _, i in ipairs(current) do
         redis.call('ZADD', base .. 'thens', now, id)
       end
       release_unique_key(base, id, f[4], f[5])
-      note_step_end(base, id, f[7], 'completed')
+      note_step_end(base, id, f[7], 'completed', added)
       leave(base, id, f[2])
       finished[#finished + 1] = job
       completed[queue] = (completed[queue] or 0) + 1

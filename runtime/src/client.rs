@@ -101,13 +101,8 @@ impl Client {
     /// failure is retried for up to [`ENQUEUE_RETRY_FOR`]. Returns the flow's id.
     pub async fn create_flow(&self, flow: &Flow) -> Result<FlowId> {
         let steps = flow.steps().len();
-        with_retries(true, steps, || async {
-            // Kept already (this is a retry): its steps' jobs may have run and gone, and
-            // holding them again would leave held records behind.
-            if self.store.flow(flow.id()).await?.is_none() {
-                crate::store::flows::create(&self.store, flow, usize::MAX).await?;
-            }
-            Ok(())
+        with_retries(true, steps, || {
+            crate::store::flows::create_unless_kept(&self.store, flow)
         })
         .await?;
         Ok(flow.id())

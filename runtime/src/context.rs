@@ -88,13 +88,21 @@ pub(crate) struct RunState {
     rejections: std::sync::Mutex<Vec<RejectionNote>>,
     /// The handler's result (JSON), for the worker to store with the completion.
     result: std::sync::Mutex<Option<String>>,
-    /// Jobs to enqueue once the completion is accepted, their bytes of JSON so far, and
-    /// whether the run has ended (its follow-ups were taken: no more can join them).
-    follow_ups: std::sync::Mutex<(Vec<NewJob>, usize, bool)>,
+    /// What the completion sets going once accepted (follow-up jobs, flows, added steps).
+    follow_ups: std::sync::Mutex<Asked>,
     /// Where `ctx.progress` goes.
     progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
     /// When progress was last sent, and the latest not sent yet.
     progress_sent: std::sync::Mutex<(Option<std::time::Instant>, Option<String>)>,
+}
+
+/// What a run asked to set going with its completion, its bytes of JSON so far, and whether
+/// the run has ended (it was taken: nothing more can join it).
+#[derive(Default)]
+struct Asked {
+    then: crate::job::Then,
+    bytes: usize,
+    ended: bool,
 }
 
 /// Progress goes to the coordinator at most this often per job; the latest value always
@@ -172,11 +180,12 @@ impl RunState {
         self.result.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    /// The follow-up jobs asked for (taken: they go with the completion once).
-    pub(crate) fn take_follow_ups(&self) -> Vec<NewJob> {
+    /// The follow-up jobs, flows and added steps asked for (taken: they go with the
+    /// completion once).
+    pub(crate) fn take_follow_ups(&self) -> crate::job::Then {
         let mut kept = self.follow_ups.lock().unwrap_or_else(|p| p.into_inner());
-        kept.2 = true;
-        std::mem::take(&mut kept.0)
+        kept.ended = true;
+        std::mem::take(&mut kept.then)
     }
 
     /// Notes `admission` if it is a rejection.
@@ -246,56 +255,167 @@ impl JobContext {
     /// At most [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) jobs and
     /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES) of JSON per completion.
     pub fn follow_up(&self, job: NewJob) -> Result<JobId> {
-        let asked = self.keep_follow_up(job);
+        self.said("follow-up job", || {
+            job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
+            self.ask(|then| {
+                let id = job
+                    .id
+                    .unwrap_or_else(|| follow_up_id(self.lease.id, then.jobs.len()));
+                if then.jobs.iter().any(|j| j.id == Some(id)) {
+                    return Err(Error::InvalidJob(format!(
+                        "follow-up job id {id} is asked for twice"
+                    )));
+                }
+                let job = job.with_id(id);
+                let size = json_len(&job)?;
+                Ok((size, id, move |then: &mut crate::job::Then| {
+                    then.jobs.push(job)
+                }))
+            })
+        })
+    }
+
+    /// Creates `flow` when this run's completion is accepted, like a
+    /// [`follow_up`](Self::follow_up) job: it exists once the coordinator accepted this
+    /// lease's completion, and never for a run that fails, is retried or released, or whose
+    /// lease is no longer current. Creating it again (a repeated delivery) adds nothing: its
+    /// id is fixed now. Checked now ([`Flow::validate`](crate::Flow::validate) at the
+    /// default payload limit); it counts once toward
+    /// [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) and its JSON toward
+    /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES). Returns its id.
+    pub fn start_flow(&self, flow: crate::flow::Flow) -> Result<crate::ids::FlowId> {
+        self.said("flow", || {
+            flow.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
+            self.ask(|then| {
+                let id = flow.id();
+                if then.flows.iter().any(|f| f.id() == id) {
+                    return Err(Error::InvalidJob(format!("flow {id} is started twice")));
+                }
+                let size = json_len(&flow)?;
+                Ok((size, id, move |then: &mut crate::job::Then| {
+                    then.flows.push(flow)
+                }))
+            })
+        })
+    }
+
+    /// Adds step `name` to this job's flow (it must be a flow step) when this run's
+    /// completion is accepted: its full name is `"<this step>/<name>"`
+    /// ([`added_step_name`](crate::flow::added_step_name)), and it runs after this step and
+    /// after the steps `after` names — steps this run added before it, by the names given
+    /// here — each with what it does if that one dies. Every step that runs after this one
+    /// also runs after every step it adds, on the same kind of edge: a fan-in step waits for
+    /// a fan-out it did not know of when the flow was created.
+    ///
+    /// Like a [`follow_up`](Self::follow_up) job it is fenced: the step exists once this
+    /// lease's completion is accepted, never for a run that fails or whose lease is no longer
+    /// current, and a re-run adds it under the same name, once. Checked now (names, the job
+    /// as in [`Flow::validate`](crate::Flow::validate)); each counts toward
+    /// [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) and
+    /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES). Returns its job's id.
+    pub fn add_step<'a>(
+        &self,
+        name: &str,
+        job: NewJob,
+        after: impl IntoIterator<Item = (&'a str, crate::flow::OnDead)>,
+    ) -> Result<JobId> {
+        let after: Vec<(&str, crate::flow::OnDead)> = after.into_iter().collect();
+        self.said("flow step", || {
+            let Some(me) = &self.job.flow else {
+                return Err(Error::InvalidJob(format!(
+                    "job {} is no flow step: it cannot add steps to a flow",
+                    self.job.id
+                )));
+            };
+            crate::job::check_name("step name", name)?;
+            job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
+            if job.id.is_some() || job.unique.is_some() {
+                return Err(Error::InvalidJob(format!(
+                    "step {name:?} has an id or unique key of its own; a step's id is the flow's"
+                )));
+            }
+            let full = crate::flow::added_step_name(&me.step, name);
+            self.ask(|then| {
+                if then.steps.iter().any(|s| s.name == full) {
+                    return Err(Error::InvalidJob(format!("step {name:?} is added twice")));
+                }
+                let mut edges = vec![crate::flow::Edge {
+                    step: me.step.clone(),
+                    on_dead: crate::flow::OnDead::Fail,
+                }];
+                for (dep, on_dead) in &after {
+                    let dep_full = crate::flow::added_step_name(&me.step, dep);
+                    if !then.steps.iter().any(|s| s.name == dep_full)
+                        || edges.iter().any(|e| e.step == dep_full)
+                    {
+                        return Err(Error::InvalidJob(format!(
+                            "step {name:?} runs after {dep:?}, which is not a step this run added before it (or is named twice)"
+                        )));
+                    }
+                    edges.push(crate::flow::Edge {
+                        step: dep_full,
+                        on_dead: *on_dead,
+                    });
+                }
+                let step = crate::flow::Step {
+                    name: full.clone(),
+                    job: job.clone(),
+                    after: edges,
+                };
+                let size = json_len(&step)?;
+                let id = crate::flow::step_job_id(me.flow, &full);
+                Ok((size, id, move |then: &mut crate::job::Then| {
+                    then.steps.push(step)
+                }))
+            })
+        })
+    }
+
+    /// Runs `ask`, saying a refusal in the log too: a handler that drops the error would
+    /// lose the `what` unseen.
+    fn said<T>(&self, what: &str, ask: impl FnOnce() -> Result<T>) -> Result<T> {
+        let asked = ask();
         if let Err(e) = &asked {
-            // Said here too: a handler that drops the error would lose the job unseen.
-            tracing::warn!(job = %self.job.id, kind = %self.job.kind, error = %e, "follow-up job refused");
+            tracing::warn!(job = %self.job.id, kind = %self.job.kind, error = %e, "{what} refused");
         }
         asked
     }
 
-    fn keep_follow_up(&self, job: NewJob) -> Result<JobId> {
-        job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
+    /// Keeps what `prepare` makes of the run's set so far — its size in bytes of JSON, the id
+    /// it answers, and how to add it — within the run's limits, unless the run has ended.
+    fn ask<T, F: FnOnce(&mut crate::job::Then)>(
+        &self,
+        prepare: impl FnOnce(&crate::job::Then) -> Result<(usize, T, F)>,
+    ) -> Result<T> {
         let mut kept = self
             .run
             .follow_ups
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let (jobs, bytes, ended) = &mut *kept;
-        if *ended {
+        if kept.ended {
             // (A task the handler left running: its completion has gone without it.)
             return Err(Error::InvalidJob(
-                "the run has ended: a follow-up job must be asked for before the handler returns"
+                "the run has ended: follow-up jobs, flows and steps must be asked for before the handler returns"
                     .into(),
             ));
         }
-        if jobs.len() >= crate::job::MAX_FOLLOW_UPS {
+        let then = &kept.then;
+        if then.jobs.len() + then.flows.len() + then.steps.len() >= crate::job::MAX_FOLLOW_UPS {
             return Err(Error::InvalidJob(format!(
-                "a completion carries at most {} follow-up jobs",
+                "a completion carries at most {} follow-up jobs, flows and steps",
                 crate::job::MAX_FOLLOW_UPS
             )));
         }
-        let id = job
-            .id
-            .unwrap_or_else(|| follow_up_id(self.lease.id, jobs.len()));
-        let job = job.with_id(id);
-        let size = serde_json::to_string(&job)
-            .map_err(|e| Error::Payload(e.to_string()))?
-            .len();
-        if *bytes + size > crate::job::MAX_FOLLOW_UP_BYTES {
+        let (size, answer, add) = prepare(then)?;
+        if kept.bytes + size > crate::job::MAX_FOLLOW_UP_BYTES {
             return Err(Error::InvalidJob(format!(
-                "a completion's follow-up jobs take at most {} bytes of JSON",
+                "a completion's follow-up jobs, flows and steps take at most {} bytes of JSON",
                 crate::job::MAX_FOLLOW_UP_BYTES
             )));
         }
-        if jobs.iter().any(|j| j.id == Some(id)) {
-            return Err(Error::InvalidJob(format!(
-                "follow-up job id {id} is asked for twice"
-            )));
-        }
-        *bytes += size;
-        jobs.push(job);
-        Ok(id)
+        kept.bytes += size;
+        add(&mut kept.then);
+        Ok(answer)
     }
 
     /// The result of step `step` of this job's flow — a step it runs after, whose result
@@ -642,6 +762,13 @@ impl Registry {
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.0.keys().map(String::as_str)
     }
+}
+
+/// Bytes of `value`'s JSON.
+fn json_len(value: &impl Serialize) -> Result<usize> {
+    Ok(serde_json::to_string(value)
+        .map_err(|e| Error::Payload(e.to_string()))?
+        .len())
 }
 
 /// The id of the `index`-th follow-up job of the run under lease `lease`: fixed for that run

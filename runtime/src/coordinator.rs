@@ -384,7 +384,11 @@ async fn sweep_follow_ups(store: &Stores) {
 /// are enqueued one by one, and a job the store refuses for good is dropped loudly rather
 /// than retried forever.
 async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
-    let FollowUps { parent, jobs } = set;
+    let FollowUps {
+        parent,
+        jobs,
+        flows,
+    } = set;
     // A batch is all or nothing: after a permanent refusal the jobs go one by one, so one job
     // the store refuses for good (a smaller payload limit than the worker's) does not take
     // the others down with it.
@@ -405,6 +409,21 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
             Err(_) => {
                 alone = true;
                 batches.extend(batch.into_iter().rev().map(|job| vec![job]));
+            }
+        }
+    }
+    // Then its flows, each created once (a second delivery finds it kept).
+    for flow in &flows {
+        match crate::store::flows::create_unless_kept(store, flow).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => {
+                crate::repeats::warn_repeated!(parent = %parent, flow = %flow.id(), error = %e, "follow-up flow not created yet; the sweep tries again");
+                counter!(m::BACKEND_ERRORS, "op" => "follow_ups").increment(1);
+                return;
+            }
+            Err(e) => {
+                tracing::error!(parent = %parent, flow = %flow.id(), error = %e, "a follow-up flow refused for good; dropped");
+                counter!(m::FOLLOW_UPS, "outcome" => "dropped").increment(1);
             }
         }
     }

@@ -375,23 +375,34 @@ impl Flow {
 
     /// The jobs to hold, each with its id and flow step.
     pub(crate) fn held_jobs(&self) -> Vec<(NewJob, FlowStep)> {
-        self.steps
-            .iter()
-            .map(|s| {
-                // (Its id only: no unique key, which a step's job would keep after it ended.)
-                let mut job = s.job.clone();
-                job.id = Some(self.job_id(&s.name));
-                (
-                    job,
-                    FlowStep {
-                        flow: self.id,
-                        step: s.name.clone(),
-                        after: s.after.iter().map(|e| e.step.clone()).collect(),
-                    },
-                )
-            })
-            .collect()
+        held_jobs(self.id, &self.steps)
     }
+}
+
+/// The jobs of `steps` of flow `flow` to hold, each with its id and flow step.
+pub(crate) fn held_jobs(flow: FlowId, steps: &[Step]) -> Vec<(NewJob, FlowStep)> {
+    steps
+        .iter()
+        .map(|s| {
+            // (Its id only: no unique key, which a step's job would keep after it ended.)
+            let mut job = s.job.clone();
+            job.id = Some(step_job_id(flow, &s.name));
+            (
+                job,
+                FlowStep {
+                    flow,
+                    step: s.name.clone(),
+                    after: s.after.iter().map(|e| e.step.clone()).collect(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The full name of step `name` added by step `parent` ([`JobContext::add_step`](crate::JobContext::add_step)):
+/// `"<parent>/<name>"`, so two steps can never add a step of the same name.
+pub fn added_step_name(parent: &str, name: &str) -> String {
+    format!("{parent}/{name}")
 }
 
 /// A flow's state.
@@ -480,6 +491,10 @@ pub struct StepEnded {
     pub step: String,
     /// How it ended.
     pub end: StepEnd,
+    /// The steps its accepted completion added to the flow (full names; empty for any other
+    /// end): [`FlowStore::grow_flow`](crate::store::FlowStore::grow_flow) adds them before
+    /// the end is recorded.
+    pub added: Vec<Step>,
 }
 
 /// A flow at its home, as the memory store keeps it (the Redis scripts keep the same facts in
@@ -586,6 +601,64 @@ impl Home {
         }
         for name in applied {
             self.out.remove(name);
+        }
+    }
+
+    /// Adds `added` (full names; each runs after `parent`, and may run after steps added
+    /// before it) to the flow, unless `parent`'s end is recorded already or one of them is a
+    /// step already (a grow done again changes nothing): every step that runs after
+    /// `parent` then also runs after each of them, on the same kind of edge. In a cancelled
+    /// flow they are decided dead unrun, like every step not started. Mirrored by
+    /// `flow_home.lua`'s "grow".
+    pub(crate) fn grow(&mut self, parent: &str, added: &[Step]) {
+        if added.is_empty()
+            || !self.steps.contains_key(parent)
+            || self.ends.contains_key(parent)
+            || added.iter().any(|s| self.steps.contains_key(&s.name))
+        {
+            return;
+        }
+        let dependents = self.steps[parent].next.clone();
+        for s in added {
+            let mut next: Vec<String> = added
+                .iter()
+                .filter(|o| o.after.iter().any(|e| e.step == s.name))
+                .map(|o| o.name.clone())
+                .collect();
+            next.extend(dependents.iter().cloned());
+            let step = HomeStep {
+                job: step_job_id(self.id, &s.name),
+                scope: s.job.scope.clone(),
+                after: s.after.clone(),
+                next,
+            };
+            self.steps.insert(s.name.clone(), step);
+        }
+        for d in &dependents {
+            let Some(step) = self.steps.get_mut(d) else {
+                continue;
+            };
+            let on_dead = step
+                .after
+                .iter()
+                .find(|e| e.step == parent)
+                .map(|e| e.on_dead)
+                .unwrap_or_default();
+            step.after.extend(added.iter().map(|s| Edge {
+                step: s.name.clone(),
+                on_dead,
+            }));
+        }
+        if let Some(p) = self.steps.get_mut(parent) {
+            p.next.extend(added.iter().map(|s| s.name.clone()));
+        }
+        if self.cancelled {
+            for s in added {
+                self.decided
+                    .insert(s.name.clone(), ReleaseAction::Fail(CANCELLED.into()));
+                self.out.insert(s.name.clone());
+                self.ends.insert(s.name.clone(), StepEnd::Dead);
+            }
         }
     }
 

@@ -422,10 +422,12 @@ pub enum Settlement {
     Complete {
         /// The handler's result as JSON (`Registry::register_with_result`).
         result: Option<String>,
-        /// Jobs the handler asked for with [`JobContext::follow_up`](crate::JobContext::follow_up):
-        /// kept with the completion, in the same atomic step, and enqueued from there — so
-        /// they exist once the completion is accepted and never for one that is refused.
-        follow_ups: Vec<NewJob>,
+        /// What the handler set going ([`JobContext::follow_up`](crate::JobContext::follow_up),
+        /// [`start_flow`](crate::JobContext::start_flow),
+        /// [`add_step`](crate::JobContext::add_step)): kept with the completion, in the same
+        /// atomic step, and acted on from there — so it happens once the completion is
+        /// accepted and never for one that is refused.
+        then: Then,
     },
     /// Back to the queue, claimable after `delay`.
     Retry {
@@ -460,25 +462,93 @@ impl Settlement {
     pub fn completed() -> Self {
         Settlement::Complete {
             result: None,
-            follow_ups: Vec::new(),
+            then: Then::default(),
         }
     }
 }
 
-/// Most follow-up jobs one completion may carry (`JobContext::follow_up`).
+/// What an accepted completion sets going, kept with it in the same atomic step: follow-up
+/// jobs, new flows, and steps added to the completing step's own flow.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Then {
+    /// Jobs to enqueue, each with its id.
+    pub jobs: Vec<NewJob>,
+    /// Flows to create, each already checked.
+    pub flows: Vec<crate::flow::Flow>,
+    /// Steps to add to the completing job's flow (it is a flow step), under their full names
+    /// (`"<its step>/<name>"`): they run after it, and every step that runs after it also
+    /// runs after them.
+    pub steps: Vec<crate::flow::Step>,
+}
+
+impl Then {
+    /// Nothing set going.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.flows.is_empty() && self.steps.is_empty()
+    }
+}
+
+/// Most follow-up jobs, flows and added steps one completion may carry together
+/// (`JobContext::follow_up`, `start_flow`, `add_step`; a flow counts once).
 pub const MAX_FOLLOW_UPS: usize = 1000;
 
 /// Most bytes of JSON one completion's follow-up jobs may take together: they travel in the
 /// settlement and are kept with it until enqueued.
 pub const MAX_FOLLOW_UP_BYTES: usize = 16 * 1024 * 1024;
 
-/// One accepted completion's follow-up jobs, kept until they are enqueued.
+/// One accepted completion's follow-up jobs and flows, kept until they are enqueued and
+/// created.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FollowUps {
     /// The job whose completion carried them.
     pub parent: JobId,
     /// The jobs, each with its id (`JobContext::follow_up` gives each one).
     pub jobs: Vec<NewJob>,
+    /// The flows, each with its id (`JobContext::start_flow`).
+    #[serde(default)]
+    pub flows: Vec<crate::flow::Flow>,
+}
+
+/// A kept follow-up record as the stores write it: the jobs alone, as before flows could be
+/// started from a handler (so a record is read by either version), or jobs and flows.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum FollowUpRecord {
+    Jobs(Vec<NewJob>),
+    WithFlows {
+        jobs: Vec<NewJob>,
+        flows: Vec<crate::flow::Flow>,
+    },
+}
+
+impl FollowUpRecord {
+    /// The record for `jobs` and `flows` (`None`: nothing to keep).
+    pub(crate) fn of(jobs: &[NewJob], flows: &[crate::flow::Flow]) -> Option<Self> {
+        match (jobs.is_empty(), flows.is_empty()) {
+            (true, true) => None,
+            (_, true) => Some(FollowUpRecord::Jobs(jobs.to_vec())),
+            _ => Some(FollowUpRecord::WithFlows {
+                jobs: jobs.to_vec(),
+                flows: flows.to_vec(),
+            }),
+        }
+    }
+
+    /// The kept set of `parent`.
+    pub(crate) fn into_set(self, parent: JobId) -> FollowUps {
+        match self {
+            FollowUpRecord::Jobs(jobs) => FollowUps {
+                parent,
+                jobs,
+                flows: Vec::new(),
+            },
+            FollowUpRecord::WithFlows { jobs, flows } => FollowUps {
+                parent,
+                jobs,
+                flows,
+            },
+        }
+    }
 }
 
 /// Counts of one queue, for status output and progress bars.

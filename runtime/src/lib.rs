@@ -100,15 +100,16 @@ pub use coordinator::{
 };
 pub use error::{Error, Result};
 pub use flow::{
-    decide as decide_step, step_job_id, Decision, Edge, Flow, FlowState, FlowStatus, FlowStep,
-    OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded, FLOW_RETENTION, MAX_FLOW_BYTES,
-    MAX_FLOW_STEPS,
+    added_step_name, decide as decide_step, step_job_id, Decision, Edge, Flow, FlowState,
+    FlowStatus, FlowStep, OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded, FLOW_RETENTION,
+    MAX_FLOW_BYTES, MAX_FLOW_STEPS,
 };
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, NewJob, QueueCounts, RateLimit,
-    Settlement, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
-    ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, PRIORITY_RANGE,
+    Settlement, Then, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR,
+    ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES,
+    MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;

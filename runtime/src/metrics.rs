@@ -67,6 +67,10 @@ pub const FLOW_STEPS: &str = "palisade_flow_steps_total";
 /// letters unrun, `skip`).
 pub const FLOW_RELEASES: &str = "palisade_flow_releases_total";
 
+/// Steps added to flows by their steps' accepted completions (`JobContext::add_step`),
+/// counted when the coordinator's flow pass adds them (a pass done again counts them again).
+pub const FLOW_STEPS_ADDED: &str = "palisade_flow_steps_added_total";
+
 /// Flows created (`Client::create_flow`; a creation done again is not counted).
 pub const FLOWS_CREATED: &str = "palisade_flows_created_total";
 
@@ -119,6 +123,7 @@ pub const ALL: &[&str] = &[
     FOLLOW_UPS,
     FLOW_STEPS,
     FLOW_RELEASES,
+    FLOW_STEPS_ADDED,
     FLOWS_CREATED,
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
@@ -163,6 +168,10 @@ pub fn describe() {
     describe_counter!(
         FLOW_RELEASES,
         "Flow steps released in their partitions, by action"
+    );
+    describe_counter!(
+        FLOW_STEPS_ADDED,
+        "Steps added to flows by their steps' completions"
     );
     describe_counter!(FLOWS_CREATED, "Flows created");
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");

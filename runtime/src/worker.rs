@@ -551,14 +551,15 @@ impl Worker {
                                 // flow now is the fast path; the reaper's tick finds it too.
                                 self.coordinator.do_send(AdvanceFlows);
                             }
-                            if let Settlement::Complete { follow_ups, .. } = &p.settlement {
-                                if !follow_ups.is_empty() {
+                            if let Settlement::Complete { then, .. } = &p.settlement {
+                                if !then.jobs.is_empty() || !then.flows.is_empty() {
                                     // Kept with the completion already: enqueueing them now
                                     // is the fast path; the coordinator's sweep finds any
                                     // this message never delivers.
                                     self.coordinator.do_send(DeliverFollowUps(FollowUps {
                                         parent: p.job.id,
-                                        jobs: follow_ups.clone(),
+                                        jobs: then.jobs.clone(),
+                                        flows: then.flows.clone(),
                                     }));
                                 }
                             }
@@ -684,9 +685,9 @@ impl Handler<JobFinished> for Worker {
         // leaves none. Follow-ups are taken whatever the outcome, so none can be asked for
         // after the run ended.
         let asked = running.run.take_follow_ups();
-        if let Settlement::Complete { result, follow_ups } = &mut settlement {
+        if let Settlement::Complete { result, then } = &mut settlement {
             *result = running.run.take_result();
-            *follow_ups = asked;
+            *then = asked;
         }
         let outcome = match &settlement {
             Settlement::Complete { .. } => 0,

@@ -862,7 +862,10 @@ async fn the_sweep_enqueues_follow_ups_no_worker_delivered() {
     let child = NewJob::raw("child", "null").with_id(JobId::new());
     let done = Settlement::Complete {
         result: None,
-        follow_ups: vec![child.clone()],
+        then: palisade::Then {
+            jobs: vec![child.clone()],
+            ..Default::default()
+        },
     };
     h.store.settle(vec![(c.lease.id, done)]).await.unwrap()[0]
         .as_ref()

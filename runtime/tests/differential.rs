@@ -543,10 +543,13 @@ impl Side {
             Outcome::Complete => Settlement::Complete {
                 result: no.map(|no| format!("\"claim {no}\"")),
                 // Every third claim's completion asks for a follow-up job, named after it.
-                follow_ups: no
-                    .filter(|no| no % 3 == 0)
-                    .map(|no| vec![NewJob::raw(format!("then{no}"), "null")])
-                    .unwrap_or_default(),
+                then: palisade::Then {
+                    jobs: no
+                        .filter(|no| no % 3 == 0)
+                        .map(|no| vec![NewJob::raw(format!("then{no}"), "null")])
+                        .unwrap_or_default(),
+                    ..Default::default()
+                },
             },
             Outcome::Retry { later } => Settlement::Retry {
                 delay: if later { HOUR } else { Duration::ZERO },

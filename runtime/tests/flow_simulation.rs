@@ -15,7 +15,7 @@
 //! `PALISADE_FLOW_SIM_SEEDS=N` runs N seeds on the memory store (default 300); the Redis
 //! variant runs 5 on a private server (real time).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,6 +70,7 @@ impl FlowStore for Planted {
                     flow: step.flow,
                     step: step.step.clone(),
                     end: StepEnd::Completed,
+                    added: Vec::new(),
                 });
             }
         }
@@ -81,6 +82,9 @@ impl FlowStore for Planted {
     async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         *self.flow.lock().unwrap() = Some(flow.clone());
         self.inner.put_flow(flow).await
+    }
+    async fn grow_flow(&self, flow: FlowId, step: &str, added: &[palisade::Step]) -> Result<()> {
+        self.inner.grow_flow(flow, step, added).await
     }
     async fn advance_flow(
         &self,
@@ -122,29 +126,9 @@ impl FlowStore for Planted {
     }
 }
 
-/// One pass of the flow driver (as the coordinator runs it), through `flows`.
+/// One pass of the flow driver (the coordinator's own), through `flows`.
 async fn pass(flows: &dyn FlowStore) {
-    let ends = flows.step_ends(1000).await.unwrap();
-    let mut by_flow: BTreeMap<FlowId, Vec<(String, StepEnd)>> = BTreeMap::new();
-    for e in &ends {
-        by_flow
-            .entry(e.flow)
-            .or_default()
-            .push((e.step.clone(), e.end));
-    }
-    for (flow, ended) in by_flow {
-        let mut releases = flows.advance_flow(flow, &ended, &[]).await.unwrap();
-        for _ in 0..100 {
-            if releases.is_empty() {
-                break;
-            }
-            let applied: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
-            flows.release(releases).await.unwrap();
-            releases = flows.advance_flow(flow, &[], &applied).await.unwrap();
-        }
-    }
-    let jobs: Vec<JobId> = ends.iter().map(|e| e.job).collect();
-    flows.forget_step_ends(&jobs).await.unwrap();
+    palisade::store::advance_flows(flows).await.unwrap();
 }
 
 /// A random flow: steps `s0..sN`, each after a random set of earlier ones with random

@@ -16,7 +16,7 @@ const TTL: Duration = Duration::from_secs(30);
 fn ok(value: i64) -> Settlement {
     Settlement::Complete {
         result: Some(format!("{{\"ok\":{value}}}")),
-        follow_ups: Vec::new(),
+        then: palisade::Then::default(),
     }
 }
 
@@ -26,27 +26,7 @@ fn job(kind: &str) -> NewJob {
 
 /// A pass of the flow driver, as the coordinator runs it on every reaper tick.
 async fn pass(stores: &Stores) {
-    // (The driver is the coordinator's; a Client's create and the store calls below are
-    // what a test can reach: step ends are recorded and releases applied through them.)
-    let ends = stores.step_ends(1000).await.unwrap();
-    let mut by_flow: std::collections::BTreeMap<FlowId, Vec<(String, StepEnd)>> =
-        Default::default();
-    for e in &ends {
-        by_flow
-            .entry(e.flow)
-            .or_default()
-            .push((e.step.clone(), e.end));
-    }
-    for (flow, ended) in by_flow {
-        let mut releases = stores.advance_flow(flow, &ended, &[]).await.unwrap();
-        while !releases.is_empty() {
-            let applied: Vec<String> = releases.iter().map(|r| r.step.clone()).collect();
-            stores.release(releases).await.unwrap();
-            releases = stores.advance_flow(flow, &[], &applied).await.unwrap();
-        }
-    }
-    let jobs: Vec<JobId> = ends.iter().map(|e| e.job).collect();
-    stores.forget_step_ends(&jobs).await.unwrap();
+    palisade::store::advance_flows(stores).await.unwrap();
 }
 
 /// Claims everything claimable of `kinds` (in `queue` default), by kind.
@@ -482,6 +462,180 @@ async fn halfway_and_lost_steps(stores: &Stores) {
     assert!(client.flow(cycle.id()).await.unwrap().is_none());
 }
 
+/// A step `name` added by `parent`: runs after it, and after `after` (full names).
+fn added(parent: &str, name: &str, after: &[(&str, OnDead)]) -> Step {
+    let mut edges = vec![Edge {
+        step: parent.to_owned(),
+        on_dead: OnDead::Fail,
+    }];
+    edges.extend(after.iter().map(|(s, on_dead)| Edge {
+        step: (*s).to_owned(),
+        on_dead: *on_dead,
+    }));
+    Step {
+        name: palisade::added_step_name(parent, name),
+        job: job("part").with_scope(format!("part-{name}")),
+        after: edges,
+    }
+}
+
+fn completing_with(steps: Vec<Step>) -> Settlement {
+    Settlement::Complete {
+        result: None,
+        then: palisade::Then {
+            steps,
+            ..Default::default()
+        },
+    }
+}
+
+/// Issue 25, scope 4: a step's completion adds steps to its flow. They exist only once that
+/// lease's completion is accepted (a stale holder's are never added), they run after it,
+/// and the steps that ran after it wait for them too, on the same kind of edge (`sum` fails
+/// when an added step dies, `tail` runs anyway). A pass done again, or the grow delivered
+/// again, adds nothing.
+async fn a_step_adds_steps(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("split", job("k"))
+        .step_after("sum", job("k"), &["split"])
+        .step_with("tail", job("k"), [("split", OnDead::Run)]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let first = claim_all(stores, "w").await;
+    assert_eq!(kinds(&first), ["split"]);
+    // The first holder is replaced (released here; a paused holder's lease expires alike).
+    let released = stores
+        .settle(vec![(first[0].lease.id, Settlement::Release)])
+        .await
+        .unwrap();
+    assert!(released[0].is_ok());
+    let second = claim_all(stores, "w2").await;
+    assert_eq!(kinds(&second), ["split"]);
+    let stale = stores
+        .settle(vec![(
+            first[0].lease.id,
+            completing_with(vec![added("split", "stale", &[])]),
+        )])
+        .await
+        .unwrap();
+    assert!(
+        matches!(stale[0], Err(Error::LeaseNotCurrent(_))),
+        "{stale:?}"
+    );
+    let parts = vec![
+        added("split", "p0", &[]),
+        added("split", "p1", &[]),
+        added("split", "p2", &[("split/p1", OnDead::Fail)]),
+    ];
+    let done = stores
+        .settle(vec![(second[0].lease.id, completing_with(parts.clone()))])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok(), "{done:?}");
+    pass(stores).await;
+    pass(stores).await;
+    // Delivered again (a second coordinator's pass racing this one): nothing more.
+    stores.grow_flow(id, "split", &parts).await.unwrap();
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(
+        status.steps, 6,
+        "split, sum, tail and three parts: {status:?}"
+    );
+    let p = claim_all(stores, "w").await;
+    assert_eq!(
+        kinds(&p),
+        ["split/p0", "split/p1"],
+        "p2 waits for p1; sum and tail for all"
+    );
+    assert_eq!(p[0].job.flow.as_ref().unwrap().after, ["split"]);
+    complete(stores, &p, 1).await;
+    pass(stores).await;
+    let p2 = claim_all(stores, "w").await;
+    assert_eq!(kinds(&p2), ["split/p2"]);
+    assert!(
+        !stores.counts("default").await.unwrap().pending().eq(&0),
+        "sum and tail are still held"
+    );
+    let dead = stores
+        .settle(vec![(
+            p2[0].lease.id,
+            Settlement::Dead {
+                reason: "bad part".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert!(dead[0].is_ok());
+    pass(stores).await;
+    let tail = claim_all(stores, "w").await;
+    assert_eq!(
+        kinds(&tail),
+        ["tail"],
+        "sum failed with p2; tail runs anyway"
+    );
+    complete(stores, &tail, 0).await;
+    pass(stores).await;
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(status.state, FlowState::Failed, "{status:?}");
+    assert_eq!(
+        (
+            status.count(StepEnd::Completed),
+            status.count(StepEnd::Dead)
+        ),
+        (4, 2)
+    );
+    assert!(!status.ended.contains_key("split/stale"));
+    let letters = stores.dead("default", 100).await.unwrap();
+    let sum = letters
+        .iter()
+        .find(|d| d.job.id == flow.job_id("sum"))
+        .expect("sum is a dead letter");
+    assert!(sum.reason.contains("split/p2"), "{}", sum.reason);
+    assert!(
+        !letters
+            .iter()
+            .any(|d| d.job.id == flow.job_id("split/stale")),
+        "the stale holder's step was never written"
+    );
+    assert_eq!(stores.counts("default").await.unwrap().pending(), 0);
+}
+
+/// A completion that adds steps to a flow cancelled meanwhile (its cancel raced the
+/// completion): the steps go to the dead letters unrun, and the flow still finishes.
+async fn steps_added_to_a_cancelled_flow_never_run(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k"))
+        .step_after("b", job("k"), &["a"]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = claim_all(stores, "w").await;
+    // The home is cancelled; the running step's own cancel has not reached it yet.
+    stores.cancel_flow(id).await.unwrap().unwrap();
+    let done = stores
+        .settle(vec![(
+            a[0].lease.id,
+            completing_with(vec![added("a", "x", &[])]),
+        )])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok());
+    pass(stores).await;
+    assert!(claim_all(stores, "w").await.is_empty());
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(status.state, FlowState::Cancelled);
+    assert_eq!((status.steps, status.ended.len()), (3, 3), "{status:?}");
+    let x = flow.job_id("a/x");
+    assert!(
+        stores
+            .dead("default", 100)
+            .await
+            .unwrap()
+            .iter()
+            .any(|d| d.job.id == x),
+        "the added step is a dead letter, not held forever"
+    );
+}
+
 async fn conformance(stores: Stores) {
     diamond(&stores).await;
     batch_callbacks_once(&stores).await;
@@ -491,6 +645,8 @@ async fn conformance(stores: Stores) {
     a_creation_done_again_runs_nothing_twice(&stores).await;
     a_retried_creation_is_not_stuck(&stores).await;
     cancelling_a_flow(&stores).await;
+    a_step_adds_steps(&stores).await;
+    steps_added_to_a_cancelled_flow_never_run(&stores).await;
 }
 
 #[tokio::test]
@@ -641,8 +797,9 @@ async fn fan_in_through_actors_on_redis_partitions() {
 /// The rule exists twice — `flow::Home` (the memory store) and `flow_home.lua` — so both get
 /// the same random flows and histories: random DAGs whose step names carry quotes,
 /// backslashes, non-ASCII and digits, ends delivered in random order, replayed, for unknown
-/// steps, and releases confirmed at random. Every answer (the pending releases, reasons word
-/// for word) and every status must be equal.
+/// steps, releases confirmed at random, and steps added by random steps (`grow_flow`: to a
+/// step that ended or not, replayed, into a cancelled flow). Every answer (the pending
+/// releases, reasons word for word) and every status must be equal.
 #[tokio::test]
 async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
     use rand::rngs::StdRng;
@@ -665,6 +822,7 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
     ];
     let policies = [OnDead::Fail, OnDead::Skip, OnDead::Run];
     let ends = [StepEnd::Completed, StepEnd::Dead];
+    let mut grows = 0;
     for case in 0..150u64 {
         let mut rng = StdRng::seed_from_u64(case);
         let memory = Stores::from(Arc::new(MemoryLeaseStore::new()));
@@ -696,14 +854,47 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
         let b = sorted(redis.put_flow(&flow).await.unwrap().1);
         assert_eq!(a, b, "case {case}: put");
         let mut ended: Vec<(String, StepEnd)> = Vec::new();
+        let mut all: Vec<String> = names[..n].iter().map(|s| s.to_string()).collect();
+        let mut grown: Vec<(String, Vec<Step>)> = Vec::new();
         for round in 0..rng.random_range(1..30) {
+            if rng.random_bool(0.2) {
+                let parent = all[rng.random_range(0..all.len())].clone();
+                let mut steps: Vec<Step> = Vec::new();
+                for k in 0..rng.random_range(1..4) {
+                    let mut after = Vec::new();
+                    for earlier in &steps {
+                        if rng.random_bool(0.5) {
+                            after.push((earlier.name.as_str(), policies[rng.random_range(0..3)]));
+                        }
+                    }
+                    let mut step = added(&parent, &format!("g{round}.{k}\"é"), &[]);
+                    step.after
+                        .extend(after.into_iter().map(|(s, on_dead)| Edge {
+                            step: s.to_owned(),
+                            on_dead,
+                        }));
+                    steps.push(step);
+                }
+                grown.push((parent, steps));
+            }
+            if !grown.is_empty() && rng.random_bool(0.3) {
+                // A grow delivered (again, or late: its step may have ended since).
+                let (parent, steps) = grown[rng.random_range(0..grown.len())].clone();
+                memory.grow_flow(flow.id(), &parent, &steps).await.unwrap();
+                redis.grow_flow(flow.id(), &parent, &steps).await.unwrap();
+                let status = memory.flow(flow.id()).await.unwrap().unwrap();
+                if status.steps > all.len() {
+                    grows += 1;
+                    all.extend(steps.iter().map(|s| s.name.clone()));
+                }
+            }
             let mut batch = Vec::new();
             for _ in 0..rng.random_range(0..4) {
-                let pick = rng.random_range(0..n + 1);
-                let name = if pick == n {
+                let pick = rng.random_range(0..all.len() + 1);
+                let name = if pick == all.len() {
                     "not-a-step".to_owned()
                 } else {
-                    names[pick].to_owned()
+                    all[pick].clone()
                 };
                 let end = ends[rng.random_range(0..2)];
                 batch.push((name, end));
@@ -748,6 +939,10 @@ async fn the_home_rule_is_the_same_in_memory_and_in_lua() {
             assert_eq!(sa, sb, "case {case} round {round}: status");
         }
     }
+    assert!(
+        grows >= 30,
+        "only {grows} grows added steps: the histories miss the rule"
+    );
 }
 
 /// From the attack review: another program's writes under the prefix stop only what they

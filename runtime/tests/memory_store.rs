@@ -150,7 +150,7 @@ async fn a_result_is_found_while_another_partition_is_down() {
         .unwrap()[0];
     let done = Settlement::Complete {
         result: Some("7".into()),
-        follow_ups: Vec::new(),
+        then: palisade::Then::default(),
     };
     complete_one(&store, done).await;
     assert_eq!(store.result(id).await.unwrap().as_deref(), Some("7"));
@@ -173,7 +173,10 @@ async fn a_layout_with_follow_ups_kept_is_not_drained() {
         .unwrap();
     let done = Settlement::Complete {
         result: None,
-        follow_ups: vec![NewJob::raw("child", "null").with_id(JobId::new())],
+        then: palisade::Then {
+            jobs: vec![NewJob::raw("child", "null").with_id(JobId::new())],
+            ..Default::default()
+        },
     };
     let c = complete_one(&store, done).await;
     let refused = store::partitioned::check_drained(&store).await;

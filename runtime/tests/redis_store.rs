@@ -213,6 +213,7 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
             .cli(&[
                 "EVAL", script, "1", "{odd}:", "1", "5", &lease, action, arg, "why",
                 "",  // no follow-up jobs
+                "",  // no added flow steps
                 "0", // the layout generation
             ])
             .unwrap();
@@ -1271,7 +1272,10 @@ async fn a_thens_key_written_over_refuses_only_completions_with_follow_ups() {
     server.write_over("{clash}:thens", "not a zset");
     let with_follow_ups = Settlement::Complete {
         result: Some("1".into()),
-        follow_ups: vec![NewJob::raw("child", "null")],
+        then: palisade::Then {
+            jobs: vec![NewJob::raw("child", "null")],
+            ..Default::default()
+        },
     };
     let results = store
         .settle(vec![

@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::flow::{Flow, FlowStatus, FlowStep, Release, StepEnd, StepEnded};
+use crate::flow::{Flow, FlowStatus, FlowStep, Release, Step, StepEnd, StepEnded};
 use crate::ids::{FlowId, JobId};
 use crate::job::NewJob;
 
@@ -70,6 +70,14 @@ pub trait FlowStore: Send + Sync + 'static {
         applied: &[String],
     ) -> Result<Vec<Release>>;
 
+    /// At `flow`'s home: adds the steps `added` (full names, their jobs held already) that
+    /// step `step`'s accepted completion added — unless that step's end is recorded already
+    /// or one of them is a step already, so a grow done again changes nothing. Every step
+    /// that runs after `step` then also runs after each of them, on the same kind of edge.
+    /// Called before the step's end is recorded ([`advance_flow`](Self::advance_flow)),
+    /// which then decides them.
+    async fn grow_flow(&self, flow: FlowId, step: &str, added: &[Step]) -> Result<()>;
+
     /// At `flow`'s home: cancels it ([`FlowState::Cancelled`](crate::FlowState)) — every step
     /// not decided yet is decided dead unrun ("flow cancelled") — and returns the releases
     /// pending and the jobs of steps released to run that have not ended (the caller cancels
@@ -103,6 +111,15 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
     }
     if let Err(e) = apply(store, flow.id(), releases).await {
         tracing::warn!(flow = %flow.id(), error = %e, "first steps not released yet; the coordinator's sweep releases them");
+    }
+    Ok(())
+}
+
+/// Creates `flow` unless it is kept already: done again after its steps ran and were
+/// forgotten, holding them again would leave held records behind.
+pub(crate) async fn create_unless_kept(store: &dyn FlowStore, flow: &Flow) -> Result<()> {
+    if store.flow(flow.id()).await?.is_none() {
+        create(store, flow, usize::MAX).await?;
     }
     Ok(())
 }
@@ -223,6 +240,18 @@ async fn forget_orphans(store: &dyn FlowStore) -> Result<()> {
     Ok(())
 }
 
+/// Adds the steps that `ends`' completions added to `flow` — written first (held in their
+/// partitions), then added at the home — before their ends are recorded, so a step that runs
+/// after one of them is never decided without them. Repeated, it adds nothing.
+async fn grow(store: &dyn FlowStore, flow: FlowId, ends: &[&StepEnded]) -> Result<()> {
+    for end in ends.iter().filter(|e| !e.added.is_empty()) {
+        store.hold(crate::flow::held_jobs(flow, &end.added)).await?;
+        store.grow_flow(flow, &end.step, &end.added).await?;
+        metrics::counter!(crate::metrics::FLOW_STEPS_ADDED).increment(end.added.len() as u64);
+    }
+    Ok(())
+}
+
 /// Step ends one pass records at most.
 pub(crate) const ENDS_PER_PASS: usize = 1000;
 
@@ -237,7 +266,10 @@ pub(crate) const RELEASE_GRACE: Duration = Duration::from_secs(10);
 /// delivers releases a stopped process left decided. Returns how many step ends it
 /// recorded. Every step is idempotent: a pass repeated, or racing another process's, changes
 /// nothing twice.
-pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
+///
+/// The coordinator runs it on every reaper tick and after a flow step settles; it is public
+/// for a coordinator of one's own (and for tests that step a flow by hand).
+pub async fn advance(store: &dyn FlowStore) -> Result<usize> {
     let ends = store.step_ends(ENDS_PER_PASS).await?;
     let mut by_flow: BTreeMap<FlowId, Vec<&StepEnded>> = BTreeMap::new();
     for end in &ends {
@@ -249,8 +281,11 @@ pub(crate) async fn advance(store: &dyn FlowStore) -> Result<usize> {
     let mut recorded: Vec<JobId> = Vec::with_capacity(ends.len());
     for (flow, steps) in &by_flow {
         let ended: Vec<(String, StepEnd)> = steps.iter().map(|e| (e.step.clone(), e.end)).collect();
-        let moved = match store.advance_flow(*flow, &ended, &[]).await {
-            Ok(releases) => apply(store, *flow, releases).await.map(drop),
+        let moved = match grow(store, *flow, steps).await {
+            Ok(()) => match store.advance_flow(*flow, &ended, &[]).await {
+                Ok(releases) => apply(store, *flow, releases).await.map(drop),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         match moved {

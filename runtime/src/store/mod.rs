@@ -21,7 +21,7 @@ pub mod epoch;
 pub(crate) mod flows;
 
 pub use admin::{Inspect, QueueAdmin};
-pub use flows::FlowStore;
+pub use flows::{advance as advance_flows, FlowStore};
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
@@ -461,6 +461,14 @@ impl FlowStore for Stores {
         applied: &[String],
     ) -> Result<Vec<crate::flow::Release>> {
         self.flows.advance_flow(flow, ended, applied).await
+    }
+    async fn grow_flow(
+        &self,
+        flow: crate::ids::FlowId,
+        step: &str,
+        added: &[crate::flow::Step],
+    ) -> Result<()> {
+        self.flows.grow_flow(flow, step, added).await
     }
     async fn cancel_flow(
         &self,

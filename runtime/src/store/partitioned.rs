@@ -899,6 +899,14 @@ impl FlowStore for PartitionedLeaseStore {
     ) -> Result<Vec<crate::flow::Release>> {
         self.home(flow).advance_flow(flow, ended, applied).await
     }
+    async fn grow_flow(
+        &self,
+        flow: crate::ids::FlowId,
+        step: &str,
+        added: &[crate::flow::Step],
+    ) -> Result<()> {
+        self.home(flow).grow_flow(flow, step, added).await
+    }
     async fn cancel_flow(
         &self,
         flow: crate::ids::FlowId,

@@ -945,7 +945,7 @@ pub async fn a_result_is_kept_with_its_completion(store: Stores) {
     let of = |kind: &str| claims.iter().find(|c| c.job.kind == kind).unwrap();
     let done = |json: Option<&str>| Settlement::Complete {
         result: json.map(str::to_owned),
-        follow_ups: Vec::new(),
+        then: palisade::Then::default(),
     };
     let results = store
         .settle(vec![
@@ -1000,7 +1000,10 @@ pub async fn follow_ups_are_kept_with_an_accepted_completion(store: Stores) {
     let child = |kind: &str| job(kind).with_id(JobId::new());
     let with = |jobs: Vec<NewJob>| Settlement::Complete {
         result: None,
-        follow_ups: jobs,
+        then: palisade::Then {
+            jobs,
+            ..Default::default()
+        },
     };
     let parent = of("parent");
     let results = store

@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use super::{lock, LeaseState, MemoryLeaseStore};
 use crate::error::Result;
-use crate::flow::{Flow, FlowStatus, FlowStep, Home, Release, ReleaseAction, StepEnd, StepEnded};
+use crate::flow::{
+    Flow, FlowStatus, FlowStep, Home, Release, ReleaseAction, Step, StepEnd, StepEnded,
+};
 use crate::ids::{FlowId, JobId};
 use crate::job::{Job, NewJob};
 use crate::store::FlowStore;
@@ -23,7 +25,7 @@ pub(super) struct KeptFlow {
 
 impl LeaseState {
     /// A flow step's job ended here: kept until its flow's home recorded it.
-    pub(super) fn step_ended(&mut self, job: &Job, end: StepEnd) {
+    pub(super) fn step_ended(&mut self, job: &Job, end: StepEnd, added: Vec<Step>) {
         let Some(step) = &job.flow else {
             return;
         };
@@ -40,6 +42,7 @@ impl LeaseState {
                 flow: step.flow,
                 step: step.step.clone(),
                 end,
+                added,
             },
         );
     }
@@ -162,6 +165,15 @@ impl FlowStore for MemoryLeaseStore {
         kept.home.advance(ended, applied);
         let changed = kept.home.status().released != before;
         Ok(kept.settle(now, changed))
+    }
+
+    async fn grow_flow(&self, flow: FlowId, step: &str, added: &[Step]) -> Result<()> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        if let Some(kept) = state.kept_flow(flow, now) {
+            kept.home.grow(step, added);
+        }
+        Ok(())
     }
 
     async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {

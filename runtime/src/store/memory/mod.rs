@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement,
+    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement, Then,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::policy::{on_stall, StallOutcome};
@@ -105,7 +105,7 @@ struct LeaseState {
     /// Results and progress records by job, with when each goes; and their expiries in order.
     notes: HashMap<(JobId, bool), (String, Instant)>,
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
-    follow_ups: HashMap<JobId, (Instant, Vec<NewJob>)>,
+    follow_ups: HashMap<JobId, (Instant, Vec<NewJob>, Vec<crate::flow::Flow>)>,
     note_expiries: BTreeSet<(Instant, JobId, bool)>,
     /// Flow steps' jobs written and not released yet, with their delays and when they were
     /// written (`flows.rs`).
@@ -615,12 +615,13 @@ impl LeaseState {
         (new.delay, new.unique)
     }
 
-    fn complete(&mut self, id: JobId) {
+    /// Completes `id`; a flow step's end carries the steps its completion `added`.
+    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>) {
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
-            self.step_ended(&job, crate::flow::StepEnd::Completed);
+            self.step_ended(&job, crate::flow::StepEnd::Completed, added);
             let q = self.queues.entry(job.queue).or_default();
             q.priority.remove(&id);
             q.completed += 1;
@@ -633,7 +634,7 @@ impl LeaseState {
         self.ready_at.remove(&id);
         self.held.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
-            self.step_ended(&job, crate::flow::StepEnd::Dead);
+            self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new());
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
             // (A dead letter is a plain job again, as on Redis: retried, it runs outside
@@ -758,13 +759,14 @@ impl LeaseStore for MemoryLeaseStore {
                 continue;
             };
             match settlement {
-                Settlement::Complete { result, follow_ups } => {
-                    state.complete(id);
+                Settlement::Complete { result, then } => {
+                    let Then { jobs, flows, steps } = then;
+                    state.complete(id, steps);
                     if let Some(json) = result {
                         state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
                     }
-                    if !follow_ups.is_empty() {
-                        state.follow_ups.insert(id, (now, follow_ups));
+                    if !jobs.is_empty() || !flows.is_empty() {
+                        state.follow_ups.insert(id, (now, jobs, flows));
                     }
                 }
                 Settlement::Retry { delay, .. } => state.park(id, now + delay.min(MAX_DELAY), now),
@@ -802,19 +804,19 @@ impl LeaseStore for MemoryLeaseStore {
     async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
         let state = lock(&self.state);
         let now = Instant::now();
-        let mut due: Vec<(&Instant, &JobId, &Vec<NewJob>)> = state
+        let mut due: Vec<_> = state
             .follow_ups
             .iter()
-            .filter(|(_, (at, _))| now.saturating_duration_since(*at) >= older_than)
-            .map(|(parent, (at, jobs))| (at, parent, jobs))
+            .filter(|(_, (at, ..))| now.saturating_duration_since(*at) >= older_than)
             .collect();
-        due.sort_by_key(|(at, parent, _)| (**at, **parent));
+        due.sort_by_key(|(parent, (at, ..))| (*at, **parent));
         Ok(due
             .into_iter()
             .take(max)
-            .map(|(_, &parent, jobs)| FollowUps {
+            .map(|(&parent, (_, jobs, flows))| FollowUps {
                 parent,
                 jobs: jobs.clone(),
+                flows: flows.clone(),
             })
             .collect())
     }

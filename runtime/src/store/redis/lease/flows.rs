@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::RedisLeaseStore;
 use crate::error::{Error, Result};
 use crate::flow::{
-    Edge, Flow, FlowState, FlowStatus, FlowStep, Release, ReleaseAction, StepEnd, StepEnded,
+    Edge, Flow, FlowState, FlowStatus, FlowStep, Release, ReleaseAction, Step, StepEnd, StepEnded,
     FLOW_RETENTION,
 };
 use crate::ids::{FlowId, JobId, Scope};
@@ -96,6 +96,35 @@ static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
          return out",
     )
 });
+
+/// `flow_home.lua`'s arguments for `steps` (of flow `flow`): their count, then per step its
+/// name, its record (`next` names only the steps among `steps` that run after it) and its
+/// number of dependencies.
+fn home_steps(flow: FlowId, steps: &[Step]) -> Result<Vec<String>> {
+    let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
+    for s in steps {
+        for Edge { step, .. } in &s.after {
+            next.entry(step.as_str()).or_default().push(&s.name);
+        }
+    }
+    let mut args = vec![steps.len().to_string()];
+    for s in steps {
+        let record = HomeStep {
+            job: crate::flow::step_job_id(flow, &s.name),
+            scope: s.job.scope.as_ref(),
+            after: s
+                .after
+                .iter()
+                .map(|e| (e.step.as_str(), e.on_dead))
+                .collect(),
+            next: next.remove(s.name.as_str()).unwrap_or_default(),
+        };
+        args.push(s.name.clone());
+        args.push(serde_json::to_string(&record).map_err(|e| Error::Payload(e.to_string()))?);
+        args.push(s.after.len().to_string());
+    }
+    Ok(args)
+}
 
 /// `flow_home.lua`'s answer.
 struct HomeReply {
@@ -250,18 +279,25 @@ impl FlowStore for RedisLeaseStore {
         let mut ends = Vec::new();
         for pair in flat.chunks_exact(2) {
             let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
-            let mut parts = pair[1].split('\t');
-            let (flow, step, end) = (parts.next(), parts.next(), parts.next());
+            // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON>" for a
+            // completion that added steps.
+            let mut parts = pair[1].splitn(4, '\t');
+            let (flow, step, end, added) = (parts.next(), parts.next(), parts.next(), parts.next());
             let decoded = (|| {
                 let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
-                Some((flow, step?.to_owned(), StepEnd::parse(end?)?))
+                let added: Vec<Step> = match added {
+                    Some(json) => serde_json::from_str(json).ok()?,
+                    None => Vec::new(),
+                };
+                Some((flow, step?.to_owned(), StepEnd::parse(end?)?, added))
             })();
             match decoded {
-                Some((flow, step, end)) => ends.push(StepEnded {
+                Some((flow, step, end, added)) => ends.push(StepEnded {
                     job,
                     flow,
                     step,
                     end,
+                    added,
                 }),
                 // Another program's record (or one gone since it was listed): said, and
                 // forgotten with the others, so it cannot stop every later pass.
@@ -272,6 +308,7 @@ impl FlowStore for RedisLeaseStore {
                         flow: FlowId::from(uuid::Uuid::nil()),
                         step: String::new(),
                         end: StepEnd::Dead,
+                        added: Vec::new(),
                     });
                 }
             }
@@ -302,30 +339,18 @@ impl FlowStore for RedisLeaseStore {
 
     async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
-        let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
-        for s in flow.steps() {
-            for Edge { step, .. } in &s.after {
-                next.entry(step.as_str()).or_default().push(&s.name);
-            }
-        }
-        let mut args = vec![flow.steps().len().to_string()];
-        for s in flow.steps() {
-            let record = HomeStep {
-                job: flow.job_id(&s.name),
-                scope: s.job.scope.as_ref(),
-                after: s
-                    .after
-                    .iter()
-                    .map(|e| (e.step.as_str(), e.on_dead))
-                    .collect(),
-                next: next.remove(s.name.as_str()).unwrap_or_default(),
-            };
-            args.push(s.name.clone());
-            args.push(serde_json::to_string(&record).map_err(|e| Error::Payload(e.to_string()))?);
-            args.push(s.after.len().to_string());
-        }
+        let args = home_steps(flow.id(), flow.steps())?;
         let reply = self.home(flow.id(), "put", args).await?;
         Ok((reply.kept, reply.releases))
+    }
+
+    async fn grow_flow(&self, flow: FlowId, step: &str, added: &[Step]) -> Result<()> {
+        if added.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec![step.to_owned()];
+        args.extend(home_steps(flow, added)?);
+        self.home(flow, "grow", args).await.map(drop)
     }
 
     async fn advance_flow(

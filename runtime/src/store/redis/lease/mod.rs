@@ -21,7 +21,8 @@ use super::scripts::{coordinator_script, decode_claim, decode_watermark, token, 
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
-    Claim, Enqueued, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+    Claim, Enqueued, FollowUpRecord, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DELAY,
 };
 use crate::store::epoch::EpochSource;
 use crate::store::{
@@ -219,16 +220,27 @@ impl RedisLeaseStore {
         let mut invocation = SETTLE.key(&self.base);
         invocation.arg(settlements.len()).arg(self.dead_retention);
         for (lease, settlement) in settlements {
-            // A completion's follow-up jobs, kept with it until enqueued ("": none).
-            let then = match settlement {
-                Settlement::Complete { follow_ups, .. } if !follow_ups.is_empty() => {
-                    serde_json::to_string(follow_ups).unwrap_or_else(|e| {
-                        // (NewJob holds strings and numbers only: not expected.)
-                        tracing::error!(error = %e, "follow-up jobs do not encode; dropped");
+            // A completion's follow-up jobs and flows, kept with it until enqueued, and the
+            // steps it adds to its flow, kept with its step's end ("": none).
+            let encode = |what: &str, json: serde_json::Result<String>| {
+                json.unwrap_or_else(|e| {
+                    // (Strings and numbers only: not expected.)
+                    tracing::error!(error = %e, "{what} do not encode; dropped");
+                    String::new()
+                })
+            };
+            let (then, added) = match settlement {
+                Settlement::Complete { then, .. } => (
+                    FollowUpRecord::of(&then.jobs, &then.flows)
+                        .map(|r| encode("follow-up jobs", serde_json::to_string(&r)))
+                        .unwrap_or_default(),
+                    if then.steps.is_empty() {
                         String::new()
-                    })
-                }
-                _ => String::new(),
+                    } else {
+                        encode("added flow steps", serde_json::to_string(&then.steps))
+                    },
+                ),
+                _ => (String::new(), String::new()),
             };
             let (action, arg, reason) = match settlement {
                 // The result is kept with the completion, for RESULT_RETENTION (arg, ms; 0:
@@ -257,7 +269,8 @@ impl RedisLeaseStore {
                 .arg(action)
                 .arg(arg)
                 .arg(reason)
-                .arg(then);
+                .arg(then)
+                .arg(added);
         }
         invocation.arg(self.generation);
         invocation
@@ -608,14 +621,14 @@ impl LeaseStore for RedisLeaseStore {
                 // A record gone since it was listed (delivered meanwhile) is an empty set; so
                 // is one another program wrote over, said loudly, so that it cannot stop every
                 // later sweep.
-                let jobs = match pair[1].as_str() {
-                    "" => Vec::new(),
+                let record = match pair[1].as_str() {
+                    "" => FollowUpRecord::Jobs(Vec::new()),
                     json => serde_json::from_str(json).unwrap_or_else(|e| {
                         tracing::error!(%parent, error = %e, "follow-up record does not decode; forgetting it");
-                        Vec::new()
+                        FollowUpRecord::Jobs(Vec::new())
                     }),
                 };
-                Ok(FollowUps { parent, jobs })
+                Ok(record.into_set(parent))
             })
             .collect()
     }
