@@ -1039,3 +1039,193 @@ async fn cancelling_a_running_job_stops_its_handler() {
     );
     assert_eq!(client.cancel(id).await.unwrap(), Cancelled::Missing);
 }
+
+/// Issue 25, scope 4: fan-out from a flow step's handler is fenced. Step `split` is run by A,
+/// paused past its lease, then by B; both add steps to the flow (`add_step`) and start a
+/// flow of their own (`start_flow`). Only B's appear: A's completion is refused, and with it
+/// what it carried. `sum` runs after `split`, so it waits for B's parts too, and reads them.
+#[actix::test]
+async fn a_stale_holders_fan_out_never_appears() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
+    let gate = Arc::new(Notify::new());
+    let sums = Arc::new(Mutex::new(Vec::new()));
+    let base = |runs: &Arc<Mutex<HashMap<String, usize>>>| {
+        let sums = sums.clone();
+        counting(&["child-a", "child-b", "stale-part"], runs)
+            .register_with_result("part", |_: JobContext, n: i64| async move { Ok(n) })
+            .register("sum", move |ctx: JobContext, _: ()| {
+                let sums = sums.clone();
+                async move {
+                    // `split` returned how many parts it added; each part's result is read.
+                    let parts: i64 = ctx.dependency("split").await?.unwrap_or(-1);
+                    let mut total = 0;
+                    for i in 0..parts {
+                        let part = added_step_name("split", &format!("part-{i}"));
+                        total += ctx.dependency::<i64>(&part).await?.unwrap_or(-1000);
+                    }
+                    sums.lock().unwrap().push((parts, total));
+                    Ok(())
+                }
+            })
+    };
+    let registry_a = base(&runs).register("split", {
+        let gate = gate.clone();
+        move |ctx: JobContext, _: ()| {
+            let (gate, started_tx) = (gate.clone(), started_tx.clone());
+            async move {
+                started_tx.send(()).unwrap();
+                gate.notified().await; // paused past its lease
+                ctx.add_step("stale", NewJob::raw("stale-part", "null"), [])?;
+                ctx.start_flow(Flow::new().step("only", NewJob::raw("child-a", "null")))?;
+                Ok(())
+            }
+        }
+    });
+    let registry_b =
+        base(&runs).register_with_result("split", |ctx: JobContext, _: ()| async move {
+            for i in 0..3i64 {
+                ctx.add_step(
+                    &format!("part-{i}"),
+                    NewJob::new("part", &(i * 10 + 1))?,
+                    [],
+                )?;
+            }
+            ctx.start_flow(Flow::new().step("only", NewJob::raw("child-b", "null")))?;
+            Ok(3i64)
+        });
+    let flow = Flow::new()
+        .step("split", NewJob::raw("split", "null"))
+        .step_after("sum", NewJob::raw("sum", "null"), &["split"]);
+    let client = Client::new(store::Stores::from(h.store.clone()));
+    let id = client.create_flow(&flow).await.unwrap();
+    let worker_a = h.worker("A", registry_a);
+    next(&mut started).await;
+    worker_a.send(Freeze(true)).await.unwrap();
+    let _worker_b = h.worker("B", registry_b);
+    let done = client
+        .wait_flow(id, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, FlowState::Succeeded, "{done:?}");
+    worker_a.send(Freeze(false)).await.unwrap();
+    gate.notify_one();
+    tokio::time::sleep(FOLLOW_UP_GRACE * 2).await;
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(
+        status.steps, 5,
+        "split, sum and B's three parts: {status:?}"
+    );
+    assert_eq!(*sums.lock().unwrap(), [(3, 1 + 11 + 21)]);
+    let counts = h.settle_all().await;
+    assert_eq!((counts.completed, counts.dead), (6, 0), "{counts:?}");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.get("child-b"), Some(&1));
+    assert_eq!(
+        runs.get("child-a"),
+        None,
+        "the stale holder's flow was created"
+    );
+    assert_eq!(
+        runs.get("stale-part"),
+        None,
+        "the stale holder's step was added"
+    );
+    h.no_follow_ups_kept().await;
+}
+
+/// `add_step` and `start_flow` refuse what no store could keep, at once: a job that is no
+/// flow step adding a step, a step after one it did not add, a name added twice, a flow that
+/// does not validate; the good ones beside them happen.
+#[actix::test]
+async fn bad_fan_out_is_refused_when_asked() {
+    tokio::time::pause();
+    let h = harness();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let (errors_tx, mut errors) = mpsc::unbounded_channel::<Vec<String>>();
+    let registry = counting(&["child"], &runs).register("fan", move |ctx: JobContext, _: ()| {
+        let errors_tx = errors_tx.clone();
+        async move {
+            let mut seen = Vec::new();
+            let mut note = |r: Result<()>| {
+                if let Err(e) = r {
+                    seen.push(e.to_string());
+                }
+            };
+            note(
+                ctx.add_step("x", NewJob::raw("child", "null"), [])
+                    .map(drop),
+            );
+            note(ctx.start_flow(Flow::new()).map(drop));
+            let cycle = Flow::new()
+                .step_after("a", NewJob::raw("child", "null"), &["b"])
+                .step_after("b", NewJob::raw("child", "null"), &["a"]);
+            note(ctx.start_flow(cycle).map(drop));
+            note(
+                ctx.start_flow(Flow::new().step("ok", NewJob::raw("child", "null")))
+                    .map(drop),
+            );
+            errors_tx.send(seen).unwrap();
+            Ok(())
+        }
+    });
+    h.enqueue(NewJob::raw("fan", "null")).await;
+    let _worker = h.worker("W", registry);
+    let seen = next(&mut errors).await;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen[0].contains("no flow step"), "{seen:?}");
+    assert!(seen[2].contains("cycle"), "{seen:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = h.settle_all().await;
+    assert_eq!(
+        counts.completed, 2,
+        "the parent and the good flow's one step"
+    );
+    assert_eq!(runs.lock().unwrap().get("child"), Some(&1));
+
+    // Inside a flow: a step after one not added, a name added twice.
+    let (errors_tx, mut errors) = mpsc::unbounded_channel::<Vec<String>>();
+    let registry = counting(&["child"], &runs).register("split", move |ctx: JobContext, _: ()| {
+        let errors_tx = errors_tx.clone();
+        async move {
+            let mut seen = Vec::new();
+            let child = || NewJob::raw("child", "null");
+            ctx.add_step("a", child(), [])?;
+            for r in [
+                ctx.add_step("b", child(), [("nope", OnDead::Fail)]),
+                ctx.add_step("a", child(), []),
+                ctx.add_step("", child(), []),
+                ctx.add_step("c", child().with_id(JobId::new()), []),
+            ] {
+                if let Err(e) = r {
+                    seen.push(e.to_string());
+                }
+            }
+            ctx.add_step("d", child(), [("a", OnDead::Run)])?;
+            errors_tx.send(seen).unwrap();
+            Ok(())
+        }
+    });
+    let client = Client::new(store::Stores::from(h.store.clone()));
+    let id = client
+        .create_flow(&Flow::new().step("split", NewJob::raw("split", "null")))
+        .await
+        .unwrap();
+    let _worker = h.worker("W2", registry);
+    let seen = next(&mut errors).await;
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let done = client
+        .wait_flow(id, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (done.state, done.steps),
+        (FlowState::Succeeded, 3),
+        "{done:?}"
+    );
+    assert_eq!(runs.lock().unwrap().get("child"), Some(&3));
+}
