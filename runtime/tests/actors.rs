@@ -1122,6 +1122,7 @@ async fn a_stale_holders_fan_out_never_appears() {
     assert_eq!(*sums.lock().unwrap(), [(3, 1 + 11 + 21)]);
     let counts = h.settle_all().await;
     assert_eq!((counts.completed, counts.dead), (6, 0), "{counts:?}");
+    h.no_follow_ups_kept().await;
     let runs = runs.lock().unwrap();
     assert_eq!(runs.get("child-b"), Some(&1));
     assert_eq!(
@@ -1134,7 +1135,6 @@ async fn a_stale_holders_fan_out_never_appears() {
         None,
         "the stale holder's step was added"
     );
-    h.no_follow_ups_kept().await;
 }
 
 /// `add_step` and `start_flow` refuse what no store could keep, at once: a job that is no
