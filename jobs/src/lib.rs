@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`, and the fan-in flow's
-//!   `report.part`, `report.total`, `report.announce`) and [`registry`].
+//!   `report.split`, `report.part`, `report.total`, `report.announce`) and [`registry`].
 //! - `demo`: the embedded demo (`palisade demo`), `report` its picture.
 //!
 //! The chaos soak is a crate of its own (`soak/`, never shipped), so this binary carries no
@@ -109,6 +109,25 @@ pub const REPORT_PART: &str = "report.part";
 pub const REPORT_TOTAL: &str = "report.total";
 /// Kind name of [`report_announce`].
 pub const REPORT_ANNOUNCE: &str = "report.announce";
+/// Kind name of [`report_split`].
+pub const REPORT_SPLIT: &str = "report.split";
+
+/// What `report.split` splits: `parts` parts, each working `hold_ms`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Split {
+    /// How many parts (numbered 1..=parts).
+    pub parts: i64,
+    /// Each part's work time.
+    #[serde(default)]
+    pub hold_ms: u64,
+}
+
+/// `report.split`'s result: the steps it added, for the step after it to add up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Added {
+    /// Their names in the flow.
+    pub steps: Vec<String>,
+}
 
 /// One part of a report: a number to add up, after some work.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -151,6 +170,49 @@ pub fn report_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
     )
 }
 
+/// The same report, fanned out by a handler: a `split` step whose handler adds the parts to
+/// the flow when it completes ([`report_split`]), so `total` — and the `on_complete`
+/// callback — wait for parts the flow did not name when it was created.
+pub fn report_fanout_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
+    let flow = palisade::Flow::new().step(
+        "split",
+        NewJob::new(REPORT_SPLIT, &Split { parts, hold_ms }).expect("a Split always encodes"),
+    );
+    let scope = report_scope(flow.id());
+    flow.step_after(
+        "total",
+        NewJob::new(REPORT_TOTAL, &())
+            .expect("unit encodes")
+            .with_scope(scope.clone()),
+        &["split"],
+    )
+    .on_complete(
+        NewJob::new(REPORT_ANNOUNCE, &())
+            .expect("unit encodes")
+            .with_scope(scope),
+    )
+}
+
+/// `report.split`: adds its parts to its flow (`part:1` … `part:N`, each after nothing but
+/// this step), fenced with its completion, and returns their names.
+pub async fn report_split(ctx: JobContext, s: Split) -> Result<Added, JobError> {
+    let mut steps = Vec::new();
+    for n in 1..=s.parts {
+        let part = NewJob::new(
+            REPORT_PART,
+            &Part {
+                n,
+                hold_ms: s.hold_ms,
+            },
+        )?
+        .with_max_attempts(5);
+        ctx.add_step(&format!("part:{n}"), part, [])?;
+        let me = &ctx.job().flow.as_ref().expect("add_step checked").step;
+        steps.push(palisade::added_step_name(me, &format!("part:{n}")));
+    }
+    Ok(Added { steps })
+}
+
 /// The scope of a report flow's `total` and `report.announce` steps.
 pub fn report_scope(flow: palisade::FlowId) -> String {
     format!("report:{flow}")
@@ -169,16 +231,28 @@ pub async fn report_part(ctx: JobContext, p: Part) -> Result<i64, JobError> {
     }
 }
 
-/// `report.total`: adds up the results of the steps it runs after, writes the total through
-/// the ledger (fenced, keyed by job: a re-run cannot write twice), and returns it.
+/// `report.total`: adds up the results of the steps it runs after — for a `report.split`
+/// step, those of the steps it added — writes the total through the ledger (fenced, keyed
+/// by job: a re-run cannot write twice), and returns it.
 pub async fn report_total(ctx: JobContext, _: ()) -> Result<i64, JobError> {
     let step = ctx
         .job()
         .flow
         .clone()
         .ok_or_else(|| JobError::fatal("report.total runs only as a flow step"))?;
+    let mut parts = Vec::new();
+    for dep in &step.after {
+        let value: serde_json::Value = ctx
+            .dependency(dep)
+            .await?
+            .ok_or_else(|| JobError::fatal(format!("{dep} kept no result")))?;
+        match serde_json::from_value::<Added>(value.clone()) {
+            Ok(added) => parts.extend(added.steps),
+            Err(_) => parts.push(dep.clone()),
+        }
+    }
     let mut total = 0i64;
-    for part in &step.after {
+    for part in &parts {
         let n: i64 = ctx
             .dependency(part)
             .await?
@@ -230,4 +304,5 @@ pub fn registry() -> Registry {
         .register_with_result(REPORT_PART, report_part)
         .register_with_result(REPORT_TOTAL, report_total)
         .register(REPORT_ANNOUNCE, report_announce)
+        .register_with_result(REPORT_SPLIT, report_split)
 }

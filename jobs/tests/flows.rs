@@ -29,6 +29,7 @@ fn check_report(
     rt: &tokio::runtime::Runtime,
     client: &Client,
     flow: &palisade::Flow,
+    steps: usize,
     ledger: impl Fn(&str, &str) -> Option<String>,
 ) {
     let id = flow.id();
@@ -39,7 +40,7 @@ fn check_report(
         .filter(|(_, e)| **e != StepEnd::Completed)
         .collect();
     assert_eq!(done.state, FlowState::Succeeded, "{missed:?}");
-    assert_eq!(done.count(StepEnd::Completed), 1002);
+    assert_eq!(done.count(StepEnd::Completed), steps);
     let total: Option<i64> = rt.block_on(client.result(flow.job_id("total"))).unwrap();
     assert_eq!(total, Some(500_500));
     let key = format!("palisade-ledger:d:{}", palisade_jobs::report_key(id));
@@ -87,7 +88,7 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
         status().is_some_and(|s| s.state != FlowState::Running)
     });
 
-    check_report(&rt, &client, &flow, |key, field| {
+    check_report(&rt, &client, &flow, 1002, |key, field| {
         sink.cli(&["HGET", key, field])
     });
     let shown = palisade_testkit::process::run(
@@ -116,14 +117,16 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
     }
 }
 
-/// The same report on a 3-master Redis Cluster with 3 partitions: the parts spread over the
+/// The report fanned out by a handler (`report.split` adds the 1,000 parts to the flow with
+/// its completion) on a 3-master Redis Cluster with 3 partitions: the parts spread over the
 /// partitions' slots, the flow kept at its home in one of them; one worker SIGSTOPped past
-/// its lease, one kill -9'd and replaced. (No failover here: a master that dies loses the
-/// writes its replica had not received, and a flow's home and its parts are on different
-/// masters — see docs/jobs.md.)
+/// its lease, one kill -9'd and replaced, and the whole cluster restarted from its
+/// append-only files. (No failover here: a master that dies loses the writes its replica had
+/// not received, and a flow's home and its parts are on different masters — see
+/// docs/jobs.md.)
 #[test]
-fn the_report_adds_up_on_a_three_master_cluster_with_partitions() {
-    let cluster = RedisCluster::start();
+fn the_fanned_out_report_adds_up_on_a_three_master_cluster_with_partitions() {
+    let mut cluster = RedisCluster::start_with_aof();
     let nodes = cluster.urls().join(",");
     // (`--redis-cluster` takes the ledger to the cluster too.)
     let cluster_args = ["--redis-cluster", "--partitions", "3"];
@@ -149,7 +152,7 @@ fn the_report_adds_up_on_a_three_master_cluster_with_partitions() {
             .map(Client::new)
         })
         .unwrap();
-    let flow = palisade_jobs::report_flow(1000, 120);
+    let flow = palisade_jobs::report_fanout_flow(1000, 120);
     let id = rt.block_on(client.create_flow(&flow)).unwrap();
     let ended = || {
         rt.block_on(client.flow(id))
@@ -164,6 +167,8 @@ fn the_report_adds_up_on_a_three_master_cluster_with_partitions() {
     wait_for("400 parts", Duration::from_secs(60), || ended() >= 400);
     b.signal("-KILL");
     let b2 = worker_on(&nodes, &nodes, "B2", &cluster_args);
+    wait_for("600 parts", Duration::from_secs(60), || ended() >= 600);
+    cluster.restart();
     wait_for("the flow to finish", Duration::from_secs(180), || {
         rt.block_on(client.flow(id))
             .ok()
@@ -171,7 +176,7 @@ fn the_report_adds_up_on_a_three_master_cluster_with_partitions() {
             .is_some_and(|s| s.state != FlowState::Running)
     });
     let port = cluster.nodes[0].port.to_string();
-    check_report(&rt, &client, &flow, |key, field| {
+    check_report(&rt, &client, &flow, 1003, |key, field| {
         let out = std::process::Command::new("redis-cli")
             .args(["-c", "-p", &port, "HGET", key, field])
             .output()

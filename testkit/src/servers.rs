@@ -344,7 +344,8 @@ pub async fn drop_postgres_schema(sink: &palisade::PostgresSink) {
 }
 
 /// A private Redis Cluster on loopback: 3 masters, each with one replica, a 1-second node
-/// timeout (a dead master's replica takes over within a few seconds), nothing on disk.
+/// timeout (a dead master's replica takes over within a few seconds), nothing on disk (or an
+/// append-only file: [`RedisCluster::start_with_aof`]).
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
     /// The CA of a TLS cluster.
@@ -354,6 +355,34 @@ pub struct RedisCluster {
 impl RedisCluster {
     pub fn start() -> Self {
         Self::start_with(None)
+    }
+
+    /// A cluster whose nodes keep an append-only file fsynced on every write, so
+    /// [`restart`](Self::restart) loses nothing.
+    pub fn start_with_aof() -> Self {
+        Self::start_as(None, true)
+    }
+
+    /// Kills every node (SIGKILL) and starts them again from their append-only files and
+    /// cluster configs: the masters first, so no replica takes over with an older copy; then
+    /// waits until the cluster is healthy.
+    pub fn restart(&mut self) {
+        let masters = self.masters();
+        for node in &mut self.nodes {
+            node.stop();
+        }
+        for &m in &masters {
+            self.nodes[m].spawn();
+        }
+        for i in 0..self.nodes.len() {
+            if !masters.contains(&i) {
+                self.nodes[i].spawn();
+            }
+        }
+        self.wait_until(
+            |c| c.healthy(),
+            "the restarted cluster never became healthy",
+        );
     }
 
     /// A cluster that speaks only TLS, between its nodes too (`tls-cluster`,
@@ -368,6 +397,10 @@ impl RedisCluster {
     }
 
     fn start_with(certs: Option<Certificates>) -> Self {
+        Self::start_as(certs, false)
+    }
+
+    fn start_as(certs: Option<Certificates>, aof: bool) -> Self {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 // The cluster bus gets its own free port (by default port + 10000, which
@@ -378,7 +411,9 @@ impl RedisCluster {
                     "--save",
                     "",
                     "--appendonly",
-                    "no",
+                    if aof { "yes" } else { "no" },
+                    "--appendfsync",
+                    "always",
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
