@@ -38,7 +38,8 @@ local F = base .. 'flow:' .. fid
 local STEPS, LEFT, ENDS, DECIDED, OUT = F .. ':steps', F .. ':left', F .. ':ends', F .. ':decided',
   F .. ':out'
 local wrong = mistyped({ [F] = 'hash', [STEPS] = 'hash', [LEFT] = 'hash', [ENDS] = 'hash',
-  [DECIDED] = 'hash', [OUT] = 'set', [base .. 'flows:out'] = 'zset' })
+  [DECIDED] = 'hash', [OUT] = 'set', [base .. 'flows:out'] = 'zset',
+  [base .. 'flows:running'] = 'zset' })
 if wrong then
   return corrupt(wrong)
 end
@@ -103,6 +104,7 @@ local kept = '0'
 if op == 'put' and not exists then
   local n = tonumber(ARGV[4])
   redis.call('HSET', F, 'steps', n, 'created', now)
+  redis.call('ZADD', base .. 'flows:running', now, fid)
   kept = '1'
   for i = 0, n - 1 do
     local o = 4 + i * 3
@@ -255,6 +257,7 @@ end
 if not exists then
   -- (Forgotten after its retention: no sweep should look for it again.)
   redis.call('ZREM', base .. 'flows:out', fid)
+  redis.call('ZREM', base .. 'flows:running', fid)
   return { kept, '0' }
 end
 local pending = redis.call('SMEMBERS', OUT)
@@ -267,6 +270,7 @@ else
 end
 if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
   -- Finished: kept for its retention, like its steps' results.
+  redis.call('ZREM', base .. 'flows:running', fid)
   for _, key in ipairs({ F, STEPS, LEFT, ENDS, DECIDED, OUT }) do
     redis.call('PEXPIRE', key, retention)
   end

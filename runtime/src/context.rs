@@ -327,7 +327,7 @@ impl JobContext {
                     self.job.id
                 )));
             };
-            crate::job::check_name("step name", name)?;
+            crate::flow::check_step_name(name)?;
             job.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
             if job.id.is_some() || job.unique.is_some() {
                 return Err(Error::InvalidJob(format!(

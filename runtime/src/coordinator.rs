@@ -155,8 +155,11 @@ impl Actor for Coordinator {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.reap_every, Self::reap);
         if let Some(every) = self.sample_every {
-            self.sampler =
-                Some(Sampler::new(self.store.inspect(), self.store.control(), every).start());
+            self.sampler = Some(
+                Sampler::new(self.store.inspect(), self.store.control(), every)
+                    .with_flows(self.store.flows())
+                    .start(),
+            );
         }
     }
 

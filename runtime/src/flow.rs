@@ -304,7 +304,7 @@ impl Flow {
         let mut index = HashMap::with_capacity(self.steps.len());
         let mut bytes = 0usize;
         for (i, step) in self.steps.iter().enumerate() {
-            check_name("step name", &step.name)?;
+            check_step_name(&step.name)?;
             if index.insert(step.name.as_str(), i).is_some() {
                 return bad(format!("step {:?} is named twice", step.name));
             }
@@ -400,9 +400,75 @@ pub(crate) fn held_jobs(flow: FlowId, steps: &[Step]) -> Vec<(NewJob, FlowStep)>
 }
 
 /// The full name of step `name` added by step `parent` ([`JobContext::add_step`](crate::JobContext::add_step)):
-/// `"<parent>/<name>"`, so two steps can never add a step of the same name.
+/// `"<parent>/<name>"`. A name given to a flow or to `add_step` has no `/`, so no two steps
+/// can ever add a step of the same name, and none collides with a step the flow was created
+/// with.
 pub fn added_step_name(parent: &str, name: &str) -> String {
     format!("{parent}/{name}")
+}
+
+/// Checks a step name as given to [`Flow`] or to `add_step`: a name (as queue names are) with
+/// no `/` (which joins the names of added steps).
+pub(crate) fn check_step_name(name: &str) -> Result<()> {
+    check_name("step name", name)?;
+    if name.contains('/') {
+        return Err(Error::InvalidJob(format!(
+            "step name {name:?} has a '/': it joins the names of steps added by a step"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the steps that step `parent`'s completion adds, as the flow pass receives them
+/// (from `add_step`, or from any caller of the public settlement types): at most
+/// [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS), each named `"<parent>/<name>"` once, its job
+/// valid at `max_payload_bytes` with no id or unique key of its own, running after `parent`
+/// and otherwise only after steps added before it, each named once.
+pub fn check_added(parent: &str, added: &[Step], max_payload_bytes: usize) -> Result<()> {
+    let bad = |why: String| {
+        Err(Error::InvalidJob(format!(
+            "steps added by {parent:?}: {why}"
+        )))
+    };
+    if added.len() > crate::job::MAX_FOLLOW_UPS {
+        return bad(format!("{} steps", added.len()));
+    }
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for s in added {
+        let Some(short) = s
+            .name
+            .strip_prefix(parent)
+            .and_then(|rest| rest.strip_prefix('/'))
+        else {
+            return bad(format!("{:?} is not named \"{parent}/<name>\"", s.name));
+        };
+        check_step_name(short)?;
+        s.job.validate(max_payload_bytes)?;
+        if s.job.id.is_some() || s.job.unique.is_some() {
+            return bad(format!("{:?} has an id or unique key of its own", s.name));
+        }
+        let mut edges: BTreeSet<&str> = BTreeSet::new();
+        for (i, e) in s.after.iter().enumerate() {
+            let known = if i == 0 {
+                e.step == parent
+            } else {
+                seen.contains(e.step.as_str())
+            };
+            if !known || !edges.insert(e.step.as_str()) {
+                return bad(format!(
+                    "{:?} runs after {:?}: a step added runs after {parent:?} first, then only after steps added before it, each once",
+                    s.name, e.step
+                ));
+            }
+        }
+        if s.after.is_empty() {
+            return bad(format!("{:?} does not run after {parent:?}", s.name));
+        }
+        if !seen.insert(s.name.as_str()) {
+            return bad(format!("{:?} is added twice", s.name));
+        }
+    }
+    Ok(())
 }
 
 /// A flow's state.
@@ -495,6 +561,8 @@ pub struct StepEnded {
     /// end): [`FlowStore::grow_flow`](crate::store::FlowStore::grow_flow) adds them before
     /// the end is recorded.
     pub added: Vec<Step>,
+    /// When it ended (unix ms; for the release latency metric).
+    pub at_ms: u64,
 }
 
 /// A flow at its home, as the memory store keeps it (the Redis scripts keep the same facts in
@@ -814,6 +882,43 @@ mod tests {
         assert!(Flow::new().validate(1 << 20).is_err());
         assert!(Flow::new().step("", job()).validate(1 << 20).is_err());
         assert!(Flow::new().step("a\tb", job()).validate(1 << 20).is_err());
+        // ('/' joins the names of added steps: a flow's own step may not look like one.)
+        assert!(Flow::new()
+            .step("split/part", job())
+            .validate(1 << 20)
+            .is_err());
+    }
+
+    #[test]
+    fn check_added_takes_only_what_add_step_makes() {
+        let step = |name: &str, after: &[&str]| Step {
+            name: name.into(),
+            job: job(),
+            after: after
+                .iter()
+                .map(|s| Edge {
+                    step: (*s).into(),
+                    on_dead: OnDead::Fail,
+                })
+                .collect(),
+        };
+        let ok = [step("p/a", &["p"]), step("p/b", &["p", "p/a"])];
+        check_added("p", &ok, 1 << 20).unwrap();
+        for bad in [
+            vec![step("q/a", &["p"])],                        // another step's name
+            vec![step("p/a/b", &["p"])],                      // a '/' in its own name
+            vec![step("p/a", &[])],                           // not after its parent
+            vec![step("p/a", &["p/b"]), step("p/b", &["p"])], // after one added later
+            vec![step("p/a", &["p"]), step("p/a", &["p"])],   // added twice
+            vec![step("p/a", &["p"]), step("p/b", &["p", "p/a", "p/a"])], // an edge twice
+            vec![step("p/a", &["p", "x"])],                   // after an unrelated step
+        ] {
+            assert!(check_added("p", &bad, 1 << 20).is_err(), "{bad:?}");
+        }
+        let mut own_id = step("p/a", &["p"]);
+        own_id.job = job().with_id(JobId::new());
+        assert!(check_added("p", &[own_id], 1 << 20).is_err());
+        assert!(check_added("p", &ok, 1).is_err(), "payload limit");
     }
 
     #[test]

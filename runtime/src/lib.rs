@@ -100,9 +100,9 @@ pub use coordinator::{
 };
 pub use error::{Error, Result};
 pub use flow::{
-    added_step_name, decide as decide_step, step_job_id, Decision, Edge, Flow, FlowState,
-    FlowStatus, FlowStep, OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded, FLOW_RETENTION,
-    MAX_FLOW_BYTES, MAX_FLOW_STEPS,
+    added_step_name, check_added, decide as decide_step, step_job_id, Decision, Edge, Flow,
+    FlowState, FlowStatus, FlowStep, OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded,
+    FLOW_RETENTION, MAX_FLOW_BYTES, MAX_FLOW_STEPS,
 };
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{

@@ -69,7 +69,16 @@ pub const FLOW_RELEASES: &str = "palisade_flow_releases_total";
 
 /// Steps added to flows by their steps' accepted completions (`JobContext::add_step`),
 /// counted when the coordinator's flow pass adds them (a pass done again counts them again).
+/// Labels: outcome (`added`, `dropped`: refused for good, logged with the reason — a store
+/// with a smaller payload limit than the worker's, or a flow past `MAX_FLOW_STEPS`).
 pub const FLOW_STEPS_ADDED: &str = "palisade_flow_steps_added_total";
+
+/// From a flow step's end to the release of the steps it unblocked (ready to claim), as the
+/// coordinator's flow pass delivers it: a callback's latency, less its wait for a claim.
+pub const FLOW_RELEASE_LATENCY: &str = "palisade_flow_release_seconds";
+
+/// Flows running (not every step ended), sampled by the worker holding the sampler role.
+pub const FLOWS_RUNNING: &str = "palisade_flows_running";
 
 /// Flows created (`Client::create_flow`; a creation done again is not counted).
 pub const FLOWS_CREATED: &str = "palisade_flows_created_total";
@@ -124,6 +133,8 @@ pub const ALL: &[&str] = &[
     FLOW_STEPS,
     FLOW_RELEASES,
     FLOW_STEPS_ADDED,
+    FLOW_RELEASE_LATENCY,
+    FLOWS_RUNNING,
     FLOWS_CREATED,
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
@@ -174,6 +185,15 @@ pub fn describe() {
         "Steps added to flows by their steps' completions"
     );
     describe_counter!(FLOWS_CREATED, "Flows created");
+    describe_histogram!(
+        FLOW_RELEASE_LATENCY,
+        Unit::Seconds,
+        "From a flow step's end to the release of the steps it unblocked"
+    );
+    describe_gauge!(
+        FLOWS_RUNNING,
+        "Flows running, sampled by the worker holding the sampler role"
+    );
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
     describe_counter!(
         REDIS_ROUND_TRIPS,

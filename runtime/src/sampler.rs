@@ -14,7 +14,7 @@ use actix::prelude::*;
 use metrics::gauge;
 
 use crate::metrics as m;
-use crate::store::{ControlStore, Inspect};
+use crate::store::{ControlStore, FlowStore, Inspect};
 
 /// The role's name in the store.
 const ROLE: &str = "sampler";
@@ -22,6 +22,7 @@ const ROLE: &str = "sampler";
 /// Samples every queue's depth while it holds the `sampler` role.
 pub struct Sampler {
     store: Arc<dyn Inspect>,
+    flows: Option<Arc<dyn FlowStore>>,
     roles: Arc<dyn ControlStore>,
     /// Who asks for the role (unique per process and coordinator).
     holder: String,
@@ -34,6 +35,7 @@ impl Sampler {
     pub fn new(store: Arc<dyn Inspect>, roles: Arc<dyn ControlStore>, every: Duration) -> Self {
         Self {
             store,
+            flows: None,
             roles,
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
             every,
@@ -47,11 +49,16 @@ impl Sampler {
         }
         self.in_flight = true;
         let (store, roles, holder) = (self.store.clone(), self.roles.clone(), self.holder.clone());
+        let flows = self.flows.clone();
         // Three ticks: a holder that misses one keeps the role; one that stops, loses it.
         let ttl = self.every.saturating_mul(3);
         let pass = async move {
             if roles.hold_role(ROLE, &holder, ttl).await? {
                 sample(&*store).await?;
+                if let Some(flows) = flows {
+                    let (running, _) = flows.running_flows(0).await?;
+                    gauge!(m::FLOWS_RUNNING).set(running as f64);
+                }
             }
             Ok::<(), crate::Error>(())
         };
@@ -62,6 +69,14 @@ impl Sampler {
                 metrics::counter!(m::BACKEND_ERRORS, "op" => "sample").increment(1);
             }
         }));
+    }
+}
+
+impl Sampler {
+    /// Also samples how many flows run ([`FlowStore::running_flows`]).
+    pub fn with_flows(mut self, flows: Arc<dyn FlowStore>) -> Self {
+        self.flows = Some(flows);
+        self
     }
 }
 

@@ -1198,6 +1198,7 @@ async fn bad_fan_out_is_refused_when_asked() {
                 ctx.add_step("b", child(), [("nope", OnDead::Fail)]),
                 ctx.add_step("a", child(), []),
                 ctx.add_step("", child(), []),
+                ctx.add_step("x/y", child(), []),
                 ctx.add_step("c", child().with_id(JobId::new()), []),
             ] {
                 if let Err(e) = r {
@@ -1216,7 +1217,7 @@ async fn bad_fan_out_is_refused_when_asked() {
         .unwrap();
     let _worker = h.worker("W2", registry);
     let seen = next(&mut errors).await;
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     let done = client
         .wait_flow(id, Duration::from_secs(60))
         .await

@@ -71,6 +71,7 @@ impl FlowStore for Planted {
                     step: step.step.clone(),
                     end: StepEnd::Completed,
                     added: Vec::new(),
+                    at_ms: 0,
                 });
             }
         }
@@ -123,6 +124,9 @@ impl FlowStore for Planted {
     }
     async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
         self.inner.flow(id).await
+    }
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+        self.inner.running_flows(max).await
     }
 }
 

@@ -636,6 +636,89 @@ async fn steps_added_to_a_cancelled_flow_never_run(stores: &Stores) {
     );
 }
 
+/// Steps a completion added that can never be added are dropped loudly and the flow moves
+/// on without them, instead of waiting forever: ones a store refuses for good (its payload
+/// limit is smaller than the worker's), and ones that break the rules (a caller of the public
+/// settlement types is not held to `add_step`'s checks). Both on every backend.
+async fn unaddable_steps_are_dropped_and_the_flow_moves_on(stores: &Stores) {
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k"))
+        .step_after("b", job("k"), &["a"]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = claim_all(stores, "w").await;
+    let mut big = added("a", "big", &[]);
+    big.job = NewJob::raw("part", format!("\"{}\"", "x".repeat(4096)));
+    let mut stray = added("a", "stray", &[]);
+    stray.name = "elsewhere/stray".into();
+    let done = stores
+        .settle(vec![(a[0].lease.id, completing_with(vec![big, stray]))])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok());
+    pass(stores).await;
+    let b = claim_all(stores, "w").await;
+    assert_eq!(kinds(&b), ["b"], "b runs: a's end was recorded");
+    complete(stores, &b, 0).await;
+    pass(stores).await;
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(
+        (status.state, status.steps),
+        (FlowState::Succeeded, 2),
+        "{status:?}"
+    );
+    assert_eq!(stores.counts("default").await.unwrap().pending(), 0);
+}
+
+/// The same on stores that keep payloads of at most 1 KiB.
+#[tokio::test]
+async fn unaddable_steps_on_memory_and_redis() {
+    let memory = MemoryLeaseStore::new().with_max_payload_bytes(1024);
+    unaddable_steps_are_dropped_and_the_flow_moves_on(&Stores::from(Arc::new(memory))).await;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    for partitions in [1, 3] {
+        let stores = palisade::store::redis::coordinator(
+            pool.clone(),
+            &format!("small{partitions}"),
+            partitions,
+            0,
+            1024,
+            |s| s,
+        )
+        .unwrap();
+        unaddable_steps_are_dropped_and_the_flow_moves_on(&stores).await;
+    }
+}
+
+/// A flow cannot grow past `MAX_FLOW_STEPS`: a completion that would take it there has its
+/// steps dropped, and the flow moves on.
+#[tokio::test]
+async fn growth_stops_at_the_step_cap() {
+    let stores = Stores::from(Arc::new(MemoryLeaseStore::new()));
+    let client = Client::new(stores.clone());
+    let mut flow = Flow::new().step("a", job("k"));
+    for i in 0..MAX_FLOW_STEPS - 2 {
+        flow = flow.step_after(format!("w{i}"), job("k"), &["a"]);
+    }
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = claim_all(&stores, "w").await;
+    let parts = vec![added("a", "one", &[]), added("a", "two", &[])];
+    let done = stores
+        .settle(vec![(a[0].lease.id, completing_with(parts))])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok());
+    pass(&stores).await;
+    let status = client.flow(id).await.unwrap().unwrap();
+    assert_eq!(
+        status.steps,
+        MAX_FLOW_STEPS - 1,
+        "nothing added past the cap"
+    );
+    assert_eq!(status.ended.get("a"), Some(&StepEnd::Completed));
+}
+
 async fn conformance(stores: Stores) {
     diamond(&stores).await;
     batch_callbacks_once(&stores).await;

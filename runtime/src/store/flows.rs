@@ -95,6 +95,10 @@ pub trait FlowStore: Send + Sync + 'static {
 
     /// Flow `id`'s state, while it is kept.
     async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>>;
+
+    /// How many flows kept here are running (not every step ended), and the ids of the
+    /// `max` created first.
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)>;
 }
 
 /// Creates `flow`: checks it, holds its jobs, keeps it at its home, releases its first steps.
@@ -243,11 +247,43 @@ async fn forget_orphans(store: &dyn FlowStore) -> Result<()> {
 /// Adds the steps that `ends`' completions added to `flow` — written first (held in their
 /// partitions), then added at the home — before their ends are recorded, so a step that runs
 /// after one of them is never decided without them. Repeated, it adds nothing.
+///
+/// Steps that can never be added — they break the rules ([`check_added`](crate::flow::check_added):
+/// only a caller of the public settlement types can send such), a store refuses their jobs
+/// for good (a smaller payload limit than the worker's), or they would take the flow past
+/// [`MAX_FLOW_STEPS`](crate::MAX_FLOW_STEPS) — are dropped, loudly, and their step's end is
+/// recorded without them: the flow moves on rather than waiting forever.
 async fn grow(store: &dyn FlowStore, flow: FlowId, ends: &[&StepEnded]) -> Result<()> {
     for end in ends.iter().filter(|e| !e.added.is_empty()) {
-        store.hold(crate::flow::held_jobs(flow, &end.added)).await?;
-        store.grow_flow(flow, &end.step, &end.added).await?;
-        metrics::counter!(crate::metrics::FLOW_STEPS_ADDED).increment(end.added.len() as u64);
+        let n = end.added.len() as u64;
+        let refused = match crate::flow::check_added(&end.step, &end.added, usize::MAX) {
+            Err(e) => Some(e),
+            Ok(()) => match store.flow(flow).await? {
+                Some(s) if s.steps + end.added.len() > crate::flow::MAX_FLOW_STEPS => {
+                    Some(crate::Error::InvalidJob(format!(
+                        "{} steps would take the flow past {} steps",
+                        end.added.len(),
+                        crate::flow::MAX_FLOW_STEPS
+                    )))
+                }
+                _ => match store.hold(crate::flow::held_jobs(flow, &end.added)).await {
+                    Err(e) if !e.is_retryable() => Some(e),
+                    held => {
+                        held?;
+                        store.grow_flow(flow, &end.step, &end.added).await?;
+                        None
+                    }
+                },
+            },
+        };
+        let outcome = match refused {
+            None => "added",
+            Some(e) => {
+                tracing::error!(%flow, step = %end.step, steps = n, error = %e, "steps added by a completion refused for good; the flow moves on without them");
+                "dropped"
+            }
+        };
+        metrics::counter!(crate::metrics::FLOW_STEPS_ADDED, "outcome" => outcome).increment(n);
     }
     Ok(())
 }
@@ -283,13 +319,26 @@ pub async fn advance(store: &dyn FlowStore) -> Result<usize> {
         let ended: Vec<(String, StepEnd)> = steps.iter().map(|e| (e.step.clone(), e.end)).collect();
         let moved = match grow(store, *flow, steps).await {
             Ok(()) => match store.advance_flow(*flow, &ended, &[]).await {
-                Ok(releases) => apply(store, *flow, releases).await.map(drop),
+                Ok(releases) => {
+                    let runs = releases
+                        .iter()
+                        .filter(|r| r.action == crate::flow::ReleaseAction::Run)
+                        .count();
+                    apply(store, *flow, releases).await.map(|_| runs)
+                }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
         };
         match moved {
-            Ok(()) => {
+            Ok(runs) => {
+                // From the latest of these ends (the one that unblocked them) to the steps
+                // it released being ready: a callback's latency, less its claim.
+                let latest = steps.iter().map(|e| e.at_ms).max().unwrap_or(0);
+                let waited = crate::store::unix_ms().saturating_sub(latest) as f64 / 1000.0;
+                for _ in 0..runs {
+                    metrics::histogram!(crate::metrics::FLOW_RELEASE_LATENCY).record(waited);
+                }
                 for e in steps {
                     metrics::counter!(crate::metrics::FLOW_STEPS, "end" => e.end.as_str())
                         .increment(1);

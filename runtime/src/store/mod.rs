@@ -470,6 +470,9 @@ impl FlowStore for Stores {
     ) -> Result<()> {
         self.flows.grow_flow(flow, step, added).await
     }
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
+        self.flows.running_flows(max).await
+    }
     async fn cancel_flow(
         &self,
         flow: crate::ids::FlowId,

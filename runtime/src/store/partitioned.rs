@@ -936,6 +936,14 @@ impl FlowStore for PartitionedLeaseStore {
     async fn flow(&self, id: crate::ids::FlowId) -> Result<Option<crate::flow::FlowStatus>> {
         self.home(id).flow(id).await
     }
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
+        let all = self
+            .on_all(|part| async move { part.running_flows(max).await })
+            .await?;
+        let count = all.iter().map(|(n, _)| n).sum();
+        let ids = all.into_iter().flat_map(|(_, ids)| ids).take(max).collect();
+        Ok((count, ids))
+    }
 }
 
 impl From<PartitionedLeaseStore> for Stores {

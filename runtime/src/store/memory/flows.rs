@@ -19,6 +19,7 @@ use crate::store::FlowStore;
 #[derive(Debug)]
 pub(super) struct KeptFlow {
     home: Home,
+    created_at: Instant,
     decided_at: Instant,
     finished_at: Option<Instant>,
 }
@@ -43,6 +44,7 @@ impl LeaseState {
                 step: step.step.clone(),
                 end,
                 added,
+                at_ms: crate::store::unix_ms(),
             },
         );
     }
@@ -144,6 +146,7 @@ impl FlowStore for MemoryLeaseStore {
         let new = !state.flows.contains_key(&flow.id());
         let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
             home: Home::new(flow),
+            created_at: now,
             decided_at: now,
             finished_at: None,
         });
@@ -230,5 +233,21 @@ impl FlowStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut state = lock(&self.state);
         Ok(state.kept_flow(id, now).map(|f| f.home.status()))
+    }
+
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+        let state = lock(&self.state);
+        let mut running: Vec<(Instant, FlowId)> = state
+            .flows
+            .iter()
+            .filter(|(_, f)| !f.home.finished())
+            .map(|(id, f)| (f.created_at, *id))
+            .collect();
+        running.sort();
+        let count = running.len() as u64;
+        Ok((
+            count,
+            running.into_iter().take(max).map(|(_, id)| id).collect(),
+        ))
     }
 }

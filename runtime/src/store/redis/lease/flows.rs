@@ -23,17 +23,20 @@ use crate::store::FlowStore;
 static HOLD: LazyLock<Script> = coordinator_script!("hold.lua");
 static RELEASE: LazyLock<Script> = coordinator_script!("release.lua");
 static FLOW_HOME: LazyLock<Script> = coordinator_script!("flow_home.lua");
-/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; pairs of job id and record. Drops
-/// (and logs) a member that is no job id, which no pass could ever forget by one.
+/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; triples of job id, record and when
+/// it ended (unix ms). Drops (and logs) a member that is no job id, which no pass could ever
+/// forget by one.
 static STEP_ENDS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "if tonumber(ARGV[1]) < 1 then return {} end \
-         local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1) \
+         local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1, 'WITHSCORES') \
          local out = {} \
-         for _, id in ipairs(ids) do \
+         for i = 1, #ids, 2 do \
+           local id = ids[i] \
            if string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then \
              out[#out + 1] = id \
              out[#out + 1] = redis.call('HGET', KEYS[1] .. 'stepend', id) or '' \
+             out[#out + 1] = ids[i + 1] \
            else \
              redis.log(redis.LOG_WARNING, 'palisade: flow step end ' .. id .. ' is no job id: dropped') \
              redis.call('ZREM', KEYS[1] .. 'stepends', id) \
@@ -277,16 +280,23 @@ impl FlowStore for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         let mut ends = Vec::new();
-        for pair in flat.chunks_exact(2) {
+        for pair in flat.chunks_exact(3) {
             let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
+            let at_ms = pair[2].parse::<f64>().unwrap_or(0.0) as u64;
             // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON>" for a
             // completion that added steps.
             let mut parts = pair[1].splitn(4, '\t');
             let (flow, step, end, added) = (parts.next(), parts.next(), parts.next(), parts.next());
             let decoded = (|| {
                 let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
-                let added: Vec<Step> = match added {
-                    Some(json) => serde_json::from_str(json).ok()?,
+                // Added steps that do not decode (another program's record) are said and
+                // dropped; the end itself is still recorded, so the flow moves on.
+                let added: Vec<Step> = match added.map(serde_json::from_str) {
+                    Some(Ok(added)) => added,
+                    Some(Err(e)) => {
+                        tracing::error!(%job, error = %e, "steps added by a flow step do not decode; dropped");
+                        Vec::new()
+                    }
                     None => Vec::new(),
                 };
                 Some((flow, step?.to_owned(), StepEnd::parse(end?)?, added))
@@ -298,6 +308,7 @@ impl FlowStore for RedisLeaseStore {
                     step,
                     end,
                     added,
+                    at_ms,
                 }),
                 // Another program's record (or one gone since it was listed): said, and
                 // forgotten with the others, so it cannot stop every later pass.
@@ -309,6 +320,7 @@ impl FlowStore for RedisLeaseStore {
                         step: String::new(),
                         end: StepEnd::Dead,
                         added: Vec::new(),
+                        at_ms,
                     });
                 }
             }
@@ -451,5 +463,27 @@ impl FlowStore for RedisLeaseStore {
             ended,
             released: parse(decided)?,
         }))
+    }
+
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+        let mut conn = self.conn().await?;
+        let key = format!("{}flows:running", self.base);
+        let (count, ids): (u64, Vec<String>) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(&key)
+            .cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(max.max(1) as i64 - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // (A member that is no flow id — another program's — is counted, not listed.)
+        let ids = ids
+            .iter()
+            .filter_map(|id| id.parse::<uuid::Uuid>().ok().map(FlowId::from))
+            .take(max)
+            .collect();
+        Ok((count, ids))
     }
 }
