@@ -106,8 +106,13 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
         .iter()
         .map(|w| w.counter("palisade_flow_releases_total", &[("action", "run")]))
         .sum();
+    let timed: u64 = [&a, &c, &b2]
+        .iter()
+        .map(|w| w.counter("palisade_flow_release_seconds_count", &[]))
+        .sum();
     // (B's share died with it; a pass may record a step again after a restart.)
     assert!(recorded >= 500 && released >= 2, "{recorded} {released}");
+    assert!(timed >= 1, "no release latency was recorded");
     assert!(
         a.counter("palisade_settlements_refused_total", &[]) > 0,
         "the paused worker held parts past its lease"
@@ -211,6 +216,16 @@ fn the_cli_shows_and_cancels_a_flow() {
     });
     let shown = palisade(&["flow", "show", &id]);
     assert!(shown.contains("running; 22 steps, 20 released"), "{shown}");
+    // The sampler (one per fleet; this worker holds its role) counts it every 5 s.
+    wait_for("the running flows gauge", Duration::from_secs(20), || {
+        w.counter("palisade_flows_running", &[]) == 1
+    });
+    let status = palisade(&["status"]);
+    assert!(
+        status.contains("flows running: 1 (oldest first)")
+            && status.contains(&format!("  {id}  22 steps: 0 completed")),
+        "{status}"
+    );
     let said = palisade(&["flow", "cancel", &id]);
     assert!(said.contains("cancelled: 22 jobs stopped"), "{said}");
     wait_for("the flow to end cancelled", Duration::from_secs(20), || {
@@ -219,5 +234,7 @@ fn the_cli_shows_and_cancels_a_flow() {
     });
     let counts = rt.block_on(client.counts("default")).unwrap();
     assert_eq!((counts.pending(), counts.dead), (0, 22), "{counts:?}");
+    let status: serde_json::Value = serde_json::from_str(&palisade(&["status", "--json"])).unwrap();
+    assert_eq!(status["flows"]["running"], 0, "{status}");
     assert!(w.terminate().success());
 }

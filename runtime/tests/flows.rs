@@ -66,6 +66,8 @@ async fn diamond(stores: &Stores) {
         (status.state, status.steps, status.released),
         (FlowState::Running, 4, 1)
     );
+    let (running, ids) = stores.running_flows(100).await.unwrap();
+    assert!(running >= 1 && ids.contains(&id), "{running} {ids:?}");
     let a = claim_all(stores, "w").await;
     assert_eq!(kinds(&a), ["a"], "only the root is claimable");
     assert_eq!(a[0].job.flow.as_ref().unwrap().flow, id);
@@ -100,6 +102,8 @@ async fn diamond(stores: &Stores) {
         .unwrap();
     assert_eq!(done.state, FlowState::Succeeded);
     assert_eq!(done.count(StepEnd::Completed), 4);
+    let (_, ids) = stores.running_flows(100).await.unwrap();
+    assert!(!ids.contains(&id), "a finished flow is no longer running");
     assert_eq!(stores.counts("default").await.unwrap().pending(), 0);
 }
 

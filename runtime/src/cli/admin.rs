@@ -8,9 +8,10 @@ use serde_json::json;
 
 use super::{runtime, RedisArgs};
 use crate::context::Registry;
+use crate::flow::StepEnd;
 use crate::ids::Scope;
 use crate::job::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::store::{ControlStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
+use crate::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
 
 /// `enqueue`.
 #[derive(Clone, Debug, clap::Args)]
@@ -252,7 +253,10 @@ pub(super) struct StatusArgs {
     json: bool,
 }
 
-/// Prints queue counts, live leases and, for `--scope`, the newest token.
+/// Running flows `status` lists (the oldest first; it counts them all).
+const FLOWS_SHOWN: usize = 10;
+
+/// Prints queue counts, live leases, running flows and, for `--scope`, the newest token.
 pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
@@ -263,6 +267,13 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         let leases = store.leases(args.leases).await?;
         let paused = store.paused().await?;
+        let (running_flows, oldest_flows) = store.running_flows(FLOWS_SHOWN).await?;
+        let mut flows = Vec::with_capacity(oldest_flows.len());
+        for id in oldest_flows {
+            if let Some(status) = store.flow(id).await? {
+                flows.push(status);
+            }
+        }
         let mut progress = Vec::with_capacity(leases.len());
         for l in &leases {
             progress.push(store.progress(l.job).await?);
@@ -285,6 +296,14 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "scope": s, "highest_token": highest.flatten(),
                 })),
                 "paused": paused,
+                "flows": {
+                    "running": running_flows,
+                    "oldest": flows.iter().map(|f| json!({
+                        "id": f.id, "steps": f.steps, "released": f.released,
+                        "completed": f.count(StepEnd::Completed), "dead": f.count(StepEnd::Dead),
+                        "skipped": f.count(StepEnd::Skipped),
+                    })).collect::<Vec<_>>(),
+                },
             });
             return print_lines(std::iter::once(json.to_string()));
         }
@@ -324,6 +343,21 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 l.worker,
                 l.age.as_secs_f64(),
                 l.expires_in.as_secs_f64()
+            ));
+        }
+        out.push(format!(
+            "\nflows running: {running_flows}{}",
+            if flows.is_empty() { "" } else { " (oldest first)" }
+        ));
+        for f in &flows {
+            out.push(format!(
+                "  {}  {} steps: {} completed, {} dead, {} skipped, {} released",
+                f.id,
+                f.steps,
+                f.count(StepEnd::Completed),
+                f.count(StepEnd::Dead),
+                f.count(StepEnd::Skipped),
+                f.released
             ));
         }
         if let (Some(scope), Some(highest)) = (&args.scope, highest) {
