@@ -1,6 +1,8 @@
-//! A flow: thumbnails of an album's photos (one step each, one of them failing once), then an
-//! `archive` step that reads every thumbnail step's result, then `notify` after the archive
-//! — and a batch's `on_success`/`on_complete` callbacks, with one child dead.
+//! A flow that fans out from a handler: `list` finds an album's photos when it runs and adds a
+//! thumbnail step for each (`ctx.add_step`, kept with its completion; one thumbnail fails
+//! once), then `archive` — which ran after `list`, so it waits for every thumbnail too —
+//! reads their results, then `notify` after the archive. And a batch's
+//! `on_success`/`on_complete` callbacks, with one child dead.
 //!
 //! `cargo run -p palisade-examples --example flows`
 
@@ -23,7 +25,7 @@ async fn main() -> anyhow::Result<()> {
         .register_with_result("thumbnail", {
             let flaky = flaky.clone();
             move |_: JobContext, photo: String| {
-                let fail = photo == "b.jpg" && flaky.fetch_add(1, Ordering::SeqCst) == 0;
+                let fail = photo.ends_with("b.jpg") && flaky.fetch_add(1, Ordering::SeqCst) == 0;
                 async move {
                     if fail {
                         return Err(JobError::retry("image service timed out"));
@@ -32,9 +34,21 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         })
+        .register_with_result("list", |ctx: JobContext, album: String| async move {
+            // (Found when it runs: the flow did not know these steps when it was created.)
+            let photos = ["a.jpg", "b.jpg", "c.jpg"].map(|p| format!("{album}/{p}"));
+            let mut steps = Vec::new();
+            for (i, photo) in photos.iter().enumerate() {
+                let name = format!("thumb:{i}");
+                ctx.add_step(&name, NewJob::new("thumbnail", photo)?, [])?;
+                steps.push(added_step_name("list", &name));
+            }
+            Ok(steps)
+        })
         .register_with_result("archive", |ctx: JobContext, _: ()| async move {
+            let steps: Vec<String> = ctx.dependency("list").await?.unwrap_or_default();
             let mut files = Vec::new();
-            for step in &ctx.job().flow.as_ref().expect("a flow step").after {
+            for step in &steps {
                 let thumb: Option<String> = ctx.dependency(step).await?;
                 files.extend(thumb);
             }
@@ -77,13 +91,9 @@ async fn main() -> anyhow::Result<()> {
     Worker::new(config, coordinator, registry, Sinks::new())?.start();
     let client = Client::new(store);
 
-    let photos = ["a.jpg", "b.jpg", "c.jpg"];
-    let mut album = Flow::new();
-    for photo in photos {
-        album = album.step(photo, NewJob::new("thumbnail", &photo)?);
-    }
-    let album = album
-        .step_after("archive", NewJob::new("archive", &())?, &photos)
+    let album = Flow::new()
+        .step("list", NewJob::new("list", &"holiday")?)
+        .step_after("archive", NewJob::new("archive", &())?, &["list"])
         .step_after(
             "notify",
             NewJob::new("notify", &"ann@example.com")?,
@@ -121,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
     assert_eq!(
         log,
         [
-            "ann@example.com: album.zip [thumb-a.jpg, thumb-b.jpg, thumb-c.jpg]",
+            "ann@example.com: album.zip [thumb-holiday/a.jpg, thumb-holiday/b.jpg, thumb-holiday/c.jpg]",
             "import finished"
         ]
     );
