@@ -429,14 +429,15 @@ local STEP_TOMBSTONE_MS = 86400000
 -- `end_`: completed or dead): kept in `stepend`/`stepends` until the flow's home recorded it
 -- (store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
 -- program wrote over them, says so in the Redis log instead of failing halfway.
-local function note_step_end(base, id, tag, end_, added)
+local function note_step_end(base, id, tag, end_, added, result)
   if not tag then
     return
   end
   local record = tag .. '\t' .. end_
-  if added and added ~= '' then
-    -- (The steps its completion added: JSON, which holds no raw tab.)
-    record = record .. '\t' .. added
+  if (added and added ~= '') or (result and result ~= '') then
+    -- The steps its completion added (JSON, which holds no raw tab) and its result, which
+    -- the flow's home keeps for as long as the flow (read last: it may hold anything).
+    record = record .. '\t' .. (added or '') .. '\t' .. (result or '')
   end
   local wrong = mistyped({ [base .. 'stepend'] = 'hash', [base .. 'stepends'] = 'zset' })
   if wrong then

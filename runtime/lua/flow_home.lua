@@ -271,7 +271,7 @@ end
 if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
   -- Finished: kept for its retention, like its steps' results.
   redis.call('ZREM', base .. 'flows:running', fid)
-  for _, key in ipairs({ F, STEPS, LEFT, ENDS, DECIDED, OUT }) do
+  for _, key in ipairs({ F, STEPS, LEFT, ENDS, DECIDED, OUT, F .. ':results' }) do
     redis.call('PEXPIRE', key, retention)
   end
 end

@@ -143,7 +143,7 @@ for _, i in ipairs(current) do
         redis.call('ZADD', base .. 'thens', now, id)
       end
       release_unique_key(base, id, f[4], f[5])
-      note_step_end(base, id, f[7], 'completed', added)
+      note_step_end(base, id, f[7], 'completed', added, tonumber(arg) > 0 and reason or '')
       leave(base, id, f[2])
       finished[#finished + 1] = job
       completed[queue] = (completed[queue] or 0) + 1

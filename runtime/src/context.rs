@@ -420,8 +420,9 @@ impl JobContext {
 
     /// The result of step `step` of this job's flow — a step it runs after, whose result
     /// (`Registry::register_with_result`) was kept with its accepted completion — decoded as
-    /// `T`. `Ok(None)` when that step kept no result (it returned none, was skipped or died,
-    /// or its result outlived [`RESULT_RETENTION`](crate::RESULT_RETENTION)). An
+    /// `T`. Its flow's home keeps it for as long as the flow is kept (however long the flow
+    /// runs, then [`FLOW_RETENTION`](crate::FLOW_RETENTION)). `Ok(None)` when that step kept
+    /// no result (it returned none, was skipped or died). An
     /// `Error::InvalidJob` for a job that is no flow step; `Error::Payload` when the result
     /// does not decode as `T`.
     pub async fn dependency<T: DeserializeOwned>(&self, step: &str) -> Result<Option<T>> {
@@ -436,7 +437,10 @@ impl JobContext {
         };
         let id = crate::flow::step_job_id(flow.flow, step);
         let json = coordinator
-            .send(crate::coordinator::ReadResult(id))
+            .send(crate::coordinator::ReadStepResult {
+                flow: flow.flow,
+                step: step.to_owned(),
+            })
             .await??;
         json.map(|envelope| crate::client::decode_result(id, &envelope))
             .transpose()

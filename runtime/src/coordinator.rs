@@ -14,7 +14,7 @@ use crate::ids::{FencingToken, JobId, LeaseId};
 use crate::job::{Claim, DeadJob, FollowUps, NewJob, QueueCounts, Settlement};
 use crate::metrics as m;
 use crate::sampler::Sampler;
-use crate::store::{ClaimRequest, Inspect, LeaseStore, RecordStore, Stores};
+use crate::store::{ClaimRequest, FlowStore, Inspect, LeaseStore, RecordStore, Stores};
 
 /// Façade over a coordinator's [`Stores`]; one per process is enough. Workers drive its hot
 /// path ([`LeaseStore`]); it reaps, and answers counts and dead letters ([`Inspect`]) and
@@ -185,17 +185,32 @@ impl Handler<AdvanceFlows> for Coordinator {
     }
 }
 
-/// Reads a kept job result (a flow step reading what a step it runs after returned).
+/// Reads a flow step's result (a flow step reading what a step it runs after returned): as
+/// its flow's home keeps it, for as long as the flow; else the job's own result record (a
+/// step whose end the home has not recorded yet cannot have released the reader, but a
+/// result kept before the home kept results can).
 #[derive(Message)]
 #[rtype(result = "Result<Option<String>>")]
-pub(crate) struct ReadResult(pub JobId);
+pub(crate) struct ReadStepResult {
+    pub flow: crate::ids::FlowId,
+    pub step: String,
+}
 
-impl Handler<ReadResult> for Coordinator {
+impl Handler<ReadStepResult> for Coordinator {
     type Result = ResponseFuture<Result<Option<String>>>;
 
-    fn handle(&mut self, msg: ReadResult, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ReadStepResult, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
-        Box::pin(async move { store.result(msg.0).await })
+        Box::pin(async move {
+            match store.step_result(msg.flow, &msg.step).await? {
+                Some(json) => Ok(Some(json)),
+                None => {
+                    store
+                        .result(crate::flow::step_job_id(msg.flow, &msg.step))
+                        .await
+                }
+            }
+        })
     }
 }
 

@@ -563,6 +563,9 @@ pub struct StepEnded {
     pub added: Vec<Step>,
     /// When it ended (unix ms; for the release latency metric).
     pub at_ms: u64,
+    /// Its result (JSON, `Registry::register_with_result`), for its flow's home to keep for
+    /// as long as the flow is kept ([`FlowStore::keep_results`](crate::store::FlowStore::keep_results)).
+    pub result: Option<String>,
 }
 
 /// A flow at its home, as the memory store keeps it (the Redis scripts keep the same facts in
@@ -576,6 +579,8 @@ pub(crate) struct Home {
     decided: HashMap<String, ReleaseAction>,
     out: BTreeSet<String>,
     cancelled: bool,
+    /// Results of completed steps, kept as long as the flow.
+    results: HashMap<String, String>,
 }
 
 /// Why the steps of a cancelled flow that had not started went to the dead letters.
@@ -620,6 +625,7 @@ impl Home {
             decided: HashMap::new(),
             out: BTreeSet::new(),
             cancelled: false,
+            results: HashMap::new(),
         };
         for s in &flow.steps {
             if s.after.is_empty() {
@@ -670,6 +676,22 @@ impl Home {
         for name in applied {
             self.out.remove(name);
         }
+    }
+
+    /// Keeps each step's result (the first kept stays; unknown steps ignored).
+    pub(crate) fn keep_results(&mut self, results: &[(String, String)]) {
+        for (step, json) in results {
+            if self.steps.contains_key(step) {
+                self.results
+                    .entry(step.clone())
+                    .or_insert_with(|| json.clone());
+            }
+        }
+    }
+
+    /// Step `step`'s kept result.
+    pub(crate) fn result(&self, step: &str) -> Option<String> {
+        self.results.get(step).cloned()
     }
 
     /// Adds `added` (full names; each runs after `parent`, and may run after steps added

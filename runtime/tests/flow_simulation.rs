@@ -72,6 +72,7 @@ impl FlowStore for Planted {
                     end: StepEnd::Completed,
                     added: Vec::new(),
                     at_ms: 0,
+                    result: None,
                 });
             }
         }
@@ -127,6 +128,12 @@ impl FlowStore for Planted {
     }
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
         self.inner.running_flows(max).await
+    }
+    async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {
+        self.inner.keep_results(flow, results).await
+    }
+    async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>> {
+        self.inner.step_result(flow, step).await
     }
 }
 

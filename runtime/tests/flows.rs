@@ -93,6 +93,20 @@ async fn diamond(stores: &Stores) {
     let b: Option<i64> = client.result(flow.job_id("b")).await.unwrap();
     let c: Option<i64> = client.result(flow.job_id("c")).await.unwrap();
     assert_eq!(b.unwrap() + c.unwrap(), 5);
+    // The flow's home keeps them too, for as long as the flow (a job's own result record
+    // expires a day after its completion, however long the flow runs).
+    let kept = |step: &'static str| async move {
+        let json = stores.step_result(id, step).await.unwrap().unwrap();
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["ok"]
+            .as_i64()
+            .unwrap()
+    };
+    assert_eq!((kept("a").await, kept("b").await + kept("c").await), (1, 5));
+    assert_eq!(
+        stores.step_result(id, "d").await.unwrap(),
+        None,
+        "d has not run"
+    );
     complete(stores, &d, 4).await;
     pass(stores).await;
     let done = client
@@ -1149,5 +1163,42 @@ async fn orphaned_held_jobs_are_forgotten_and_a_running_flow_blocks_a_layout_mov
         stores.cancel(orphan.job_id("0"), "x").await.unwrap(),
         Cancelled::Missing,
         "the orphan's jobs are gone"
+    );
+}
+
+/// Issue 25, scope 3: a step's result is kept at its flow's home for as long as the flow, so a
+/// step that runs long after the steps it depends on (a day later, when their own result
+/// records have expired — simulated here by deleting them) still reads their results; the
+/// home's copy expires with the finished flow.
+#[tokio::test]
+async fn results_live_as_long_as_their_flow() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores = palisade::store::redis::coordinator(pool, "long", 1, 0, 1 << 20, |s| s).unwrap();
+    let client = Client::new(stores.clone());
+    let flow = Flow::new()
+        .step("a", job("k"))
+        .step_after("b", job("k"), &["a"]);
+    let id = client.create_flow(&flow).await.unwrap();
+    let a = claim_all(&stores, "w").await;
+    complete(&stores, &a, 7).await;
+    pass(&stores).await;
+    let key = format!("{{long}}:result:{}", flow.job_id("a"));
+    assert_eq!(server.cli(&["DEL", &key]).as_deref(), Some("1"));
+    assert_eq!(client.result::<i64>(flow.job_id("a")).await.unwrap(), None);
+    assert_eq!(
+        stores.step_result(id, "a").await.unwrap().as_deref(),
+        Some("{\"ok\":7}"),
+        "the home's copy outlives the job's own record"
+    );
+    let results = format!("{{long}}:flow:{id}:results");
+    assert_eq!(server.cli(&["PTTL", &results]).as_deref(), Some("-1"));
+    let b = claim_all(&stores, "w").await;
+    complete(&stores, &b, 8).await;
+    pass(&stores).await;
+    let ttl: i64 = server.cli(&["PTTL", &results]).unwrap().parse().unwrap();
+    assert!(
+        ttl > 0 && ttl <= FLOW_RETENTION.as_millis() as i64,
+        "kept for the finished flow's retention: {ttl}"
     );
 }

@@ -96,6 +96,15 @@ pub trait FlowStore: Send + Sync + 'static {
     /// Flow `id`'s state, while it is kept.
     async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>>;
 
+    /// At `flow`'s home: keeps each `(step, result)` for as long as the flow is kept (a
+    /// step's first kept result stays; a flow not kept keeps nothing). Called before the
+    /// steps' ends are recorded, so a step released by them finds their results.
+    async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()>;
+
+    /// At `flow`'s home: step `step`'s result, as [`keep_results`](Self::keep_results)
+    /// kept it.
+    async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>>;
+
     /// How many flows kept here are running (not every step ended), and the ids of the
     /// `max` created first.
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)>;
@@ -317,7 +326,15 @@ pub async fn advance(store: &dyn FlowStore) -> Result<usize> {
     let mut recorded: Vec<JobId> = Vec::with_capacity(ends.len());
     for (flow, steps) in &by_flow {
         let ended: Vec<(String, StepEnd)> = steps.iter().map(|e| (e.step.clone(), e.end)).collect();
-        let moved = match grow(store, *flow, steps).await {
+        let results: Vec<(String, String)> = steps
+            .iter()
+            .filter_map(|e| Some((e.step.clone(), e.result.clone()?)))
+            .collect();
+        let grown = match grow(store, *flow, steps).await {
+            Ok(()) if !results.is_empty() => store.keep_results(*flow, &results).await,
+            grown => grown,
+        };
+        let moved = match grown {
             Ok(()) => match store.advance_flow(*flow, &ended, &[]).await {
                 Ok(releases) => {
                     let runs = releases

@@ -473,6 +473,16 @@ impl FlowStore for Stores {
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
         self.flows.running_flows(max).await
     }
+    async fn keep_results(
+        &self,
+        flow: crate::ids::FlowId,
+        results: &[(String, String)],
+    ) -> Result<()> {
+        self.flows.keep_results(flow, results).await
+    }
+    async fn step_result(&self, flow: crate::ids::FlowId, step: &str) -> Result<Option<String>> {
+        self.flows.step_result(flow, step).await
+    }
     async fn cancel_flow(
         &self,
         flow: crate::ids::FlowId,

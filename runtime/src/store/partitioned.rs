@@ -936,6 +936,16 @@ impl FlowStore for PartitionedLeaseStore {
     async fn flow(&self, id: crate::ids::FlowId) -> Result<Option<crate::flow::FlowStatus>> {
         self.home(id).flow(id).await
     }
+    async fn keep_results(
+        &self,
+        flow: crate::ids::FlowId,
+        results: &[(String, String)],
+    ) -> Result<()> {
+        self.home(flow).keep_results(flow, results).await
+    }
+    async fn step_result(&self, flow: crate::ids::FlowId, step: &str) -> Result<Option<String>> {
+        self.home(flow).step_result(flow, step).await
+    }
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
         let all = self
             .on_all(|part| async move { part.running_flows(max).await })

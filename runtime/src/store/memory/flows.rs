@@ -26,7 +26,13 @@ pub(super) struct KeptFlow {
 
 impl LeaseState {
     /// A flow step's job ended here: kept until its flow's home recorded it.
-    pub(super) fn step_ended(&mut self, job: &Job, end: StepEnd, added: Vec<Step>) {
+    pub(super) fn step_ended(
+        &mut self,
+        job: &Job,
+        end: StepEnd,
+        added: Vec<Step>,
+        result: Option<String>,
+    ) {
         let Some(step) = &job.flow else {
             return;
         };
@@ -45,6 +51,7 @@ impl LeaseState {
                 end,
                 added,
                 at_ms: crate::store::unix_ms(),
+                result,
             },
         );
     }
@@ -233,6 +240,21 @@ impl FlowStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut state = lock(&self.state);
         Ok(state.kept_flow(id, now).map(|f| f.home.status()))
+    }
+
+    async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        if let Some(kept) = state.kept_flow(flow, now) {
+            kept.home.keep_results(results);
+        }
+        Ok(())
+    }
+
+    async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        Ok(state.kept_flow(flow, now).and_then(|f| f.home.result(step)))
     }
 
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {

@@ -616,12 +616,12 @@ impl LeaseState {
     }
 
     /// Completes `id`; a flow step's end carries the steps its completion `added`.
-    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>) {
+    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>, result: Option<String>) {
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
-            self.step_ended(&job, crate::flow::StepEnd::Completed, added);
+            self.step_ended(&job, crate::flow::StepEnd::Completed, added, result);
             let q = self.queues.entry(job.queue).or_default();
             q.priority.remove(&id);
             q.completed += 1;
@@ -634,7 +634,7 @@ impl LeaseState {
         self.ready_at.remove(&id);
         self.held.remove(&id);
         if let Some(job) = self.jobs.remove(&id) {
-            self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new());
+            self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new(), None);
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
             // (A dead letter is a plain job again, as on Redis: retried, it runs outside
@@ -761,7 +761,7 @@ impl LeaseStore for MemoryLeaseStore {
             match settlement {
                 Settlement::Complete { result, then } => {
                     let Then { jobs, flows, steps } = then;
-                    state.complete(id, steps);
+                    state.complete(id, steps, result.clone());
                     if let Some(json) = result {
                         state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
                     }

@@ -129,6 +129,23 @@ fn home_steps(flow: FlowId, steps: &[Step]) -> Result<Vec<String>> {
     Ok(args)
 }
 
+/// Keeps step results at a flow's home: KEYS[1] base, ARGV[1] flow id, then pairs of step and
+/// result. Only for a kept flow, each step's first result; a finished flow's results expire
+/// with it. Checks the key's type before its first write.
+static KEEP_RESULTS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
+         if redis.call('EXISTS', F) == 0 then return 0 end \
+         local R = F .. ':results' \
+         local t = redis.call('TYPE', R).ok \
+         if t ~= 'none' and t ~= 'hash' then return redis.error_reply('PALISADE_CORRUPT ' .. R .. ' holds a ' .. t) end \
+         for i = 2, #ARGV - 1, 2 do redis.call('HSETNX', R, ARGV[i], ARGV[i + 1]) end \
+         local ttl = redis.call('PTTL', F) \
+         if ttl > 0 then redis.call('PEXPIRE', R, ttl) end \
+         return 1",
+    )
+});
+
 /// `flow_home.lua`'s answer.
 struct HomeReply {
     kept: bool,
@@ -283,10 +300,12 @@ impl FlowStore for RedisLeaseStore {
         for pair in flat.chunks_exact(3) {
             let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
             let at_ms = pair[2].parse::<f64>().unwrap_or(0.0) as u64;
-            // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON>" for a
-            // completion that added steps.
-            let mut parts = pair[1].splitn(4, '\t');
-            let (flow, step, end, added) = (parts.next(), parts.next(), parts.next(), parts.next());
+            // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON> TAB <result>"
+            // for a completion that added steps or kept a result (either may be empty).
+            let mut parts = pair[1].splitn(5, '\t');
+            let (flow, step, end) = (parts.next(), parts.next(), parts.next());
+            let added = parts.next().filter(|a| !a.is_empty());
+            let result = parts.next().filter(|r| !r.is_empty()).map(str::to_owned);
             let decoded = (|| {
                 let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
                 // Added steps that do not decode (another program's record) are said and
@@ -309,6 +328,7 @@ impl FlowStore for RedisLeaseStore {
                     end,
                     added,
                     at_ms,
+                    result,
                 }),
                 // Another program's record (or one gone since it was listed): said, and
                 // forgotten with the others, so it cannot stop every later pass.
@@ -321,6 +341,7 @@ impl FlowStore for RedisLeaseStore {
                         end: StepEnd::Dead,
                         added: Vec::new(),
                         at_ms,
+                        result: None,
                     });
                 }
             }
@@ -463,6 +484,33 @@ impl FlowStore for RedisLeaseStore {
             ended,
             released: parse(decided)?,
         }))
+    }
+
+    async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = KEEP_RESULTS.key(&self.base);
+        invocation.arg(flow.to_string());
+        for (step, json) in results {
+            invocation.arg(step).arg(json);
+        }
+        let mut conn = self.conn().await?;
+        invocation
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>> {
+        let mut conn = self.conn().await?;
+        redis::cmd("HGET")
+            .arg(format!("{}flow:{flow}:results", self.base))
+            .arg(step)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
     }
 
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
