@@ -38,12 +38,19 @@ local F = base .. 'flow:' .. fid
 local STEPS, LEFT, ENDS, DECIDED, OUT = F .. ':steps', F .. ':left', F .. ':ends', F .. ':decided',
   F .. ':out'
 local wrong = mistyped({ [F] = 'hash', [STEPS] = 'hash', [LEFT] = 'hash', [ENDS] = 'hash',
-  [DECIDED] = 'hash', [OUT] = 'set', [base .. 'flows:out'] = 'zset',
-  [base .. 'flows:running'] = 'zset' })
+  [DECIDED] = 'hash', [OUT] = 'set', [base .. 'flows:out'] = 'zset' })
 if wrong then
   return corrupt(wrong)
 end
 local now = now_ms()
+-- The list of running flows only feeds `status` and a gauge: another program's key there is
+-- left alone (and said) rather than stopping every flow.
+local RUNNING = base .. 'flows:running'
+local running_ok = redis.call('TYPE', RUNNING).ok
+running_ok = running_ok == 'zset' or running_ok == 'none'
+if not running_ok then
+  redis.log(redis.LOG_WARNING, 'palisade: ' .. RUNNING .. ' holds another type; running flows are not listed')
+end
 
 -- A step's record, or nil when it does not decode (another program wrote it): such a step
 -- is never decided, which the flow's state shows (running), rather than failing the call.
@@ -104,7 +111,9 @@ local kept = '0'
 if op == 'put' and not exists then
   local n = tonumber(ARGV[4])
   redis.call('HSET', F, 'steps', n, 'created', now)
-  redis.call('ZADD', base .. 'flows:running', now, fid)
+  if running_ok then
+    redis.call('ZADD', RUNNING, now, fid)
+  end
   kept = '1'
   for i = 0, n - 1 do
     local o = 4 + i * 3
@@ -257,7 +266,9 @@ end
 if not exists then
   -- (Forgotten after its retention: no sweep should look for it again.)
   redis.call('ZREM', base .. 'flows:out', fid)
-  redis.call('ZREM', base .. 'flows:running', fid)
+  if running_ok then
+    redis.call('ZREM', RUNNING, fid)
+  end
   return { kept, '0' }
 end
 local pending = redis.call('SMEMBERS', OUT)
@@ -270,7 +281,9 @@ else
 end
 if redis.call('HLEN', ENDS) >= count_of(redis.call('HGET', F, 'steps')) then
   -- Finished: kept for its retention, like its steps' results.
-  redis.call('ZREM', base .. 'flows:running', fid)
+  if running_ok then
+    redis.call('ZREM', RUNNING, fid)
+  end
   for _, key in ipairs({ F, STEPS, LEFT, ENDS, DECIDED, OUT, F .. ':results' }) do
     redis.call('PEXPIRE', key, retention)
   end

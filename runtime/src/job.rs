@@ -513,6 +513,7 @@ pub struct FollowUps {
 /// started from a handler (so a record is read by either version), or jobs and flows.
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // (the Redis store's record)
 pub(crate) enum FollowUpRecord {
     Jobs(Vec<NewJob>),
     WithFlows {
@@ -521,6 +522,7 @@ pub(crate) enum FollowUpRecord {
     },
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl FollowUpRecord {
     /// The record for `jobs` and `flows` (`None`: nothing to keep).
     pub(crate) fn of(jobs: &[NewJob], flows: &[crate::flow::Flow]) -> Option<Self> {

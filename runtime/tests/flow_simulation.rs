@@ -126,7 +126,7 @@ impl FlowStore for Planted {
     async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
         self.inner.flow(id).await
     }
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)> {
         self.inner.running_flows(max).await
     }
     async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {

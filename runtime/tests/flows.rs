@@ -67,7 +67,10 @@ async fn diamond(stores: &Stores) {
         (FlowState::Running, 4, 1)
     );
     let (running, ids) = stores.running_flows(100).await.unwrap();
-    assert!(running >= 1 && ids.contains(&id), "{running} {ids:?}");
+    assert!(
+        running >= 1 && ids.iter().any(|(f, _)| *f == id),
+        "{running} {ids:?}"
+    );
     let a = claim_all(stores, "w").await;
     assert_eq!(kinds(&a), ["a"], "only the root is claimable");
     assert_eq!(a[0].job.flow.as_ref().unwrap().flow, id);
@@ -117,7 +120,10 @@ async fn diamond(stores: &Stores) {
     assert_eq!(done.state, FlowState::Succeeded);
     assert_eq!(done.count(StepEnd::Completed), 4);
     let (_, ids) = stores.running_flows(100).await.unwrap();
-    assert!(!ids.contains(&id), "a finished flow is no longer running");
+    assert!(
+        !ids.iter().any(|(f, _)| *f == id),
+        "a finished flow is no longer running"
+    );
     assert_eq!(stores.counts("default").await.unwrap().pending(), 0);
 }
 
@@ -1201,4 +1207,75 @@ async fn results_live_as_long_as_their_flow() {
         ttl > 0 && ttl <= FLOW_RETENTION.as_millis() as i64,
         "kept for the finished flow's retention: {ttl}"
     );
+}
+
+/// From the second attack review: the list of running flows forgets flows that are gone
+/// (forgotten, or finished by an older version), lists the oldest first across partitions,
+/// and — like the home's copy of results — is best effort: another program's key in its
+/// place, or in the results' place, does not stop a flow.
+#[tokio::test]
+async fn running_flows_and_results_survive_gone_flows_and_odd_keys() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores =
+        palisade::store::redis::coordinator(pool.clone(), "odd", 1, 0, 1 << 20, |s| s).unwrap();
+    let client = Client::new(stores.clone());
+    let gone = client
+        .create_flow(&Flow::new().step("a", job("gone")))
+        .await
+        .unwrap();
+    server
+        .cli(&["DEL", &format!("{{odd}}:flow:{gone}")])
+        .unwrap();
+    assert_eq!(stores.running_flows(10).await.unwrap(), (0, Vec::new()));
+
+    // Both keys written over by another program: the flow still runs to its end.
+    server.cli(&["SET", "{odd}:flows:running", "x"]).unwrap();
+    let flow = Flow::new()
+        .step("a", job("k"))
+        .step_after("b", job("k"), &["a"]);
+    let id = client.create_flow(&flow).await.unwrap();
+    server
+        .cli(&["SET", &format!("{{odd}}:flow:{id}:results"), "x"])
+        .unwrap();
+    let a = claim_all(&stores, "w")
+        .await
+        .into_iter()
+        .filter(|c| c.job.kind == "k")
+        .collect::<Vec<_>>();
+    complete(&stores, &a, 1).await;
+    pass(&stores).await;
+    let b = claim_all(&stores, "w").await;
+    assert_eq!(
+        kinds(&b),
+        ["b"],
+        "b runs though a's result was not kept at the home"
+    );
+    // A step the flow does not have keeps no result (as in memory).
+    server
+        .cli(&["DEL", &format!("{{odd}}:flow:{id}:results")])
+        .unwrap();
+    stores
+        .keep_results(id, &[("nope".into(), "1".into())])
+        .await
+        .unwrap();
+    assert_eq!(stores.step_result(id, "nope").await.unwrap(), None);
+
+    // Oldest first across three partitions, whichever partition each flow's home is in.
+    let parts = palisade::store::redis::coordinator(pool, "oldest", 3, 0, 1 << 20, |s| s).unwrap();
+    let client = Client::new(parts.clone());
+    let mut created = Vec::new();
+    for _ in 0..12 {
+        created.push(
+            client
+                .create_flow(&Flow::new().step("a", job("k")))
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let (count, listed) = parts.running_flows(5).await.unwrap();
+    assert_eq!(count, 12);
+    let ids: Vec<FlowId> = listed.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, created[..5], "the five created first");
 }

@@ -105,9 +105,9 @@ pub trait FlowStore: Send + Sync + 'static {
     /// kept it.
     async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>>;
 
-    /// How many flows kept here are running (not every step ended), and the ids of the
-    /// `max` created first.
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)>;
+    /// How many flows kept here are running (not every step ended), and the `max` created
+    /// first: each id with its creation time (unix ms), oldest first.
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)>;
 }
 
 /// Creates `flow`: checks it, holds its jobs, keeps it at its home, releases its first steps.
@@ -331,7 +331,15 @@ pub async fn advance(store: &dyn FlowStore) -> Result<usize> {
             .filter_map(|e| Some((e.step.clone(), e.result.clone()?)))
             .collect();
         let grown = match grow(store, *flow, steps).await {
-            Ok(()) if !results.is_empty() => store.keep_results(*flow, &results).await,
+            Ok(()) if !results.is_empty() => match store.keep_results(*flow, &results).await {
+                // (The results' key written over: the ends are still recorded, and a reader
+                // falls back to the jobs' own result records.)
+                Err(e) if !e.is_retryable() => {
+                    tracing::error!(%flow, error = %e, "flow step results not kept at the flow's home");
+                    Ok(())
+                }
+                kept => kept,
+            },
             grown => grown,
         };
         let moved = match grown {
@@ -352,9 +360,11 @@ pub async fn advance(store: &dyn FlowStore) -> Result<usize> {
                 // From the latest of these ends (the one that unblocked them) to the steps
                 // it released being ready: a callback's latency, less its claim.
                 let latest = steps.iter().map(|e| e.at_ms).max().unwrap_or(0);
-                let waited = crate::store::unix_ms().saturating_sub(latest) as f64 / 1000.0;
-                for _ in 0..runs {
-                    metrics::histogram!(crate::metrics::FLOW_RELEASE_LATENCY).record(waited);
+                if latest > 0 {
+                    let waited = crate::store::unix_ms().saturating_sub(latest) as f64 / 1000.0;
+                    for _ in 0..runs {
+                        metrics::histogram!(crate::metrics::FLOW_RELEASE_LATENCY).record(waited);
+                    }
                 }
                 for e in steps {
                     metrics::counter!(crate::metrics::FLOW_STEPS, "end" => e.end.as_str())

@@ -470,7 +470,7 @@ impl FlowStore for Stores {
     ) -> Result<()> {
         self.flows.grow_flow(flow, step, added).await
     }
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(crate::ids::FlowId, u64)>)> {
         self.flows.running_flows(max).await
     }
     async fn keep_results(

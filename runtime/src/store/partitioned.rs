@@ -946,13 +946,17 @@ impl FlowStore for PartitionedLeaseStore {
     async fn step_result(&self, flow: crate::ids::FlowId, step: &str) -> Result<Option<String>> {
         self.home(flow).step_result(flow, step).await
     }
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<crate::ids::FlowId>)> {
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(crate::ids::FlowId, u64)>)> {
         let all = self
             .on_all(|part| async move { part.running_flows(max).await })
             .await?;
         let count = all.iter().map(|(n, _)| n).sum();
-        let ids = all.into_iter().flat_map(|(_, ids)| ids).take(max).collect();
-        Ok((count, ids))
+        // Oldest first across the partitions, not partition by partition.
+        let mut listed: Vec<(crate::ids::FlowId, u64)> =
+            all.into_iter().flat_map(|(_, listed)| listed).collect();
+        listed.sort_by_key(|(id, created)| (*created, *id));
+        listed.truncate(max);
+        Ok((count, listed))
     }
 }
 

@@ -19,7 +19,8 @@ use crate::store::FlowStore;
 #[derive(Debug)]
 pub(super) struct KeptFlow {
     home: Home,
-    created_at: Instant,
+    /// When it was kept (unix ms, as the Redis store's list of running flows).
+    created_ms: u64,
     decided_at: Instant,
     finished_at: Option<Instant>,
 }
@@ -51,7 +52,8 @@ impl LeaseState {
                 end,
                 added,
                 at_ms: crate::store::unix_ms(),
-                result,
+                // (An empty result is none, as the Redis store's record keeps it.)
+                result: result.filter(|r| !r.is_empty()),
             },
         );
     }
@@ -153,7 +155,7 @@ impl FlowStore for MemoryLeaseStore {
         let new = !state.flows.contains_key(&flow.id());
         let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
             home: Home::new(flow),
-            created_at: now,
+            created_ms: crate::store::unix_ms(),
             decided_at: now,
             finished_at: None,
         });
@@ -257,19 +259,17 @@ impl FlowStore for MemoryLeaseStore {
         Ok(state.kept_flow(flow, now).and_then(|f| f.home.result(step)))
     }
 
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)> {
         let state = lock(&self.state);
-        let mut running: Vec<(Instant, FlowId)> = state
+        let mut running: Vec<(u64, FlowId)> = state
             .flows
             .iter()
             .filter(|(_, f)| !f.home.finished())
-            .map(|(id, f)| (f.created_at, *id))
+            .map(|(id, f)| (f.created_ms, *id))
             .collect();
         running.sort();
         let count = running.len() as u64;
-        Ok((
-            count,
-            running.into_iter().take(max).map(|(_, id)| id).collect(),
-        ))
+        let listed = running.into_iter().take(max).map(|(at, id)| (id, at));
+        Ok((count, listed.collect()))
     }
 }

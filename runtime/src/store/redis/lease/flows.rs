@@ -136,13 +136,45 @@ static KEEP_RESULTS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
          if redis.call('EXISTS', F) == 0 then return 0 end \
-         local R = F .. ':results' \
-         local t = redis.call('TYPE', R).ok \
-         if t ~= 'none' and t ~= 'hash' then return redis.error_reply('PALISADE_CORRUPT ' .. R .. ' holds a ' .. t) end \
-         for i = 2, #ARGV - 1, 2 do redis.call('HSETNX', R, ARGV[i], ARGV[i + 1]) end \
+         local R, S = F .. ':results', F .. ':steps' \
+         for _, k in ipairs({ R, S }) do \
+           local t = redis.call('TYPE', k).ok \
+           if t ~= 'none' and t ~= 'hash' then return redis.error_reply('PALISADE_CORRUPT ' .. k .. ' holds a ' .. t) end \
+         end \
+         for i = 2, #ARGV - 1, 2 do \
+           if redis.call('HEXISTS', S, ARGV[i]) == 1 then redis.call('HSETNX', R, ARGV[i], ARGV[i + 1]) end \
+         end \
          local ttl = redis.call('PTTL', F) \
-         if ttl > 0 then redis.call('PEXPIRE', R, ttl) end \
+         if ttl >= 0 then redis.call('PEXPIRE', R, math.max(ttl, 1)) end \
          return 1",
+    )
+});
+
+/// Running flows: KEYS[1] base, ARGV[1] most to list. Forgets members whose flow is gone
+/// (forgotten, or written by a version that did not list its end) among the oldest
+/// max(ARGV[1], 100), then returns the count and pairs of flow id and creation time (ms),
+/// oldest first; a member that is no flow id is dropped.
+static RUNNING: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local key = KEYS[1] .. 'flows:running' \
+         local t = redis.call('TYPE', key).ok \
+         if t ~= 'zset' then return { 0 } end \
+         local most = tonumber(ARGV[1]) \
+         local oldest = redis.call('ZRANGE', key, 0, math.max(most, 100) - 1, 'WITHSCORES') \
+         local listed = {} \
+         for i = 1, #oldest, 2 do \
+           local id = oldest[i] \
+           if not string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') \
+             or redis.call('EXISTS', KEYS[1] .. 'flow:' .. id) == 0 then \
+             redis.call('ZREM', key, id) \
+           elseif #listed < most * 2 then \
+             listed[#listed + 1] = id \
+             listed[#listed + 1] = oldest[i + 1] \
+           end \
+         end \
+         local out = { redis.call('ZCARD', key) } \
+         for _, v in ipairs(listed) do out[#out + 1] = v end \
+         return out",
     )
 });
 
@@ -513,25 +545,30 @@ impl FlowStore for RedisLeaseStore {
             .map_err(|e| self.link.broken(e))
     }
 
-    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<FlowId>)> {
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)> {
         let mut conn = self.conn().await?;
-        let key = format!("{}flows:running", self.base);
-        let (count, ids): (u64, Vec<String>) = redis::pipe()
-            .cmd("ZCARD")
-            .arg(&key)
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(max.max(1) as i64 - 1)
-            .query_async(&mut conn)
+        let flat: Vec<redis::Value> = RUNNING
+            .key(&self.base)
+            .arg(max.min(1_000_000))
+            .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        // (A member that is no flow id — another program's — is counted, not listed.)
-        let ids = ids
-            .iter()
-            .filter_map(|id| id.parse::<uuid::Uuid>().ok().map(FlowId::from))
-            .take(max)
-            .collect();
-        Ok((count, ids))
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Value::Int(n) => n.to_string(),
+            _ => String::new(),
+        };
+        let count = flat
+            .first()
+            .map(text)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut listed = Vec::new();
+        for pair in flat.get(1..).unwrap_or_default().chunks_exact(2) {
+            let id = FlowId::from(parse::<uuid::Uuid>(&text(&pair[0]))?);
+            let created = text(&pair[1]).parse::<f64>().unwrap_or(0.0) as u64;
+            listed.push((id, created));
+        }
+        Ok((count, listed))
     }
 }
