@@ -67,6 +67,14 @@ fn check_report(
     assert_eq!((counts.pending(), counts.dead), (0, 0), "{counts:?}");
 }
 
+/// The three runs of a report through failures take their turns: each runs several worker
+/// processes and private Redis servers, and on two cores, side by side, they would starve a
+/// Sentinel group's health checks into failovers the test did not ask for.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A runtime and a client of the coordinator at `target` with `partitions` partitions.
 fn client_on(
     target: palisade::store::redis::Target,
@@ -97,6 +105,7 @@ fn client_on(
 
 #[test]
 fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
+    let _turn = one_at_a_time();
     let mut redis = RedisServer::start_with_aof();
     let sink = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -172,6 +181,7 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
 /// docs/jobs.md.)
 #[test]
 fn the_fanned_out_report_adds_up_on_a_three_master_cluster_with_partitions() {
+    let _turn = one_at_a_time();
     let mut cluster = RedisCluster::start_with_aof();
     let nodes = cluster.urls().join(",");
     // (`--redis-cluster` takes the ledger to the cluster too.)
@@ -227,6 +237,7 @@ fn the_fanned_out_report_adds_up_on_a_three_master_cluster_with_partitions() {
 /// effect applied once. (Across masters there is no such prefix: see the cluster test.)
 #[test]
 fn the_fanned_out_report_adds_up_through_a_sentinel_failover() {
+    let _turn = one_at_a_time();
     let mut group = palisade_testkit::RedisSentinels::start();
     let sink = RedisServer::start();
     let url = group.url();
@@ -242,9 +253,8 @@ fn the_fanned_out_report_adds_up_through_a_sentinel_failover() {
             .map_or(0, |s| s.ended.len())
     };
     wait_for("100 parts", Duration::from_secs(60), || ended() >= 100);
-    let old = group.master();
+    // (Waits until the replica was promoted and the old master rejoined, empty, as a replica.)
     group.fail_over();
-    assert_ne!(group.master(), old, "the sentinels named the same master");
     wait_for("the flow to finish", Duration::from_secs(180), || {
         rt.block_on(client.flow(id))
             .ok()
