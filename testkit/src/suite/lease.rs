@@ -131,18 +131,22 @@ pub async fn tokens_grow_per_scope(store: Stores) {
 
 pub async fn renew_extends_and_reports_lost(store: Stores) {
     store.enqueue(vec![job("r")]).await.unwrap();
-    let c = claim(&store, 1).await.remove(0);
+    // (A longer ttl than the suite's: the suite's cases run side by side, and on two loaded
+    // cores a renewal sent half a 400 ms ttl after the last one can arrive after it expired —
+    // which failed this case once in CI on a cluster.)
+    let ttl = TTL * 5;
+    let lease = claim_ttl(&store, ttl).await;
     let stranger = LeaseId::new();
     // Renew well past the first ttl: still held.
     for _ in 0..3 {
-        tokio::time::sleep(TTL / 2).await;
-        let lost = store.renew(&[c.lease.id, stranger], TTL).await.unwrap();
+        tokio::time::sleep(ttl / 2).await;
+        let lost = store.renew(&[lease, stranger], ttl).await.unwrap();
         assert_eq!(lost, [stranger]);
     }
-    settle(&store, c.lease.id, Settlement::completed())
+    settle(&store, lease, Settlement::completed())
         .await
         .unwrap();
-    assert_eq!(store.renew(&[c.lease.id], TTL).await.unwrap(), [c.lease.id]);
+    assert_eq!(store.renew(&[lease], TTL).await.unwrap(), [lease]);
     // A lease that expired is lost even before the reaper has seen it: a renewal must not
     // revive it (a mutation test found this unchecked).
     store.enqueue(vec![job("x")]).await.unwrap();
