@@ -49,8 +49,11 @@ fn planted(plant: &str, seed: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_palisade-soak"))
         .args([
             "soak",
+            // (1.5 minutes: in 0.75, one CI run's faults never left a stale holder writing,
+            // so the planted bug had nothing to let through. Still shorter than the
+            // two-minute soak beside it.)
             "--minutes",
-            "0.75",
+            "1.5",
             "--seed",
             seed,
             "--plant",
