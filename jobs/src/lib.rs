@@ -153,15 +153,20 @@ pub fn report_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
         names.push(format!("part:{n}"));
     }
     let after: Vec<&str> = names.iter().map(String::as_str).collect();
-    // Both write the report's ledger key under the report's scope (a Redis Cluster keeps a
-    // fence and the data it guards in one slot: the key's hash tag is the scope).
+    with_total(flow, &after)
+}
+
+/// Adds a report's `total` step after `after` and its `on_complete` callback. Both write the
+/// report's ledger key under the report's scope (a Redis Cluster keeps a fence and the data
+/// it guards in one slot: the key's hash tag is the scope).
+fn with_total(flow: palisade::Flow, after: &[&str]) -> palisade::Flow {
     let scope = report_scope(flow.id());
     flow.step_after(
         "total",
         NewJob::new(REPORT_TOTAL, &())
             .expect("unit encodes")
             .with_scope(scope.clone()),
-        &after,
+        after,
     )
     .on_complete(
         NewJob::new(REPORT_ANNOUNCE, &())
@@ -178,19 +183,7 @@ pub fn report_fanout_flow(parts: i64, hold_ms: u64) -> palisade::Flow {
         "split",
         NewJob::new(REPORT_SPLIT, &Split { parts, hold_ms }).expect("a Split always encodes"),
     );
-    let scope = report_scope(flow.id());
-    flow.step_after(
-        "total",
-        NewJob::new(REPORT_TOTAL, &())
-            .expect("unit encodes")
-            .with_scope(scope.clone()),
-        &["split"],
-    )
-    .on_complete(
-        NewJob::new(REPORT_ANNOUNCE, &())
-            .expect("unit encodes")
-            .with_scope(scope),
-    )
+    with_total(flow, &["split"])
 }
 
 /// `report.split`: adds its parts to its flow (`part:1` … `part:N`, each after nothing but

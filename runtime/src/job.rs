@@ -524,15 +524,21 @@ pub(crate) enum FollowUpRecord {
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl FollowUpRecord {
-    /// The record for `jobs` and `flows` (`None`: nothing to keep).
-    pub(crate) fn of(jobs: &[NewJob], flows: &[crate::flow::Flow]) -> Option<Self> {
+    /// The record for `jobs` and `flows`, as JSON (`""`: nothing to keep), written from
+    /// the borrowed values: the jobs alone as the array, else both as the object.
+    pub(crate) fn encode(
+        jobs: &[NewJob],
+        flows: &[crate::flow::Flow],
+    ) -> serde_json::Result<String> {
+        #[derive(Serialize)]
+        struct WithFlows<'a> {
+            jobs: &'a [NewJob],
+            flows: &'a [crate::flow::Flow],
+        }
         match (jobs.is_empty(), flows.is_empty()) {
-            (true, true) => None,
-            (_, true) => Some(FollowUpRecord::Jobs(jobs.to_vec())),
-            _ => Some(FollowUpRecord::WithFlows {
-                jobs: jobs.to_vec(),
-                flows: flows.to_vec(),
-            }),
+            (true, true) => Ok(String::new()),
+            (_, true) => serde_json::to_string(jobs),
+            _ => serde_json::to_string(&WithFlows { jobs, flows }),
         }
     }
 
@@ -585,4 +591,33 @@ pub struct DeadJob {
     pub job: Job,
     /// The reason recorded when it died.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept follow-up record reads back as written, in both shapes: jobs alone as the
+    /// array (the record of releases without flows), jobs and flows as the object.
+    #[test]
+    fn follow_up_records_read_back_in_both_shapes() {
+        let parent = JobId::new();
+        let jobs = vec![NewJob::raw("child", "1").with_id(JobId::new())];
+        let flows = vec![crate::flow::Flow::new().step("a", NewJob::raw("k", "null"))];
+        assert_eq!(FollowUpRecord::encode(&[], &[]).unwrap(), "");
+        let alone = FollowUpRecord::encode(&jobs, &[]).unwrap();
+        assert!(alone.starts_with('['), "{alone}");
+        let both = FollowUpRecord::encode(&jobs, &flows).unwrap();
+        for (json, flows) in [(alone, Vec::new()), (both, flows)] {
+            let record: FollowUpRecord = serde_json::from_str(&json).unwrap();
+            assert_eq!(
+                record.into_set(parent),
+                FollowUps {
+                    parent,
+                    jobs: jobs.clone(),
+                    flows,
+                }
+            );
+        }
+    }
 }

@@ -355,12 +355,10 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         ));
         for f in &flows {
             out.push(format!(
-                "  {}  {} steps: {} completed, {} dead, {} skipped, {} released",
+                "  {}  {} steps: {}, {} released",
                 f.id,
                 f.steps,
-                f.count(StepEnd::Completed),
-                f.count(StepEnd::Dead),
-                f.count(StepEnd::Skipped),
+                super::flow::ends_line(f),
                 f.released
             ));
         }

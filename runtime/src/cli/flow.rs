@@ -50,12 +50,10 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
                     FlowState::Cancelled => "cancelled",
                 };
                 let head = format!(
-                    "flow {id}: {state}; {} steps, {} released, {} completed, {} dead, {} skipped",
+                    "flow {id}: {state}; {} steps, {} released, {}",
                     status.steps,
                     status.released,
-                    status.count(StepEnd::Completed),
-                    status.count(StepEnd::Dead),
-                    status.count(StepEnd::Skipped),
+                    ends_line(&status),
                 );
                 // The steps that did not complete, by name (the completed ones are counted).
                 let mut missed: Vec<_> = status
@@ -81,4 +79,14 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// How a flow's steps ended so far: "<n> completed, <n> dead, <n> skipped".
+pub(super) fn ends_line(status: &crate::flow::FlowStatus) -> String {
+    format!(
+        "{} completed, {} dead, {} skipped",
+        status.count(StepEnd::Completed),
+        status.count(StepEnd::Dead),
+        status.count(StepEnd::Skipped)
+    )
 }

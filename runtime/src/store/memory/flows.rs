@@ -32,7 +32,7 @@ impl LeaseState {
         job: &Job,
         end: StepEnd,
         added: Vec<Step>,
-        result: Option<String>,
+        result: Option<&str>,
     ) {
         let Some(step) = &job.flow else {
             return;
@@ -53,7 +53,8 @@ impl LeaseState {
                 added,
                 at_ms: crate::store::unix_ms(),
                 // (An empty result is none, as the Redis store's record keeps it.)
-                result: result.filter(|r| !r.is_empty()),
+                // (Copied only for a flow step: every other completion passes it by.)
+                result: result.filter(|r| !r.is_empty()).map(str::to_owned),
             },
         );
     }

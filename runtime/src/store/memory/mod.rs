@@ -616,7 +616,7 @@ impl LeaseState {
     }
 
     /// Completes `id`; a flow step's end carries the steps its completion `added`.
-    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>, result: Option<String>) {
+    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>, result: Option<&str>) {
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
@@ -761,7 +761,7 @@ impl LeaseStore for MemoryLeaseStore {
             match settlement {
                 Settlement::Complete { result, then } => {
                     let Then { jobs, flows, steps } = then;
-                    state.complete(id, steps, result.clone());
+                    state.complete(id, steps, result.as_deref());
                     if let Some(json) = result {
                         state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
                     }

@@ -547,28 +547,22 @@ impl FlowStore for RedisLeaseStore {
 
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)> {
         let mut conn = self.conn().await?;
-        let flat: Vec<redis::Value> = RUNNING
+        // (The count comes back as an integer reply, which reads as a string too.)
+        let flat: Vec<String> = RUNNING
             .key(&self.base)
             .arg(max.min(1_000_000))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        let text = |v: &redis::Value| match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            redis::Value::Int(n) => n.to_string(),
-            _ => String::new(),
+        let Some((count, pairs)) = flat.split_first() else {
+            return Ok((0, Vec::new()));
         };
-        let count = flat
-            .first()
-            .map(text)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
         let mut listed = Vec::new();
-        for pair in flat.get(1..).unwrap_or_default().chunks_exact(2) {
-            let id = FlowId::from(parse::<uuid::Uuid>(&text(&pair[0]))?);
-            let created = text(&pair[1]).parse::<f64>().unwrap_or(0.0) as u64;
+        for pair in pairs.chunks_exact(2) {
+            let id = FlowId::from(parse::<uuid::Uuid>(&pair[0])?);
+            let created = pair[1].parse::<f64>().unwrap_or(0.0) as u64;
             listed.push((id, created));
         }
-        Ok((count, listed))
+        Ok((parse(count)?, listed))
     }
 }

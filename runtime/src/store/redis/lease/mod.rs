@@ -231,9 +231,10 @@ impl RedisLeaseStore {
             };
             let (then, added) = match settlement {
                 Settlement::Complete { then, .. } => (
-                    FollowUpRecord::of(&then.jobs, &then.flows)
-                        .map(|r| encode("follow-up jobs", serde_json::to_string(&r)))
-                        .unwrap_or_default(),
+                    encode(
+                        "follow-up jobs",
+                        FollowUpRecord::encode(&then.jobs, &then.flows),
+                    ),
                     if then.steps.is_empty() {
                         String::new()
                     } else {
