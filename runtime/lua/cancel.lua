@@ -9,7 +9,8 @@
 --          "missing" (no such job: never enqueued, done, dead already); the low watermark
 --          after it as "w:<epoch>:<counter>" (or "w:"), as settle.lua returns it
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type or a count it
---          changes is not an integer: raised before anything changed
+--          changes is not an integer (the queue's stats, `cancelled` among them): raised
+--          before anything changed
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
   local refused = wrong_layout(KEYS[1])
@@ -39,9 +40,12 @@ if kind then
   want[ready_key(base, queue, kind)] = 'zset'
 end
 local wrong = unsafe(base, want, counted)
+  or uncountable(base .. 'q:' .. queue .. ':stats', { 'cancelled' })
 if wrong then
   return corrupt(wrong)
 end
+-- Counted here, where every cancel passes, whichever process asked: the sampler exports it.
+redis.call('HINCRBY', base .. 'q:' .. queue .. ':stats', 'cancelled', 1)
 if entry and job_of(entry) == id then
   release(base, lease, id, entry)
   bury(base, id, reason, keep)

@@ -17,8 +17,10 @@
 --                               head is ever ready, so every entry is claimable.
 --   q:<queue>:kinds       set   kinds that have had a ready set in the queue
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
---   q:<queue>:stats       hash  leased, waiting, completed
+--   q:<queue>:stats       hash  leased, waiting, completed, cancelled (jobs cancel.lua cancelled)
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
+--                               (id queue kind payload scope attempt stalls max_attempts
+--                               max_stalls reason died: ms, Redis clock)
 --   queues                set   every queue that has had a job
 --   head                  hash  named scope -> the one job of it that may be ready or leased
 --   wait:<scope>          zset  the scope's other ready jobs -> their ready score; the lowest
@@ -468,7 +470,8 @@ local function bury(base, id, reason, keep)
   local dead = base .. 'q:' .. f[2] .. ':dead'
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
-    max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason }
+    max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
+    died = now_ms() }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
     -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.)
@@ -631,3 +634,53 @@ local function epoch_intact(base)
   return e[1]
 end
 
+
+-- Brings a dead-letter record `raw` back to ready with fresh attempts and stalls; false
+-- (nothing changed) for a record we did not write, whose id names a live job again (reviving
+-- it would write over that job), whose keys another program wrote over, or which cjson cannot
+-- write back (NaN or 1e999 in it). Checks everything before its first write.
+local function revive(base, raw, now)
+  local ok, d = pcall(cjson.decode, raw)
+  if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
+    or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' then
+    return false
+  end
+  local job = base .. 'job:' .. d.id
+  if redis.call('EXISTS', job) == 1 then
+    return false
+  end
+  local want, counted = { [job] = 'hash' }, {}
+  settle_keys(base, want, counted, d.id,
+    { d.queue, d.scope ~= 'job:' .. d.id and d.scope or nil, d.kind }, true, false, false)
+  if unsafe(base, want, counted) then
+    return false
+  end
+  local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
+    queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
+    max_stalls = d.max_stalls })
+  if not encoded then
+    return false
+  end
+  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)
+  if d.scope ~= 'job:' .. d.id then
+    redis.call('HSET', job, 'scope', d.scope)
+  end
+  park(base, d.id, now, now)
+  return true
+end
+
+-- The dead-letter record of job `id` in list `dead` and its place (1-based), or nil: a plain
+-- search for the id as cjson writes it, confirmed by decoding.
+local function find_dead(dead, id)
+  local needle = '"id":"' .. id .. '"'
+  local records = redis.call('LRANGE', dead, 0, -1)
+  for i, raw in ipairs(records) do
+    if string.find(raw, needle, 1, true) then
+      local ok, d = pcall(cjson.decode, raw)
+      if ok and type(d) == 'table' and d.id == id then
+        return raw, i
+      end
+    end
+  end
+  return nil
+end

@@ -2,7 +2,8 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  most leases to list
 -- Returns  one array per lease: {lease id, job id, scope, epoch, counter, worker,
---          age ms, expires in ms (negative once expired but not yet reaped)}
+--          age ms, expires in ms (negative once expired but not yet reaped), queue, kind
+--          ("" when the job record is gone)}
 -- Errors   none
 local base = KEYS[1]
 local now = now_ms()
@@ -14,9 +15,10 @@ for i = 1, #listed, 2 do
   if entry then
     local id, epoch, counter, claimed, worker =
       string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)')
-    local scope = scope_of(entry) or fields(base .. 'job:' .. id, 'scope')[1] or ('job:' .. id)
+    local f = fields(base .. 'job:' .. id, 'scope', 'queue', 'kind')
+    local scope = scope_of(entry) or f[1] or ('job:' .. id)
     out[#out + 1] = { lease, id, scope, epoch, counter, worker,
-      fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now) }
+      fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now), f[2] or '', f[3] or '' }
   end
 end
 return out

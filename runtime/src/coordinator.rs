@@ -158,6 +158,7 @@ impl Actor for Coordinator {
             self.sampler = Some(
                 Sampler::new(self.store.inspect(), self.store.control(), every)
                     .with_flows(self.store.flows())
+                    .with_admin(self.store.admin())
                     .start(),
             );
         }
@@ -209,6 +210,26 @@ impl Handler<ReadStepResult> for Coordinator {
                         .result(crate::flow::step_job_id(msg.flow, &msg.step))
                         .await
                 }
+            }
+        })
+    }
+}
+
+/// A worker process describes itself (`ControlStore::beat`); display only, so a failed beat
+/// is logged at debug and counted, never retried.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Beat(pub crate::store::WorkerBeat, pub Duration);
+
+impl Handler<Beat> for Coordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, Beat(beat, ttl): Beat, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move {
+            if let Err(e) = crate::store::ControlStore::beat(&store, beat, ttl).await {
+                tracing::debug!(error = %e, "worker heartbeat failed; the next one tries again");
+                metrics::counter!(crate::metrics::BACKEND_ERRORS, "op" => "beat").increment(1);
             }
         })
     }

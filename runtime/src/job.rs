@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 use crate::error::{Error, Result};
 use crate::ids::{JobId, Lease, Scope};
@@ -26,7 +27,7 @@ pub const ID_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Checks a kind, queue or scope name: non-empty, at most [`MAX_NAME_BYTES`], no control
 /// characters (they would corrupt logs, keys and the tab-separated records of the Redis
-/// backend).
+/// backend) and no invisible format characters (they would let one name pass for another).
 pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidJob(format!("{what} is empty")));
@@ -40,6 +41,18 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
     if name.chars().any(char::is_control) {
         return Err(Error::InvalidJob(format!(
             "{what} {name:?} contains a control character"
+        )));
+    }
+    // Format characters (bidirectional overrides such as U+202E, zero-width joiners and
+    // spaces, the byte-order mark) are invisible: a name holding one reads as another name,
+    // or reorders the text around it, on the operator page, in `status` and in logs.
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.general_category() == GeneralCategory::Format)
+    {
+        return Err(Error::InvalidJob(format!(
+            "{what} {name:?} contains the invisible format character U+{:04X}",
+            c as u32
         )));
     }
     Ok(())
@@ -575,6 +588,10 @@ pub struct QueueCounts {
     pub completed: u64,
     /// Dead-lettered.
     pub dead: u64,
+    /// Cancelled by an operator or a program ([`QueueAdmin::cancel`](crate::QueueAdmin::cancel))
+    /// since the queue was first used: a count that only grows (the jobs themselves are among
+    /// the dead).
+    pub cancelled: u64,
 }
 
 impl QueueCounts {
@@ -591,11 +608,82 @@ pub struct DeadJob {
     pub job: Job,
     /// The reason recorded when it died.
     pub reason: String,
+    /// When it died (Unix ms, by the coordinator's clock); `None` for a record an earlier
+    /// version kept.
+    #[serde(default)]
+    pub died_ms: Option<u64>,
+}
+
+/// Where a live job is ([`Inspect::job`](crate::Inspect::job)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Claimable now.
+    Ready,
+    /// Ready, behind another job of its scope.
+    Waiting,
+    /// Waiting for its delay or retry backoff (`JobView::due_in`).
+    Delayed,
+    /// Running under a lease (`JobView::lease`).
+    Leased,
+    /// A flow step's job written but not released yet (its dependencies have not ended).
+    Held,
+    /// Its record exists but is in none of the places above: a record another program wrote,
+    /// or one caught between two steps of a layout move.
+    Unplaced,
+}
+
+/// A live job (not completed, not dead) and where it is ([`Inspect::job`](crate::Inspect::job),
+/// [`Inspect::delayed`](crate::Inspect::delayed)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobView {
+    /// The job (attempt: attempts started so far).
+    pub job: Job,
+    /// Where it is.
+    pub state: JobState,
+    /// Time left before a delayed job is due (zero once due and not promoted yet).
+    pub due_in: Option<Duration>,
+    /// The lease a leased job runs under.
+    pub lease: Option<crate::ids::LeaseId>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A right-to-left override (or any other invisible format character) in a queue, kind,
+    /// scope or unique key is refused: "invoice\u{202E}fdp." would show as another name.
+    #[test]
+    fn names_with_invisible_format_characters_are_refused() {
+        for c in [
+            '\u{202E}',
+            '\u{200B}',
+            '\u{2066}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{E0041}',
+        ] {
+            let name = format!("invoice{c}pdf");
+            let err = check_name("queue", &name).unwrap_err().to_string();
+            assert!(err.contains("invisible format character"), "{err}");
+            let job = |f: fn(NewJob, &str) -> NewJob| f(NewJob::raw("k", "{}"), &name);
+            for bad in [
+                job(|j, n| j.with_queue(n)),
+                job(|j, n| NewJob {
+                    kind: n.into(),
+                    ..j
+                }),
+                job(|j, n| j.with_scope(Scope::new(n))),
+                job(|j, n| j.with_unique_key(n, Duration::from_secs(1))),
+            ] {
+                assert!(bad.validate(DEFAULT_MAX_PAYLOAD_BYTES).is_err(), "{bad:?}");
+            }
+        }
+        // Letters of every script, and emoji, stay names.
+        for ok in ["файлы", "请求", "émission", "queue📦", "حساب"] {
+            check_name("queue", ok).unwrap();
+        }
+    }
 
     /// The kept follow-up record reads back as written, in both shapes: jobs alone as the
     /// array (the record of releases without flows), jobs and flows as the object.

@@ -106,10 +106,10 @@ pub use flow::{
 };
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, NewJob, QueueCounts, RateLimit,
-    Settlement, Then, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES, ENQUEUE_RETRY_FOR,
-    ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES,
-    MAX_NAME_BYTES, PRIORITY_RANGE,
+    Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, JobState, JobView, NewJob,
+    QueueCounts, RateLimit, Settlement, Then, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES,
+    ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS,
+    MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
@@ -131,7 +131,7 @@ pub use store::postgres::{
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{
     ClaimRequest, ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore,
-    QueueAdmin, Reaped, RecordStore, RejectionNote, Stores,
+    QueueAdmin, Reaped, RecordStore, RejectionNote, Stores, WorkerBeat,
 };
 #[cfg(feature = "testing")]
 pub use worker::Freeze;

@@ -94,6 +94,14 @@ pub const QUEUE_DEPTH: &str = "palisade_queue_depth";
 /// job requeued after a stall, release or retry keeps that time), 0 when nothing is ready.
 /// Sampled with [`QUEUE_DEPTH`]. Labels: queue.
 pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_seconds";
+/// 1 for a paused queue, 0 otherwise ([`QueueAdmin::set_paused`](crate::QueueAdmin::set_paused)):
+/// `PalisadeNoProgress` stays quiet for a queue paused on purpose. Sampled with
+/// [`QUEUE_DEPTH`]. Labels: queue.
+pub const QUEUE_PAUSED: &str = "palisade_queue_paused";
+/// Jobs cancelled in a queue ([`QueueAdmin::cancel`](crate::QueueAdmin::cancel), `palisade
+/// cancel`, the operator page), whichever process cancelled them: the coordinator counts them
+/// and the sampler exports its count, so the series is the fleet's, once. Labels: queue.
+pub const JOBS_CANCELLED: &str = "palisade_jobs_cancelled_total";
 /// From sending the claim that granted a lease to its handler starting. Labels: queue.
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
 /// From a handler returning to the coordinator answering its settlement: the worker's
@@ -138,6 +146,8 @@ pub const ALL: &[&str] = &[
     FLOWS_CREATED,
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
+    QUEUE_PAUSED,
+    JOBS_CANCELLED,
     CLAIM_TO_START,
     SETTLE_WAIT,
     RENEWAL_DURATION,
@@ -207,6 +217,11 @@ pub fn describe() {
         QUEUE_OLDEST_READY_AGE,
         Unit::Seconds,
         "Age of the job next in line, since it first became claimable (0: nothing ready)"
+    );
+    describe_gauge!(QUEUE_PAUSED, "1 for a paused queue, 0 otherwise");
+    describe_counter!(
+        JOBS_CANCELLED,
+        "Jobs cancelled in a queue, as the coordinator counts them (sampled)"
     );
     describe_histogram!(
         CLAIM_TO_START,

@@ -14,7 +14,7 @@ use actix::prelude::*;
 use metrics::gauge;
 
 use crate::metrics as m;
-use crate::store::{ControlStore, FlowStore, Inspect};
+use crate::store::{ControlStore, FlowStore, Inspect, QueueAdmin};
 
 /// The role's name in the store.
 const ROLE: &str = "sampler";
@@ -23,6 +23,7 @@ const ROLE: &str = "sampler";
 pub struct Sampler {
     store: Arc<dyn Inspect>,
     flows: Option<Arc<dyn FlowStore>>,
+    admin: Option<Arc<dyn QueueAdmin>>,
     roles: Arc<dyn ControlStore>,
     /// Who asks for the role (unique per process and coordinator).
     holder: String,
@@ -36,6 +37,7 @@ impl Sampler {
         Self {
             store,
             flows: None,
+            admin: None,
             roles,
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
             every,
@@ -49,12 +51,16 @@ impl Sampler {
         }
         self.in_flight = true;
         let (store, roles, holder) = (self.store.clone(), self.roles.clone(), self.holder.clone());
-        let flows = self.flows.clone();
+        let (flows, admin) = (self.flows.clone(), self.admin.clone());
         // Three ticks: a holder that misses one keeps the role; one that stops, loses it.
         let ttl = self.every.saturating_mul(3);
         let pass = async move {
             if roles.hold_role(ROLE, &holder, ttl).await? {
-                sample(&*store).await?;
+                let paused = match admin {
+                    Some(admin) => Some(admin.paused().await?),
+                    None => None,
+                };
+                sample(&*store, paused.as_deref()).await?;
                 if let Some(flows) = flows {
                     let (running, _) = flows.running_flows(0).await?;
                     gauge!(m::FLOWS_RUNNING).set(running as f64);
@@ -78,10 +84,16 @@ impl Sampler {
         self.flows = Some(flows);
         self
     }
+
+    /// Also samples which queues are paused ([`QueueAdmin::paused`]).
+    pub fn with_admin(mut self, admin: Arc<dyn QueueAdmin>) -> Self {
+        self.admin = Some(admin);
+        self
+    }
 }
 
-/// One sample of every queue.
-async fn sample(store: &dyn Inspect) -> crate::Result<()> {
+/// One sample of every queue; `paused`, when known, the paused queues.
+async fn sample(store: &dyn Inspect, paused: Option<&[String]>) -> crate::Result<()> {
     for queue in store.queues().await? {
         let counts = store.counts(&queue).await?;
         let oldest = store.oldest_ready(&queue).await?;
@@ -96,6 +108,13 @@ async fn sample(store: &dyn Inspect) -> crate::Result<()> {
         }
         gauge!(m::QUEUE_OLDEST_READY_AGE, "queue" => queue.clone())
             .set(oldest.unwrap_or_default().as_secs_f64());
+        // The coordinator's own count, set as is: every sampler in turn reports the same
+        // fleet-wide total, which only grows.
+        metrics::counter!(m::JOBS_CANCELLED, "queue" => queue.clone()).absolute(counts.cancelled);
+        if let Some(paused) = paused {
+            let is_paused = paused.contains(&queue);
+            gauge!(m::QUEUE_PAUSED, "queue" => queue.clone()).set(f64::from(u8::from(is_paused)));
+        }
     }
     Ok(())
 }

@@ -220,6 +220,8 @@ pub struct Worker {
     settle_backoff: Backoff,
     /// queue → kind → metric handles.
     metrics: HashMap<String, HashMap<String, KindMetrics>>,
+    /// When it was made (Unix ms), for its heartbeat.
+    started_ms: u64,
 }
 
 impl Worker {
@@ -265,6 +267,7 @@ impl Worker {
             claim_backoff: Backoff::default(),
             settle_backoff: Backoff::default(),
             metrics: HashMap::new(),
+            started_ms: crate::store::unix_ms(),
         })
     }
 
@@ -618,10 +621,43 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// How often a worker tells the coordinator it is alive ([`ControlStore::beat`]); its
+    /// record lapses after three beats missed.
+    ///
+    /// [`ControlStore::beat`]: crate::ControlStore::beat
+    const BEAT_EVERY: Duration = Duration::from_secs(5);
+
+    fn beat(&mut self) {
+        let beat = crate::store::WorkerBeat {
+            worker: self.config.name.clone(),
+            host: hostname(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            queues: self.config.queues.clone(),
+            concurrency: self.config.concurrency,
+            running: self.running.len(),
+            started_ms: self.started_ms,
+            seen_ms: 0,
+        };
+        self.coordinator
+            .do_send(crate::coordinator::Beat(beat, Self::BEAT_EVERY * 3));
+    }
+}
+
+/// This host's name (Linux), or "worker".
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".into())
+}
+
 impl Actor for Worker {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.beat();
+        ctx.run_interval(Self::BEAT_EVERY, |act, _| act.beat());
         let renewal = Renewal::new(
             self.coordinator.clone(),
             ctx.address().recipient(),

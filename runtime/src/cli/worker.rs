@@ -174,7 +174,7 @@ pub(super) fn run(
     let name = args
         .name
         .clone()
-        .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        .unwrap_or_else(|| format!("{}-{}", crate::worker::hostname(), std::process::id()));
     System::new().block_on(async move {
         let epochs = epoch_source(&args).await?;
         let (pool, store) = args
@@ -434,12 +434,6 @@ async fn drain(workers: Vec<(Arbiter, Addr<Worker>)>, deadline: Duration) -> any
         );
     }
     Ok(released)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "worker".into())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::partitioned::{shares, PartitionedLeaseStore};
 use super::{LeaseInfo, Stores};
 use crate::error::Result;
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, QueueCounts, RateLimit};
+use crate::job::{Cancelled, DeadJob, JobView, QueueCounts, RateLimit};
 
 /// Read-only views of the queues, for operators and the depth sampler: counts, dead letters,
 /// live leases, the age of the next job. Never changes anything.
@@ -24,6 +24,17 @@ pub trait Inspect: Send + Sync + 'static {
 
     /// Dead-lettered jobs of one queue, oldest first, at most `limit`.
     async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>>;
+
+    /// Dead-lettered jobs of one queue, oldest first, after skipping the oldest `skip`; at
+    /// most `limit` (a page of the dead letters).
+    async fn dead_range(&self, queue: &str, skip: usize, limit: usize) -> Result<Vec<DeadJob>>;
+
+    /// Delayed jobs of one queue (waiting for a delay or a retry backoff), soonest due first,
+    /// at most `limit`.
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>>;
+
+    /// A live job (neither completed nor dead) and where it is, or `None`.
+    async fn job(&self, job: JobId) -> Result<Option<JobView>>;
 
     /// Every queue that has ever had a job or a rate limit.
     async fn queues(&self) -> Result<Vec<String>>;
@@ -61,6 +72,23 @@ pub trait QueueAdmin: Send + Sync + 'static {
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 
+    /// Moves the dead-lettered job `job` of `queue` back to ready with fresh attempts; `false`
+    /// (nothing changed) if no record of it is among the queue's dead letters, or its id
+    /// names a live job again.
+    async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool>;
+
+    /// Deletes the dead-lettered job `job` of `queue`; `false` if no record of it is there.
+    async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool>;
+
+    /// Makes the delayed job `job` due now (it keeps its attempts); `false` (nothing changed)
+    /// if it is not delayed.
+    async fn run_now(&self, job: JobId) -> Result<bool>;
+
+    /// Forgets a queue nobody uses: with no job in it (ready, waiting, delayed, leased or
+    /// dead), its name, counts, pause and rate limit go, and it leaves the queue list until a
+    /// job is enqueued to it again. `false` (nothing changed) if it holds a job.
+    async fn forget_queue(&self, queue: &str) -> Result<bool>;
+
     /// Caps (`Some(n)`) how many jobs of `kind` may run at once across the fleet, or lifts
     /// the cap. Jobs running when a cap is set do not count against it.
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()>;
@@ -85,6 +113,15 @@ impl Inspect for Stores {
     }
     async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
         self.inspect.dead(queue, limit).await
+    }
+    async fn dead_range(&self, queue: &str, skip: usize, limit: usize) -> Result<Vec<DeadJob>> {
+        self.inspect.dead_range(queue, skip, limit).await
+    }
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        self.inspect.delayed(queue, limit).await
+    }
+    async fn job(&self, job: JobId) -> Result<Option<JobView>> {
+        self.inspect.job(job).await
     }
     async fn queues(&self) -> Result<Vec<String>> {
         self.inspect.queues().await
@@ -113,6 +150,18 @@ impl QueueAdmin for Stores {
     }
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
         self.admin.purge_dead(queue, limit).await
+    }
+    async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        self.admin.retry_dead_job(queue, job).await
+    }
+    async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        self.admin.purge_dead_job(queue, job).await
+    }
+    async fn run_now(&self, job: JobId) -> Result<bool> {
+        self.admin.run_now(job).await
+    }
+    async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        self.admin.forget_queue(queue).await
     }
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {
         self.admin.set_concurrency_cap(kind, cap).await
@@ -147,6 +196,7 @@ impl Inspect for PartitionedLeaseStore {
                 waiting: a.waiting + c.waiting,
                 completed: a.completed + c.completed,
                 dead: a.dead + c.dead,
+                cancelled: a.cancelled + c.cancelled,
             }))
     }
 
@@ -155,6 +205,35 @@ impl Inspect for PartitionedLeaseStore {
             .on_all(|part| async move { part.dead(queue, limit).await })
             .await?;
         Ok(all.concat().into_iter().take(limit).collect())
+    }
+
+    /// Each partition's oldest `skip + limit`, merged by time of death (records without one
+    /// first, in partition order), then the page.
+    async fn dead_range(&self, queue: &str, skip: usize, limit: usize) -> Result<Vec<DeadJob>> {
+        let want = skip.saturating_add(limit);
+        let all = self
+            .on_all(|part| async move { part.dead_range(queue, 0, want).await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by_key(|d| d.died_ms);
+        Ok(all.into_iter().skip(skip).take(limit).collect())
+    }
+
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        let all = self
+            .on_all(|part| async move { part.delayed(queue, limit).await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by_key(|v| v.due_in);
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn job(&self, job: JobId) -> Result<Option<JobView>> {
+        let all = self
+            .on_all(|part| async move { part.job(job).await })
+            .await?;
+        Ok(all.into_iter().flatten().next())
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -221,6 +300,42 @@ impl QueueAdmin for PartitionedLeaseStore {
             part.purge_dead(queue, left).await
         })
         .await
+    }
+
+    async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        for part in &self.parts {
+            if part.retry_dead_job(queue, job).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        for part in &self.parts {
+            if part.purge_dead_job(queue, job).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn run_now(&self, job: JobId) -> Result<bool> {
+        for part in &self.parts {
+            if part.run_now(job).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Forgotten only where every partition agrees it is unused; a partition that holds a
+    /// job keeps it listed (the others' empty entries go).
+    async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        let all = self
+            .on_all(|part| async move { part.forget_queue(queue).await })
+            .await?;
+        Ok(all.into_iter().all(|forgotten| forgotten))
     }
 
     async fn set_concurrency_cap(&self, kind: &str, cap: Option<u32>) -> Result<()> {

@@ -216,6 +216,39 @@ pub trait ControlStore: Send + Sync + 'static {
     /// Raises schedule `name`'s mark to `through`; never lowers it (a scheduler that woke
     /// from a pause cannot send it back).
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()>;
+
+    /// Registers (or refreshes) a worker process for `ttl`, stamped with the coordinator's
+    /// clock. For display (`status`, the operator page): nothing depends on it for safety —
+    /// a paused worker's beat lapses like a dead one's, and the fence handles both.
+    async fn beat(&self, beat: WorkerBeat, ttl: Duration) -> Result<()>;
+
+    /// The worker processes whose last beat has not lapsed, by name; forgets lapsed ones.
+    async fn workers(&self) -> Result<Vec<WorkerBeat>>;
+}
+
+/// A worker process as it last described itself ([`ControlStore::beat`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerBeat {
+    /// The worker's name (unique per process: `WorkerConfig::name`).
+    pub worker: String,
+    /// Host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The Palisade version it runs.
+    pub version: String,
+    /// Queues it claims from.
+    pub queues: Vec<String>,
+    /// Jobs it may run at once, and runs now.
+    pub concurrency: usize,
+    /// See `concurrency`.
+    pub running: usize,
+    /// When it started (Unix ms, its own clock).
+    pub started_ms: u64,
+    /// When the coordinator last heard from it (Unix ms, the coordinator's clock; set by the
+    /// store).
+    #[serde(default)]
+    pub seen_ms: u64,
 }
 
 /// What jobs and sinks leave behind for people to read, kept for a bounded time or count: job
@@ -432,6 +465,12 @@ impl ControlStore for Stores {
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
         self.control.advance_schedule(name, through).await
     }
+    async fn beat(&self, beat: WorkerBeat, ttl: Duration) -> Result<()> {
+        self.control.beat(beat, ttl).await
+    }
+    async fn workers(&self) -> Result<Vec<WorkerBeat>> {
+        self.control.workers().await
+    }
 }
 
 #[async_trait]
@@ -591,6 +630,11 @@ pub struct LeaseInfo {
     pub token: FencingToken,
     /// Worker that claimed it.
     pub worker: String,
+    /// Its job's queue and kind (empty when the job record is gone: a lease about to be
+    /// reaped).
+    pub queue: String,
+    /// See `queue`.
+    pub kind: String,
     /// Time since the claim.
     pub age: Duration,
     /// Time left before it expires (zero if already expired and not yet reaped).

@@ -12,6 +12,7 @@ macro_rules! control_cases {
             operator_views_oldest_ready_role_and_journal,
             kept_schedules_and_their_marks,
             results_and_progress_are_kept_for_their_time,
+            worker_beats_list_the_live_workers,
         );
     };
 }
@@ -169,5 +170,52 @@ pub async fn results_and_progress_are_kept_for_their_time(store: Stores) {
     assert_eq!(
         store.result(b).await.unwrap().as_deref(),
         Some(r#"{"ok":2}"#)
+    );
+}
+
+/// Worker heartbeats: each worker listed once with what it last said, stamped by the
+/// coordinator's clock; a beat that lapses drops its worker.
+pub async fn worker_beats_list_the_live_workers(store: Stores) {
+    assert!(store.workers().await.unwrap().is_empty());
+    let beat = |worker: &str, running: usize| WorkerBeat {
+        worker: worker.into(),
+        host: "host-1".into(),
+        pid: 42,
+        version: "0.1.0".into(),
+        queues: vec!["default".into(), "mail".into()],
+        concurrency: 8,
+        running,
+        started_ms: 1,
+        seen_ms: 0,
+    };
+    let long = Duration::from_secs(60);
+    store.beat(beat("w-b", 1), long).await.unwrap();
+    store.beat(beat("w-a", 2), long).await.unwrap();
+    store.beat(beat("w-b", 3), long).await.unwrap();
+    store
+        .beat(beat("w-short", 0), Duration::from_millis(150))
+        .await
+        .unwrap();
+    let now = store.now_ms().await.unwrap() as u64;
+    let workers = store.workers().await.unwrap();
+    let names: Vec<&str> = workers.iter().map(|w| w.worker.as_str()).collect();
+    assert_eq!(names, ["w-a", "w-b", "w-short"]);
+    assert_eq!(workers[1].running, 3, "the latest beat");
+    assert_eq!(workers[1].queues, ["default", "mail"]);
+    assert!(workers
+        .iter()
+        .all(|w| w.seen_ms <= now && w.seen_ms + 10_000 > now));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let names: Vec<String> = store
+        .workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.worker)
+        .collect();
+    assert_eq!(names, ["w-a", "w-b"], "the short beat lapsed");
+    assert!(
+        store.beat(beat("", 0), long).await.is_err(),
+        "a name is checked"
     );
 }

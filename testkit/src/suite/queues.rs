@@ -13,6 +13,8 @@ macro_rules! queue_cases {
             a_rate_limited_queue_hands_out_no_more_than_its_rate,
             cancel_removes_a_queued_job_and_revokes_a_running_one,
             a_capped_kind_never_runs_more_than_its_cap,
+            single_jobs_seen_and_acted_on_one_by_one,
+            only_an_unused_queue_is_forgotten,
         );
     };
 }
@@ -249,6 +251,10 @@ pub async fn cancel_removes_a_queued_job_and_revokes_a_running_one(store: Stores
     let dead = store.dead("c", 10).await.unwrap();
     assert_eq!(dead.len(), 4);
     assert!(dead.iter().all(|d| d.reason == "stop"), "{dead:?}");
+    // Four cancels took effect (three queued, one running); the misses count nothing, and
+    // neither does a job that died on its own.
+    assert_eq!(counts().await.cancelled, 4);
+    assert_eq!(store.counts("elsewhere").await.unwrap().cancelled, 0);
 }
 
 /// `set_concurrency_cap`: claims never start more of a kind than its cap allows while others
@@ -308,4 +314,149 @@ pub async fn a_capped_kind_never_runs_more_than_its_cap(store: Stores) {
             Err(Error::InvalidJob(_))
         ));
     }
+}
+
+/// The operator page's per-job views and actions: where a job is (`job`), the delayed list,
+/// leases with their queue and kind, dead letters by page with their time of death, and
+/// retrying, deleting or running one job without touching the others.
+pub async fn single_jobs_seen_and_acted_on_one_by_one(store: Stores) {
+    let q = |j: NewJob| j.with_queue("v");
+    let hour = Duration::from_secs(3600);
+    let ids = store
+        .enqueue(vec![
+            q(job("a").with_scope("s")),
+            q(job("a").with_scope("s")),
+            q(job("b").with_delay(hour)),
+            q(job("b").with_delay(hour * 2)),
+        ])
+        .await
+        .unwrap();
+    let state = |id| {
+        let store = store.clone();
+        async move { store.job(id).await.unwrap().map(|v| v.state) }
+    };
+    assert_eq!(state(ids[0]).await, Some(JobState::Ready));
+    assert_eq!(state(ids[1]).await, Some(JobState::Waiting));
+    assert_eq!(state(ids[2]).await, Some(JobState::Delayed));
+    assert_eq!(state(JobId::new()).await, None);
+
+    let delayed = store.delayed("v", 10).await.unwrap();
+    let listed: Vec<JobId> = delayed.iter().map(|v| v.job.id).collect();
+    assert_eq!(listed, [ids[2], ids[3]], "soonest due first");
+    let due = delayed[0].due_in.unwrap();
+    assert!(
+        due > hour - Duration::from_secs(60) && due <= hour,
+        "{due:?}"
+    );
+    assert_eq!(delayed[0].job.kind, "b");
+    assert_eq!(store.delayed("v", 1).await.unwrap().len(), 1);
+
+    // Run one delayed job now: it is claimed next, the other stays delayed.
+    assert!(store.run_now(ids[3]).await.unwrap());
+    assert!(!store.run_now(ids[0]).await.unwrap(), "not delayed");
+    assert!(!store.run_now(JobId::new()).await.unwrap());
+    let claims = store.claim("v", "w-1", 10, TTL).await.unwrap();
+    let mut claimed: Vec<JobId> = claims.iter().map(|c| c.job.id).collect();
+    claimed.sort();
+    let mut expect = vec![ids[0], ids[3]];
+    expect.sort();
+    assert_eq!(claimed, expect, "the ready head and the job run now");
+    let view = store.job(ids[3]).await.unwrap().unwrap();
+    assert_eq!(view.state, JobState::Leased);
+    assert!(claims.iter().any(|c| Some(c.lease.id) == view.lease));
+    let leases = store.leases(10).await.unwrap();
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.queue == "v" && (l.kind == "a" || l.kind == "b")),
+        "{leases:?}"
+    );
+    assert_eq!(
+        store.delayed("v", 10).await.unwrap().len(),
+        1,
+        "the other stays delayed"
+    );
+
+    // Both die; the dead letters page and carry their time of death.
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for c in &claims {
+        let reason = format!("bad {}", c.job.id);
+        settle(&store, c.lease.id, Settlement::Dead { reason })
+            .await
+            .unwrap();
+    }
+    let dead = store.dead_range("v", 0, 10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    for d in &dead {
+        let died = d.died_ms.expect("a time of death");
+        // (The coordinator's clock; a minute either way for a remote one.)
+        assert!(
+            died + 60_000 > before && died < before + 60_000,
+            "{died} vs {before}"
+        );
+    }
+    assert_eq!(store.dead_range("v", 1, 10).await.unwrap(), dead[1..]);
+    assert_eq!(store.dead_range("v", 2, 10).await.unwrap(), []);
+    assert_eq!(
+        store.dead_range("v", usize::MAX, usize::MAX).await.unwrap(),
+        []
+    );
+
+    // Retry one, delete the other; each only once; unknown ids change nothing.
+    let (first, second) = (dead[0].job.id, dead[1].job.id);
+    assert!(!store.retry_dead_job("v", JobId::new()).await.unwrap());
+    assert!(
+        !store.retry_dead_job("other", first).await.unwrap(),
+        "wrong queue"
+    );
+    assert!(store.retry_dead_job("v", first).await.unwrap());
+    assert!(!store.retry_dead_job("v", first).await.unwrap(), "once");
+    let revived = store.job(first).await.unwrap().unwrap();
+    assert_eq!(revived.job.attempt, 0, "fresh attempts");
+    assert!(matches!(revived.state, JobState::Ready | JobState::Waiting));
+    assert!(
+        !store.purge_dead_job("v", first).await.unwrap(),
+        "no longer dead"
+    );
+    assert!(store.purge_dead_job("v", second).await.unwrap());
+    assert!(!store.purge_dead_job("v", second).await.unwrap(), "once");
+    assert_eq!(store.counts("v").await.unwrap().dead, 0);
+    assert_eq!(store.job(second).await.unwrap(), None, "deleted for good");
+}
+
+/// `forget_queue`: a queue holding a job (ready, delayed, leased or dead) stays; an unused
+/// one leaves the list with its pause and rate limit, and comes back with its next job.
+pub async fn only_an_unused_queue_is_forgotten(store: Stores) {
+    let q = |name: &str| job("a").with_queue(name);
+    store.enqueue(vec![q("busy"), q("gone")]).await.unwrap();
+    let c = store.claim("gone", "w", 1, TTL).await.unwrap().remove(0);
+    assert!(!store.forget_queue("gone").await.unwrap(), "leased");
+    settle(&store, c.lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    store.set_paused("gone", true).await.unwrap();
+    let limit = RateLimit {
+        jobs: 5,
+        per: Duration::from_secs(1),
+    };
+    store.set_rate_limit("gone", Some(limit)).await.unwrap();
+    assert!(!store.forget_queue("busy").await.unwrap(), "ready");
+    assert!(store.forget_queue("gone").await.unwrap());
+    assert_eq!(store.queues().await.unwrap(), ["busy"]);
+    assert!(store.paused().await.unwrap().is_empty());
+    assert_eq!(store.rate_limit("gone").await.unwrap(), None);
+    assert!(store.forget_queue("never-used").await.unwrap());
+
+    store
+        .enqueue(vec![q("later").with_delay(Duration::from_secs(3600))])
+        .await
+        .unwrap();
+    assert!(!store.forget_queue("later").await.unwrap(), "delayed");
+    let id = store.enqueue(vec![q("gone")]).await.unwrap()[0];
+    assert_eq!(store.queues().await.unwrap(), ["busy", "gone", "later"]);
+    store.cancel(id, "stop").await.unwrap();
+    assert!(!store.forget_queue("gone").await.unwrap(), "dead");
 }

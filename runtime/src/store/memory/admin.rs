@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, QueueCounts, RateLimit};
+use crate::job::{Cancelled, DeadJob, JobState, JobView, QueueCounts, RateLimit};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin};
 
 #[async_trait]
@@ -28,6 +28,7 @@ impl Inspect for MemoryLeaseStore {
                     leased: q.leased,
                     completed: q.completed,
                     dead: q.dead.len() as u64,
+                    cancelled: q.cancelled,
                 }
             })
             .unwrap_or_default())
@@ -40,6 +41,73 @@ impl Inspect for MemoryLeaseStore {
             .get(queue)
             .map(|q| q.dead.iter().take(limit).cloned().collect())
             .unwrap_or_default())
+    }
+
+    async fn dead_range(&self, queue: &str, skip: usize, limit: usize) -> Result<Vec<DeadJob>> {
+        let state = lock(&self.state);
+        Ok(state
+            .queues
+            .get(queue)
+            .map(|q| q.dead.iter().skip(skip).take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        let Some(q) = state.queues.get(queue) else {
+            return Ok(Vec::new());
+        };
+        Ok(q.delayed
+            .iter()
+            .filter_map(|(at, _, id)| {
+                Some(JobView {
+                    job: state.jobs.get(id)?.clone(),
+                    state: JobState::Delayed,
+                    due_in: Some(at.saturating_duration_since(now)),
+                    lease: None,
+                })
+            })
+            .take(limit)
+            .collect())
+    }
+
+    async fn job(&self, job: JobId) -> Result<Option<JobView>> {
+        let now = Instant::now();
+        let state = lock(&self.state);
+        let Some(record) = state.jobs.get(&job) else {
+            return Ok(None);
+        };
+        let mut view = JobView {
+            job: record.clone(),
+            state: JobState::Unplaced,
+            due_in: None,
+            lease: None,
+        };
+        let q = state.queues.get(&record.queue);
+        if let Some((lease, _)) = state.leases.iter().find(|(_, r)| r.job == job) {
+            view.state = JobState::Leased;
+            view.lease = Some(*lease);
+        } else if let Some((at, ..)) =
+            q.and_then(|q| q.delayed.iter().find(|(_, _, id)| *id == job))
+        {
+            view.state = JobState::Delayed;
+            view.due_in = Some(at.saturating_duration_since(now));
+        } else if state.held.contains_key(&job) {
+            view.state = JobState::Held;
+        } else if q
+            .and_then(|q| q.ready.get(&record.kind))
+            .is_some_and(|set| set.iter().any(|k| k.2 == job))
+        {
+            view.state = JobState::Ready;
+        } else if state
+            .scopes
+            .get(&record.scope)
+            .is_some_and(|s| s.waiting.iter().any(|k| k.2 == job))
+        {
+            view.state = JobState::Waiting;
+        }
+        Ok(Some(view))
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -64,7 +132,10 @@ impl Inspect for MemoryLeaseStore {
             .take(limit)
             .filter_map(|(_, _, id)| {
                 let record = state.leases.get(id)?;
+                let job = state.jobs.get(&record.job)?;
                 Some(LeaseInfo {
+                    queue: job.queue.clone(),
+                    kind: job.kind.clone(),
                     lease: *id,
                     job: record.job,
                     scope: state.jobs.get(&record.job)?.scope.clone(),
@@ -169,6 +240,7 @@ impl QueueAdmin for MemoryLeaseStore {
             }
             Cancelled::Removed
         };
+        state.queues.entry(queue).or_default().cancelled += 1;
         state.bury(job, reason.to_owned(), self.dead_retention);
         state.publish_watermark();
         Ok(done)
@@ -199,6 +271,77 @@ impl QueueAdmin for MemoryLeaseStore {
             count += 1;
         }
         Ok(count)
+    }
+
+    async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        if state.jobs.contains_key(&job) {
+            return Ok(false); // its id names a live job again, as `retry_dead` keeps it
+        }
+        let Some(q) = state.queues.get_mut(queue) else {
+            return Ok(false);
+        };
+        let Some(i) = q.dead.iter().position(|d| d.job.id == job) else {
+            return Ok(false);
+        };
+        let Some(DeadJob { mut job, .. }) = q.dead.remove(i) else {
+            return Ok(false);
+        };
+        let id = job.id;
+        job.attempt = 0;
+        job.stalls = 0;
+        state.jobs.insert(id, job);
+        state.park(id, now, now);
+        Ok(true)
+    }
+
+    async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        let mut state = lock(&self.state);
+        let Some(q) = state.queues.get_mut(queue) else {
+            return Ok(false);
+        };
+        let Some(i) = q.dead.iter().position(|d| d.job.id == job) else {
+            return Ok(false);
+        };
+        q.dead.remove(i);
+        Ok(true)
+    }
+
+    async fn run_now(&self, job: JobId) -> Result<bool> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        let Some(queue) = state.jobs.get(&job).map(|j| j.queue.clone()) else {
+            return Ok(false);
+        };
+        let Some(q) = state.queues.get_mut(&queue) else {
+            return Ok(false);
+        };
+        let Some(key) = q.delayed.iter().find(|(_, _, id)| *id == job).copied() else {
+            return Ok(false);
+        };
+        q.delayed.remove(&key);
+        q.delayed.insert((now, key.1, job));
+        state.ready_at.insert(job, now);
+        Ok(true)
+    }
+
+    async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        let mut state = lock(&self.state);
+        let in_use = state.queues.get(queue).is_some_and(|q| {
+            q.ready.values().any(|s| !s.is_empty())
+                || !q.delayed.is_empty()
+                || q.leased > 0
+                || q.waiting > 0
+                || !q.dead.is_empty()
+        }) || state.jobs.values().any(|j| j.queue == queue);
+        if in_use {
+            return Ok(false);
+        }
+        state.queues.remove(queue);
+        state.rates.remove(queue);
+        state.paused.remove(queue);
+        Ok(true)
     }
 
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {

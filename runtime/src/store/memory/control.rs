@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::ids::JobId;
 use crate::schedule::ScheduleSpec;
 use crate::store::{
-    check_role_ttl, check_schedule, unix_ms, ControlStore, RecordStore, RejectionNote,
+    check_role_ttl, check_schedule, unix_ms, ControlStore, RecordStore, RejectionNote, WorkerBeat,
     PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
@@ -34,6 +34,25 @@ impl ControlStore for MemoryLeaseStore {
                 .insert(role.to_owned(), (holder.to_owned(), now + ttl));
         }
         Ok(!held_by_other)
+    }
+
+    async fn beat(&self, mut beat: WorkerBeat, ttl: Duration) -> Result<()> {
+        crate::job::check_name("worker name", &beat.worker)?;
+        beat.seen_ms = unix_ms();
+        let mut state = lock(&self.state);
+        let now = Instant::now();
+        state.workers.retain(|_, (_, until)| *until > now);
+        state.workers.insert(beat.worker.clone(), (beat, now + ttl));
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerBeat>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        state.workers.retain(|_, (_, until)| *until > now);
+        let mut workers: Vec<WorkerBeat> = state.workers.values().map(|(b, _)| b.clone()).collect();
+        workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+        Ok(workers)
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {

@@ -83,6 +83,8 @@ struct LeaseState {
     ready_at: HashMap<JobId, Instant>,
     /// Roles: holder and until when.
     roles: HashMap<String, (String, Instant)>,
+    /// Worker processes by name: their last beat and until when it holds.
+    workers: HashMap<String, (crate::store::WorkerBeat, Instant)>,
     /// Fence rejections, newest first.
     rejections: VecDeque<RejectionNote>,
     /// Unique keys: the job holding each, and until when once that job is done (`None`
@@ -134,6 +136,8 @@ struct QueueState {
     waiting: u64,
     completed: u64,
     dead: VecDeque<DeadJob>,
+    /// Jobs cancelled (`cancel`), ever.
+    cancelled: u64,
 }
 
 impl QueueState {
@@ -640,7 +644,11 @@ impl LeaseState {
             // (A dead letter is a plain job again, as on Redis: retried, it runs outside
             // its flow, which recorded its end already.)
             let job = Job { flow: None, ..job };
-            q.dead.push_back(DeadJob { job, reason });
+            q.dead.push_back(DeadJob {
+                job,
+                reason,
+                died_ms: Some(crate::store::unix_ms()),
+            });
             while q.dead.len() > retention {
                 q.dead.pop_front();
             }

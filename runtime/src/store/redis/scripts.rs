@@ -89,17 +89,19 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
 }
 
 /// One row of `leases.lua`: `{lease, job, scope, epoch, counter, worker, age ms, expires in
-/// ms}`.
+/// ms, queue, kind}`.
 pub(super) fn decode_lease_row(row: Vec<String>) -> Result<LeaseInfo> {
     let millis = |s: &str| parse::<i64>(s).map(|ms| Duration::from_millis(ms.max(0) as u64));
-    let [lease, job, scope, epoch, counter, worker, age, expires_in] =
-        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad lease row {r:?}")))?;
+    let [lease, job, scope, epoch, counter, worker, age, expires_in, queue, kind] =
+        <[String; 10]>::try_from(row).map_err(|r| garbage(format_args!("bad lease row {r:?}")))?;
     Ok(LeaseInfo {
         lease: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
         job: JobId::from(parse::<uuid::Uuid>(&job)?),
         scope: Scope::new(scope),
         token: token(&epoch, &counter)?,
         worker,
+        queue,
+        kind,
         age: millis(&age)?,
         expires_in: millis(&expires_in)?,
     })

@@ -10,10 +10,11 @@ use serde::Deserialize;
 
 use super::RedisLeaseStore;
 use crate::error::Result;
+use crate::ids::LeaseId;
 use crate::ids::{JobId, Scope};
-use crate::job::{Cancelled, DeadJob, Job, QueueCounts, RateLimit};
-use crate::store::redis::connection::garbage;
-use crate::store::redis::scripts::{coordinator_script, decode_lease_row, decode_watermark};
+use crate::job::{Cancelled, DeadJob, Job, JobState, JobView, QueueCounts, RateLimit};
+use crate::store::redis::connection::{garbage, parse};
+use crate::store::redis::scripts::{coordinator_script, decode_lease_row, decode_watermark, Meta};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin};
 
 static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
@@ -22,12 +23,93 @@ static OLDEST: LazyLock<Script> = coordinator_script!("oldest.lua");
 static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
 static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
+static DEAD_JOB: LazyLock<Script> = coordinator_script!("dead_job.lua");
+static RUN_NOW: LazyLock<Script> = coordinator_script!("run_now.lua");
+static FORGET_QUEUE: LazyLock<Script> = coordinator_script!("forget_queue.lua");
+static VIEW: LazyLock<Script> = coordinator_script!("view.lua");
+
+/// One dead-letter record as `bury` (common.lua) writes it.
+#[derive(Deserialize)]
+struct DeadRecord {
+    id: JobId,
+    queue: String,
+    kind: String,
+    payload: String,
+    scope: Scope,
+    attempt: u32,
+    stalls: u32,
+    max_attempts: u32,
+    max_stalls: u32,
+    reason: String,
+    /// Absent in a record an earlier version wrote.
+    #[serde(default)]
+    died: Option<u64>,
+}
+
+impl DeadRecord {
+    fn decode(raw: &str) -> Result<DeadJob> {
+        let r: Self = serde_json::from_str(raw).map_err(garbage)?;
+        Ok(DeadJob {
+            job: Job {
+                id: r.id,
+                queue: r.queue,
+                kind: r.kind,
+                payload: r.payload,
+                scope: r.scope,
+                attempt: r.attempt,
+                stalls: r.stalls,
+                max_attempts: r.max_attempts,
+                max_stalls: r.max_stalls,
+                flow: None,
+            },
+            reason: r.reason,
+            died_ms: r.died,
+        })
+    }
+}
+
+/// One row of `view.lua`: `{id, meta, queue, attempt, stalls, state, due in ms, lease}`.
+fn decode_view(row: Vec<String>) -> Result<JobView> {
+    let [id, meta, queue, attempt, stalls, state, due, lease] =
+        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
+    let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
+    let id = JobId::from(parse::<uuid::Uuid>(&id)?);
+    let state = match state.as_str() {
+        "ready" => JobState::Ready,
+        "waiting" => JobState::Waiting,
+        "delayed" => JobState::Delayed,
+        "leased" => JobState::Leased,
+        "held" => JobState::Held,
+        _ => JobState::Unplaced,
+    };
+    Ok(JobView {
+        job: Job {
+            id,
+            queue,
+            kind: meta.kind,
+            payload: meta.payload,
+            scope: meta.scope.unwrap_or_else(|| Scope::of_job(id)),
+            attempt: parse(&attempt)?,
+            stalls: parse(&stalls)?,
+            max_attempts: meta.max_attempts,
+            max_stalls: meta.max_stalls,
+            flow: meta.flow,
+        },
+        state,
+        due_in: (!due.is_empty())
+            .then(|| parse::<u64>(&due).map(Duration::from_millis))
+            .transpose()?,
+        lease: (!lease.is_empty())
+            .then(|| parse::<uuid::Uuid>(&lease).map(LeaseId::from))
+            .transpose()?,
+    })
+}
 
 #[async_trait]
 impl Inspect for RedisLeaseStore {
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let mut conn = self.conn().await?;
-        let [ready, waiting, delayed, leased, completed, dead]: [u64; 6] = COUNTS
+        let [ready, waiting, delayed, leased, completed, dead, cancelled]: [u64; 7] = COUNTS
             .key(&self.base)
             .arg(queue)
             .invoke_async(&mut conn)
@@ -40,54 +122,62 @@ impl Inspect for RedisLeaseStore {
             leased,
             completed,
             dead,
+            cancelled,
         })
     }
 
     async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {
-        #[derive(Deserialize)]
-        struct Record {
-            id: JobId,
-            queue: String,
-            kind: String,
-            payload: String,
-            scope: Scope,
-            attempt: u32,
-            stalls: u32,
-            max_attempts: u32,
-            max_stalls: u32,
-            reason: String,
-        }
+        self.dead_range(queue, 0, limit).await
+    }
+
+    async fn dead_range(&self, queue: &str, skip: usize, limit: usize) -> Result<Vec<DeadJob>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let mut conn = self.conn().await?;
+        // LRANGE's bounds are signed 64-bit: past them, nothing is there to read.
+        let (Ok(first), Ok(last)) = (
+            i64::try_from(skip),
+            i64::try_from(skip.saturating_add(limit - 1)),
+        ) else {
+            return Ok(Vec::new());
+        };
         let raw: Vec<String> = redis::cmd("LRANGE")
             .arg(format!("{}q:{queue}:dead", self.base))
-            .arg(0)
-            .arg(limit - 1)
+            .arg(first)
+            .arg(last)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        raw.iter()
-            .map(|r| {
-                let r: Record = serde_json::from_str(r).map_err(garbage)?;
-                Ok(DeadJob {
-                    job: Job {
-                        id: r.id,
-                        queue: r.queue,
-                        kind: r.kind,
-                        payload: r.payload,
-                        scope: r.scope,
-                        attempt: r.attempt,
-                        stalls: r.stalls,
-                        max_attempts: r.max_attempts,
-                        max_stalls: r.max_stalls,
-                        flow: None,
-                    },
-                    reason: r.reason,
-                })
-            })
-            .collect()
+        raw.iter().map(|r| DeadRecord::decode(r)).collect()
+    }
+
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = VIEW
+            .key(&self.base)
+            .arg("delayed")
+            .arg(queue)
+            .arg(limit.min(i64::MAX as usize))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter().map(decode_view).collect()
+    }
+
+    async fn job(&self, job: JobId) -> Result<Option<JobView>> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = VIEW
+            .key(&self.base)
+            .arg("job")
+            .arg(job.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter().next().map(decode_view).transpose()
     }
 
     async fn queues(&self) -> Result<Vec<String>> {
@@ -124,6 +214,23 @@ impl Inspect for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         Ok(u64::try_from(ms).ok().map(Duration::from_millis))
+    }
+}
+
+impl RedisLeaseStore {
+    /// `dead_job.lua`: `action` is `retry` or `purge`.
+    async fn dead_job(&self, queue: &str, job: JobId, action: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let done: i64 = DEAD_JOB
+            .key(&self.base)
+            .arg(queue)
+            .arg(job.to_string())
+            .arg(action)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(done == 1)
     }
 }
 
@@ -186,6 +293,38 @@ impl QueueAdmin for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        self.dead_job(queue, job, "retry").await
+    }
+
+    async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        self.dead_job(queue, job, "purge").await
+    }
+
+    async fn run_now(&self, job: JobId) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let done: i64 = RUN_NOW
+            .key(&self.base)
+            .arg(job.to_string())
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(done == 1)
+    }
+
+    async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let done: i64 = FORGET_QUEUE
+            .key(&self.base)
+            .arg(queue)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(done == 1)
     }
 
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {

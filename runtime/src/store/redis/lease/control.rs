@@ -9,11 +9,12 @@ use deadpool_redis::redis::{self, Script};
 use super::RedisLeaseStore;
 use crate::error::Result;
 use crate::ids::JobId;
+use crate::job::MAX_DELAY;
 use crate::schedule::ScheduleSpec;
 use crate::store::redis::connection::garbage;
 use crate::store::{
-    check_role_ttl, check_schedule, ControlStore, RecordStore, RejectionNote, PROGRESS_RETENTION,
-    REJECTION_JOURNAL,
+    check_role_ttl, check_schedule, ControlStore, RecordStore, RejectionNote, WorkerBeat,
+    PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
 /// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
@@ -44,6 +45,38 @@ static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Registers a worker: KEYS[1] the base, ARGV name, beat JSON, ttl ms. Keeps
+/// `workers` (name -> "<ms, Redis clock> TAB <JSON>") and `workers:seen` (name -> expiry),
+/// and forgets up to 100 lapsed workers. Keys of another type are refused before any change.
+static BEAT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local w, seen = KEYS[1] .. 'workers', KEYS[1] .. 'workers:seen' \
+         local tw, ts = redis.call('TYPE', w).ok, redis.call('TYPE', seen).ok \
+         if (tw ~= 'none' and tw ~= 'hash') or (ts ~= 'none' and ts ~= 'zset') then \
+           return redis.error_reply('PALISADE_CORRUPT ' .. w .. ' or ' .. seen .. ' holds another type') end \
+         local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         for _, gone in ipairs(redis.call('ZRANGEBYSCORE', seen, '-inf', now, 'LIMIT', 0, 100)) do \
+           redis.call('HDEL', w, gone) redis.call('ZREM', seen, gone) end \
+         redis.call('HSET', w, ARGV[1], string.format('%d', now) .. '\t' .. ARGV[2]) \
+         redis.call('ZADD', seen, now + tonumber(ARGV[3]), ARGV[1]) \
+         return 0",
+    )
+});
+/// The live workers' records (see `BEAT`), by the Redis clock. Read-only.
+static WORKERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local names = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'workers:seen', '(' .. now, '+inf') \
+         if #names == 0 then return {} end \
+         local out = {} \
+         for i, v in ipairs(redis.call('HMGET', KEYS[1] .. 'workers', unpack(names))) do \
+           if v then out[#out + 1] = v end end \
+         return out",
+    )
+});
+
 #[async_trait]
 impl ControlStore for RedisLeaseStore {
     async fn now_ms(&self) -> Result<i64> {
@@ -68,6 +101,40 @@ impl ControlStore for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         Ok(held == 1)
+    }
+
+    async fn beat(&self, beat: WorkerBeat, ttl: Duration) -> Result<()> {
+        crate::job::check_name("worker name", &beat.worker)?;
+        let json = serde_json::to_string(&beat).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        BEAT.key(&self.base)
+            .arg(&beat.worker)
+            .arg(json)
+            .arg(ttl.as_millis().clamp(1, MAX_DELAY.as_millis()) as u64)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerBeat>> {
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = WORKERS
+            .key(&self.base)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // A record that does not parse (a newer version's) does not hide the others.
+        let mut workers: Vec<WorkerBeat> = raw
+            .iter()
+            .filter_map(|r| {
+                let (seen, json) = r.split_once('\t')?;
+                let mut beat: WorkerBeat = serde_json::from_str(json).ok()?;
+                beat.seen_ms = seen.parse().ok()?;
+                Some(beat)
+            })
+            .collect();
+        workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+        Ok(workers)
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {

@@ -1,0 +1,49 @@
+-- view.lua: live jobs and where they are, for operators (read-only).
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  "job" (ARGV[2] a job id) or "delayed" (ARGV[2] a queue, ARGV[3] most jobs)
+-- Returns  one array per job: {id, meta JSON, queue, attempt, stalls, state, due in ms ("" if
+--          not delayed), lease id ("" if not leased)}; state is ready, waiting, delayed,
+--          leased, held or unplaced. "job" returns at most one (none for a job that is not
+--          live); "delayed" the queue's delayed jobs, soonest due first.
+-- Errors   none: a key of another type reads as empty
+local base = KEYS[1]
+local now = now_ms()
+local function zscore(key, member)
+  local s = redis.pcall('ZSCORE', key, member)
+  return type(s) == 'string' and s or nil
+end
+local function view(id)
+  local f = fields(base .. 'job:' .. id, 'meta', 'queue', 'kind', 'scope', 'attempt', 'stalls',
+    'lease')
+  if not f[1] or not f[2] then
+    return nil
+  end
+  local state, due, lease = 'unplaced', '', ''
+  local entry = f[7] and redis.pcall('HGET', base .. 'lease_job', f[7])
+  local at = zscore(base .. 'q:' .. f[2] .. ':delayed', id)
+  if type(entry) == 'string' and job_of(entry) == id then
+    state, lease = 'leased', f[7]
+  elseif at then
+    state, due = 'delayed', fmt(math.max(0, tonumber(at) - now))
+  elseif zscore(base .. 'held', id) then
+    state = 'held'
+  elseif f[3] and zscore(ready_key(base, f[2], f[3]), id) then
+    state = 'ready'
+  elseif f[4] and zscore(base .. 'wait:' .. f[4], id) then
+    state = 'waiting'
+  end
+  return { id, f[1], f[2], f[5] or '0', f[6] or '0', state, due, lease }
+end
+local out = {}
+if ARGV[1] == 'job' then
+  out[1] = view(ARGV[2])
+else
+  local ids = redis.pcall('ZRANGE', base .. 'q:' .. ARGV[2] .. ':delayed', 0,
+    tonumber(ARGV[3]) - 1)
+  if type(ids) == 'table' and not ids.err then
+    for _, id in ipairs(ids) do
+      out[#out + 1] = view(id)
+    end
+  end
+end
+return out
