@@ -1,0 +1,1126 @@
+//! `ui`: the operator console — dashboard, queues (pause, rate limits, caps), busy workers
+//! and leases, delayed jobs, dead letters (search, pages, one or all retried or deleted),
+//! flows, schedules, fence rejections and a page per job.
+//!
+//! Server-side rendered (maud, `pages.rs`), no script at all: each page is read from the
+//! coordinator when it is requested, and "live" reloads it with a `Refresh` header, so the
+//! Content-Security-Policy forbids every script. Buttons are POST forms carrying a
+//! per-process CSRF token and checked for their origin, so another site cannot make an
+//! operator's browser press them (with basic auth the browser would send the credentials);
+//! every action redirects to a page of its own choosing (POST-redirect-GET, no redirect to a
+//! place the request names).
+
+mod pages;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use axum::extract::{Path, Query, RawQuery, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use base64::Engine as _;
+use maud::Markup;
+use serde::Deserialize;
+use subtle::ConstantTimeEq as _;
+
+use super::{redacted, RedisArgs};
+use crate::ids::{FlowId, JobId};
+use crate::job::{DeadJob, RateLimit};
+use crate::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
+use pages::{Frame, QueueRow};
+
+/// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
+/// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
+pub(crate) const BULK_CHUNK: usize = 500;
+
+/// Dead letters a search or a job lookup reads per queue, newest first.
+pub(crate) const DEAD_SCAN: usize = 5_000;
+
+/// Live leases read for the busy page and the per-kind running counts.
+const LEASE_SCAN: usize = 10_000;
+
+/// `ui` flags.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct UiArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Address to serve the page on. Anything but a loopback address requires --basic-auth.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// `user:password` the page asks for (HTTP basic auth; use TLS in front of it off the
+    /// host).
+    #[arg(
+        long,
+        env = "PALISADE_UI_AUTH",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
+    basic_auth: Option<String>,
+    /// Rows shown per table (live leases, rejections, a page of dead or delayed jobs).
+    #[arg(long, default_value_t = 50)]
+    rows: usize,
+    /// A host name (with port, as browsers send it: `ops.example:8080`) the page may be
+    /// reached by besides the listen address and localhost; repeatable. Requests naming any
+    /// other host are refused (DNS rebinding).
+    #[arg(long = "public-host", value_name = "HOST:PORT")]
+    public_hosts: Vec<String>,
+}
+/// The server's state.
+struct Ui {
+    store: Stores,
+    source: String,
+    rows: usize,
+    /// Random per process: a form from an earlier run (or another site) is refused.
+    csrf: String,
+    /// `Basic <base64(user:password)>`, when the page asks for it.
+    authorization: Option<String>,
+    /// Host header values accepted (lower case).
+    hosts: Vec<String>,
+    /// Outcomes of recent actions, shown once after the redirect: the page shows only text
+    /// it wrote itself, never text from the URL.
+    flash: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
+}
+
+impl Ui {
+    /// Keeps `msg` for the redirect and returns its id.
+    fn flash(&self, msg: String) -> String {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut flash = self.flash.lock().unwrap_or_else(|p| p.into_inner());
+        flash.push_back((id.clone(), msg));
+        while flash.len() > 64 {
+            flash.pop_front();
+        }
+        id
+    }
+
+    fn take_flash(&self, id: &str) -> Option<String> {
+        let mut flash = self.flash.lock().unwrap_or_else(|p| p.into_inner());
+        let i = flash.iter().position(|(k, _)| k == id)?;
+        flash.remove(i).map(|(_, msg)| msg)
+    }
+
+    /// The frame of a page at `path` (with its raw query).
+    async fn frame(
+        &self,
+        active: &'static str,
+        title: String,
+        path: &str,
+        query: Option<&str>,
+    ) -> crate::Result<Frame<'_>> {
+        let mut live = false;
+        let mut msg = None;
+        let mut kept = Vec::new();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            match &*k {
+                "live" => live = v == "1",
+                "flash" => msg = self.take_flash(&v),
+                _ => kept.push((k.into_owned(), v.into_owned())),
+            }
+        }
+        let here = if kept.is_empty() {
+            path.to_owned()
+        } else {
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(kept)
+                .finish();
+            format!("{path}?{query}")
+        };
+        Ok(Frame {
+            active,
+            title,
+            source: &self.source,
+            csrf: &self.csrf,
+            msg,
+            here,
+            live,
+            now_ms: u64::try_from(self.store.now_ms().await?).unwrap_or_default(),
+        })
+    }
+
+    /// Every queue with its counts, age of the next ready job, pause and rate limit.
+    async fn queue_rows(&self) -> crate::Result<Vec<QueueRow>> {
+        let paused = self.store.paused().await?;
+        let mut rows = Vec::new();
+        for queue in self.store.queues().await? {
+            rows.push(QueueRow {
+                counts: self.store.counts(&queue).await?,
+                oldest: self.store.oldest_ready(&queue).await?,
+                paused: paused.contains(&queue),
+                limit: self.store.rate_limit(&queue).await?,
+                name: queue,
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Queues that have dead jobs, with how many.
+    async fn dead_counts(&self) -> crate::Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for queue in self.store.queues().await? {
+            let dead = self.store.counts(&queue).await?.dead;
+            if dead > 0 {
+                out.push((queue, dead));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest `n` dead jobs of `queue` (at most), newest first.
+    async fn newest_dead(&self, queue: &str, total: u64, n: usize) -> crate::Result<Vec<DeadJob>> {
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        let mut rows = self
+            .store
+            .dead_range(queue, total.saturating_sub(n), n)
+            .await?;
+        rows.reverse();
+        Ok(rows)
+    }
+}
+
+/// A page, or the error that kept it from being read.
+fn respond(page: crate::Result<Markup>, live: bool) -> Response {
+    match page {
+        Ok(markup) => {
+            let mut response = markup.into_response();
+            if live {
+                // Reloads the page without a script: the policy forbids every script.
+                response
+                    .headers_mut()
+                    .insert(header::REFRESH, HeaderValue::from_static("5"));
+            }
+            response
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ui: reading the coordinator failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the coordinator: {e}\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Whether the raw query asks for live reloading.
+fn is_live(query: Option<&str>) -> bool {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .any(|(k, v)| k == "live" && v == "1")
+}
+
+async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui.frame("/", "Dashboard".into(), "/", q.as_deref()).await?;
+        let d = pages::Dashboard {
+            queues: ui.queue_rows().await?,
+            workers: ui.store.workers().await?.len(),
+            leases: ui.store.leases(LEASE_SCAN).await?.len(),
+            flows_running: ui.store.running_flows(0).await?.0,
+            rejections: ui.store.rejections(5).await?,
+        };
+        Ok(pages::dashboard(&frame, &d))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/queues", "Queues".into(), "/queues", q.as_deref())
+            .await?;
+        let mut kinds: BTreeMap<String, (Option<u32>, usize)> = BTreeMap::new();
+        for (kind, cap) in ui.store.concurrency_caps().await? {
+            kinds.entry(kind).or_default().0 = Some(cap);
+        }
+        for lease in ui.store.leases(LEASE_SCAN).await? {
+            if !lease.kind.is_empty() {
+                kinds.entry(lease.kind).or_default().1 += 1;
+            }
+        }
+        let v = pages::QueuesView {
+            queues: ui.queue_rows().await?,
+            kinds,
+        };
+        Ok(pages::queues(&frame, &v))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+async fn busy(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/busy", "Busy".into(), "/busy", q.as_deref())
+            .await?;
+        let workers = ui.store.workers().await?;
+        let mut leases = Vec::new();
+        for lease in ui.store.leases(ui.rows).await? {
+            let progress = ui.store.progress(lease.job).await?;
+            leases.push((lease, progress));
+        }
+        Ok(pages::busy(&frame, &workers, &leases))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ListQuery {
+    queue: Option<String>,
+    q: String,
+    page: usize,
+    retries: Option<String>,
+}
+
+async fn delayed(
+    State(ui): State<Arc<Ui>>,
+    Query(lq): Query<ListQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let page = async {
+        let frame = ui
+            .frame(
+                "/delayed",
+                "Delayed and retries".into(),
+                "/delayed",
+                q.as_deref(),
+            )
+            .await?;
+        let mut queues = Vec::new();
+        for queue in ui.store.queues().await? {
+            let n = ui.store.counts(&queue).await?.delayed;
+            queues.push((queue, n));
+        }
+        // The first queue with delayed jobs, when none is chosen.
+        let queue = lq
+            .queue
+            .clone()
+            .or_else(|| queues.iter().find(|(_, n)| *n > 0).map(|(q, _)| q.clone()));
+        let retries_only = lq.retries.is_some();
+        let mut jobs = match &queue {
+            Some(queue) => {
+                ui.store
+                    .delayed(
+                        queue,
+                        ui.rows.saturating_mul(if retries_only { 20 } else { 1 }),
+                    )
+                    .await?
+            }
+            None => Vec::new(),
+        };
+        if retries_only {
+            jobs.retain(|v| v.job.attempt > 0);
+            jobs.truncate(ui.rows);
+        }
+        Ok(pages::delayed(
+            &frame,
+            &queues,
+            queue.as_deref(),
+            &jobs,
+            retries_only,
+        ))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+async fn dead(
+    State(ui): State<Arc<Ui>>,
+    Query(lq): Query<ListQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/dead", "Dead jobs".into(), "/dead", q.as_deref())
+            .await?;
+        let queues = ui.dead_counts().await?;
+        let rows = ui.rows;
+        let mut v = pages::DeadView {
+            queue: lq.queue.clone(),
+            search: lq.q.trim().to_owned(),
+            page: lq.page.max(1),
+            pages: 1,
+            rows: Vec::new(),
+            searched: None,
+            queues,
+        };
+        match &v.queue {
+            None => {
+                // Every queue's newest, merged by time of death.
+                for (queue, n) in &v.queues {
+                    v.rows.extend(ui.newest_dead(queue, *n, rows).await?);
+                }
+                v.rows.sort_by_key(|d| std::cmp::Reverse(d.died_ms));
+                v.rows.truncate(rows);
+            }
+            Some(queue) => {
+                let total = ui.store.counts(queue).await?.dead;
+                if v.search.is_empty() {
+                    let total = usize::try_from(total).unwrap_or(usize::MAX);
+                    v.pages = total.div_ceil(rows).max(1);
+                    v.page = v.page.min(v.pages);
+                    // Newest first: page 1 is the end of the list.
+                    let end = total.saturating_sub((v.page - 1) * rows);
+                    let mut page = ui
+                        .store
+                        .dead_range(queue, end.saturating_sub(rows), end.min(rows))
+                        .await?;
+                    page.reverse();
+                    v.rows = page;
+                } else {
+                    let needle = v.search.to_lowercase();
+                    let scanned = ui.newest_dead(queue, total, DEAD_SCAN).await?;
+                    v.searched = Some(scanned.len());
+                    let hits: Vec<DeadJob> = scanned
+                        .into_iter()
+                        .filter(|d| {
+                            d.job.id.to_string().contains(&needle)
+                                || d.job.kind.to_lowercase().contains(&needle)
+                                || d.reason.to_lowercase().contains(&needle)
+                                || d.job.payload.to_lowercase().contains(&needle)
+                        })
+                        .collect();
+                    v.pages = hits.len().div_ceil(rows).max(1);
+                    v.page = v.page.min(v.pages);
+                    v.rows = hits
+                        .into_iter()
+                        .skip((v.page - 1) * rows)
+                        .take(rows)
+                        .collect();
+                }
+            }
+        }
+        Ok(pages::dead(&frame, &v))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+#[derive(Deserialize)]
+struct ConfirmQuery {
+    queue: String,
+    action: String,
+}
+
+async fn confirm(
+    State(ui): State<Arc<Ui>>,
+    Query(cq): Query<ConfirmQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let retry = match cq.action.as_str() {
+        "retry" => true,
+        "purge" => false,
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    let page = async {
+        let title = if retry {
+            "Retry all dead jobs"
+        } else {
+            "Delete all dead jobs"
+        };
+        let frame = ui
+            .frame("/dead", title.into(), "/dead/confirm", q.as_deref())
+            .await?;
+        let n = ui.store.counts(&cq.queue).await?.dead;
+        Ok(pages::confirm(&frame, &cq.queue, retry, n))
+    };
+    respond(page.await, false)
+}
+
+async fn flows(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/flows", "Flows".into(), "/flows", q.as_deref())
+            .await?;
+        let (running, listed) = ui.store.running_flows(ui.rows).await?;
+        Ok(pages::flows(&frame, running, &listed))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+async fn flow(
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let Ok(id) = id.parse::<uuid::Uuid>().map(FlowId::from) else {
+        return (StatusCode::NOT_FOUND, "not a flow id\n").into_response();
+    };
+    let page = async {
+        let frame = ui
+            .frame(
+                "/flows",
+                format!("Flow {id}"),
+                &format!("/flow/{id}"),
+                q.as_deref(),
+            )
+            .await?;
+        match ui.store.flow(id).await? {
+            Some(status) => Ok(Some(pages::flow(&frame, &status))),
+            None => Ok(None),
+        }
+    };
+    match page.await {
+        Ok(Some(markup)) => respond(Ok(markup), is_live(q.as_deref())),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            "no such flow (or it finished and expired)\n",
+        )
+            .into_response(),
+        Err(e) => respond(Err(e), false),
+    }
+}
+
+async fn schedules(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/schedules", "Schedules".into(), "/schedules", q.as_deref())
+            .await?;
+        let now = ui.store.now_ms().await?;
+        let mut rows = Vec::new();
+        for spec in ui.store.schedules().await? {
+            let mark = ui.store.schedule_mark(&spec.name).await?;
+            // A kept spec that no longer parses still shows, without a next tick.
+            let next = crate::Schedule::try_from(spec.clone())
+                .ok()
+                .and_then(|s| s.next_fired(mark, now));
+            rows.push((spec, mark, next));
+        }
+        Ok(pages::schedules(&frame, &rows))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+async fn rejections(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let page = async {
+        let frame = ui
+            .frame(
+                "/rejections",
+                "Fence rejections".into(),
+                "/rejections",
+                q.as_deref(),
+            )
+            .await?;
+        Ok(pages::rejections(
+            &frame,
+            &ui.store.rejections(ui.rows).await?,
+        ))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+#[derive(Deserialize)]
+struct FindQuery {
+    id: String,
+}
+
+/// `GET /job?id=…`: the search box in the header.
+async fn find_job(Query(f): Query<FindQuery>) -> Response {
+    match f.id.trim().parse::<uuid::Uuid>() {
+        Ok(id) => Redirect::to(&format!("/job/{id}")).into_response(),
+        Err(_) => (StatusCode::BAD_REQUEST, "not a job id (a UUID)\n").into_response(),
+    }
+}
+
+async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> Response {
+    let Ok(id) = id.parse::<uuid::Uuid>().map(JobId::from) else {
+        return (StatusCode::NOT_FOUND, "not a job id\n").into_response();
+    };
+    let page = async {
+        let frame = ui
+            .frame("", format!("Job {id}"), &format!("/job/{id}"), q.as_deref())
+            .await?;
+        let live = ui.store.job(id).await?;
+        let lease = match live.as_ref().and_then(|v| v.lease) {
+            Some(lease) => ui
+                .store
+                .leases(LEASE_SCAN)
+                .await?
+                .into_iter()
+                .find(|l| l.lease == lease),
+            None => None,
+        };
+        let mut dead = None;
+        if live.is_none() {
+            for (queue, n) in ui.dead_counts().await? {
+                if let Some(d) = ui
+                    .newest_dead(&queue, n, DEAD_SCAN)
+                    .await?
+                    .into_iter()
+                    .find(|d| d.job.id == id)
+                {
+                    dead = Some(d);
+                    break;
+                }
+            }
+        }
+        let p = pages::JobPage {
+            id,
+            live,
+            lease,
+            dead,
+            result: ui.store.result(id).await?,
+            progress: ui.store.progress(id).await?,
+        };
+        Ok(pages::job(&frame, &p))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+/// Every action's fields; each action reads the ones it needs.
+#[derive(Deserialize)]
+struct ActionForm {
+    csrf: String,
+    queue: Option<String>,
+    kind: Option<String>,
+    job: Option<String>,
+    jobs: Option<String>,
+    per: Option<String>,
+    cap: Option<String>,
+    schedule: Option<String>,
+    expected: Option<String>,
+    confirm: Option<String>,
+    back: Option<String>,
+}
+
+/// Checks the form's CSRF token, and that a browser that names the form's origin names this
+/// host.
+fn checked(ui: &Ui, headers: &HeaderMap, form: &ActionForm) -> bool {
+    let token_ok: bool = form.csrf.as_bytes().ct_eq(ui.csrf.as_bytes()).into();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin_ok = match headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
+        None | Some("null") => true,
+        Some(origin) => host.is_some_and(|h| origin.split("://").nth(1) == Some(h)),
+    };
+    token_ok && origin_ok
+}
+
+fn refused() -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        "refused: stale or foreign form; reload the page\n",
+    )
+        .into_response()
+}
+
+/// A form field the action needs, or the message saying it is missing or wrong.
+fn field<'a>(value: &'a Option<String>, what: &str) -> Result<&'a str, String> {
+    value
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| format!("Nothing done: {what} is missing."))
+}
+
+fn job_field(form: &ActionForm) -> Result<JobId, String> {
+    field(&form.job, "the job")?
+        .parse::<uuid::Uuid>()
+        .map(JobId::from)
+        .map_err(|_| "Nothing done: the job is not a job id.".to_owned())
+}
+
+/// `POST /act/{op}`: one operator action, then back to the page that shows its effect.
+async fn act(
+    State(ui): State<Arc<Ui>>,
+    Path(op): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if !checked(&ui, &headers, &form) {
+        return refused();
+    }
+    let (msg, back) = match perform(&ui, &op, &form).await {
+        Ok(Some(done)) => done,
+        Ok(None) => return StatusCode::NOT_FOUND.into_response(),
+        Err(msg) => (msg, "/".to_owned()),
+    };
+    tracing::info!(op = %op, outcome = %msg, "ui: operator action");
+    let sep = if back.contains('?') { '&' } else { '?' };
+    // POST-redirect-GET: a reload does not repeat the action.
+    Redirect::to(&format!("{back}{sep}flash={}", ui.flash(msg))).into_response()
+}
+
+/// Does `op`; the message to show and the page to show it on, `None` for an unknown op.
+async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String, String)>, String> {
+    let store = &ui.store;
+    let failed = |e: crate::Error| format!("Nothing done: {e}");
+    let queue_page = |q: &str| format!("/queues#q-{}", pages::enc(q));
+    let dead_page = |q: &str| format!("/dead?queue={}", pages::enc(q));
+    let done = match op {
+        "pause" | "resume" => {
+            let queue = field(&form.queue, "the queue")?;
+            store
+                .set_paused(queue, op == "pause")
+                .await
+                .map_err(failed)?;
+            let what = if op == "pause" { "Paused" } else { "Resumed" };
+            (format!("{what} queue {queue}."), "/queues".to_owned())
+        }
+        "limit" => {
+            let queue = field(&form.queue, "the queue")?;
+            let limit = match form
+                .jobs
+                .as_deref()
+                .map(str::trim)
+                .filter(|j| !j.is_empty())
+            {
+                None => None,
+                Some(jobs) => {
+                    let jobs: u32 = jobs.parse().map_err(|_| {
+                        format!("Nothing done: {jobs:?} jobs is not a whole number.")
+                    })?;
+                    let per: f64 = field(&form.per, "the period")?.parse().map_err(|_| {
+                        "Nothing done: the period is not a number of seconds.".to_owned()
+                    })?;
+                    let per = Duration::try_from_secs_f64(per).map_err(|_| {
+                        "Nothing done: the period is not a number of seconds.".to_owned()
+                    })?;
+                    Some(RateLimit { jobs, per })
+                }
+            };
+            store.set_rate_limit(queue, limit).await.map_err(failed)?;
+            let msg = match limit {
+                Some(l) => format!(
+                    "Queue {queue} limited to {} job(s) per {:?}.",
+                    l.jobs, l.per
+                ),
+                None => format!("Queue {queue} has no rate limit now."),
+            };
+            (msg, queue_page(queue))
+        }
+        "forget" => {
+            let queue = field(&form.queue, "the queue")?;
+            let msg = if store.forget_queue(queue).await.map_err(failed)? {
+                format!("Forgot queue {queue}.")
+            } else {
+                format!("Kept queue {queue}: it still holds jobs.")
+            };
+            (msg, "/queues".to_owned())
+        }
+        "cap" => {
+            let kind = field(&form.kind, "the kind")?;
+            let cap = match form.cap.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+                None => None,
+                Some(cap) => Some(
+                    cap.parse::<u32>()
+                        .map_err(|_| format!("Nothing done: cap {cap:?} is not a whole number."))?,
+                ),
+            };
+            store.set_concurrency_cap(kind, cap).await.map_err(failed)?;
+            let msg = match cap {
+                Some(cap) => format!("Kind {kind} capped at {cap} running at once."),
+                None => format!("Kind {kind} is not capped now."),
+            };
+            (msg, "/queues#kinds".to_owned())
+        }
+        "run-now" => {
+            let job = job_field(form)?;
+            let msg = if store.run_now(job).await.map_err(failed)? {
+                format!("Job {job} is due now.")
+            } else {
+                format!("Job {job} was not delayed: nothing done.")
+            };
+            (msg, back_to(form, job))
+        }
+        "cancel" => {
+            let job = job_field(form)?;
+            let msg = match store
+                .cancel(job, "cancelled from the operator page")
+                .await
+                .map_err(failed)?
+            {
+                crate::Cancelled::Removed => {
+                    format!("Job {job} cancelled: it is among the dead letters.")
+                }
+                crate::Cancelled::Revoked => format!(
+                    "Job {job} was running: its lease is revoked and it is among the dead letters."
+                ),
+                crate::Cancelled::Missing => {
+                    format!("Job {job} is not queued or running: nothing done.")
+                }
+            };
+            (msg, back_to(form, job))
+        }
+        "dead-retry" | "dead-delete" => {
+            let queue = field(&form.queue, "the queue")?;
+            let job = job_field(form)?;
+            let done = if op == "dead-retry" {
+                store.retry_dead_job(queue, job).await
+            } else {
+                store.purge_dead_job(queue, job).await
+            }
+            .map_err(failed)?;
+            let msg = match (done, op == "dead-retry") {
+                (true, true) => format!("Retried dead job {job}."),
+                (true, false) => format!("Deleted dead job {job}."),
+                (false, _) => format!("Dead job {job} is not among the dead letters of {queue} (or its id is live again): nothing done."),
+            };
+            (msg, dead_page(queue))
+        }
+        "dead-retry-all" | "dead-purge-all" => {
+            let queue = field(&form.queue, "the queue")?;
+            if form.confirm.as_deref() != Some("yes") {
+                return Err("Nothing done: a bulk action needs its confirmation.".into());
+            }
+            // At most the number the operator confirmed: jobs that die again meanwhile wait
+            // for the next press.
+            let expected: usize = field(&form.expected, "the number confirmed")?
+                .parse()
+                .map_err(|_| {
+                    "Nothing done: the number confirmed is not a whole number.".to_owned()
+                })?;
+            let retry = op == "dead-retry-all";
+            let mut moved = 0;
+            while moved < expected {
+                let chunk = BULK_CHUNK.min(expected - moved);
+                let n = if retry {
+                    store.retry_dead(queue, chunk).await
+                } else {
+                    store.purge_dead(queue, chunk).await
+                };
+                match n {
+                    Ok(0) => break,
+                    Ok(n) => moved += n,
+                    Err(e) => {
+                        return Ok(Some((
+                            format!("Stopped after {moved} job(s): {e}"),
+                            dead_page(queue),
+                        )))
+                    }
+                }
+            }
+            let verb = if retry { "Retried" } else { "Deleted" };
+            (
+                format!("{verb} {moved} dead job(s) of queue {queue}."),
+                dead_page(queue),
+            )
+        }
+        "enqueue-now" => {
+            let name = field(&form.schedule, "the schedule")?;
+            let Some(spec) = store
+                .schedules()
+                .await
+                .map_err(failed)?
+                .into_iter()
+                .find(|s| s.name == name)
+            else {
+                return Err(format!("Nothing done: no kept schedule is named {name}."));
+            };
+            let ids = store.enqueue(vec![spec.job]).await.map_err(failed)?;
+            let id = ids.first().map(ToString::to_string).unwrap_or_default();
+            (
+                format!("Enqueued job {id} of schedule {name}."),
+                "/schedules".to_owned(),
+            )
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(done))
+}
+
+/// Where a job action returns: the delayed list it was pressed on, or the job's page.
+fn back_to(form: &ActionForm, job: JobId) -> String {
+    match form.back.as_deref() {
+        Some("delayed") => "/delayed".to_owned(),
+        _ => format!("/job/{job}"),
+    }
+}
+
+/// Every response: refuses a Host this page is not served as (a DNS-rebinding page would
+/// otherwise be same-origin with it), and forbids framing (clickjacking) and caching.
+async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    if !host.is_some_and(|h| ui.hosts.contains(&h)) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "unknown host; add it with --public-host\n",
+        )
+            .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_FRAME_OPTIONS, "DENY".parse().expect("static"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        "frame-ancestors 'none'; script-src 'none'"
+            .parse()
+            .expect("static"),
+    );
+    headers.insert(header::CACHE_CONTROL, "no-store".parse().expect("static"));
+    response
+}
+
+/// The Host header values the page answers to: the listen address, localhost on its port,
+/// and the operator's `--public-host` names.
+fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
+    let port = listen.port();
+    let mut hosts = vec![
+        listen.to_string(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    if port == 80 {
+        // Browsers leave the default port out.
+        hosts.extend([
+            listen.ip().to_string(),
+            "localhost".into(),
+            "127.0.0.1".into(),
+        ]);
+    }
+    hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
+    hosts
+}
+
+/// Asks for basic auth when it is configured.
+async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
+    if let Some(expected) = &ui.authorization {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|h| h.as_bytes())
+            .unwrap_or_default();
+        if !bool::from(given.ct_eq(expected.as_bytes())) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Basic realm=\"palisade\"")],
+                "authorization required\n",
+            )
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The page's routes over `store`.
+fn router(ui: Arc<Ui>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/queues", get(queues))
+        .route("/busy", get(busy))
+        .route("/delayed", get(delayed))
+        .route("/dead", get(dead))
+        .route("/dead/confirm", get(confirm))
+        .route("/flows", get(flows))
+        .route("/flow/{id}", get(flow))
+        .route("/schedules", get(schedules))
+        .route("/rejections", get(rejections))
+        .route("/job", get(find_job))
+        .route("/job/{id}", get(job))
+        .route("/act/{op}", post(act))
+        .route_layer(axum::middleware::from_fn_with_state(ui.clone(), authorize))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
+        .with_state(ui)
+}
+
+/// The `Authorization` header value `user:password` asks for; checks the flag's form.
+fn basic_authorization(user_password: &str) -> anyhow::Result<String> {
+    match user_password.split_once(':') {
+        Some((user, password)) if !user.is_empty() && !password.is_empty() => Ok(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(user_password)
+        )),
+        _ => bail!("--basic-auth wants user:password, both non-empty"),
+    }
+}
+
+/// Serves the page until SIGINT / SIGTERM.
+pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
+    let authorization = args
+        .basic_auth
+        .as_deref()
+        .map(basic_authorization)
+        .transpose()?;
+    if !args.listen.ip().is_loopback() && authorization.is_none() {
+        bail!(
+            "--listen {}: serving beyond this host needs --basic-auth (the page can retry and \
+             purge jobs)",
+            args.listen
+        );
+    }
+    super::runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
+        let bound = listener.local_addr()?;
+        let ui = Arc::new(Ui {
+            store,
+            source: format!(
+                "{} prefix {}",
+                redacted(&args.redis.redis),
+                args.redis.prefix
+            ),
+            rows: args.rows.max(1),
+            csrf: uuid::Uuid::new_v4().simple().to_string(),
+            authorization,
+            hosts: allowed_hosts(bound, &args.public_hosts),
+            flash: Default::default(),
+        });
+        println!("palisade ui: http://{bound}/");
+        tracing::info!(listen = %args.listen, "operator page serving");
+        axum::serve(listener, router(ui))
+            .with_graceful_shutdown(super::shutdown_signal())
+            .await
+            .context("serving the page")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(msg: Option<&str>) -> Frame<'static> {
+        Frame {
+            active: "/",
+            title: "T<i>".into(),
+            source: "redis://x",
+            csrf: "tok",
+            msg: msg.map(str::to_owned),
+            here: "/dead?queue=%3Cq%3E".into(),
+            live: false,
+            now_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn render_escapes_what_users_wrote() {
+        let note = crate::store::RejectionNote {
+            at_ms: 0,
+            sink: "<b>ledger".into(),
+            scope: "a\"b".into(),
+            token: (3 << 40) | 7,
+            reason: "stale_token".into(),
+            detail: "<script>alert(1)</script>".into(),
+        };
+        let page = pages::rejections(&frame(Some("<i>done</i>")), &[note]).into_string();
+        assert!(!page.contains("<script>alert"), "{page}");
+        assert!(!page.contains("<b>ledger") && !page.contains("<i>done") && !page.contains("T<i>"));
+        assert!(page.contains("&lt;script&gt;"), "{page}");
+        // Tokens read as epoch and counter, the raw number on hover.
+        assert!(
+            page.contains("epoch 3 · 7") && page.contains("token 3298534883335"),
+            "{page}"
+        );
+        // A long name is cut, whole on hover; a name in a link is percent-encoded.
+        let long = "q".repeat(512);
+        let row = QueueRow {
+            name: long.clone(),
+            counts: Default::default(),
+            oldest: None,
+            paused: false,
+            limit: None,
+        };
+        let view = pages::QueuesView {
+            queues: vec![row],
+            kinds: Default::default(),
+        };
+        let page = pages::queues(&frame(None), &view).into_string();
+        assert!(
+            page.contains(&format!("title=\"{long}\"")),
+            "the whole name on hover"
+        );
+        assert!(page.contains(&format!("{}…", "q".repeat(60))), "cut");
+        let dead = pages::DeadView {
+            queues: vec![("a&b\"<".into(), 1)],
+            queue: Some("a&b\"<".into()),
+            search: "\"><script>".into(),
+            page: 1,
+            pages: 2,
+            rows: Vec::new(),
+            searched: None,
+        };
+        let page = pages::dead(&frame(None), &dead).into_string();
+        assert!(page.contains("queue=a%26b%22%3C"), "{page}");
+        assert!(!page.contains("\"><script>"), "{page}");
+    }
+
+    #[test]
+    fn the_live_toggle_keeps_the_query_and_drops_the_flash() {
+        let ui = Ui {
+            store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
+            source: String::new(),
+            rows: 10,
+            csrf: "t".into(),
+            authorization: None,
+            hosts: Vec::new(),
+            flash: Default::default(),
+        };
+        let id = ui.flash("done".into());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let f = rt
+            .block_on(ui.frame(
+                "/dead",
+                "x".into(),
+                "/dead",
+                Some(&format!("queue=a%26b&live=1&flash={id}")),
+            ))
+            .unwrap();
+        assert!(f.live);
+        assert_eq!(f.here, "/dead?queue=a%26b");
+        assert_eq!(f.msg.as_deref(), Some("done"));
+        let page = pages::layout(&f, maud::html! {}).into_string();
+        assert!(
+            page.contains("href=\"/dead?queue=a%26b\""),
+            "stop keeps the queue: {page}"
+        );
+    }
+
+    #[test]
+    fn a_journal_time_past_year_9999_is_shown_raw() {
+        use super::super::when;
+        assert_eq!(when(0), "1970-01-01T00:00:00Z");
+        assert_eq!(when(u64::MAX), format!("{} ms", u64::MAX));
+        assert_eq!(when(253_402_300_800_000), "253402300800000 ms");
+        assert_eq!(when(253_402_300_799_000), "9999-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn the_page_answers_only_to_its_own_hosts() {
+        let hosts = allowed_hosts(
+            "127.0.0.1:8080".parse().unwrap(),
+            &["Ops.Example:443".into()],
+        );
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "[::1]:8080",
+            "ops.example:443",
+        ] {
+            assert!(hosts.contains(&ok.to_owned()), "{ok}");
+        }
+        assert!(!hosts.contains(&"evil.example:8080".to_owned()));
+    }
+
+    #[test]
+    fn durations_and_clipping_read_well() {
+        use pages::{age, clip};
+        assert_eq!(age(Duration::from_millis(850)), "850ms");
+        assert_eq!(age(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(age(Duration::from_secs(250)), "4m 10s");
+        assert_eq!(age(Duration::from_secs(7500)), "2h 5m");
+        assert_eq!(clip("ééé", 2), "éé…");
+        assert_eq!(clip("ab", 2), "ab");
+    }
+
+    #[test]
+    fn basic_auth_wants_both_parts() {
+        assert_eq!(
+            basic_authorization("ops:s3cret").unwrap(),
+            "Basic b3BzOnMzY3JldA=="
+        );
+        for bad in ["ops", ":x", "ops:", ""] {
+            assert!(basic_authorization(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,743 @@
+//! The operator console's pages: pure functions from what was read to HTML (maud escapes
+//! every value). Nothing here reads the coordinator or the request.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+
+use super::super::when;
+use crate::flow::{FlowStatus, StepEnd};
+use crate::ids::{FencingToken, FlowId, JobId};
+use crate::job::{DeadJob, JobState, JobView, QueueCounts, RateLimit};
+use crate::schedule::ScheduleSpec;
+use crate::store::{LeaseInfo, RejectionNote, WorkerBeat};
+
+/// What every page shows around its body.
+pub(crate) struct Frame<'a> {
+    /// Navigation entry that is current (its path).
+    pub active: &'static str,
+    /// Heading and title.
+    pub title: String,
+    /// Where the coordinator is (password redacted) and under which prefix.
+    pub source: &'a str,
+    /// Goes into every form.
+    pub csrf: &'a str,
+    /// The last action's outcome.
+    pub msg: Option<String>,
+    /// This page's path and query without `live`, for the live toggle.
+    pub here: String,
+    /// The page reloads itself (a `Refresh` header the handler sends).
+    pub live: bool,
+    /// When it was read (Unix ms).
+    pub now_ms: u64,
+}
+
+const NAV: &[(&str, &str)] = &[
+    ("/", "Dashboard"),
+    ("/queues", "Queues"),
+    ("/busy", "Busy"),
+    ("/delayed", "Delayed"),
+    ("/dead", "Dead"),
+    ("/flows", "Flows"),
+    ("/schedules", "Schedules"),
+    ("/rejections", "Fence rejections"),
+];
+
+const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}\
+header{background:#2d3142;color:#fff;padding:.5em 1.5em;display:flex;flex-wrap:wrap;\
+align-items:center;gap:1em}header a{color:#dfe3f0;text-decoration:none;padding:.2em .5em;\
+border-radius:3px}header a.on{background:#4f5d75;color:#fff}header .brand{font-weight:600;\
+color:#fff}header form{margin-left:auto}main{padding:0 1.5em 2em}\
+h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.6em}\
+table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:.25em .6em;\
+text-align:left;vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+th{background:#f3f3f3}.msg{background:#e8f4e8;padding:.5em;border:1px solid #9c9}\
+.warn{background:#fbeaea;padding:.5em;border:1px solid #d99}\
+.empty{color:#777}form{display:inline}button{margin-right:.4em}code{font-size:.95em}\
+.name{display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;\
+white-space:nowrap;vertical-align:bottom}.cards{display:flex;flex-wrap:wrap;gap:.8em}\
+.card{border:1px solid #ccc;border-radius:4px;padding:.5em 1em;min-width:7em}\
+.card b{display:block;font-size:1.5em;font-variant-numeric:tabular-nums}\
+.meta{color:#555}pre{background:#f6f6f6;padding:.5em;overflow:auto;max-height:24em}\
+.pages a{margin-right:.5em}input[type=number]{width:6em}";
+
+/// A duration as an operator reads it: `850ms`, `12.3s`, `4m 10s`, `2h 5m`.
+pub(crate) fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..=59 => format!("{:.1}s", d.as_secs_f64()),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        3600..=172_799 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// At most `max` characters of `text`, marked when cut.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+/// `text` percent-encoded for a query string.
+pub(crate) fn enc(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// A name (queue, kind, scope, worker): cut to the column's width, the whole name on hover.
+fn name(text: &str) -> Markup {
+    html! { span.name title=(text) { (clip(text, 60)) } }
+}
+
+/// A fencing token as epoch and counter, the raw number on hover.
+fn token(raw: u64) -> Markup {
+    let t = FencingToken::from_u64(raw);
+    html! { span title={ "token " (raw) } { "epoch " (t.epoch()) " · " (t.counter()) } }
+}
+
+/// `at_ms` as a time and how long ago.
+fn ago(at_ms: u64, now_ms: u64) -> Markup {
+    html! {
+        span title=(when(at_ms)) {
+            @if at_ms <= now_ms { (age(Duration::from_millis(now_ms - at_ms))) " ago" }
+            @else { "in " (age(Duration::from_millis(at_ms - now_ms))) }
+        }
+    }
+}
+
+fn job_link(id: JobId) -> Markup {
+    html! { a href={ "/job/" (id) } { code { (id) } } }
+}
+
+/// A POST form with the CSRF token, hidden `fields`, and one button.
+fn action(csrf: &str, op: &str, fields: &[(&str, &str)], label: &str, id: &str) -> Markup {
+    html! {
+        form method="post" action={ "/act/" (op) } {
+            input type="hidden" name="csrf" value=(csrf);
+            @for (k, v) in fields { input type="hidden" name=(k) value=(v); }
+            button id=[(!id.is_empty()).then_some(id)] type="submit" { (label) }
+        }
+    }
+}
+
+/// The page around `body`.
+pub(crate) fn layout(frame: &Frame, body: Markup) -> Markup {
+    let sep = if frame.here.contains('?') { '&' } else { '?' };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (frame.title) " · Palisade" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    span.brand { "Palisade" }
+                    nav {
+                        @for (path, label) in NAV {
+                            a href=(path) class=[(*path == frame.active).then_some("on")] { (label) }
+                        }
+                    }
+                    form method="get" action="/job" {
+                        input type="search" name="id" placeholder="job id" size="38" aria-label="job id";
+                        " "
+                        @if frame.live { a #live href=(frame.here) { "live: on (stop)" } }
+                        @else { a #live href={ (frame.here) (sep) "live=1" } { "live: off (start)" } }
+                    }
+                }
+                main {
+                    h1 { (frame.title) }
+                    p.meta { "Coordinator " code { (frame.source) } ", read at " (when(frame.now_ms))
+                        @if frame.live { ", reloading every 5 s" } "." }
+                    @if let Some(msg) = &frame.msg { p.msg #msg { (msg) } }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// Counts summed over queues.
+pub(crate) fn total(counts: &[QueueCounts]) -> QueueCounts {
+    counts
+        .iter()
+        .fold(QueueCounts::default(), |a, c| QueueCounts {
+            ready: a.ready + c.ready,
+            delayed: a.delayed + c.delayed,
+            leased: a.leased + c.leased,
+            waiting: a.waiting + c.waiting,
+            completed: a.completed + c.completed,
+            dead: a.dead + c.dead,
+            cancelled: a.cancelled + c.cancelled,
+        })
+}
+
+/// One queue's row on the dashboard and the queues page.
+pub(crate) struct QueueRow {
+    pub name: String,
+    pub counts: QueueCounts,
+    pub oldest: Option<Duration>,
+    pub paused: bool,
+    pub limit: Option<RateLimit>,
+}
+
+/// What the dashboard shows.
+pub(crate) struct Dashboard {
+    pub queues: Vec<QueueRow>,
+    pub workers: usize,
+    pub leases: usize,
+    pub flows_running: u64,
+    pub rejections: Vec<RejectionNote>,
+}
+
+pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
+    let t = total(&d.queues.iter().map(|q| q.counts).collect::<Vec<_>>());
+    let card = |label: &str, n: u64, id: &str| {
+        html! { div.card id=(id) { b { (n) } (label) } }
+    };
+    let stuck: Vec<&QueueRow> = d
+        .queues
+        .iter()
+        .filter(|q| q.oldest.is_some_and(|o| o >= Duration::from_secs(60)) || q.paused)
+        .collect();
+    layout(
+        frame,
+        html! {
+            div.cards {
+                (card("ready", t.ready, "total-ready"))
+                (card("waiting", t.waiting, "total-waiting"))
+                (card("delayed", t.delayed, "total-delayed"))
+                (card("running", t.leased, "total-leased"))
+                (card("dead", t.dead, "total-dead"))
+                (card("completed", t.completed, "total-completed"))
+                (card("cancelled", t.cancelled, "total-cancelled"))
+                (card("workers", d.workers as u64, "total-workers"))
+                (card("flows running", d.flows_running, "total-flows"))
+            }
+            h2 { "Needs a look" }
+            @if stuck.is_empty() { p.empty { "Every queue with ready work is moving (nothing has waited a minute) and none is paused." } }
+            @else {
+                ul #attention {
+                    @for q in &stuck {
+                        li { a href={ "/queues#q-" (enc(&q.name)) } { (name(&q.name)) } ": "
+                            @if q.paused { "paused" @if q.counts.ready > 0 { ", " (q.counts.ready) " ready" } }
+                            @else if let Some(o) = q.oldest { "next ready job has waited " (age(o)) } }
+                    }
+                }
+            }
+            h2 { "Latest fence rejections" }
+            p { "Writes a fenced sink refused; " a href="/rejections" { "all of them" } "." }
+            (rejection_table(&d.rejections, frame.now_ms))
+            p.meta { (d.leases) " live lease(s): " a href="/busy" { "who runs what" } "." }
+        },
+    )
+}
+
+pub(crate) struct QueuesView {
+    pub queues: Vec<QueueRow>,
+    /// Kind → (cap, running now among the listed leases).
+    pub kinds: BTreeMap<String, (Option<u32>, usize)>,
+}
+
+pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
+    let csrf = frame.csrf;
+    layout(
+        frame,
+        html! {
+            @if v.queues.is_empty() { p.empty { "No queue has had a job yet." } }
+            @else {
+                table #queues {
+                    tr { th { "queue" } th { "ready" } th { "waiting" } th { "delayed" } th { "leased" }
+                         th { "dead" } th { "completed" } th { "cancelled" } th { "next ready job waiting" }
+                         th { "rate limit" } th { "" } }
+                    @for q in &v.queues {
+                        @let c = &q.counts;
+                        tr id={ "q-" (enc(&q.name)) } data-queue=(q.name) {
+                            td { (name(&q.name)) @if q.paused { " " em.paused { "(paused)" } } }
+                            td.n data-state="ready" { (c.ready) }
+                            td.n data-state="waiting" { (c.waiting) }
+                            td.n data-state="delayed" { a href={ "/delayed?queue=" (enc(&q.name)) } { (c.delayed) } }
+                            td.n data-state="leased" { (c.leased) }
+                            td.n data-state="dead" { a href={ "/dead?queue=" (enc(&q.name)) } { (c.dead) } }
+                            td.n data-state="completed" { (c.completed) }
+                            td.n data-state="cancelled" { (c.cancelled) }
+                            td.n { (q.oldest.map(age).unwrap_or_else(|| "-".into())) }
+                            td data-state="limit" {
+                                form method="post" action="/act/limit" {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    input type="hidden" name="queue" value=(q.name);
+                                    input type="number" name="jobs" min="1" aria-label="jobs"
+                                        value=[q.limit.map(|l| l.jobs)];
+                                    " per "
+                                    input type="number" name="per" min="0.001" step="any" aria-label="seconds"
+                                        value=(q.limit.map_or(1.0, |l| l.per.as_secs_f64()));
+                                    " s "
+                                    button type="submit" { "set" }
+                                }
+                                @if q.limit.is_some() { " " (action(csrf, "limit", &[("queue", &q.name), ("jobs", "")], "lift", "")) }
+                            }
+                            td {
+                                @if q.paused { (action(csrf, "resume", &[("queue", &q.name)], "Resume", &format!("resume-{}", q.name))) }
+                                @else { (action(csrf, "pause", &[("queue", &q.name)], "Pause", &format!("pause-{}", q.name))) }
+                                @if c.pending() == 0 && c.dead == 0 {
+                                    (action(csrf, "forget", &[("queue", &q.name)], "Forget", &format!("forget-{}", q.name)))
+                                }
+                            }
+                        }
+                    }
+                }
+                p.meta { "Pausing stops claims from the queue; running jobs finish and new jobs are still \
+                          accepted. Forget appears for a queue with no job left: it leaves this list (and \
+                          the metrics) until a job is enqueued to it again." }
+            }
+            h2 { "Kinds: concurrency caps" }
+            @if v.kinds.is_empty() { p.empty { "No kind is capped or running." } }
+            @else {
+                table #kinds {
+                    tr { th { "kind" } th { "running now" } th { "cap (fleet-wide)" } }
+                    @for (kind, (cap, running)) in &v.kinds {
+                        tr data-kind=(kind) {
+                            td { (name(kind)) }
+                            td.n data-state="running" { (running) }
+                            td data-state="cap" {
+                                form method="post" action="/act/cap" {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    input type="hidden" name="kind" value=(kind);
+                                    input type="number" name="cap" min="1" aria-label="cap" value=[*cap];
+                                    button type="submit" { "set" }
+                                }
+                                @if cap.is_some() { " " (action(csrf, "cap", &[("kind", kind), ("cap", "")], "lift", "")) }
+                            }
+                        }
+                    }
+                }
+            }
+            h3 { "Cap another kind" }
+            form method="post" action="/act/cap" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="text" name="kind" placeholder="kind" required aria-label="kind";
+                input type="number" name="cap" min="1" placeholder="cap" required aria-label="cap";
+                button type="submit" { "set cap" }
+            }
+        },
+    )
+}
+
+pub(crate) fn busy(
+    frame: &Frame,
+    workers: &[WorkerBeat],
+    leases: &[(LeaseInfo, Option<String>)],
+) -> Markup {
+    layout(
+        frame,
+        html! {
+            h2 { "Worker processes" }
+            p.meta { "From their heartbeats (every 5 s; a worker missing three leaves the list). For \
+                      display only: a paused worker's jobs are fenced, not trusted to its beat." }
+            @if workers.is_empty() { p.empty { "No worker has reported in the last 15 s." } }
+            @else {
+                table #workers {
+                    tr { th { "worker" } th { "host" } th { "pid" } th { "version" } th { "queues" }
+                         th { "running" } th { "started" } th { "last beat" } }
+                    @for w in workers {
+                        tr data-worker=(w.worker) {
+                            td { (name(&w.worker)) }
+                            td { (name(&w.host)) }
+                            td.n { (w.pid) }
+                            td { (w.version) }
+                            td { (name(&w.queues.join(", "))) }
+                            td.n { (w.running) " / " (w.concurrency) }
+                            td { (ago(w.started_ms, frame.now_ms)) }
+                            td { (ago(w.seen_ms, frame.now_ms)) }
+                        }
+                    }
+                }
+            }
+            h2 { "Live leases" }
+            @if leases.is_empty() { p.empty { "No job is running." } }
+            @else {
+                table #leases {
+                    tr { th { "job" } th { "queue" } th { "kind" } th { "scope" } th { "token" } th { "age" }
+                         th { "expires in" } th { "worker" } th { "progress" } }
+                    @for (l, progress) in leases {
+                        tr {
+                            td { (job_link(l.job)) }
+                            td { (name(&l.queue)) }
+                            td { (name(&l.kind)) }
+                            td { (name(l.scope.as_str())) }
+                            td.n { (token(l.token.as_u64())) }
+                            td.n { (age(l.age)) }
+                            td.n { (age(l.expires_in)) }
+                            td { (name(&l.worker)) }
+                            td { code { (progress.as_deref().map(|p| clip(p, 120)).unwrap_or_default()) } }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Links to one page per queue, `current` marked.
+fn queue_tabs(base: &str, queues: &[(String, u64)], current: Option<&str>) -> Markup {
+    html! {
+        p.pages {
+            "Queue: "
+            @for (q, n) in queues {
+                @if Some(q.as_str()) == current { b { (name(q)) " (" (n) ")" } }
+                @else { a href={ (base) "?queue=" (enc(q)) } { (name(q)) " (" (n) ")" } }
+                " "
+            }
+        }
+    }
+}
+
+pub(crate) fn delayed(
+    frame: &Frame,
+    queues: &[(String, u64)],
+    queue: Option<&str>,
+    jobs: &[JobView],
+    retries_only: bool,
+) -> Markup {
+    let csrf = frame.csrf;
+    layout(
+        frame,
+        html! {
+            (queue_tabs("/delayed", queues, queue))
+            @if let Some(queue) = queue {
+                p { @if retries_only {
+                        "Showing retries only (attempted before). "
+                        a href={ "/delayed?queue=" (enc(queue)) } { "Show every delayed job" }
+                    } @else {
+                        "Showing every delayed job. "
+                        a #retries-only href={ "/delayed?queue=" (enc(queue)) "&retries=1" } { "Show retries only" }
+                    } }
+                @if jobs.is_empty() { p.empty { "Nothing is delayed here." } }
+                @else {
+                    table #delayed {
+                        tr { th { "due in" } th { "job" } th { "kind" } th { "attempts" } th { "payload" } th { "" } }
+                        @for v in jobs {
+                            tr data-job=(v.job.id) {
+                                td.n { (v.due_in.map(age).unwrap_or_default()) }
+                                td { (job_link(v.job.id)) }
+                                td { (name(&v.job.kind)) }
+                                td.n { (v.job.attempt) " / " (v.job.max_attempts)
+                                    @if v.job.attempt > 0 { " " em { "retry" } } }
+                                td { code { (clip(&v.job.payload, 160)) } }
+                                td {
+                                    (action(csrf, "run-now", &[("job", &v.job.id.to_string()), ("back", "delayed")], "Run now", &format!("run-{}", v.job.id)))
+                                    (action(csrf, "cancel", &[("job", &v.job.id.to_string()), ("back", "delayed")], "Delete", &format!("delete-{}", v.job.id)))
+                                }
+                            }
+                        }
+                    }
+                    p.meta { "Delete cancels the job: it goes to the dead letters with the reason, so it \
+                              can still be retried from there." }
+                }
+            } @else { p.empty { "Choose a queue." } }
+        },
+    )
+}
+
+pub(crate) struct DeadView {
+    pub queues: Vec<(String, u64)>,
+    pub queue: Option<String>,
+    pub search: String,
+    /// 1-based page, newest first, and how many pages.
+    pub page: usize,
+    pub pages: usize,
+    pub rows: Vec<DeadJob>,
+    /// The search read only the newest this many records.
+    pub searched: Option<usize>,
+}
+
+pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
+    let csrf = frame.csrf;
+    let total: u64 = v.queues.iter().map(|(_, n)| n).sum();
+    layout(
+        frame,
+        html! {
+            @if v.queues.is_empty() { p.empty { "No dead jobs." } }
+            @else { (queue_tabs("/dead", &v.queues, v.queue.as_deref())) }
+            @if v.queue.is_none() && total > 0 { p { "Newest dead jobs of every queue:" } }
+            @if let Some(queue) = &v.queue {
+                form method="get" action="/dead" {
+                    input type="hidden" name="queue" value=(queue);
+                    input type="search" name="q" value=(v.search) placeholder="id, kind, reason or payload" aria-label="search";
+                    button type="submit" { "Search" }
+                }
+                @if let Some(n) = v.searched { p.meta { "Searched the newest " (n) " dead jobs of this queue." } }
+                p {
+                    a #retry-all href={ "/dead/confirm?action=retry&queue=" (enc(queue)) } { "Retry all…" } " · "
+                    a #purge-all href={ "/dead/confirm?action=purge&queue=" (enc(queue)) } { "Delete all…" }
+                }
+            }
+            @if !v.rows.is_empty() {
+                table #dead {
+                    tr { th { "died" } th { "queue" } th { "job" } th { "kind" } th { "attempts" } th { "reason" }
+                         th { "payload" } th { "" } }
+                    @for d in &v.rows {
+                        tr data-job=(d.job.id) {
+                            td { @if let Some(ms) = d.died_ms { (ago(ms, frame.now_ms)) } @else { "-" } }
+                            td { (name(&d.job.queue)) }
+                            td { (job_link(d.job.id)) }
+                            td { (name(&d.job.kind)) }
+                            td.n { (d.job.attempt) }
+                            td.reason { (clip(&d.reason, 300)) }
+                            td { code { (clip(&d.job.payload, 160)) } }
+                            td {
+                                (action(csrf, "dead-retry", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Retry", &format!("retry-{}", d.job.id)))
+                                (action(csrf, "dead-delete", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Delete", &format!("delete-{}", d.job.id)))
+                            }
+                        }
+                    }
+                }
+            } @else if v.queue.is_some() { p.empty { "No dead job here" @if !v.search.is_empty() { " matches" } "." } }
+            @if v.pages > 1 {
+                @if let Some(queue) = &v.queue {
+                    p.pages #pages {
+                        "Page "
+                        @for p in 1..=v.pages {
+                            @if p == v.page { b { (p) } }
+                            @else if p == 1 || p == v.pages || p.abs_diff(v.page) <= 3 {
+                                a href={ "/dead?queue=" (enc(queue)) "&q=" (enc(&v.search)) "&page=" (p) } { (p) }
+                            }
+                            " "
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// The confirmation a bulk action asks for: how many, and a form that carries that number.
+pub(crate) fn confirm(frame: &Frame, queue: &str, retry: bool, n: u64) -> Markup {
+    let csrf = frame.csrf;
+    let verb = if retry { "Retry" } else { "Delete" };
+    layout(
+        frame,
+        html! {
+            p.warn { (verb) " all " b { (n) } " dead job(s) of queue " (name(queue)) "? "
+                @if retry { "They become ready with fresh attempts." }
+                @else { "They are gone for good." }
+                " It runs in chunks of " (super::BULK_CHUNK) ", so Redis is never held long." }
+            form method="post" action={ "/act/" (if retry { "dead-retry-all" } else { "dead-purge-all" }) } {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="queue" value=(queue);
+                input type="hidden" name="expected" value=(n);
+                input type="hidden" name="confirm" value="yes";
+                button #confirm type="submit" { (verb) " " (n) " job(s)" }
+            }
+            a href={ "/dead?queue=" (enc(queue)) } { "Cancel" }
+        },
+    )
+}
+
+pub(crate) fn flows(frame: &Frame, running: u64, listed: &[(FlowId, u64)]) -> Markup {
+    layout(
+        frame,
+        html! {
+            p { b #flows-running { (running) } " flow(s) running. Oldest first:" }
+            @if listed.is_empty() { p.empty { "No flow is running." } }
+            @else {
+                table #flows {
+                    tr { th { "flow" } th { "created" } }
+                    @for (id, created) in listed {
+                        tr { td { a href={ "/flow/" (id) } { code { (id) } } } td { (ago(*created, frame.now_ms)) } }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) fn flow(frame: &Frame, status: &FlowStatus) -> Markup {
+    let mut ended: Vec<(&String, &StepEnd)> = status.ended.iter().collect();
+    ended.sort_by_key(|(step, _)| *step);
+    layout(
+        frame,
+        html! {
+            p { "State " b #flow-state { (format!("{:?}", status.state).to_lowercase()) } ": "
+                (status.steps) " step(s), " (status.released) " released, "
+                (status.count(StepEnd::Completed)) " completed, " (status.count(StepEnd::Dead)) " dead, "
+                (status.count(StepEnd::Skipped)) " skipped." }
+            @if !ended.is_empty() {
+                table #steps {
+                    tr { th { "step" } th { "ended" } th { "job" } }
+                    @for (step, end) in ended {
+                        tr { td { (name(step)) } td { (format!("{end:?}").to_lowercase()) }
+                             td { (job_link(crate::flow::step_job_id(status.id, step))) } }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A schedule row: the spec, when it last fired (handled through), and its next tick.
+pub(crate) fn schedules(
+    frame: &Frame,
+    rows: &[(ScheduleSpec, Option<i64>, Option<i64>)],
+) -> Markup {
+    let csrf = frame.csrf;
+    let at = |ms: Option<i64>| match ms.and_then(|ms| u64::try_from(ms).ok()) {
+        Some(ms) => ago(ms, frame.now_ms),
+        None => html! { "-" },
+    };
+    layout(
+        frame,
+        html! {
+            p.meta { "Schedules kept in the coordinator (`palisade schedule add`). A worker binary's \
+                      own schedules run from its code and are listed by `palisade schedule list`." }
+            @if rows.is_empty() { p.empty { "No schedule is kept." } }
+            @else {
+                table #schedules {
+                    tr { th { "name" } th { "pattern" } th { "time zone" } th { "kind" } th { "queue" }
+                         th { "handled through" } th { "next tick" } th { "" } }
+                    @for (spec, mark, next) in rows {
+                        tr data-schedule=(spec.name) {
+                            td { (name(&spec.name)) }
+                            td { code { (spec.pattern) } }
+                            td { (spec.time_zone) }
+                            td { (name(&spec.job.kind)) }
+                            td { (name(&spec.job.queue)) }
+                            td { (at(*mark)) }
+                            td { (at(*next)) }
+                            td { (action(csrf, "enqueue-now", &[("schedule", &spec.name)], "Enqueue now", &format!("enqueue-{}", spec.name))) }
+                        }
+                    }
+                }
+                p.meta { "Enqueue now adds one job of the schedule outside its ticks; the ticks go on as before." }
+            }
+        },
+    )
+}
+
+fn rejection_table(rows: &[RejectionNote], now_ms: u64) -> Markup {
+    html! {
+        @if rows.is_empty() { p.empty { "None recorded." } }
+        @else {
+            table #rejections {
+                tr { th { "when" } th { "sink" } th { "scope" } th { "token presented" } th { "reason" } th { "detail" } }
+                @for r in rows {
+                    tr {
+                        td { (ago(r.at_ms, now_ms)) }
+                        td { (name(&r.sink)) }
+                        td { (name(&r.scope)) }
+                        td.n { (token(r.token)) }
+                        td { (r.reason) }
+                        td { (clip(&r.detail, 300)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn rejections(frame: &Frame, rows: &[RejectionNote]) -> Markup {
+    layout(
+        frame,
+        html! {
+            p { "Writes a fenced sink refused: a stale holder (its lease had expired and a newer one \
+                 wrote), a token granted twice, or a mutation that did not fit. Newest first. A token \
+                 is an epoch (raised when the coordinator may have lost its counters) and a counter \
+                 within it; a newer token is a higher epoch, or the same epoch and a higher counter." }
+            (rejection_table(rows, frame.now_ms))
+        },
+    )
+}
+
+/// Everything known about one job.
+pub(crate) struct JobPage {
+    pub id: JobId,
+    pub live: Option<JobView>,
+    pub lease: Option<LeaseInfo>,
+    pub dead: Option<DeadJob>,
+    pub result: Option<String>,
+    pub progress: Option<String>,
+}
+
+/// JSON pretty-printed when it parses, as is otherwise.
+fn pretty(json: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(json)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| json.to_owned())
+}
+
+pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
+    let csrf = frame.csrf;
+    let id = p.id.to_string();
+    let job = p
+        .live
+        .as_ref()
+        .map(|v| &v.job)
+        .or(p.dead.as_ref().map(|d| &d.job));
+    let state = match (&p.live, &p.dead) {
+        (Some(v), _) => format!("{:?}", v.state).to_lowercase(),
+        (None, Some(_)) => "dead".into(),
+        (None, None) if p.result.is_some() => "completed".into(),
+        (None, None) => "not found".into(),
+    };
+    layout(
+        frame,
+        html! {
+            p { "State " b #job-state { (state) }
+                @if let Some(due) = p.live.as_ref().and_then(|v| v.due_in) { ", due in " (age(due)) } }
+            @if let Some(job) = job {
+                table #job {
+                    tr { th { "queue" } td { (name(&job.queue)) } }
+                    tr { th { "kind" } td { (name(&job.kind)) } }
+                    tr { th { "scope" } td { (name(job.scope.as_str())) } }
+                    tr { th { "attempts" } td { (job.attempt) " of " (job.max_attempts) } }
+                    tr { th { "stalls" } td { (job.stalls) " of " (job.max_stalls) " allowed" } }
+                    @if let Some(step) = &job.flow {
+                        tr { th { "flow" } td { a href={ "/flow/" (step.flow) } { code { (step.flow) } } " step " (name(&step.step)) } }
+                    }
+                }
+                h2 { "Payload" }
+                pre #payload { (pretty(&job.payload)) }
+            } @else if p.result.is_none() {
+                p.empty { "No live or dead job has this id (completed jobs are kept only as their result, \
+                           for a day; dead letters are searched among each queue's newest " (super::DEAD_SCAN) ")." }
+            }
+            @if let Some(l) = &p.lease {
+                h2 { "Lease" }
+                table #lease {
+                    tr { th { "lease" } td { code { (l.lease) } } }
+                    tr { th { "token" } td { (token(l.token.as_u64())) } }
+                    tr { th { "worker" } td { (name(&l.worker)) } }
+                    tr { th { "held for" } td { (age(l.age)) } }
+                    tr { th { "expires in" } td { (age(l.expires_in)) } }
+                }
+            }
+            @if let Some(d) = &p.dead {
+                h2 { "Why it died" }
+                p.warn #reason { (d.reason) }
+                @if let Some(ms) = d.died_ms { p.meta { "Died " (ago(ms, frame.now_ms)) "." } }
+            }
+            @if let Some(progress) = &p.progress { h2 { "Progress" } pre #progress { (pretty(progress)) } }
+            @if let Some(result) = &p.result { h2 { "Result" } pre #result { (pretty(result)) } }
+            h2 { "Actions" }
+            p {
+                @if let Some(v) = &p.live {
+                    @if v.state == JobState::Delayed { (action(csrf, "run-now", &[("job", &id)], "Run now", "run-now")) }
+                    (action(csrf, "cancel", &[("job", &id)], "Cancel", "cancel"))
+                }
+                @if let Some(d) = &p.dead {
+                    (action(csrf, "dead-retry", &[("queue", &d.job.queue), ("job", &id)], "Retry", "retry"))
+                    (action(csrf, "dead-delete", &[("queue", &d.job.queue), ("job", &id)], "Delete", "delete"))
+                }
+                @if p.live.is_none() && p.dead.is_none() { span.empty { "None: the job is not live or dead." } }
+            }
+            p.meta { "The console shows a job's current lease; the lease and token of each earlier \
+                      attempt are not kept (the fence journal on " a href="/rejections" { "Fence rejections" }
+                      " keeps every token it refused)." }
+        },
+    )
+}
