@@ -1,17 +1,21 @@
-//! The operator page (`palisade ui`) in a real headless Chromium, driven through chromedriver
-//! (WebDriver), against a private Redis holding known state: the numbers shown are the
-//! coordinator's, and pressing "retry" makes the dead job ready again.
+//! The operator console (`palisade ui`) in a real headless Chromium, driven through
+//! chromedriver (WebDriver), against a private Redis holding known state: every page shows the
+//! coordinator's numbers, and every action (retry one, delete one, pause, resume, run a
+//! delayed job now, a confirmed bulk retry) changes the store as it says.
 //!
-//! `PALISADE_UI_SCREENSHOT=path.png` also saves a screenshot of the page (docs/operator-page.png).
+//! `PALISADE_UI_SCREENSHOTS=dir` also saves a screenshot of each page (docs/console-*.png).
 
-use palisade::{Inspect, RecordStore};
+use palisade::{ControlStore, Inspect, QueueAdmin, RecordStore};
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use palisade::{FencingToken, LeaseStore, NewJob, RedisLeaseStore, RejectionNote, Settlement};
+use palisade::{
+    Client as Producer, FencingToken, Flow, JobId, LeaseStore, NewJob, RedisLeaseStore,
+    RejectionNote, Schedule, Settlement, WorkerBeat,
+};
 use palisade_testkit::RedisServer;
 use palisade_testkit::{free_ports, http_get, wait_for};
 
@@ -41,24 +45,80 @@ fn ui(redis: &RedisServer, port: u16, extra: &[&str]) -> Reaped {
     Reaped(child)
 }
 
-/// Known state: in `default`, one ready job, one running under a long lease, one dead with a
-/// reason; one fence rejection in the journal.
-async fn seed(store: &RedisLeaseStore) {
+/// Known state. In `default`: two ready jobs, one running under a long lease, one dead with a
+/// reason, one delayed an hour and one waiting an hour for its retry. In `bulk`: three dead
+/// jobs. One fence rejection in the journal, one worker heartbeat, one kept schedule and one
+/// running flow (its first step ready in `flows`).
+struct Seeded {
+    dead: JobId,
+    delayed: JobId,
+    retry: JobId,
+    running: JobId,
+    bulk: Vec<JobId>,
+}
+
+async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
     let job = |to: &str| NewJob::raw("email.send", format!("{{\"to\":\"{to}\"}}"));
-    store
-        .enqueue(vec![job("a@x"), job("b@x"), job("c@x")])
+    let ids = store
+        .enqueue(vec![
+            job("a@x"),
+            job("b@x"),
+            job("c@x"),
+            job("d@x"),
+            job("e@x"),
+        ])
         .await
         .unwrap();
     let claims = store
-        .claim("default", "host-1/0", 2, Duration::from_secs(600))
+        .claim("default", "host-1/0", 5, Duration::from_secs(600))
         .await
         .unwrap();
+    let by_id = |id: JobId| claims.iter().find(|c| c.job.id == id).unwrap().lease.id;
     let reason = "card declined by the bank".to_owned();
     let settled = store
-        .settle(vec![(claims[1].lease.id, Settlement::Dead { reason })])
+        .settle(vec![
+            (by_id(ids[1]), Settlement::Dead { reason }),
+            (
+                by_id(ids[3]),
+                Settlement::Retry {
+                    delay: Duration::from_secs(3600),
+                    reason: "smtp timeout".into(),
+                },
+            ),
+            (by_id(ids[2]), Settlement::Release),
+            (by_id(ids[4]), Settlement::Release),
+        ])
         .await
         .unwrap();
-    assert!(settled[0].is_ok());
+    assert!(settled.iter().all(Result::is_ok), "{settled:?}");
+    let delayed = store
+        .enqueue(vec![job("later@x").with_delay(Duration::from_secs(3600))])
+        .await
+        .unwrap()[0];
+    let bulk_jobs: Vec<NewJob> = (0..3)
+        .map(|i| NewJob::raw("report.build", format!("{{\"n\":{i}}}")).with_queue("bulk"))
+        .collect();
+    let bulk = store.enqueue(bulk_jobs).await.unwrap();
+    let claims = store
+        .claim("bulk", "host-1/0", 3, Duration::from_secs(600))
+        .await
+        .unwrap();
+    store
+        .settle(
+            claims
+                .iter()
+                .map(|c| {
+                    (
+                        c.lease.id,
+                        Settlement::Dead {
+                            reason: "no template".into(),
+                        },
+                    )
+                })
+                .collect(),
+        )
+        .await
+        .unwrap();
     store
         .note_rejections(vec![RejectionNote {
             at_ms: 1_790_000_000_000,
@@ -70,6 +130,45 @@ async fn seed(store: &RedisLeaseStore) {
         }])
         .await
         .unwrap();
+    store
+        .beat(
+            WorkerBeat {
+                worker: "host-1/0".into(),
+                host: "host-1".into(),
+                pid: 4242,
+                version: "0.1.0".into(),
+                queues: vec!["default".into(), "bulk".into()],
+                concurrency: 16,
+                running: 1,
+                started_ms: 1_790_000_000_000,
+                seen_ms: 0,
+            },
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let spec = Schedule::new(
+        "nightly-report",
+        "0 3 * * *",
+        NewJob::raw("report.build", "{}").with_queue("bulk"),
+    )
+    .unwrap()
+    .spec()
+    .clone();
+    store.put_schedule(spec).await.unwrap();
+    let client = Producer::connect(&redis.url(), "palisade").await.unwrap();
+    let flow = Flow::chain([
+        NewJob::raw("step.one", "{}").with_queue("flows"),
+        NewJob::raw("step.two", "{}").with_queue("flows"),
+    ]);
+    client.create_flow(&flow).await.unwrap();
+    Seeded {
+        dead: ids[1],
+        delayed,
+        retry: ids[3],
+        running: ids[0],
+        bulk,
+    }
 }
 
 async fn cell(c: &Client, queue: &str, state: &str) -> String {
@@ -114,14 +213,48 @@ fn post(port: u16, path: &str, form: &str) -> String {
     response.lines().next().unwrap_or_default().to_owned()
 }
 
+/// Opens `path`, waits for its heading, and saves a screenshot as
+/// `$PALISADE_UI_SCREENSHOTS/console-<name>.png` when that is set (docs/console-*.png).
+async fn visit(c: &Client, port: u16, path: &str, name: &str) {
+    c.goto(&format!("http://127.0.0.1:{port}{path}"))
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    if let Ok(dir) = std::env::var("PALISADE_UI_SCREENSHOTS") {
+        let png = c.screenshot().await.unwrap();
+        std::fs::write(format!("{dir}/console-{name}.png"), png).unwrap();
+    }
+}
+
+/// Presses the button `id` and waits for the page that says what happened.
+async fn press(c: &Client, id: &str) -> String {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id}: {e}"))
+        .click()
+        .await
+        .unwrap();
+    // The click returns before the POST, its redirect and the new page are done.
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#msg"))
+        .await
+        .unwrap_or_else(|e| panic!("the page after #{id}: {e}"));
+    text(c, "#msg").await
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
+async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     let redis = RedisServer::start();
     let store = RedisLeaseStore::new(
         palisade::store::redis::pool(&redis.url()).unwrap(),
         "palisade",
     );
-    seed(&store).await;
+    let s = seed(&redis, &store).await;
     let [ui_port, driver_port] = free_ports();
     let _ui = ui(&redis, ui_port, &[]);
     let _driver = Reaped(
@@ -139,7 +272,7 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
         "goog:chromeOptions": {
             "binary": "/usr/bin/chromium",
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1280,1400"],
+                     "--disable-dev-shm-usage", "--window-size=1280,1000"],
         }
     });
     let c = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
@@ -148,36 +281,156 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
         .await
         .expect("a WebDriver session in headless Chromium");
 
-    let page = format!("http://127.0.0.1:{ui_port}/");
-    c.goto(&page).await.unwrap();
-    assert_eq!(c.title().await.unwrap(), "Palisade");
-    assert_eq!(cell(&c, "default", "ready").await, "1");
+    // Dashboard: the totals of every queue.
+    visit(&c, ui_port, "/", "dashboard").await;
+    assert_eq!(c.title().await.unwrap(), "Dashboard · Palisade");
+    for (card, n) in [
+        ("#total-ready", "3"),   // two ready in default, the flow's first step
+        ("#total-delayed", "2"), // the delayed job and the retry
+        ("#total-leased", "1"),
+        ("#total-dead", "4"),
+        ("#total-workers", "1"),
+        ("#total-flows", "1"),
+    ] {
+        let shown = text(&c, card).await;
+        assert!(shown.starts_with(n), "{card}: {shown}");
+    }
+    assert!(text(&c, "#rejections").await.contains("account:42"));
+
+    // Queues: counts, and pause / resume.
+    visit(&c, ui_port, "/queues", "queues").await;
+    assert_eq!(cell(&c, "default", "ready").await, "2");
+    assert_eq!(cell(&c, "default", "delayed").await, "2");
     assert_eq!(cell(&c, "default", "leased").await, "1");
     assert_eq!(cell(&c, "default", "dead").await, "1");
+    assert_eq!(cell(&c, "bulk", "dead").await, "3");
+    assert_eq!(
+        text(&c, "tr[data-kind='email.send'] td[data-state='running']").await,
+        "1"
+    );
+    assert_eq!(press(&c, "pause-default").await, "Paused queue default.");
+    assert_eq!(store.paused().await.unwrap(), ["default"]);
+    assert!(text(&c, "tr[data-queue='default']")
+        .await
+        .contains("(paused)"));
+    assert_eq!(press(&c, "resume-default").await, "Resumed queue default.");
+    assert!(store.paused().await.unwrap().is_empty());
+
+    // Busy: the worker's heartbeat and the live lease with its queue and kind.
+    visit(&c, ui_port, "/busy", "busy").await;
+    let workers = text(&c, "#workers").await;
+    assert!(
+        workers.contains("host-1") && workers.contains("4242") && workers.contains("1 / 16"),
+        "{workers}"
+    );
     let leases = text(&c, "#leases").await;
-    assert!(leases.contains("host-1/0"), "{leases}");
+    assert!(
+        leases.contains("email.send") && leases.contains("default"),
+        "{leases}"
+    );
+    assert!(leases.contains(&s.running.to_string()), "{leases}");
+
+    // Delayed: both, the retry marked; run the delayed one now.
+    visit(&c, ui_port, "/delayed?queue=default", "delayed").await;
+    let rows = text(&c, "#delayed").await;
+    assert!(
+        rows.contains(&s.delayed.to_string()) && rows.contains(&s.retry.to_string()),
+        "{rows}"
+    );
+    assert!(text(&c, &format!("tr[data-job='{}']", s.retry))
+        .await
+        .contains("retry"));
+    let before = store.counts("default").await.unwrap();
+    let msg = press(&c, &format!("run-{}", s.delayed)).await;
+    assert_eq!(msg, format!("Job {} is due now.", s.delayed));
+    let after = store.counts("default").await.unwrap();
+    assert_eq!(
+        (after.ready, after.delayed),
+        (before.ready + 1, before.delayed - 1),
+        "due now: counted ready"
+    );
+
+    // Dead: the reason; retry one, delete one.
+    visit(&c, ui_port, "/dead?queue=default", "dead").await;
+    assert_eq!(
+        text(&c, &format!("tr[data-job='{}'] td.reason", s.dead)).await,
+        "card declined by the bank"
+    );
+    let msg = press(&c, &format!("retry-{}", s.dead)).await;
+    assert_eq!(msg, format!("Retried dead job {}.", s.dead));
+    assert_eq!(store.counts("default").await.unwrap().dead, 0);
+    assert!(store.job(s.dead).await.unwrap().is_some(), "live again");
+    visit(&c, ui_port, "/dead?queue=bulk", "dead-bulk").await;
+    let msg = press(&c, &format!("delete-{}", s.bulk[0])).await;
+    assert_eq!(msg, format!("Deleted dead job {}.", s.bulk[0]));
+    assert_eq!(store.counts("bulk").await.unwrap().dead, 2);
+
+    // A confirmed bulk retry: the link asks first; the form carries the number confirmed.
+    c.find(Locator::Id("retry-all"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Id("confirm"))
+        .await
+        .unwrap();
+    if let Ok(dir) = std::env::var("PALISADE_UI_SCREENSHOTS") {
+        std::fs::write(
+            format!("{dir}/console-confirm.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        store.counts("bulk").await.unwrap().dead,
+        2,
+        "not before the confirmation"
+    );
+    assert_eq!(
+        press(&c, "confirm").await,
+        "Retried 2 dead job(s) of queue bulk."
+    );
+    let bulk = store.counts("bulk").await.unwrap();
+    assert_eq!((bulk.dead, bulk.ready), (0, 2));
+
+    // Flows, schedules, rejections and a job's own page.
+    visit(&c, ui_port, "/flows", "flows").await;
+    assert_eq!(text(&c, "#flows-running").await, "1");
+    visit(&c, ui_port, "/schedules", "schedules").await;
+    let schedules = text(&c, "#schedules").await;
+    assert!(
+        schedules.contains("nightly-report") && schedules.contains("0 3 * * *"),
+        "{schedules}"
+    );
+    visit(&c, ui_port, "/rejections", "rejections").await;
     let rejections = text(&c, "#rejections").await;
     for shown in [
         "account:42",
-        "0:71",
+        "epoch 0 · 71",
         "stale_token",
         "the sink already accepted 73",
     ] {
         assert!(rejections.contains(shown), "{shown} not in {rejections}");
     }
-    assert_eq!(
-        text(&c, "table.dead[data-queue='default'] td.reason").await,
-        "card declined by the bank"
+    visit(&c, ui_port, &format!("/job/{}", s.retry), "job").await;
+    assert_eq!(text(&c, "#job-state").await, "delayed");
+    assert!(text(&c, "#payload").await.contains("d@x"));
+    assert!(
+        text(&c, "#job").await.contains("1 of"),
+        "one attempt so far"
     );
-    if let Ok(path) = std::env::var("PALISADE_UI_SCREENSHOT") {
-        std::fs::write(&path, c.screenshot().await.unwrap()).unwrap();
-    }
+    assert_eq!(text(&c, "#last-error").await, "smtp timeout");
+    c.close().await.unwrap();
 
-    // A form from elsewhere (no valid token) changes nothing.
-    let refused = post(ui_port, "/dead/retry", "csrf=guess&queue=default");
+    // A form from elsewhere (no valid token, or a foreign origin) changes nothing.
+    let refused = post(ui_port, "/act/pause", "csrf=guess&queue=default");
     assert!(refused.contains("403"), "{refused}");
+    assert!(store.paused().await.unwrap().is_empty());
     // A page that rebinds its own name to 127.0.0.1 is not answered (it would be same-origin
-    // with the page and could read the token); no one may frame the page.
+    // with the page and could read the token); no one may frame the page; no script runs.
     let rebound = exchange(
         ui_port,
         &format!("GET / HTTP/1.0\r\nHost: evil.example:{ui_port}\r\n\r\n"),
@@ -186,35 +439,14 @@ async fn chromium_shows_the_coordinator_and_retries_a_dead_job() {
     assert!(!rebound.contains("csrf"), "{rebound}");
     let own = exchange(
         ui_port,
-        &format!("GET / HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"),
+        &format!("GET /?live=1 HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"),
     );
     let own = own.to_ascii_lowercase();
     assert!(own.contains("x-frame-options: deny") && own.contains("frame-ancestors 'none'"));
-    assert_eq!(store.counts("default").await.unwrap().dead, 1);
-
-    // The operator presses retry: the dead job is ready again.
-    c.find(Locator::Id("retry-default"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    // The click returns before the POST, its redirect and the new page are done: wait for
-    // the page that says what happened.
-    c.wait()
-        .at_most(Duration::from_secs(10))
-        .for_element(Locator::Css("#msg"))
-        .await
-        .expect("the page after the retry");
-    assert_eq!(
-        text(&c, "#msg").await,
-        "Retried 1 dead job(s) of queue default."
+    assert!(
+        own.contains("script-src 'none'") && own.contains("refresh: 5"),
+        "{own}"
     );
-    assert_eq!(cell(&c, "default", "ready").await, "2");
-    assert_eq!(cell(&c, "default", "dead").await, "0");
-    let counts = store.counts("default").await.unwrap();
-    assert_eq!((counts.ready, counts.dead, counts.leased), (2, 0, 1));
-    c.close().await.unwrap();
 }
 
 #[test]

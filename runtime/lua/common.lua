@@ -9,7 +9,8 @@
 --                               priority max_attempts max_stalls, decoded here only on rare
 --                               paths), queue, scope (only for a named scope, which other
 --                               jobs may share; a job in its default scope "job:<id>" has
---                               none and needs no turn-taking), kind, attempt, stalls, lease
+--                               none and needs no turn-taking), kind, attempt, stalls, lease,
+--                               error (the reason of its last retried attempt)
 --   q:<queue>\t<kind>    zset  ready jobs of one kind: job id -> seq - priority * 2^40
 --                               (lowest first). One set per kind, so a worker claims only
 --                               kinds it has handlers for (a tab cannot occur in validated

@@ -148,6 +148,8 @@ for _, i in ipairs(current) do
       finished[#finished + 1] = job
       completed[queue] = (completed[queue] or 0) + 1
     elseif action == 'retry' then
+      -- The failure it retries after, for operators (`view.lua`); the next one overwrites it.
+      redis.call('HSET', job, 'error', reason)
       park(base, id, now + tonumber(arg), now)
     elseif action == 'dead' then
       bury(base, id, reason, keep)

@@ -2,7 +2,8 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  "job" (ARGV[2] a job id) or "delayed" (ARGV[2] a queue, ARGV[3] most jobs)
 -- Returns  one array per job: {id, meta JSON, queue, attempt, stalls, state, due in ms ("" if
---          not delayed), lease id ("" if not leased)}; state is ready, waiting, delayed,
+--          not delayed), lease id ("" if not leased), the reason its last attempt was retried
+--          ("" if none)}; state is ready, waiting, delayed,
 --          leased, held or unplaced. "job" returns at most one (none for a job that is not
 --          live); "delayed" the queue's delayed jobs, soonest due first.
 -- Errors   none: a key of another type reads as empty
@@ -14,7 +15,7 @@ local function zscore(key, member)
 end
 local function view(id)
   local f = fields(base .. 'job:' .. id, 'meta', 'queue', 'kind', 'scope', 'attempt', 'stalls',
-    'lease')
+    'lease', 'error')
   if not f[1] or not f[2] then
     return nil
   end
@@ -32,7 +33,7 @@ local function view(id)
   elseif f[4] and zscore(base .. 'wait:' .. f[4], id) then
     state = 'waiting'
   end
-  return { id, f[1], f[2], f[5] or '0', f[6] or '0', state, due, lease }
+  return { id, f[1], f[2], f[5] or '0', f[6] or '0', state, due, lease, f[8] or '' }
 end
 local out = {}
 if ARGV[1] == 'job' then

@@ -645,6 +645,8 @@ pub struct JobView {
     pub due_in: Option<Duration>,
     /// The lease a leased job runs under.
     pub lease: Option<crate::ids::LeaseId>,
+    /// Why its last attempt failed, when that attempt was retried.
+    pub last_error: Option<String>,
 }
 
 #[cfg(test)]

@@ -425,6 +425,20 @@ pub async fn single_jobs_seen_and_acted_on_one_by_one(store: Stores) {
     assert!(!store.purge_dead_job("v", second).await.unwrap(), "once");
     assert_eq!(store.counts("v").await.unwrap().dead, 0);
     assert_eq!(store.job(second).await.unwrap(), None, "deleted for good");
+    assert_eq!(revived.last_error, None);
+
+    // A retried attempt leaves its reason on the job, for its page.
+    let c = store.claim("v", "w-1", 1, TTL).await.unwrap().remove(0);
+    let retry = Settlement::Retry {
+        delay: hour,
+        reason: "smtp timeout".into(),
+    };
+    settle(&store, c.lease.id, retry).await.unwrap();
+    let view = store.job(c.job.id).await.unwrap().unwrap();
+    assert_eq!(
+        (view.state, view.last_error.as_deref()),
+        (JobState::Delayed, Some("smtp timeout"))
+    );
 }
 
 /// `forget_queue`: a queue holding a job (ready, delayed, leased or dead) stays; an unused

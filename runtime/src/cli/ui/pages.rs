@@ -716,6 +716,11 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                     tr { th { "expires in" } td { (age(l.expires_in)) } }
                 }
             }
+            @if let Some(error) = p.live.as_ref().and_then(|v| v.last_error.as_ref()) {
+                h2 { "Last error" }
+                p.warn #last-error { (error) }
+                p.meta { "Why attempt " (job.map_or(0, |j| j.attempt)) " failed; it was retried." }
+            }
             @if let Some(d) = &p.dead {
                 h2 { "Why it died" }
                 p.warn #reason { (d.reason) }

@@ -66,6 +66,7 @@ impl Inspect for MemoryLeaseStore {
                     state: JobState::Delayed,
                     due_in: Some(at.saturating_duration_since(now)),
                     lease: None,
+                    last_error: state.errors.get(id).cloned(),
                 })
             })
             .take(limit)
@@ -83,6 +84,7 @@ impl Inspect for MemoryLeaseStore {
             state: JobState::Unplaced,
             due_in: None,
             lease: None,
+            last_error: state.errors.get(&job).cloned(),
         };
         let q = state.queues.get(&record.queue);
         if let Some((lease, _)) = state.leases.iter().find(|(_, r)| r.job == job) {

@@ -83,6 +83,8 @@ struct LeaseState {
     ready_at: HashMap<JobId, Instant>,
     /// Roles: holder and until when.
     roles: HashMap<String, (String, Instant)>,
+    /// Why each live job's last attempt was retried.
+    errors: HashMap<JobId, String>,
     /// Worker processes by name: their last beat and until when it holds.
     workers: HashMap<String, (crate::store::WorkerBeat, Instant)>,
     /// Fence rejections, newest first.
@@ -621,6 +623,7 @@ impl LeaseState {
 
     /// Completes `id`; a flow step's end carries the steps its completion `added`.
     fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>, result: Option<&str>) {
+        self.errors.remove(&id);
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
@@ -633,6 +636,7 @@ impl LeaseState {
     }
 
     fn bury(&mut self, id: JobId, reason: String, retention: usize) {
+        self.errors.remove(&id);
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
@@ -777,7 +781,10 @@ impl LeaseStore for MemoryLeaseStore {
                         state.follow_ups.insert(id, (now, jobs, flows));
                     }
                 }
-                Settlement::Retry { delay, .. } => state.park(id, now + delay.min(MAX_DELAY), now),
+                Settlement::Retry { delay, reason } => {
+                    state.errors.insert(id, reason);
+                    state.park(id, now + delay.min(MAX_DELAY), now)
+                }
                 Settlement::Dead { reason } => state.bury(id, reason, self.dead_retention),
                 Settlement::Release => {
                     if let Some(job) = state.jobs.get_mut(&id) {

@@ -68,10 +68,11 @@ impl DeadRecord {
     }
 }
 
-/// One row of `view.lua`: `{id, meta, queue, attempt, stalls, state, due in ms, lease}`.
+/// One row of `view.lua`: `{id, meta, queue, attempt, stalls, state, due in ms, lease,
+/// error}`.
 fn decode_view(row: Vec<String>) -> Result<JobView> {
-    let [id, meta, queue, attempt, stalls, state, due, lease] =
-        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
+    let [id, meta, queue, attempt, stalls, state, due, lease, error] =
+        <[String; 9]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
     let id = JobId::from(parse::<uuid::Uuid>(&id)?);
     let state = match state.as_str() {
@@ -102,6 +103,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
         lease: (!lease.is_empty())
             .then(|| parse::<uuid::Uuid>(&lease).map(LeaseId::from))
             .transpose()?,
+        last_error: (!error.is_empty()).then_some(error),
     })
 }
 
