@@ -259,3 +259,98 @@ fn an_enqueue_whose_reply_is_lost_or_that_is_run_again_adds_each_job_once() {
     );
     assert_eq!(counts(&redis)["ready"], 4);
 }
+
+/// Issue 26's operator rough edges: settings on a queue or kind nobody uses are warned about
+/// (and kept), cancels are counted, caps and running counts are in `status`, `dead list`
+/// spans every queue, and an unused queue can be forgotten (one holding a job cannot).
+#[test]
+fn operator_commands_warn_count_span_queues_and_forget() {
+    let redis = RedisServer::start();
+    let warned = |args: &[&str], said: &str| {
+        let out = run(&redis, args, "");
+        assert!(out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    };
+    warned(&["pause", "typo"], "queue \"typo\" has never had a job");
+    warned(&["resume", "other"], "was not paused");
+    warned(&["limit", "typo", "--jobs", "5"], "has never had a job");
+    warned(
+        &["cap", "no.such.kind", "--running", "2"],
+        "no handler for kind \"no.such.kind\"",
+    );
+
+    let a = ok(&redis, &["enqueue", "email.send", EMAIL]);
+    ok(&redis, &["enqueue", "email.send", EMAIL]);
+    let m = ok(&redis, &["enqueue", "email.send", EMAIL, "--queue", "mail"]);
+    ok(&redis, &["cancel", a.trim()]);
+    ok(&redis, &["cancel", m.trim()]);
+    let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+    assert_eq!(status["queues"]["default"]["cancelled"], 1);
+    assert_eq!(status["queues"]["mail"]["cancelled"], 1);
+    assert_eq!(status["kinds"]["no.such.kind"]["cap"], 2);
+    assert_eq!(status["kinds"]["no.such.kind"]["running"], 0);
+    assert!(status["workers"].as_array().unwrap().is_empty());
+    let text = ok(&redis, &["status"]);
+    assert!(
+        text.contains("cancelled") && text.contains("no.such.kind"),
+        "{text}"
+    );
+
+    // Every queue's dead jobs, without --queue.
+    let dead: Vec<Value> = ok(&redis, &["dead", "list"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut queues: Vec<&str> = dead
+        .iter()
+        .map(|d| d["job"]["queue"].as_str().unwrap())
+        .collect();
+    queues.sort_unstable();
+    assert_eq!(queues, ["default", "mail"]);
+    assert!(
+        dead.iter().all(|d| d["died_ms"].as_u64().is_some()),
+        "{dead:?}"
+    );
+
+    // mail holds a dead job: kept; purged, it goes; the warned-about queue goes too.
+    let out = run(&redis, &["forget", "mail"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still holds jobs"));
+    ok(&redis, &["dead", "purge", "--queue", "mail"]);
+    ok(&redis, &["forget", "mail"]);
+    ok(&redis, &["forget", "typo"]);
+    let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+    let listed: Vec<&String> = status["queues"].as_object().unwrap().keys().collect();
+    assert_eq!(listed, ["default"]);
+    assert!(
+        status["paused"].as_array().unwrap().is_empty(),
+        "typo's pause went too"
+    );
+}
+
+/// Every worker process registers itself: `status` lists a running `palisade worker` with its
+/// pid, queues and concurrency from its heartbeat, and drops it once it is gone.
+#[test]
+fn status_lists_live_worker_processes_from_their_heartbeats() {
+    let redis = RedisServer::start();
+    let workers = || -> Vec<Value> {
+        let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+        status["workers"].as_array().unwrap().clone()
+    };
+    let process = worker(&redis);
+    let pid: u32 = process.pid().parse().unwrap();
+    wait_for("the worker's heartbeat", Duration::from_secs(30), || {
+        workers().iter().any(|w| w["pid"] == pid)
+    });
+    let listed = workers();
+    let w = listed.iter().find(|w| w["pid"] == pid).unwrap();
+    assert_eq!(w["concurrency"], 2);
+    assert_eq!(w["queues"], serde_json::json!(["default"]));
+    assert_eq!(w["version"], env!("CARGO_PKG_VERSION"));
+    process.signal("-KILL");
+    // Three beats (15 s) missed, it leaves the list.
+    wait_for("the beat to lapse", Duration::from_secs(40), || {
+        !workers().iter().any(|w| w["pid"] == pid)
+    });
+}

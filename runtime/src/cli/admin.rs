@@ -256,6 +256,9 @@ pub(super) struct StatusArgs {
 /// Running flows `status` lists (the oldest first; it counts them all).
 const FLOWS_SHOWN: usize = 10;
 
+/// Live leases `status` reads to count running jobs per kind.
+const KINDS_LEASE_SCAN: usize = 10_000;
+
 /// Prints queue counts, live leases, running flows and, for `--scope`, the newest token.
 pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
@@ -267,6 +270,17 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         let leases = store.leases(args.leases).await?;
         let paused = store.paused().await?;
+        let workers = store.workers().await?;
+        // Running per kind counted over every live lease, beside each kind's cap.
+        let mut kinds = std::collections::BTreeMap::<String, (Option<u32>, usize)>::new();
+        for (kind, cap) in store.concurrency_caps().await? {
+            kinds.entry(kind).or_default().0 = Some(cap);
+        }
+        for lease in store.leases(KINDS_LEASE_SCAN).await? {
+            if !lease.kind.is_empty() {
+                kinds.entry(lease.kind).or_default().1 += 1;
+            }
+        }
         let (running_flows, oldest_flows) = store.running_flows(FLOWS_SHOWN).await?;
         let mut flows = Vec::with_capacity(oldest_flows.len());
         for (id, _) in oldest_flows {
@@ -290,8 +304,13 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         if args.json {
             let json = json!({
                 "queues": queues.iter().map(|(q, c)| (q.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
+                "kinds": kinds.iter().map(|(k, (cap, running))| (k.clone(), json!({
+                    "cap": cap, "running": running,
+                }))).collect::<serde_json::Map<_, _>>(),
+                "workers": workers,
                 "leases": leases.iter().zip(&progress).map(|(l, p)| json!({
-                    "lease": l.lease, "job": l.job, "scope": l.scope, "token": l.token,
+                    "lease": l.lease, "job": l.job, "queue": l.queue, "kind": l.kind,
+                    "scope": l.scope, "token": l.token,
                     "epoch": l.token.epoch(), "counter": l.token.counter(), "worker": l.worker,
                     "age_ms": l.age.as_millis() as u64, "expires_in_ms": l.expires_in.as_millis() as u64,
                     "progress": p.as_deref().and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok()),
@@ -312,8 +331,8 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             return print_lines(std::iter::once(json.to_string()));
         }
         out.push(format!(
-            "{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}",
-            "queue", "ready", "waiting", "delayed", "leased", "completed", "dead"
+            "{:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6} {:>9}",
+            "queue", "ready", "waiting", "delayed", "leased", "completed", "dead", "cancelled"
         ));
         let mut limits = std::collections::HashMap::new();
         for (queue, _) in &queues {
@@ -327,8 +346,28 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 mark.push_str(&format!("  (limit {} per {})", l.jobs, humantime::format_duration(l.per)));
             }
             out.push(format!(
-                "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}{mark}",
-                c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead
+                "{queue:<20} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6} {:>9}{mark}",
+                c.ready, c.waiting, c.delayed, c.leased, c.completed, c.dead, c.cancelled
+            ));
+        }
+        if !kinds.is_empty() {
+            out.push(format!("\n{:<28} {:>8} {:>6}", "kind", "running", "cap"));
+            for (kind, (cap, running)) in &kinds {
+                let cap = cap.map_or_else(|| "-".to_owned(), |c| c.to_string());
+                out.push(format!("{kind:<28} {running:>8} {cap:>6}"));
+            }
+        }
+        out.push(format!("\nworkers ({}, from their heartbeats):", workers.len()));
+        for w in &workers {
+            out.push(format!(
+                "  {}  host {}  pid {}  v{}  queues {}  running {}/{}",
+                w.worker,
+                w.host,
+                w.pid,
+                w.version,
+                w.queues.join(","),
+                w.running,
+                w.concurrency
             ));
         }
         out.push(format!(
@@ -338,9 +377,11 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         for (l, p) in leases.iter().zip(&progress) {
             let p = p.as_deref().map(|p| format!("  progress {p}")).unwrap_or_default();
             out.push(format!(
-                "  {}  job {}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s{p}",
+                "  {}  job {}  {}/{}  scope {}  token {}:{}  worker {}  age {:.1}s  expires in {:.1}s{p}",
                 l.lease,
                 l.job,
+                l.queue,
+                l.kind,
                 l.scope,
                 l.token.epoch(),
                 l.token.counter(),
@@ -381,7 +422,8 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
 /// `dead list|retry|purge`.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub(super) enum DeadCommand {
-    /// Print dead-lettered jobs with their reasons, one JSON object per line, oldest first.
+    /// Print dead-lettered jobs with their reasons, one JSON object per line, oldest first
+    /// (queue by queue).
     List(DeadArgs),
     /// Move dead-lettered jobs back to ready with fresh attempts, oldest first.
     Retry(DeadArgs),
@@ -395,10 +437,10 @@ pub(super) enum DeadCommand {
 pub(super) struct DeadArgs {
     #[command(flatten)]
     redis: RedisArgs,
-    /// Queue.
-    #[arg(long, default_value = "default")]
-    queue: String,
-    /// Most jobs to list, retry or purge.
+    /// Queue (`list` without it: every queue; `retry` and `purge` without it: `default`).
+    #[arg(long)]
+    queue: Option<String>,
+    /// Most jobs to list (per queue), retry or purge.
     #[arg(long, default_value_t = 100)]
     limit: usize,
 }
@@ -409,22 +451,29 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
         match command {
             DeadCommand::List(args) => {
                 let (_, store) = args.redis.store().await?;
-                let dead = store.dead(&args.queue, args.limit).await?;
-                let lines: Vec<String> = dead
-                    .iter()
-                    .map(serde_json::to_string)
-                    .collect::<Result<_, _>>()?;
+                let queues = match args.queue {
+                    Some(queue) => vec![queue],
+                    None => store.queues().await?,
+                };
+                let mut lines = Vec::new();
+                for queue in queues {
+                    for dead in store.dead(&queue, args.limit).await? {
+                        lines.push(serde_json::to_string(&dead)?);
+                    }
+                }
                 print_lines(lines.into_iter())?;
             }
             DeadCommand::Retry(args) => {
                 let (_, store) = args.redis.store().await?;
-                let moved = store.retry_dead(&args.queue, args.limit).await?;
-                println!("{moved} jobs moved back to {}", args.queue);
+                let queue = args.queue.as_deref().unwrap_or("default");
+                let moved = store.retry_dead(queue, args.limit).await?;
+                println!("{moved} jobs moved back to {queue}");
             }
             DeadCommand::Purge(args) => {
                 let (_, store) = args.redis.store().await?;
-                let purged = store.purge_dead(&args.queue, args.limit).await?;
-                println!("{purged} dead jobs of {} deleted", args.queue);
+                let queue = args.queue.as_deref().unwrap_or("default");
+                let purged = store.purge_dead(queue, args.limit).await?;
+                println!("{purged} dead jobs of {queue} deleted");
             }
         }
         anyhow::Ok(())
@@ -434,6 +483,31 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::fill;
+
+    /// A code schedule that its workers also keep is listed once, as code; a kept one under
+    /// a code schedule's name that differs is called unused; kept-only ones follow.
+    #[test]
+    fn schedule_list_shows_each_schedule_once_with_its_source() {
+        let job = || crate::NewJob::raw("k", "{}");
+        let code = crate::Schedule::new("nightly", "0 3 * * *", job()).unwrap();
+        let other = crate::Schedule::new("hourly", "0 * * * *", job()).unwrap();
+        let kept_only = crate::Schedule::new("weekly", "0 3 * * 1", job()).unwrap();
+        let mut differs = other.spec().clone();
+        differs.pattern = "30 * * * *".into();
+        let rows = super::listed(
+            &[code.clone(), other],
+            vec![code.spec().clone(), differs, kept_only.spec().clone()],
+        );
+        let shown: Vec<(&str, &str)> = rows.iter().map(|(s, src)| (s.name(), *src)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("nightly", "code (kept)"),
+                ("hourly", "code (kept differs, unused)"),
+                ("weekly", "kept")
+            ]
+        );
+    }
 
     #[test]
     fn scope_templates_take_payload_fields() {
@@ -459,6 +533,10 @@ pub(super) struct QueueArgs {
 pub(super) fn set_paused(args: QueueArgs, paused: bool) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
+        warn_unknown_queue(&store, &args.queue).await?;
+        if !paused && !store.paused().await?.contains(&args.queue) {
+            eprintln!("warning: queue {:?} was not paused", args.queue);
+        }
         store.set_paused(&args.queue, paused).await?;
         let what = if paused {
             "paused: workers claim nothing from it until `resume`"
@@ -467,6 +545,63 @@ pub(super) fn set_paused(args: QueueArgs, paused: bool) -> anyhow::Result<()> {
         };
         print_lines(std::iter::once(format!("queue {} {what}", args.queue)))
     })
+}
+
+/// Says so on stderr when `queue` has never had a job (a typo, most often): the setting is
+/// kept anyway, for a queue about to be used.
+async fn warn_unknown_queue(store: &crate::Stores, queue: &str) -> anyhow::Result<()> {
+    if !store.queues().await?.iter().any(|q| q == queue) {
+        eprintln!(
+            "warning: queue {queue:?} has never had a job (known: {}); set anyway",
+            store.queues().await?.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Forgets a queue that holds no job.
+pub(super) fn forget(args: QueueArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        if !store.forget_queue(&args.queue).await? {
+            let c = store.counts(&args.queue).await?;
+            bail!(
+                "queue {} still holds jobs ({} pending, {} dead): retry or purge them first",
+                args.queue,
+                c.pending(),
+                c.dead
+            );
+        }
+        print_lines(std::iter::once(format!("queue {} forgotten", args.queue)))
+    })
+}
+
+/// The schedules `schedule list` shows, once each, with where each comes from: this binary's
+/// code (workers keep their code's schedules in the coordinator too, and a kept one under a
+/// code schedule's name is never fired: the code's wins), then those kept only.
+fn listed(
+    declared: &[crate::Schedule],
+    kept: Vec<crate::ScheduleSpec>,
+) -> Vec<(crate::Schedule, &'static str)> {
+    let source_of = |s: &crate::Schedule| match kept.iter().find(|k| k.name == s.name()) {
+        Some(k) if k == s.spec() => "code (kept)",
+        Some(_) => "code (kept differs, unused)",
+        None => "code",
+    };
+    let mut all: Vec<_> = declared.iter().map(|s| (s.clone(), source_of(s))).collect();
+    for spec in kept {
+        if declared.iter().any(|d| d.name() == spec.name) {
+            continue;
+        }
+        // Kept by an older version that let it in (a pattern that never fires): the
+        // scheduler skips it, and the operator should hear of it.
+        let name = spec.name.clone();
+        match crate::Schedule::try_from(spec) {
+            Ok(s) => all.push((s, "kept")),
+            Err(e) => eprintln!("kept schedule {name:?} skipped (`schedule remove` it): {e}"),
+        }
+    }
+    all
 }
 
 /// `schedule list|add|remove`.
@@ -561,6 +696,14 @@ pub(super) fn schedule(
             })
         }
         ScheduleCommand::Remove { redis, name } => runtime()?.block_on(async {
+            if declared.iter().any(|d| d.name() == name) {
+                // Its workers keep it again when they start, and fire it meanwhile: a remove
+                // here would only pretend.
+                bail!(
+                    "schedule {name:?} is declared by this binary's code: remove it from the \
+                     code and restart the workers"
+                );
+            }
             let (_, store) = redis.store().await?;
             if !store.remove_schedule(&name).await? {
                 bail!("no kept schedule named {name:?}");
@@ -572,18 +715,7 @@ pub(super) fn schedule(
             let now = store.now_ms().await?;
             let mut rows = Vec::new();
             let kept = store.schedules().await?;
-            let all = declared
-                .iter()
-                .map(|s| (s.clone(), "code"))
-                .chain(kept.into_iter().filter_map(|spec| {
-                    // Kept by an older version that let it in (a pattern that never fires):
-                    // the scheduler skips it, and the operator should hear of it.
-                    let name = spec.name.clone();
-                    crate::Schedule::try_from(spec)
-                        .map_err(|e| eprintln!("kept schedule {name:?} skipped (`schedule remove` it): {e}"))
-                        .ok()
-                        .map(|s| (s, "kept"))
-                }));
+            let all = listed(declared, kept);
             for (schedule, source) in all {
                 let mark = store.schedule_mark(schedule.name()).await?;
                 rows.push((schedule.clone(), source, mark, schedule.next_fired(mark, now)));
@@ -604,13 +736,13 @@ pub(super) fn schedule(
                 return print_lines(std::iter::once(serde_json::Value::from(out).to_string()));
             }
             let mut out = vec![format!(
-                "{:<24} {:<20} {:<16} {:<6} {:<22} {:<22} kind",
+                "{:<24} {:<20} {:<16} {:<11} {:<22} {:<22} kind",
                 "name", "pattern", "time zone", "source", "handled through", "next tick"
             )];
             for (s, source, mark, next) in &rows {
                 let spec = s.spec();
                 out.push(format!(
-                    "{:<24} {:<20} {:<16} {:<6} {:<22} {:<22} {}",
+                    "{:<24} {:<20} {:<16} {:<11} {:<22} {:<22} {}",
                     spec.name, spec.pattern, spec.time_zone, source, when(*mark), when(*next), spec.job.kind
                 ));
             }
@@ -645,6 +777,7 @@ pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
     });
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
+        warn_unknown_queue(&store, &args.queue).await?;
         store.set_rate_limit(&args.queue, limit).await?;
         let said = match limit {
             Some(l) => format!(
@@ -703,7 +836,17 @@ pub(super) struct CapArgs {
 }
 
 /// Sets or lifts a kind's fleet-wide concurrency cap.
-pub(super) fn cap(args: CapArgs) -> anyhow::Result<()> {
+pub(super) fn cap(args: CapArgs, registry: &Registry) -> anyhow::Result<()> {
+    if !registry.kinds().any(|k| k == args.kind) {
+        let mut known: Vec<&str> = registry.kinds().collect();
+        known.sort_unstable();
+        eprintln!(
+            "warning: this binary has no handler for kind {:?} (it has: {}); set anyway, for \
+             another binary's workers",
+            args.kind,
+            known.join(", ")
+        );
+    }
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
         store.set_concurrency_cap(&args.kind, args.running).await?;

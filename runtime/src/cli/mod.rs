@@ -200,8 +200,11 @@ enum Builtin {
     Pause(admin::QueueArgs),
     /// Let workers claim from a paused queue again.
     Resume(admin::QueueArgs),
-    /// Serve the operator page: queues, live leases, fence rejections, dead jobs (retry,
-    /// purge) on 127.0.0.1:8080 until SIGTERM / SIGINT.
+    /// Forget a queue that holds no job (it leaves `status`, the page and the metrics until a
+    /// job is enqueued to it again); refused while it holds one.
+    Forget(admin::QueueArgs),
+    /// Serve the operator console (queues, workers, delayed and dead jobs, flows, schedules,
+    /// fence rejections, a page per job) on 127.0.0.1:8080 until SIGTERM / SIGINT.
     #[cfg(feature = "ui")]
     Ui(ui::UiArgs),
 }
@@ -450,7 +453,8 @@ impl App {
             #[cfg(feature = "ui")]
             Builtin::Ui(args) => ui::run(args),
             Builtin::Limit(args) => admin::limit(args),
-            Builtin::Cap(args) => admin::cap(args),
+            Builtin::Cap(args) => admin::cap(args, &registry),
+            Builtin::Forget(args) => admin::forget(args),
             Builtin::Partitions(args) => admin::partitions(args),
             Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Flow(command) => flow::flow(command),
