@@ -472,11 +472,12 @@ local function bury(base, id, reason, keep)
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
-    died = now_ms() }
+    died = now_ms(), tick = type(meta.tick) == 'table' and meta.tick or nil }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
     -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.)
     record.payload = f[1] or ''
+    record.tick = nil
     json = cjson.encode(record)
   end
   redis.call('RPUSH', dead, json)
@@ -658,7 +659,7 @@ local function revive(base, raw, now)
   end
   local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
     queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
-    max_stalls = d.max_stalls })
+    max_stalls = d.max_stalls, tick = type(d.tick) == 'table' and d.tick or nil })
   if not encoded then
     return false
   end

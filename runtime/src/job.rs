@@ -84,6 +84,19 @@ pub struct NewJob {
     /// backend mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<JobId>,
+    /// The schedule tick it was enqueued for (set by the scheduler; see [`Job::tick`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick: Option<Tick>,
+}
+
+/// The schedule tick a job was enqueued for: which schedule, and the instant of the tick (not
+/// when the job ran, which may be later: a catch-up, a retry, a busy queue).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tick {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The tick (ms since the Unix epoch).
+    pub at_ms: i64,
 }
 
 /// A job's unique key: while another job holds it, enqueueing this one adds nothing.
@@ -192,6 +205,7 @@ impl NewJob {
             max_stalls: 3,
             unique: None,
             id: None,
+            tick: None,
         }
     }
 
@@ -369,6 +383,10 @@ pub struct Job {
     /// The flow step it is, if it is one ([`Flow`](crate::Flow)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow: Option<crate::flow::FlowStep>,
+    /// The schedule tick it was enqueued for, if a schedule enqueued it: a report job learns
+    /// which day it covers from this, not from the clock when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick: Option<Tick>,
 }
 
 /// A job plus the lease that lets one worker run it.

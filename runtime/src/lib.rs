@@ -107,7 +107,7 @@ pub use flow::{
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, JobState, JobView, NewJob,
-    QueueCounts, RateLimit, Settlement, Then, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES,
+    QueueCounts, RateLimit, Settlement, Then, Tick, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES,
     ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS,
     MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, PRIORITY_RANGE,
 };

@@ -112,6 +112,7 @@ mod tests {
             max_attempts,
             max_stalls: 1,
             flow: None,
+            tick: None,
         }
     }
 

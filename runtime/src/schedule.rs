@@ -290,12 +290,18 @@ impl Schedule {
         cron
     }
 
-    /// The job for `tick`: this schedule's job, unique per tick.
+    /// The job for `tick`: this schedule's job, unique per tick, knowing its tick.
     pub(crate) fn job_for(&self, tick: i64) -> NewJob {
-        self.spec
+        let mut job = self
+            .spec
             .job
             .clone()
-            .with_unique_key(format!("schedule:{}:{tick}", self.spec.name), TICK_KEY_TTL)
+            .with_unique_key(format!("schedule:{}:{tick}", self.spec.name), TICK_KEY_TTL);
+        job.tick = Some(crate::job::Tick {
+            schedule: self.spec.name.clone(),
+            at_ms: tick,
+        });
+        job
     }
 
     fn at(&self, ms: i64) -> Option<DateTime<Tz>> {

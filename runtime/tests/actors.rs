@@ -925,6 +925,27 @@ async fn two_schedulers_fire_each_tick_once() {
         kept == ticks || kept + 1 == ticks,
         "{kept} kept jobs for {ticks} ticks"
     );
+    // Each job knows its tick: which schedule, and the instant (whole seconds, one each).
+    let claims = store
+        .claim("cron", "w", 100, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut at: Vec<i64> = claims
+        .iter()
+        .map(|c| {
+            let tick = c.job.tick.as_ref().expect("a scheduled job knows its tick");
+            assert_eq!(tick.schedule, "tick");
+            tick.at_ms
+        })
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    assert_eq!(at.len(), claims.len(), "one job per tick: {at:?}");
+    assert!(
+        at.iter()
+            .all(|t| t % 1000 == 0 && *t > started - 1000 && *t <= ended),
+        "{at:?} within {started}..={ended}"
+    );
 }
 
 /// A handler's result comes back through `Client::wait`; its progress is visible while it

@@ -15,6 +15,7 @@ macro_rules! queue_cases {
             a_capped_kind_never_runs_more_than_its_cap,
             single_jobs_seen_and_acted_on_one_by_one,
             only_an_unused_queue_is_forgotten,
+            a_tick_travels_with_its_job,
         );
     };
 }
@@ -473,4 +474,42 @@ pub async fn only_an_unused_queue_is_forgotten(store: Stores) {
     assert_eq!(store.queues().await.unwrap(), ["busy", "gone", "later"]);
     store.cancel(id, "stop").await.unwrap();
     assert!(!store.forget_queue("gone").await.unwrap(), "dead");
+}
+
+/// A scheduled job's tick (`Job::tick`) reaches its handler, and survives dying and a retry
+/// of the dead letter.
+pub async fn a_tick_travels_with_its_job(store: Stores) {
+    let tick = Tick {
+        schedule: "nightly".into(),
+        at_ms: 1_790_000_000_000,
+    };
+    let mut scheduled = job("a").with_queue("t");
+    scheduled.tick = Some(tick.clone());
+    store
+        .enqueue(vec![scheduled, job("a").with_queue("t")])
+        .await
+        .unwrap();
+    let claims = store.claim("t", "w", 2, TTL).await.unwrap();
+    let ticks: Vec<Option<Tick>> = claims.iter().map(|c| c.job.tick.clone()).collect();
+    assert!(
+        ticks.contains(&Some(tick.clone())) && ticks.contains(&None),
+        "{ticks:?}"
+    );
+    for c in &claims {
+        let reason = "down".to_owned();
+        settle(&store, c.lease.id, Settlement::Dead { reason })
+            .await
+            .unwrap();
+    }
+    let dead = store.dead("t", 10).await.unwrap();
+    assert!(
+        dead.iter().any(|d| d.job.tick == Some(tick.clone())),
+        "{dead:?}"
+    );
+    assert_eq!(store.retry_dead("t", 10).await.unwrap(), 2);
+    let again = store.claim("t", "w", 2, TTL).await.unwrap();
+    assert!(
+        again.iter().any(|c| c.job.tick == Some(tick.clone())),
+        "kept through a retry"
+    );
 }

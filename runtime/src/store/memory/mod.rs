@@ -614,6 +614,7 @@ impl LeaseState {
             max_attempts: new.max_attempts,
             max_stalls: new.max_stalls,
             flow,
+            tick: new.tick,
         };
         let queue = self.queues.entry(job.queue.clone()).or_default();
         queue.priority.insert(id, new.priority);

@@ -78,6 +78,7 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
             flow: meta.flow,
+            tick: meta.tick,
         },
         lease: Lease {
             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
@@ -121,4 +122,7 @@ pub(super) struct Meta {
     /// The flow step a held job is (written by `hold`, absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) flow: Option<crate::flow::FlowStep>,
+    /// The schedule tick it was enqueued for (kept in its dead-letter record too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) tick: Option<crate::job::Tick>,
 }

@@ -44,6 +44,8 @@ struct DeadRecord {
     /// Absent in a record an earlier version wrote.
     #[serde(default)]
     died: Option<u64>,
+    #[serde(default)]
+    tick: Option<crate::job::Tick>,
 }
 
 impl DeadRecord {
@@ -61,6 +63,7 @@ impl DeadRecord {
                 max_attempts: r.max_attempts,
                 max_stalls: r.max_stalls,
                 flow: None,
+                tick: r.tick,
             },
             reason: r.reason,
             died_ms: r.died,
@@ -95,6 +98,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
             flow: meta.flow,
+            tick: meta.tick,
         },
         state,
         due_in: (!due.is_empty())

@@ -274,6 +274,7 @@ impl FlowStore for RedisLeaseStore {
                 max_attempts: job.max_attempts,
                 max_stalls: job.max_stalls,
                 flow: Some(step),
+                tick: job.tick,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
             invocation

@@ -415,6 +415,7 @@ impl LeaseStore for RedisLeaseStore {
                 max_attempts: job.max_attempts,
                 max_stalls: job.max_stalls,
                 flow: None,
+                tick: job.tick,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
             let (unique_key, unique_ttl) = job
