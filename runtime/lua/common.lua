@@ -644,7 +644,11 @@ end
 local function revive(base, raw, now)
   local ok, d = pcall(cjson.decode, raw)
   if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
-    or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' then
+    or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' or type(d.payload) ~= 'string'
+    or not string.match(d.id, '^%x+%-%x+%-%x+%-%x+%-%x+$')
+    or not (finite(d.max_attempts) and d.max_attempts >= 0 and d.max_attempts % 1 == 0)
+    or not (finite(d.max_stalls) and d.max_stalls >= 0 and d.max_stalls % 1 == 0) then
+    -- Not a record we wrote: revived, a claim could not read it back.
     return false
   end
   local job = base .. 'job:' .. d.id
@@ -671,17 +675,26 @@ local function revive(base, raw, now)
   return true
 end
 
--- The dead-letter record of job `id` in list `dead` and its place (1-based), or nil: a plain
--- search for the id as cjson writes it, confirmed by decoding.
-local function find_dead(dead, id)
+-- The newest dead-letter record of job `id` among the newest `within` of list `dead`, or nil:
+-- a plain search for the id as cjson writes it, confirmed by decoding, newest first and 500
+-- records at a time (one click never copies a whole list of 10,000 payloads into Lua).
+local function find_dead(dead, id, within)
   local needle = '"id":"' .. id .. '"'
-  local records = redis.call('LRANGE', dead, 0, -1)
-  for i, raw in ipairs(records) do
-    if string.find(raw, needle, 1, true) then
-      local ok, d = pcall(cjson.decode, raw)
-      if ok and type(d) == 'table' and d.id == id then
-        return raw, i
+  local step = 500
+  for from = 0, within - 1, step do
+    local last = math.min(from + step, within)
+    local records = redis.call('LRANGE', dead, -last, -from - 1)
+    for i = #records, 1, -1 do
+      local raw = records[i]
+      if string.find(raw, needle, 1, true) then
+        local ok, d = pcall(cjson.decode, raw)
+        if ok and type(d) == 'table' and d.id == id then
+          return raw
+        end
       end
+    end
+    if #records < last - from then
+      return nil -- the start of the list
     end
   end
   return nil

@@ -22,18 +22,24 @@ local function view(id)
   local state, due, lease = 'unplaced', '', ''
   local entry = f[7] and redis.pcall('HGET', base .. 'lease_job', f[7])
   local at = zscore(base .. 'q:' .. f[2] .. ':delayed', id)
+  -- (A record of an earlier version has no kind field: its meta has it.)
+  local kind = f[3] or meta_of(f[1]).kind
   if type(entry) == 'string' and job_of(entry) == id then
     state, lease = 'leased', f[7]
   elseif at then
-    state, due = 'delayed', fmt(math.max(0, tonumber(at) - now))
+    state = 'delayed'
+    if finite(tonumber(at)) then
+      due = fmt(math.max(0, tonumber(at) - now))
+    end
   elseif zscore(base .. 'held', id) then
     state = 'held'
-  elseif f[3] and zscore(ready_key(base, f[2], f[3]), id) then
+  elseif kind ~= '' and zscore(ready_key(base, f[2], kind), id) then
     state = 'ready'
   elseif f[4] and zscore(base .. 'wait:' .. f[4], id) then
     state = 'waiting'
   end
-  return { id, f[1], f[2], f[5] or '0', f[6] or '0', state, due, lease, f[8] or '' }
+  return { id, f[1], f[2], fmt(count_of(f[5])), fmt(count_of(f[6])), state, due, lease,
+    f[8] or '' }
 end
 local out = {}
 if ARGV[1] == 'job' then

@@ -1301,3 +1301,103 @@ async fn a_thens_key_written_over_refuses_only_completions_with_follow_ups() {
         Some("not a zset".into())
     );
 }
+
+/// The console's one-job operations meet records another program wrote: a dead letter whose
+/// id is no job id, whose payload is not a string, or whose counts are negative is never
+/// revived (a claim could not read it back) and stays as it was; the dead page and the
+/// delayed list leave out a record they cannot read instead of failing; a key of another type
+/// reads as empty and changes nothing; names with a tab are refused.
+#[tokio::test]
+async fn the_console_operations_leave_foreign_records_alone() {
+    use palisade::{Inspect, JobId, LeaseStore, NewJob, QueueAdmin, RedisLeaseStore, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "fx");
+    let dead = "{fx}:q:default:dead";
+    let id = JobId::new();
+    let foreign = [
+        r#"{"id":"not-a-uuid","queue":"default","kind":"k","scope":"job:x","payload":"{}","max_attempts":1,"max_stalls":1}"#.to_string(),
+        format!(
+            r#"{{"id":"{id}","queue":"default","kind":"k","scope":"job:{id}","payload":7,"max_attempts":1,"max_stalls":1}}"#
+        ),
+        format!(
+            r#"{{"id":"{id}","queue":"default","kind":"k","scope":"job:{id}","payload":"{{}}","max_attempts":-1,"max_stalls":1}}"#
+        ),
+    ];
+    for record in &foreign {
+        server.cli(&["RPUSH", dead, record]);
+    }
+    let before = snapshot(&server);
+    assert!(!store.retry_dead_job("default", id).await.unwrap());
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 0);
+    assert_eq!(snapshot(&server).len(), before.len());
+    assert_eq!(
+        server.cli(&["LLEN", dead]).as_deref(),
+        Some("3"),
+        "all kept"
+    );
+    assert!(
+        server
+            .cli(&["EXISTS", &format!("{{fx}}:job:{id}")])
+            .as_deref()
+            == Some("0"),
+        "nothing revived"
+    );
+    // Read: the unreadable ones are left out, not the page (the last one reads: it is only
+    // not revivable).
+    assert!(store.dead_range("default", 0, 10).await.unwrap().len() <= 1);
+    // Deleting works on what the page shows.
+    assert!(store.purge_dead_job("default", id).await.unwrap());
+    assert_eq!(server.cli(&["LLEN", dead]).as_deref(), Some("2"));
+
+    // A dead list of another type: nothing found, nothing changed.
+    server.cli(&["DEL", dead]);
+    server.cli(&["SET", dead, "x"]);
+    assert!(!store.retry_dead_job("default", id).await.unwrap());
+    assert!(!store.purge_dead_job("default", id).await.unwrap());
+    assert!(
+        !store.forget_queue("default").await.unwrap(),
+        "in use: a key of another type"
+    );
+    server.cli(&["DEL", dead]);
+
+    // A delayed job whose attempt count was written over still lists; a job id in the
+    // delayed set without a record is left out.
+    let later = store
+        .enqueue(vec![
+            NewJob::raw("k", "null").with_delay(Duration::from_secs(3600))
+        ])
+        .await
+        .unwrap()[0];
+    server.cli(&["HSET", &format!("{{fx}}:job:{later}"), "attempt", "lots"]);
+    server.cli(&[
+        "ZADD",
+        "{fx}:q:default:delayed",
+        "1",
+        &JobId::new().to_string(),
+    ]);
+    let delayed = store.delayed("default", 10).await.unwrap();
+    assert_eq!(delayed.len(), 1, "{delayed:?}");
+    assert_eq!((delayed[0].job.id, delayed[0].job.attempt), (later, 0));
+    // run_now on it, and on a job id that is no delayed job.
+    assert!(store.run_now(later).await.unwrap());
+    assert!(!store.run_now(JobId::new()).await.unwrap());
+    let c = store
+        .claim("default", "w", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(c.iter().any(|c| c.job.id == later), "{c:?}");
+    let _ = store
+        .settle(
+            c.iter()
+                .map(|c| (c.lease.id, Settlement::completed()))
+                .collect(),
+        )
+        .await
+        .unwrap();
+
+    // Names with a tab would alias another queue's keys: refused before any read or write.
+    assert!(store.forget_queue("a\tb").await.is_err());
+    assert!(store.retry_dead_job("a\tb", id).await.is_err());
+    assert!(store.purge_dead_job("a\tb", id).await.is_err());
+}

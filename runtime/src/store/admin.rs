@@ -73,11 +73,15 @@ pub trait QueueAdmin: Send + Sync + 'static {
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
 
     /// Moves the dead-lettered job `job` of `queue` back to ready with fresh attempts; `false`
-    /// (nothing changed) if no record of it is among the queue's dead letters, or its id
-    /// names a live job again.
+    /// (nothing changed) if no record of it is among the queue's newest
+    /// [`DEAD_JOB_SEARCH`](super::DEAD_JOB_SEARCH) dead letters, or its id names a live job
+    /// again, or the record is not one a claim could read back. Of two records of one id (a
+    /// job enqueued again with [`NewJob::with_id`](crate::NewJob::with_id) that died again)
+    /// the newest is retried.
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool>;
 
-    /// Deletes the dead-lettered job `job` of `queue`; `false` if no record of it is there.
+    /// Deletes the dead-lettered job `job` of `queue` (the newest record of it, searched as
+    /// `retry_dead_job` does); `false` if no record of it is there.
     async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool>;
 
     /// Makes the delayed job `job` due now (it keeps its attempts); `false` (nothing changed)
@@ -329,9 +333,14 @@ impl QueueAdmin for PartitionedLeaseStore {
         Ok(false)
     }
 
-    /// Forgotten only where every partition agrees it is unused; a partition that holds a
-    /// job keeps it listed (the others' empty entries go).
+    /// Asked of a partition only when no partition counts a job in the queue, so a refusal
+    /// in one partition does not drop the pause and rate-limit shares of the others. (A flow
+    /// step held for the queue is not counted: its partition alone keeps the queue then.)
     async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        let counts = self.counts(queue).await?;
+        if counts.pending() > 0 || counts.dead > 0 {
+            return Ok(false);
+        }
         let all = self
             .on_all(|part| async move { part.forget_queue(queue).await })
             .await?;

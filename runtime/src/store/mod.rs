@@ -26,6 +26,10 @@ pub use flows::{advance as advance_flows, FlowStore};
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
 
+/// How many of a queue's newest dead letters [`QueueAdmin::retry_dead_job`] and
+/// [`QueueAdmin::purge_dead_job`] search for the job: one click stays a bounded read.
+pub const DEAD_JOB_SEARCH: usize = 5_000;
+
 /// Largest dead-letter retention (2^40): larger numbers would reach a Lua script as a double
 /// printed in exponent form, which Redis refuses halfway through a script.
 pub const MAX_DEAD_RETENTION: usize = 1 << 40;
@@ -222,7 +226,8 @@ pub trait ControlStore: Send + Sync + 'static {
     /// a paused worker's beat lapses like a dead one's, and the fence handles both.
     async fn beat(&self, beat: WorkerBeat, ttl: Duration) -> Result<()>;
 
-    /// The worker processes whose last beat has not lapsed, by name; forgets lapsed ones.
+    /// The worker processes whose last beat has not lapsed (at most 1,000), by name. (Lapsed
+    /// ones are forgotten by later beats.)
     async fn workers(&self) -> Result<Vec<WorkerBeat>>;
 }
 

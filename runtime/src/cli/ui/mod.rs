@@ -42,6 +42,9 @@ pub(crate) const BULK_CHUNK: usize = 500;
 /// Dead letters a search or a job lookup reads per queue, newest first.
 pub(crate) const DEAD_SCAN: usize = 5_000;
 
+/// Most rows a table shows (`--rows`): a page stays small enough to read and render.
+const MAX_ROWS: usize = 1_000;
+
 /// Live leases read for the busy page and the per-kind running counts.
 const LEASE_SCAN: usize = 10_000;
 
@@ -62,7 +65,8 @@ pub(super) struct UiArgs {
         value_name = "USER:PASSWORD"
     )]
     basic_auth: Option<String>,
-    /// Rows shown per table (live leases, rejections, a page of dead or delayed jobs).
+    /// Rows shown per table (live leases, rejections, a page of dead or delayed jobs), at most
+    /// 1,000.
     #[arg(long, default_value_t = 50)]
     rows: usize,
     /// A host name (with port, as browsers send it: `ops.example:8080`) the page may be
@@ -605,17 +609,18 @@ fn refused() -> Response {
         .into_response()
 }
 
-/// A form field the action needs, or the message saying it is missing or wrong.
+/// A form field the action needs, as sent (a name may begin or end with a space: trimmed,
+/// `"orders "` would act on `"orders"`), or the message saying it is missing.
 fn field<'a>(value: &'a Option<String>, what: &str) -> Result<&'a str, String> {
     value
         .as_deref()
-        .map(str::trim)
         .filter(|v| !v.is_empty())
         .ok_or_else(|| format!("Nothing done: {what} is missing."))
 }
 
 fn job_field(form: &ActionForm) -> Result<JobId, String> {
     field(&form.job, "the job")?
+        .trim()
         .parse::<uuid::Uuid>()
         .map(JobId::from)
         .map_err(|_| "Nothing done: the job is not a job id.".to_owned())
@@ -637,9 +642,17 @@ async fn act(
         Err(msg) => (msg, "/".to_owned()),
     };
     tracing::info!(op = %op, outcome = %msg, "ui: operator action");
-    let sep = if back.contains('?') { '&' } else { '?' };
     // POST-redirect-GET: a reload does not repeat the action.
-    Redirect::to(&format!("{back}{sep}flash={}", ui.flash(msg))).into_response()
+    Redirect::to(&location(&back, &ui.flash(msg))).into_response()
+}
+
+/// `back` with the flash id in its query, before any fragment (after `#` the browser would
+/// keep it to itself).
+fn location(back: &str, flash: &str) -> String {
+    let (path, fragment) = back.split_once('#').unwrap_or((back, ""));
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let hash = if fragment.is_empty() { "" } else { "#" };
+    format!("{path}{sep}flash={flash}{hash}{fragment}")
 }
 
 /// Does `op`; the message to show and the page to show it on, `None` for an unknown op.
@@ -671,9 +684,13 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                     let jobs: u32 = jobs.parse().map_err(|_| {
                         format!("Nothing done: {jobs:?} jobs is not a whole number.")
                     })?;
-                    let per: f64 = field(&form.per, "the period")?.parse().map_err(|_| {
-                        "Nothing done: the period is not a number of seconds.".to_owned()
-                    })?;
+                    let per: f64 =
+                        field(&form.per, "the period")?
+                            .trim()
+                            .parse()
+                            .map_err(|_| {
+                                "Nothing done: the period is not a number of seconds.".to_owned()
+                            })?;
                     let per = Duration::try_from_secs_f64(per).map_err(|_| {
                         "Nothing done: the period is not a number of seconds.".to_owned()
                     })?;
@@ -767,6 +784,7 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             // At most the number the operator confirmed: jobs that die again meanwhile wait
             // for the next press.
             let expected: usize = field(&form.expected, "the number confirmed")?
+                .trim()
                 .parse()
                 .map_err(|_| {
                     "Nothing done: the number confirmed is not a whole number.".to_owned()
@@ -820,10 +838,14 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
     Ok(Some(done))
 }
 
-/// Where a job action returns: the delayed list it was pressed on, or the job's page.
+/// Where a job action returns: the delayed list it was pressed on (its queue, and whether
+/// it showed retries only), or the job's page.
 fn back_to(form: &ActionForm, job: JobId) -> String {
-    match form.back.as_deref() {
-        Some("delayed") => "/delayed".to_owned(),
+    match (form.back.as_deref(), &form.queue) {
+        (Some(back @ ("delayed" | "retries")), Some(queue)) => {
+            let retries = if back == "retries" { "&retries=1" } else { "" };
+            format!("/delayed?queue={}{retries}", pages::enc(queue))
+        }
         _ => format!("/job/{job}"),
     }
 }
@@ -848,11 +870,15 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
     headers.insert(header::X_FRAME_OPTIONS, "DENY".parse().expect("static"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
-        "frame-ancestors 'none'; script-src 'none'"
+        "frame-ancestors 'none'; script-src 'none'; form-action 'self'; base-uri 'none'"
             .parse()
             .expect("static"),
     );
     headers.insert(header::CACHE_CONTROL, "no-store".parse().expect("static"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        "nosniff".parse().expect("static"),
+    );
     response
 }
 
@@ -872,6 +898,7 @@ fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
             listen.ip().to_string(),
             "localhost".into(),
             "127.0.0.1".into(),
+            "[::1]".into(),
         ]);
     }
     hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
@@ -958,7 +985,7 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
                 redacted(&args.redis.redis),
                 args.redis.prefix
             ),
-            rows: args.rows.max(1),
+            rows: args.rows.clamp(1, MAX_ROWS),
             csrf: uuid::Uuid::new_v4().simple().to_string(),
             authorization,
             hosts: allowed_hosts(bound, &args.public_hosts),
@@ -1074,6 +1101,55 @@ mod tests {
             page.contains("href=\"/dead?queue=a%26b\""),
             "stop keeps the queue: {page}"
         );
+    }
+
+    #[test]
+    fn the_flash_goes_in_the_query_before_the_fragment() {
+        assert_eq!(location("/queues", "f"), "/queues?flash=f");
+        assert_eq!(location("/dead?queue=a", "f"), "/dead?queue=a&flash=f");
+        assert_eq!(location("/queues#q-a%20b", "f"), "/queues?flash=f#q-a%20b");
+    }
+
+    /// A name is acted on as sent: `"orders "` is not `"orders"`.
+    #[test]
+    fn actions_take_names_as_sent() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ui = Ui {
+            store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
+            source: String::new(),
+            rows: 10,
+            csrf: "t".into(),
+            authorization: None,
+            hosts: Vec::new(),
+            flash: Default::default(),
+        };
+        let form = ActionForm {
+            csrf: "t".into(),
+            queue: Some("orders ".into()),
+            kind: None,
+            job: None,
+            jobs: Some(" 5 ".into()),
+            per: Some("2".into()),
+            cap: None,
+            schedule: None,
+            expected: None,
+            confirm: None,
+            back: None,
+        };
+        rt.block_on(async {
+            perform(&ui, "pause", &form).await.unwrap();
+            perform(&ui, "limit", &form).await.unwrap();
+            assert_eq!(ui.store.paused().await.unwrap(), ["orders "]);
+            assert!(ui.store.rate_limit("orders ").await.unwrap().is_some());
+            assert_eq!(ui.store.rate_limit("orders").await.unwrap(), None);
+            // A bulk action without its confirmation does nothing.
+            let msg = perform(&ui, "dead-retry-all", &form).await.unwrap_err();
+            assert!(msg.contains("confirmation"), "{msg}");
+            assert!(perform(&ui, "no-such-op", &form).await.unwrap().is_none());
+        });
     }
 
     #[test]

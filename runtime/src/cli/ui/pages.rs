@@ -283,7 +283,9 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
                             td {
                                 @if q.paused { (action(csrf, "resume", &[("queue", &q.name)], "Resume", &format!("resume-{}", q.name))) }
                                 @else { (action(csrf, "pause", &[("queue", &q.name)], "Pause", &format!("pause-{}", q.name))) }
-                                @if c.pending() == 0 && c.dead == 0 {
+                                // Not offered for a paused or limited queue: forgetting it would
+                                // drop the pause or the limit with it.
+                                @if c.pending() == 0 && c.dead == 0 && !q.paused && q.limit.is_none() {
                                     (action(csrf, "forget", &[("queue", &q.name)], "Forget", &format!("forget-{}", q.name)))
                                 }
                             }
@@ -291,8 +293,9 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
                     }
                 }
                 p.meta { "Pausing stops claims from the queue; running jobs finish and new jobs are still \
-                          accepted. Forget appears for a queue with no job left: it leaves this list (and \
-                          the metrics) until a job is enqueued to it again." }
+                          accepted. Forget appears for a queue with no job left that is neither paused \
+                          nor limited: it leaves this list (and the metrics) until a job is enqueued to \
+                          it again." }
             }
             h2 { "Kinds: concurrency caps" }
             @if v.kinds.is_empty() { p.empty { "No kind is capped or running." } }
@@ -404,6 +407,7 @@ pub(crate) fn delayed(
     retries_only: bool,
 ) -> Markup {
     let csrf = frame.csrf;
+    let back = if retries_only { "retries" } else { "delayed" };
     layout(
         frame,
         html! {
@@ -429,8 +433,8 @@ pub(crate) fn delayed(
                                     @if v.job.attempt > 0 { " " em { "retry" } } }
                                 td { code { (clip(&v.job.payload, 160)) } }
                                 td {
-                                    (action(csrf, "run-now", &[("job", &v.job.id.to_string()), ("back", "delayed")], "Run now", &format!("run-{}", v.job.id)))
-                                    (action(csrf, "cancel", &[("job", &v.job.id.to_string()), ("back", "delayed")], "Delete", &format!("delete-{}", v.job.id)))
+                                    (action(csrf, "run-now", &[("job", &v.job.id.to_string()), ("queue", queue), ("back", back)], "Run now", &format!("run-{}", v.job.id)))
+                                    (action(csrf, "cancel", &[("job", &v.job.id.to_string()), ("queue", queue), ("back", back)], "Delete", &format!("delete-{}", v.job.id)))
                                 }
                             }
                         }
@@ -719,7 +723,7 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
             @if let Some(error) = p.live.as_ref().and_then(|v| v.last_error.as_ref()) {
                 h2 { "Last error" }
                 p.warn #last-error { (error) }
-                p.meta { "Why attempt " (job.map_or(0, |j| j.attempt)) " failed; it was retried." }
+                p.meta { "The reason its last retried attempt failed." }
             }
             @if let Some(d) = &p.dead {
                 h2 { "Why it died" }

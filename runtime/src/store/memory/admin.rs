@@ -173,6 +173,17 @@ impl Inspect for MemoryLeaseStore {
     }
 }
 
+/// Where the newest dead letter of `job` is among the newest
+/// [`DEAD_JOB_SEARCH`](crate::store::DEAD_JOB_SEARCH), as the Redis store searches.
+fn newest_dead(dead: &std::collections::VecDeque<DeadJob>, job: JobId) -> Option<usize> {
+    let from_end = dead
+        .iter()
+        .rev()
+        .take(crate::store::DEAD_JOB_SEARCH)
+        .position(|d| d.job.id == job)?;
+    Some(dead.len() - 1 - from_end)
+}
+
 #[async_trait]
 impl QueueAdmin for MemoryLeaseStore {
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
@@ -276,6 +287,7 @@ impl QueueAdmin for MemoryLeaseStore {
     }
 
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        crate::job::check_name("queue", queue)?;
         let now = Instant::now();
         let mut state = lock(&self.state);
         if state.jobs.contains_key(&job) {
@@ -284,7 +296,7 @@ impl QueueAdmin for MemoryLeaseStore {
         let Some(q) = state.queues.get_mut(queue) else {
             return Ok(false);
         };
-        let Some(i) = q.dead.iter().position(|d| d.job.id == job) else {
+        let Some(i) = newest_dead(&q.dead, job) else {
             return Ok(false);
         };
         let Some(DeadJob { mut job, .. }) = q.dead.remove(i) else {
@@ -299,11 +311,12 @@ impl QueueAdmin for MemoryLeaseStore {
     }
 
     async fn purge_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
+        crate::job::check_name("queue", queue)?;
         let mut state = lock(&self.state);
         let Some(q) = state.queues.get_mut(queue) else {
             return Ok(false);
         };
-        let Some(i) = q.dead.iter().position(|d| d.job.id == job) else {
+        let Some(i) = newest_dead(&q.dead, job) else {
             return Ok(false);
         };
         q.dead.remove(i);
@@ -329,6 +342,7 @@ impl QueueAdmin for MemoryLeaseStore {
     }
 
     async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        crate::job::check_name("queue", queue)?;
         let mut state = lock(&self.state);
         let in_use = state.queues.get(queue).is_some_and(|q| {
             q.ready.values().any(|s| !s.is_empty())

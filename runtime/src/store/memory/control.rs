@@ -38,6 +38,8 @@ impl ControlStore for MemoryLeaseStore {
 
     async fn beat(&self, mut beat: WorkerBeat, ttl: Duration) -> Result<()> {
         crate::job::check_name("worker name", &beat.worker)?;
+        // As on Redis: at least a millisecond, at most the longest delay.
+        let ttl = ttl.clamp(Duration::from_millis(1), crate::job::MAX_DELAY);
         beat.seen_ms = unix_ms();
         let mut state = lock(&self.state);
         let now = Instant::now();

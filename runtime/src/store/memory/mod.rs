@@ -783,7 +783,12 @@ impl LeaseStore for MemoryLeaseStore {
                     }
                 }
                 Settlement::Retry { delay, reason } => {
-                    state.errors.insert(id, reason);
+                    // (Redis reads an empty reason back as none.)
+                    if reason.is_empty() {
+                        state.errors.remove(&id);
+                    } else {
+                        state.errors.insert(id, reason);
+                    }
                     state.park(id, now + delay.min(MAX_DELAY), now)
                 }
                 Settlement::Dead { reason } => state.bury(id, reason, self.dead_retention),

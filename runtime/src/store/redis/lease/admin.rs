@@ -93,8 +93,8 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
             kind: meta.kind,
             payload: meta.payload,
             scope: meta.scope.unwrap_or_else(|| Scope::of_job(id)),
-            attempt: parse(&attempt)?,
-            stalls: parse(&stalls)?,
+            attempt: u32::try_from(parse::<u64>(&attempt)?).unwrap_or(u32::MAX),
+            stalls: u32::try_from(parse::<u64>(&stalls)?).unwrap_or(u32::MAX),
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
             flow: meta.flow,
@@ -141,13 +141,12 @@ impl Inspect for RedisLeaseStore {
             return Ok(Vec::new());
         }
         let mut conn = self.conn().await?;
-        // LRANGE's bounds are signed 64-bit: past them, nothing is there to read.
-        let (Ok(first), Ok(last)) = (
-            i64::try_from(skip),
-            i64::try_from(skip.saturating_add(limit - 1)),
-        ) else {
+        // LRANGE's bounds are signed 64-bit: a first one past them has nothing to read; a
+        // last one past them means "to the end".
+        let Ok(first) = i64::try_from(skip) else {
             return Ok(Vec::new());
         };
+        let last = i64::try_from(skip.saturating_add(limit - 1)).unwrap_or(i64::MAX);
         let raw: Vec<String> = redis::cmd("LRANGE")
             .arg(format!("{}q:{queue}:dead", self.base))
             .arg(first)
@@ -155,7 +154,17 @@ impl Inspect for RedisLeaseStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        raw.iter().map(|r| DeadRecord::decode(r)).collect()
+        // A record another program wrote (or a newer version's) is left out, not the page.
+        Ok(raw
+            .iter()
+            .filter_map(|r| match DeadRecord::decode(r) {
+                Ok(dead) => Some(dead),
+                Err(e) => {
+                    tracing::warn!(queue, error = %e, "a dead-letter record does not read; skipped");
+                    None
+                }
+            })
+            .collect())
     }
 
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
@@ -171,7 +180,16 @@ impl Inspect for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        rows.into_iter().map(decode_view).collect()
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| match decode_view(row) {
+                Ok(view) => Some(view),
+                Err(e) => {
+                    tracing::warn!(queue, error = %e, "a delayed job's record does not read; skipped");
+                    None
+                }
+            })
+            .collect())
     }
 
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
@@ -226,12 +244,14 @@ impl Inspect for RedisLeaseStore {
 impl RedisLeaseStore {
     /// `dead_job.lua`: `action` is `retry` or `purge`.
     async fn dead_job(&self, queue: &str, job: JobId, action: &str) -> Result<bool> {
+        crate::job::check_name("queue", queue)?;
         let mut conn = self.conn().await?;
         let done: i64 = DEAD_JOB
             .key(&self.base)
             .arg(queue)
             .arg(job.to_string())
             .arg(action)
+            .arg(crate::store::DEAD_JOB_SEARCH)
             .arg(self.generation)
             .invoke_async(&mut conn)
             .await
@@ -322,6 +342,7 @@ impl QueueAdmin for RedisLeaseStore {
     }
 
     async fn forget_queue(&self, queue: &str) -> Result<bool> {
+        crate::job::check_name("queue", queue)?;
         let mut conn = self.conn().await?;
         let done: i64 = FORGET_QUEUE
             .key(&self.base)

@@ -63,12 +63,13 @@ static BEAT: LazyLock<Script> = LazyLock::new(|| {
          return 0",
     )
 });
-/// The live workers' records (see `BEAT`), by the Redis clock. Read-only.
+/// The live workers' records (see `BEAT`), by the Redis clock, at most 1,000. Read-only.
 static WORKERS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local t = redis.call('TIME') \
          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-         local names = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'workers:seen', '(' .. now, '+inf') \
+         local names = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'workers:seen', '(' .. now, '+inf', \
+           'LIMIT', 0, 1000) \
          if #names == 0 then return {} end \
          local out = {} \
          for i, v in ipairs(redis.call('HMGET', KEYS[1] .. 'workers', unpack(names))) do \
