@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use palisade::{
-    Client as Producer, FencingToken, Flow, JobId, LeaseStore, NewJob, RedisLeaseStore,
-    RejectionNote, Schedule, Settlement, WorkerBeat,
+    Client as Producer, FencingToken, Flow, HistorySample, JobId, LeaseStore, NewJob, QueueCounts,
+    RedisLeaseStore, RejectionNote, Schedule, Settlement, WorkerBeat,
 };
 use palisade_testkit::RedisServer;
 use palisade_testkit::{free_ports, http_get, wait_for};
@@ -156,6 +156,24 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
     .spec()
     .clone();
     store.put_schedule(spec).await.unwrap();
+    // Two hours of history samples a minute apart: 20 to 50 completions a minute, a death
+    // every 13th minute.
+    let now = store.now_ms().await.unwrap() as u64;
+    let (mut completed, mut died) = (0, 0);
+    for minute in 0..120u64 {
+        completed += 20 + (minute % 7) * 5;
+        died += u64::from(minute % 13 == 0);
+        let sample = HistorySample {
+            at_ms: now - (119 - minute) * 60_000,
+            counts: QueueCounts {
+                completed,
+                died,
+                ..QueueCounts::default()
+            },
+            oldest_ready_ms: (minute % 11) * 400,
+        };
+        store.note_history(sample).await.unwrap();
+    }
     let client = Producer::connect(&redis.url(), "palisade").await.unwrap();
     let flow = Flow::chain([
         NewJob::raw("step.one", "{}").with_queue("flows"),
@@ -296,6 +314,8 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         assert!(shown.starts_with(n), "{card}: {shown}");
     }
     assert!(text(&c, "#rejections").await.contains("account:42"));
+    let completed = text(&c, "#chart-completed").await;
+    assert!(completed.contains("highest 50.0 jobs/min"), "{completed}");
 
     // Queues: counts, and pause / resume.
     visit(&c, ui_port, "/queues", "queues").await;

@@ -18,7 +18,8 @@
 --                               head is ever ready, so every entry is claimable.
 --   q:<queue>:kinds       set   kinds that have had a ready set in the queue
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
---   q:<queue>:stats       hash  leased, waiting, completed, cancelled (jobs cancel.lua cancelled)
+--   q:<queue>:stats       hash  leased, waiting, completed, cancelled (jobs cancel.lua cancelled),
+--                               died (jobs ever dead-lettered)
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
 --                               (id queue kind payload scope attempt stalls max_attempts
 --                               max_stalls reason died: ms, Redis clock)
@@ -464,6 +465,12 @@ local function bury(base, id, reason, keep)
     return -- (no readable record: callers check first)
   end
   note_step_end(base, id, f[6], 'dead')
+  -- Jobs that ever died in the queue, for the console's history. Counted only where it can
+  -- be (pcall): a stats hash written over must not fail the burial halfway.
+  local died = redis.pcall('HGET', base .. 'q:' .. f[2] .. ':stats', 'died')
+  if type(died) ~= 'table' and countable(died) then
+    redis.pcall('HINCRBY', base .. 'q:' .. f[2] .. ':stats', 'died', 1)
+  end
   if f[6] and redis.call('TYPE', base .. 'held').ok == 'zset' then
     redis.call('ZREM', base .. 'held', id) -- (a held step cancelled before its release)
   end

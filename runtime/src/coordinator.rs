@@ -31,6 +31,9 @@ pub struct Coordinator {
     /// How often the queue-depth [`Sampler`] ticks; `None`: no sampler.
     sample_every: Option<Duration>,
     sampler: Option<Addr<Sampler>>,
+    /// How often the [`Historian`](crate::Historian) notes a sample; `None`: never.
+    history_every: Option<Duration>,
+    historian: Option<Addr<crate::Historian>>,
 }
 
 impl Coordinator {
@@ -49,7 +52,17 @@ impl Coordinator {
             flow_again: false,
             sample_every: None,
             sampler: None,
+            history_every: Some(Duration::from_secs(60)),
+            historian: None,
         }
+    }
+
+    /// Notes a sample of the fleet's counts for the console's charts every `every` while
+    /// this process holds the coordinator's `history` role (one process per coordinator;
+    /// one small write a minute by default); `None` turns it off.
+    pub fn with_history_interval(mut self, every: Option<Duration>) -> Self {
+        self.history_every = every;
+        self
     }
 
     /// Samples queue depth for the metrics every `every` (clamped to 100 ms..=10 s, so the
@@ -162,12 +175,18 @@ impl Actor for Coordinator {
                     .start(),
             );
         }
+        if let Some(every) = self.history_every {
+            self.historian = Some(crate::Historian::new(self.store.clone(), every).start());
+        }
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
         // Its interval would keep it running on its own.
         if let Some(sampler) = self.sampler.take() {
             sampler.do_send(crate::sampler::StopSampling);
+        }
+        if let Some(historian) = self.historian.take() {
+            historian.do_send(crate::history::StopHistory);
         }
     }
 }

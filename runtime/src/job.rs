@@ -610,6 +610,23 @@ pub struct QueueCounts {
     /// since the queue was first used: a count that only grows (the jobs themselves are among
     /// the dead).
     pub cancelled: u64,
+    /// Dead-lettered since the queue was first used, however they died (a count that only
+    /// grows: `dead` is the ones still kept).
+    pub died: u64,
+}
+
+impl std::ops::AddAssign for QueueCounts {
+    /// Counts of two queues (or two partitions of one) together.
+    fn add_assign(&mut self, c: Self) {
+        self.ready += c.ready;
+        self.delayed += c.delayed;
+        self.leased += c.leased;
+        self.waiting += c.waiting;
+        self.completed += c.completed;
+        self.dead += c.dead;
+        self.cancelled += c.cancelled;
+        self.died += c.died;
+    }
 }
 
 impl QueueCounts {

@@ -73,6 +73,7 @@ mod context;
 mod coordinator;
 mod error;
 mod flow;
+mod history;
 mod ids;
 mod job;
 mod linger;
@@ -104,6 +105,7 @@ pub use flow::{
     FlowState, FlowStatus, FlowStep, OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded,
     FLOW_RETENTION, MAX_FLOW_BYTES, MAX_FLOW_STEPS,
 };
+pub use history::Historian;
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, JobState, JobView, NewJob,
@@ -130,8 +132,9 @@ pub use store::postgres::{
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisFencedStore, RedisLeaseStore};
 pub use store::{
-    ClaimRequest, ControlStore, FencedStore, FencedWrite, Inspect, LeaseInfo, LeaseStore,
-    QueueAdmin, Reaped, RecordStore, RejectionNote, Stores, WorkerBeat,
+    ClaimRequest, ControlStore, FencedStore, FencedWrite, HistorySample, Inspect, LeaseInfo,
+    LeaseStore, QueueAdmin, Reaped, RecordStore, RejectionNote, Stores, WorkerBeat,
+    HISTORY_SAMPLES,
 };
 #[cfg(feature = "testing")]
 pub use worker::Freeze;

@@ -191,17 +191,11 @@ impl Inspect for PartitionedLeaseStore {
         let all = self
             .on_all(|part| async move { part.counts(queue).await })
             .await?;
-        Ok(all
-            .into_iter()
-            .fold(QueueCounts::default(), |a, c| QueueCounts {
-                ready: a.ready + c.ready,
-                delayed: a.delayed + c.delayed,
-                leased: a.leased + c.leased,
-                waiting: a.waiting + c.waiting,
-                completed: a.completed + c.completed,
-                dead: a.dead + c.dead,
-                cancelled: a.cancelled + c.cancelled,
-            }))
+        let mut total = QueueCounts::default();
+        for c in all {
+            total += c;
+        }
+        Ok(total)
     }
 
     async fn dead(&self, queue: &str, limit: usize) -> Result<Vec<DeadJob>> {

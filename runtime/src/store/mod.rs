@@ -229,6 +229,29 @@ pub trait ControlStore: Send + Sync + 'static {
     /// The worker processes whose last beat has not lapsed (at most 1,000), by name. (Lapsed
     /// ones are forgotten by later beats.)
     async fn workers(&self) -> Result<Vec<WorkerBeat>>;
+
+    /// Keeps one sample of the fleet's counts, the newest [`HISTORY_SAMPLES`] kept (the
+    /// console draws the last hours from them; [`Historian`](crate::Historian) notes one a
+    /// minute).
+    async fn note_history(&self, sample: HistorySample) -> Result<()>;
+
+    /// The newest `limit` history samples, newest first.
+    async fn history(&self, limit: usize) -> Result<Vec<HistorySample>>;
+}
+
+/// History samples kept: a day of one a minute.
+pub const HISTORY_SAMPLES: usize = 1_440;
+
+/// The fleet's counts at one instant, summed over every queue ([`ControlStore::history`]):
+/// the cumulative ones (completed, died, cancelled) give rates between two samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistorySample {
+    /// When (Unix ms, the coordinator's clock).
+    pub at_ms: u64,
+    /// Counts summed over every queue.
+    pub counts: crate::job::QueueCounts,
+    /// The longest any queue's next ready job had waited (ms).
+    pub oldest_ready_ms: u64,
 }
 
 /// A worker process as it last described itself ([`ControlStore::beat`]).
@@ -475,6 +498,12 @@ impl ControlStore for Stores {
     }
     async fn workers(&self) -> Result<Vec<WorkerBeat>> {
         self.control.workers().await
+    }
+    async fn note_history(&self, sample: HistorySample) -> Result<()> {
+        self.control.note_history(sample).await
+    }
+    async fn history(&self, limit: usize) -> Result<Vec<HistorySample>> {
+        self.control.history(limit).await
     }
 }
 

@@ -13,6 +13,7 @@ macro_rules! control_cases {
             kept_schedules_and_their_marks,
             results_and_progress_are_kept_for_their_time,
             worker_beats_list_the_live_workers,
+            history_keeps_the_newest_samples,
         );
     };
 }
@@ -218,4 +219,37 @@ pub async fn worker_beats_list_the_live_workers(store: Stores) {
         store.beat(beat("", 0), long).await.is_err(),
         "a name is checked"
     );
+}
+
+/// The console's history: samples come back newest first, as many as asked, at most
+/// `HISTORY_SAMPLES` kept.
+pub async fn history_keeps_the_newest_samples(store: Stores) {
+    assert!(store.history(10).await.unwrap().is_empty());
+    let sample = |at_ms: u64| HistorySample {
+        at_ms,
+        counts: QueueCounts {
+            completed: at_ms / 10,
+            ..QueueCounts::default()
+        },
+        oldest_ready_ms: 7,
+    };
+    for at in [1_000, 2_000, 3_000] {
+        store.note_history(sample(at)).await.unwrap();
+    }
+    let newest: Vec<u64> = store
+        .history(2)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.at_ms)
+        .collect();
+    assert_eq!(newest, [3_000, 2_000]);
+    assert_eq!(store.history(10).await.unwrap()[2], sample(1_000));
+    assert!(store.history(0).await.unwrap().is_empty());
+    for at in 0..HISTORY_SAMPLES as u64 {
+        store.note_history(sample(10_000 + at)).await.unwrap();
+    }
+    let all = store.history(usize::MAX).await.unwrap();
+    assert_eq!(all.len(), HISTORY_SAMPLES, "bounded");
+    assert_eq!(all[0].at_ms, 10_000 + HISTORY_SAMPLES as u64 - 1);
 }

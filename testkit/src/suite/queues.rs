@@ -391,6 +391,8 @@ pub async fn single_jobs_seen_and_acted_on_one_by_one(store: Stores) {
     }
     let dead = store.dead_range("v", 0, 10).await.unwrap();
     assert_eq!(dead.len(), 2);
+    assert_eq!(store.dead_range("v", 0, usize::MAX).await.unwrap(), dead);
+    assert_eq!(store.counts("v").await.unwrap().died, 2);
     for d in &dead {
         let died = d.died_ms.expect("a time of death");
         // (The coordinator's clock; a minute either way for a remote one.)
@@ -424,7 +426,8 @@ pub async fn single_jobs_seen_and_acted_on_one_by_one(store: Stores) {
     );
     assert!(store.purge_dead_job("v", second).await.unwrap());
     assert!(!store.purge_dead_job("v", second).await.unwrap(), "once");
-    assert_eq!(store.counts("v").await.unwrap().dead, 0);
+    let counts = store.counts("v").await.unwrap();
+    assert_eq!((counts.dead, counts.died), (0, 2), "died only grows");
     assert_eq!(store.job(second).await.unwrap(), None, "deleted for good");
     assert_eq!(revived.last_error, None);
 

@@ -45,6 +45,9 @@ pub(crate) const DEAD_SCAN: usize = 5_000;
 /// Most rows a table shows (`--rows`): a page stays small enough to read and render.
 const MAX_ROWS: usize = 1_000;
 
+/// History samples the dashboard draws (six hours of one a minute).
+const HISTORY_SHOWN: usize = 360;
+
 /// Live leases read for the busy page and the per-kind running counts.
 const LEASE_SCAN: usize = 10_000;
 
@@ -225,7 +228,13 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
             workers: ui.store.workers().await?.len(),
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
-            rejections: ui.store.rejections(5).await?,
+            rejections: ui.store.rejections(crate::store::REJECTION_JOURNAL).await?,
+            // Six hours of one a minute, oldest first.
+            history: {
+                let mut h = ui.store.history(HISTORY_SHOWN).await?;
+                h.reverse();
+                h
+            },
         };
         Ok(pages::dashboard(&frame, &d))
     };
@@ -1100,6 +1109,55 @@ mod tests {
         assert!(
             page.contains("href=\"/dead?queue=a%26b\""),
             "stop keeps the queue: {page}"
+        );
+    }
+
+    /// Rates between samples, per minute; rejections counted in the minute they fell in; a
+    /// count that went down reads as no change.
+    #[test]
+    fn history_turns_into_per_minute_series() {
+        use crate::store::HistorySample;
+        let at = |min: u64, completed: u64, died: u64| HistorySample {
+            at_ms: 1_000_000 + min * 60_000,
+            counts: crate::QueueCounts {
+                completed,
+                died,
+                ..Default::default()
+            },
+            oldest_ready_ms: min * 1000,
+        };
+        let history = [at(0, 100, 5), at(1, 160, 5), at(3, 100, 9)];
+        let note = |ms: u64| crate::store::RejectionNote {
+            at_ms: ms,
+            sink: "s".into(),
+            scope: "x".into(),
+            token: 1,
+            reason: "stale_token".into(),
+            detail: String::new(),
+        };
+        let rejections = [note(1_000_000 + 30_000), note(1_000_000 + 90_000), note(1)];
+        let [done, died, refused, waiting] = pages::series(&history, &rejections);
+        let values = |s: &pages::Series| s.iter().map(|p| p.1).collect::<Vec<_>>();
+        assert_eq!(values(&done), [60.0, 0.0]);
+        assert_eq!(values(&died), [0.0, 2.0]);
+        assert_eq!(values(&refused), [1.0, 0.5]);
+        assert_eq!(values(&waiting), [1.0, 3.0]);
+        assert_eq!(done[1].0, 1_000_000 + 180_000);
+        let page = pages::dashboard(
+            &frame(None),
+            &pages::Dashboard {
+                queues: Vec::new(),
+                workers: 0,
+                leases: 0,
+                flows_running: 0,
+                rejections: rejections.to_vec(),
+                history: history.to_vec(),
+            },
+        )
+        .into_string();
+        assert!(
+            page.contains("id=\"chart-completed\"") && page.contains("highest 60.0"),
+            "{page}"
         );
     }
 

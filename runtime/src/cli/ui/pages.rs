@@ -11,7 +11,7 @@ use crate::flow::{FlowStatus, StepEnd};
 use crate::ids::{FencingToken, FlowId, JobId};
 use crate::job::{DeadJob, JobState, JobView, QueueCounts, RateLimit};
 use crate::schedule::ScheduleSpec;
-use crate::store::{LeaseInfo, RejectionNote, WorkerBeat};
+use crate::store::{HistorySample, LeaseInfo, RejectionNote, WorkerBeat};
 
 /// What every page shows around its body.
 pub(crate) struct Frame<'a> {
@@ -60,7 +60,8 @@ white-space:nowrap;vertical-align:bottom}.cards{display:flex;flex-wrap:wrap;gap:
 .card{border:1px solid #ccc;border-radius:4px;padding:.5em 1em;min-width:7em}\
 .card b{display:block;font-size:1.5em;font-variant-numeric:tabular-nums}\
 .meta{color:#555}pre{background:#f6f6f6;padding:.5em;overflow:auto;max-height:24em}\
-.pages a{margin-right:.5em}input[type=number]{width:6em}";
+.pages a{margin-right:.5em}input[type=number]{width:6em}figure.chart{margin:.4em 1em .4em 0}.charts{display:flex;flex-wrap:wrap}\
+figcaption{font-size:.9em;margin-bottom:.2em}";
 
 /// A duration as an operator reads it: `850ms`, `12.3s`, `4m 10s`, `2h 5m`.
 pub(crate) fn age(d: Duration) -> String {
@@ -163,17 +164,11 @@ pub(crate) fn layout(frame: &Frame, body: Markup) -> Markup {
 
 /// Counts summed over queues.
 pub(crate) fn total(counts: &[QueueCounts]) -> QueueCounts {
-    counts
-        .iter()
-        .fold(QueueCounts::default(), |a, c| QueueCounts {
-            ready: a.ready + c.ready,
-            delayed: a.delayed + c.delayed,
-            leased: a.leased + c.leased,
-            waiting: a.waiting + c.waiting,
-            completed: a.completed + c.completed,
-            dead: a.dead + c.dead,
-            cancelled: a.cancelled + c.cancelled,
-        })
+    let mut total = QueueCounts::default();
+    for c in counts {
+        total += *c;
+    }
+    total
 }
 
 /// One queue's row on the dashboard and the queues page.
@@ -191,7 +186,72 @@ pub(crate) struct Dashboard {
     pub workers: usize,
     pub leases: usize,
     pub flows_running: u64,
+    /// The newest rejections (the journal's), newest first: the latest are listed, all are
+    /// counted per minute.
     pub rejections: Vec<RejectionNote>,
+    /// The coordinator's history samples, oldest first.
+    pub history: Vec<HistorySample>,
+}
+
+/// One chart's points: (end of the interval, value), oldest first.
+pub(crate) type Series = Vec<(u64, f64)>;
+
+/// Per-minute rates between consecutive samples (completed, died, fence rejections) and the
+/// longest wait for a ready job (seconds) at each sample.
+pub(crate) fn series(history: &[HistorySample], rejections: &[RejectionNote]) -> [Series; 4] {
+    let mut out: [Series; 4] = Default::default();
+    for pair in history.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if b.at_ms <= a.at_ms {
+            continue;
+        }
+        let minutes = (b.at_ms - a.at_ms) as f64 / 60_000.0;
+        // (Counts that went down — a queue forgotten, a layout move — read as no change.)
+        let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / minutes;
+        let refused = rejections
+            .iter()
+            .filter(|r| r.at_ms > a.at_ms && r.at_ms <= b.at_ms)
+            .count() as u64;
+        out[0].push((b.at_ms, rate(a.counts.completed, b.counts.completed)));
+        out[1].push((b.at_ms, rate(a.counts.died, b.counts.died)));
+        out[2].push((b.at_ms, rate(0, refused)));
+        out[3].push((b.at_ms, b.oldest_ready_ms as f64 / 1000.0));
+    }
+    out
+}
+
+/// A bar chart of `points` over the window `from..=to` (ms), one bar per point at its time,
+/// drawn here (SVG, no script), its largest value labelled; each bar says its value and time
+/// on hover.
+fn chart(
+    id: &str,
+    title: &str,
+    unit: &str,
+    points: &[(u64, f64)],
+    (from, to): (u64, u64),
+) -> Markup {
+    const W: f64 = 720.0;
+    const H: f64 = 60.0;
+    let max = points.iter().map(|p| p.1).fold(0.0_f64, f64::max);
+    let span = to.saturating_sub(from).max(1) as f64;
+    // One minute's width, at least a pixel.
+    let bar = (W * 60_000.0 / span).max(1.0);
+    html! {
+        figure.chart id=(id) {
+            figcaption { b { (title) } " — highest " (format!("{max:.1}")) " " (unit) }
+            svg width="720" height="60" viewBox="0 0 720 60" role="img" aria-label=(title) {
+                rect x="0" y="0" width="720" height="60" fill="#f6f7fb" {}
+                @for (at, v) in points {
+                    @let h = if max > 0.0 { (v / max * (H - 2.0)).max(if *v > 0.0 { 1.0 } else { 0.0 }) } else { 0.0 };
+                    @let x = (at.saturating_sub(from) as f64 / span * W - bar).max(0.0);
+                    rect x=(format!("{x:.2}")) y=(format!("{:.2}", H - h))
+                        width=(format!("{:.2}", (bar - 0.3).max(0.7))) height=(format!("{h:.2}")) fill="#4f5d75" {
+                        title { (format!("{v:.1}")) " " (unit) " — " (when(*at)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
@@ -218,6 +278,22 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
                 (card("workers", d.workers as u64, "total-workers"))
                 (card("flows running", d.flows_running, "total-flows"))
             }
+            h2 { "The last hours" }
+            @if d.history.len() < 2 {
+                p.empty { "No history yet: every worker's coordinator notes one sample a minute \
+                           (the history role); the charts start after two." }
+            } @else {
+                @let [done, died, refused, waiting] = series(&d.history, &d.rejections);
+                @let window = (frame.now_ms.saturating_sub(6 * 3_600_000), frame.now_ms);
+                p.meta { "The last six hours, one bar a minute (the coordinator keeps a day of samples; \
+                          the first here is from " (when(d.history[0].at_ms)) ")." }
+                div.charts {
+                    (chart("chart-completed", "Completed per minute", "jobs/min", &done, window))
+                    (chart("chart-died", "Dead-lettered per minute", "jobs/min", &died, window))
+                    (chart("chart-rejections", "Fence rejections per minute", "writes/min", &refused, window))
+                    (chart("chart-waiting", "Longest wait of a ready job", "s", &waiting, window))
+                }
+            }
             h2 { "Needs a look" }
             @if stuck.is_empty() { p.empty { "Every queue with ready work is moving (nothing has waited a minute) and none is paused." } }
             @else {
@@ -231,7 +307,7 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
             }
             h2 { "Latest fence rejections" }
             p { "Writes a fenced sink refused; " a href="/rejections" { "all of them" } "." }
-            (rejection_table(&d.rejections, frame.now_ms))
+            (rejection_table(&d.rejections[..d.rejections.len().min(5)], frame.now_ms))
             p.meta { (d.leases) " live lease(s): " a href="/busy" { "who runs what" } "." }
         },
     )

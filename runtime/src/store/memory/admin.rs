@@ -29,6 +29,7 @@ impl Inspect for MemoryLeaseStore {
                     completed: q.completed,
                     dead: q.dead.len() as u64,
                     cancelled: q.cancelled,
+                    died: q.died,
                 }
             })
             .unwrap_or_default())

@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::ids::JobId;
 use crate::schedule::ScheduleSpec;
 use crate::store::{
-    check_role_ttl, check_schedule, unix_ms, ControlStore, RecordStore, RejectionNote, WorkerBeat,
-    PROGRESS_RETENTION, REJECTION_JOURNAL,
+    check_role_ttl, check_schedule, unix_ms, ControlStore, HistorySample, RecordStore,
+    RejectionNote, WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
 #[async_trait]
@@ -55,6 +55,18 @@ impl ControlStore for MemoryLeaseStore {
         let mut workers: Vec<WorkerBeat> = state.workers.values().map(|(b, _)| b.clone()).collect();
         workers.sort_by(|a, b| a.worker.cmp(&b.worker));
         Ok(workers)
+    }
+
+    async fn note_history(&self, sample: HistorySample) -> Result<()> {
+        let mut state = lock(&self.state);
+        state.history.push_front(sample);
+        state.history.truncate(HISTORY_SAMPLES);
+        Ok(())
+    }
+
+    async fn history(&self, limit: usize) -> Result<Vec<HistorySample>> {
+        let state = lock(&self.state);
+        Ok(state.history.iter().take(limit).copied().collect())
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {

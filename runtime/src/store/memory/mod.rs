@@ -83,6 +83,8 @@ struct LeaseState {
     ready_at: HashMap<JobId, Instant>,
     /// Roles: holder and until when.
     roles: HashMap<String, (String, Instant)>,
+    /// History samples, newest first.
+    history: VecDeque<crate::store::HistorySample>,
     /// Why each live job's last attempt was retried.
     errors: HashMap<JobId, String>,
     /// Worker processes by name: their last beat and until when it holds.
@@ -138,8 +140,9 @@ struct QueueState {
     waiting: u64,
     completed: u64,
     dead: VecDeque<DeadJob>,
-    /// Jobs cancelled (`cancel`), ever.
+    /// Jobs cancelled (`cancel`), and dead-lettered, ever.
     cancelled: u64,
+    died: u64,
 }
 
 impl QueueState {
@@ -646,6 +649,7 @@ impl LeaseState {
             self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new(), None);
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
+            q.died += 1;
             // (A dead letter is a plain job again, as on Redis: retried, it runs outside
             // its flow, which recorded its end already.)
             let job = Job { flow: None, ..job };

@@ -115,7 +115,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
 impl Inspect for RedisLeaseStore {
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let mut conn = self.conn().await?;
-        let [ready, waiting, delayed, leased, completed, dead, cancelled]: [u64; 7] = COUNTS
+        let [ready, waiting, delayed, leased, completed, dead, cancelled, died]: [u64; 8] = COUNTS
             .key(&self.base)
             .arg(queue)
             .invoke_async(&mut conn)
@@ -129,6 +129,7 @@ impl Inspect for RedisLeaseStore {
             completed,
             dead,
             cancelled,
+            died,
         })
     }
 

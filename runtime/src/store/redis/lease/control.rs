@@ -13,8 +13,8 @@ use crate::job::MAX_DELAY;
 use crate::schedule::ScheduleSpec;
 use crate::store::redis::connection::garbage;
 use crate::store::{
-    check_role_ttl, check_schedule, ControlStore, RecordStore, RejectionNote, WorkerBeat,
-    PROGRESS_RETENTION, REJECTION_JOURNAL,
+    check_role_ttl, check_schedule, ControlStore, HistorySample, RecordStore, RejectionNote,
+    WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
 /// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
@@ -136,6 +136,40 @@ impl ControlStore for RedisLeaseStore {
             .collect();
         workers.sort_by(|a, b| a.worker.cmp(&b.worker));
         Ok(workers)
+    }
+
+    async fn note_history(&self, sample: HistorySample) -> Result<()> {
+        let key = format!("{}history", self.base);
+        let json = serde_json::to_string(&sample).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .atomic()
+            .lpush(&key, json)
+            .ignore()
+            .ltrim(&key, 0, HISTORY_SAMPLES as isize - 1)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn history(&self, limit: usize) -> Result<Vec<HistorySample>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}history", self.base))
+            .arg(0)
+            .arg(limit.min(HISTORY_SAMPLES) - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // A sample that does not parse (a newer version's) is skipped.
+        Ok(raw
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect())
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
