@@ -577,6 +577,27 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
     };
     assert_eq!((depth("leased"), depth("waiting")), (1, 3), "{text}");
 
+    // An operator pauses the queue and cancels the running job: the holder exports both, so
+    // PalisadeNoProgress stays quiet for the paused queue and cancels show as such.
+    let leased = status(&redis, "-")["leases"][0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    palisade(&redis, &["pause", "default"]);
+    palisade(&redis, &["cancel", &leased]);
+    let sampled = |name: &str| {
+        palisade::metrics::sample_sum(
+            &workers[holder].metrics().unwrap_or_default(),
+            name,
+            &[("queue", "default")],
+        )
+    };
+    wait_for(
+        "the paused gauge and the cancel count",
+        Duration::from_secs(15),
+        || sampled("palisade_queue_paused") == 1 && sampled("palisade_jobs_cancelled_total") == 1,
+    );
+
     // The holder dies; the role lapses (15 s) and the other process samples.
     let [a, b] = workers;
     let survivor = if holder == 0 {
