@@ -45,6 +45,9 @@
 --   then:<job id>         string an accepted completion's follow-up jobs (JSON), until the
 --                               coordinator enqueued them
 --   thens                 zset  job id -> when its follow-ups were kept (ms, Redis clock)
+--   workers, workers:seen hash, zset  worker heartbeats (store/redis/lease/control.rs, not
+--                               read by these scripts): name -> "ms TAB JSON", name -> expiry
+--   history               list  the console's samples of the fleet's counts, newest first
 -- Flows (store/flows.rs). In a job's partition:
 --   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)
 --   held                  zset  flow step jobs written and not released -> when written
