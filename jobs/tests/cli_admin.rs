@@ -319,13 +319,19 @@ fn operator_commands_warn_count_span_queues_and_forget() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("still holds jobs"));
     ok(&redis, &["dead", "purge", "--queue", "mail"]);
     ok(&redis, &["forget", "mail"]);
+    // typo is paused and limited: forgetting it would drop both, so it is refused until then.
+    let out = run(&redis, &["forget", "typo"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("paused or rate-limited"));
+    ok(&redis, &["resume", "typo"]);
+    ok(&redis, &["limit", "typo", "--off"]);
     ok(&redis, &["forget", "typo"]);
     let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
     let listed: Vec<&String> = status["queues"].as_object().unwrap().keys().collect();
     assert_eq!(listed, ["default"]);
     assert!(
         status["paused"].as_array().unwrap().is_empty(),
-        "typo's pause went too"
+        "typo was resumed before it was forgotten"
     );
 }
 

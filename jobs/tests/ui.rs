@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use palisade::{
-    Client as Producer, FencingToken, Flow, HistorySample, JobId, LeaseStore, NewJob, QueueCounts,
-    RedisLeaseStore, RejectionNote, Schedule, Settlement, WorkerBeat,
+    Client as Producer, FencingToken, Flow, FlowId, HistorySample, JobId, LeaseStore, NewJob,
+    QueueCounts, RedisLeaseStore, RejectionNote, Schedule, Settlement, WorkerBeat,
 };
 use palisade_testkit::RedisServer;
 use palisade_testkit::{free_ports, http_get, wait_for};
@@ -50,6 +50,7 @@ fn ui(redis: &RedisServer, port: u16, extra: &[&str]) -> Reaped {
 /// jobs. One fence rejection in the journal, one worker heartbeat, one kept schedule and one
 /// running flow (its first step ready in `flows`).
 struct Seeded {
+    flow: FlowId,
     dead: JobId,
     delayed: JobId,
     retry: JobId,
@@ -179,8 +180,9 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         NewJob::raw("step.one", "{}").with_queue("flows"),
         NewJob::raw("step.two", "{}").with_queue("flows"),
     ]);
-    client.create_flow(&flow).await.unwrap();
+    let flow = client.create_flow(&flow).await.unwrap();
     Seeded {
+        flow,
         dead: ids[1],
         delayed,
         retry: ids[3],
@@ -419,6 +421,9 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     // Flows, schedules, rejections and a job's own page.
     visit(&c, ui_port, "/flows", "flows").await;
     assert_eq!(text(&c, "#flows-running").await, "1");
+    assert!(text(&c, "#flows").await.contains(&s.flow.to_string()));
+    visit(&c, ui_port, &format!("/flow/{}", s.flow), "flow").await;
+    assert_eq!(text(&c, "#flow-state").await, "running");
     visit(&c, ui_port, "/schedules", "schedules").await;
     let schedules = text(&c, "#schedules").await;
     assert!(

@@ -460,6 +460,16 @@ end
 
 -- Moves a job to its queue's dead-letter list with the reason, as JSON, keeping the newest
 -- `keep` records of the queue, and hands its scope's turn on.
+-- A job's tick as our client writes it ({schedule = name, at_ms = integer below 10^14}), or
+-- nil for anything else: a record never carries a tick cjson could not write back exactly.
+local function tick_of(t)
+  if type(t) == 'table' and type(t.schedule) == 'string' and finite(t.at_ms) and t.at_ms >= 0
+    and t.at_ms < 1e14 and t.at_ms % 1 == 0 then
+    return { schedule = t.schedule, at_ms = t.at_ms }
+  end
+  return nil
+end
+
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
@@ -482,12 +492,12 @@ local function bury(base, id, reason, keep)
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
-    died = now_ms(), tick = type(meta.tick) == 'table' and meta.tick or nil }
+    died = now_ms(), tick = tick_of(meta.tick) }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
-    -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.)
+    -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.
+    -- The tick is one cjson can always write: tick_of.)
     record.payload = f[1] or ''
-    record.tick = nil
     json = cjson.encode(record)
   end
   redis.call('RPUSH', dead, json)
@@ -656,8 +666,10 @@ local function revive(base, raw, now)
   if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
     or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' or type(d.payload) ~= 'string'
     or not string.match(d.id, '^%x+%-%x+%-%x+%-%x+%-%x+$')
-    or not (finite(d.max_attempts) and d.max_attempts >= 0 and d.max_attempts % 1 == 0)
-    or not (finite(d.max_stalls) and d.max_stalls >= 0 and d.max_stalls % 1 == 0) then
+    or not (finite(d.max_attempts) and d.max_attempts >= 0 and d.max_attempts % 1 == 0
+      and d.max_attempts <= 4294967295)
+    or not (finite(d.max_stalls) and d.max_stalls >= 0 and d.max_stalls % 1 == 0
+      and d.max_stalls <= 4294967295) then
     -- Not a record we wrote: revived, a claim could not read it back.
     return false
   end
@@ -673,7 +685,7 @@ local function revive(base, raw, now)
   end
   local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
     queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
-    max_stalls = d.max_stalls, tick = type(d.tick) == 'table' and d.tick or nil })
+    max_stalls = d.max_stalls, tick = tick_of(d.tick) })
   if not encoded then
     return false
   end

@@ -15,10 +15,12 @@ for i = 1, #listed, 2 do
   if entry then
     local id, epoch, counter, claimed, worker =
       string.match(entry, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)')
-    local f = fields(base .. 'job:' .. id, 'scope', 'queue', 'kind')
+    local f = fields(base .. 'job:' .. id, 'scope', 'queue', 'kind', 'meta')
     local scope = scope_of(entry) or f[1] or ('job:' .. id)
     out[#out + 1] = { lease, id, scope, epoch, counter, worker,
-      fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now), f[2] or '', f[3] or '' }
+      fmt(now - tonumber(claimed)), fmt(tonumber(listed[i + 1]) - now), f[2] or '',
+      -- (A record of an earlier version has no kind field: its meta has it.)
+      f[3] or (f[4] and meta_of(f[4]).kind) or '' }
   end
 end
 return out

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::store::{ControlStore, HistorySample, Inspect, Stores};
+use crate::store::{ControlStore, HistorySample, Inspect, QueueAdmin, Stores};
 
 /// The role's name in the store.
 const ROLE: &str = "history";
@@ -24,12 +24,13 @@ pub struct Historian {
 }
 
 impl Historian {
-    /// A historian of `store` noting a sample `every` (at least a second).
+    /// A historian of `store` noting a sample `every` (clamped to a second ..= an hour; the
+    /// console draws one a minute, the default).
     pub fn new(store: impl Into<Stores>, every: Duration) -> Self {
         Self {
             store: store.into(),
             holder: format!("{}/{}", std::process::id(), uuid::Uuid::new_v4()),
-            every: every.max(Duration::from_secs(1)),
+            every: every.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
             in_flight: false,
         }
     }
@@ -59,16 +60,20 @@ impl Historian {
     }
 }
 
-/// The fleet's counts now.
+/// The fleet's counts now; the longest wait among queues not paused (a queue paused on
+/// purpose waits by design, as `PalisadeNoProgress` knows).
 pub(crate) async fn sample(store: &Stores) -> crate::Result<HistorySample> {
     let mut sample = HistorySample {
         at_ms: u64::try_from(store.now_ms().await?).unwrap_or_default(),
         ..HistorySample::default()
     };
+    let paused = store.paused().await?;
     for queue in store.queues().await? {
         sample.counts += store.counts(&queue).await?;
-        let oldest = store.oldest_ready(&queue).await?.unwrap_or_default();
-        sample.oldest_ready_ms = sample.oldest_ready_ms.max(oldest.as_millis() as u64);
+        if !paused.contains(&queue) {
+            let oldest = store.oldest_ready(&queue).await?.unwrap_or_default();
+            sample.oldest_ready_ms = sample.oldest_ready_ms.max(oldest.as_millis() as u64);
+        }
     }
     Ok(sample)
 }

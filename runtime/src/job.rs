@@ -89,6 +89,9 @@ pub struct NewJob {
     pub tick: Option<Tick>,
 }
 
+/// Ticks are kept below this (ms): 14 digits, which every record keeps exactly.
+pub const MAX_TICK_MS: i64 = 100_000_000_000_000;
+
 /// The schedule tick a job was enqueued for: which schedule, and the instant of the tick (not
 /// when the job ran, which may be later: a catch-up, a retry, a busy queue).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -291,6 +294,16 @@ impl NewJob {
     pub fn validate(&self, max_payload_bytes: usize) -> Result<()> {
         check_name("kind", &self.kind)?;
         check_name("queue", &self.queue)?;
+        if let Some(tick) = &self.tick {
+            check_name("tick schedule", &tick.schedule)?;
+            // Kept exact through every record (Redis' cjson writes 14 digits): until 5138.
+            if !(0..MAX_TICK_MS).contains(&tick.at_ms) {
+                return Err(Error::InvalidJob(format!(
+                    "tick {} ms is outside 0..{MAX_TICK_MS}",
+                    tick.at_ms
+                )));
+            }
+        }
         if let Some(scope) = &self.scope {
             check_name("scope", scope.as_str())?;
             if scope.job().is_some() {
@@ -592,6 +605,7 @@ impl FollowUpRecord {
 
 /// Counts of one queue, for status output and progress bars.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)] // a sample kept by an older version reads with zeros for newer counts
 pub struct QueueCounts {
     /// Claimable now.
     pub ready: u64,
@@ -617,15 +631,16 @@ pub struct QueueCounts {
 
 impl std::ops::AddAssign for QueueCounts {
     /// Counts of two queues (or two partitions of one) together.
+    /// (Saturating: counts another program wrote may be anything.)
     fn add_assign(&mut self, c: Self) {
-        self.ready += c.ready;
-        self.delayed += c.delayed;
-        self.leased += c.leased;
-        self.waiting += c.waiting;
-        self.completed += c.completed;
-        self.dead += c.dead;
-        self.cancelled += c.cancelled;
-        self.died += c.died;
+        self.ready = self.ready.saturating_add(c.ready);
+        self.delayed = self.delayed.saturating_add(c.delayed);
+        self.leased = self.leased.saturating_add(c.leased);
+        self.waiting = self.waiting.saturating_add(c.waiting);
+        self.completed = self.completed.saturating_add(c.completed);
+        self.dead = self.dead.saturating_add(c.dead);
+        self.cancelled = self.cancelled.saturating_add(c.cancelled);
+        self.died = self.died.saturating_add(c.died);
     }
 }
 
@@ -715,6 +730,25 @@ mod tests {
             ] {
                 assert!(bad.validate(DEFAULT_MAX_PAYLOAD_BYTES).is_err(), "{bad:?}");
             }
+        }
+        // A tick's schedule is a name, and its instant one every record keeps exactly.
+        let ticked = |schedule: &str, at_ms: i64| {
+            let mut job = NewJob::raw("k", "{}");
+            job.tick = Some(Tick {
+                schedule: schedule.into(),
+                at_ms,
+            });
+            job.validate(DEFAULT_MAX_PAYLOAD_BYTES)
+        };
+        ticked("nightly", 1_790_000_000_000).unwrap();
+        for (schedule, at_ms) in [
+            ("", 0),
+            ("a\u{202E}b", 0),
+            ("n", -1),
+            ("n", MAX_TICK_MS),
+            ("n", i64::MAX),
+        ] {
+            assert!(ticked(schedule, at_ms).is_err(), "{schedule:?} {at_ms}");
         }
         // Letters of every script, and emoji, stay names.
         for ok in ["файлы", "请求", "émission", "queue📦", "حساب"] {

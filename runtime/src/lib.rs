@@ -111,7 +111,7 @@ pub use job::{
     Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, JobState, JobView, NewJob,
     QueueCounts, RateLimit, Settlement, Then, Tick, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES,
     ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS,
-    MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, PRIORITY_RANGE,
+    MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS, PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;

@@ -1396,6 +1396,21 @@ async fn the_console_operations_leave_foreign_records_alone() {
         .await
         .unwrap();
 
+    // A tick another program wrote that cjson could not keep exactly (1e20) is dropped from
+    // the dead letter, which still reads.
+    let ticked = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap()[0];
+    let key = format!("{{fx}}:job:{ticked}");
+    let meta = server.cli(&["HGET", &key, "meta"]).unwrap();
+    let meta = meta.replacen('{', r#"{"tick":{"schedule":"s","at_ms":1e20},"#, 1);
+    server.cli(&["HSET", &key, "meta", &meta]);
+    store.cancel(ticked, "stop").await.unwrap();
+    let dead = store.dead_range("default", 0, 10).await.unwrap();
+    let d = dead
+        .iter()
+        .find(|d| d.job.id == ticked)
+        .expect("the dead letter reads");
+    assert_eq!(d.job.tick, None);
+
     // Names with a tab would alias another queue's keys: refused before any read or write.
     assert!(store.forget_queue("a\tb").await.is_err());
     assert!(store.retry_dead_job("a\tb", id).await.is_err());

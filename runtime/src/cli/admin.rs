@@ -268,7 +268,9 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             let counts = store.counts(&queue).await?;
             queues.push((queue, counts));
         }
-        let leases = store.leases(args.leases).await?;
+        // One read of the live leases: the first --leases are listed, all are counted per kind.
+        let all_leases = store.leases(args.leases.max(KINDS_LEASE_SCAN)).await?;
+        let leases: Vec<_> = all_leases.iter().take(args.leases).cloned().collect();
         let paused = store.paused().await?;
         let workers = store.workers().await?;
         // Running per kind counted over every live lease, beside each kind's cap.
@@ -276,10 +278,13 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         for (kind, cap) in store.concurrency_caps().await? {
             kinds.entry(kind).or_default().0 = Some(cap);
         }
-        for lease in store.leases(KINDS_LEASE_SCAN).await? {
+        for lease in &all_leases {
             if !lease.kind.is_empty() {
-                kinds.entry(lease.kind).or_default().1 += 1;
+                kinds.entry(lease.kind.clone()).or_default().1 += 1;
             }
+        }
+        if all_leases.len() >= KINDS_LEASE_SCAN {
+            eprintln!("note: running counts per kind are of the first {KINDS_LEASE_SCAN} leases");
         }
         let (running_flows, oldest_flows) = store.running_flows(FLOWS_SHOWN).await?;
         let mut flows = Vec::with_capacity(oldest_flows.len());
@@ -445,6 +450,24 @@ pub(super) struct DeadArgs {
     limit: usize,
 }
 
+/// `dead retry|purge` without `--queue` act on `default`: says so when other queues hold
+/// dead jobs (which `dead list` shows).
+async fn hint_other_dead(store: &crate::Stores) -> anyhow::Result<()> {
+    let mut others = Vec::new();
+    for queue in store.queues().await? {
+        if queue != "default" && store.counts(&queue).await?.dead > 0 {
+            others.push(queue);
+        }
+    }
+    if !others.is_empty() {
+        eprintln!(
+            "note: without --queue this acts on queue default; dead jobs wait in {} too",
+            others.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Runs `dead ...`.
 pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
     runtime()?.block_on(async {
@@ -468,12 +491,18 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
                 let queue = args.queue.as_deref().unwrap_or("default");
                 let moved = store.retry_dead(queue, args.limit).await?;
                 println!("{moved} jobs moved back to {queue}");
+                if args.queue.is_none() {
+                    hint_other_dead(&store).await?;
+                }
             }
             DeadCommand::Purge(args) => {
                 let (_, store) = args.redis.store().await?;
                 let queue = args.queue.as_deref().unwrap_or("default");
                 let purged = store.purge_dead(queue, args.limit).await?;
                 println!("{purged} dead jobs of {queue} deleted");
+                if args.queue.is_none() {
+                    hint_other_dead(&store).await?;
+                }
             }
         }
         anyhow::Ok(())
@@ -484,8 +513,8 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
 mod tests {
     use super::fill;
 
-    /// A code schedule that its workers also keep is listed once, as code; a kept one under
-    /// a code schedule's name that differs is called unused; kept-only ones follow.
+    /// A code schedule that its workers also keep is listed once; a kept copy that differs is
+    /// listed beside the code's, as the one fired until this binary's workers start.
     #[test]
     fn schedule_list_shows_each_schedule_once_with_its_source() {
         let job = || crate::NewJob::raw("k", "{}");
@@ -498,13 +527,21 @@ mod tests {
             &[code.clone(), other],
             vec![code.spec().clone(), differs, kept_only.spec().clone()],
         );
-        let shown: Vec<(&str, &str)> = rows.iter().map(|(s, src)| (s.name(), *src)).collect();
+        let shown: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|(s, src)| (s.name(), s.spec().pattern.as_str(), *src))
+            .collect();
         assert_eq!(
             shown,
             [
-                ("nightly", "code (kept)"),
-                ("hourly", "code (kept differs, unused)"),
-                ("weekly", "kept")
+                ("nightly", "0 3 * * *", "code (kept)"),
+                ("hourly", "0 * * * *", "code (not kept yet)"),
+                (
+                    "hourly",
+                    "30 * * * *",
+                    "kept (differs from the code: fired until a worker of this binary starts)"
+                ),
+                ("weekly", "0 3 * * 1", "kept")
             ]
         );
     }
@@ -563,41 +600,73 @@ async fn warn_unknown_queue(store: &crate::Stores, queue: &str) -> anyhow::Resul
 pub(super) fn forget(args: QueueArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
+        if store.paused().await?.contains(&args.queue)
+            || store.rate_limit(&args.queue).await?.is_some()
+        {
+            bail!(
+                "queue {} is paused or rate-limited, and forgetting it would drop that: \
+                 `resume` it or lift the limit (`limit --off`) first",
+                args.queue
+            );
+        }
+        if !store.queues().await?.contains(&args.queue) {
+            eprintln!(
+                "warning: queue {:?} is not listed (never had a job?)",
+                args.queue
+            );
+        }
         if !store.forget_queue(&args.queue).await? {
             let c = store.counts(&args.queue).await?;
             bail!(
-                "queue {} still holds jobs ({} pending, {} dead): retry or purge them first",
+                "queue {} still holds jobs ({} pending, {} dead{}): retry or purge them first",
                 args.queue,
                 c.pending(),
-                c.dead
+                c.dead,
+                if c.pending() + c.dead == 0 {
+                    ", and a flow step waiting for its dependencies"
+                } else {
+                    ""
+                }
             );
         }
         print_lines(std::iter::once(format!("queue {} forgotten", args.queue)))
     })
 }
 
-/// The schedules `schedule list` shows, once each, with where each comes from: this binary's
-/// code (workers keep their code's schedules in the coordinator too, and a kept one under a
-/// code schedule's name is never fired: the code's wins), then those kept only.
+/// The schedules `schedule list` shows, with where each comes from. Workers fire the kept
+/// copies (a `palisade worker` keeps its code's schedules when it starts, over any copy of the
+/// same name), so a code schedule is listed once when its kept copy is the same; when the kept
+/// copy differs (an older binary's) or is missing, the code's is listed as not kept yet and
+/// the kept copy — the one fired until a worker of this binary starts — as well.
 fn listed(
     declared: &[crate::Schedule],
     kept: Vec<crate::ScheduleSpec>,
 ) -> Vec<(crate::Schedule, &'static str)> {
-    let source_of = |s: &crate::Schedule| match kept.iter().find(|k| k.name == s.name()) {
-        Some(k) if k == s.spec() => "code (kept)",
-        Some(_) => "code (kept differs, unused)",
-        None => "code",
-    };
-    let mut all: Vec<_> = declared.iter().map(|s| (s.clone(), source_of(s))).collect();
+    let mut all: Vec<_> = declared
+        .iter()
+        .map(|s| {
+            let same = kept.iter().any(|k| k == s.spec());
+            (
+                s.clone(),
+                if same {
+                    "code (kept)"
+                } else {
+                    "code (not kept yet)"
+                },
+            )
+        })
+        .collect();
     for spec in kept {
-        if declared.iter().any(|d| d.name() == spec.name) {
-            continue;
-        }
+        let source = match declared.iter().find(|d| d.name() == spec.name) {
+            Some(d) if d.spec() == &spec => continue,
+            Some(_) => "kept (differs from the code: fired until a worker of this binary starts)",
+            None => "kept",
+        };
         // Kept by an older version that let it in (a pattern that never fires): the
         // scheduler skips it, and the operator should hear of it.
         let name = spec.name.clone();
         match crate::Schedule::try_from(spec) {
-            Ok(s) => all.push((s, "kept")),
+            Ok(s) => all.push((s, source)),
             Err(e) => eprintln!("kept schedule {name:?} skipped (`schedule remove` it): {e}"),
         }
     }

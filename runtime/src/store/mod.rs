@@ -245,6 +245,7 @@ pub const HISTORY_SAMPLES: usize = 1_440;
 /// The fleet's counts at one instant, summed over every queue ([`ControlStore::history`]):
 /// the cumulative ones (completed, died, cancelled) give rates between two samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)] // a sample of another version still reads
 pub struct HistorySample {
     /// When (Unix ms, the coordinator's clock).
     pub at_ms: u64,

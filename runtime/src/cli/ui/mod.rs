@@ -32,7 +32,9 @@ use subtle::ConstantTimeEq as _;
 use super::{redacted, RedisArgs};
 use crate::ids::{FlowId, JobId};
 use crate::job::{DeadJob, RateLimit};
-use crate::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores};
+use crate::store::{
+    ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
+};
 use pages::{Frame, QueueRow};
 
 /// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
@@ -230,10 +232,16 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
             flows_running: ui.store.running_flows(0).await?.0,
             rejections: ui.store.rejections(crate::store::REJECTION_JOURNAL).await?,
             // Six hours of one a minute, oldest first.
-            history: {
-                let mut h = ui.store.history(HISTORY_SHOWN).await?;
-                h.reverse();
-                h
+            // (A history that cannot be read costs the charts, not the page.)
+            history: match ui.store.history(HISTORY_SHOWN).await {
+                Ok(mut h) => {
+                    h.reverse();
+                    h
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ui: reading the history failed");
+                    Vec::new()
+                }
             },
         };
         Ok(pages::dashboard(&frame, &d))
@@ -358,6 +366,7 @@ async fn dead(
             pages: 1,
             rows: Vec::new(),
             searched: None,
+            actionable: 0,
             queues,
         };
         match &v.queue {
@@ -368,6 +377,7 @@ async fn dead(
                 }
                 v.rows.sort_by_key(|d| std::cmp::Reverse(d.died_ms));
                 v.rows.truncate(rows);
+                v.actionable = v.rows.len(); // each among its queue's newest `rows`
             }
             Some(queue) => {
                 let total = ui.store.counts(queue).await?.dead;
@@ -382,6 +392,8 @@ async fn dead(
                         .dead_range(queue, end.saturating_sub(rows), end.min(rows))
                         .await?;
                     page.reverse();
+                    // Newest first: this page starts that many records from the newest.
+                    v.actionable = DEAD_JOB_SEARCH.saturating_sub((v.page - 1) * rows);
                     v.rows = page;
                 } else {
                     let needle = v.search.to_lowercase();
@@ -403,6 +415,7 @@ async fn dead(
                         .skip((v.page - 1) * rows)
                         .take(rows)
                         .collect();
+                    v.actionable = v.rows.len(); // found among the newest DEAD_SCAN
                 }
             }
         }
@@ -718,6 +731,18 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
         }
         "forget" => {
             let queue = field(&form.queue, "the queue")?;
+            if store
+                .paused()
+                .await
+                .map_err(failed)?
+                .iter()
+                .any(|q| q == queue)
+                || store.rate_limit(queue).await.map_err(failed)?.is_some()
+            {
+                return Err(format!(
+                    "Kept queue {queue}: it is paused or rate-limited, and forgetting it would drop that; resume it or lift the limit first."
+                ));
+            }
             let msg = if store.forget_queue(queue).await.map_err(failed)? {
                 format!("Forgot queue {queue}.")
             } else {
@@ -781,7 +806,7 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             let msg = match (done, op == "dead-retry") {
                 (true, true) => format!("Retried dead job {job}."),
                 (true, false) => format!("Deleted dead job {job}."),
-                (false, _) => format!("Dead job {job} is not among the dead letters of {queue} (or its id is live again): nothing done."),
+                (false, _) => format!("Dead job {job} is not among the newest {DEAD_JOB_SEARCH} dead letters of {queue}, or its id is live again: nothing done."),
             };
             (msg, dead_page(queue))
         }
@@ -1072,9 +1097,41 @@ mod tests {
             pages: 2,
             rows: Vec::new(),
             searched: None,
+            actionable: 0,
         };
         let page = pages::dead(&frame(None), &dead).into_string();
         assert!(page.contains("queue=a%26b%22%3C"), "{page}");
+        // Rows past the newest 5,000 have no one-job buttons (those would not reach them).
+        let row = |n: u32| DeadJob {
+            job: crate::Job {
+                id: JobId::new(),
+                queue: "q".into(),
+                kind: "k".into(),
+                payload: "{}".into(),
+                scope: crate::Scope::new("s"),
+                attempt: n,
+                stalls: 0,
+                max_attempts: 1,
+                max_stalls: 0,
+                flow: None,
+                tick: None,
+            },
+            reason: "r".into(),
+            died_ms: None,
+        };
+        let paged = pages::DeadView {
+            queues: vec![("q".into(), 2)],
+            queue: Some("q".into()),
+            search: String::new(),
+            page: 1,
+            pages: 1,
+            rows: vec![row(1), row(2)],
+            searched: None,
+            actionable: 1,
+        };
+        let page = pages::dead(&frame(None), &paged).into_string();
+        assert_eq!(page.matches(">Retry<").count(), 1, "{page}");
+        assert_eq!(page.matches("older than the newest 5,000").count(), 1);
         assert!(!page.contains("\"><script>"), "{page}");
     }
 
@@ -1143,8 +1200,11 @@ mod tests {
         assert_eq!(values(&refused), [1.0, 0.5]);
         assert_eq!(values(&waiting), [1.0, 3.0]);
         assert_eq!(done[1].0, 1_000_000 + 180_000);
+        // Read right after the last sample (charts draw the six hours before "now").
+        let mut read = frame(None);
+        read.now_ms = 1_000_000 + 180_000;
         let page = pages::dashboard(
-            &frame(None),
+            &read,
             &pages::Dashboard {
                 queues: Vec::new(),
                 workers: 0,
@@ -1158,6 +1218,16 @@ mod tests {
         assert!(
             page.contains("id=\"chart-completed\"") && page.contains("highest 60.0"),
             "{page}"
+        );
+        // A full journal reaches back only so far: no rejection bar before its oldest note.
+        let full: Vec<_> = (0..crate::store::REJECTION_JOURNAL as u64)
+            .map(|i| note(1_000_000 + 60_000 + i))
+            .collect();
+        let [_, _, refused, _] = pages::series(&history, &full);
+        assert_eq!(
+            values(&refused),
+            [499.5],
+            "only the interval after the oldest note"
         );
     }
 
@@ -1203,6 +1273,11 @@ mod tests {
             assert_eq!(ui.store.paused().await.unwrap(), ["orders "]);
             assert!(ui.store.rate_limit("orders ").await.unwrap().is_some());
             assert_eq!(ui.store.rate_limit("orders").await.unwrap(), None);
+            // Forgetting a paused or limited queue would drop that: refused, whatever the
+            // page offered.
+            let msg = perform(&ui, "forget", &form).await.unwrap_err();
+            assert!(msg.contains("paused or rate-limited"), "{msg}");
+            assert_eq!(ui.store.paused().await.unwrap(), ["orders "]);
             // A bulk action without its confirmation does nothing.
             let msg = perform(&ui, "dead-retry-all", &form).await.unwrap_err();
             assert!(msg.contains("confirmation"), "{msg}");

@@ -197,9 +197,16 @@ pub(crate) struct Dashboard {
 pub(crate) type Series = Vec<(u64, f64)>;
 
 /// Per-minute rates between consecutive samples (completed, died, fence rejections) and the
-/// longest wait for a ready job (seconds) at each sample.
+/// longest wait for a ready job (seconds) at each sample. Rejections come from the journal,
+/// which keeps the newest 1,000: when it is full, minutes before its oldest entry get no
+/// rejection bar rather than a false zero.
 pub(crate) fn series(history: &[HistorySample], rejections: &[RejectionNote]) -> [Series; 4] {
     let mut out: [Series; 4] = Default::default();
+    let journal_from = if rejections.len() >= crate::store::REJECTION_JOURNAL {
+        rejections.iter().map(|r| r.at_ms).min().unwrap_or_default()
+    } else {
+        0
+    };
     for pair in history.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         if b.at_ms <= a.at_ms {
@@ -214,7 +221,9 @@ pub(crate) fn series(history: &[HistorySample], rejections: &[RejectionNote]) ->
             .count() as u64;
         out[0].push((b.at_ms, rate(a.counts.completed, b.counts.completed)));
         out[1].push((b.at_ms, rate(a.counts.died, b.counts.died)));
-        out[2].push((b.at_ms, rate(0, refused)));
+        if a.at_ms >= journal_from {
+            out[2].push((b.at_ms, rate(0, refused)));
+        }
         out[3].push((b.at_ms, b.oldest_ready_ms as f64 / 1000.0));
     }
     out
@@ -232,6 +241,10 @@ fn chart(
 ) -> Markup {
     const W: f64 = 720.0;
     const H: f64 = 60.0;
+    let points: Vec<&(u64, f64)> = points
+        .iter()
+        .filter(|p| (from..=to).contains(&p.0))
+        .collect();
     let max = points.iter().map(|p| p.1).fold(0.0_f64, f64::max);
     let span = to.saturating_sub(from).max(1) as f64;
     // One minute's width, at least a pixel.
@@ -533,6 +546,9 @@ pub(crate) struct DeadView {
     pub rows: Vec<DeadJob>,
     /// The search read only the newest this many records.
     pub searched: Option<usize>,
+    /// How many of `rows` (the first ones: newest first) are among the queue's newest
+    /// [`DEAD_JOB_SEARCH`](crate::store::DEAD_JOB_SEARCH), which one-job actions reach.
+    pub actionable: usize,
 }
 
 pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
@@ -560,7 +576,7 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
                 table #dead {
                     tr { th { "died" } th { "queue" } th { "job" } th { "kind" } th { "attempts" } th { "reason" }
                          th { "payload" } th { "" } }
-                    @for d in &v.rows {
+                    @for (i, d) in v.rows.iter().enumerate() {
                         tr data-job=(d.job.id) {
                             td { @if let Some(ms) = d.died_ms { (ago(ms, frame.now_ms)) } @else { "-" } }
                             td { (name(&d.job.queue)) }
@@ -570,8 +586,12 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
                             td.reason { (clip(&d.reason, 300)) }
                             td { code { (clip(&d.job.payload, 160)) } }
                             td {
-                                (action(csrf, "dead-retry", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Retry", &format!("retry-{}", d.job.id)))
-                                (action(csrf, "dead-delete", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Delete", &format!("delete-{}", d.job.id)))
+                                @if i < v.actionable {
+                                    (action(csrf, "dead-retry", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Retry", &format!("retry-{}", d.job.id)))
+                                    (action(csrf, "dead-delete", &[("queue", &d.job.queue), ("job", &d.job.id.to_string())], "Delete", &format!("delete-{}", d.job.id)))
+                                } @else {
+                                    span.meta title="one-job actions reach the newest 5,000 of a queue; Retry all and Delete all reach every one" { "older than the newest 5,000" }
+                                }
                             }
                         }
                     }
