@@ -273,16 +273,8 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         let leases: Vec<_> = all_leases.iter().take(args.leases).cloned().collect();
         let paused = store.paused().await?;
         let workers = store.workers().await?;
-        // Running per kind counted over every live lease, beside each kind's cap.
-        let mut kinds = std::collections::BTreeMap::<String, (Option<u32>, usize)>::new();
-        for (kind, cap) in store.concurrency_caps().await? {
-            kinds.entry(kind).or_default().0 = Some(cap);
-        }
-        for lease in &all_leases {
-            if !lease.kind.is_empty() {
-                kinds.entry(lease.kind.clone()).or_default().1 += 1;
-            }
-        }
+        // Running per kind counted over every live lease read, beside each kind's cap.
+        let kinds = super::kind_load(store.concurrency_caps().await?, &all_leases);
         if all_leases.len() >= KINDS_LEASE_SCAN {
             eprintln!("note: running counts per kind are of the first {KINDS_LEASE_SCAN} leases");
         }

@@ -716,6 +716,22 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// Each kind that is capped or running: its fleet-wide cap and how many of `leases` run it
+/// (`status` and the console's Queues page).
+pub(crate) fn kind_load(
+    caps: Vec<(String, u32)>,
+    leases: &[crate::store::LeaseInfo],
+) -> std::collections::BTreeMap<String, (Option<u32>, usize)> {
+    let mut kinds = std::collections::BTreeMap::<String, (Option<u32>, usize)>::new();
+    for (kind, cap) in caps {
+        kinds.entry(kind).or_default().0 = Some(cap);
+    }
+    for lease in leases.iter().filter(|l| !l.kind.is_empty()) {
+        kinds.entry(lease.kind.clone()).or_default().1 += 1;
+    }
+    kinds
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,6 @@
 
 mod pages;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -254,15 +253,10 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
         let frame = ui
             .frame("/queues", "Queues".into(), "/queues", q.as_deref())
             .await?;
-        let mut kinds: BTreeMap<String, (Option<u32>, usize)> = BTreeMap::new();
-        for (kind, cap) in ui.store.concurrency_caps().await? {
-            kinds.entry(kind).or_default().0 = Some(cap);
-        }
-        for lease in ui.store.leases(LEASE_SCAN).await? {
-            if !lease.kind.is_empty() {
-                kinds.entry(lease.kind).or_default().1 += 1;
-            }
-        }
+        let kinds = super::kind_load(
+            ui.store.concurrency_caps().await?,
+            &ui.store.leases(LEASE_SCAN).await?,
+        );
         let v = pages::QueuesView {
             queues: ui.queue_rows().await?,
             kinds,

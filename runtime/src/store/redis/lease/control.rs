@@ -139,37 +139,12 @@ impl ControlStore for RedisLeaseStore {
     }
 
     async fn note_history(&self, sample: HistorySample) -> Result<()> {
-        let key = format!("{}history", self.base);
-        let json = serde_json::to_string(&sample).map_err(garbage)?;
-        let mut conn = self.conn().await?;
-        redis::pipe()
-            .atomic()
-            .lpush(&key, json)
-            .ignore()
-            .ltrim(&key, 0, HISTORY_SAMPLES as isize - 1)
-            .ignore()
-            .query_async::<()>(&mut conn)
+        self.push_newest("history", &[sample], HISTORY_SAMPLES)
             .await
-            .map_err(|e| self.link.broken(e))
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistorySample>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.conn().await?;
-        let raw: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("{}history", self.base))
-            .arg(0)
-            .arg(limit.min(HISTORY_SAMPLES) - 1)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        // A sample that does not parse (a newer version's) is skipped.
-        Ok(raw
-            .iter()
-            .filter_map(|r| serde_json::from_str(r).ok())
-            .collect())
+        self.newest("history", limit, HISTORY_SAMPLES).await
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
@@ -265,37 +240,62 @@ impl RecordStore for RedisLeaseStore {
     }
 
     async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
-        if notes.is_empty() {
+        self.push_newest("rejections", &notes, REJECTION_JOURNAL)
+            .await
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        self.newest("rejections", limit, REJECTION_JOURNAL).await
+    }
+}
+
+/// The bounded journals kept as JSON lists, newest first: the rejection journal and the
+/// console's history.
+impl RedisLeaseStore {
+    /// Pushes `entries` (the last one ends newest) onto list `name`, keeping its newest `cap`;
+    /// in one transaction.
+    async fn push_newest<T: serde::Serialize>(
+        &self,
+        name: &str,
+        entries: &[T],
+        cap: usize,
+    ) -> Result<()> {
+        if entries.is_empty() {
             return Ok(());
         }
-        let key = format!("{}rejections", self.base);
+        let key = format!("{}{name}", self.base);
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let skip = notes.len().saturating_sub(REJECTION_JOURNAL);
-        for note in &notes[skip..] {
-            let json = serde_json::to_string(note).map_err(garbage)?;
+        for entry in &entries[entries.len().saturating_sub(cap)..] {
+            let json = serde_json::to_string(entry).map_err(garbage)?;
             pipe.lpush(&key, json).ignore();
         }
-        pipe.ltrim(&key, 0, REJECTION_JOURNAL as isize - 1).ignore();
+        pipe.ltrim(&key, 0, cap as isize - 1).ignore();
         let mut conn = self.conn().await?;
         pipe.query_async::<()>(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
     }
 
-    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+    /// The newest `limit` (at most `cap`) entries of list `name`; an entry that does not
+    /// parse (written by a newer version, say) is skipped.
+    async fn newest<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        limit: usize,
+        cap: usize,
+    ) -> Result<Vec<T>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let mut conn = self.conn().await?;
         let raw: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("{}rejections", self.base))
+            .arg(format!("{}{name}", self.base))
             .arg(0)
-            .arg(limit.min(REJECTION_JOURNAL) - 1)
+            .arg(limit.min(cap) - 1)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        // An entry that does not parse (written by a newer version, say) is skipped.
         Ok(raw
             .iter()
             .filter_map(|r| serde_json::from_str(r).ok())
