@@ -30,6 +30,8 @@
 mod admin;
 mod flow;
 
+#[cfg(feature = "ui")]
+mod api;
 mod relay;
 mod sinks;
 #[cfg(feature = "ui")]
@@ -207,6 +209,10 @@ enum Builtin {
     /// fence rejections, a page per job) on 127.0.0.1:8080 until SIGTERM / SIGINT.
     #[cfg(feature = "ui")]
     Ui(ui::UiArgs),
+    /// Serve the HTTP API alone (JSON under /api/v1, its OpenAPI document at
+    /// /api/v1/openapi.json) on 127.0.0.1:8081 until SIGTERM / SIGINT; `ui` serves it too.
+    #[cfg(feature = "ui")]
+    Api(api::ApiArgs),
 }
 
 impl App {
@@ -451,7 +457,9 @@ impl App {
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
             #[cfg(feature = "ui")]
-            Builtin::Ui(args) => ui::run(args),
+            Builtin::Ui(args) => ui::run(args, registry),
+            #[cfg(feature = "ui")]
+            Builtin::Api(args) => api::run(args, registry),
             Builtin::Limit(args) => admin::limit(args),
             Builtin::Cap(args) => admin::cap(args, &registry),
             Builtin::Forget(args) => admin::forget(args),

@@ -38,7 +38,7 @@ use pages::{Frame, QueueRow};
 
 /// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
 /// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
-pub(crate) const BULK_CHUNK: usize = 500;
+pub(super) const BULK_CHUNK: usize = 500;
 
 /// Dead letters a search or a job lookup reads per queue, newest first.
 pub(crate) const DEAD_SCAN: usize = 5_000;
@@ -78,6 +78,8 @@ pub(super) struct UiArgs {
     /// other host are refused (DNS rebinding).
     #[arg(long = "public-host", value_name = "HOST:PORT")]
     public_hosts: Vec<String>,
+    #[command(flatten)]
+    api: super::api::ApiFlags,
 }
 /// The server's state.
 struct Ui {
@@ -151,44 +153,72 @@ impl Ui {
         })
     }
 
-    /// Every queue with its counts, age of the next ready job, pause and rate limit.
     async fn queue_rows(&self) -> crate::Result<Vec<QueueRow>> {
-        let paused = self.store.paused().await?;
-        let mut rows = Vec::new();
-        for queue in self.store.queues().await? {
-            rows.push(QueueRow {
-                counts: self.store.counts(&queue).await?,
-                oldest: self.store.oldest_ready(&queue).await?,
-                paused: paused.contains(&queue),
-                limit: self.store.rate_limit(&queue).await?,
-                name: queue,
-            });
-        }
-        Ok(rows)
+        queue_rows(&self.store).await
     }
 
-    /// Queues that have dead jobs, with how many.
     async fn dead_counts(&self) -> crate::Result<Vec<(String, u64)>> {
-        let mut out = Vec::new();
-        for queue in self.store.queues().await? {
-            let dead = self.store.counts(&queue).await?.dead;
-            if dead > 0 {
-                out.push((queue, dead));
-            }
-        }
-        Ok(out)
+        dead_counts(&self.store).await
     }
 
-    /// The newest `n` dead jobs of `queue` (at most), newest first.
     async fn newest_dead(&self, queue: &str, total: u64, n: usize) -> crate::Result<Vec<DeadJob>> {
-        let total = usize::try_from(total).unwrap_or(usize::MAX);
-        let mut rows = self
-            .store
-            .dead_range(queue, total.saturating_sub(n), n)
-            .await?;
-        rows.reverse();
-        Ok(rows)
+        newest_dead(&self.store, queue, total, n).await
     }
+}
+
+/// Every queue with its counts, age of the next ready job, pause and rate limit.
+pub(super) async fn queue_rows(store: &Stores) -> crate::Result<Vec<QueueRow>> {
+    let paused = store.paused().await?;
+    let mut rows = Vec::new();
+    for queue in store.queues().await? {
+        rows.push(QueueRow {
+            counts: store.counts(&queue).await?,
+            oldest: store.oldest_ready(&queue).await?,
+            paused: paused.contains(&queue),
+            limit: store.rate_limit(&queue).await?,
+            name: queue,
+        });
+    }
+    Ok(rows)
+}
+
+/// Queues that have dead jobs, with how many.
+async fn dead_counts(store: &Stores) -> crate::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for queue in store.queues().await? {
+        let dead = store.counts(&queue).await?.dead;
+        if dead > 0 {
+            out.push((queue, dead));
+        }
+    }
+    Ok(out)
+}
+
+/// The newest `n` dead jobs of `queue` (at most), newest first.
+async fn newest_dead(
+    store: &Stores,
+    queue: &str,
+    total: u64,
+    n: usize,
+) -> crate::Result<Vec<DeadJob>> {
+    let total = usize::try_from(total).unwrap_or(usize::MAX);
+    let mut rows = store.dead_range(queue, total.saturating_sub(n), n).await?;
+    rows.reverse();
+    Ok(rows)
+}
+
+/// Dead job `id`, searched among every queue's newest [`DEAD_SCAN`] dead letters.
+pub(super) async fn find_dead(store: &Stores, id: JobId) -> crate::Result<Option<DeadJob>> {
+    for (queue, n) in dead_counts(store).await? {
+        if let Some(d) = newest_dead(store, &queue, n, DEAD_SCAN)
+            .await?
+            .into_iter()
+            .find(|d| d.job.id == id)
+        {
+            return Ok(Some(d));
+        }
+    }
+    Ok(None)
 }
 
 /// A page, or the error that kept it from being read.
@@ -562,20 +592,10 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
                 .find(|l| l.lease == lease),
             None => None,
         };
-        let mut dead = None;
-        if live.is_none() {
-            for (queue, n) in ui.dead_counts().await? {
-                if let Some(d) = ui
-                    .newest_dead(&queue, n, DEAD_SCAN)
-                    .await?
-                    .into_iter()
-                    .find(|d| d.job.id == id)
-                {
-                    dead = Some(d);
-                    break;
-                }
-            }
-        }
+        let dead = match live {
+            Some(_) => None,
+            None => find_dead(&ui.store, id).await?,
+        };
         let p = pages::JobPage {
             id,
             live,
@@ -912,7 +932,7 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
 
 /// The Host header values the page answers to: the listen address, localhost on its port,
 /// and the operator's `--public-host` names.
-fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
+pub(super) fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
     let port = listen.port();
     let mut hosts = vec![
         listen.to_string(),
@@ -987,7 +1007,7 @@ fn basic_authorization(user_password: &str) -> anyhow::Result<String> {
 }
 
 /// Serves the page until SIGINT / SIGTERM.
-pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()> {
     let authorization = args
         .basic_auth
         .as_deref()
@@ -1001,7 +1021,10 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
         );
     }
     super::runtime()?.block_on(async {
-        let (_, store) = args.redis.store().await?;
+        let (_, store) = args
+            .redis
+            .store_with(args.api.max_payload_bytes, |s| s)
+            .await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
@@ -1019,9 +1042,16 @@ pub(super) fn run(args: UiArgs) -> anyhow::Result<()> {
             hosts: allowed_hosts(bound, &args.public_hosts),
             flash: Default::default(),
         });
-        println!("palisade ui: http://{bound}/");
+        let api = super::api::router(
+            ui.store.clone(),
+            registry,
+            &args.api,
+            bound,
+            ui.hosts.clone(),
+        )?;
+        println!("palisade ui: http://{bound}/ (API: http://{bound}/api/v1/)");
         tracing::info!(listen = %args.listen, "operator page serving");
-        axum::serve(listener, router(ui))
+        axum::serve(listener, router(ui).merge(api))
             .with_graceful_shutdown(super::shutdown_signal())
             .await
             .context("serving the page")

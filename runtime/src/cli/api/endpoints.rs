@@ -1,0 +1,495 @@
+//! The endpoints under `/api/v1`. Each is registered with its OpenAPI entry in one step
+//! (`routes!` reads the handler's `#[utoipa::path]`), so no route is served without one.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::model::{
+    idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
+    CancelOutcome, CancelResult, DeadPage, DeadQuery, Enqueued, ErrorBody, FlowCancelled,
+    FlowCreated, FlowRequest, FlowView, JobRequest, JobStatus, Paused, QueueList, QueueStatus,
+    Retried, RetryRequest, MAX_BATCH,
+};
+use super::Api;
+use crate::ids::{FlowId, JobId};
+use crate::job::check_name;
+use crate::store::{FlowStore, Inspect, QueueAdmin, RecordStore};
+
+/// The document's fixed parts: title, version, the bearer scheme, the shared error schema.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Palisade",
+        description = "Enqueue fenced jobs and watch them from any language. Every failure is \
+                       `{\"error\": {\"code\", \"message\", \"retryable\"}}`. Requests that \
+                       change anything send `Content-Type: application/json`; off loopback \
+                       every request but this document's carries `Authorization: Bearer <token>`."
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody)),
+    tags(
+        (name = "jobs", description = "Enqueue jobs, read their state and results, cancel them"),
+        (name = "queues", description = "Counts (queue depth), pause and resume, dead letters"),
+        (name = "flows", description = "DAGs of jobs created all or nothing"),
+    )
+)]
+struct Doc;
+
+/// Declares the bearer scheme the document's `security` names.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Every endpoint with its entry.
+pub(super) fn routes() -> OpenApiRouter<Arc<Api>> {
+    OpenApiRouter::with_openapi(Doc::openapi())
+        .routes(routes!(openapi))
+        .routes(routes!(enqueue))
+        .routes(routes!(enqueue_batch))
+        .routes(routes!(job))
+        .routes(routes!(cancel))
+        .routes(routes!(queues))
+        .routes(routes!(queue))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(dead))
+        .routes(routes!(retry_dead))
+        .routes(routes!(retry_dead_job))
+        .routes(routes!(create_flow))
+        .routes(routes!(flow))
+        .routes(routes!(cancel_flow))
+}
+
+/// The request's body, or a 413 / 400 saying why it could not be read.
+fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "the request body is larger than {} bytes",
+                    super::MAX_BODY_BYTES
+                ),
+            )
+        } else {
+            ApiError::invalid(format!("request body: {e}"))
+        }
+    })
+}
+
+/// The `Idempotency-Key` header, if sent.
+fn idempotency(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers
+        .get("idempotency-key")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Idempotency-Key is not visible ASCII"))
+        })
+        .transpose()
+}
+
+fn job_id(id: &str) -> Result<JobId, ApiError> {
+    id.parse::<uuid::Uuid>()
+        .map(JobId::from)
+        .map_err(|_| ApiError::not_found(format!("{id:?} is not a job id (a UUID)")))
+}
+
+fn flow_id(id: &str) -> Result<FlowId, ApiError> {
+    id.parse::<uuid::Uuid>()
+        .map(FlowId::from)
+        .map_err(|_| ApiError::not_found(format!("{id:?} is not a flow id (a UUID)")))
+}
+
+/// A queue named in the path, by the library's name rules (a name with a trailing space is
+/// refused, never taken for another).
+fn queue_name(queue: &str) -> Result<(), ApiError> {
+    Ok(check_name("queue", queue)?)
+}
+
+/// This document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "jobs", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi(State(api): State<Arc<Api>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        api.openapi.clone(),
+    )
+        .into_response()
+}
+
+/// Enqueue one job. With an `Idempotency-Key` header a retried request (a lost reply, a
+/// client timeout) adds nothing and answers the first job's id with `created: false`.
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs",
+    request_body = JobRequest,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Makes the request idempotent for a day (the job's unique key)")),
+    responses(
+        (status = 201, description = "Added", body = Enqueued),
+        (status = 200, description = "Nothing added: another job holds the key or id", body = Enqueued),
+        (status = "4XX", description = "Refused; nothing added", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
+    ))]
+async fn enqueue(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Enqueued>), ApiError> {
+    let request: JobRequest = parse(&body(raw)?)?;
+    let unique = idempotency(&headers)?
+        .map(|k| idempotency_key(k, None))
+        .transpose()?;
+    let job = request.job(&api.registry, api.max_payload_bytes, unique)?;
+    let done: Enqueued = crate::client::enqueue_counted(&api.store, vec![job])
+        .await?
+        .remove(0)
+        .into();
+    let status = if done.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(done)))
+}
+
+/// Enqueue up to 1,000 jobs all or nothing, in one round trip. One bad job refuses the batch
+/// and the error names it (`jobs[3]: ...`).
+#[utoipa::path(post, path = "/api/v1/jobs/batch", tag = "jobs",
+    request_body = BatchRequest,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Makes the request idempotent for a day (job i's unique key is the key and i)")),
+    responses(
+        (status = 200, description = "Each job added or found", body = BatchEnqueued),
+        (status = "4XX", description = "Refused; nothing added", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
+    ))]
+async fn enqueue_batch(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<BatchEnqueued>, ApiError> {
+    let request: BatchRequest = parse(&body(raw)?)?;
+    if request.jobs.is_empty() || request.jobs.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_job",
+            format!("{} jobs; a batch has 1 to {MAX_BATCH}", request.jobs.len()),
+        ));
+    }
+    let key = idempotency(&headers)?;
+    let mut jobs = Vec::with_capacity(request.jobs.len());
+    for (i, r) in request.jobs.iter().enumerate() {
+        let unique = key.map(|k| idempotency_key(k, Some(i))).transpose()?;
+        let job = r
+            .job(&api.registry, api.max_payload_bytes, unique)
+            .map_err(|e| e.within(&format!("jobs[{i}]")))?;
+        jobs.push(job);
+    }
+    crate::job::validate_batch(&jobs, api.max_payload_bytes)?;
+    let done = crate::client::enqueue_counted(&api.store, jobs).await?;
+    Ok(Json(BatchEnqueued {
+        jobs: done.into_iter().map(Enqueued::from).collect(),
+    }))
+}
+
+/// A job's state, and its result and progress. A completed job is known by its result (kept
+/// a day, for kinds registered with one); a dead one is found among its queue's newest 5,000
+/// dead letters.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, body = JobStatus),
+        (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn job(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let id = job_id(&id)?;
+    let store = &api.store;
+    let live = store.job(id).await?;
+    let result = match live {
+        Some(_) => None,
+        None => store.result(id).await?,
+    };
+    let dead = match (&live, &result) {
+        (None, None) => crate::cli::ui::find_dead(store, id).await?,
+        _ => None,
+    };
+    let progress = store.progress(id).await?;
+    JobStatus::of(id, live, dead, result, progress)
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no live or dead job has id {id} (a completed job is kept only as its result, \
+                 for a day, and only if its kind returns one)"
+            ))
+        })
+}
+
+/// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked, so its
+/// late fenced writes are refused.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, body = CancelResult),
+        (status = 404, description = "Not queued or running (unknown, completed or dead)", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn cancel(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Json<CancelResult>, ApiError> {
+    let id = job_id(&id)?;
+    let outcome = match api
+        .store
+        .cancel(id, "cancelled through the HTTP API")
+        .await?
+    {
+        crate::Cancelled::Removed => CancelOutcome::Removed,
+        crate::Cancelled::Revoked => CancelOutcome::Revoked,
+        crate::Cancelled::Missing => {
+            return Err(ApiError::not_found(format!(
+                "job {id} is not queued or running: nothing done"
+            )))
+        }
+    };
+    Ok(Json(CancelResult { outcome }))
+}
+
+/// Every queue the coordinator knows, with its counts.
+#[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
+    responses((status = 200, body = QueueList), (status = "5XX", body = ErrorBody)))]
+async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
+    let rows = crate::cli::ui::queue_rows(&api.store).await?;
+    Ok(Json(QueueList {
+        queues: rows
+            .into_iter()
+            .map(|r| QueueStatus::new(r.name, r.counts, r.paused, r.limit, r.oldest))
+            .collect(),
+    }))
+}
+
+/// One queue's counts: `counts.ready` is the depth an autoscaler scales on. A queue no job
+/// was ever enqueued to answers zeros (an autoscaler reads 0, not an error).
+#[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name (percent-encoded)")),
+    responses((status = 200, body = QueueStatus), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+async fn queue(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+) -> Result<Json<QueueStatus>, ApiError> {
+    queue_name(&queue)?;
+    let store = &api.store;
+    let counts = store.counts(&queue).await?;
+    let paused = store.paused().await?.contains(&queue);
+    let limit = store.rate_limit(&queue).await?;
+    let oldest = store.oldest_ready(&queue).await?;
+    Ok(Json(QueueStatus::new(queue, counts, paused, limit, oldest)))
+}
+
+/// Stop claims from a queue (running jobs finish; nothing is moved or lost).
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses((status = 200, body = Paused), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+async fn pause(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+) -> Result<Json<Paused>, ApiError> {
+    set_paused(&api, queue, true).await
+}
+
+/// Let workers claim from a paused queue again.
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    responses((status = 200, body = Paused), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+async fn resume(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+) -> Result<Json<Paused>, ApiError> {
+    set_paused(&api, queue, false).await
+}
+
+async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Paused>, ApiError> {
+    queue_name(&queue)?;
+    api.store.set_paused(&queue, paused).await?;
+    tracing::info!(queue = %queue, paused, "api: queue paused or resumed");
+    Ok(Json(Paused { queue, paused }))
+}
+
+/// A page of a queue's dead letters, newest first.
+#[utoipa::path(get, path = "/api/v1/queues/{queue}/dead", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name"), DeadQuery),
+    responses((status = 200, body = DeadPage), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+async fn dead(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+    query: Result<Query<DeadQuery>, QueryRejection>,
+) -> Result<Json<DeadPage>, ApiError> {
+    queue_name(&queue)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(50).min(super::MAX_ROWS);
+    let total = api.store.counts(&queue).await?.dead;
+    let end = usize::try_from(total)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(q.offset.unwrap_or(0));
+    let start = end.saturating_sub(limit);
+    let mut jobs = api.store.dead_range(&queue, start, end - start).await?;
+    jobs.reverse();
+    Ok(Json(DeadPage {
+        total,
+        jobs: jobs.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Move a queue's dead letters back to it, oldest first, in chunks of 500 (each one short
+/// script): at most `limit`, by default the number it holds now.
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    request_body = RetryRequest,
+    responses((status = 200, body = Retried), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+async fn retry_dead(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Retried>, ApiError> {
+    queue_name(&queue)?;
+    let request: RetryRequest = parse(&body(raw)?)?;
+    let limit = match request.limit {
+        Some(n) => n,
+        None => usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX),
+    };
+    let mut retried = 0;
+    while retried < limit {
+        let chunk = crate::cli::ui::BULK_CHUNK.min(limit - retried);
+        match api.store.retry_dead(&queue, chunk).await {
+            Ok(0) => break,
+            Ok(n) => retried += n,
+            // What moved stays moved: say how far it got.
+            Err(e) => {
+                return Err(ApiError::from(e).within(&format!("after {retried} retried")));
+            }
+        }
+    }
+    tracing::info!(queue = %queue, retried, "api: dead letters retried");
+    Ok(Json(Retried { retried }))
+}
+
+/// Move one dead letter back to its queue (found among the queue's newest 5,000).
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/{id}/retry", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name"),
+        ("id" = String, Path, description = "The dead job's id")),
+    responses(
+        (status = 200, body = Retried),
+        (status = 404, description = "Not among the newest 5,000 dead letters, or live again", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn retry_dead_job(
+    State(api): State<Arc<Api>>,
+    Path((queue, id)): Path<(String, String)>,
+) -> Result<Json<Retried>, ApiError> {
+    queue_name(&queue)?;
+    let id = job_id(&id)?;
+    if !api.store.retry_dead_job(&queue, id).await? {
+        return Err(ApiError::not_found(format!(
+            "dead job {id} is not among the newest {} dead letters of {queue}, or its id is \
+             live again: nothing done",
+            crate::store::DEAD_JOB_SEARCH
+        )));
+    }
+    Ok(Json(Retried { retried: 1 }))
+}
+
+/// Create a flow all or nothing: no step runs before the whole flow exists. Creating the same
+/// flow again (the same `id` or `Idempotency-Key`) adds nothing.
+#[utoipa::path(post, path = "/api/v1/flows", tag = "flows",
+    request_body = FlowRequest,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Names the flow: the same key, the same flow")),
+    responses(
+        (status = 201, body = FlowCreated),
+        (status = "4XX", description = "Refused; nothing created", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn create_flow(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<FlowCreated>), ApiError> {
+    let request: FlowRequest = parse(&body(raw)?)?;
+    let keyed = idempotency(&headers)?.map(idempotent_flow_id).transpose()?;
+    let flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;
+    let id = crate::Client::new(api.store.clone())
+        .create_flow(&flow)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(FlowCreated { id: id.to_string() }),
+    ))
+}
+
+/// A flow's state and how each ended step ended.
+#[utoipa::path(get, path = "/api/v1/flows/{id}", tag = "flows",
+    params(("id" = String, Path, description = "The flow's id")),
+    responses(
+        (status = 200, body = FlowView),
+        (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn flow(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Json<FlowView>, ApiError> {
+    let id = flow_id(&id)?;
+    match api.store.flow(id).await? {
+        Some(status) => Ok(Json(status.into())),
+        None => Err(ApiError::not_found(format!(
+            "flow {id} is not kept (never created, or finished and forgotten)"
+        ))),
+    }
+}
+
+/// Cancel a flow: steps not started go to the dead letters unrun, ready and running ones are
+/// cancelled (a running one's lease revoked).
+#[utoipa::path(post, path = "/api/v1/flows/{id}/cancel", tag = "flows",
+    params(("id" = String, Path, description = "The flow's id")),
+    responses(
+        (status = 200, body = FlowCancelled),
+        (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
+        (status = "5XX", body = ErrorBody),
+    ))]
+async fn cancel_flow(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Json<FlowCancelled>, ApiError> {
+    let id = flow_id(&id)?;
+    match crate::Client::new(api.store.clone())
+        .cancel_flow(id)
+        .await?
+    {
+        Some(stopped) => Ok(Json(FlowCancelled { stopped })),
+        None => Err(ApiError::not_found(format!(
+            "flow {id} is not kept (never created, or finished and forgotten)"
+        ))),
+    }
+}

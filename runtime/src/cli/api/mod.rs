@@ -1,0 +1,657 @@
+//! `api`: the HTTP API under `/api/v1` (JSON), for producers in any language and for
+//! autoscalers — enqueue (unique keys, `Idempotency-Key`), job state, result and progress,
+//! cancel, queue counts, pause and resume, dead letters, flows — with its OpenAPI 3.1 document
+//! at `/api/v1/openapi.json`. Served by `palisade ui` beside the console, or alone by
+//! `palisade api`.
+//!
+//! Safe by default. Every request goes through [`guard`]:
+//! - its `Host` must be one the server answers to (DNS rebinding);
+//! - off loopback it must carry `Authorization: Bearer <token>` (`--api-token`); Basic
+//!   credentials are refused on `/api` and cookies are never read, so nothing a browser sends
+//!   on its own authorizes a request;
+//! - a request from a browser page of another origin (`Origin`, `Sec-Fetch-Site`) is refused,
+//!   and every request that changes anything must say `Content-Type: application/json`, which
+//!   a cross-site form cannot send and a cross-site script can send only after a CORS
+//!   preflight this server never grants;
+//! - a route served without its OpenAPI entry answers 500 (`routes!` registers both in one
+//!   step, so that takes a deliberate `.route`).
+
+mod endpoints;
+mod model;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use subtle::ConstantTimeEq as _;
+
+use super::{redacted, RedisArgs};
+use crate::job::DEFAULT_MAX_PAYLOAD_BYTES;
+use crate::store::Stores;
+use crate::Registry;
+use model::ApiError;
+
+/// The largest request body read: a flow at its limit ([`crate::flow::MAX_FLOW_BYTES`]) with
+/// room for its JSON.
+pub(crate) const MAX_BODY_BYTES: usize = crate::flow::MAX_FLOW_BYTES + 1024 * 1024;
+
+/// Most dead letters one page answers.
+const MAX_ROWS: usize = 1_000;
+
+/// The shortest bearer token accepted: a guessable token is no lock.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// The catch-all under `/api/v1` that answers an unknown path with a JSON 404.
+const UNKNOWN: &str = "/api/v1/{*rest}";
+
+/// The API's own flags, shared by `palisade api` and `palisade ui`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct ApiFlags {
+    /// Bearer token every API request must carry (`Authorization: Bearer <token>`), at least
+    /// 16 characters. Required to serve the API beyond loopback; on loopback, required when
+    /// set.
+    #[arg(
+        long,
+        env = "PALISADE_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    api_token: Option<String>,
+    /// Largest job payload the API accepts, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_PAYLOAD_BYTES)]
+    pub(super) max_payload_bytes: usize,
+}
+
+/// `api` flags.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct ApiArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    #[command(flatten)]
+    flags: ApiFlags,
+    /// Address to serve the API on. Anything but a loopback address requires --api-token.
+    #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// A host name (with port, as clients send it: `jobs.example:8081`) the API may be reached
+    /// by besides the listen address and localhost; repeatable. Requests naming any other
+    /// host are refused (DNS rebinding).
+    #[arg(long = "public-host", value_name = "HOST:PORT")]
+    public_hosts: Vec<String>,
+}
+
+/// The server's state.
+pub(crate) struct Api {
+    store: Stores,
+    registry: Registry,
+    max_payload_bytes: usize,
+    /// `Bearer <token>`, when requests must carry it.
+    authorization: Option<String>,
+    /// Why the API is off (served beyond loopback without a token), if it is.
+    off: Option<String>,
+    /// Host header values accepted (lower case), and the origins they make.
+    hosts: Vec<String>,
+    origins: Vec<String>,
+    /// The OpenAPI document, and each of its (method, path) operations.
+    openapi: String,
+    documented: HashSet<(Method, String)>,
+}
+
+impl ApiFlags {
+    /// The API's settings for a server on `listen`: `None` when it must stay off, with the
+    /// reason (beyond loopback without a token).
+    fn checked(&self, listen: SocketAddr) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let authorization = match self.api_token.as_deref().filter(|t| !t.is_empty()) {
+            Some(token)
+                if token.len() < MIN_TOKEN_BYTES || token.chars().any(char::is_whitespace) =>
+            {
+                bail!("--api-token wants at least {MIN_TOKEN_BYTES} characters and no whitespace")
+            }
+            Some(token) => Some(format!("Bearer {token}")),
+            None => None,
+        };
+        let off = (authorization.is_none() && !listen.ip().is_loopback()).then(|| {
+            format!(
+                "the API is off: serving it beyond loopback ({listen}) needs --api-token \
+                 (PALISADE_API_TOKEN)"
+            )
+        });
+        Ok((authorization, off))
+    }
+}
+
+/// The API's routes over `store`, with their guard; `hosts` are the Host values served.
+pub(super) fn router(
+    store: Stores,
+    registry: Registry,
+    flags: &ApiFlags,
+    listen: SocketAddr,
+    hosts: Vec<String>,
+) -> anyhow::Result<Router> {
+    let (authorization, off) = flags.checked(listen)?;
+    let (routes, doc) = endpoints::routes().split_for_parts();
+    let documented = operations(&doc);
+    let origins = hosts
+        .iter()
+        .flat_map(|h| [format!("http://{h}"), format!("https://{h}")])
+        .collect();
+    let api = Arc::new(Api {
+        store,
+        registry,
+        max_payload_bytes: flags.max_payload_bytes,
+        authorization,
+        off,
+        hosts,
+        origins,
+        openapi: doc.to_json().context("writing the OpenAPI document")?,
+        documented,
+    });
+    Ok(routes
+        .route(UNKNOWN, any(unknown))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
+        .with_state(api))
+}
+
+/// Every (method, path) operation of `doc`.
+fn operations(doc: &utoipa::openapi::OpenApi) -> HashSet<(Method, String)> {
+    let mut out = HashSet::new();
+    for (path, item) in &doc.paths.paths {
+        for (method, op) in [
+            (Method::GET, &item.get),
+            (Method::POST, &item.post),
+            (Method::PUT, &item.put),
+            (Method::DELETE, &item.delete),
+            (Method::PATCH, &item.patch),
+        ] {
+            if op.is_some() {
+                out.insert((method, path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// An unknown path under `/api/v1`.
+async fn unknown() -> ApiError {
+    ApiError::not_found("no such endpoint (the document is at /api/v1/openapi.json)")
+}
+
+/// The checks every API request passes (see the module's documentation), then the
+/// response's headers: never cached, never sniffed.
+async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+    match admitted(&api, &request) {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::warn!(method = %request.method(), path = request.uri().path(), error = ?e, "api: request refused");
+            return e.into_response();
+        }
+    }
+    let mut response = next.run(request).await;
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        // axum's own answer has no body: say it in JSON like every other failure.
+        let allow = response.headers().get(header::ALLOW).cloned();
+        response = not_allowed().into_response();
+        if let Some(allow) = allow {
+            response.headers_mut().insert(header::ALLOW, allow);
+        }
+    }
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, "no-store".parse().expect("static"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        "nosniff".parse().expect("static"),
+    );
+    response
+}
+
+fn not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not take that method",
+    )
+}
+
+/// Whether `request` may reach its endpoint.
+fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
+    let headers = request.headers();
+    let forbidden = |m: &str| ApiError::new(StatusCode::FORBIDDEN, "forbidden", m);
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    if !host.is_some_and(|h| api.hosts.contains(&h)) {
+        return Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "unknown_host",
+            "unknown host; add it with --public-host",
+        ));
+    }
+    // A browser page of another site: refused whatever else it carries.
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ours = origin
+            .to_str()
+            .is_ok_and(|o| api.origins.iter().any(|ok| ok.eq_ignore_ascii_case(o)));
+        if !ours {
+            return Err(forbidden("cross-origin requests are refused"));
+        }
+    }
+    if let Some(site) = headers.get("sec-fetch-site") {
+        if !matches!(site.to_str(), Ok("same-origin" | "none")) {
+            return Err(forbidden("cross-site requests are refused"));
+        }
+    }
+    let matched = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let is_document = matched.as_deref() == Some("/api/v1/openapi.json");
+    if let Some(why) = &api.off {
+        return Err(forbidden(why));
+    }
+    let given = headers.get(header::AUTHORIZATION).map(|h| h.as_bytes());
+    if given.is_some_and(|g| g.len() >= 6 && g[..6].eq_ignore_ascii_case(b"basic ")) {
+        // A browser resends Basic credentials on its own: they never authorize an API call.
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the API takes a bearer token (Authorization: Bearer <token>), not Basic credentials",
+        ));
+    }
+    if let Some(expected) = &api.authorization {
+        let ok = given.is_some_and(|g| bool::from(g.ct_eq(expected.as_bytes())));
+        if !ok && !is_document {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token (Authorization: Bearer <token>)",
+            ));
+        }
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send Content-Type: application/json (an empty body is {})",
+            ));
+        }
+    }
+    match matched {
+        Some(path) if path != UNKNOWN => {
+            let method = match *request.method() {
+                Method::HEAD => Method::GET,
+                ref m => m.clone(),
+            };
+            if !api.documented.contains(&(method, path.clone())) {
+                if api.documented.iter().any(|(_, p)| *p == path) {
+                    return Err(not_allowed());
+                }
+                tracing::error!(path, "api: a route is served without its OpenAPI entry");
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "undocumented",
+                    format!("{path} is served without its OpenAPI entry (a bug)"),
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Serves the API alone until SIGINT / SIGTERM.
+pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
+    if !args.listen.ip().is_loopback() && args.flags.api_token.as_deref().is_none_or(str::is_empty)
+    {
+        bail!(
+            "--listen {}: serving the API beyond this host needs --api-token (it can enqueue, \
+             cancel and retry jobs)",
+            args.listen
+        );
+    }
+    super::runtime()?.block_on(async {
+        let (_, store) = args
+            .redis
+            .store_with(args.flags.max_payload_bytes, |s| s)
+            .await?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
+        let bound = listener.local_addr()?;
+        let hosts = super::ui::allowed_hosts(bound, &args.public_hosts);
+        let app = router(store, registry, &args.flags, bound, hosts)?
+            .route("/healthz", get(|| async { "ok\n" }));
+        println!(
+            "palisade api: http://{bound}/api/v1/ over {} prefix {}",
+            redacted(&args.redis.redis),
+            args.redis.prefix
+        );
+        tracing::info!(listen = %bound, "api serving");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(super::shutdown_signal())
+            .await
+            .context("serving the API")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt as _;
+
+    const LISTEN: &str = "127.0.0.1:8081";
+
+    fn app(token: Option<&str>, listen: &str) -> Router {
+        let listen: SocketAddr = listen.parse().unwrap();
+        let flags = ApiFlags {
+            api_token: token.map(str::to_owned),
+            max_payload_bytes: 1024,
+        };
+        let store = Stores::from(Arc::new(crate::MemoryLeaseStore::new()));
+        let registry =
+            Registry::new().register("mail", |_ctx, _p: serde_json::Value| async { Ok(()) });
+        let hosts = crate::cli::ui::allowed_hosts(listen, &[]);
+        router(store, registry, &flags, listen, hosts).unwrap()
+    }
+
+    async fn send(app: &Router, request: axum::http::Request<Body>) -> (StatusCode, String) {
+        let response = app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn post(path: &str) -> axum::http::request::Builder {
+        axum::http::Request::post(path).header(header::HOST, LISTEN)
+    }
+
+    const JOB: &str = r#"{"kind":"mail","payload":{"to":"a@x"}}"#;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// What a web page can make a browser send is refused: a form (text/plain, urlencoded), a
+    /// foreign Origin, a cross-site fetch, Basic credentials; the right request passes.
+    #[test]
+    fn forged_cross_site_requests_are_refused() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let json = "application/json";
+            for (request, status, code) in [
+                (
+                    post("/api/v1/jobs").header(header::CONTENT_TYPE, "text/plain"),
+                    415,
+                    "unsupported_media_type",
+                ),
+                (
+                    post("/api/v1/jobs")
+                        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded"),
+                    415,
+                    "unsupported_media_type",
+                ),
+                (post("/api/v1/jobs"), 415, "unsupported_media_type"),
+                (
+                    post("/api/v1/jobs")
+                        .header(header::CONTENT_TYPE, json)
+                        .header(header::ORIGIN, "https://evil.example"),
+                    403,
+                    "forbidden",
+                ),
+                (
+                    post("/api/v1/jobs")
+                        .header(header::CONTENT_TYPE, json)
+                        .header(header::ORIGIN, "null"),
+                    403,
+                    "forbidden",
+                ),
+                (
+                    post("/api/v1/jobs")
+                        .header(header::CONTENT_TYPE, json)
+                        .header("sec-fetch-site", "cross-site"),
+                    403,
+                    "forbidden",
+                ),
+                (
+                    post("/api/v1/jobs")
+                        .header(header::CONTENT_TYPE, json)
+                        .header(header::AUTHORIZATION, "Basic dTpw"),
+                    401,
+                    "unauthorized",
+                ),
+                (
+                    axum::http::Request::post("/api/v1/jobs")
+                        .header(header::HOST, "evil.example:8081")
+                        .header(header::CONTENT_TYPE, json),
+                    421,
+                    "unknown_host",
+                ),
+            ] {
+                let (got, body) = send(&app, request.body(Body::from(JOB)).unwrap()).await;
+                assert_eq!(got.as_u16(), status, "{body}");
+                assert!(body.contains(&format!("\"code\":\"{code}\"")), "{body}");
+            }
+            // The page's own origin, and no origin at all (curl, Python), pass.
+            for origin in [Some("http://127.0.0.1:8081"), None] {
+                let mut request = post("/api/v1/jobs")
+                    .header(header::CONTENT_TYPE, "application/json; charset=utf-8");
+                if let Some(origin) = origin {
+                    request = request.header(header::ORIGIN, origin);
+                }
+                let (got, body) = send(&app, request.body(Body::from(JOB)).unwrap()).await;
+                assert_eq!(got, StatusCode::CREATED, "{body}");
+            }
+        });
+    }
+
+    #[test]
+    fn a_token_is_required_when_set_and_off_loopback() {
+        rt().block_on(async {
+            let token = "0123456789abcdef-secret";
+            let served = app(Some(token), LISTEN);
+            let get = |auth: Option<&str>| {
+                let mut r = axum::http::Request::get("/api/v1/queues").header(header::HOST, LISTEN);
+                if let Some(auth) = auth {
+                    r = r.header(header::AUTHORIZATION, auth);
+                }
+                r.body(Body::empty()).unwrap()
+            };
+            assert_eq!(send(&served, get(None)).await.0, StatusCode::UNAUTHORIZED);
+            assert_eq!(
+                send(&served, get(Some("Bearer wrong-token-0123456")))
+                    .await
+                    .0,
+                StatusCode::UNAUTHORIZED
+            );
+            assert_eq!(
+                send(&served, get(Some(&format!("Bearer {token}")))).await.0,
+                StatusCode::OK
+            );
+            // The document is public (it holds no data).
+            let doc = axum::http::Request::get("/api/v1/openapi.json")
+                .header(header::HOST, LISTEN)
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(send(&served, doc).await.0, StatusCode::OK);
+            // Beyond loopback without a token the API is off, whatever is sent.
+            let open = app(None, "0.0.0.0:8081");
+            let r = axum::http::Request::get("/api/v1/queues")
+                .header(header::HOST, "127.0.0.1:8081")
+                .body(Body::empty())
+                .unwrap();
+            let (status, body) = send(&open, r).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+            assert!(body.contains("--api-token"), "{body}");
+            // A short token is refused at start.
+            let flags = ApiFlags {
+                api_token: Some("short".into()),
+                max_payload_bytes: 1,
+            };
+            assert!(flags.checked(LISTEN.parse().unwrap()).is_err());
+        });
+    }
+
+    /// Every documented operation is served (none answers the router's 404 or 405), and a
+    /// route served without its entry answers 500: an endpoint added without its entry fails
+    /// the first test that calls it.
+    #[test]
+    fn the_document_and_the_routes_agree() {
+        rt().block_on(async {
+            let (routes, doc) = endpoints::routes().split_for_parts();
+            let ops = operations(&doc);
+            assert!(ops.len() >= 15, "{ops:?}");
+            let app = app(None, LISTEN);
+            for (method, path) in &ops {
+                let concrete = path
+                    .replace("{id}", "00000000-0000-4000-8000-000000000000")
+                    .replace("{queue}", "default");
+                let request = axum::http::Request::builder()
+                    .method(method.clone())
+                    .uri(&concrete)
+                    .header(header::HOST, LISTEN)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from("{}"))
+                    .unwrap();
+                let (status, body) = send(&app, request).await;
+                assert_ne!(
+                    status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path}: {body}"
+                );
+                assert!(
+                    !body.contains("no such endpoint"),
+                    "{method} {path}: {body}"
+                );
+                assert!(
+                    body.starts_with('{'),
+                    "{method} {path} answers JSON: {body}"
+                );
+            }
+            drop(routes);
+            // A route registered without `routes!`.
+            let (_, doc) = endpoints::routes().split_for_parts();
+            let listen: SocketAddr = LISTEN.parse().unwrap();
+            let api = Arc::new(Api {
+                store: Stores::from(Arc::new(crate::MemoryLeaseStore::new())),
+                registry: Registry::new(),
+                max_payload_bytes: 1,
+                authorization: None,
+                off: None,
+                hosts: crate::cli::ui::allowed_hosts(listen, &[]),
+                origins: Vec::new(),
+                openapi: String::new(),
+                documented: operations(&doc),
+            });
+            let sneaky = Router::new()
+                .route("/api/v1/sneaky", get(|| async { "hi" }))
+                .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
+                .with_state(api);
+            let r = axum::http::Request::get("/api/v1/sneaky")
+                .header(header::HOST, LISTEN)
+                .body(Body::empty())
+                .unwrap();
+            let (status, body) = send(&sneaky, r).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+            assert!(body.contains("undocumented"), "{body}");
+            // The document says 3.1.
+            let json: serde_json::Value = serde_json::from_str(&doc.to_json().unwrap()).unwrap();
+            assert!(
+                json["openapi"].as_str().unwrap().starts_with("3.1"),
+                "{json}"
+            );
+        });
+    }
+
+    #[test]
+    fn unknown_paths_wrong_methods_and_big_bodies_answer_json() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let r = axum::http::Request::get("/api/v1/nope")
+                .header(header::HOST, LISTEN)
+                .body(Body::empty())
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+            assert!(body.contains("\"code\":\"not_found\""), "{body}");
+            let r = axum::http::Request::get("/api/v1/jobs")
+                .header(header::HOST, LISTEN)
+                .body(Body::empty())
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+            assert!(body.contains("method_not_allowed"), "{body}");
+            let big = format!(
+                r#"{{"kind":"mail","payload":"{}"}}"#,
+                "x".repeat(MAX_BODY_BYTES)
+            );
+            let r = post("/api/v1/jobs")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(big))
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+            assert!(body.contains("too_large"), "{body}");
+            // Over the payload limit (1,024 here) but under the body limit: the library's rule.
+            let r = post("/api/v1/jobs")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(format!(
+                    r#"{{"kind":"mail","payload":"{}"}}"#,
+                    "x".repeat(2000)
+                )))
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+            assert!(body.contains("the limit is 1024"), "{body}");
+        });
+    }
+
+    /// The same request with the same Idempotency-Key adds one job; a batch with one bad job
+    /// adds none and names it.
+    #[test]
+    fn idempotent_enqueue_and_all_or_nothing_batches() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let enqueue = |key: &str| {
+                post("/api/v1/jobs")
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .header("idempotency-key", key)
+                    .body(Body::from(JOB))
+                    .unwrap()
+            };
+            let (s1, b1) = send(&app, enqueue("order-7")).await;
+            let (s2, b2) = send(&app, enqueue("order-7")).await;
+            assert_eq!((s1, s2), (StatusCode::CREATED, StatusCode::OK), "{b1} {b2}");
+            let id = |b: &str| serde_json::from_str::<serde_json::Value>(b).unwrap()["id"].clone();
+            assert_eq!(id(&b1), id(&b2));
+            assert!(b2.contains("\"created\":false"), "{b2}");
+            let batch = r#"{"jobs":[{"kind":"mail","payload":{}},{"kind":"mail","payload":{},"queue":"bad queue\u0000"}]}"#;
+            let r = post("/api/v1/jobs/batch").header(header::CONTENT_TYPE, "application/json").body(Body::from(batch)).unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+            assert!(body.contains("jobs[1]"), "{body}");
+            let r = axum::http::Request::get("/api/v1/queues/default").header(header::HOST, LISTEN).body(Body::empty()).unwrap();
+            let (_, body) = send(&app, r).await;
+            let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(counts["counts"]["ready"], 1, "{body}");
+        });
+    }
+}

@@ -1,0 +1,921 @@
+//! What the HTTP API reads and writes: request and response bodies (their JSON schemas go into
+//! the OpenAPI document), the JSON error every failure answers with, and the pure conversions
+//! between these and the library's types. No I/O here.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use utoipa::ToSchema;
+
+use crate::flow::{Flow, FlowState, OnDead, StepEnd};
+use crate::ids::{FlowId, JobId};
+use crate::job::{check_name, DeadJob, JobState, JobView, NewJob, QueueCounts, RateLimit};
+use crate::Registry;
+
+/// Most jobs one batch enqueue takes: one backend round trip, all or nothing.
+pub(crate) const MAX_BATCH: usize = 1_000;
+
+/// How long an `Idempotency-Key` stays taken after its job was enqueued (a retried request
+/// within it adds nothing), as Stripe keeps its keys: a day, [`crate::job::ID_RETENTION`].
+pub(crate) const IDEMPOTENCY_TTL: Duration = crate::job::ID_RETENTION;
+
+/// How long a `unique_key` stays taken when the request does not say (as `palisade enqueue
+/// --unique` does).
+const UNIQUE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// A failure, as every endpoint answers it: `{"error": {"code", "message", "retryable"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// Stable, machine-readable: `invalid_json`, `invalid_request`, `invalid_job`,
+    /// `invalid_payload`, `unknown_kind`, `not_found`, `unsupported_media_type`,
+    /// `too_large`, `unauthorized`, `forbidden`, `unavailable`, `outcome_unknown`,
+    /// `backend`, `undocumented`.
+    code: String,
+    /// For a person.
+    message: String,
+    /// Whether the same request may succeed later (a backend that was unreachable; an enqueue
+    /// whose outcome is unknown — send it again with the same `Idempotency-Key`). The
+    /// library's `Error::is_retryable`.
+    retryable: bool,
+}
+
+/// An API failure: a status and the JSON error body.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    retryable: bool,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// A request the API cannot read (a field of the wrong type, a missing one, a typo).
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// This failure with `what` before its message (which job of a batch, how far it got).
+    pub(crate) fn within(mut self, what: &str) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
+    /// The status code and error code this failure answers with (tests read them).
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (StatusCode, &'static str) {
+        (self.status, self.code)
+    }
+}
+
+impl From<crate::Error> for ApiError {
+    /// The library's error in its class: retryable ones are 503 with `retryable: true`;
+    /// what the caller sent wrong is 422; the rest is the backend's failure (500).
+    fn from(e: crate::Error) -> Self {
+        use crate::Error as E;
+        let (status, code) = match &e {
+            E::InvalidJob(m) if m.starts_with("unknown job kind") => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind")
+            }
+            E::InvalidJob(_) | E::Config(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_job"),
+            E::Payload(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload"),
+            E::OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown"),
+            _ if e.is_retryable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "backend"),
+        };
+        Self {
+            status,
+            code,
+            message: e.to_string(),
+            retryable: e.is_retryable(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(code = self.code, error = %self.message, "api: request failed");
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                retryable: self.retryable,
+            },
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.retryable {
+            // A client that honours it backs off instead of hammering a backend that is down.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// `body` read as `T`, or a 400 naming what is wrong (serde says where: line and column). An
+/// empty body reads as `{}`, for actions whose fields are all optional.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| {
+        let code = if e.is_data() {
+            "invalid_request"
+        } else {
+            "invalid_json"
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, code, format!("request body: {e}"))
+    })
+}
+
+fn default_queue() -> String {
+    "default".into()
+}
+
+/// One job to enqueue. Only `kind` and `payload` are required; the rest has the library's
+/// defaults (`NewJob::raw`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JobRequest {
+    /// A kind the serving binary has a handler for.
+    kind: String,
+    /// The handler's input, any JSON; checked against the kind's payload type before
+    /// anything is sent, and kept as sent (numbers are not rounded).
+    #[schema(value_type = serde_json::Value)]
+    payload: Box<RawValue>,
+    /// Queue (default `default`).
+    #[serde(default = "default_queue")]
+    #[schema(default = "default")]
+    queue: String,
+    /// Protected scope: jobs sharing it run one at a time, and their fenced writes are
+    /// fenced per scope. Default: the job's own `job:<id>`.
+    scope: Option<String>,
+    /// Higher runs first, -4096..=4096.
+    #[serde(default)]
+    priority: i32,
+    /// Not claimable before this many milliseconds have passed.
+    #[serde(default)]
+    delay_ms: u64,
+    /// Handler failures allowed before the job is dead (default 5).
+    #[schema(minimum = 1)]
+    max_attempts: Option<u32>,
+    /// Expired leases (stalls) allowed before the job is dead (default 3).
+    max_stalls: Option<u32>,
+    /// Idempotent enqueue: while another job holds this key (queued, running, or enqueued
+    /// less than `unique_ttl_ms` ago) nothing is added and that job's id is answered.
+    unique_key: Option<String>,
+    /// How long `unique_key` stays held after its job was enqueued (default a day).
+    unique_ttl_ms: Option<u64>,
+    /// The job's id, chosen by the caller: enqueueing it again while it is known (and for a
+    /// day) adds nothing.
+    id: Option<uuid::Uuid>,
+}
+
+impl JobRequest {
+    /// The job, checked by every rule the library has (names, payload limit, ranges) and
+    /// against the binary's handlers; `unique` is the key an `Idempotency-Key` header maps
+    /// to, which the body may not set as well.
+    pub(crate) fn job(
+        &self,
+        registry: &Registry,
+        max_payload_bytes: usize,
+        unique: Option<String>,
+    ) -> Result<NewJob, ApiError> {
+        let payload = self.payload.get();
+        registry.check(&self.kind, payload)?;
+        let mut job = NewJob::raw(&self.kind, payload)
+            .with_queue(&self.queue)
+            .with_priority(self.priority)
+            .with_delay(Duration::from_millis(self.delay_ms));
+        if let Some(n) = self.max_attempts {
+            job = job.with_max_attempts(n);
+        }
+        if let Some(n) = self.max_stalls {
+            job = job.with_max_stalls(n);
+        }
+        if let Some(scope) = &self.scope {
+            job = job.with_scope(scope.as_str());
+        }
+        match (&self.unique_key, unique) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_job",
+                    "give an Idempotency-Key header or a unique_key, not both",
+                ))
+            }
+            (Some(key), None) => {
+                let ttl = self.unique_ttl_ms.map_or(UNIQUE_TTL, Duration::from_millis);
+                job = job.with_unique_key(key, ttl);
+            }
+            (None, Some(key)) => job = job.with_unique_key(key, IDEMPOTENCY_TTL),
+            (None, None) if self.unique_ttl_ms.is_some() => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_job",
+                    "unique_ttl_ms without a unique_key",
+                ))
+            }
+            (None, None) => {}
+        }
+        if let Some(id) = self.id {
+            job = job.with_id(JobId::from(id));
+        }
+        job.validate(max_payload_bytes)?;
+        Ok(job)
+    }
+}
+
+/// The unique key an `Idempotency-Key` header maps to (job `index` of a batch gets its own),
+/// checked by the same name rules as any key: a retried request finds the job the first one
+/// added.
+pub(crate) fn idempotency_key(header: &str, index: Option<usize>) -> Result<String, ApiError> {
+    check_name("Idempotency-Key", header)?;
+    Ok(match index {
+        None => format!("idempotency:{header}"),
+        Some(i) => format!("idempotency:{header}#{i}"),
+    })
+}
+
+/// Several jobs, enqueued all or nothing in one round trip.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchRequest {
+    /// 1 to 1,000 jobs.
+    pub(crate) jobs: Vec<JobRequest>,
+}
+
+/// What enqueue did with one job.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Enqueued {
+    /// The job's id: the new job's, or that of the job holding its unique key or id.
+    #[schema(value_type = String, format = Uuid)]
+    pub(crate) id: String,
+    /// False when nothing was added: another job holds the unique key (a retried request).
+    pub(crate) created: bool,
+}
+
+impl From<crate::Enqueued> for Enqueued {
+    fn from(e: crate::Enqueued) -> Self {
+        Self {
+            id: e.id().to_string(),
+            created: matches!(e, crate::Enqueued::Added(_)),
+        }
+    }
+}
+
+/// What a batch enqueue did, job by job in the order sent.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchEnqueued {
+    pub(crate) jobs: Vec<Enqueued>,
+}
+
+/// Where a job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum StateName {
+    /// Claimable now.
+    Ready,
+    /// Ready, behind another job of its scope.
+    Waiting,
+    /// Waiting for its delay or retry backoff (`due_in_ms`).
+    Delayed,
+    /// Running under a lease.
+    Leased,
+    /// A flow step not released yet.
+    Held,
+    /// A record in none of the places above (another program's, or mid layout move).
+    Unplaced,
+    /// Among the dead letters (`dead_reason`).
+    Dead,
+    /// Completed, with its result kept (`result` or `result_error`).
+    Completed,
+}
+
+impl From<JobState> for StateName {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Ready => Self::Ready,
+            JobState::Waiting => Self::Waiting,
+            JobState::Delayed => Self::Delayed,
+            JobState::Leased => Self::Leased,
+            JobState::Held => Self::Held,
+            JobState::Unplaced => Self::Unplaced,
+        }
+    }
+}
+
+/// A job: where it is, what it is, and what it produced.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct JobStatus {
+    #[schema(value_type = String, format = Uuid)]
+    id: String,
+    state: StateName,
+    /// Absent for a completed job (only its result is kept).
+    queue: Option<String>,
+    kind: Option<String>,
+    scope: Option<String>,
+    /// Attempts started so far.
+    attempt: Option<u32>,
+    max_attempts: Option<u32>,
+    /// The payload as enqueued.
+    #[schema(value_type = Option<serde_json::Value>)]
+    payload: Option<Box<RawValue>>,
+    /// Time left before a delayed job is due.
+    due_in_ms: Option<u64>,
+    /// Why its last attempt failed, when that attempt was retried.
+    last_error: Option<String>,
+    /// Why it died.
+    dead_reason: Option<String>,
+    /// When it died (Unix ms).
+    died_ms: Option<u64>,
+    /// Its handler's result (kinds registered with a result), once completed.
+    #[schema(value_type = Option<serde_json::Value>)]
+    result: Option<Box<RawValue>>,
+    /// Why a result could not be kept.
+    result_error: Option<String>,
+    /// Its latest progress report.
+    #[schema(value_type = Option<serde_json::Value>)]
+    progress: Option<Box<RawValue>>,
+    /// The flow it is a step of.
+    #[schema(value_type = Option<String>, format = Uuid)]
+    flow: Option<String>,
+    /// Its step's name in that flow.
+    step: Option<String>,
+}
+
+/// `text` as JSON when it is JSON (a payload or result as kept), else as a JSON string: a
+/// record another program wrote is shown, not refused.
+fn json_or_text(text: &str) -> Box<RawValue> {
+    serde_json::from_str::<Box<RawValue>>(text).unwrap_or_else(|_| {
+        RawValue::from_string(serde_json::Value::String(text.to_owned()).to_string())
+            .expect("a JSON string is JSON")
+    })
+}
+
+impl JobStatus {
+    /// The job's status from what the coordinator keeps: `live` (queued or running), else
+    /// `dead`, else its `result`; `None` if none of them knows it.
+    pub(crate) fn of(
+        id: JobId,
+        live: Option<JobView>,
+        dead: Option<DeadJob>,
+        result: Option<String>,
+        progress: Option<String>,
+    ) -> Option<Self> {
+        let mut status = Self {
+            id: id.to_string(),
+            state: StateName::Completed,
+            queue: None,
+            kind: None,
+            scope: None,
+            attempt: None,
+            max_attempts: None,
+            payload: None,
+            due_in_ms: None,
+            last_error: None,
+            dead_reason: None,
+            died_ms: None,
+            result: None,
+            result_error: None,
+            progress: progress.as_deref().map(json_or_text),
+            flow: None,
+            step: None,
+        };
+        let job = match (live, dead) {
+            (Some(view), _) => {
+                status.state = view.state.into();
+                status.due_in_ms = view
+                    .due_in
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                status.last_error = view.last_error;
+                view.job
+            }
+            (None, Some(dead)) => {
+                status.state = StateName::Dead;
+                status.dead_reason = Some(dead.reason);
+                status.died_ms = dead.died_ms;
+                dead.job
+            }
+            (None, None) => {
+                let envelope = result?;
+                #[derive(Deserialize)]
+                #[serde(rename_all = "lowercase")]
+                enum Kept {
+                    Ok(Box<RawValue>),
+                    Error(String),
+                }
+                match serde_json::from_str::<Kept>(&envelope) {
+                    Ok(Kept::Ok(value)) => status.result = Some(value),
+                    Ok(Kept::Error(why)) => status.result_error = Some(why),
+                    Err(e) => status.result_error = Some(format!("the kept result: {e}")),
+                }
+                return Some(status);
+            }
+        };
+        status.queue = Some(job.queue);
+        status.kind = Some(job.kind);
+        status.scope = Some(job.scope.to_string());
+        status.attempt = Some(job.attempt);
+        status.max_attempts = Some(job.max_attempts);
+        status.payload = Some(json_or_text(&job.payload));
+        if let Some(step) = job.flow {
+            status.flow = Some(step.flow.to_string());
+            status.step = Some(step.step);
+        }
+        Some(status)
+    }
+}
+
+/// What a cancel did.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum CancelOutcome {
+    /// It was queued: it is now among the dead letters.
+    Removed,
+    /// It was running: its lease is revoked (its late fenced writes are refused) and it is
+    /// among the dead letters.
+    Revoked,
+}
+
+/// A cancelled job.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CancelResult {
+    pub(crate) outcome: CancelOutcome,
+}
+
+/// A queue's rate limit.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Limit {
+    /// Claims allowed per period, shared by every worker.
+    jobs: u32,
+    /// The period in milliseconds.
+    per_ms: u64,
+}
+
+/// A queue: its counts (the depth an autoscaler reads), whether it is paused, its limit.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct QueueStatus {
+    name: String,
+    counts: QueueCounts,
+    paused: bool,
+    rate_limit: Option<Limit>,
+    /// How long the next ready job has been claimable, in milliseconds (none when nothing is
+    /// ready).
+    oldest_ready_ms: Option<u64>,
+}
+
+impl QueueStatus {
+    pub(crate) fn new(
+        name: String,
+        counts: QueueCounts,
+        paused: bool,
+        limit: Option<RateLimit>,
+        oldest: Option<Duration>,
+    ) -> Self {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            name,
+            counts,
+            paused,
+            rate_limit: limit.map(|l| Limit {
+                jobs: l.jobs,
+                per_ms: ms(l.per),
+            }),
+            oldest_ready_ms: oldest.map(ms),
+        }
+    }
+}
+
+/// Every queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct QueueList {
+    pub(crate) queues: Vec<QueueStatus>,
+}
+
+/// A queue paused or resumed.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Paused {
+    pub(crate) queue: String,
+    pub(crate) paused: bool,
+}
+
+/// A dead-lettered job.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DeadEntry {
+    #[schema(value_type = String, format = Uuid)]
+    id: String,
+    kind: String,
+    scope: String,
+    /// Attempts it had started.
+    attempt: u32,
+    #[schema(value_type = serde_json::Value)]
+    payload: Box<RawValue>,
+    /// Why it died.
+    reason: String,
+    /// When (Unix ms; absent for a record an older version kept).
+    died_ms: Option<u64>,
+}
+
+impl From<DeadJob> for DeadEntry {
+    fn from(d: DeadJob) -> Self {
+        Self {
+            id: d.job.id.to_string(),
+            kind: d.job.kind,
+            scope: d.job.scope.to_string(),
+            attempt: d.job.attempt,
+            payload: json_or_text(&d.job.payload),
+            reason: d.reason,
+            died_ms: d.died_ms,
+        }
+    }
+}
+
+/// A page of a queue's dead letters, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DeadPage {
+    /// Dead letters the queue keeps.
+    pub(crate) total: u64,
+    pub(crate) jobs: Vec<DeadEntry>,
+}
+
+/// Which page of dead letters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct DeadQuery {
+    /// Most entries answered (default 50, at most 1,000).
+    pub(crate) limit: Option<usize>,
+    /// Entries skipped from the newest (default 0).
+    pub(crate) offset: Option<usize>,
+}
+
+/// How many dead letters to retry.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RetryRequest {
+    /// At most this many, oldest first (default: every one the queue holds now).
+    pub(crate) limit: Option<usize>,
+}
+
+/// Dead letters moved back to their queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Retried {
+    pub(crate) retried: usize,
+}
+
+/// One dependency of a flow step.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AfterRequest {
+    /// The step it runs after.
+    step: String,
+    /// What it does if that step dies: `fail` (default: it dies too), `skip` or `run`.
+    #[serde(default)]
+    #[schema(value_type = String)]
+    on_dead: OnDead,
+}
+
+/// One step of a flow.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StepRequest {
+    /// Its name, unique in the flow.
+    name: String,
+    /// Its job (without `id` or `unique_key`: a step's id is the flow's).
+    job: JobRequest,
+    /// The steps it runs after (none: ready as soon as the flow is created).
+    #[serde(default)]
+    after: Vec<AfterRequest>,
+}
+
+/// A flow: a DAG of jobs, created all or nothing.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FlowRequest {
+    /// Its id, chosen by the caller (creating it again adds nothing); by default the
+    /// `Idempotency-Key` header's, else a new one.
+    id: Option<uuid::Uuid>,
+    /// 1 to 10,000 steps.
+    steps: Vec<StepRequest>,
+}
+
+impl FlowRequest {
+    /// The flow, every step's job checked as an enqueue's and the whole as the library
+    /// checks it; `keyed` is the id an `Idempotency-Key` header maps to.
+    pub(crate) fn flow(
+        &self,
+        registry: &Registry,
+        max_payload_bytes: usize,
+        keyed: Option<FlowId>,
+    ) -> Result<Flow, ApiError> {
+        let id = match (self.id, keyed) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_job",
+                    "give an Idempotency-Key header or an id, not both",
+                ))
+            }
+            (Some(id), None) => FlowId::from(id),
+            (None, Some(id)) => id,
+            (None, None) => FlowId::new(),
+        };
+        let mut flow = Flow::with_id(id);
+        for step in &self.steps {
+            let job = step.job.job(registry, max_payload_bytes, None)?;
+            flow = flow.step_with(
+                step.name.as_str(),
+                job,
+                step.after.iter().map(|a| (a.step.as_str(), a.on_dead)),
+            );
+        }
+        flow.validate(max_payload_bytes)?;
+        Ok(flow)
+    }
+}
+
+/// The flow id an `Idempotency-Key` header names: the same key, the same flow, so a retried
+/// request creates nothing new.
+pub(crate) fn idempotent_flow_id(header: &str) -> Result<FlowId, ApiError> {
+    check_name("Idempotency-Key", header)?;
+    // A fixed namespace of Palisade's own (a v4 UUID, chosen once).
+    const NAMESPACE: uuid::Uuid = uuid::uuid!("0b6f9c3e-4f8a-4d7e-9b1c-5a2e8d3f6c71");
+    Ok(FlowId::from(uuid::Uuid::new_v5(
+        &NAMESPACE,
+        format!("flow:{header}").as_bytes(),
+    )))
+}
+
+/// A created flow.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct FlowCreated {
+    #[schema(value_type = String, format = Uuid)]
+    pub(crate) id: String,
+}
+
+/// A flow's state and how each ended step ended.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct FlowView {
+    #[schema(value_type = String, format = Uuid)]
+    id: String,
+    #[schema(value_type = String)]
+    state: FlowState,
+    steps: usize,
+    /// Steps released (ready, running or ended) so far.
+    released: usize,
+    /// How each step that ended ended (`completed`, `dead`, `skipped`), by step name.
+    #[schema(value_type = std::collections::HashMap<String, String>)]
+    ended: std::collections::HashMap<String, StepEnd>,
+}
+
+impl From<crate::flow::FlowStatus> for FlowView {
+    fn from(s: crate::flow::FlowStatus) -> Self {
+        Self {
+            id: s.id.to_string(),
+            state: s.state,
+            steps: s.steps,
+            released: s.released,
+            ended: s.ended,
+        }
+    }
+}
+
+/// A cancelled flow.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct FlowCancelled {
+    /// Jobs stopped (not started, ready or running).
+    pub(crate) stopped: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        #[derive(Deserialize)]
+        struct Mail {
+            #[allow(dead_code)]
+            to: String,
+        }
+        Registry::new().register("mail", |_ctx, _m: Mail| async { Ok(()) })
+    }
+
+    fn request(json: &str) -> Result<JobRequest, ApiError> {
+        parse(json.as_bytes())
+    }
+
+    #[test]
+    fn a_request_becomes_the_job_it_names() {
+        let r = request(
+            r#"{"kind":"mail","payload":{"to":"a@x","n":123456789012345678901234567890},
+               "queue":"q","scope":"user:7","priority":-3,"delay_ms":1500,
+               "max_attempts":2,"unique_key":"u","unique_ttl_ms":60000}"#,
+        )
+        .unwrap();
+        let job = r.job(&registry(), 1 << 20, None).unwrap();
+        assert_eq!(job.queue, "q");
+        assert_eq!(job.scope.as_ref().unwrap().as_str(), "user:7");
+        assert_eq!(job.priority, -3);
+        assert_eq!(job.delay, Duration::from_millis(1500));
+        assert_eq!(job.max_attempts, 2);
+        let unique = job.unique.unwrap();
+        assert_eq!(
+            (unique.key.as_str(), unique.ttl),
+            ("u", Duration::from_secs(60))
+        );
+        // Kept as sent: a number beyond f64 is not rounded.
+        assert!(
+            job.payload.contains("123456789012345678901234567890"),
+            "{}",
+            job.payload
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_their_reason() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"kind":"mail""#, "invalid_json"),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"prio":1}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"priority":"high"}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"priority":4294967296}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"delay_ms":-1}"#,
+                "invalid_request",
+            ),
+            (r#"{"kind":"mail"}"#, "invalid_request"),
+            (r#"[]"#, "invalid_request"),
+        ];
+        for (body, code) in cases {
+            let err = request(body).unwrap_err();
+            assert_eq!(err.parts().1, *code, "{body}: {err:?}");
+        }
+        let refused: &[(&str, &str)] = &[
+            (r#"{"kind":"nope","payload":{}}"#, "unknown_kind"),
+            (
+                r#"{"kind":"mail","payload":{"too":"a"}}"#,
+                "invalid_payload",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"queue":""}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"queue":"a\u202eb"}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"priority":5000}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"delay_ms":18446744073709551615}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"max_attempts":0}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"scope":"job:5b0c7f2e-3b7b-4c8e-9a55-1f0b8d7c6e5a"}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"unique_ttl_ms":5}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a","pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#,
+                "invalid_job",
+            ),
+        ];
+        for (body, code) in refused {
+            let err = request(body)
+                .unwrap()
+                .job(&registry(), 64, None)
+                .unwrap_err();
+            assert_eq!(
+                err.parts(),
+                (StatusCode::UNPROCESSABLE_ENTITY, *code),
+                "{body}: {err:?}"
+            );
+        }
+        // A header key and a body key would disagree on what makes the enqueue unique.
+        let both = request(r#"{"kind":"mail","payload":{"to":"a"},"unique_key":"u"}"#).unwrap();
+        let err = both.job(&registry(), 1024, Some("k".into())).unwrap_err();
+        assert_eq!(err.parts().1, "invalid_job");
+    }
+
+    #[test]
+    fn idempotency_keys_follow_the_name_rules_and_differ_per_batch_item() {
+        assert_eq!(idempotency_key("abc", None).unwrap(), "idempotency:abc");
+        assert_ne!(
+            idempotency_key("abc", Some(0)).unwrap(),
+            idempotency_key("abc", Some(1)).unwrap()
+        );
+        for bad in ["", "a\tb", "a\u{200B}b", &"k".repeat(600)] {
+            assert!(idempotency_key(bad, None).is_err(), "{bad:?}");
+            assert!(idempotent_flow_id(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            idempotent_flow_id("k").unwrap(),
+            idempotent_flow_id("k").unwrap()
+        );
+        assert_ne!(
+            idempotent_flow_id("k").unwrap(),
+            idempotent_flow_id("l").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_flow_request_is_checked_whole() {
+        let flow: FlowRequest = parse(
+            br#"{"steps":[{"name":"a","job":{"kind":"mail","payload":{"to":"x"}}},
+                {"name":"b","job":{"kind":"mail","payload":{"to":"y"}},"after":[{"step":"a","on_dead":"run"}]}]}"#,
+        )
+        .unwrap();
+        let f = flow.flow(&registry(), 1024, None).unwrap();
+        assert_eq!(f.steps()[1].after[0].on_dead, OnDead::Run);
+        for bad in [
+            // A dependency on a step the flow does not have.
+            r#"{"steps":[{"name":"a","job":{"kind":"mail","payload":{"to":"x"}},"after":[{"step":"zz"}]}]}"#,
+            // A step with a unique key of its own.
+            r#"{"steps":[{"name":"a","job":{"kind":"mail","payload":{"to":"x"},"unique_key":"u"}}]}"#,
+            r#"{"steps":[]}"#,
+        ] {
+            let r: FlowRequest = parse(bad.as_bytes()).unwrap();
+            assert_eq!(
+                r.flow(&registry(), 1024, None).unwrap_err().parts().1,
+                "invalid_job",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_status_shows_json_as_json_and_anything_else_as_text() {
+        let s = JobStatus::of(
+            JobId::new(),
+            None,
+            None,
+            Some(r#"{"ok":{"total":12345678901234567890123}}"#.into()),
+            Some("not json".into()),
+        )
+        .unwrap();
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(
+            text.contains(r#""result":{"total":12345678901234567890123}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""progress":"not json""#), "{text}");
+        assert!(text.contains(r#""state":"completed""#), "{text}");
+        assert!(JobStatus::of(JobId::new(), None, None, None, None).is_none());
+    }
+
+    #[test]
+    fn retryable_errors_say_so() {
+        let e = ApiError::from(crate::Error::Unavailable("down".into()));
+        assert_eq!(e.parts(), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+        let response = e.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let e = ApiError::from(crate::Error::OutcomeUnknown("lost".into()));
+        assert_eq!(e.parts().1, "outcome_unknown");
+        let e = ApiError::from(crate::Error::Backend("WRONGTYPE".into()));
+        assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
+    }
+}
