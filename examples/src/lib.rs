@@ -23,6 +23,10 @@ pub mod postgres {}
 #[doc = include_str!("../../docs/operations.md")]
 pub mod operations {}
 
+/// `docs/api.md`.
+#[doc = include_str!("../../docs/api.md")]
+pub mod api {}
+
 /// `docs/performance.md`.
 #[doc = include_str!("../../docs/performance.md")]
 pub mod performance {}

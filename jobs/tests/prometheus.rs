@@ -1,7 +1,8 @@
 //! Real Prometheus scraping a real `/metrics`, plus checks that the shipped dashboards and
 //! alert rules are valid and reference only metrics Palisade exports.
 
-use palisade_testkit::{free_ports, http_get};
+use palisade_testkit::process::run_with_stdin;
+use palisade_testkit::{free_ports, http_get, wait_for, Process, RedisServer};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -309,4 +310,98 @@ fn every_exported_metric_has_help(port: u16) {
             "{family} is exported but not in metrics::ALL"
         );
     }
+}
+
+/// The value of `key: "..."` (or `'...'`) in the KEDA manifest.
+fn manifest_value<'a>(manifest: &'a str, key: &str) -> &'a str {
+    let line = manifest
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+        .unwrap_or_else(|| panic!("the manifest has no {key}"));
+    let quote = line.chars().next().unwrap();
+    let rest = &line[1..];
+    &rest[..rest.rfind(quote).unwrap()]
+}
+
+/// The autoscaling recipe (examples/deploy/keda/scaledobject.yaml) against real parts: jobs
+/// queued with no worker serving their queue, a worker that exports the depth, a real
+/// Prometheus scraping it, and `palisade api`. The manifest's PromQL query and its metrics-api
+/// path and value location each read the number queued, and follow it when more are queued.
+#[test]
+fn the_keda_recipe_reads_the_queue_depth() {
+    const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+    let manifest =
+        std::fs::read_to_string(repo().join("examples/deploy/keda/scaledobject.yaml")).unwrap();
+    let query = manifest_value(&manifest, "query");
+    let url = manifest_value(&manifest, "url");
+    let path = &url[url.find("/api/").unwrap()..];
+    let location = manifest_value(&manifest, "valueLocation");
+    let redis = RedisServer::start();
+    let enqueue = |n: usize| {
+        let lines: String = (0..n)
+            .map(|i| format!("{{\"to\":\"u{i}@x\",\"millis\":0}}\n"))
+            .collect();
+        run_with_stdin(
+            BIN,
+            &redis.url(),
+            &["enqueue", "email.send", "--stdin"],
+            &lines,
+        );
+    };
+    enqueue(7);
+    // It serves another queue: it samples every queue and runs none of these jobs.
+    let worker = Process::worker(
+        BIN,
+        &["--redis", &redis.url(), "--queues", "elsewhere"],
+        "warn",
+    );
+    let (mut prometheus, prom_port, dir) = start_prometheus(worker.metrics_port());
+    let [api_port] = free_ports();
+    let _api = Reaped(
+        Command::new(BIN)
+            .args(["api", "--redis", &redis.url(), "--listen"])
+            .arg(format!("127.0.0.1:{api_port}"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the API to serve", Duration::from_secs(20), || {
+        http_get(api_port, "/healthz").is_some()
+    });
+    let promql = format!("/api/v1/query?query={}", encode(query));
+    let from_api = || {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10"])
+            .arg(format!("http://127.0.0.1:{api_port}{path}"))
+            .output()
+            .expect("curl is installed (.ci/run installs it)");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        location.split('.').fold(v, |v, key| v[key].clone())
+    };
+    for expected in [7, 12] {
+        if expected == 12 {
+            enqueue(5);
+        }
+        let mut last = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = prometheus.0.try_wait().unwrap() {
+                panic!("prometheus exited ({status})");
+            }
+            let body = http_get(prom_port, &promql).unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if v["data"]["result"][0]["value"][1].as_str() == Some(&*expected.to_string()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never read {expected} from {query}; last answer: {last}"
+            );
+            last = body;
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        assert_eq!(from_api(), expected, "{url} at {location}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

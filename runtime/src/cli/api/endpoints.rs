@@ -217,9 +217,9 @@ async fn enqueue_batch(
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
     responses(
-        (status = 200, body = JobStatus),
+        (status = 200, description = "Done", body = JobStatus),
         (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn job(
     State(api): State<Arc<Api>>,
@@ -252,9 +252,9 @@ async fn job(
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
     responses(
-        (status = 200, body = CancelResult),
+        (status = 200, description = "Done", body = CancelResult),
         (status = 404, description = "Not queued or running (unknown, completed or dead)", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel(
     State(api): State<Arc<Api>>,
@@ -279,7 +279,7 @@ async fn cancel(
 
 /// Every queue the coordinator knows, with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
-    responses((status = 200, body = QueueList), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = QueueList), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
     let rows = crate::cli::ui::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
@@ -294,7 +294,7 @@ async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError
 /// was ever enqueued to answers zeros (an autoscaler reads 0, not an error).
 #[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name (percent-encoded)")),
-    responses((status = 200, body = QueueStatus), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = QueueStatus), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn queue(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -311,7 +311,7 @@ async fn queue(
 /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
-    responses((status = 200, body = Paused), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn pause(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -322,7 +322,7 @@ async fn pause(
 /// Let workers claim from a paused queue again.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
-    responses((status = 200, body = Paused), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn resume(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -340,7 +340,7 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
 /// A page of a queue's dead letters, newest first.
 #[utoipa::path(get, path = "/api/v1/queues/{queue}/dead", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name"), DeadQuery),
-    responses((status = 200, body = DeadPage), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = DeadPage), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn dead(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -367,7 +367,7 @@ async fn dead(
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
     request_body = RetryRequest,
-    responses((status = 200, body = Retried), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Retried), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn retry_dead(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -400,9 +400,9 @@ async fn retry_dead(
     params(("queue" = String, Path, description = "The queue's name"),
         ("id" = String, Path, description = "The dead job's id")),
     responses(
-        (status = 200, body = Retried),
+        (status = 200, description = "Done", body = Retried),
         (status = 404, description = "Not among the newest 5,000 dead letters, or live again", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn retry_dead_job(
     State(api): State<Arc<Api>>,
@@ -427,9 +427,9 @@ async fn retry_dead_job(
     params(("Idempotency-Key" = Option<String>, Header,
         description = "Names the flow: the same key, the same flow")),
     responses(
-        (status = 201, body = FlowCreated),
+        (status = 201, description = "Done", body = FlowCreated),
         (status = "4XX", description = "Refused; nothing created", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn create_flow(
     State(api): State<Arc<Api>>,
@@ -452,9 +452,9 @@ async fn create_flow(
 #[utoipa::path(get, path = "/api/v1/flows/{id}", tag = "flows",
     params(("id" = String, Path, description = "The flow's id")),
     responses(
-        (status = 200, body = FlowView),
+        (status = 200, description = "Done", body = FlowView),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn flow(
     State(api): State<Arc<Api>>,
@@ -474,9 +474,9 @@ async fn flow(
 #[utoipa::path(post, path = "/api/v1/flows/{id}/cancel", tag = "flows",
     params(("id" = String, Path, description = "The flow's id")),
     responses(
-        (status = 200, body = FlowCancelled),
+        (status = 200, description = "Done", body = FlowCancelled),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
-        (status = "5XX", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel_flow(
     State(api): State<Arc<Api>>,

@@ -72,8 +72,10 @@ pub(super) struct ApiFlags {
 /// `api` flags.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct ApiArgs {
+    // (Optional only so that `--openapi` needs no Redis: clap still requires --redis
+    // otherwise.)
     #[command(flatten)]
-    redis: RedisArgs,
+    redis: Option<RedisArgs>,
     #[command(flatten)]
     flags: ApiFlags,
     /// Address to serve the API on. Anything but a loopback address requires --api-token.
@@ -84,6 +86,19 @@ pub(super) struct ApiArgs {
     /// host are refused (DNS rebinding).
     #[arg(long = "public-host", value_name = "HOST:PORT")]
     public_hosts: Vec<String>,
+    /// Print the OpenAPI 3.1 document and exit, without connecting to anything (generate a
+    /// client from it).
+    #[arg(long, exclusive = true)]
+    openapi: bool,
+}
+
+/// The OpenAPI document, as served at `/api/v1/openapi.json`, indented.
+pub(crate) fn document() -> String {
+    endpoints::routes()
+        .split_for_parts()
+        .1
+        .to_pretty_json()
+        .expect("the document is JSON")
 }
 
 /// The server's state.
@@ -314,6 +329,10 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
 
 /// Serves the API alone until SIGINT / SIGTERM.
 pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
+    if args.openapi {
+        println!("{}", document());
+        return Ok(());
+    }
     if !args.listen.ip().is_loopback() && args.flags.api_token.as_deref().is_none_or(str::is_empty)
     {
         bail!(
@@ -322,9 +341,11 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
             args.listen
         );
     }
+    let Some(redis) = &args.redis else {
+        bail!("--redis is required");
+    };
     super::runtime()?.block_on(async {
-        let (_, store) = args
-            .redis
+        let (_, store) = redis
             .store_with(args.flags.max_payload_bytes, |s| s)
             .await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -336,8 +357,8 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
             .route("/healthz", get(|| async { "ok\n" }));
         println!(
             "palisade api: http://{bound}/api/v1/ over {} prefix {}",
-            redacted(&args.redis.redis),
-            args.redis.prefix
+            redacted(&redis.redis),
+            redis.prefix
         );
         tracing::info!(listen = %bound, "api serving");
         axum::serve(listener, app)
@@ -579,6 +600,19 @@ mod tests {
                 "{json}"
             );
         });
+    }
+
+    /// The copy in the repository (docs/openapi.json, for readers and client generators) is
+    /// the document the code makes: an endpoint added or changed without it fails here.
+    #[test]
+    fn the_committed_document_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed.trim_end() == document().trim_end(),
+            "docs/openapi.json is stale: run `cargo run -p palisade-jobs --bin palisade -- api \
+             --openapi > docs/openapi.json`"
+        );
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! The HTTP API from other languages: a Python producer (plain urllib, no SDK of ours) and
+//! `curl` enqueue jobs that a Rust worker process runs, against a private Redis. The Python
+//! side validates the served OpenAPI document with openapi-spec-validator (from PyPI; `.ci/run`
+//! installs it), checks every request it makes is documented, and waits for the results.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use palisade_testkit::{free_ports, http_get, wait_for, Process, RedisServer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+const TOKEN: &str = "polyglot-test-token-0123456789";
+
+/// `palisade <command> --redis <url> --listen 127.0.0.1:<port> <extra>`, up once /healthz
+/// answers.
+fn serve(command: &str, redis: &RedisServer, port: u16, extra: &[&str]) -> Process {
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        command,
+        "--redis",
+        &*Box::leak(redis.url().into_boxed_str()),
+    ];
+    args.extend(["--listen", &*Box::leak(listen.into_boxed_str())]);
+    args.extend(extra);
+    let process = Process::spawn(BIN, &args, "warn");
+    wait_for("the API to serve", Duration::from_secs(20), || {
+        http_get(port, "/healthz").is_some()
+    });
+    process
+}
+
+fn worker(redis: &RedisServer) -> Process {
+    let url = redis.url();
+    let args = ["--redis", &url, "--queues", "default,polyglot,curl"];
+    Process::worker(BIN, &args, "warn")
+}
+
+fn curl(args: &[&str]) -> (u16, serde_json::Value) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl is installed (.ci/run installs it)");
+    assert!(
+        status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&stderr)
+    );
+    let text = String::from_utf8(stdout).unwrap();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (
+        code.trim().parse().unwrap(),
+        serde_json::from_str(body).unwrap_or_default(),
+    )
+}
+
+#[test]
+fn a_python_producer_enqueues_jobs_a_rust_worker_runs() {
+    let redis = RedisServer::start();
+    let _worker = worker(&redis);
+    let [port] = free_ports();
+    let _api = serve("api", &redis, port, &["--api-token", TOKEN]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/producer.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .env("PALISADE_API", format!("http://127.0.0.1:{port}"))
+        .env("PALISADE_API_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3 is installed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("producer: ok"),
+        "the Python producer failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn curl_enqueues_and_reads_the_result_and_a_form_post_is_refused() {
+    let redis = RedisServer::start();
+    let _worker = worker(&redis);
+    let [port] = free_ports();
+    let _api = serve("api", &redis, port, &["--api-token", TOKEN]);
+    let base = format!("http://127.0.0.1:{port}/api/v1");
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let json = "Content-Type: application/json";
+    let (code, done) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        &bearer,
+        "-H",
+        json,
+        "-H",
+        "Idempotency-Key: curl-42",
+        "-d",
+        r#"{"kind":"report.part","payload":{"n":42},"queue":"curl"}"#,
+        &format!("{base}/jobs"),
+    ]);
+    assert_eq!(code, 201, "{done}");
+    let id = done["id"].as_str().unwrap().to_owned();
+    // A cross-site form post: curl -d sends application/x-www-form-urlencoded, as a form does.
+    let (code, err) = curl(&[
+        "-H",
+        &bearer,
+        "-d",
+        "kind=report.part",
+        &format!("{base}/jobs"),
+    ]);
+    assert_eq!(
+        (code, err["error"]["code"].as_str()),
+        (415, Some("unsupported_media_type"))
+    );
+    // The same with a foreign Origin and the right content type.
+    let (code, err) = curl(&[
+        "-H",
+        &bearer,
+        "-H",
+        json,
+        "-H",
+        "Origin: https://evil.example",
+        "-d",
+        r#"{"kind":"report.part","payload":{"n":1}}"#,
+        &format!("{base}/jobs"),
+    ]);
+    assert_eq!(
+        (code, err["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
+    let mut last = serde_json::Value::Null;
+    wait_for("the job's result", Duration::from_secs(60), || {
+        let (code, job) = curl(&["-H", &bearer, &format!("{base}/jobs/{id}")]);
+        assert_eq!(code, 200, "{job}");
+        last = job.clone();
+        job["state"] == "completed"
+    });
+    assert_eq!(last["result"], 42, "{last}");
+    let (code, queue) = curl(&["-H", &bearer, &format!("{base}/queues/curl")]);
+    assert_eq!(
+        (code, queue["counts"]["completed"].as_u64()),
+        (200, Some(1)),
+        "{queue}"
+    );
+}
+
+/// `palisade ui` serves the API beside the console: the console's Basic credentials never
+/// authorize an API call, and beyond loopback without a token the API is off.
+#[test]
+fn the_console_serves_the_api_without_its_basic_auth() {
+    let redis = RedisServer::start();
+    let [port] = free_ports();
+    let _ui = serve("ui", &redis, port, &["--basic-auth", "ops:secret"]);
+    let base = format!("http://127.0.0.1:{port}");
+    let (code, queues) = curl(&[&format!("{base}/api/v1/queues")]);
+    assert_eq!(code, 200, "{queues}");
+    assert!(queues["queues"].is_array(), "{queues}");
+    let (code, err) = curl(&["-u", "ops:secret", &format!("{base}/api/v1/queues")]);
+    assert_eq!(
+        (code, err["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    // The console itself still asks for them.
+    let (code, _) = curl(&[&format!("{base}/")]);
+    assert_eq!(code, 401);
+    // `palisade api` beyond loopback without a token does not start.
+    let out = Command::new(BIN)
+        .args(["api", "--redis", &redis.url(), "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api-token"));
+}
