@@ -149,14 +149,21 @@ fn curl_enqueues_and_reads_the_result_and_a_form_post_is_refused() {
 }
 
 /// `palisade ui` serves the API beside the console: the console's Basic credentials never
-/// authorize an API call, and beyond loopback without a token the API is off.
+/// authorize an API call, a console behind Basic auth serves no API without a token, and the
+/// console's own unknown paths stay the console's.
 #[test]
 fn the_console_serves_the_api_without_its_basic_auth() {
     let redis = RedisServer::start();
-    let [port] = free_ports();
-    let _ui = serve("ui", &redis, port, &["--basic-auth", "ops:secret"]);
+    let [port, open_port] = free_ports();
+    let _ui = serve(
+        "ui",
+        &redis,
+        port,
+        &["--basic-auth", "ops:secret", "--api-token", TOKEN],
+    );
     let base = format!("http://127.0.0.1:{port}");
-    let (code, queues) = curl(&[&format!("{base}/api/v1/queues")]);
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (code, queues) = curl(&["-H", &bearer, &format!("{base}/api/v1/queues")]);
     assert_eq!(code, 200, "{queues}");
     assert!(queues["queues"].is_array(), "{queues}");
     let (code, err) = curl(&["-u", "ops:secret", &format!("{base}/api/v1/queues")]);
@@ -164,14 +171,52 @@ fn the_console_serves_the_api_without_its_basic_auth() {
         (code, err["error"]["code"].as_str()),
         (401, Some("unauthorized"))
     );
-    // The console itself still asks for them.
+    // The console itself still asks for its credentials, and its unknown paths are its own
+    // (its headers, not the API's JSON).
     let (code, _) = curl(&[&format!("{base}/")]);
     assert_eq!(code, 401);
-    // `palisade api` beyond loopback without a token does not start.
-    let out = Command::new(BIN)
-        .args(["api", "--redis", &redis.url(), "--listen", "0.0.0.0:0"])
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-i",
+            "-u",
+            "ops:secret",
+            &format!("{base}/favicon.ico"),
+        ])
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--api-token"));
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(
+        head.starts_with("http/1.1 404") && head.contains("x-frame-options: deny"),
+        "{head}"
+    );
+    // Behind Basic auth without a token, the API is off: a proxy in front forwards anyone.
+    let _open = serve("ui", &redis, open_port, &["--basic-auth", "ops:secret"]);
+    let (code, err) = curl(&[&format!("http://127.0.0.1:{open_port}/api/v1/queues")]);
+    assert_eq!(
+        (code, err["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{err}"
+    );
+    // `palisade api` beyond loopback, or behind a public host, without a token does not start.
+    for extra in [
+        &["--listen", "0.0.0.0:0"][..],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--public-host",
+            "jobs.example:443",
+        ],
+    ] {
+        let out = Command::new(BIN)
+            .args(["api", "--redis", &redis.url()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--api-token"),
+            "{extra:?}"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use utoipa_axum::routes;
 
 use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
-    CancelOutcome, CancelResult, DeadPage, DeadQuery, Enqueued, ErrorBody, FlowCancelled,
+    CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
     FlowCreated, FlowRequest, FlowView, JobRequest, JobStatus, Paused, QueueList, QueueStatus,
     Retried, RetryRequest, MAX_BATCH,
 };
@@ -158,10 +158,14 @@ async fn enqueue(
     let unique = idempotency(&headers)?
         .map(|k| idempotency_key(k, None))
         .transpose()?;
+    let idempotent = unique.is_some() || request.is_idempotent();
     let job = request.job(&api.registry, api.max_payload_bytes, unique)?;
     let done: Enqueued = crate::client::enqueue_counted(&api.store, vec![job])
-        .await?
-        .remove(0)
+        .await
+        .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::from(crate::Error::Backend("enqueue answered no job".into())))?
         .into();
     let status = if done.created {
         StatusCode::CREATED
@@ -205,7 +209,10 @@ async fn enqueue_batch(
         jobs.push(job);
     }
     crate::job::validate_batch(&jobs, api.max_payload_bytes)?;
-    let done = crate::client::enqueue_counted(&api.store, jobs).await?;
+    let idempotent = key.is_some() || request.jobs.iter().all(JobRequest::is_idempotent);
+    let done = crate::client::enqueue_counted(&api.store, jobs)
+        .await
+        .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
     Ok(Json(BatchEnqueued {
         jobs: done.into_iter().map(Enqueued::from).collect(),
     }))
@@ -219,6 +226,7 @@ async fn enqueue_batch(
     responses(
         (status = 200, description = "Done", body = JobStatus),
         (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
+        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
         (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn job(
@@ -250,6 +258,7 @@ async fn job(
 /// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked, so its
 /// late fenced writes are refused.
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs",
+    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("id" = String, Path, description = "The job's id")),
     responses(
         (status = 200, description = "Done", body = CancelResult),
@@ -279,7 +288,8 @@ async fn cancel(
 
 /// Every queue the coordinator knows, with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
-    responses((status = 200, description = "Done", body = QueueList), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = QueueList), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
+        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
     let rows = crate::cli::ui::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
@@ -310,6 +320,7 @@ async fn queue(
 
 /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "queues",
+    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("queue" = String, Path, description = "The queue's name")),
     responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn pause(
@@ -321,6 +332,7 @@ async fn pause(
 
 /// Let workers claim from a paused queue again.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "queues",
+    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("queue" = String, Path, description = "The queue's name")),
     responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
 async fn resume(
@@ -375,10 +387,10 @@ async fn retry_dead(
 ) -> Result<Json<Retried>, ApiError> {
     queue_name(&queue)?;
     let request: RetryRequest = parse(&body(raw)?)?;
-    let limit = match request.limit {
-        Some(n) => n,
-        None => usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX),
-    };
+    // At most what the queue holds now: jobs that die again meanwhile wait for the next call
+    // (a huge limit on a queue whose jobs keep dying would otherwise never end).
+    let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
+    let limit = request.limit.map_or(dead, |n| n.min(dead));
     let mut retried = 0;
     while retried < limit {
         let chunk = crate::cli::ui::BULK_CHUNK.min(limit - retried);
@@ -397,11 +409,13 @@ async fn retry_dead(
 
 /// Move one dead letter back to its queue (found among the queue's newest 5,000).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/{id}/retry", tag = "queues",
+    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("queue" = String, Path, description = "The queue's name"),
         ("id" = String, Path, description = "The dead job's id")),
     responses(
         (status = 200, description = "Done", body = Retried),
         (status = 404, description = "Not among the newest 5,000 dead letters, or live again", body = ErrorBody),
+        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
         (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn retry_dead_job(
@@ -438,10 +452,12 @@ async fn create_flow(
 ) -> Result<(StatusCode, Json<FlowCreated>), ApiError> {
     let request: FlowRequest = parse(&body(raw)?)?;
     let keyed = idempotency(&headers)?.map(idempotent_flow_id).transpose()?;
+    let idempotent = keyed.is_some() || request.is_idempotent();
     let flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;
     let id = crate::Client::new(api.store.clone())
         .create_flow(&flow)
-        .await?;
+        .await
+        .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
     Ok((
         StatusCode::CREATED,
         Json(FlowCreated { id: id.to_string() }),
@@ -454,6 +470,7 @@ async fn create_flow(
     responses(
         (status = 200, description = "Done", body = FlowView),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
+        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
         (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn flow(
@@ -472,10 +489,12 @@ async fn flow(
 /// Cancel a flow: steps not started go to the dead letters unrun, ready and running ones are
 /// cancelled (a running one's lease revoked).
 #[utoipa::path(post, path = "/api/v1/flows/{id}/cancel", tag = "flows",
+    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("id" = String, Path, description = "The flow's id")),
     responses(
         (status = 200, description = "Done", body = FlowCancelled),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
+        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
         (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel_flow(

@@ -48,8 +48,8 @@ const MAX_ROWS: usize = 1_000;
 /// The shortest bearer token accepted: a guessable token is no lock.
 const MIN_TOKEN_BYTES: usize = 16;
 
-/// The catch-all under `/api/v1` that answers an unknown path with a JSON 404.
-const UNKNOWN: &str = "/api/v1/{*rest}";
+/// The routes that answer an unknown path under `/api/v1` with a JSON 404.
+const UNKNOWN: [&str; 3] = ["/api/v1", "/api/v1/", "/api/v1/{*rest}"];
 
 /// The API's own flags, shared by `palisade api` and `palisade ui`.
 #[derive(Clone, Debug, clap::Args)]
@@ -121,7 +121,14 @@ pub(crate) struct Api {
 impl ApiFlags {
     /// The API's settings for a server on `listen`: `None` when it must stay off, with the
     /// reason (beyond loopback without a token).
-    fn checked(&self, listen: SocketAddr) -> anyhow::Result<(Option<String>, Option<String>)> {
+    /// `exposed`: the server is meant to be reached from elsewhere (it names public hosts or
+    /// asks for the console's Basic credentials), so a loopback listen address is no lock —
+    /// a proxy in front of it forwards anyone.
+    fn checked(
+        &self,
+        listen: SocketAddr,
+        exposed: bool,
+    ) -> anyhow::Result<(Option<String>, Option<String>)> {
         let authorization = match self.api_token.as_deref().filter(|t| !t.is_empty()) {
             Some(token)
                 if token.len() < MIN_TOKEN_BYTES || token.chars().any(char::is_whitespace) =>
@@ -131,10 +138,10 @@ impl ApiFlags {
             Some(token) => Some(format!("Bearer {token}")),
             None => None,
         };
-        let off = (authorization.is_none() && !listen.ip().is_loopback()).then(|| {
+        let off = (authorization.is_none() && (exposed || !listen.ip().is_loopback())).then(|| {
             format!(
-                "the API is off: serving it beyond loopback ({listen}) needs --api-token \
-                 (PALISADE_API_TOKEN)"
+                "the API is off: serving it beyond loopback ({listen}, or behind --public-host \
+                 or --basic-auth) needs --api-token (PALISADE_API_TOKEN)"
             )
         });
         Ok((authorization, off))
@@ -148,8 +155,9 @@ pub(super) fn router(
     flags: &ApiFlags,
     listen: SocketAddr,
     hosts: Vec<String>,
+    exposed: bool,
 ) -> anyhow::Result<Router> {
-    let (authorization, off) = flags.checked(listen)?;
+    let (authorization, off) = flags.checked(listen, exposed)?;
     let (routes, doc) = endpoints::routes().split_for_parts();
     let documented = operations(&doc);
     let origins = hosts
@@ -167,8 +175,10 @@ pub(super) fn router(
         openapi: doc.to_json().context("writing the OpenAPI document")?,
         documented,
     });
+    let routes = UNKNOWN
+        .iter()
+        .fold(routes, |r, path| r.route(path, any(unknown)));
     Ok(routes
-        .route(UNKNOWN, any(unknown))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
         .with_state(api))
@@ -209,10 +219,32 @@ async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Res
         }
     }
     let mut response = next.run(request).await;
-    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
-        // axum's own answer has no body: say it in JSON like every other failure.
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if (status.is_client_error() || status.is_server_error()) && !is_json {
+        // axum's own answers (a 405, a path segment that is not UTF-8) are empty or text:
+        // say them in JSON like every other failure.
         let allow = response.headers().get(header::ALLOW).cloned();
-        response = not_allowed().into_response();
+        let text = axum::body::to_bytes(std::mem::take(response.body_mut()), 64 * 1024)
+            .await
+            .unwrap_or_default();
+        response = if status == StatusCode::METHOD_NOT_ALLOWED {
+            not_allowed()
+        } else {
+            ApiError::new(
+                status,
+                if status.is_server_error() {
+                    "backend"
+                } else {
+                    "invalid_request"
+                },
+                String::from_utf8_lossy(&text).trim().to_owned(),
+            )
+        }
+        .into_response();
         if let Some(allow) = allow {
             response.headers_mut().insert(header::ALLOW, allow);
         }
@@ -271,6 +303,10 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
     if let Some(why) = &api.off {
         return Err(forbidden(why));
     }
+    if is_document {
+        // It holds no data: generators and people read it without a token.
+        return Ok(());
+    }
     let given = headers.get(header::AUTHORIZATION).map(|h| h.as_bytes());
     if given.is_some_and(|g| g.len() >= 6 && g[..6].eq_ignore_ascii_case(b"basic ")) {
         // A browser resends Basic credentials on its own: they never authorize an API call.
@@ -281,8 +317,13 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
         ));
     }
     if let Some(expected) = &api.authorization {
-        let ok = given.is_some_and(|g| bool::from(g.ct_eq(expected.as_bytes())));
-        if !ok && !is_document {
+        // The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
+        let ok = given.is_some_and(|g| {
+            g.len() > 7
+                && g[..7].eq_ignore_ascii_case(b"bearer ")
+                && bool::from(g[7..].ct_eq(&expected.as_bytes()[7..]))
+        });
+        if !ok {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -305,7 +346,7 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
         }
     }
     match matched {
-        Some(path) if path != UNKNOWN => {
+        Some(path) if !UNKNOWN.contains(&path.as_str()) => {
             let method = match *request.method() {
                 Method::HEAD => Method::GET,
                 ref m => m.clone(),
@@ -333,11 +374,13 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
         println!("{}", document());
         return Ok(());
     }
-    if !args.listen.ip().is_loopback() && args.flags.api_token.as_deref().is_none_or(str::is_empty)
+    let exposed = !args.public_hosts.is_empty();
+    if (exposed || !args.listen.ip().is_loopback())
+        && args.flags.api_token.as_deref().is_none_or(str::is_empty)
     {
         bail!(
-            "--listen {}: serving the API beyond this host needs --api-token (it can enqueue, \
-             cancel and retry jobs)",
+            "--listen {}: serving the API beyond this host (or behind --public-host) needs \
+             --api-token (it can enqueue, cancel and retry jobs)",
             args.listen
         );
     }
@@ -353,7 +396,7 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
             .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
         let bound = listener.local_addr()?;
         let hosts = super::ui::allowed_hosts(bound, &args.public_hosts);
-        let app = router(store, registry, &args.flags, bound, hosts)?
+        let app = router(store, registry, &args.flags, bound, hosts, exposed)?
             .route("/healthz", get(|| async { "ok\n" }));
         println!(
             "palisade api: http://{bound}/api/v1/ over {} prefix {}",
@@ -386,7 +429,7 @@ mod tests {
         let registry =
             Registry::new().register("mail", |_ctx, _p: serde_json::Value| async { Ok(()) });
         let hosts = crate::cli::ui::allowed_hosts(listen, &[]);
-        router(store, registry, &flags, listen, hosts).unwrap()
+        router(store, registry, &flags, listen, hosts, false).unwrap()
     }
 
     async fn send(app: &Router, request: axum::http::Request<Body>) -> (StatusCode, String) {
@@ -527,7 +570,22 @@ mod tests {
                 api_token: Some("short".into()),
                 max_payload_bytes: 1,
             };
-            assert!(flags.checked(LISTEN.parse().unwrap()).is_err());
+            assert!(flags.checked(LISTEN.parse().unwrap(), false).is_err());
+            // On loopback behind a proxy (public hosts, or the console's Basic auth), no token
+            // means no API either: the proxy forwards anyone.
+            let flags = ApiFlags {
+                api_token: None,
+                max_payload_bytes: 1,
+            };
+            let (_, off) = flags.checked(LISTEN.parse().unwrap(), true).unwrap();
+            assert!(off.is_some());
+            let (_, off) = flags.checked(LISTEN.parse().unwrap(), false).unwrap();
+            assert!(off.is_none());
+            // The scheme in any case; a 401 says which scheme it wants.
+            let lower = format!("bearer {token}");
+            assert_eq!(send(&served, get(Some(&lower))).await.0, StatusCode::OK);
+            let response = served.clone().oneshot(get(None)).await.unwrap();
+            assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
         });
     }
 
@@ -626,6 +684,20 @@ mod tests {
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::NOT_FOUND);
             assert!(body.contains("\"code\":\"not_found\""), "{body}");
+            for path in [
+                "/api/v1",
+                "/api/v1/",
+                "/api/v1/jobs/%FF",
+                "/api/v1/queues/%C0/dead",
+            ] {
+                let r = axum::http::Request::get(path)
+                    .header(header::HOST, LISTEN)
+                    .body(Body::empty())
+                    .unwrap();
+                let (status, body) = send(&app, r).await;
+                assert!(status.is_client_error(), "{path}: {status}");
+                assert!(body.starts_with("{\"error\""), "{path}: {body}");
+            }
             let r = axum::http::Request::get("/api/v1/jobs")
                 .header(header::HOST, LISTEN)
                 .body(Body::empty())

@@ -36,9 +36,9 @@ pub(crate) struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorDetail {
     /// Stable, machine-readable: `invalid_json`, `invalid_request`, `invalid_job`,
-    /// `invalid_payload`, `unknown_kind`, `not_found`, `unsupported_media_type`,
-    /// `too_large`, `unauthorized`, `forbidden`, `unavailable`, `outcome_unknown`,
-    /// `backend`, `undocumented`.
+    /// `invalid_payload`, `unknown_kind`, `not_found`, `method_not_allowed`,
+    /// `unsupported_media_type`, `too_large`, `unauthorized`, `forbidden`, `unknown_host`,
+    /// `unavailable`, `outcome_unknown`, `backend`, `undocumented`.
     code: String,
     /// For a person.
     message: String,
@@ -76,6 +76,20 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    /// For a request that carried nothing to make it idempotent (no `Idempotency-Key`, unique
+    /// key or id): an outcome that is unknown is not safe to send again, it could add the job
+    /// twice.
+    pub(crate) fn unless_idempotent(mut self, idempotent: bool) -> Self {
+        if self.code == "outcome_unknown" && !idempotent {
+            self.retryable = false;
+            self.message.push_str(
+                "; sending the same request again could add it twice: send an Idempotency-Key \
+                 to make a retry safe",
+            );
+        }
+        self
+    }
+
     /// This failure with `what` before its message (which job of a batch, how far it got).
     pub(crate) fn within(mut self, what: &str) -> Self {
         self.message = format!("{what}: {}", self.message);
@@ -98,7 +112,7 @@ impl From<crate::Error> for ApiError {
             E::InvalidJob(m) if m.starts_with("unknown job kind") => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind")
             }
-            E::InvalidJob(_) | E::Config(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_job"),
+            E::InvalidJob(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_job"),
             E::Payload(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload"),
             E::OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown"),
             _ if e.is_retryable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -126,6 +140,11 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if self.retryable {
             // A client that honours it backs off instead of hammering a backend that is down.
             response
@@ -198,6 +217,11 @@ pub(crate) struct JobRequest {
 }
 
 impl JobRequest {
+    /// Whether sending it again cannot add a second job: it names its id or a unique key.
+    pub(crate) fn is_idempotent(&self) -> bool {
+        self.id.is_some() || self.unique_key.is_some()
+    }
+
     /// The job, checked by every rule the library has (names, payload limit, ranges) and
     /// against the binary's handlers; `unique` is the key an `Idempotency-Key` header maps
     /// to, which the body may not set as well.
@@ -207,6 +231,31 @@ impl JobRequest {
         max_payload_bytes: usize,
         unique: Option<String>,
     ) -> Result<NewJob, ApiError> {
+        let refuse = |why: String| {
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_job",
+                why,
+            ))
+        };
+        // As `palisade enqueue` bounds --delay and --unique-ttl.
+        let year = crate::cli::YEAR.as_millis();
+        if u128::from(self.delay_ms) > year
+            || self.unique_ttl_ms.is_some_and(|t| u128::from(t) > year)
+        {
+            return refuse(format!(
+                "delay_ms and unique_ttl_ms are at most a year ({year} ms)"
+            ));
+        }
+        if self
+            .unique_key
+            .as_deref()
+            .is_some_and(|k| k.starts_with(IDEMPOTENCY_PREFIX))
+        {
+            return refuse(format!(
+                "a unique_key may not begin with {IDEMPOTENCY_PREFIX:?} (the Idempotency-Key header's)"
+            ));
+        }
         let payload = self.payload.get();
         registry.check(&self.kind, payload)?;
         let mut job = NewJob::raw(&self.kind, payload)
@@ -234,6 +283,9 @@ impl JobRequest {
                 let ttl = self.unique_ttl_ms.map_or(UNIQUE_TTL, Duration::from_millis);
                 job = job.with_unique_key(key, ttl);
             }
+            (None, Some(_)) if self.unique_ttl_ms.is_some() => {
+                return refuse("unique_ttl_ms with an Idempotency-Key (which is kept a day)".into())
+            }
             (None, Some(key)) => job = job.with_unique_key(key, IDEMPOTENCY_TTL),
             (None, None) if self.unique_ttl_ms.is_some() => {
                 return Err(ApiError::new(
@@ -252,14 +304,33 @@ impl JobRequest {
     }
 }
 
-/// The unique key an `Idempotency-Key` header maps to (job `index` of a batch gets its own),
-/// checked by the same name rules as any key: a retried request finds the job the first one
-/// added.
+/// The prefix of every unique key an `Idempotency-Key` maps to; a body's `unique_key` may
+/// not take it.
+const IDEMPOTENCY_PREFIX: &str = "idem:";
+
+/// Longest `Idempotency-Key` taken: its unique key, prefix and batch index included, stays
+/// within the name limit.
+pub(crate) const MAX_IDEMPOTENCY_KEY_BYTES: usize = 400;
+
+/// The unique key an `Idempotency-Key` header maps to: `idem:one:<key>` for one job,
+/// `idem:batch:<i>:<key>` for job `i` of a batch — namespaces no other request's key can
+/// reach (a single key `k#0` is not a batch's first) — checked by the same name rules as any
+/// key. A retried request finds the job the first one added.
 pub(crate) fn idempotency_key(header: &str, index: Option<usize>) -> Result<String, ApiError> {
     check_name("Idempotency-Key", header)?;
+    if header.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_job",
+            format!(
+                "Idempotency-Key is {} bytes, the limit is {MAX_IDEMPOTENCY_KEY_BYTES}",
+                header.len()
+            ),
+        ));
+    }
     Ok(match index {
-        None => format!("idempotency:{header}"),
-        Some(i) => format!("idempotency:{header}#{i}"),
+        None => format!("{IDEMPOTENCY_PREFIX}one:{header}"),
+        Some(i) => format!("{IDEMPOTENCY_PREFIX}batch:{i}:{header}"),
     })
 }
 
@@ -627,6 +698,19 @@ pub(crate) struct FlowRequest {
 }
 
 impl FlowRequest {
+    /// Whether sending it again cannot create a second flow: it names its id.
+    pub(crate) fn is_idempotent(&self) -> bool {
+        self.id.is_some()
+    }
+}
+
+/// An action's body: `{}` (or nothing), sent with `Content-Type: application/json` like every
+/// request that changes anything.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Empty {}
+
+impl FlowRequest {
     /// The flow, every step's job checked as an enqueue's and the whole as the library
     /// checks it; `keyed` is the id an `Idempotency-Key` header maps to.
     pub(crate) fn flow(
@@ -647,9 +731,23 @@ impl FlowRequest {
             (None, Some(id)) => id,
             (None, None) => FlowId::new(),
         };
+        if self.steps.is_empty() || self.steps.len() > crate::flow::MAX_FLOW_STEPS {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_job",
+                format!(
+                    "{} steps; a flow has 1 to {}",
+                    self.steps.len(),
+                    crate::flow::MAX_FLOW_STEPS
+                ),
+            ));
+        }
         let mut flow = Flow::with_id(id);
-        for step in &self.steps {
-            let job = step.job.job(registry, max_payload_bytes, None)?;
+        for (i, step) in self.steps.iter().enumerate() {
+            let job = step
+                .job
+                .job(registry, max_payload_bytes, None)
+                .map_err(|e| e.within(&format!("steps[{i}] {:?}", step.name)))?;
             flow = flow.step_with(
                 step.name.as_str(),
                 job,
@@ -820,6 +918,14 @@ mod tests {
                 "invalid_job",
             ),
             (
+                r#"{"kind":"mail","payload":{"to":"a"},"delay_ms":31536000001}"#,
+                "invalid_job",
+            ),
+            (
+                r#"{"kind":"mail","payload":{"to":"a"},"unique_key":"idem:one:k"}"#,
+                "invalid_job",
+            ),
+            (
                 r#"{"kind":"mail","payload":{"to":"a","pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#,
                 "invalid_job",
             ),
@@ -843,7 +949,21 @@ mod tests {
 
     #[test]
     fn idempotency_keys_follow_the_name_rules_and_differ_per_batch_item() {
-        assert_eq!(idempotency_key("abc", None).unwrap(), "idempotency:abc");
+        assert_eq!(idempotency_key("abc", None).unwrap(), "idem:one:abc");
+        // A single key never names a batch's job, nor the other way round.
+        assert_ne!(
+            idempotency_key("a#0", None).unwrap(),
+            idempotency_key("a", Some(0)).unwrap()
+        );
+        assert_ne!(
+            idempotency_key("batch:0:a", None).unwrap(),
+            idempotency_key("a", Some(0)).unwrap()
+        );
+        // The longest key taken still makes a valid unique key, batch index and all.
+        let long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES);
+        let key = idempotency_key(&long, Some(999)).unwrap();
+        crate::job::check_name("unique key", &key).unwrap();
+        assert!(idempotency_key(&format!("{long}k"), None).is_err());
         assert_ne!(
             idempotency_key("abc", Some(0)).unwrap(),
             idempotency_key("abc", Some(1)).unwrap()

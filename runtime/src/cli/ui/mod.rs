@@ -991,6 +991,9 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/act/{op}", post(act))
         .route_layer(axum::middleware::from_fn_with_state(ui.clone(), authorize))
         .route("/healthz", get(|| async { "ok\n" }))
+        // Its own, so that merging the API's routes never hands the console's unknown paths
+        // to the API's guard.
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
         .with_state(ui)
 }
@@ -1048,6 +1051,7 @@ pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()>
             &args.api,
             bound,
             ui.hosts.clone(),
+            ui.authorization.is_some() || !args.public_hosts.is_empty(),
         )?;
         println!("palisade ui: http://{bound}/ (API: http://{bound}/api/v1/)");
         tracing::info!(listen = %args.listen, "operator page serving");
