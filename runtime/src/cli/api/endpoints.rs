@@ -16,8 +16,8 @@ use utoipa_axum::routes;
 use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
     CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
-    FlowCreated, FlowRequest, FlowView, JobRequest, JobStatus, Paused, QueueList, QueueStatus,
-    Retried, RetryRequest, MAX_BATCH,
+    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, Paused, QueueList,
+    QueueStatus, Retried, RetryRequest, MAX_BATCH,
 };
 use super::Api;
 use crate::ids::{FlowId, JobId};
@@ -80,7 +80,7 @@ pub(super) fn routes() -> OpenApiRouter<Arc<Api>> {
 }
 
 /// The request's body, or a 413 / 400 saying why it could not be read.
-fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+fn body(api: &Api, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -88,7 +88,7 @@ fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
                 "too_large",
                 format!(
                     "the request body is larger than {} bytes",
-                    super::MAX_BODY_BYTES
+                    super::body_limit(api.max_payload_bytes)
                 ),
             )
         } else {
@@ -154,7 +154,7 @@ async fn enqueue(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Enqueued>), ApiError> {
-    let request: JobRequest = parse(&body(raw)?)?;
+    let request: JobRequest = parse(&body(&api, raw)?)?;
     let unique = idempotency(&headers)?
         .map(|k| idempotency_key(k, None))
         .transpose()?;
@@ -191,7 +191,7 @@ async fn enqueue_batch(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<BatchEnqueued>, ApiError> {
-    let request: BatchRequest = parse(&body(raw)?)?;
+    let request: BatchRequest = parse(&body(&api, raw)?)?;
     if request.jobs.is_empty() || request.jobs.len() > MAX_BATCH {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -220,9 +220,10 @@ async fn enqueue_batch(
 
 /// A job's state, and its result and progress. A completed job is known by its result (kept
 /// a day, for kinds registered with one); a dead one is found among its queue's newest 5,000
-/// dead letters.
+/// dead letters (every queue's, unless `queue` names it: a poller that knows the queue
+/// should say it, the search reads those records).
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs",
-    params(("id" = String, Path, description = "The job's id")),
+    params(("id" = String, Path, description = "The job's id"), JobQuery),
     responses(
         (status = 200, description = "Done", body = JobStatus),
         (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
@@ -232,8 +233,10 @@ async fn enqueue_batch(
 async fn job(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    query: Result<Query<JobQuery>, QueryRejection>,
 ) -> Result<Json<JobStatus>, ApiError> {
     let id = job_id(&id)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let store = &api.store;
     let live = store.job(id).await?;
     let result = match live {
@@ -241,7 +244,7 @@ async fn job(
         None => store.result(id).await?,
     };
     let dead = match (&live, &result) {
-        (None, None) => crate::cli::ui::find_dead(store, id).await?,
+        (None, None) => crate::cli::ui::find_dead(store, id, q.queue.as_deref()).await?,
         _ => None,
     };
     let progress = store.progress(id).await?;
@@ -386,7 +389,7 @@ async fn retry_dead(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Retried>, ApiError> {
     queue_name(&queue)?;
-    let request: RetryRequest = parse(&body(raw)?)?;
+    let request: RetryRequest = parse(&body(&api, raw)?)?;
     // At most what the queue holds now: jobs that die again meanwhile wait for the next call
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
     let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
@@ -435,7 +438,8 @@ async fn retry_dead_job(
 }
 
 /// Create a flow all or nothing: no step runs before the whole flow exists. Creating the same
-/// flow again (the same `id` or `Idempotency-Key`) adds nothing.
+/// flow again (the same `id` or `Idempotency-Key`) adds nothing and answers 201 with its id
+/// as well.
 #[utoipa::path(post, path = "/api/v1/flows", tag = "flows",
     request_body = FlowRequest,
     params(("Idempotency-Key" = Option<String>, Header,
@@ -450,7 +454,7 @@ async fn create_flow(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<FlowCreated>), ApiError> {
-    let request: FlowRequest = parse(&body(raw)?)?;
+    let request: FlowRequest = parse(&body(&api, raw)?)?;
     let keyed = idempotency(&headers)?.map(idempotent_flow_id).transpose()?;
     let idempotent = keyed.is_some() || request.is_idempotent();
     let flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;

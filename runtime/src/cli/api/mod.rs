@@ -38,9 +38,13 @@ use crate::store::Stores;
 use crate::Registry;
 use model::ApiError;
 
-/// The largest request body read: a flow at its limit ([`crate::flow::MAX_FLOW_BYTES`]) with
-/// room for its JSON.
-pub(crate) const MAX_BODY_BYTES: usize = crate::flow::MAX_FLOW_BYTES + 1024 * 1024;
+/// The largest request body read: a flow at its limit ([`crate::flow::MAX_FLOW_BYTES`]), or one
+/// job at the payload limit if that is larger, with room for its JSON.
+pub(crate) fn body_limit(max_payload_bytes: usize) -> usize {
+    crate::flow::MAX_FLOW_BYTES
+        .max(max_payload_bytes)
+        .saturating_add(1024 * 1024)
+}
 
 /// Most dead letters one page answers.
 const MAX_ROWS: usize = 1_000;
@@ -179,7 +183,9 @@ pub(super) fn router(
         .iter()
         .fold(routes, |r, path| r.route(path, any(unknown)));
     Ok(routes
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit(
+            flags.max_payload_bytes,
+        )))
         .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
         .with_state(api))
 }
@@ -707,7 +713,7 @@ mod tests {
             assert!(body.contains("method_not_allowed"), "{body}");
             let big = format!(
                 r#"{{"kind":"mail","payload":"{}"}}"#,
-                "x".repeat(MAX_BODY_BYTES)
+                "x".repeat(body_limit(1024))
             );
             let r = post("/api/v1/jobs")
                 .header(header::CONTENT_TYPE, "application/json")
@@ -727,6 +733,54 @@ mod tests {
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
             assert!(body.contains("the limit is 1024"), "{body}");
+        });
+    }
+
+    /// A cancelled job reads as dead with its reason, found in its queue's dead letters; a
+    /// `queue` hint that names another queue does not find it; cancelling it again is a 404.
+    #[test]
+    fn a_cancelled_job_reads_dead() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let r = post("/api/v1/jobs")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(JOB))
+                .unwrap();
+            let (_, body) = send(&app, r).await;
+            let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let cancel = || {
+                post(&format!("/api/v1/jobs/{id}/cancel"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (status, body) = send(&app, cancel()).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert!(body.contains("\"outcome\":\"removed\""), "{body}");
+            let (status, _) = send(&app, cancel()).await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+            let get = |q: &str| {
+                axum::http::Request::get(format!("/api/v1/jobs/{id}{q}"))
+                    .header(header::HOST, LISTEN)
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            for q in ["", "?queue=default"] {
+                let (status, body) = send(&app, get(q)).await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                assert!(
+                    body.contains("\"state\":\"dead\"")
+                        && body.contains("cancelled through the HTTP API"),
+                    "{body}"
+                );
+            }
+            let (status, _) = send(&app, get("?queue=other")).await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+            let (status, body) = send(&app, get("?nope=1")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         });
     }
 

@@ -636,6 +636,15 @@ pub(crate) struct DeadPage {
     pub(crate) jobs: Vec<DeadEntry>,
 }
 
+/// Where to look for a job that is not live.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct JobQuery {
+    /// The job's queue, if known: only its dead letters are searched.
+    pub(crate) queue: Option<String>,
+}
+
 /// Which page of dead letters.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -207,9 +207,17 @@ async fn newest_dead(
     Ok(rows)
 }
 
-/// Dead job `id`, searched among every queue's newest [`DEAD_SCAN`] dead letters.
-pub(super) async fn find_dead(store: &Stores, id: JobId) -> crate::Result<Option<DeadJob>> {
+/// Dead job `id`, searched among every queue's newest [`DEAD_SCAN`] dead letters (among
+/// `only`'s, when the caller knows its queue).
+pub(super) async fn find_dead(
+    store: &Stores,
+    id: JobId,
+    only: Option<&str>,
+) -> crate::Result<Option<DeadJob>> {
     for (queue, n) in dead_counts(store).await? {
+        if only.is_some_and(|q| q != queue) {
+            continue;
+        }
         if let Some(d) = newest_dead(store, &queue, n, DEAD_SCAN)
             .await?
             .into_iter()
@@ -594,7 +602,7 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
         };
         let dead = match live {
             Some(_) => None,
-            None => find_dead(&ui.store, id).await?,
+            None => find_dead(&ui.store, id, None).await?,
         };
         let p = pages::JobPage {
             id,
