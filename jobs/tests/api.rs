@@ -104,6 +104,26 @@ fn curl_enqueues_and_reads_the_result_and_a_form_post_is_refused() {
     ]);
     assert_eq!(code, 201, "{done}");
     let id = done["id"].as_str().unwrap().to_owned();
+    // The same request again (a retry after a lost reply): nothing added, the same job.
+    let (code, again) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        &bearer,
+        "-H",
+        json,
+        "-H",
+        "Idempotency-Key: curl-42",
+        "-d",
+        r#"{"kind":"report.part","payload":{"n":42},"queue":"curl"}"#,
+        &format!("{base}/jobs"),
+    ]);
+    assert_eq!(
+        (code, again["created"].as_bool()),
+        (200, Some(false)),
+        "{again}"
+    );
+    assert_eq!(again["id"], done["id"]);
     // A cross-site form post: curl -d sends application/x-www-form-urlencoded, as a form does.
     let (code, err) = curl(&[
         "-H",
@@ -154,7 +174,7 @@ fn curl_enqueues_and_reads_the_result_and_a_form_post_is_refused() {
 #[test]
 fn the_console_serves_the_api_without_its_basic_auth() {
     let redis = RedisServer::start();
-    let [port, open_port] = free_ports();
+    let [port, open_port, public_port] = free_ports();
     let _ui = serve(
         "ui",
         &redis,
@@ -190,14 +210,20 @@ fn the_console_serves_the_api_without_its_basic_auth() {
         head.starts_with("http/1.1 404") && head.contains("x-frame-options: deny"),
         "{head}"
     );
-    // Behind Basic auth without a token, the API is off: a proxy in front forwards anyone.
-    let _open = serve("ui", &redis, open_port, &["--basic-auth", "ops:secret"]);
-    let (code, err) = curl(&[&format!("http://127.0.0.1:{open_port}/api/v1/queues")]);
-    assert_eq!(
-        (code, err["error"]["code"].as_str()),
-        (403, Some("forbidden")),
-        "{err}"
-    );
+    // Behind Basic auth, or a public host, without a token, the API is off: a proxy in front
+    // forwards anyone.
+    for (extra, port) in [
+        (["--basic-auth", "ops:secret"], open_port),
+        (["--public-host", "ops.example:443"], public_port),
+    ] {
+        let _open = serve("ui", &redis, port, &extra);
+        let (code, err) = curl(&[&format!("http://127.0.0.1:{port}/api/v1/queues")]);
+        assert_eq!(
+            (code, err["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{extra:?}: {err}"
+        );
+    }
     // `palisade api` beyond loopback, or behind a public host, without a token does not start.
     for extra in [
         &["--listen", "0.0.0.0:0"][..],
@@ -211,6 +237,7 @@ fn the_console_serves_the_api_without_its_basic_auth() {
         let out = Command::new(BIN)
             .args(["api", "--redis", &redis.url()])
             .args(extra)
+            .env_remove("PALISADE_API_TOKEN")
             .output()
             .unwrap();
         assert!(!out.status.success(), "{extra:?}");

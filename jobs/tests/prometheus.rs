@@ -335,12 +335,21 @@ fn the_keda_recipe_reads_the_queue_depth() {
         std::fs::read_to_string(repo().join("examples/deploy/keda/scaledobject.yaml")).unwrap();
     let query = manifest_value(&manifest, "query");
     let url = manifest_value(&manifest, "url");
+    // The Host KEDA sends: the API must be told it (--public-host), as the manifest says.
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
     let path = &url[url.find("/api/").unwrap()..];
+    assert!(
+        manifest.contains(&format!("--public-host {host}")),
+        "the manifest names {host}"
+    );
+    assert!(manifest.contains("authMode: \"bearer\""));
+    let token = "keda-test-token-0123456789";
     let location = manifest_value(&manifest, "valueLocation");
     let redis = RedisServer::start();
+    // Jobs that run ten minutes: the two the worker takes stay leased.
     let enqueue = |n: usize| {
         let lines: String = (0..n)
-            .map(|i| format!("{{\"to\":\"u{i}@x\",\"millis\":0}}\n"))
+            .map(|i| format!("{{\"to\":\"u{i}@x\",\"millis\":600000}}\n"))
             .collect();
         run_with_stdin(
             BIN,
@@ -350,10 +359,17 @@ fn the_keda_recipe_reads_the_queue_depth() {
         );
     };
     enqueue(7);
-    // It serves another queue: it samples every queue and runs none of these jobs.
+    // It runs two at a time and samples every queue: 5 ready and 2 leased.
     let worker = Process::worker(
         BIN,
-        &["--redis", &redis.url(), "--queues", "elsewhere"],
+        &[
+            "--redis",
+            &redis.url(),
+            "--concurrency",
+            "2",
+            "--arbiters",
+            "1",
+        ],
         "warn",
     );
     let (mut prometheus, prom_port, dir) = start_prometheus(worker.metrics_port());
@@ -362,6 +378,7 @@ fn the_keda_recipe_reads_the_queue_depth() {
         Command::new(BIN)
             .args(["api", "--redis", &redis.url(), "--listen"])
             .arg(format!("127.0.0.1:{api_port}"))
+            .args(["--public-host", host, "--api-token", token])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -372,17 +389,23 @@ fn the_keda_recipe_reads_the_queue_depth() {
     let promql = format!("/api/v1/query?query={}", encode(query));
     let from_api = || {
         let out = Command::new("curl")
-            .args(["-sS", "--max-time", "10"])
+            .args(["-sS", "--max-time", "10", "-H", &format!("Host: {host}")])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
             .arg(format!("http://127.0.0.1:{api_port}{path}"))
             .output()
             .expect("curl is installed (.ci/run installs it)");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         location.split('.').fold(v, |v, key| v[key].clone())
     };
-    for expected in [7, 12] {
+    // (ready, ready + leased): the API's value is the ready jobs, the query's also counts the
+    // running ones (dropping `leased` from it reads 10, not 12).
+    for (ready, expected) in [(5, 7), (10, 12)] {
         if expected == 12 {
             enqueue(5);
         }
+        wait_for("the worker's two claims", Duration::from_secs(30), || {
+            from_api() == ready
+        });
         let mut last = String::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -401,7 +424,7 @@ fn the_keda_recipe_reads_the_queue_depth() {
             last = body;
             std::thread::sleep(Duration::from_millis(250));
         }
-        assert_eq!(from_api(), expected, "{url} at {location}");
+        assert_eq!(from_api(), ready, "{url} at {location}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -97,6 +97,13 @@ fn body(api: &Api, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiErro
     })
 }
 
+/// An action's body: `{}` or nothing; a field (a typo'd option, a reason the action does not
+/// take) is refused rather than ignored.
+fn no_fields(api: &Api, raw: Result<Bytes, BytesRejection>) -> Result<(), ApiError> {
+    let _: Empty = parse(&body(api, raw)?)?;
+    Ok(())
+}
+
 /// The `Idempotency-Key` header, if sent.
 fn idempotency(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     headers
@@ -128,7 +135,10 @@ fn queue_name(queue: &str) -> Result<(), ApiError> {
 
 /// This document.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "jobs", security(()),
-    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
+        (status = "4XX", description = "Refused (an unknown Host, a foreign Origin)", body = ErrorBody),
+    ))]
 async fn openapi(State(api): State<Arc<Api>>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -266,13 +276,16 @@ async fn job(
     responses(
         (status = 200, description = "Done", body = CancelResult),
         (status = 404, description = "Not queued or running (unknown, completed or dead)", body = ErrorBody),
+        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
         (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CancelResult>, ApiError> {
     let id = job_id(&id)?;
+    no_fields(&api, raw)?;
     let outcome = match api
         .store
         .cancel(id, "cancelled through the HTTP API")
@@ -329,7 +342,9 @@ async fn queue(
 async fn pause(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Paused>, ApiError> {
+    no_fields(&api, raw)?;
     set_paused(&api, queue, true).await
 }
 
@@ -341,7 +356,9 @@ async fn pause(
 async fn resume(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Paused>, ApiError> {
+    no_fields(&api, raw)?;
     set_paused(&api, queue, false).await
 }
 
@@ -424,9 +441,11 @@ async fn retry_dead(
 async fn retry_dead_job(
     State(api): State<Arc<Api>>,
     Path((queue, id)): Path<(String, String)>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Retried>, ApiError> {
     queue_name(&queue)?;
     let id = job_id(&id)?;
+    no_fields(&api, raw)?;
     if !api.store.retry_dead_job(&queue, id).await? {
         return Err(ApiError::not_found(format!(
             "dead job {id} is not among the newest {} dead letters of {queue}, or its id is \
@@ -504,8 +523,10 @@ async fn flow(
 async fn cancel_flow(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<FlowCancelled>, ApiError> {
     let id = flow_id(&id)?;
+    no_fields(&api, raw)?;
     match crate::Client::new(api.store.clone())
         .cancel_flow(id)
         .await?

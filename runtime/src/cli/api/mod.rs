@@ -75,6 +75,8 @@ pub(super) struct ApiFlags {
 
 /// `api` flags.
 #[derive(Clone, Debug, clap::Args)]
+// --redis is checked by `run`, so that `--openapi` needs none.
+#[command(mut_arg("redis", |a| a.required(false)))]
 pub(super) struct ApiArgs {
     // (Optional only so that `--openapi` needs no Redis: clap still requires --redis
     // otherwise.)
@@ -92,7 +94,7 @@ pub(super) struct ApiArgs {
     public_hosts: Vec<String>,
     /// Print the OpenAPI 3.1 document and exit, without connecting to anything (generate a
     /// client from it).
-    #[arg(long, exclusive = true)]
+    #[arg(long)]
     openapi: bool,
 }
 
@@ -217,50 +219,54 @@ async fn unknown() -> ApiError {
 /// The checks every API request passes (see the module's documentation), then the
 /// response's headers: never cached, never sniffed.
 async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
-    match admitted(&api, &request) {
-        Ok(()) => {}
+    let mut response = match admitted(&api, &request) {
+        Ok(()) => answered(next.run(request).await).await,
         Err(e) => {
             tracing::warn!(method = %request.method(), path = request.uri().path(), error = ?e, "api: request refused");
-            return e.into_response();
+            e.into_response()
         }
-    }
-    let mut response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if (status.is_client_error() || status.is_server_error()) && !is_json {
-        // axum's own answers (a 405, a path segment that is not UTF-8) are empty or text:
-        // say them in JSON like every other failure.
-        let allow = response.headers().get(header::ALLOW).cloned();
-        let text = axum::body::to_bytes(std::mem::take(response.body_mut()), 64 * 1024)
-            .await
-            .unwrap_or_default();
-        response = if status == StatusCode::METHOD_NOT_ALLOWED {
-            not_allowed()
-        } else {
-            ApiError::new(
-                status,
-                if status.is_server_error() {
-                    "backend"
-                } else {
-                    "invalid_request"
-                },
-                String::from_utf8_lossy(&text).trim().to_owned(),
-            )
-        }
-        .into_response();
-        if let Some(allow) = allow {
-            response.headers_mut().insert(header::ALLOW, allow);
-        }
-    }
+    };
     let headers = response.headers_mut();
     headers.insert(header::CACHE_CONTROL, "no-store".parse().expect("static"));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         "nosniff".parse().expect("static"),
     );
+    response
+}
+
+/// `response`, with axum's own failures (empty or text: a 405, a path segment that is not
+/// UTF-8, an unknown path) said in JSON like every other.
+async fn answered(mut response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if (status.is_client_error() || status.is_server_error()) && !is_json {
+        let allow = response.headers().get(header::ALLOW).cloned();
+        let text = axum::body::to_bytes(std::mem::take(response.body_mut()), 64 * 1024)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&text).trim().to_owned();
+        let message = if text.is_empty() {
+            status.canonical_reason().unwrap_or("error").to_owned()
+        } else {
+            text
+        };
+        let code = match status {
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            s if s.is_server_error() => "backend",
+            _ => "invalid_request",
+        };
+        response = ApiError::new(status, code, message).into_response();
+        if let Some(allow) = allow {
+            response.headers_mut().insert(header::ALLOW, allow);
+        }
+    }
     response
 }
 
@@ -358,8 +364,15 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
                 ref m => m.clone(),
             };
             if !api.documented.contains(&(method, path.clone())) {
-                if api.documented.iter().any(|(_, p)| *p == path) {
-                    return Err(not_allowed());
+                let mut allowed: Vec<&str> = api
+                    .documented
+                    .iter()
+                    .filter(|(_, p)| *p == path)
+                    .map(|(m, _)| m.as_str())
+                    .collect();
+                if !allowed.is_empty() {
+                    allowed.sort_unstable();
+                    return Err(not_allowed().allowing(allowed.join(", ")));
                 }
                 tracing::error!(path, "api: a route is served without its OpenAPI entry");
                 return Err(ApiError::new(
@@ -381,6 +394,8 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
         return Ok(());
     }
     let exposed = !args.public_hosts.is_empty();
+    // A bad token is refused before anything connects.
+    args.flags.checked(args.listen, exposed)?;
     if (exposed || !args.listen.ip().is_loopback())
         && args.flags.api_token.as_deref().is_none_or(str::is_empty)
     {
@@ -733,6 +748,104 @@ mod tests {
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
             assert!(body.contains("the limit is 1024"), "{body}");
+        });
+    }
+
+    /// Every operation documents its refusals and failures, so a generated client knows the
+    /// error body.
+    #[test]
+    fn every_operation_documents_its_errors() {
+        let (_, doc) = endpoints::routes().split_for_parts();
+        let json: serde_json::Value = serde_json::from_str(&doc.to_json().unwrap()).unwrap();
+        for (path, item) in json["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let responses = op["responses"].as_object().unwrap();
+                assert!(responses.contains_key("4XX"), "{method} {path}");
+                if path != "/api/v1/openapi.json" {
+                    assert!(responses.contains_key("5XX"), "{method} {path}");
+                }
+            }
+        }
+    }
+
+    /// Wrong methods answer 405 in JSON with `Allow`, whoever refuses them; actions refuse a
+    /// field they do not take; the document is public even to Basic credentials; a refusal
+    /// is not cached either; a huge dead-letter retry limit moves what the queue held.
+    #[test]
+    fn methods_actions_and_limits() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let json = "application/json";
+            for (method, path, allow) in [
+                (Method::GET, "/api/v1/jobs", "POST"),
+                (Method::POST, "/api/v1/openapi.json", "GET"),
+                (Method::DELETE, "/api/v1/queues/default", "GET"),
+            ] {
+                let r = axum::http::Request::builder()
+                    .method(method.clone())
+                    .uri(path)
+                    .header(header::HOST, LISTEN)
+                    .header(header::CONTENT_TYPE, json)
+                    .body(Body::empty())
+                    .unwrap();
+                let response = app.clone().oneshot(r).await.unwrap();
+                assert_eq!(
+                    response.status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path}"
+                );
+                let got = response
+                    .headers()
+                    .get(header::ALLOW)
+                    .map(|a| a.to_str().unwrap().to_owned());
+                assert!(
+                    got.as_deref().is_some_and(|a| a.contains(allow)),
+                    "{method} {path}: {got:?}"
+                );
+            }
+            let r = post("/api/v1/queues/default/pause")
+                .header(header::CONTENT_TYPE, json)
+                .body(Body::from(r#"{"reason":"x"}"#))
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let r = axum::http::Request::get("/api/v1/openapi.json")
+                .header(header::HOST, LISTEN)
+                .header(header::AUTHORIZATION, "Basic dTpw")
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(send(&app, r).await.0, StatusCode::OK);
+            let r = post("/api/v1/jobs").body(Body::from(JOB)).unwrap();
+            let response = app.clone().oneshot(r).await.unwrap();
+            assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            assert_eq!(response.headers()[header::CACHE_CONTROL], "no-store");
+            // Three dead letters, a limit of a billion: three move, and the call ends.
+            for _ in 0..3 {
+                let r = post("/api/v1/jobs")
+                    .header(header::CONTENT_TYPE, json)
+                    .body(Body::from(JOB))
+                    .unwrap();
+                let (_, body) = send(&app, r).await;
+                let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                let r = post(&format!("/api/v1/jobs/{id}/cancel"))
+                    .header(header::CONTENT_TYPE, json)
+                    .body(Body::empty())
+                    .unwrap();
+                assert_eq!(send(&app, r).await.0, StatusCode::OK);
+            }
+            let r = post("/api/v1/queues/default/dead/retry")
+                .header(header::CONTENT_TYPE, json)
+                .body(Body::from(r#"{"limit":1000000000}"#))
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(body, r#"{"retried":3}"#);
+            // The body limit follows a payload limit above the flow limit.
+            assert!(body_limit(64 << 20) > 64 << 20);
+            assert!(body_limit(1) > crate::flow::MAX_FLOW_BYTES);
         });
     }
 

@@ -55,6 +55,8 @@ pub(crate) struct ApiError {
     code: &'static str,
     message: String,
     retryable: bool,
+    /// A 405's `Allow` header.
+    allow: Option<String>,
 }
 
 impl ApiError {
@@ -64,6 +66,7 @@ impl ApiError {
             code,
             message: message.into(),
             retryable: false,
+            allow: None,
         }
     }
 
@@ -87,6 +90,12 @@ impl ApiError {
                  to make a retry safe",
             );
         }
+        self
+    }
+
+    /// This 405 with the methods the endpoint takes.
+    pub(crate) fn allowing(mut self, methods: String) -> Self {
+        self.allow = Some(methods);
         self
     }
 
@@ -123,6 +132,7 @@ impl From<crate::Error> for ApiError {
             code,
             message: e.to_string(),
             retryable: e.is_retryable(),
+            allow: None,
         }
     }
 }
@@ -132,6 +142,7 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::warn!(code = self.code, error = %self.message, "api: request failed");
         }
+        let allow = self.allow.clone();
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
@@ -140,6 +151,9 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(allow) = allow.as_deref().and_then(|a| HeaderValue::from_str(a).ok()) {
+            response.headers_mut().insert(header::ALLOW, allow);
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -217,9 +231,13 @@ pub(crate) struct JobRequest {
 }
 
 impl JobRequest {
-    /// Whether sending it again cannot add a second job: it names its id or a unique key.
+    /// Whether sending it again cannot add a second job: it names a unique key held a day or
+    /// longer, or (without a key of its own, which would decide instead) its id, held a day.
     pub(crate) fn is_idempotent(&self) -> bool {
-        self.id.is_some() || self.unique_key.is_some()
+        match (&self.unique_key, self.unique_ttl_ms) {
+            (Some(_), ttl) => ttl.is_none_or(|t| u128::from(t) >= IDEMPOTENCY_TTL.as_millis()),
+            (None, _) => self.id.is_some(),
+        }
     }
 
     /// The job, checked by every rule the library has (names, payload limit, ranges) and
@@ -771,7 +789,8 @@ impl FlowRequest {
 /// The flow id an `Idempotency-Key` header names: the same key, the same flow, so a retried
 /// request creates nothing new.
 pub(crate) fn idempotent_flow_id(header: &str) -> Result<FlowId, ApiError> {
-    check_name("Idempotency-Key", header)?;
+    // The same rules as a job's key.
+    idempotency_key(header, None)?;
     // A fixed namespace of Palisade's own (a v4 UUID, chosen once).
     const NAMESPACE: uuid::Uuid = uuid::uuid!("0b6f9c3e-4f8a-4d7e-9b1c-5a2e8d3f6c71");
     Ok(FlowId::from(uuid::Uuid::new_v5(
@@ -931,6 +950,10 @@ mod tests {
                 "invalid_job",
             ),
             (
+                r#"{"kind":"mail","payload":{"to":"a"},"unique_key":"u","unique_ttl_ms":31536000001}"#,
+                "invalid_job",
+            ),
+            (
                 r#"{"kind":"mail","payload":{"to":"a"},"unique_key":"idem:one:k"}"#,
                 "invalid_job",
             ),
@@ -954,6 +977,13 @@ mod tests {
         let both = request(r#"{"kind":"mail","payload":{"to":"a"},"unique_key":"u"}"#).unwrap();
         let err = both.job(&registry(), 1024, Some("k".into())).unwrap_err();
         assert_eq!(err.parts().1, "invalid_job");
+        let ttl = request(r#"{"kind":"mail","payload":{"to":"a"},"unique_ttl_ms":60000}"#).unwrap();
+        let err = ttl.job(&registry(), 1024, Some("k".into())).unwrap_err();
+        assert!(
+            err.message
+                .contains("unique_ttl_ms with an Idempotency-Key"),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -1014,6 +1044,12 @@ mod tests {
                 "{bad}"
             );
         }
+        // A bad step is named, by index and name.
+        let r: FlowRequest =
+            parse(br#"{"steps":[{"name":"a","job":{"kind":"nope","payload":{}}}]}"#).unwrap();
+        let err = r.flow(&registry(), 1024, None).unwrap_err();
+        assert!(err.message.starts_with("steps[0] \"a\": "), "{err:?}");
+        assert_eq!(err.parts().1, "unknown_kind");
     }
 
     #[test]
@@ -1036,6 +1072,43 @@ mod tests {
         assert!(JobStatus::of(JobId::new(), None, None, None, None).is_none());
     }
 
+    /// An enqueue whose outcome is unknown is retryable only when a resend cannot add a second
+    /// job: a unique key held a day or longer, or an id alone.
+    #[test]
+    fn outcome_unknown_is_retryable_only_for_an_idempotent_request() {
+        let lost = || ApiError::from(crate::Error::OutcomeUnknown("reply lost".into()));
+        let cases = [
+            (r#"{"kind":"mail","payload":{}}"#, false),
+            (r#"{"kind":"mail","payload":{},"unique_key":"u"}"#, true),
+            (
+                r#"{"kind":"mail","payload":{},"unique_key":"u","unique_ttl_ms":86400000}"#,
+                true,
+            ),
+            (
+                r#"{"kind":"mail","payload":{},"unique_key":"u","unique_ttl_ms":1000}"#,
+                false,
+            ),
+            (
+                r#"{"kind":"mail","payload":{},"id":"5b0c7f2e-3b7b-4c8e-9a55-1f0b8d7c6e5a"}"#,
+                true,
+            ),
+            (
+                r#"{"kind":"mail","payload":{},"id":"5b0c7f2e-3b7b-4c8e-9a55-1f0b8d7c6e5a","unique_key":"u","unique_ttl_ms":0}"#,
+                false,
+            ),
+        ];
+        for (body, safe) in cases {
+            let r = request(body).unwrap();
+            assert_eq!(r.is_idempotent(), safe, "{body}");
+            let e = lost().unless_idempotent(r.is_idempotent());
+            assert_eq!(e.retryable, safe, "{body}");
+            assert_eq!(e.message.contains("Idempotency-Key"), !safe, "{body}");
+        }
+        // Other errors keep their class.
+        let e = ApiError::from(crate::Error::Unavailable("down".into())).unless_idempotent(false);
+        assert!(e.retryable);
+    }
+
     #[test]
     fn retryable_errors_say_so() {
         let e = ApiError::from(crate::Error::Unavailable("down".into()));
@@ -1044,6 +1117,9 @@ mod tests {
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         let e = ApiError::from(crate::Error::OutcomeUnknown("lost".into()));
         assert_eq!(e.parts().1, "outcome_unknown");
+        // A server's misconfiguration is not the caller's fault.
+        let e = ApiError::from(crate::Error::Config("no TLS roots".into()));
+        assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
         let e = ApiError::from(crate::Error::Backend("WRONGTYPE".into()));
         assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
     }

@@ -214,10 +214,11 @@ pub(super) async fn find_dead(
     id: JobId,
     only: Option<&str>,
 ) -> crate::Result<Option<DeadJob>> {
-    for (queue, n) in dead_counts(store).await? {
-        if only.is_some_and(|q| q != queue) {
-            continue;
-        }
+    let queues = match only {
+        Some(queue) => vec![(queue.to_owned(), store.counts(queue).await?.dead)],
+        None => dead_counts(store).await?,
+    };
+    for (queue, n) in queues {
         if let Some(d) = newest_dead(store, &queue, n, DEAD_SCAN)
             .await?
             .into_iter()
