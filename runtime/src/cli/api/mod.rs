@@ -130,7 +130,7 @@ impl ApiFlags {
     /// `exposed`: the server is meant to be reached from elsewhere (it names public hosts or
     /// asks for the console's Basic credentials), so a loopback listen address is no lock —
     /// a proxy in front of it forwards anyone.
-    fn checked(
+    pub(super) fn checked(
         &self,
         listen: SocketAddr,
         exposed: bool,

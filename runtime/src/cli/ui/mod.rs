@@ -1032,6 +1032,9 @@ pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()>
             args.listen
         );
     }
+    let exposed = authorization.is_some() || !args.public_hosts.is_empty();
+    // A bad API token is refused before anything connects.
+    args.api.checked(args.listen, exposed)?;
     super::runtime()?.block_on(async {
         let (_, store) = args
             .redis
@@ -1060,7 +1063,7 @@ pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()>
             &args.api,
             bound,
             ui.hosts.clone(),
-            ui.authorization.is_some() || !args.public_hosts.is_empty(),
+            exposed,
         )?;
         println!("palisade ui: http://{bound}/ (API: http://{bound}/api/v1/)");
         tracing::info!(listen = %args.listen, "operator page serving");
