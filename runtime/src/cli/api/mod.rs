@@ -6,7 +6,8 @@
 //!
 //! Safe by default. Every request goes through [`guard`]:
 //! - its `Host` must be one the server answers to (DNS rebinding);
-//! - off loopback it must carry `Authorization: Bearer <token>` (`--api-token`); Basic
+//! - off loopback, or behind a proxy (a `--public-host`, the console's `--basic-auth`), it
+//!   must carry `Authorization: Bearer <token>` (`--api-token`); Basic
 //!   credentials are refused on `/api` and cookies are never read, so nothing a browser sends
 //!   on its own authorizes a request;
 //! - a request from a browser page of another origin (`Origin`, `Sec-Fetch-Site`) is refused,
@@ -59,8 +60,8 @@ const UNKNOWN: [&str; 3] = ["/api/v1", "/api/v1/", "/api/v1/{*rest}"];
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct ApiFlags {
     /// Bearer token every API request must carry (`Authorization: Bearer <token>`), at least
-    /// 16 characters. Required to serve the API beyond loopback; on loopback, required when
-    /// set.
+    /// 16 characters. Required to serve the API beyond loopback or behind a proxy (with
+    /// --public-host, or the console's --basic-auth); on plain loopback, required when set.
     #[arg(
         long,
         env = "PALISADE_API_TOKEN",
