@@ -75,7 +75,10 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
     let (receipts, keys) = receiver();
 
     let a = worker(&redis, &sink, receipts, "A");
-    let job = r#"{"invoice": 7, "hold_ms": 1500}"#;
+    // A holds it long enough to be stopped mid-hold: with 1.5 s, a slow `status` call on a
+    // loaded machine (a fresh clone's CI) saw A holding only as it finished, A settled on its
+    // own, and no stale write was left to refuse.
+    let job = r#"{"invoice": 7, "hold_ms": 5000}"#;
     invoice(
         &redis,
         &["enqueue", invoice::SETTLE, job, "--scope", "invoice:7"],
