@@ -59,8 +59,58 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// Every operation's refusals and failures: every request passes the one guard and answers
+/// every failure as an [`ErrorBody`], so each entry lists them from here rather than each
+/// handler's repeating them.
+struct Errors;
+
+impl utoipa::Modify for Errors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let error = |description: &str| {
+            let body = ContentBuilder::new()
+                .schema(Some(RefOr::Ref(Ref::from_schema_name("ErrorBody"))))
+                .build();
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description(description)
+                    .content("application/json", body)
+                    .build(),
+            )
+        };
+        for item in openapi.paths.paths.values_mut() {
+            for op in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let responses = &mut op.responses.responses;
+                responses
+                    .entry("4XX".into())
+                    .or_insert_with(|| error("Refused: nothing was added, changed or created"));
+                responses.entry("5XX".into()).or_insert_with(|| {
+                    error("Failed; `retryable` says whether to send the same request again")
+                });
+            }
+        }
+    }
+}
+
+/// Every endpoint, and the document with each one's entry.
+pub(super) fn split() -> (axum::Router<Arc<Api>>, utoipa::openapi::OpenApi) {
+    let (router, mut doc) = routes().split_for_parts();
+    // After the routes: the derive's own modifiers run before any path is added.
+    utoipa::Modify::modify(&Errors, &mut doc);
+    (router, doc)
+}
+
 /// Every endpoint with its entry.
-pub(super) fn routes() -> OpenApiRouter<Arc<Api>> {
+fn routes() -> OpenApiRouter<Arc<Api>> {
     OpenApiRouter::with_openapi(Doc::openapi())
         .routes(routes!(openapi))
         .routes(routes!(enqueue))
@@ -121,6 +171,13 @@ fn job_id(id: &str) -> Result<JobId, ApiError> {
         .map_err(|_| ApiError::not_found(format!("{id:?} is not a job id (a UUID)")))
 }
 
+/// The 404 of a flow the coordinator does not keep.
+fn flow_not_kept(id: FlowId) -> ApiError {
+    ApiError::not_found(format!(
+        "flow {id} is not kept (never created, or finished and forgotten)"
+    ))
+}
+
 fn flow_id(id: &str) -> Result<FlowId, ApiError> {
     id.parse::<uuid::Uuid>()
         .map(FlowId::from)
@@ -137,7 +194,6 @@ fn queue_name(queue: &str) -> Result<(), ApiError> {
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "jobs", security(()),
     responses(
         (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
-        (status = "4XX", description = "Refused (an unknown Host, a foreign Origin)", body = ErrorBody),
     ))]
 async fn openapi(State(api): State<Arc<Api>>) -> Response {
     (
@@ -156,8 +212,6 @@ async fn openapi(State(api): State<Arc<Api>>) -> Response {
     responses(
         (status = 201, description = "Added", body = Enqueued),
         (status = 200, description = "Nothing added: another job holds the key or id", body = Enqueued),
-        (status = "4XX", description = "Refused; nothing added", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn enqueue(
     State(api): State<Arc<Api>>,
@@ -193,8 +247,6 @@ async fn enqueue(
         description = "Makes the request idempotent for a day (job i's unique key is the key and i)")),
     responses(
         (status = 200, description = "Each job added or found", body = BatchEnqueued),
-        (status = "4XX", description = "Refused; nothing added", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn enqueue_batch(
     State(api): State<Arc<Api>>,
@@ -237,8 +289,6 @@ async fn enqueue_batch(
     responses(
         (status = 200, description = "Done", body = JobStatus),
         (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
-        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn job(
     State(api): State<Arc<Api>>,
@@ -276,8 +326,6 @@ async fn job(
     responses(
         (status = 200, description = "Done", body = CancelResult),
         (status = 404, description = "Not queued or running (unknown, completed or dead)", body = ErrorBody),
-        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel(
     State(api): State<Arc<Api>>,
@@ -304,15 +352,11 @@ async fn cancel(
 
 /// Every queue the coordinator knows, with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
-    responses((status = 200, description = "Done", body = QueueList), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = QueueList)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
     let rows = crate::cli::ui::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
-        queues: rows
-            .into_iter()
-            .map(|r| QueueStatus::new(r.name, r.counts, r.paused, r.limit, r.oldest))
-            .collect(),
+        queues: rows.into_iter().map(QueueStatus::from).collect(),
     }))
 }
 
@@ -320,25 +364,22 @@ async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError
 /// was ever enqueued to answers zeros (an autoscaler reads 0, not an error).
 #[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name (percent-encoded)")),
-    responses((status = 200, description = "Done", body = QueueStatus), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = QueueStatus)))]
 async fn queue(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueStatus>, ApiError> {
     queue_name(&queue)?;
-    let store = &api.store;
-    let counts = store.counts(&queue).await?;
-    let paused = store.paused().await?.contains(&queue);
-    let limit = store.rate_limit(&queue).await?;
-    let oldest = store.oldest_ready(&queue).await?;
-    Ok(Json(QueueStatus::new(queue, counts, paused, limit, oldest)))
+    let paused = api.store.paused().await?.contains(&queue);
+    let row = crate::cli::ui::queue_row(&api.store, queue, paused).await?;
+    Ok(Json(row.into()))
 }
 
 /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "queues",
     request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("queue" = String, Path, description = "The queue's name")),
-    responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Paused)))]
 async fn pause(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -352,7 +393,7 @@ async fn pause(
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "queues",
     request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
     params(("queue" = String, Path, description = "The queue's name")),
-    responses((status = 200, description = "Done", body = Paused), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Paused)))]
 async fn resume(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -372,7 +413,7 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
 /// A page of a queue's dead letters, newest first.
 #[utoipa::path(get, path = "/api/v1/queues/{queue}/dead", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name"), DeadQuery),
-    responses((status = 200, description = "Done", body = DeadPage), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = DeadPage)))]
 async fn dead(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -399,7 +440,7 @@ async fn dead(
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
     request_body = RetryRequest,
-    responses((status = 200, description = "Done", body = Retried), (status = "4XX", description = "Refused; nothing changed", body = ErrorBody), (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody)))]
+    responses((status = 200, description = "Done", body = Retried)))]
 async fn retry_dead(
     State(api): State<Arc<Api>>,
     Path(queue): Path<String>,
@@ -411,17 +452,10 @@ async fn retry_dead(
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
     let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
     let limit = request.limit.map_or(dead, |n| n.min(dead));
-    let mut retried = 0;
-    while retried < limit {
-        let chunk = crate::cli::ui::BULK_CHUNK.min(limit - retried);
-        match api.store.retry_dead(&queue, chunk).await {
-            Ok(0) => break,
-            Ok(n) => retried += n,
-            // What moved stays moved: say how far it got.
-            Err(e) => {
-                return Err(ApiError::from(e).within(&format!("after {retried} retried")));
-            }
-        }
+    let (retried, stopped) = crate::cli::ui::move_dead(&api.store, &queue, limit, true).await;
+    if let Some(e) = stopped {
+        // What moved stays moved: say how far it got.
+        return Err(ApiError::from(e).within(&format!("after {retried} retried")));
     }
     tracing::info!(queue = %queue, retried, "api: dead letters retried");
     Ok(Json(Retried { retried }))
@@ -435,8 +469,6 @@ async fn retry_dead(
     responses(
         (status = 200, description = "Done", body = Retried),
         (status = 404, description = "Not among the newest 5,000 dead letters, or live again", body = ErrorBody),
-        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn retry_dead_job(
     State(api): State<Arc<Api>>,
@@ -465,8 +497,6 @@ async fn retry_dead_job(
         description = "Names the flow: the same key, the same flow")),
     responses(
         (status = 201, description = "Done", body = FlowCreated),
-        (status = "4XX", description = "Refused; nothing created", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn create_flow(
     State(api): State<Arc<Api>>,
@@ -493,8 +523,6 @@ async fn create_flow(
     responses(
         (status = 200, description = "Done", body = FlowView),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
-        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn flow(
     State(api): State<Arc<Api>>,
@@ -503,9 +531,7 @@ async fn flow(
     let id = flow_id(&id)?;
     match api.store.flow(id).await? {
         Some(status) => Ok(Json(status.into())),
-        None => Err(ApiError::not_found(format!(
-            "flow {id} is not kept (never created, or finished and forgotten)"
-        ))),
+        None => Err(flow_not_kept(id)),
     }
 }
 
@@ -517,8 +543,6 @@ async fn flow(
     responses(
         (status = 200, description = "Done", body = FlowCancelled),
         (status = 404, description = "Never created, or finished and forgotten", body = ErrorBody),
-        (status = "4XX", description = "Refused; nothing changed", body = ErrorBody),
-        (status = "5XX", description = "Failed; `retryable` says whether to send it again", body = ErrorBody),
     ))]
 async fn cancel_flow(
     State(api): State<Arc<Api>>,
@@ -532,8 +556,6 @@ async fn cancel_flow(
         .await?
     {
         Some(stopped) => Ok(Json(FlowCancelled { stopped })),
-        None => Err(ApiError::not_found(format!(
-            "flow {id} is not kept (never created, or finished and forgotten)"
-        ))),
+        None => Err(flow_not_kept(id)),
     }
 }

@@ -101,8 +101,7 @@ pub(super) struct ApiArgs {
 
 /// The OpenAPI document, as served at `/api/v1/openapi.json`, indented.
 pub(crate) fn document() -> String {
-    endpoints::routes()
-        .split_for_parts()
+    endpoints::split()
         .1
         .to_pretty_json()
         .expect("the document is JSON")
@@ -165,7 +164,7 @@ pub(super) fn router(
     exposed: bool,
 ) -> anyhow::Result<Router> {
     let (authorization, off) = flags.checked(listen, exposed)?;
-    let (routes, doc) = endpoints::routes().split_for_parts();
+    let (routes, doc) = endpoints::split();
     let documented = operations(&doc);
     let origins = hosts
         .iter()
@@ -463,6 +462,14 @@ mod tests {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// A GET of `path` to the server on its own Host.
+    fn fetch(path: &str) -> axum::http::Request<Body> {
+        axum::http::Request::get(path)
+            .header(header::HOST, LISTEN)
+            .body(Body::empty())
+            .unwrap()
+    }
+
     fn post(path: &str) -> axum::http::request::Builder {
         axum::http::Request::post(path).header(header::HOST, LISTEN)
     }
@@ -573,10 +580,7 @@ mod tests {
                 StatusCode::OK
             );
             // The document is public (it holds no data).
-            let doc = axum::http::Request::get("/api/v1/openapi.json")
-                .header(header::HOST, LISTEN)
-                .body(Body::empty())
-                .unwrap();
+            let doc = fetch("/api/v1/openapi.json");
             assert_eq!(send(&served, doc).await.0, StatusCode::OK);
             // Beyond loopback without a token the API is off, whatever is sent.
             let open = app(None, "0.0.0.0:8081");
@@ -617,7 +621,7 @@ mod tests {
     #[test]
     fn the_document_and_the_routes_agree() {
         rt().block_on(async {
-            let (routes, doc) = endpoints::routes().split_for_parts();
+            let (routes, doc) = endpoints::split();
             let ops = operations(&doc);
             assert!(ops.len() >= 15, "{ops:?}");
             let app = app(None, LISTEN);
@@ -649,7 +653,7 @@ mod tests {
             }
             drop(routes);
             // A route registered without `routes!`.
-            let (_, doc) = endpoints::routes().split_for_parts();
+            let (_, doc) = endpoints::split();
             let listen: SocketAddr = LISTEN.parse().unwrap();
             let api = Arc::new(Api {
                 store: Stores::from(Arc::new(crate::MemoryLeaseStore::new())),
@@ -666,10 +670,7 @@ mod tests {
                 .route("/api/v1/sneaky", get(|| async { "hi" }))
                 .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
                 .with_state(api);
-            let r = axum::http::Request::get("/api/v1/sneaky")
-                .header(header::HOST, LISTEN)
-                .body(Body::empty())
-                .unwrap();
+            let r = fetch("/api/v1/sneaky");
             let (status, body) = send(&sneaky, r).await;
             assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
             assert!(body.contains("undocumented"), "{body}");
@@ -699,10 +700,7 @@ mod tests {
     fn unknown_paths_wrong_methods_and_big_bodies_answer_json() {
         rt().block_on(async {
             let app = app(None, LISTEN);
-            let r = axum::http::Request::get("/api/v1/nope")
-                .header(header::HOST, LISTEN)
-                .body(Body::empty())
-                .unwrap();
+            let r = fetch("/api/v1/nope");
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::NOT_FOUND);
             assert!(body.contains("\"code\":\"not_found\""), "{body}");
@@ -712,18 +710,12 @@ mod tests {
                 "/api/v1/jobs/%FF",
                 "/api/v1/queues/%C0/dead",
             ] {
-                let r = axum::http::Request::get(path)
-                    .header(header::HOST, LISTEN)
-                    .body(Body::empty())
-                    .unwrap();
+                let r = fetch(path);
                 let (status, body) = send(&app, r).await;
                 assert!(status.is_client_error(), "{path}: {status}");
                 assert!(body.starts_with("{\"error\""), "{path}: {body}");
             }
-            let r = axum::http::Request::get("/api/v1/jobs")
-                .header(header::HOST, LISTEN)
-                .body(Body::empty())
-                .unwrap();
+            let r = fetch("/api/v1/jobs");
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
             assert!(body.contains("method_not_allowed"), "{body}");
@@ -756,7 +748,7 @@ mod tests {
     /// error body.
     #[test]
     fn every_operation_documents_its_errors() {
-        let (_, doc) = endpoints::routes().split_for_parts();
+        let (_, doc) = endpoints::split();
         let json: serde_json::Value = serde_json::from_str(&doc.to_json().unwrap()).unwrap();
         for (path, item) in json["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
@@ -922,7 +914,7 @@ mod tests {
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
             assert!(body.contains("jobs[1]"), "{body}");
-            let r = axum::http::Request::get("/api/v1/queues/default").header(header::HOST, LISTEN).body(Body::empty()).unwrap();
+            let r = fetch("/api/v1/queues/default");
             let (_, body) = send(&app, r).await;
             let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(counts["counts"]["ready"], 1, "{body}");

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use crate::flow::{Flow, FlowState, OnDead, StepEnd};
 use crate::ids::{FlowId, JobId};
-use crate::job::{check_name, DeadJob, JobState, JobView, NewJob, QueueCounts, RateLimit};
+use crate::job::{check_name, DeadJob, JobState, JobView, NewJob, QueueCounts};
 use crate::Registry;
 
 /// Most jobs one batch enqueue takes: one backend round trip, all or nothing.
@@ -580,24 +580,18 @@ pub(crate) struct QueueStatus {
     oldest_ready_ms: Option<u64>,
 }
 
-impl QueueStatus {
-    pub(crate) fn new(
-        name: String,
-        counts: QueueCounts,
-        paused: bool,
-        limit: Option<RateLimit>,
-        oldest: Option<Duration>,
-    ) -> Self {
+impl From<crate::cli::ui::QueueRow> for QueueStatus {
+    fn from(row: crate::cli::ui::QueueRow) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
-            name,
-            counts,
-            paused,
-            rate_limit: limit.map(|l| Limit {
+            name: row.name,
+            counts: row.counts,
+            paused: row.paused,
+            rate_limit: row.limit.map(|l| Limit {
                 jobs: l.jobs,
                 per_ms: ms(l.per),
             }),
-            oldest_ready_ms: oldest.map(ms),
+            oldest_ready_ms: row.oldest.map(ms),
         }
     }
 }

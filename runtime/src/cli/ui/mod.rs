@@ -34,11 +34,12 @@ use crate::job::{DeadJob, RateLimit};
 use crate::store::{
     ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
 };
-use pages::{Frame, QueueRow};
+use pages::Frame;
+pub(super) use pages::QueueRow;
 
 /// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
 /// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
-pub(super) const BULK_CHUNK: usize = 500;
+const BULK_CHUNK: usize = 500;
 
 /// Dead letters a search or a job lookup reads per queue, newest first.
 pub(crate) const DEAD_SCAN: usize = 5_000;
@@ -152,18 +153,6 @@ impl Ui {
             now_ms: u64::try_from(self.store.now_ms().await?).unwrap_or_default(),
         })
     }
-
-    async fn queue_rows(&self) -> crate::Result<Vec<QueueRow>> {
-        queue_rows(&self.store).await
-    }
-
-    async fn dead_counts(&self) -> crate::Result<Vec<(String, u64)>> {
-        dead_counts(&self.store).await
-    }
-
-    async fn newest_dead(&self, queue: &str, total: u64, n: usize) -> crate::Result<Vec<DeadJob>> {
-        newest_dead(&self.store, queue, total, n).await
-    }
 }
 
 /// Every queue with its counts, age of the next ready job, pause and rate limit.
@@ -171,15 +160,51 @@ pub(super) async fn queue_rows(store: &Stores) -> crate::Result<Vec<QueueRow>> {
     let paused = store.paused().await?;
     let mut rows = Vec::new();
     for queue in store.queues().await? {
-        rows.push(QueueRow {
-            counts: store.counts(&queue).await?,
-            oldest: store.oldest_ready(&queue).await?,
-            paused: paused.contains(&queue),
-            limit: store.rate_limit(&queue).await?,
-            name: queue,
-        });
+        let is_paused = paused.contains(&queue);
+        rows.push(queue_row(store, queue, is_paused).await?);
     }
     Ok(rows)
+}
+
+/// One queue's counts, age of the next ready job and rate limit; `paused` as the caller read it.
+pub(super) async fn queue_row(
+    store: &Stores,
+    name: String,
+    paused: bool,
+) -> crate::Result<QueueRow> {
+    Ok(QueueRow {
+        counts: store.counts(&name).await?,
+        oldest: store.oldest_ready(&name).await?,
+        paused,
+        limit: store.rate_limit(&name).await?,
+        name,
+    })
+}
+
+/// Retries (`retry`) or deletes at most `limit` of `queue`'s dead letters, oldest first, in
+/// calls of [`BULK_CHUNK`]: how many moved, and the error that stopped it early, if one did
+/// (what moved stays moved). Stops early, too, when the queue has none left.
+pub(super) async fn move_dead(
+    store: &Stores,
+    queue: &str,
+    limit: usize,
+    retry: bool,
+) -> (usize, Option<crate::Error>) {
+    let mut moved = 0;
+    while moved < limit {
+        let chunk = BULK_CHUNK.min(limit - moved);
+        let n = if retry {
+            store.retry_dead(queue, chunk).await
+        } else {
+            store.purge_dead(queue, chunk).await
+        };
+        match n {
+            Ok(0) => break,
+            Ok(n) => moved += n,
+            Err(e) => return (moved, Some(e)),
+        }
+    }
+    (moved, None)
 }
 
 /// Queues that have dead jobs, with how many.
@@ -264,7 +289,7 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
     let page = async {
         let frame = ui.frame("/", "Dashboard".into(), "/", q.as_deref()).await?;
         let d = pages::Dashboard {
-            queues: ui.queue_rows().await?,
+            queues: queue_rows(&ui.store).await?,
             workers: ui.store.workers().await?.len(),
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
@@ -297,7 +322,7 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             &ui.store.leases(LEASE_SCAN).await?,
         );
         let v = pages::QueuesView {
-            queues: ui.queue_rows().await?,
+            queues: queue_rows(&ui.store).await?,
             kinds,
         };
         Ok(pages::queues(&frame, &v))
@@ -390,7 +415,7 @@ async fn dead(
         let frame = ui
             .frame("/dead", "Dead jobs".into(), "/dead", q.as_deref())
             .await?;
-        let queues = ui.dead_counts().await?;
+        let queues = dead_counts(&ui.store).await?;
         let rows = ui.rows;
         let mut v = pages::DeadView {
             queue: lq.queue.clone(),
@@ -406,7 +431,8 @@ async fn dead(
             None => {
                 // Every queue's newest, merged by time of death.
                 for (queue, n) in &v.queues {
-                    v.rows.extend(ui.newest_dead(queue, *n, rows).await?);
+                    v.rows
+                        .extend(newest_dead(&ui.store, queue, *n, rows).await?);
                 }
                 v.rows.sort_by_key(|d| std::cmp::Reverse(d.died_ms));
                 v.rows.truncate(rows);
@@ -430,7 +456,7 @@ async fn dead(
                     v.rows = page;
                 } else {
                     let needle = v.search.to_lowercase();
-                    let scanned = ui.newest_dead(queue, total, DEAD_SCAN).await?;
+                    let scanned = newest_dead(&ui.store, queue, total, DEAD_SCAN).await?;
                     v.searched = Some(scanned.len());
                     let hits: Vec<DeadJob> = scanned
                         .into_iter()
@@ -847,24 +873,12 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                     "Nothing done: the number confirmed is not a whole number.".to_owned()
                 })?;
             let retry = op == "dead-retry-all";
-            let mut moved = 0;
-            while moved < expected {
-                let chunk = BULK_CHUNK.min(expected - moved);
-                let n = if retry {
-                    store.retry_dead(queue, chunk).await
-                } else {
-                    store.purge_dead(queue, chunk).await
-                };
-                match n {
-                    Ok(0) => break,
-                    Ok(n) => moved += n,
-                    Err(e) => {
-                        return Ok(Some((
-                            format!("Stopped after {moved} job(s): {e}"),
-                            dead_page(queue),
-                        )))
-                    }
-                }
+            let (moved, stopped) = move_dead(store, queue, expected, retry).await;
+            if let Some(e) = stopped {
+                return Ok(Some((
+                    format!("Stopped after {moved} job(s): {e}"),
+                    dead_page(queue),
+                )));
             }
             let verb = if retry { "Retried" } else { "Deleted" };
             (
