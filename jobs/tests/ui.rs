@@ -128,6 +128,7 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
             token: FencingToken::new(0, 71).as_u64(),
             reason: "stale_token".into(),
             detail: "stale token 71: the sink already accepted 73".into(),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         }])
         .await
         .unwrap();

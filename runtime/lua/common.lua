@@ -470,6 +470,21 @@ local function tick_of(t)
   return nil
 end
 
+-- A job's trace as our client writes it ({traceparent = the W3C version 00 header, 55
+-- characters, and tracestate = at most 512 printable characters, or none}), or nil for
+-- anything else: a dead-letter record never carries a trace the client would not read back.
+local function trace_of(t)
+  if type(t) ~= 'table' or type(t.traceparent) ~= 'string' or #t.traceparent ~= 55
+    or not string.match(t.traceparent, '^00%-%x+%-%x+%-%x%x$') then
+    return nil
+  end
+  local state = t.tracestate
+  if type(state) ~= 'string' or #state > 512 or string.match(state, '[^\032-\126]') then
+    state = nil
+  end
+  return { traceparent = t.traceparent, tracestate = state }
+end
+
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
@@ -492,11 +507,11 @@ local function bury(base, id, reason, keep)
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
-    died = now_ms(), tick = tick_of(meta.tick) }
+    died = now_ms(), tick = tick_of(meta.tick), trace = trace_of(meta.trace) }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
     -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.
-    -- The tick is one cjson can always write: tick_of.)
+    -- The tick and trace are ones cjson can always write: tick_of, trace_of.)
     record.payload = f[1] or ''
     json = cjson.encode(record)
   end
@@ -685,7 +700,7 @@ local function revive(base, raw, now)
   end
   local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
     queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
-    max_stalls = d.max_stalls, tick = tick_of(d.tick) })
+    max_stalls = d.max_stalls, tick = tick_of(d.tick), trace = trace_of(d.trace) })
   if not encoded then
     return false
   end

@@ -2,7 +2,8 @@
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  most leases to reap in this call, ARGV[2] dead-letter records kept per queue
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  flat triples {job id, queue, "1" if now dead else "0", ...}
+-- Returns  flat 7-tuples {job id, queue, "1" if now dead else "0", lease id, its lease_job entry,
+--          the job's traceparent, its tracestate (both "" if none), ...}
 -- Errors   none (a lease whose keys another program wrote over is skipped, and logged)
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
@@ -48,14 +49,20 @@ while done < max and looked < 10 * max do
         if queue then
           local job = base .. 'job:' .. id
           local stalls = bump(job, 'stalls', 1)
-          local max_stalls = meta_of(redis.call('HGET', job, 'meta')).max_stalls
+          local meta = meta_of(redis.call('HGET', job, 'meta'))
+          local max_stalls = meta.max_stalls
+          local trace = trace_of(meta.trace) or {}
+          local dead = '0'
           if stalls > max_stalls then
             bury(base, id, 'lease expired ' .. stalls .. ' times (max_stalls = ' .. max_stalls .. ')',
               tonumber(ARGV[2]))
-            out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '1'
+            dead = '1'
           else
             park(base, id, now, now)
-            out[#out + 1] = id; out[#out + 1] = queue; out[#out + 1] = '0'
+          end
+          for _, v in ipairs({ id, queue, dead, lease, entry, trace.traceparent or '',
+            trace.tracestate or '' }) do
+            out[#out + 1] = v
           end
         end
       end

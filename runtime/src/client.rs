@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use metrics::counter;
+use tracing::Instrument as _;
 
 use std::time::Duration;
 
@@ -228,8 +229,19 @@ pub(crate) fn decode_result<T: DeserializeOwned>(id: JobId, envelope: &str) -> R
 /// it is reported as added.
 pub(crate) async fn enqueue_counted(
     store: &dyn LeaseStore,
-    jobs: Vec<NewJob>,
+    mut jobs: Vec<NewJob>,
 ) -> Result<Vec<Enqueued>> {
+    let span = crate::trace::enqueue_span(&mut jobs);
+    let done = enqueue_minted(store, jobs).instrument(span.clone()).await;
+    if let Err(e) = &done {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", tracing::field::display(e));
+    }
+    done
+}
+
+/// [`enqueue_counted`] inside its span.
+async fn enqueue_minted(store: &dyn LeaseStore, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
     let mut minted = HashSet::new();
     let jobs: Vec<NewJob> = jobs
         .into_iter()

@@ -11,6 +11,7 @@ use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::admission::{Admission, Fence};
 use crate::error::{Error, Result};
@@ -94,6 +95,9 @@ pub(crate) struct RunState {
     progress: Option<(crate::ids::JobId, Addr<crate::coordinator::Coordinator>)>,
     /// When progress was last sent, and the latest not sent yet.
     progress_sent: std::sync::Mutex<(Option<std::time::Instant>, Option<String>)>,
+    /// The trace the run is in (its attempt span's context where one is exported): its
+    /// follow-up jobs and flows continue it, its rejection notes name it.
+    trace: Option<crate::trace::TraceContext>,
 }
 
 /// What a run asked to set going with its completion, its bytes of JSON so far, and whether
@@ -113,8 +117,13 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 
 impl RunState {
-    pub(crate) fn new(job: crate::ids::JobId, coordinator: Addr<crate::Coordinator>) -> Self {
+    pub(crate) fn new(
+        job: crate::ids::JobId,
+        coordinator: Addr<crate::Coordinator>,
+        trace: Option<crate::trace::TraceContext>,
+    ) -> Self {
         Self {
+            trace,
             writes: AtomicU32::new(0),
             rejections: std::sync::Mutex::default(),
             result: std::sync::Mutex::default(),
@@ -188,9 +197,23 @@ impl RunState {
         std::mem::take(&mut kept.then)
     }
 
-    /// Notes `admission` if it is a rejection.
+    /// Notes `admission` if it is a rejection: for the journal, and as a log line that
+    /// carries the run's trace id whether or not its trace is sampled (a refusal is never
+    /// lost to sampling).
     fn note(&self, sink: &str, lease: &Lease, admission: &Result<Admission>) {
         if let Ok(Admission::Rejected(rejection)) = admission {
+            let trace_id = self.trace.as_ref().map(|t| t.trace_id().to_owned());
+            tracing::warn!(
+                target: "palisade::fence",
+                trace_id = trace_id.as_deref().unwrap_or(""),
+                sink,
+                scope = %lease.scope,
+                presented = lease.token.as_u64(),
+                highest = crate::trace::highest_token(rejection),
+                lease = %lease.id,
+                reason = rejection.reason(),
+                "fenced write refused: {rejection}"
+            );
             let note = RejectionNote {
                 at_ms: crate::store::unix_ms(),
                 sink: sink.to_owned(),
@@ -198,6 +221,7 @@ impl RunState {
                 token: lease.token.as_u64(),
                 reason: rejection.reason().to_owned(),
                 detail: rejection.to_string(),
+                trace_id,
             };
             let mut notes = self
                 .rejections
@@ -266,7 +290,10 @@ impl JobContext {
                         "follow-up job id {id} is asked for twice"
                     )));
                 }
-                let job = job.with_id(id);
+                let mut job = job.with_id(id);
+                if job.trace.is_none() {
+                    job.trace = self.run.trace.clone();
+                }
                 let size = json_len(&job)?;
                 Ok((size, id, move |then: &mut crate::job::Then| {
                     then.jobs.push(job)
@@ -283,7 +310,10 @@ impl JobContext {
     /// default payload limit); it counts once toward
     /// [`MAX_FOLLOW_UPS`](crate::MAX_FOLLOW_UPS) and its JSON toward
     /// [`MAX_FOLLOW_UP_BYTES`](crate::MAX_FOLLOW_UP_BYTES). Returns its id.
-    pub fn start_flow(&self, flow: crate::flow::Flow) -> Result<crate::ids::FlowId> {
+    pub fn start_flow(&self, mut flow: crate::flow::Flow) -> Result<crate::ids::FlowId> {
+        if let Some(trace) = &self.run.trace {
+            flow.inherit_trace(trace);
+        }
         self.said("flow", || {
             flow.validate(crate::job::DEFAULT_MAX_PAYLOAD_BYTES)?;
             self.ask(|then| {
@@ -357,9 +387,13 @@ impl JobContext {
                         on_dead: *on_dead,
                     });
                 }
+                let mut job = job.clone();
+                if job.trace.is_none() {
+                    job.trace = self.run.trace.clone();
+                }
                 let step = crate::flow::Step {
                     name: full.clone(),
-                    job: job.clone(),
+                    job,
                     after: edges,
                 };
                 let size = json_len(&step)?;
@@ -609,15 +643,25 @@ impl PostgresHandle {
         F: TransactionFn<R>,
     {
         let key = IdempotencyKey::new(key);
+        let span = crate::trace::write_span(
+            "palisade.pg_transaction",
+            &self.name,
+            &self.scope,
+            self.fence,
+            &key,
+        );
         let result = self
             .sink
             .transaction(&self.scope, self.fence, &key, f)
+            .instrument(span.clone())
             .await;
         let admission = result.as_ref().map(Fenced::admission).map_err(|e| {
             // `record` only reads the error; a copy keeps the caller's error intact.
             Error::Backend(e.to_string())
         });
         crate::sink::record(&self.name, &self.scope, &admission);
+        crate::trace::record_write(&span, &admission);
+        let _inside = span.enter();
         self.run.note(&self.name, &self.lease, &admission);
         result
     }
@@ -664,6 +708,13 @@ impl SinkHandle {
                     .into(),
             ));
         }
+        let span = crate::trace::write_span(
+            "palisade.fenced_write",
+            &self.name,
+            &self.lease.scope,
+            self.fence,
+            &key,
+        );
         let admission = self
             .addr
             .send(Write(FencedWrite {
@@ -672,7 +723,12 @@ impl SinkHandle {
                 key,
                 mutations,
             }))
-            .await?;
+            .instrument(span.clone())
+            .await
+            .map_err(Error::from)
+            .and_then(|a| a);
+        crate::trace::record_write(&span, &admission);
+        let _inside = span.enter();
         self.run.note(&self.name, &self.lease, &admission);
         admission
     }

@@ -145,7 +145,7 @@ impl Coordinator {
                     let full = reaped.len() == Self::REAP_BATCH;
                     for r in reaped {
                         let outcome = if r.dead { "dead" } else { "requeued" };
-                        tracing::warn!(job = %r.job, queue = %r.queue, outcome, "lease expired before the job settled (stall)");
+                        crate::trace::stall(&r);
                         counter!(m::STALLS, "queue" => r.queue, "outcome" => outcome).increment(1);
                     }
                     // A full batch means more are waiting: keep going without waiting a tick.

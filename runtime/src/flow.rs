@@ -177,6 +177,15 @@ impl Default for Flow {
 }
 
 impl Flow {
+    /// Has every step whose job names no trace continue `trace`.
+    pub(crate) fn inherit_trace(&mut self, trace: &crate::trace::TraceContext) {
+        for step in &mut self.steps {
+            if step.job.trace.is_none() {
+                step.job.trace = Some(trace.clone());
+            }
+        }
+    }
+
     /// An empty flow with a fresh id.
     pub fn new() -> Self {
         Self::with_id(FlowId::new())

@@ -7,6 +7,7 @@ use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 use crate::error::{Error, Result};
 use crate::ids::{JobId, Lease, Scope};
+use crate::trace::TraceContext;
 
 /// Default cap on an encoded payload; big blobs belong in object storage, not in the queue.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
@@ -87,6 +88,13 @@ pub struct NewJob {
     /// The schedule tick it was enqueued for (set by the scheduler; see [`Job::tick`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick: Option<Tick>,
+    /// The trace it continues: see [`NewJob::with_trace`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::trace::lenient"
+    )]
+    pub trace: Option<TraceContext>,
 }
 
 /// Ticks are kept below this (ms): 14 digits, which every record keeps exactly.
@@ -209,6 +217,7 @@ impl NewJob {
             unique: None,
             id: None,
             tick: None,
+            trace: None,
         }
     }
 
@@ -279,6 +288,15 @@ impl NewJob {
     /// Sets how many handler failures are retried.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Continues `trace` (a W3C trace context, [`TraceContext::from_w3c`]): every attempt of
+    /// the job is a span in that trace, and its log lines carry its `trace_id`. Without one,
+    /// an enqueue continues the current span's trace (feature `otel`) or, with no tracer,
+    /// starts none.
+    pub fn with_trace(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
         self
     }
 
@@ -400,6 +418,14 @@ pub struct Job {
     /// which day it covers from this, not from the clock when it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick: Option<Tick>,
+    /// The trace it belongs to: the context its producer enqueued it under, kept through
+    /// every retry, stall, release and dead-letter retry (each attempt is a new span in it).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::trace::lenient"
+    )]
+    pub trace: Option<TraceContext>,
 }
 
 /// A job plus the lease that lets one worker run it.

@@ -79,6 +79,8 @@ mod job;
 mod linger;
 pub mod metrics;
 mod mutation;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod policy;
 #[cfg(feature = "postgres")]
 mod relay;
@@ -89,6 +91,7 @@ mod schedule;
 mod scheduler;
 mod sink;
 pub mod store;
+mod trace;
 mod worker;
 
 pub use admission::{advance, decide, Admission, Fence, Rejection, ScopeFence};
@@ -136,6 +139,7 @@ pub use store::{
     LeaseStore, QueueAdmin, Reaped, RecordStore, RejectionNote, Stores, WorkerBeat,
     HISTORY_SAMPLES,
 };
+pub use trace::{TraceContext, MAX_TRACESTATE_BYTES};
 #[cfg(feature = "testing")]
 pub use worker::Freeze;
 pub use worker::{Drain, Drained, Worker, WorkerConfig};

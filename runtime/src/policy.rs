@@ -113,6 +113,7 @@ mod tests {
             max_stalls: 1,
             flow: None,
             tick: None,
+            trace: None,
         }
     }
 

@@ -16,6 +16,7 @@ use metrics::{counter, histogram, Counter, Histogram};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
 use crate::coordinator::{
@@ -144,6 +145,8 @@ struct Running {
     cancel: CancellationToken,
     started: Instant,
     run: Arc<RunState>,
+    /// The attempt's span (`palisade.job`): what the worker notes about the run goes in it.
+    span: tracing::Span,
 }
 
 struct Pending {
@@ -450,7 +453,11 @@ impl Worker {
         let cancel = CancellationToken::new();
         self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
-        let state = Arc::new(RunState::new(job.id, self.coordinator.clone()));
+        // The attempt's span continues the job's trace; its follow-up jobs and rejection
+        // notes carry the attempt's own context (its trace id, for the operator).
+        let span = crate::trace::job_span(&job, &lease, &self.config.name);
+        let trace = crate::trace::attempt_context(&span, &job);
+        let state = Arc::new(RunState::new(job.id, self.coordinator.clone(), trace));
         let run = match self.registry.get(&job.kind) {
             Some(handler) => {
                 let jctx = JobContext::new(
@@ -474,14 +481,15 @@ impl Worker {
                 cancel,
                 started: Instant::now(),
                 run: state,
+                span: span.clone(),
             },
         );
         let worker = ctx.address();
         actix::spawn(async move {
             claim_to_start.record(sent.elapsed());
             // A panicking handler must not take the worker down or lose the job: it becomes a
-            // retry like any other failure.
-            let outcome = AssertUnwindSafe(run)
+            // retry like any other failure. The handler's own spans nest in the attempt's.
+            let outcome = AssertUnwindSafe(run.instrument(span.clone()))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {
@@ -492,6 +500,8 @@ impl Worker {
                         .unwrap_or_else(|| "non-string panic".into());
                     Err(JobError::retry(format!("handler panicked: {what}")))
                 });
+            crate::trace::record_attempt(&span, &outcome);
+            drop(span);
             worker.do_send(JobFinished {
                 lease: lease_id,
                 outcome,
@@ -683,7 +693,7 @@ impl Handler<LeaseLost> for Worker {
 
     fn handle(&mut self, msg: LeaseLost, _: &mut Self::Context) {
         if let Some(running) = self.running.get(&msg.lease) {
-            tracing::warn!(worker = %self.config.name, job = %running.job.id, lease = %msg.lease, reason = ?msg.reason, "lease lost; cancelling handler");
+            tracing::warn!(parent: &running.span, worker = %self.config.name, job = %running.job.id, lease = %msg.lease, reason = ?msg.reason, "lease lost; cancelling handler");
             running.cancel.cancel();
         }
     }
@@ -709,7 +719,7 @@ impl Handler<JobFinished> for Worker {
             }
             return;
         };
-        let job = running.job;
+        let (job, span) = (running.job, running.span);
         self.journal(&running.run);
         running.run.flush_progress();
         let mut settlement = self
@@ -734,19 +744,19 @@ impl Handler<JobFinished> for Worker {
         };
         match &settlement {
             Settlement::Complete { .. } => {
-                tracing::debug!(job = %job.id, kind = %job.kind, "job completed")
+                tracing::debug!(parent: &span, job = %job.id, kind = %job.kind, "job completed")
             }
             Settlement::Retry { delay, reason } => {
-                tracing::info!(job = %job.id, kind = %job.kind, attempt = job.attempt, ?delay, %reason, "job will be retried")
+                tracing::info!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, ?delay, %reason, "job will be retried")
             }
             Settlement::Dead { reason } => {
-                tracing::warn!(job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
+                tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
             }
             Settlement::Fenced { reason, .. } => {
-                tracing::warn!(job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
+                tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
             }
             Settlement::Release => {
-                tracing::info!(job = %job.id, kind = %job.kind, "job released unfinished")
+                tracing::info!(parent: &span, job = %job.id, kind = %job.kind, "job released unfinished")
             }
         }
         let metrics = self.metrics(&job);
@@ -796,6 +806,7 @@ impl Worker {
             tracing::warn!(worker = %self.config.name, released = unfinished.len(), "drain deadline passed; releasing unfinished jobs");
         }
         for (lease, running) in unfinished {
+            tracing::warn!(parent: &running.span, job = %running.job.id, "drain deadline passed: released unfinished, handler cancelled");
             running.cancel.cancel();
             self.journal(&running.run);
             self.released_runs.insert(lease, running.run.clone());

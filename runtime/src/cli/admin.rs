@@ -69,6 +69,14 @@ pub(super) struct EnqueueArgs {
     /// soon the first job ran. 0s gives the key up as soon as its job is done.
     #[arg(long, default_value = "24h", value_parser = super::duration_within(Duration::ZERO, super::YEAR), requires = "unique")]
     unique_ttl: Duration,
+    /// The trace the job continues: a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`),
+    /// as a script's own span passes it on; also read from TRACEPARENT. Every attempt of the
+    /// job is a span in that trace and its log lines carry the trace id.
+    #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
+    traceparent: Option<String>,
+    /// The `tracestate` that goes with --traceparent (also TRACESTATE).
+    #[arg(long, env = "TRACESTATE", value_name = "TRACESTATE")]
+    tracestate: Option<String>,
 }
 
 impl EnqueueArgs {
@@ -90,6 +98,13 @@ impl EnqueueArgs {
         }
         if let Some(id) = self.id {
             job = job.with_id(crate::JobId::from(id));
+        }
+        if let Some(traceparent) = &self.traceparent {
+            let trace = crate::TraceContext::from_w3c(traceparent, self.tracestate.as_deref())
+                .with_context(|| {
+                    format!("--traceparent {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+                })?;
+            job = job.with_trace(trace);
         }
         job.validate(self.max_payload_bytes)?;
         Ok(job)

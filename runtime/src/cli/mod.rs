@@ -354,6 +354,17 @@ impl App {
                         .value_parser(["text", "json"])
                         .default_value("text")
                         .help("Log lines as plain text or as JSON objects (one per line)"),
+                )
+                .arg(
+                    clap::Arg::new("otlp-endpoint")
+                        .long("otlp-endpoint")
+                        .global(true)
+                        .value_name("URL")
+                        .help(
+                            "Export traces over OTLP to this collector (a base URL, as \
+                             OTEL_EXPORTER_OTLP_ENDPOINT; the protocol from \
+                             OTEL_EXPORTER_OTLP_PROTOCOL). Needs palisade's `otel` feature",
+                        ),
                 ),
         );
         for extra in &self.extra {
@@ -375,6 +386,7 @@ impl App {
             }
         };
         let json = matches.get_one::<String>("log-format").map(String::as_str) == Some("json");
+        let otlp = matches.get_one::<String>("otlp-endpoint").cloned();
         let (sub, sub_matches) = matches.subcommand().expect("a subcommand is required");
         let App {
             registry,
@@ -400,7 +412,13 @@ impl App {
             return ExitCode::from(2);
         }
         if let Some(extra) = extra.into_iter().find(|e| e.command.get_name() == sub) {
-            init_logging("error", json);
+            let _export = match init_logging("error", json, otlp.as_deref()) {
+                Ok(export) => export,
+                Err(e) => {
+                    eprintln!("{name} {sub}: {e:#}");
+                    return ExitCode::from(2);
+                }
+            };
             return match extra.run {
                 Run::Plain(run) => run(sub_matches),
                 Run::Installed(run) => match InstallationArgs::from_arg_matches(sub_matches) {
@@ -440,14 +458,22 @@ impl App {
                 return ExitCode::from(2);
             }
         };
-        init_logging(
+        // Held to the end: dropping it sends the spans not sent yet.
+        let _export = match init_logging(
             if matches!(builtin, Builtin::Worker(_) | Builtin::Relay(_)) {
                 "info"
             } else {
                 "warn"
             },
             json,
-        );
+            otlp.as_deref(),
+        ) {
+            Ok(export) => export,
+            Err(e) => {
+                eprintln!("{name} {sub}: {e:#}");
+                return ExitCode::from(2);
+            }
+        };
         let result = match builtin {
             Builtin::Worker(args) => worker::run(args, registry, &sinks, schedules),
             Builtin::Schedule(command) => admin::schedule(command, &registry, &schedules),
@@ -485,9 +511,15 @@ impl App {
 }
 
 /// Logs to stderr at `default` level unless `RUST_LOG` says otherwise; `json` writes one JSON
-/// object per line (for log shippers). A second call (tests) keeps the first subscriber.
-fn init_logging(default: &str, json: bool) {
-    use tracing_subscriber::EnvFilter;
+/// object per line (for log shippers), with the fields of the spans it is in (an attempt's
+/// `trace_id`, `span_id`, job and fence). With the `otel` feature, spans also go out over OTLP
+/// when `otlp` or the standard variables ask for it ([`crate::otel::Export::from_env`]), at
+/// info and above whatever `RUST_LOG` says of the log. A second call (tests) keeps the first
+/// subscriber.
+fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _};
     // tokio-postgres logs server NOTICEs ("schema already exists, skipping") at info;
     // redis-rs warns once per node for every failed cluster connection, which our own error
     // already reports with its cause (one line instead of one per node).
@@ -497,15 +529,77 @@ fn init_logging(default: &str, json: bool) {
         ))
     });
     use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
+    let fmt = if json {
+        fmt.json().boxed()
     } else {
-        builder.try_init()
+        fmt.boxed()
     };
+    let export = export(otlp)?;
+    #[cfg(feature = "otel")]
+    let otel = export.as_ref().map(|e| {
+        use tracing_subscriber::filter::{LevelFilter, Targets};
+        // The exporter's own HTTP and gRPC stack never traces itself into the export.
+        let quiet = [
+            "h2",
+            "hyper",
+            "hyper_util",
+            "tonic",
+            "tower",
+            "reqwest",
+            "opentelemetry",
+        ];
+        let targets = quiet.into_iter().fold(
+            Targets::new().with_default(LevelFilter::INFO),
+            |t, target| t.with_target(target, LevelFilter::OFF),
+        );
+        e.layer().with_filter(targets)
+    });
+    #[cfg(not(feature = "otel"))]
+    let otel: Option<tracing_subscriber::layer::Identity> = None;
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .try_init();
+    Ok(export)
+}
+
+#[cfg(feature = "otel")]
+type Export = crate::otel::Export;
+/// Without the `otel` feature nothing is exported.
+#[cfg(not(feature = "otel"))]
+type Export = std::convert::Infallible;
+
+/// The exporter `--otlp-endpoint` and the `OTEL_*` variables ask for.
+#[cfg(feature = "otel")]
+fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
+    Ok(crate::otel::Export::from_env(otlp)?)
+}
+
+/// Without the `otel` feature: a refusal for `--otlp-endpoint`, a warning for the variables
+/// (a binary that silently exported nothing would leave its operator guessing).
+#[cfg(not(feature = "otel"))]
+fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
+    if otlp.is_some() {
+        anyhow::bail!(
+            "--otlp-endpoint: this binary was built without palisade's `otel` feature \
+             (add features = [\"otel\"] to its palisade dependency)"
+        );
+    }
+    for var in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
+        if std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
+            eprintln!(
+                "warning: {var} is set, but this binary was built without palisade's `otel` \
+                 feature: no traces are exported"
+            );
+        }
+    }
+    Ok(None)
 }
 
 /// Where the coordinator lives: flags every subcommand shares.

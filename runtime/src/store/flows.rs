@@ -117,7 +117,14 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
     flow.validate(max_payload)?;
     // Done again (a retry, a second producer), `hold` skips jobs it finds known or ended, and
     // `put_flow` keeps the flow once: every step is still held, decided and released once.
-    store.hold(flow.held_jobs()).await?;
+    let mut held = flow.held_jobs();
+    // Steps that name no trace continue the creator's (feature `otel`).
+    if let Some(trace) = crate::trace::current() {
+        for (job, _) in held.iter_mut().filter(|(job, _)| job.trace.is_none()) {
+            job.trace = Some(trace.clone());
+        }
+    }
+    store.hold(held).await?;
     let (kept, releases) = store.put_flow(flow).await?;
     if kept {
         metrics::counter!(crate::metrics::FLOWS_CREATED).increment(1);

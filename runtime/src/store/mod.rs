@@ -638,6 +638,10 @@ pub struct RejectionNote {
     pub reason: String,
     /// The rejection in words.
     pub detail: String,
+    /// The trace of the run that wrote (its attempt's, or the job's), to find it in a tracing
+    /// backend; absent in a note an earlier version wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Checks a schedule before it is kept (the same check on every backend).
@@ -685,6 +689,14 @@ pub struct Reaped {
     pub queue: String,
     /// `true` if it ran out of stalls and is now dead, `false` if it is ready again.
     pub dead: bool,
+    /// The lease that expired.
+    pub lease: LeaseId,
+    /// Its token (`None` where the lease entry did not say: one an earlier version wrote).
+    pub token: Option<FencingToken>,
+    /// The worker that held it (empty where the entry did not say).
+    pub worker: String,
+    /// The job's trace, for the stall's record in it.
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// One protected write as a sink sees it: the generation it presents and what it changes.

@@ -75,6 +75,8 @@ pub async fn operator_views_oldest_ready_role_and_journal(store: Stores) {
         token: i,
         reason: "stale_token".into(),
         detail: format!("stale token {i}"),
+        // Kept as written, present or not.
+        trace_id: (i % 2 == 1).then(|| format!("{i:032x}")),
     };
     assert!(store.rejections(10).await.unwrap().is_empty());
     store.note_rejections(vec![note(1), note(2)]).await.unwrap();

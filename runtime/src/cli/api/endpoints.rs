@@ -165,6 +165,13 @@ fn idempotency(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
         .transpose()
 }
 
+/// The W3C trace context the request carries (`traceparent`, `tracestate`): the jobs it makes
+/// continue that trace. One that is not valid is ignored, as W3C Trace Context says.
+fn trace(headers: &HeaderMap) -> Option<crate::TraceContext> {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    crate::TraceContext::from_w3c(text("traceparent")?, text("tracestate"))
+}
+
 fn job_id(id: &str) -> Result<JobId, ApiError> {
     id.parse::<uuid::Uuid>()
         .map(JobId::from)
@@ -208,7 +215,9 @@ async fn openapi(State(api): State<Arc<Api>>) -> Response {
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs",
     request_body = JobRequest,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "Makes the request idempotent for a day (the job's unique key)")),
+        description = "Makes the request idempotent for a day (the job's unique key)"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
+        ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
     responses(
         (status = 201, description = "Added", body = Enqueued),
         (status = 200, description = "Nothing added: another job holds the key or id", body = Enqueued),
@@ -223,7 +232,8 @@ async fn enqueue(
         .map(|k| idempotency_key(k, None))
         .transpose()?;
     let idempotent = unique.is_some() || request.is_idempotent();
-    let job = request.job(&api.registry, api.max_payload_bytes, unique)?;
+    let mut job = request.job(&api.registry, api.max_payload_bytes, unique)?;
+    job.trace = trace(&headers);
     let done: Enqueued = crate::client::enqueue_counted(&api.store, vec![job])
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?
@@ -244,7 +254,9 @@ async fn enqueue(
 #[utoipa::path(post, path = "/api/v1/jobs/batch", tag = "jobs",
     request_body = BatchRequest,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "Makes the request idempotent for a day (job i's unique key is the key and i)")),
+        description = "Makes the request idempotent for a day (job i's unique key is the key and i)"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
+        ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
     responses(
         (status = 200, description = "Each job added or found", body = BatchEnqueued),
     ))]
@@ -262,12 +274,14 @@ async fn enqueue_batch(
         ));
     }
     let key = idempotency(&headers)?;
+    let trace = trace(&headers);
     let mut jobs = Vec::with_capacity(request.jobs.len());
     for (i, r) in request.jobs.iter().enumerate() {
         let unique = key.map(|k| idempotency_key(k, Some(i))).transpose()?;
-        let job = r
+        let mut job = r
             .job(&api.registry, api.max_payload_bytes, unique)
             .map_err(|e| e.within(&format!("jobs[{i}]")))?;
+        job.trace = trace.clone();
         jobs.push(job);
     }
     crate::job::validate_batch(&jobs, api.max_payload_bytes)?;
@@ -494,7 +508,9 @@ async fn retry_dead_job(
 #[utoipa::path(post, path = "/api/v1/flows", tag = "flows",
     request_body = FlowRequest,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "Names the flow: the same key, the same flow")),
+        description = "Names the flow: the same key, the same flow"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
+        ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
     responses(
         (status = 201, description = "Done", body = FlowCreated),
     ))]
@@ -506,7 +522,10 @@ async fn create_flow(
     let request: FlowRequest = parse(&body(&api, raw)?)?;
     let keyed = idempotency(&headers)?.map(idempotent_flow_id).transpose()?;
     let idempotent = keyed.is_some() || request.is_idempotent();
-    let flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;
+    let mut flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;
+    if let Some(trace) = trace(&headers) {
+        flow.inherit_trace(&trace);
+    }
     let id = crate::Client::new(api.store.clone())
         .create_flow(&flow)
         .await

@@ -79,14 +79,28 @@ pub(super) struct UiArgs {
     /// other host are refused (DNS rebinding).
     #[arg(long = "public-host", value_name = "HOST:PORT")]
     public_hosts: Vec<String>,
+    /// Where a trace is shown, with `{trace_id}` for its id (`https://tempo.example/trace/{trace_id}`):
+    /// each fence rejection links to the trace of the run that wrote.
+    #[arg(long, env = "PALISADE_TRACE_URL", value_name = "URL", value_parser = trace_url)]
+    trace_url: Option<String>,
     #[command(flatten)]
     api: super::api::ApiFlags,
+}
+
+/// A trace link template: http(s), with the `{trace_id}` placeholder.
+fn trace_url(s: &str) -> Result<String, String> {
+    if !(s.starts_with("https://") || s.starts_with("http://")) || !s.contains("{trace_id}") {
+        return Err("an http(s) URL with {trace_id} in it".into());
+    }
+    Ok(s.to_owned())
 }
 /// The server's state.
 struct Ui {
     store: Stores,
     source: String,
     rows: usize,
+    /// `--trace-url`.
+    trace_url: Option<String>,
     /// Random per process: a form from an earlier run (or another site) is refused.
     csrf: String,
     /// `Basic <base64(user:password)>`, when the page asks for it.
@@ -146,6 +160,7 @@ impl Ui {
             active,
             title,
             source: &self.source,
+            trace_url: self.trace_url.as_deref(),
             csrf: &self.csrf,
             msg,
             here,
@@ -1066,6 +1081,7 @@ pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()>
                 args.redis.prefix
             ),
             rows: args.rows.clamp(1, MAX_ROWS),
+            trace_url: args.trace_url.clone(),
             csrf: uuid::Uuid::new_v4().simple().to_string(),
             authorization,
             hosts: allowed_hosts(bound, &args.public_hosts),
@@ -1097,6 +1113,7 @@ mod tests {
             active: "/",
             title: "T<i>".into(),
             source: "redis://x",
+            trace_url: Some("https://tempo.example/t/{trace_id}?x=<y>"),
             csrf: "tok",
             msg: msg.map(str::to_owned),
             here: "/dead?queue=%3Cq%3E".into(),
@@ -1114,8 +1131,25 @@ mod tests {
             token: (3 << 40) | 7,
             reason: "stale_token".into(),
             detail: "<script>alert(1)</script>".into(),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
-        let page = pages::rejections(&frame(Some("<i>done</i>")), &[note]).into_string();
+        let forged = crate::store::RejectionNote {
+            trace_id: Some("\"><script>x</script>".into()),
+            ..note.clone()
+        };
+        let page = pages::rejections(&frame(Some("<i>done</i>")), &[note, forged]).into_string();
+        // A trace id links where --trace-url says (the template escaped as any value); one
+        // that is no trace id is text, never part of a link.
+        assert!(
+            page.contains(
+                r#"href="https://tempo.example/t/4bf92f3577b34da6a3ce929d0e0e4736?x=&lt;y&gt;""#
+            ),
+            "{page}"
+        );
+        assert!(
+            !page.contains("<script>x") && page.contains("&lt;script&gt;x"),
+            "{page}"
+        );
         assert!(!page.contains("<script>alert"), "{page}");
         assert!(!page.contains("<b>ledger") && !page.contains("<i>done") && !page.contains("T<i>"));
         assert!(page.contains("&lt;script&gt;"), "{page}");
@@ -1169,6 +1203,7 @@ mod tests {
                 max_stalls: 0,
                 flow: None,
                 tick: None,
+                trace: None,
             },
             reason: "r".into(),
             died_ms: None,
@@ -1195,6 +1230,7 @@ mod tests {
             store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
             source: String::new(),
             rows: 10,
+            trace_url: None,
             csrf: "t".into(),
             authorization: None,
             hosts: Vec::new(),
@@ -1245,6 +1281,7 @@ mod tests {
             token: 1,
             reason: "stale_token".into(),
             detail: String::new(),
+            trace_id: None,
         };
         let rejections = [note(1_000_000 + 30_000), note(1_000_000 + 90_000), note(1)];
         let [done, died, refused, waiting] = pages::series(&history, &rejections);
@@ -1303,6 +1340,7 @@ mod tests {
             store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
             source: String::new(),
             rows: 10,
+            trace_url: None,
             csrf: "t".into(),
             authorization: None,
             hosts: Vec::new(),

@@ -21,6 +21,8 @@ pub(crate) struct Frame<'a> {
     pub title: String,
     /// Where the coordinator is (password redacted) and under which prefix.
     pub source: &'a str,
+    /// `--trace-url`: where a trace id links to.
+    pub trace_url: Option<&'a str>,
     /// Goes into every form.
     pub csrf: &'a str,
     /// The last action's outcome.
@@ -320,7 +322,7 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
             }
             h2 { "Latest fence rejections" }
             p { "Writes a fenced sink refused; " a href="/rejections" { "all of them" } "." }
-            (rejection_table(&d.rejections[..d.rejections.len().min(5)], frame.now_ms))
+            (rejection_table(&d.rejections[..d.rejections.len().min(5)], frame))
             p.meta { (d.leases) " live lease(s): " a href="/busy" { "who runs what" } "." }
         },
     )
@@ -718,23 +720,39 @@ pub(crate) fn schedules(
     )
 }
 
-fn rejection_table(rows: &[RejectionNote], now_ms: u64) -> Markup {
+fn rejection_table(rows: &[RejectionNote], frame: &Frame) -> Markup {
     html! {
         @if rows.is_empty() { p.empty { "None recorded." } }
         @else {
             table #rejections {
-                tr { th { "when" } th { "sink" } th { "scope" } th { "token presented" } th { "reason" } th { "detail" } }
+                tr { th { "when" } th { "sink" } th { "scope" } th { "token presented" } th { "reason" } th { "detail" } th { "trace" } }
                 @for r in rows {
                     tr {
-                        td { (ago(r.at_ms, now_ms)) }
+                        td { (ago(r.at_ms, frame.now_ms)) }
                         td { (name(&r.sink)) }
                         td { (name(&r.scope)) }
                         td.n { (token(r.token)) }
                         td { (r.reason) }
                         td { (clip(&r.detail, 300)) }
+                        td { (trace_link(r.trace_id.as_deref(), frame.trace_url)) }
                     }
                 }
             }
+        }
+    }
+}
+
+/// A trace id, linked where `--trace-url` says traces are shown. Only a 32-hex-digit id is
+/// put in a link (a note is data another program could have written).
+fn trace_link(trace_id: Option<&str>, url: Option<&str>) -> Markup {
+    let Some(id) = trace_id.filter(|id| !id.is_empty()) else {
+        return html! {};
+    };
+    let linkable = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    html! {
+        @match url.filter(|_| linkable) {
+            Some(url) => a href=(url.replace("{trace_id}", id)) rel="noreferrer" { code { (id) } },
+            None => code { (clip(id, 40)) },
         }
     }
 }
@@ -747,7 +765,7 @@ pub(crate) fn rejections(frame: &Frame, rows: &[RejectionNote]) -> Markup {
                  wrote), a token granted twice, or a mutation that did not fit. Newest first. A token \
                  is an epoch (raised when the coordinator may have lost its counters) and a counter \
                  within it; a newer token is a higher epoch, or the same epoch and a higher counter." }
-            (rejection_table(rows, frame.now_ms))
+            (rejection_table(rows, frame))
         },
     )
 }

@@ -618,6 +618,7 @@ impl LeaseState {
             max_stalls: new.max_stalls,
             flow,
             tick: new.tick,
+            trace: new.trace,
         };
         let queue = self.queues.entry(job.queue.clone()).or_default();
         queue.priority.insert(id, new.priority);
@@ -872,7 +873,7 @@ impl LeaseStore for MemoryLeaseStore {
                 continue;
             };
             job.stalls += 1;
-            let queue = job.queue.clone();
+            let (queue, job_trace) = (job.queue.clone(), job.trace.clone());
             let dead = match on_stall(job.stalls, job.max_stalls) {
                 StallOutcome::Requeue => {
                     state.park(record.job, now, now);
@@ -887,6 +888,10 @@ impl LeaseStore for MemoryLeaseStore {
                 job: record.job,
                 queue,
                 dead,
+                lease,
+                token: Some(record.token),
+                worker: record.worker.clone(),
+                trace: job_trace,
             });
         }
         Ok(reaped)

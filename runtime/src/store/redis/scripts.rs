@@ -79,6 +79,7 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
             max_stalls: meta.max_stalls,
             flow: meta.flow,
             tick: meta.tick,
+            trace: meta.trace,
         },
         lease: Lease {
             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
@@ -125,4 +126,11 @@ pub(super) struct Meta {
     /// The schedule tick it was enqueued for (kept in its dead-letter record too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) tick: Option<crate::job::Tick>,
+    /// The trace it belongs to (kept in its dead-letter record too).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::trace::lenient"
+    )]
+    pub(super) trace: Option<crate::trace::TraceContext>,
 }

@@ -46,6 +46,8 @@ struct DeadRecord {
     died: Option<u64>,
     #[serde(default)]
     tick: Option<crate::job::Tick>,
+    #[serde(default, deserialize_with = "crate::trace::lenient")]
+    trace: Option<crate::trace::TraceContext>,
 }
 
 impl DeadRecord {
@@ -64,6 +66,7 @@ impl DeadRecord {
                 max_stalls: r.max_stalls,
                 flow: None,
                 tick: r.tick,
+                trace: r.trace,
             },
             reason: r.reason,
             died_ms: r.died,
@@ -99,6 +102,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
             max_stalls: meta.max_stalls,
             flow: meta.flow,
             tick: meta.tick,
+            trace: meta.trace,
         },
         state,
         due_in: (!due.is_empty())

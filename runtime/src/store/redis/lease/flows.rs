@@ -275,6 +275,7 @@ impl FlowStore for RedisLeaseStore {
                 max_stalls: job.max_stalls,
                 flow: Some(step),
                 tick: job.tick,
+                trace: job.trace,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
             invocation

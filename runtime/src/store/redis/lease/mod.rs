@@ -416,6 +416,7 @@ impl LeaseStore for RedisLeaseStore {
                 max_stalls: job.max_stalls,
                 flow: None,
                 tick: job.tick,
+                trace: job.trace,
             })
             .map_err(|e| Error::Payload(e.to_string()))?;
             let (unique_key, unique_ttl) = job
@@ -662,12 +663,22 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        flat.chunks_exact(3)
+        flat.chunks_exact(7)
             .map(|t| {
+                // The lease entry: "job id \t epoch \t counter \t claimed ms \t worker ...".
+                let entry: Vec<&str> = t[4].split('\t').collect();
+                let token = match entry.get(1..3) {
+                    Some([epoch, counter]) => token(epoch, counter).ok(),
+                    _ => None,
+                };
                 Ok(Reaped {
                     job: JobId::from(parse::<uuid::Uuid>(&t[0])?),
                     queue: t[1].clone(),
                     dead: t[2] == "1",
+                    lease: LeaseId::from(parse::<uuid::Uuid>(&t[3])?),
+                    token,
+                    worker: entry.get(4).map_or_else(String::new, |w| (*w).to_owned()),
+                    trace: crate::trace::TraceContext::from_w3c(&t[5], Some(&t[6])),
                 })
             })
             .collect()

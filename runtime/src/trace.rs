@@ -1,0 +1,426 @@
+//! The trace a job belongs to, carried with it, and the spans the runtime opens around it.
+//!
+//! A job carries the W3C trace context (`traceparent`, `tracestate`) of whoever enqueued it
+//! ([`TraceContext`], `NewJob::trace`, `Job::trace`) through every retry, stall, release and
+//! dead-letter retry. That part needs no feature: it is text kept in the job record, and every
+//! log line of an attempt carries its `trace_id`. The spans are `tracing` spans (so a
+//! handler's own spans nest inside them); with the `otel` feature they continue the job's
+//! trace and are exported over OTLP (`crate::otel`).
+//!
+//! Span names and attributes follow OpenTelemetry's messaging conventions where they have one
+//! (`messaging.*`), and `palisade.*` for the fence.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use tracing::{field::Empty, Span};
+
+use crate::admission::{Admission, Fence, Rejection};
+use crate::ids::{IdempotencyKey, Lease, Scope};
+use crate::job::Job;
+
+/// Longest `tracestate` kept (the W3C limit a vendor must propagate): a longer one is dropped,
+/// the trace itself kept.
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+
+/// A W3C trace context: the `traceparent` (version 00 form) and, if any, the `tracestate`.
+/// Only valid contexts exist: build one with [`TraceContext::from_w3c`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawTrace", into = "RawTrace")]
+pub struct TraceContext {
+    traceparent: String,
+    tracestate: Option<String>,
+}
+
+/// The stored form: two strings, as on the wire.
+#[derive(Clone, Serialize, Deserialize)]
+struct RawTrace {
+    traceparent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tracestate: Option<String>,
+}
+
+impl TryFrom<RawTrace> for TraceContext {
+    type Error = String;
+
+    fn try_from(raw: RawTrace) -> Result<Self, String> {
+        TraceContext::from_w3c(&raw.traceparent, raw.tracestate.as_deref())
+            .ok_or_else(|| format!("invalid traceparent {:?}", raw.traceparent))
+    }
+}
+
+impl From<TraceContext> for RawTrace {
+    fn from(t: TraceContext) -> Self {
+        RawTrace {
+            traceparent: t.traceparent,
+            tracestate: t.tracestate,
+        }
+    }
+}
+
+fn is_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl TraceContext {
+    /// Parses the two headers as W3C Trace Context says a receiver must: `None` for a
+    /// traceparent that is not valid (then the receiver starts a trace of its own); a version
+    /// above 00 is read by its 00 fields and kept as 00. A `tracestate` longer than
+    /// [`MAX_TRACESTATE_BYTES`], with more than 32 members, or with a character outside
+    /// printable ASCII is dropped, the trace kept.
+    pub fn from_w3c(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        let tp = traceparent.trim_matches([' ', '\t']);
+        let version = tp.get(..2)?;
+        if !is_hex(version) || version == "ff" {
+            return None;
+        }
+        // Version 00 is exactly 55 characters; a later version may append fields after a '-'.
+        let fits = if version == "00" {
+            tp.len() == 55
+        } else {
+            tp.len() == 55 || (tp.len() > 55 && tp.as_bytes()[55] == b'-')
+        };
+        if !fits || !tp.is_char_boundary(55) {
+            return None;
+        }
+        let parts: Vec<&str> = tp[..55].split('-').collect();
+        let [_, trace_id, parent_id, flags] = parts[..] else {
+            return None;
+        };
+        let valid = trace_id.len() == 32
+            && parent_id.len() == 16
+            && flags.len() == 2
+            && is_hex(trace_id)
+            && is_hex(parent_id)
+            && is_hex(flags)
+            && trace_id.bytes().any(|b| b != b'0')
+            && parent_id.bytes().any(|b| b != b'0');
+        if !valid {
+            return None;
+        }
+        let tracestate = tracestate
+            .map(|s| s.trim_matches([' ', '\t']))
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= MAX_TRACESTATE_BYTES
+                    && s.split(',').count() <= 32
+                    && s.bytes().all(|b| (0x20..0x7f).contains(&b))
+            })
+            .map(str::to_owned);
+        Some(TraceContext {
+            traceparent: format!("00-{trace_id}-{parent_id}-{flags}"),
+            tracestate,
+        })
+    }
+
+    /// The `traceparent` header value (version 00).
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// The `tracestate` header value, if any.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.tracestate.as_deref()
+    }
+
+    /// The trace id: 32 lowercase hex digits.
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[3..35]
+    }
+
+    /// The id of the span this context continues (the parent of the next span): 16 hex digits.
+    pub fn span_id(&self) -> &str {
+        &self.traceparent[36..52]
+    }
+
+    /// Whether the caller sampled the trace (flag 01).
+    pub fn sampled(&self) -> bool {
+        u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|f| f & 1 == 1)
+    }
+}
+
+impl std::fmt::Display for TraceContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.traceparent)
+    }
+}
+
+/// Reads an optional trace context, leniently: one that is not valid (written over by another
+/// program) is `None`, so a garbled trace never stops a job from being claimed.
+pub(crate) fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TraceContext>, D::Error> {
+    let raw = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(raw
+        .and_then(|v| serde_json::from_value::<RawTrace>(v).ok())
+        .and_then(|r| TraceContext::from_w3c(&r.traceparent, r.tracestate.as_deref())))
+}
+
+/// The span of one attempt (`palisade.job`, a messaging "process" span): its parent is the
+/// job's trace context. `trace_id` and `span_id` are recorded for log lines (JSON logs carry
+/// them) once the context is known: [`attempt_context`].
+pub(crate) fn job_span(job: &Job, lease: &Lease, worker: &str) -> Span {
+    let span = tracing::info_span!(
+        target: "palisade::job",
+        "palisade.job",
+        otel.name = %format_args!("process {}", job.queue),
+        otel.kind = "consumer",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        messaging.system = "palisade",
+        messaging.operation.type = "process",
+        messaging.destination.name = %job.queue,
+        messaging.message.id = %job.id,
+        palisade.job.kind = %job.kind,
+        palisade.job.attempt = job.attempt,
+        palisade.job.stalls = job.stalls,
+        palisade.scope = %lease.scope,
+        palisade.fencing_token = lease.token.as_u64(),
+        palisade.lease_id = %lease.id,
+        palisade.worker = worker,
+        palisade.outcome = Empty,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    #[cfg(feature = "otel")]
+    crate::otel::continue_trace(&span, job.trace.as_ref());
+    span
+}
+
+/// The trace an attempt runs in, as its follow-up jobs and rejection notes carry it: the
+/// attempt span's own context where one is exported (`otel`), else the job's. Recorded on the
+/// span as `trace_id` / `span_id`.
+pub(crate) fn attempt_context(span: &Span, job: &Job) -> Option<TraceContext> {
+    #[cfg(feature = "otel")]
+    let context = crate::otel::context_of(span).or_else(|| job.trace.clone());
+    #[cfg(not(feature = "otel"))]
+    let context = job.trace.clone();
+    if let Some(c) = &context {
+        span.record("trace_id", c.trace_id());
+        #[cfg(feature = "otel")]
+        span.record("span_id", c.span_id());
+    }
+    context
+}
+
+/// How an attempt ended, on its span.
+pub(crate) fn record_attempt(span: &Span, outcome: &Result<(), crate::job::JobError>) {
+    match outcome {
+        Ok(()) => {
+            span.record("palisade.outcome", "ok");
+        }
+        Err(e) => {
+            let outcome = match e {
+                crate::job::JobError::Retry { .. } => "retry",
+                crate::job::JobError::Fatal(_) => "fatal",
+                crate::job::JobError::Fenced(_) => "fenced",
+            };
+            span.record("palisade.outcome", outcome);
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", tracing::field::display(e));
+        }
+    }
+}
+
+/// One write span's fields (a span's name must be a literal).
+macro_rules! write_fields {
+    ($name:literal, $sink:expr, $scope:expr, $fence:expr, $key:expr) => {
+        tracing::info_span!(
+            target: "palisade::fence",
+            $name,
+            otel.kind = "client",
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+            palisade.sink = $sink,
+            palisade.scope = %$scope,
+            palisade.fencing_token = $fence.token.as_u64(),
+            palisade.lease_id = %$fence.lease,
+            palisade.idempotency_key = %$key,
+            palisade.outcome = Empty,
+            palisade.rejection = Empty,
+            palisade.highest_token = Empty,
+        )
+    };
+}
+
+/// The span of one fenced write or transaction (`palisade.fenced_write`,
+/// `palisade.pg_transaction`), a child of the attempt's: what it presented, and (recorded by
+/// [`record_write`]) what the sink said.
+pub(crate) fn write_span(
+    name: &'static str,
+    sink: &str,
+    scope: &Scope,
+    fence: Fence,
+    key: &IdempotencyKey,
+) -> Span {
+    if name == "palisade.pg_transaction" {
+        write_fields!("palisade.pg_transaction", sink, scope, fence, key)
+    } else {
+        write_fields!("palisade.fenced_write", sink, scope, fence, key)
+    }
+}
+
+/// What the sink said, on a write span: `applied`, `duplicate`, `refused` (with the reason
+/// and, for a token refusal, the newest token the sink holds) or `error`.
+pub(crate) fn record_write(span: &Span, admission: &crate::Result<Admission>) {
+    match admission {
+        Ok(Admission::Applied) => {
+            span.record("palisade.outcome", "applied");
+        }
+        Ok(Admission::Duplicate) => {
+            span.record("palisade.outcome", "duplicate");
+        }
+        Ok(Admission::Rejected(r)) => {
+            span.record("palisade.outcome", "refused");
+            span.record("palisade.rejection", r.reason());
+            if let Some(highest) = highest_token(r) {
+                span.record("palisade.highest_token", highest);
+            }
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", tracing::field::display(r));
+        }
+        Err(e) => {
+            span.record("palisade.outcome", "error");
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", tracing::field::display(e));
+        }
+    }
+}
+
+/// The newest token a refusal names, if it names one.
+pub(crate) fn highest_token(r: &Rejection) -> Option<u64> {
+    match r {
+        Rejection::StaleToken { highest, .. } => Some(highest.as_u64()),
+        Rejection::TokenConflict { .. } | Rejection::Mutation { .. } => None,
+    }
+}
+
+/// The span of one enqueue call (`palisade.enqueue`, a messaging "send" span), whose context
+/// the jobs that name no trace of their own are given (and those that name the one it
+/// continues). Its parent is the caller's span or, with none, the first job's own trace (the
+/// HTTP API's `traceparent`). Without `otel` nothing is made: a job keeps the trace it was
+/// given, if any.
+pub(crate) fn enqueue_span(jobs: &mut [crate::job::NewJob]) -> Span {
+    #[cfg(feature = "otel")]
+    return crate::otel::enqueue_span(jobs);
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = jobs;
+        Span::none()
+    }
+}
+
+/// The context a flow created now continues: the current span's where one is exported
+/// (`otel`), else none.
+pub(crate) fn current() -> Option<TraceContext> {
+    #[cfg(feature = "otel")]
+    return crate::otel::context_of(&Span::current());
+    #[cfg(not(feature = "otel"))]
+    None
+}
+
+/// Records a stall — a lease that expired while its job was unfinished, whose own attempt
+/// span was never sent (its worker died or was paused) — as a short span in the job's trace
+/// (`palisade.stall`) and a log line carrying its trace id.
+pub(crate) fn stall(r: &crate::store::Reaped) {
+    let outcome = if r.dead { "dead" } else { "requeued" };
+    let trace_id = r.trace.as_ref().map_or("", |t| t.trace_id());
+    let span = tracing::info_span!(
+        target: "palisade::reaper",
+        "palisade.stall",
+        otel.name = %format_args!("stall {}", r.queue),
+        otel.status_code = "error",
+        otel.status_description = "lease expired before the job settled",
+        messaging.system = "palisade",
+        messaging.destination.name = %r.queue,
+        messaging.message.id = %r.job,
+        palisade.lease_id = %r.lease,
+        palisade.fencing_token = r.token.map(|t| t.as_u64()),
+        palisade.worker = %r.worker,
+        palisade.outcome = outcome,
+        trace_id,
+    );
+    #[cfg(feature = "otel")]
+    crate::otel::continue_trace(&span, r.trace.as_ref());
+    tracing::warn!(parent: &span, job = %r.job, queue = %r.queue, lease = %r.lease, worker = %r.worker, outcome, trace_id, "lease expired before the job settled (stall)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_is_read_and_its_parts_named() {
+        let t = TraceContext::from_w3c(TP, Some("congo=t61rcWkgMzE")).unwrap();
+        assert_eq!(t.traceparent(), TP);
+        assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.span_id(), "00f067aa0ba902b7");
+        assert!(t.sampled());
+        assert_eq!(t.tracestate(), Some("congo=t61rcWkgMzE"));
+        let unsampled = TraceContext::from_w3c(&TP.replace("-01", "-00"), None).unwrap();
+        assert!(!unsampled.sampled());
+    }
+
+    #[test]
+    fn an_invalid_traceparent_is_none() {
+        for bad in [
+            "",
+            "00",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",
+            "0x-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
+        ] {
+            assert_eq!(TraceContext::from_w3c(bad, None), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_is_read_by_its_00_fields() {
+        let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        assert_eq!(
+            TraceContext::from_w3c(later, None).unwrap().traceparent(),
+            TP
+        );
+    }
+
+    #[test]
+    fn a_bad_tracestate_is_dropped_and_the_trace_kept() {
+        for bad in [
+            "x".repeat(MAX_TRACESTATE_BYTES + 1),
+            "a=1\n".into(),
+            vec!["a=1"; 33].join(","),
+            "".into(),
+        ] {
+            let t = TraceContext::from_w3c(TP, Some(&bad)).unwrap();
+            assert_eq!(t.tracestate(), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stored_contexts_round_trip_and_garbage_reads_as_none() {
+        #[derive(Deserialize)]
+        struct Holder {
+            #[serde(default, deserialize_with = "lenient")]
+            trace: Option<TraceContext>,
+        }
+        let t = TraceContext::from_w3c(TP, Some("a=1")).unwrap();
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(serde_json::from_str::<TraceContext>(&json).unwrap(), t);
+        let held: Holder = serde_json::from_str(&format!("{{\"trace\":{json}}}")).unwrap();
+        assert_eq!(held.trace, Some(t));
+        for garbage in [
+            r#"{"trace":{"traceparent":"00-zz"}}"#,
+            r#"{"trace":7}"#,
+            r#"{"trace":null}"#,
+            r#"{}"#,
+        ] {
+            let held: Holder = serde_json::from_str(garbage).unwrap();
+            assert_eq!(held.trace, None, "{garbage}");
+        }
+        assert!(serde_json::from_str::<TraceContext>(r#"{"traceparent":"00-zz"}"#).is_err());
+    }
+}
