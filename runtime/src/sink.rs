@@ -99,7 +99,9 @@ pub(crate) fn record(name: &str, scope: &Scope, result: &Result<Admission>) {
         Ok(Admission::Applied) => "applied",
         Ok(Admission::Duplicate) => "duplicate",
         Ok(Admission::Rejected(rejection)) => {
-            tracing::warn!(sink = %name, %scope, %rejection, "fenced write refused");
+            // (Logged at warn by the run that wrote, with its trace id and tokens:
+            // `RunState::note`.)
+            tracing::debug!(sink = %name, %scope, %rejection, "fenced write refused");
             counter!(m::FENCE_REJECTIONS, "sink" => name.to_string(), "reason" => rejection.reason())
                 .increment(1);
             "rejected"

@@ -324,7 +324,6 @@ pub(crate) fn stall(r: &crate::store::Reaped) {
     let span = tracing::info_span!(
         target: "palisade::reaper",
         "palisade.stall",
-        otel.name = %format_args!("stall {}", r.queue),
         otel.status_code = "error",
         otel.status_description = "lease expired before the job settled",
         messaging.system = "palisade",

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod failover;
 pub mod faults;
 pub mod net;
+pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod servers;
@@ -33,6 +34,7 @@ pub use futures_util;
 
 pub use clock::SkewedClock;
 pub use faults::{Faults, Op};
+pub use otlp::{OtlpReceiver, ReceivedLog, ReceivedSpan};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
 pub use process::Process;
 pub use proxy::{FaultProxy, LinkFaults, ProxyStats};

@@ -22,6 +22,28 @@ impl Process {
 
     /// [`worker`](Self::worker) with more environment (a skewed clock's, say).
     pub fn worker_with_env(bin: &str, args: &[&str], log: &str, env: &[(String, String)]) -> Self {
+        Self::worker_to(bin, args, log, env, Stdio::null())
+    }
+
+    /// [`worker_with_env`](Self::worker_with_env) writing its log (stderr) to `log_file`.
+    pub fn worker_logging(
+        bin: &str,
+        args: &[&str],
+        log: &str,
+        env: &[(String, String)],
+        log_file: &std::path::Path,
+    ) -> Self {
+        let file = std::fs::File::create(log_file).unwrap();
+        Self::worker_to(bin, args, log, env, Stdio::from(file))
+    }
+
+    fn worker_to(
+        bin: &str,
+        args: &[&str],
+        log: &str,
+        env: &[(String, String)],
+        stderr: Stdio,
+    ) -> Self {
         let metrics_port = free_port();
         let child = Command::new(bin)
             .arg("worker")
@@ -30,7 +52,7 @@ impl Process {
             .env("RUST_LOG", log)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("{bin} runs: {e}"));
         let process = Self {

@@ -528,6 +528,17 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
             "{default},tokio_postgres=warn,redis::cluster_handling=error"
         ))
     });
+    // Every line an attempt logs carries the attempt's span (its job, fence and trace id),
+    // whatever level the log is at, unless RUST_LOG says otherwise of that span. A span
+    // prints nothing of its own.
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(asked) if asked.contains("palisade::job") => filter,
+        _ => filter.add_directive(
+            "palisade::job=info"
+                .parse()
+                .expect("a valid directive"),
+        ),
+    };
     use std::io::IsTerminal as _;
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())

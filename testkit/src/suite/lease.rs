@@ -30,6 +30,7 @@ macro_rules! lease_cases {
             settle_and_claim_settles_first,
             a_result_is_kept_with_its_completion,
             follow_ups_are_kept_with_an_accepted_completion,
+            a_job_keeps_its_trace_through_every_path,
         );
     };
 }
@@ -1043,4 +1044,60 @@ pub async fn follow_ups_are_kept_with_an_accepted_completion(store: Stores) {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// The trace a job was enqueued under comes back with every claim — after a retry, a stall,
+/// a release, a death and a dead-letter retry — in the reaper's stall record, and in the
+/// dead-letter record; a job enqueued without one has none.
+pub async fn a_job_keeps_its_trace_through_every_path(store: Stores) {
+    let trace = palisade::TraceContext::from_w3c(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("vendor=opaque,other=x"),
+    )
+    .unwrap();
+    store
+        .enqueue(vec![
+            job("traced").with_trace(trace.clone()).with_max_stalls(0),
+            job("plain"),
+        ])
+        .await
+        .unwrap();
+    let claims = claim(&store, 2).await;
+    let traced = claims.iter().find(|c| c.job.kind == "traced").unwrap();
+    let plain = claims.iter().find(|c| c.job.kind == "plain").unwrap();
+    assert_eq!(traced.job.trace.as_ref(), Some(&trace));
+    assert_eq!(plain.job.trace, None);
+    settle(&store, plain.lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    // A retry and a release keep it.
+    let retry = Settlement::Retry {
+        delay: Duration::ZERO,
+        reason: "again".into(),
+    };
+    settle(&store, traced.lease.id, retry).await.unwrap();
+    let again = claim(&store, 1).await.remove(0);
+    assert_eq!((again.job.attempt, again.job.trace.as_ref()), (2, Some(&trace)));
+    settle(&store, again.lease.id, Settlement::Release)
+        .await
+        .unwrap();
+    // A stall (past max_stalls = 0: it dies) names the trace in the reaper's record.
+    let third = claim(&store, 1).await.remove(0);
+    assert_eq!(third.job.trace.as_ref(), Some(&trace));
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    let reaped = store.reap(100).await.unwrap();
+    assert_eq!(reaped.len(), 1);
+    let stall = &reaped[0];
+    assert!(stall.dead);
+    assert_eq!((stall.job, stall.lease), (third.job.id, third.lease.id));
+    assert_eq!(stall.token, Some(third.lease.token));
+    assert_eq!(stall.worker, "suite");
+    assert_eq!(stall.trace.as_ref(), Some(&trace));
+    // The dead letter keeps it, and so does the job a dead-letter retry makes again.
+    let dead = store.dead("default", 10).await.unwrap();
+    assert_eq!(dead[0].job.trace.as_ref(), Some(&trace));
+    assert!(store.retry_dead_job("default", third.job.id).await.unwrap());
+    let revived = claim(&store, 1).await.remove(0);
+    assert_eq!(revived.job.id, third.job.id);
+    assert_eq!(revived.job.trace.as_ref(), Some(&trace));
 }

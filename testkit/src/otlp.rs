@@ -1,0 +1,264 @@
+//! A real OTLP/HTTP receiver: it decodes what exporters send (`POST /v1/traces`,
+//! `POST /v1/logs`, protobuf or JSON) with the official OpenTelemetry protobuf types
+//! (`opentelemetry-proto`) and keeps every span and log record for a test to look at.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Request, Response, StatusCode};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
+use prost::Message as _;
+
+/// One span as received.
+#[derive(Clone, Debug)]
+pub struct ReceivedSpan {
+    /// The `service.name` of the resource that sent it.
+    pub service: String,
+    /// 32 hex digits.
+    pub trace_id: String,
+    /// 16 hex digits.
+    pub span_id: String,
+    /// 16 hex digits, or empty for a root span.
+    pub parent_span_id: String,
+    /// Its name.
+    pub name: String,
+    /// The OTLP span kind (1 internal, 2 server, 3 client, 4 producer, 5 consumer).
+    pub kind: i32,
+    /// Its attributes, each value as text.
+    pub attributes: BTreeMap<String, String>,
+    /// Its events: name and attributes.
+    pub events: Vec<(String, BTreeMap<String, String>)>,
+    /// Its status code (0 unset, 1 ok, 2 error).
+    pub status: i32,
+}
+
+impl ReceivedSpan {
+    /// An attribute's value as text ("" when absent).
+    pub fn attr(&self, key: &str) -> &str {
+        self.attributes.get(key).map_or("", String::as_str)
+    }
+}
+
+/// One log record as received.
+#[derive(Clone, Debug)]
+pub struct ReceivedLog {
+    /// The `service.name` of the resource that sent it.
+    pub service: String,
+    /// Its trace id (32 hex digits), or empty.
+    pub trace_id: String,
+    /// Its body as text.
+    pub body: String,
+    /// Its attributes, each value as text.
+    pub attributes: BTreeMap<String, String>,
+}
+
+#[derive(Default)]
+struct Received {
+    spans: Vec<ReceivedSpan>,
+    logs: Vec<ReceivedLog>,
+    requests: u64,
+}
+
+/// The receiver: serves on 127.0.0.1 until dropped.
+pub struct OtlpReceiver {
+    port: u16,
+    received: Arc<Mutex<Received>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl OtlpReceiver {
+    /// Starts it on a free port.
+    pub fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let received = Arc::new(Mutex::new(Received::default()));
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let kept = received.clone();
+        runtime.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let kept = kept.clone();
+                        async move { Ok::<_, Infallible>(answer(request, &kept).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            port,
+            received,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// Its base URL (`http://127.0.0.1:<port>`), as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        self.received.lock().unwrap().spans.clone()
+    }
+
+    /// The spans of trace `trace_id`.
+    pub fn trace(&self, trace_id: &str) -> Vec<ReceivedSpan> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s.trace_id == trace_id)
+            .collect()
+    }
+
+    /// Every log record received so far.
+    pub fn logs(&self) -> Vec<ReceivedLog> {
+        self.received.lock().unwrap().logs.clone()
+    }
+
+    /// How many export requests arrived.
+    pub fn requests(&self) -> u64 {
+        self.received.lock().unwrap().requests
+    }
+}
+
+impl Drop for OtlpReceiver {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Decodes one export request (protobuf, or JSON when it says so) and keeps what it holds.
+async fn answer(
+    request: Request<hyper::body::Incoming>,
+    kept: &Mutex<Received>,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    let json = request
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
+        return status(StatusCode::BAD_REQUEST);
+    };
+    let mut kept = kept.lock().unwrap();
+    kept.requests += 1;
+    match path.as_str() {
+        "/v1/traces" => {
+            let decoded = if json {
+                serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+            } else {
+                ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
+            };
+            let Ok(export) = decoded else {
+                return status(StatusCode::BAD_REQUEST);
+            };
+            for resource in export.resource_spans {
+                let service = service_of(resource.resource.as_ref().map(|r| &r.attributes[..]));
+                for scope in resource.scope_spans {
+                    for s in scope.spans {
+                        kept.spans.push(ReceivedSpan {
+                            service: service.clone(),
+                            trace_id: hex(&s.trace_id),
+                            span_id: hex(&s.span_id),
+                            parent_span_id: hex(&s.parent_span_id),
+                            name: s.name,
+                            kind: s.kind,
+                            attributes: attributes(&s.attributes),
+                            events: s
+                                .events
+                                .iter()
+                                .map(|e| (e.name.clone(), attributes(&e.attributes)))
+                                .collect(),
+                            status: s.status.map_or(0, |st| st.code),
+                        });
+                    }
+                }
+            }
+        }
+        "/v1/logs" => {
+            let decoded = if json {
+                serde_json::from_slice::<ExportLogsServiceRequest>(&body).map_err(|e| e.to_string())
+            } else {
+                ExportLogsServiceRequest::decode(body).map_err(|e| e.to_string())
+            };
+            let Ok(export) = decoded else {
+                return status(StatusCode::BAD_REQUEST);
+            };
+            for resource in export.resource_logs {
+                let service = service_of(resource.resource.as_ref().map(|r| &r.attributes[..]));
+                for scope in resource.scope_logs {
+                    for l in scope.log_records {
+                        kept.logs.push(ReceivedLog {
+                            service: service.clone(),
+                            trace_id: hex(&l.trace_id),
+                            body: l.body.as_ref().map(text).unwrap_or_default(),
+                            attributes: attributes(&l.attributes),
+                        });
+                    }
+                }
+            }
+        }
+        _ => return status(StatusCode::NOT_FOUND),
+    }
+    // An empty ExportTraceServiceResponse: zero bytes of protobuf.
+    Response::builder()
+        .header("content-type", "application/x-protobuf")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn status(code: StatusCode) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn service_of(attributes: Option<&[KeyValue]>) -> String {
+    attributes
+        .and_then(|a| a.iter().find(|kv| kv.key == "service.name"))
+        .and_then(|kv| kv.value.as_ref())
+        .map(text)
+        .unwrap_or_default()
+}
+
+fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {
+    kvs.iter()
+        .map(|kv| (kv.key.clone(), kv.value.as_ref().map(text).unwrap_or_default()))
+        .collect()
+}
+
+fn text(value: &AnyValue) -> String {
+    match &value.value {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
