@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use palisade_testkit::{wait_for, OtlpReceiver, Process, ReceivedSpan, RedisServer};
+use palisade_testkit::{free_ports, http_get, wait_for, OtlpReceiver, Process, ReceivedSpan, RedisServer};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
@@ -235,4 +235,56 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
     );
     let _ = std::fs::remove_file(a_log);
     let _ = std::fs::remove_file(b_log);
+}
+
+/// A producer in another language (Python, a hand-built `traceparent`, no SDK) enqueues
+/// through the HTTP API; the API's enqueue span and the Rust worker's attempt continue its
+/// trace.
+#[test]
+fn a_python_producers_trace_continues_into_the_rust_worker() {
+    let receiver = OtlpReceiver::start();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let _worker = Process::worker_with_env(
+        BIN,
+        &["--redis", &url, "--queues", "polyglot"],
+        "warn",
+        &otel_env(&receiver, "worker"),
+    );
+    let [port] = free_ports();
+    let listen = format!("127.0.0.1:{port}");
+    let _api = Process::spawn_with_env(
+        BIN,
+        &["api", "--redis", &url, "--listen", &listen],
+        "warn",
+        &otel_env(&receiver, "api"),
+    );
+    wait_for("the API to serve", Duration::from_secs(20), || {
+        http_get(port, "/healthz").is_some()
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/traced_producer.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .env("PALISADE_API", format!("http://{listen}"))
+        .output()
+        .expect("python3 is installed");
+    assert!(
+        out.status.success(),
+        "the Python producer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (trace, parent) = (said["trace_id"].as_str().unwrap(), said["span_id"].as_str().unwrap());
+    wait_for("the API's and the worker's spans", Duration::from_secs(20), || {
+        let t = receiver.trace(trace);
+        t.iter().any(|s| s.name == "send polyglot") && t.iter().any(|s| s.name == "process polyglot")
+    });
+    let spans = receiver.trace(trace);
+    let send = one(&spans, "enqueue", |s| s.name == "send polyglot");
+    assert_eq!((send.service.as_str(), send.parent_span_id.as_str()), ("api", parent));
+    let process = one(&spans, "attempt", |s| s.name == "process polyglot");
+    assert_eq!(process.service, "worker");
+    assert_eq!(process.parent_span_id, send.span_id);
+    assert_eq!(process.attr("messaging.message.id"), said["job"].as_str().unwrap());
+    assert_eq!(process.attr("palisade.outcome"), "ok");
 }

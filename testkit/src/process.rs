@@ -67,9 +67,15 @@ impl Process {
 
     /// Starts `bin <args>` without a metrics endpoint (nothing to wait for).
     pub fn spawn(bin: &str, args: &[&str], log: &str) -> Self {
+        Self::spawn_with_env(bin, args, log, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with more environment.
+    pub fn spawn_with_env(bin: &str, args: &[&str], log: &str, env: &[(String, String)]) -> Self {
         let child = Command::new(bin)
             .args(args)
             .env("RUST_LOG", log)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
