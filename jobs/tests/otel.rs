@@ -288,3 +288,66 @@ fn a_python_producers_trace_continues_into_the_rust_worker() {
     assert_eq!(process.attr("messaging.message.id"), said["job"].as_str().unwrap());
     assert_eq!(process.attr("palisade.outcome"), "ok");
 }
+
+/// OTLP over gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`), the endpoint given by
+/// `--otlp-endpoint`: the enqueue and the attempt arrive, in the producer's trace.
+#[test]
+fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
+    let receiver = OtlpReceiver::start_grpc();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let endpoint = receiver.endpoint();
+    let env: Vec<(String, String)> = [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_SERVICE_NAME", "grpc-worker"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let worker = Process::worker_with_env(
+        BIN,
+        &["--redis", &url, "--otlp-endpoint", &endpoint],
+        "warn",
+        &env,
+    );
+    let trace = "1234567890abcdef1234567890abcdef";
+    let out = Command::new(BIN)
+        .args(["enqueue", "report.part", r#"{"n":3}"#, "--otlp-endpoint", &endpoint])
+        .env("PALISADE_REDIS_URL", &url)
+        .env("TRACEPARENT", format!("00-{trace}-{PRODUCER_SPAN}-01"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for("the enqueue and the attempt over gRPC", Duration::from_secs(20), || {
+        let t = receiver.trace(trace);
+        t.iter().any(|s| s.name == "send default") && t.iter().any(|s| s.name == "process default")
+    });
+    let spans = receiver.trace(trace);
+    let send = one(&spans, "enqueue", |s| s.name == "send default");
+    let process = one(&spans, "attempt", |s| s.name == "process default");
+    assert_eq!(send.parent_span_id, PRODUCER_SPAN);
+    assert_eq!(process.parent_span_id, send.span_id);
+    assert_eq!(process.service, "grpc-worker");
+    assert!(worker.terminate().success());
+}
+
+/// Bad export settings are refused before anything runs, with the setting named.
+#[test]
+fn a_bad_export_setting_is_a_clear_error() {
+    for (var, value, says) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "carrier-pigeon"),
+        ("OTEL_TRACES_EXPORTER", "zipkin", "OTEL_TRACES_EXPORTER"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["status", "--otlp-endpoint", "http://127.0.0.1:9"])
+            .env("PALISADE_REDIS_URL", "redis://127.0.0.1:9")
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
+        assert!(stderr.contains(says), "{var}={value}: {stderr}");
+    }
+}
