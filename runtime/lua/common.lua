@@ -470,16 +470,22 @@ local function tick_of(t)
   return nil
 end
 
--- A job's trace as our client writes it ({traceparent = the W3C version 00 header, 55
--- characters, and tracestate = at most 512 printable characters, or none}), or nil for
--- anything else: a dead-letter record never carries a trace the client would not read back.
+-- A job's trace as our client writes it, or nil for anything else — the rule of
+-- TraceContext::from_w3c on a stored (version 00) context, word for word (a differential test
+-- runs both): traceparent "00-<32 hex>-<16 hex>-<2 hex>", lower case, neither id all zeros;
+-- a tracestate of 1 to 512 printable ASCII characters in at most 32 members, else none.
 local function trace_of(t)
-  if type(t) ~= 'table' or type(t.traceparent) ~= 'string' or #t.traceparent ~= 55
-    or not string.match(t.traceparent, '^00%-%x+%-%x+%-%x%x$') then
+  if type(t) ~= 'table' or type(t.traceparent) ~= 'string' then
+    return nil
+  end
+  local trace, parent = string.match(t.traceparent, '^00%-(' .. string.rep('[0-9a-f]', 32)
+    .. ')%-(' .. string.rep('[0-9a-f]', 16) .. ')%-[0-9a-f][0-9a-f]$')
+  if not trace or not string.find(trace, '[1-9a-f]') or not string.find(parent, '[1-9a-f]') then
     return nil
   end
   local state = t.tracestate
-  if type(state) ~= 'string' or #state > 512 or string.match(state, '[^\032-\126]') then
+  if type(state) ~= 'string' or #state == 0 or #state > 512
+    or string.find(state, '[^\032-\126]') or select(2, string.gsub(state, ',', ',')) > 31 then
     state = nil
   end
   return { traceparent = t.traceparent, tracestate = state }

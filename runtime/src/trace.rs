@@ -42,7 +42,7 @@ impl TryFrom<RawTrace> for TraceContext {
     type Error = String;
 
     fn try_from(raw: RawTrace) -> Result<Self, String> {
-        TraceContext::from_w3c(&raw.traceparent, raw.tracestate.as_deref())
+        TraceContext::stored(&raw.traceparent, raw.tracestate.as_deref())
             .ok_or_else(|| format!("invalid traceparent {:?}", raw.traceparent))
     }
 }
@@ -81,8 +81,19 @@ impl TraceContext {
         if !fits || !tp.is_char_boundary(55) {
             return None;
         }
-        let parts: Vec<&str> = tp[..55].split('-').collect();
-        let [_, trace_id, parent_id, flags] = parts[..] else {
+        Self::stored(
+            &format!("00{}", &tp[2..55]),
+            tracestate.map(|s| s.trim_matches([' ', '\t'])),
+        )
+    }
+
+    /// A context as a job record keeps it: the version 00 traceparent exactly (lower-case
+    /// hex, neither id all zeros) and a tracestate of 1 to [`MAX_TRACESTATE_BYTES`]
+    /// printable ASCII characters in at most 32 members, else none. The coordinator's
+    /// scripts keep a trace by the same rule (`trace_of` in `common.lua`).
+    pub(crate) fn stored(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        let ["00", trace_id, parent_id, flags] = parts[..] else {
             return None;
         };
         let valid = trace_id.len() == 32
@@ -97,7 +108,6 @@ impl TraceContext {
             return None;
         }
         let tracestate = tracestate
-            .map(|s| s.trim_matches([' ', '\t']))
             .filter(|s| {
                 !s.is_empty()
                     && s.len() <= MAX_TRACESTATE_BYTES
@@ -106,7 +116,7 @@ impl TraceContext {
             })
             .map(str::to_owned);
         Some(TraceContext {
-            traceparent: format!("00-{trace_id}-{parent_id}-{flags}"),
+            traceparent: traceparent.to_owned(),
             tracestate,
         })
     }
@@ -149,7 +159,7 @@ pub(crate) fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TraceCon
     let raw = Option::<serde_json::Value>::deserialize(d)?;
     Ok(raw
         .and_then(|v| serde_json::from_value::<RawTrace>(v).ok())
-        .and_then(|r| TraceContext::from_w3c(&r.traceparent, r.tracestate.as_deref())))
+        .and_then(|r| TraceContext::stored(&r.traceparent, r.tracestate.as_deref())))
 }
 
 /// The span of one attempt (`palisade.job`, a messaging "process" span): its parent is the

@@ -325,6 +325,8 @@ struct JobSpec {
     max_stalls: u32,
     /// A unique key `u0`..`u1` (ttl zero: held while the job is pending), or none.
     unique: Option<u8>,
+    /// Enqueued under a trace (its number in the trace id; with a tracestate when odd).
+    trace: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -384,10 +386,10 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         prop::bool::weighted(0.2),
         1..=3u32,
         0..=2u32,
-        prop::option::weighted(0.3, 0..2u8),
+        (prop::option::weighted(0.3, 0..2u8), prop::option::weighted(0.5, 1..4u8)),
     )
         .prop_map(
-            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls, unique)| JobSpec {
+            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls, (unique, trace))| JobSpec {
                 queue,
                 kind,
                 scope,
@@ -396,6 +398,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 max_attempts,
                 max_stalls,
                 unique,
+                trace,
             },
         )
 }
@@ -452,6 +455,16 @@ fn new_job(no: usize, spec: &JobSpec) -> NewJob {
         Some(u) => job.with_unique_key(format!("u{u}"), Duration::ZERO),
         None => job,
     };
+    let job = match spec.trace {
+        Some(t) => job.with_trace(
+            TraceContext::from_w3c(
+                &format!("00-{t:032x}-{:016x}-0{}", u64::from(t) + 1, t % 2),
+                (t % 2 == 1).then_some("k=v"),
+            )
+            .unwrap(),
+        ),
+        None => job,
+    };
     match spec.scope {
         Some(s) => job.with_scope(format!("s{s}")),
         None => job,
@@ -470,6 +483,8 @@ struct JobView {
     stalls: u32,
     max_attempts: u32,
     max_stalls: u32,
+    /// The trace it carries (traceparent and tracestate).
+    trace: Option<(String, Option<String>)>,
 }
 
 /// One backend and the ids it handed out, by enqueue position and by claim.
@@ -517,6 +532,12 @@ impl Side {
             stalls: job.stalls,
             max_attempts: job.max_attempts,
             max_stalls: job.max_stalls,
+            trace: job.trace.as_ref().map(|t| {
+                (
+                    t.traceparent().to_owned(),
+                    t.tracestate().map(str::to_owned),
+                )
+            }),
         }
     }
 
@@ -743,7 +764,11 @@ impl Coordinators {
                 let view = |side: &Side, reaped: &Vec<Reaped>| {
                     let mut v: Vec<_> = reaped
                         .iter()
-                        .map(|x| (side.job_no(x.job), x.queue.clone(), x.dead))
+                        .map(|x| {
+                            let trace = x.trace.as_ref().map(|t| t.traceparent().to_owned());
+                            let lease = side.lease_no(x.lease);
+                            (side.job_no(x.job), x.queue.clone(), x.dead, lease, trace)
+                        })
                         .collect();
                     v.sort();
                     v
@@ -934,5 +959,72 @@ fn lease_stores_agree_on_random_histories() {
     };
     proptest!(config, |(history in coordinator_history())| {
         rt.block_on(coordinator_case(&pool, &history))?;
+    });
+}
+
+/// A traceparent near the valid ones: valid, or one character off (upper case, not hex, a
+/// dash moved, all-zero ids, a version other than 00, a length off by one).
+fn near_traceparent() -> impl Strategy<Value = String> {
+    let valid = (any::<u128>(), any::<u64>(), any::<u8>())
+        .prop_map(|(t, p, f)| format!("00-{t:032x}-{p:016x}-{f:02x}"));
+    prop_oneof![
+        3 => valid.clone(),
+        1 => Just("00-00000000000000000000000000000000-00f067aa0ba902b7-01".to_owned()),
+        1 => Just("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01".to_owned()),
+        4 => (valid, any::<Index>(), prop::sample::select(vec!['A', 'F', 'g', '-', ' ', '0', 'é', '\t'])).prop_map(
+            |(tp, at, c)| {
+                let mut chars: Vec<char> = tp.chars().collect();
+                let i = at.index(chars.len());
+                chars[i] = c;
+                chars.into_iter().collect()
+            }
+        ),
+        1 => "[0-9a-f-]{54,56}",
+    ]
+}
+
+/// A tracestate near the limits: empty, 512 or 513 bytes, 32 or 33 members, a control or
+/// non-ASCII character, outer spaces.
+fn near_tracestate() -> impl Strategy<Value = Option<String>> {
+    prop::option::of(prop_oneof![
+        Just(String::new()),
+        Just("a".repeat(512)),
+        Just("a".repeat(513)),
+        Just(vec!["k=v"; 32].join(",")),
+        Just(vec!["k=v"; 33].join(",")),
+        Just(" k=v ".to_owned()),
+        "[ -~]{0,20}",
+        "[\\x00-\\x7f]{0,8}",
+        "\\PC{0,6}",
+    ])
+}
+
+/// The coordinator's scripts keep a job's trace by the client's rule exactly: `trace_of` in
+/// `common.lua` against `TraceContext`'s reading of a stored context, on the same inputs.
+#[test]
+fn lua_and_rust_keep_the_same_traces() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let rt = runtime();
+    let script = deadpool_redis::redis::Script::new(&format!(
+        "{}\nlocal t = trace_of(cjson.decode(ARGV[1]))\n\
+         if not t then return false end\n\
+         return {{ t.traceparent, t.tracestate or '' }}",
+        include_str!("../lua/common.lua")
+    ));
+    let config = ProptestConfig {
+        cases: 2000,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(tp in near_traceparent(), ts in near_tracestate())| {
+        let json = serde_json::json!({"traceparent": tp, "tracestate": ts}).to_string();
+        let rust = serde_json::from_str::<TraceContext>(&json)
+            .ok()
+            .map(|t| (t.traceparent().to_owned(), t.tracestate().unwrap_or("").to_owned()));
+        let lua: Option<(String, String)> = rt.block_on(async {
+            let mut conn = pool.get().await.unwrap();
+            script.arg(&json).invoke_async(&mut conn).await.unwrap()
+        });
+        prop_assert_eq!(lua, rust, "{}", json);
     });
 }

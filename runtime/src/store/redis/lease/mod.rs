@@ -678,7 +678,7 @@ impl LeaseStore for RedisLeaseStore {
                     lease: LeaseId::from(parse::<uuid::Uuid>(&t[3])?),
                     token,
                     worker: entry.get(4).map_or_else(String::new, |w| (*w).to_owned()),
-                    trace: crate::trace::TraceContext::from_w3c(&t[5], Some(&t[6])),
+                    trace: crate::trace::TraceContext::stored(&t[5], Some(&t[6])),
                 })
             })
             .collect()
