@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use palisade_testkit::{free_ports, http_get, wait_for, OtlpReceiver, Process, ReceivedSpan, RedisServer};
+use palisade_testkit::{
+    free_ports, http_get, wait_for, OtlpReceiver, Process, ReceivedSpan, RedisServer,
+};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_palisade");
@@ -90,7 +92,11 @@ fn status(redis: &RedisServer) -> Value {
     serde_json::from_str(&out).unwrap()
 }
 
-fn one<'a>(spans: &'a [ReceivedSpan], what: &str, pick: impl Fn(&ReceivedSpan) -> bool) -> &'a ReceivedSpan {
+fn one<'a>(
+    spans: &'a [ReceivedSpan],
+    what: &str,
+    pick: impl Fn(&ReceivedSpan) -> bool,
+) -> &'a ReceivedSpan {
     let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| pick(s)).collect();
     assert_eq!(found.len(), 1, "one {what} in {spans:#?}");
     found[0]
@@ -102,14 +108,31 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
     let (redis, sink) = (RedisServer::start(), RedisServer::start());
     let (a_log, b_log) = (log_file("a"), log_file("b"));
     let a = worker(&redis, &sink, &receiver, "A", &a_log);
-    enqueue(&redis, &receiver, 7, &format!("00-{TRACE}-{PRODUCER_SPAN}-01"));
-    enqueue(&redis, &receiver, 8, &format!("00-{QUIET}-{PRODUCER_SPAN}-00"));
+    enqueue(
+        &redis,
+        &receiver,
+        7,
+        &format!("00-{TRACE}-{PRODUCER_SPAN}-01"),
+    );
+    enqueue(
+        &redis,
+        &receiver,
+        8,
+        &format!("00-{QUIET}-{PRODUCER_SPAN}-00"),
+    );
     wait_for("A to hold both jobs", Duration::from_secs(20), || {
-        let leases = status(&redis)["leases"].as_array().cloned().unwrap_or_default();
+        let leases = status(&redis)["leases"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         leases.len() == 2 && leases.iter().all(|l| l["worker"] == "A")
     });
     let leases = status(&redis)["leases"].as_array().cloned().unwrap();
-    let a_lease = leases.iter().find(|l| l["scope"] == "account:7").unwrap().clone();
+    let a_lease = leases
+        .iter()
+        .find(|l| l["scope"] == "account:7")
+        .unwrap()
+        .clone();
     a.signal("-STOP");
     let stopped = Instant::now();
     let b = worker(&redis, &sink, &receiver, "B", &b_log);
@@ -118,9 +141,16 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
     });
     std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
     a.signal("-CONT");
-    wait_for("A's stale writes to be refused", Duration::from_secs(30), || {
-        a.counter("palisade_fence_rejections_total", &[("reason", "stale_token")]) == 2
-    });
+    wait_for(
+        "A's stale writes to be refused",
+        Duration::from_secs(30),
+        || {
+            a.counter(
+                "palisade_fence_rejections_total",
+                &[("reason", "stale_token")],
+            ) == 2
+        },
+    );
     // Both processes stop cleanly, sending what they still hold.
     assert!(a.terminate().success());
     assert!(b.terminate().success());
@@ -136,18 +166,29 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
     let a_token = a_lease["token"].as_u64().unwrap();
     assert!(b_token > a_token);
 
-    wait_for("the whole trace at the receiver", Duration::from_secs(20), || {
-        let t = receiver.trace(TRACE);
-        t.iter().filter(|s| s.name == "process default").count() == 2
-            && t.iter().any(|s| s.name == "palisade.stall")
-            && t.iter().filter(|s| s.name == "palisade.fenced_write").count() == 2
-            && t.iter().any(|s| s.name == "send default")
-    });
+    wait_for(
+        "the whole trace at the receiver",
+        Duration::from_secs(20),
+        || {
+            let t = receiver.trace(TRACE);
+            t.iter().filter(|s| s.name == "process default").count() == 2
+                && t.iter().any(|s| s.name == "palisade.stall")
+                && t.iter()
+                    .filter(|s| s.name == "palisade.fenced_write")
+                    .count()
+                    == 2
+                && t.iter().any(|s| s.name == "send default")
+        },
+    );
     let spans = receiver.trace(TRACE);
     // The enqueue continues the producer's span.
     let enqueue = one(&spans, "enqueue", |s| s.name == "send default");
     assert_eq!(
-        (enqueue.service.as_str(), enqueue.parent_span_id.as_str(), enqueue.kind),
+        (
+            enqueue.service.as_str(),
+            enqueue.parent_span_id.as_str(),
+            enqueue.kind
+        ),
         ("producer", PRODUCER_SPAN, 4),
         "{enqueue:#?}"
     );
@@ -163,22 +204,34 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
         assert_eq!(attempt.parent_span_id, enqueue.span_id, "{attempt:#?}");
         assert_eq!(attempt.kind, 5, "a consumer span: {attempt:#?}");
         assert_eq!(attempt.attr("messaging.operation.type"), "process");
-        assert_eq!((attempt.service.as_str(), attempt.attr("palisade.worker")), (service, worker));
+        assert_eq!(
+            (attempt.service.as_str(), attempt.attr("palisade.worker")),
+            (service, worker)
+        );
         assert_eq!(attempt.attr("messaging.system"), "palisade");
         assert_eq!(attempt.attr("palisade.scope"), "account:7");
         assert_eq!(attempt.attr("palisade.job.kind"), "ledger.deposit");
     }
     assert_eq!(first.attr("palisade.fencing_token"), a_token.to_string());
-    assert_eq!(first.attr("palisade.lease_id"), a_lease["lease"].as_str().unwrap());
+    assert_eq!(
+        first.attr("palisade.lease_id"),
+        a_lease["lease"].as_str().unwrap()
+    );
     assert_eq!(first.attr("palisade.outcome"), "fenced");
-    assert_eq!(first.status, 2, "the fenced attempt is an error: {first:#?}");
+    assert_eq!(
+        first.status, 2,
+        "the fenced attempt is an error: {first:#?}"
+    );
     assert_eq!(rerun.attr("palisade.fencing_token"), b_token.to_string());
     assert_eq!(rerun.attr("palisade.outcome"), "ok");
     assert_eq!(rerun.attr("palisade.job.stalls"), "1");
     // The reaper recorded the stall of A's lease in the job's trace.
     let stall = one(&spans, "stall", |s| s.name == "palisade.stall");
     assert_eq!(stall.parent_span_id, enqueue.span_id);
-    assert_eq!(stall.attr("palisade.lease_id"), a_lease["lease"].as_str().unwrap());
+    assert_eq!(
+        stall.attr("palisade.lease_id"),
+        a_lease["lease"].as_str().unwrap()
+    );
     assert_eq!(stall.attr("palisade.fencing_token"), a_token.to_string());
     assert_eq!(stall.attr("palisade.worker"), "A");
     assert_eq!(stall.attr("palisade.outcome"), "requeued");
@@ -199,7 +252,11 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
 
     // The unsampled trace exported nothing — but its refusal is not lost: A logged it with
     // its trace id, and the rejection journal keeps the trace id of both.
-    assert!(receiver.trace(QUIET).is_empty(), "{:#?}", receiver.trace(QUIET));
+    assert!(
+        receiver.trace(QUIET).is_empty(),
+        "{:#?}",
+        receiver.trace(QUIET)
+    );
     let log = std::fs::read_to_string(&a_log).unwrap();
     let refusals: Vec<Value> = log
         .lines()
@@ -262,7 +319,10 @@ fn a_python_producers_trace_continues_into_the_rust_worker() {
     wait_for("the API to serve", Duration::from_secs(20), || {
         http_get(port, "/healthz").is_some()
     });
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/traced_producer.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/traced_producer.py"
+    );
     let out = Command::new("python3")
         .arg(script)
         .env("PALISADE_API", format!("http://{listen}"))
@@ -274,18 +334,32 @@ fn a_python_producers_trace_continues_into_the_rust_worker() {
         String::from_utf8_lossy(&out.stderr)
     );
     let said: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (trace, parent) = (said["trace_id"].as_str().unwrap(), said["span_id"].as_str().unwrap());
-    wait_for("the API's and the worker's spans", Duration::from_secs(20), || {
-        let t = receiver.trace(trace);
-        t.iter().any(|s| s.name == "send polyglot") && t.iter().any(|s| s.name == "process polyglot")
-    });
+    let (trace, parent) = (
+        said["trace_id"].as_str().unwrap(),
+        said["span_id"].as_str().unwrap(),
+    );
+    wait_for(
+        "the API's and the worker's spans",
+        Duration::from_secs(20),
+        || {
+            let t = receiver.trace(trace);
+            t.iter().any(|s| s.name == "send polyglot")
+                && t.iter().any(|s| s.name == "process polyglot")
+        },
+    );
     let spans = receiver.trace(trace);
     let send = one(&spans, "enqueue", |s| s.name == "send polyglot");
-    assert_eq!((send.service.as_str(), send.parent_span_id.as_str()), ("api", parent));
+    assert_eq!(
+        (send.service.as_str(), send.parent_span_id.as_str()),
+        ("api", parent)
+    );
     let process = one(&spans, "attempt", |s| s.name == "process polyglot");
     assert_eq!(process.service, "worker");
     assert_eq!(process.parent_span_id, send.span_id);
-    assert_eq!(process.attr("messaging.message.id"), said["job"].as_str().unwrap());
+    assert_eq!(
+        process.attr("messaging.message.id"),
+        said["job"].as_str().unwrap()
+    );
     assert_eq!(process.attr("palisade.outcome"), "ok");
 }
 
@@ -313,17 +387,32 @@ fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
     );
     let trace = "1234567890abcdef1234567890abcdef";
     let out = Command::new(BIN)
-        .args(["enqueue", "report.part", r#"{"n":3}"#, "--otlp-endpoint", &endpoint])
+        .args([
+            "enqueue",
+            "report.part",
+            r#"{"n":3}"#,
+            "--otlp-endpoint",
+            &endpoint,
+        ])
         .env("PALISADE_REDIS_URL", &url)
         .env("TRACEPARENT", format!("00-{trace}-{PRODUCER_SPAN}-01"))
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    wait_for("the enqueue and the attempt over gRPC", Duration::from_secs(20), || {
-        let t = receiver.trace(trace);
-        t.iter().any(|s| s.name == "send default") && t.iter().any(|s| s.name == "process default")
-    });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "the enqueue and the attempt over gRPC",
+        Duration::from_secs(20),
+        || {
+            let t = receiver.trace(trace);
+            t.iter().any(|s| s.name == "send default")
+                && t.iter().any(|s| s.name == "process default")
+        },
+    );
     let spans = receiver.trace(trace);
     let send = one(&spans, "enqueue", |s| s.name == "send default");
     let process = one(&spans, "attempt", |s| s.name == "process default");
@@ -337,7 +426,11 @@ fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
 #[test]
 fn a_bad_export_setting_is_a_clear_error() {
     for (var, value, says) in [
-        ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "carrier-pigeon"),
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "carrier-pigeon",
+            "carrier-pigeon",
+        ),
         ("OTEL_TRACES_EXPORTER", "zipkin", "OTEL_TRACES_EXPORTER"),
     ] {
         let out = Command::new(BIN)

@@ -186,9 +186,7 @@ impl Export {
             }
         };
         let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name(
-                var(&["OTEL_SERVICE_NAME"]).unwrap_or_else(|| default_service_name()),
-            )
+            .with_service_name(var(&["OTEL_SERVICE_NAME"]).unwrap_or_else(default_service_name))
             .build();
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)

@@ -386,10 +386,21 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         prop::bool::weighted(0.2),
         1..=3u32,
         0..=2u32,
-        (prop::option::weighted(0.3, 0..2u8), prop::option::weighted(0.5, 1..4u8)),
+        (
+            prop::option::weighted(0.3, 0..2u8),
+            prop::option::weighted(0.5, 1..4u8),
+        ),
     )
         .prop_map(
-            |((queue, kind), scope, priority, delayed, max_attempts, max_stalls, (unique, trace))| JobSpec {
+            |(
+                (queue, kind),
+                scope,
+                priority,
+                delayed,
+                max_attempts,
+                max_stalls,
+                (unique, trace),
+            )| JobSpec {
                 queue,
                 kind,
                 scope,

@@ -131,9 +131,11 @@ impl OtlpReceiver {
                 .serve(addr)
                 .await;
         });
-        crate::wait_for("the gRPC receiver to listen", std::time::Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        crate::wait_for(
+            "the gRPC receiver to listen",
+            std::time::Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         Self {
             port,
             received,
@@ -197,7 +199,8 @@ async fn answer(
     match path.as_str() {
         "/v1/traces" => {
             let decoded = if json {
-                serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+                serde_json::from_slice::<ExportTraceServiceRequest>(&body)
+                    .map_err(|e| e.to_string())
             } else {
                 ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
             };
@@ -303,7 +306,12 @@ fn service_of(attributes: Option<&[KeyValue]>) -> String {
 
 fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {
     kvs.iter()
-        .map(|kv| (kv.key.clone(), kv.value.as_ref().map(text).unwrap_or_default()))
+        .map(|kv| {
+            (
+                kv.key.clone(),
+                kv.value.as_ref().map(text).unwrap_or_default(),
+            )
+        })
         .collect()
 }
 

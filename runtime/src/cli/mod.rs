@@ -533,11 +533,7 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
     // prints nothing of its own.
     let filter = match std::env::var("RUST_LOG") {
         Ok(asked) if asked.contains("palisade::job") => filter,
-        _ => filter.add_directive(
-            "palisade::job=info"
-                .parse()
-                .expect("a valid directive"),
-        ),
+        _ => filter.add_directive("palisade::job=info".parse().expect("a valid directive")),
     };
     use std::io::IsTerminal as _;
     let fmt = tracing_subscriber::fmt::layer()

@@ -1077,7 +1077,10 @@ pub async fn a_job_keeps_its_trace_through_every_path(store: Stores) {
     };
     settle(&store, traced.lease.id, retry).await.unwrap();
     let again = claim(&store, 1).await.remove(0);
-    assert_eq!((again.job.attempt, again.job.trace.as_ref()), (2, Some(&trace)));
+    assert_eq!(
+        (again.job.attempt, again.job.trace.as_ref()),
+        (2, Some(&trace))
+    );
     settle(&store, again.lease.id, Settlement::Release)
         .await
         .unwrap();
