@@ -27,6 +27,10 @@ pub mod operations {}
 #[doc = include_str!("../../docs/api.md")]
 pub mod api {}
 
+/// `docs/tracing.md`.
+#[doc = include_str!("../../docs/tracing.md")]
+pub mod tracing {}
+
 /// `docs/performance.md`.
 #[doc = include_str!("../../docs/performance.md")]
 pub mod performance {}

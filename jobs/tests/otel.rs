@@ -73,13 +73,18 @@ fn worker(
 fn enqueue(redis: &RedisServer, receiver: &OtlpReceiver, account: u32, traceparent: &str) {
     let json = format!(r#"{{"account":{account},"cents":250,"hold_ms":1500}}"#);
     let scope = format!("account:{account}");
-    let out = Command::new(BIN)
-        .args(["enqueue", "ledger.deposit", &json, "--scope", &scope])
-        .args(["--traceparent", traceparent])
-        .env("PALISADE_REDIS_URL", redis.url())
-        .envs(otel_env(receiver, "producer"))
-        .output()
-        .unwrap();
+    succeeds(
+        Command::new(BIN)
+            .args(["enqueue", "ledger.deposit", &json, "--scope", &scope])
+            .args(["--traceparent", traceparent])
+            .env("PALISADE_REDIS_URL", redis.url())
+            .envs(otel_env(receiver, "producer")),
+    );
+}
+
+/// Runs `command`; panics with its stderr unless it succeeds.
+fn succeeds(command: &mut Command) {
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -386,23 +391,13 @@ fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
         &env,
     );
     let trace = "1234567890abcdef1234567890abcdef";
-    let out = Command::new(BIN)
-        .args([
-            "enqueue",
-            "report.part",
-            r#"{"n":3}"#,
-            "--otlp-endpoint",
-            &endpoint,
-        ])
-        .env("PALISADE_REDIS_URL", &url)
-        .env("TRACEPARENT", format!("00-{trace}-{PRODUCER_SPAN}-01"))
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new(BIN)
+            .args(["enqueue", "report.part", r#"{"n":3}"#])
+            .args(["--otlp-endpoint", &endpoint])
+            .env("PALISADE_REDIS_URL", &url)
+            .env("TRACEPARENT", format!("00-{trace}-{PRODUCER_SPAN}-01"))
+            .envs(env.iter().map(|(k, v)| (k, v))),
     );
     wait_for(
         "the enqueue and the attempt over gRPC",
@@ -443,4 +438,47 @@ fn a_bad_export_setting_is_a_clear_error() {
         assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
         assert!(stderr.contains(says), "{var}={value}: {stderr}");
     }
+}
+
+/// A collector that accepts an export and never answers costs that export only: it times out
+/// (`OTEL_EXPORTER_OTLP_TIMEOUT`), the failure is logged, and later spans arrive.
+#[test]
+fn a_hung_collector_loses_one_export_not_the_rest() {
+    let receiver = OtlpReceiver::start_hanging_first();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let log = log_file("hung");
+    let mut env = otel_env(&receiver, "worker");
+    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT".into(), "500".into()));
+    let worker = Process::worker_logging(BIN, &["--redis", &url], "warn", &env, &log);
+    let enqueue = |trace: &str| {
+        succeeds(
+            Command::new(BIN)
+                .args(["enqueue", "report.part", r#"{"n":1}"#])
+                .args(["--traceparent", &format!("00-{trace}-{PRODUCER_SPAN}-01")])
+                .env("PALISADE_REDIS_URL", &url),
+        );
+    };
+    let (first, second) = (
+        "11111111111111111111111111111111",
+        "22222222222222222222222222222222",
+    );
+    enqueue(first);
+    wait_for("the first export to fail", Duration::from_secs(20), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("OTLP export failed"))
+    });
+    enqueue(second);
+    wait_for(
+        "the second job's attempt at the receiver",
+        Duration::from_secs(20),
+        || {
+            receiver
+                .trace(second)
+                .iter()
+                .any(|s| s.name == "process default")
+        },
+    );
+    assert!(receiver.trace(first).is_empty(), "the hung export was kept");
+    assert!(worker.terminate().success());
+    let _ = std::fs::remove_file(log);
 }

@@ -29,6 +29,8 @@
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`], [`PostgresHandle`]) and
 //!   the handler [`Registry`].
 //! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
+//! - `trace`: the W3C trace context a job carries ([`TraceContext`]) and the spans around it;
+//!   `otel` (feature `otel`): their OTLP export.
 //! - `cli` (feature `cli`, on by default): [`cli::App`], a user's whole worker binary.
 //!
 //! # Features
@@ -36,8 +38,9 @@
 //! All on by default: `redis` (`store::redis`, [`Client::connect`]), `postgres` (the
 //! Postgres sink, `OutboxRelay`, `PostgresEpochSource`), `cli` (`cli::App`; turns on both
 //! backends) and `ui` (the operator page, `palisade ui`). With none, the library is the
-//! embedded in-memory coordinator (`examples/embedded_only` runs it so); `testing` (off)
-//! exports `Freeze`, for tests.
+//! embedded in-memory coordinator (`examples/embedded_only` runs it so); `otel` (off)
+//! exports every attempt, fenced write, enqueue and stall as OpenTelemetry spans over OTLP
+//! (`otel::Export`, docs/tracing.md); `testing` (off) exports `Freeze`, for tests.
 //!
 //! # Defining a job
 //!

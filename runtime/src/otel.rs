@@ -72,12 +72,16 @@ pub(crate) fn enqueue_span(jobs: &mut [crate::job::NewJob]) -> Span {
         messaging.destination.name = queue,
         messaging.batch.message_count = jobs.len(),
     );
+    // The parent: the caller's span; with none, the trace every job that names one names (a
+    // batch whose jobs name different traces continues none of them: those keep their own).
     let parent = if context_of(&Span::current()).is_some() {
         None
     } else {
-        let given = jobs.iter().find_map(|j| j.trace.clone());
-        continue_trace(&span, given.as_ref());
-        given
+        let mut given = jobs.iter().filter_map(|j| j.trace.as_ref());
+        let first = given.next().cloned();
+        let shared = first.filter(|f| given.all(|t| t == f));
+        continue_trace(&span, shared.as_ref());
+        shared
     };
     if let Some(mine) = context_of(&span) {
         for job in jobs.iter_mut() {
@@ -89,17 +93,33 @@ pub(crate) fn enqueue_span(jobs: &mut [crate::job::NewJob]) -> Span {
     span
 }
 
-/// Exports the spans of this process over OTLP until dropped (which flushes what is left,
-/// waiting at most the exporter's timeout).
+/// The longest a process waits at exit for its last spans to be sent.
+pub const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Exports the spans of this process over OTLP until dropped (which sends what is left,
+/// waiting at most [`SHUTDOWN_WAIT`]).
 pub struct Export {
     provider: SdkTracerProvider,
     /// Runs the exporter's I/O (tonic's channel, reqwest's connections).
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: OwnRuntime,
 }
 
 impl std::fmt::Debug for Export {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Export").finish_non_exhaustive()
+    }
+}
+
+/// The exporter's runtime, stopped without blocking when dropped: `Export` may be built and
+/// dropped inside another runtime (a program's `#[tokio::main]`), where dropping a runtime
+/// the ordinary way panics.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -110,12 +130,34 @@ fn var(names: &[&str]) -> Option<String> {
         .find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()))
 }
 
+/// How long one export may take: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` /
+/// `OTEL_EXPORTER_OTLP_TIMEOUT` (ms), 10 s by default as the specification says.
+fn export_timeout() -> Result<std::time::Duration> {
+    match var(&[
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]) {
+        None => Ok(std::time::Duration::from_secs(10)),
+        Some(ms) => ms
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "OTEL_EXPORTER_OTLP_TIMEOUT={ms:?}: a whole number of milliseconds above 0"
+                ))
+            }),
+    }
+}
+
 impl Export {
     /// An exporter as the standard variables say, `endpoint` (a base URL, as
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`) overriding theirs. `Ok(None)` when nothing asks for export
     /// (no endpoint given or set and `OTEL_TRACES_EXPORTER` not `otlp`) or it is turned off
     /// (`OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none`); `Error::Config` for a
-    /// protocol or endpoint that cannot be used.
+    /// protocol, endpoint, timeout or compression that cannot be used.
     pub fn from_env(endpoint: Option<&str>) -> Result<Option<Self>> {
         let disabled = var(&["OTEL_SDK_DISABLED"]).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let exporter = var(&["OTEL_TRACES_EXPORTER"]).unwrap_or_default();
@@ -143,69 +185,104 @@ impl Export {
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ])
         .unwrap_or_else(|| "http/protobuf".into());
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("palisade-otlp")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Config(format!("OTLP exporter runtime: {e}")))?;
+        if !matches!(protocol.as_str(), "grpc" | "http/protobuf" | "http/json") {
+            return Err(Error::Config(format!(
+                "OTLP protocol {protocol:?}: use grpc, http/protobuf or http/json"
+            )));
+        }
+        if let Some(endpoint) = endpoint {
+            if endpoint.trim_end_matches('/').ends_with("/v1/traces") {
+                return Err(Error::Config(format!(
+                    "--otlp-endpoint {endpoint}: give the collector's base URL (as \
+                     OTEL_EXPORTER_OTLP_ENDPOINT); /v1/traces is added"
+                )));
+            }
+        }
+        // (The exporter would ignore a value it cannot use, in silence.)
+        if let Some(c) = var(&[
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ]) {
+            if !matches!(c.trim().to_ascii_lowercase().as_str(), "gzip" | "none") {
+                return Err(Error::Config(format!(
+                    "OTEL_EXPORTER_OTLP_COMPRESSION={c:?}: gzip or none"
+                )));
+            }
+        }
+        let timeout = export_timeout()?;
+        let runtime = OwnRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("palisade-otlp")
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Config(format!("OTLP exporter runtime: {e}")))?,
+        ));
+        let handle = runtime.0.as_ref().expect("just built").handle().clone();
         let bad = |e: opentelemetry_otlp::ExporterBuildError| {
             Error::Config(format!("OTLP exporter ({protocol}): {e}"))
         };
-        let exporter = match protocol.as_str() {
-            "grpc" => {
-                // tonic's channel spawns its worker where it is built: on our runtime.
-                let _inside = runtime.enter();
-                let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-                if let Some(endpoint) = endpoint {
-                    builder = builder.with_endpoint(endpoint);
-                }
-                builder.build().map_err(bad)?
+        let exporter = if protocol == "grpc" {
+            // tonic's channel spawns its worker where it is built: on our runtime.
+            let _inside = handle.enter();
+            let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(endpoint) = endpoint {
+                builder = builder.with_endpoint(endpoint);
             }
-            "http/protobuf" | "http/json" => {
-                let client = HttpOnRuntime::new(runtime.handle().clone())?;
-                let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client)
-                    .with_protocol(if protocol == "http/json" {
-                        opentelemetry_otlp::Protocol::HttpJson
-                    } else {
-                        opentelemetry_otlp::Protocol::HttpBinary
-                    });
-                if let Some(endpoint) = endpoint {
-                    // As OTEL_EXPORTER_OTLP_ENDPOINT: a base URL the signal's path goes under.
-                    builder = builder
-                        .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
-                }
-                builder.build().map_err(bad)?
+            builder.build().map_err(bad)?
+        } else {
+            let client = HttpOnRuntime::new(handle, timeout)?;
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_protocol(if protocol == "http/json" {
+                    opentelemetry_otlp::Protocol::HttpJson
+                } else {
+                    opentelemetry_otlp::Protocol::HttpBinary
+                });
+            if let Some(endpoint) = endpoint {
+                // As OTEL_EXPORTER_OTLP_ENDPOINT: a base URL the signal's path goes under.
+                builder =
+                    builder.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
             }
-            other => {
-                return Err(Error::Config(format!(
-                    "OTLP protocol {other:?}: use grpc, http/protobuf or http/json"
-                )))
-            }
+            builder.build().map_err(bad)?
         };
-        let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name(var(&["OTEL_SERVICE_NAME"]).unwrap_or_else(default_service_name))
-            .build();
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(resource)
+            .with_batch_exporter(Said::new(exporter, &protocol))
+            .with_resource(resource())
             .build();
-        Ok(Some(Export {
-            provider,
-            runtime: Some(runtime),
-        }))
+        Ok(Some(Export { provider, runtime }))
     }
 
-    /// The `tracing` layer that turns spans into OpenTelemetry spans for this exporter.
+    /// The `tracing` layer that turns spans into OpenTelemetry spans for this exporter: at
+    /// info and above, never the exporter's own HTTP and gRPC stack (its spans, exported,
+    /// would make more to export).
     pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
+        use tracing_subscriber::filter::{LevelFilter, Targets};
+        use tracing_subscriber::Layer as _;
+        let quiet = [
+            "h2",
+            "hyper",
+            "hyper_util",
+            "tonic",
+            "tower",
+            "reqwest",
+            "opentelemetry",
+            "opentelemetry_sdk",
+            "opentelemetry_otlp",
+            "opentelemetry_http",
+        ];
+        let targets = quiet.into_iter().fold(
+            Targets::new().with_default(LevelFilter::INFO),
+            |t, target| t.with_target(target, LevelFilter::OFF),
+        );
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("palisade"))
             .with_tracked_inactivity(false)
+            .with_filter(targets)
     }
 
     /// Sends what is left and stops (also on drop).
@@ -214,12 +291,19 @@ impl Export {
     }
 
     fn stop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            if let Err(e) = self.provider.shutdown() {
+        let Some(runtime) = self.runtime.0.take() else {
+            return;
+        };
+        // Bounded: a command must not hang at exit on a collector that does not answer.
+        match self.provider.shutdown_with_timeout(SHUTDOWN_WAIT) {
+            Ok(()) => runtime.shutdown_background(),
+            Err(e) => {
                 eprintln!("palisade: OTLP export did not finish: {e}");
+                // The batch thread may still be inside an export that needs this runtime's
+                // timers; stopping it under that thread would panic there. The process is
+                // leaving: let the runtime go with it.
+                std::mem::forget(runtime);
             }
-            // Not `drop`: that would block, and may run inside another runtime.
-            runtime.shutdown_background();
         }
     }
 }
@@ -227,6 +311,69 @@ impl Export {
 impl Drop for Export {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The process's resource: the SDK's detectors (`OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`), with [`default_service_name`] where neither names a service.
+fn resource() -> opentelemetry_sdk::Resource {
+    let detected = opentelemetry_sdk::Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::new("service.name"))
+        .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+    if named {
+        detected
+    } else {
+        opentelemetry_sdk::Resource::builder()
+            .with_service_name(default_service_name())
+            .build()
+    }
+}
+
+/// An exporter whose failures are said (at most once per 10 s per kind: a collector that is
+/// down must not flood the log), since the SDK's own logging is off: a refused header, a
+/// wrong path or an unreachable collector would otherwise export nothing without a word.
+#[derive(Debug)]
+struct Said<E> {
+    inner: E,
+    protocol: String,
+}
+
+impl<E> Said<E> {
+    fn new(inner: E, protocol: &str) -> Self {
+        Self {
+            inner,
+            protocol: protocol.to_owned(),
+        }
+    }
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter for Said<E> {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        if let Err(e) = &result {
+            crate::repeats::warn_repeated!(protocol = %self.protocol, spans, error = %e, "OTLP export failed; these spans are lost");
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -251,9 +398,13 @@ struct HttpOnRuntime {
 }
 
 impl HttpOnRuntime {
-    fn new(runtime: tokio::runtime::Handle) -> Result<Self> {
+    /// Each request bounded by `timeout` (the SDK applies none to a client it is given): a
+    /// collector that accepts and never answers would hold the batch thread for good.
+    fn new(runtime: tokio::runtime::Handle, timeout: std::time::Duration) -> Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(std::time::Duration::from_secs(5)))
             .build()
             .map_err(|e| Error::Config(format!("OTLP HTTP client: {e}")))?;
         Ok(Self { client, runtime })

@@ -30,19 +30,21 @@ pub struct TraceContext {
     tracestate: Option<String>,
 }
 
-/// The stored form: two strings, as on the wire.
+/// The stored form: two strings, as on the wire. Read back, a tracestate that is not a
+/// string is dropped as an invalid one is (the scripts' `trace_of` does the same).
 #[derive(Clone, Serialize, Deserialize)]
 struct RawTrace {
     traceparent: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    tracestate: Option<String>,
+    tracestate: Option<serde_json::Value>,
 }
 
 impl TryFrom<RawTrace> for TraceContext {
     type Error = String;
 
     fn try_from(raw: RawTrace) -> Result<Self, String> {
-        TraceContext::stored(&raw.traceparent, raw.tracestate.as_deref())
+        let state = raw.tracestate.as_ref().and_then(serde_json::Value::as_str);
+        TraceContext::stored(&raw.traceparent, state)
             .ok_or_else(|| format!("invalid traceparent {:?}", raw.traceparent))
     }
 }
@@ -51,7 +53,7 @@ impl From<TraceContext> for RawTrace {
     fn from(t: TraceContext) -> Self {
         RawTrace {
             traceparent: t.traceparent,
-            tracestate: t.tracestate,
+            tracestate: t.tracestate.map(serde_json::Value::String),
         }
     }
 }
@@ -157,9 +159,7 @@ impl std::fmt::Display for TraceContext {
 /// program) is `None`, so a garbled trace never stops a job from being claimed.
 pub(crate) fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TraceContext>, D::Error> {
     let raw = Option::<serde_json::Value>::deserialize(d)?;
-    Ok(raw
-        .and_then(|v| serde_json::from_value::<RawTrace>(v).ok())
-        .and_then(|r| TraceContext::stored(&r.traceparent, r.tracestate.as_deref())))
+    Ok(raw.and_then(|v| serde_json::from_value::<TraceContext>(v).ok()))
 }
 
 /// The span of one attempt (`palisade.job`, a messaging "process" span): its parent is the

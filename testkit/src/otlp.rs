@@ -67,6 +67,8 @@ struct Received {
     spans: Vec<ReceivedSpan>,
     logs: Vec<ReceivedLog>,
     requests: u64,
+    /// The first trace export gets no answer, ever (a collector that accepted and hung).
+    hang_first: bool,
 }
 
 /// The receiver: serves on 127.0.0.1 until dropped.
@@ -79,18 +81,33 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Starts it on a free port.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// Starts one that never answers the first trace export it gets (it keeps nothing of it)
+    /// and answers the later ones.
+    pub fn start_hanging_first() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(hang_first: bool) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        let received = Arc::new(Mutex::new(Received::default()));
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let received = Arc::new(Mutex::new(Received {
+            hang_first,
+            ..Received::default()
+        }));
+        // Bound here, made a tokio listener on its runtime: `start` may be called from inside
+        // another runtime (a `#[tokio::test]`), where `block_on` is not allowed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let kept = received.clone();
         runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -153,6 +170,11 @@ impl OtlpReceiver {
         self.received.lock().unwrap().spans.clone()
     }
 
+    /// How many spans arrived.
+    pub fn span_count(&self) -> usize {
+        self.received.lock().unwrap().spans.len()
+    }
+
     /// The spans of trace `trace_id`.
     pub fn trace(&self, trace_id: &str) -> Vec<ReceivedSpan> {
         self.spans()
@@ -194,6 +216,10 @@ async fn answer(
     let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
         return status(StatusCode::BAD_REQUEST);
     };
+    let hang = path == "/v1/traces" && std::mem::take(&mut kept.lock().unwrap().hang_first);
+    if hang {
+        std::future::pending::<()>().await;
+    }
     let mut kept = kept.lock().unwrap();
     kept.requests += 1;
     match path.as_str() {

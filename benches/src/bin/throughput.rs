@@ -25,6 +25,15 @@ use palisade::*;
 /// Throughput harness.
 #[derive(clap::Parser)]
 struct Args {
+    /// Log as a worker with `--log-format json` at `RUST_LOG=warn` does (to nowhere): the
+    /// attempt span kept for the lines it might log.
+    #[arg(long)]
+    log: bool,
+    /// Export every span over OTLP/HTTP to this endpoint (a base URL; build with
+    /// `--features otel`).
+    #[cfg(feature = "otel")]
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
     /// No-op jobs to enqueue and run.
     #[arg(long, default_value_t = 100_000)]
     jobs: usize,
@@ -314,8 +323,47 @@ fn round_trips(metrics: &PrometheusHandle, ops: &[&str]) -> u64 {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The subscriber `--log` and `--otlp` ask for; the exporter sends what is left when dropped.
+fn tracing_for(args: &Args) -> Option<Box<dyn std::any::Any>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+    let log = args.log.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::sink)
+            .with_filter(tracing_subscriber::EnvFilter::new(
+                "warn,palisade::job=info",
+            ))
+    });
+    #[cfg(feature = "otel")]
+    {
+        let export = args.otlp.as_deref().map(|url| {
+            palisade::otel::Export::from_env(Some(url))
+                .expect("OTLP settings")
+                .expect("an endpoint")
+        });
+        let otel = export.as_ref().map(|e| {
+            e.layer()
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+        });
+        if log.is_some() || otel.is_some() {
+            tracing_subscriber::registry().with(log).with(otel).init();
+        }
+        return export.map(|e| Box::new(e) as Box<dyn std::any::Any>);
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        if log.is_some() {
+            tracing_subscriber::registry().with(log).init();
+        }
+        None
+    }
+}
+
 fn main() {
     let args = <Args as clap::Parser>::parse();
+    let _export = tracing_for(&args);
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .expect("recorder");

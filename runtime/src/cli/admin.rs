@@ -69,17 +69,40 @@ pub(super) struct EnqueueArgs {
     /// soon the first job ran. 0s gives the key up as soon as its job is done.
     #[arg(long, default_value = "24h", value_parser = super::duration_within(Duration::ZERO, super::YEAR), requires = "unique")]
     unique_ttl: Duration,
-    /// The trace the job continues: a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`),
-    /// as a script's own span passes it on; also read from TRACEPARENT. Every attempt of the
-    /// job is a span in that trace and its log lines carry the trace id.
-    #[arg(long, env = "TRACEPARENT", value_name = "TRACEPARENT")]
+    /// The trace the job continues: a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`);
+    /// an invalid one is refused. Without it, TRACEPARENT (and TRACESTATE), as a traced script
+    /// passes its span on, is used if valid and otherwise ignored with a warning. Every attempt
+    /// of the job is a span in that trace and its log lines carry the trace id.
+    #[arg(long, value_name = "TRACEPARENT")]
     traceparent: Option<String>,
-    /// The `tracestate` that goes with --traceparent (also TRACESTATE).
-    #[arg(long, env = "TRACESTATE", value_name = "TRACESTATE")]
+    /// The `tracestate` that goes with --traceparent.
+    #[arg(long, value_name = "TRACESTATE", requires = "traceparent")]
     tracestate: Option<String>,
 }
 
 impl EnqueueArgs {
+    /// The trace asked for: --traceparent (refused if invalid), else TRACEPARENT from the
+    /// environment (an invalid one, set by something else, is ignored with a warning: the
+    /// W3C rule for a receiver).
+    fn trace(&self) -> anyhow::Result<Option<crate::TraceContext>> {
+        if let Some(traceparent) = &self.traceparent {
+            let trace = crate::TraceContext::from_w3c(traceparent, self.tracestate.as_deref())
+                .with_context(|| {
+                    format!("--traceparent {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+                })?;
+            return Ok(Some(trace));
+        }
+        let Ok(traceparent) = std::env::var("TRACEPARENT") else {
+            return Ok(None);
+        };
+        let state = std::env::var("TRACESTATE").ok();
+        let trace = crate::TraceContext::from_w3c(&traceparent, state.as_deref());
+        if trace.is_none() {
+            eprintln!("warning: TRACEPARENT={traceparent:?} is not a W3C traceparent; ignored");
+        }
+        Ok(trace)
+    }
+
     /// The job for one payload, checked against the handler's payload type and every
     /// backend's rules before anything is sent.
     fn job(&self, registry: &Registry, payload: &str) -> anyhow::Result<NewJob> {
@@ -99,11 +122,7 @@ impl EnqueueArgs {
         if let Some(id) = self.id {
             job = job.with_id(crate::JobId::from(id));
         }
-        if let Some(traceparent) = &self.traceparent {
-            let trace = crate::TraceContext::from_w3c(traceparent, self.tracestate.as_deref())
-                .with_context(|| {
-                    format!("--traceparent {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
-                })?;
+        if let Some(trace) = self.trace()? {
             job = job.with_trace(trace);
         }
         job.validate(self.max_payload_bytes)?;

@@ -546,24 +546,7 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
     };
     let export = export(otlp)?;
     #[cfg(feature = "otel")]
-    let otel = export.as_ref().map(|e| {
-        use tracing_subscriber::filter::{LevelFilter, Targets};
-        // The exporter's own HTTP and gRPC stack never traces itself into the export.
-        let quiet = [
-            "h2",
-            "hyper",
-            "hyper_util",
-            "tonic",
-            "tower",
-            "reqwest",
-            "opentelemetry",
-        ];
-        let targets = quiet.into_iter().fold(
-            Targets::new().with_default(LevelFilter::INFO),
-            |t, target| t.with_target(target, LevelFilter::OFF),
-        );
-        e.layer().with_filter(targets)
-    });
+    let otel = export.as_ref().map(|e| e.layer());
     #[cfg(not(feature = "otel"))]
     let otel: Option<tracing_subscriber::layer::Identity> = None;
     let _ = tracing_subscriber::registry()

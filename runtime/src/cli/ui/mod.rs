@@ -32,7 +32,7 @@ use super::{redacted, RedisArgs};
 use crate::ids::{FlowId, JobId};
 use crate::job::{DeadJob, RateLimit};
 use crate::store::{
-    ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
+    ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
 };
 use pages::Frame;
 pub(super) use pages::QueueRow;
@@ -912,8 +912,12 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             else {
                 return Err(format!("Nothing done: no kept schedule is named {name}."));
             };
-            let ids = store.enqueue(vec![spec.job]).await.map_err(failed)?;
-            let id = ids.first().map(ToString::to_string).unwrap_or_default();
+            // The one enqueue path: an id kept across retries, counted, and (feature `otel`) a
+            // trace of its own.
+            let done = crate::client::enqueue_counted(store, vec![spec.job])
+                .await
+                .map_err(failed)?;
+            let id = done.first().map(|e| e.id().to_string()).unwrap_or_default();
             (
                 format!("Enqueued job {id} of schedule {name}."),
                 "/schedules".to_owned(),

@@ -663,25 +663,33 @@ impl LeaseStore for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        flat.chunks_exact(7)
-            .map(|t| {
+        // The script has acted: a record it reaped whose ids another program wrote over is
+        // left out of the answer (and said), never made to fail the others' report.
+        Ok(flat
+            .chunks_exact(7)
+            .filter_map(|t| {
+                let (Ok(job), Ok(lease)) = (parse::<uuid::Uuid>(&t[0]), parse::<uuid::Uuid>(&t[3]))
+                else {
+                    tracing::warn!(job = %t[0], lease = %t[3], "reaped a lease whose ids are no UUIDs (written by another program); not reported");
+                    return None;
+                };
                 // The lease entry: "job id \t epoch \t counter \t claimed ms \t worker ...".
                 let entry: Vec<&str> = t[4].split('\t').collect();
                 let token = match entry.get(1..3) {
                     Some([epoch, counter]) => token(epoch, counter).ok(),
                     _ => None,
                 };
-                Ok(Reaped {
-                    job: JobId::from(parse::<uuid::Uuid>(&t[0])?),
+                Some(Reaped {
+                    job: JobId::from(job),
                     queue: t[1].clone(),
                     dead: t[2] == "1",
-                    lease: LeaseId::from(parse::<uuid::Uuid>(&t[3])?),
+                    lease: LeaseId::from(lease),
                     token,
                     worker: entry.get(4).map_or_else(String::new, |w| (*w).to_owned()),
                     trace: crate::trace::TraceContext::stored(&t[5], Some(&t[6])),
                 })
             })
-            .collect()
+            .collect())
     }
 
     async fn highest_token(&self, scope: &Scope) -> Result<Option<FencingToken>> {
