@@ -995,9 +995,9 @@ fn near_traceparent() -> impl Strategy<Value = String> {
 }
 
 /// A tracestate near the limits: empty, 512 or 513 bytes, 32 or 33 members, a control or
-/// non-ASCII character, outer spaces.
-fn near_tracestate() -> impl Strategy<Value = Option<String>> {
-    prop::option::of(prop_oneof![
+/// non-ASCII character, outer spaces; or none, or JSON that is no string.
+fn near_tracestate() -> impl Strategy<Value = serde_json::Value> {
+    let text = prop_oneof![
         Just(String::new()),
         Just("a".repeat(512)),
         Just("a".repeat(513)),
@@ -1007,7 +1007,17 @@ fn near_tracestate() -> impl Strategy<Value = Option<String>> {
         "[ -~]{0,20}",
         "[\\x00-\\x7f]{0,8}",
         "\\PC{0,6}",
-    ])
+    ];
+    prop_oneof![
+        6 => text.prop_map(serde_json::Value::String),
+        1 => Just(serde_json::Value::Null),
+        1 => prop_oneof![
+            Just(serde_json::json!(7)),
+            Just(serde_json::json!(true)),
+            Just(serde_json::json!({})),
+            Just(serde_json::json!(["k=v"])),
+        ],
+    ]
 }
 
 /// The coordinator's scripts keep a job's trace by the client's rule exactly: `trace_of` in
