@@ -155,23 +155,32 @@ fn export_timeout() -> Result<std::time::Duration> {
 impl Export {
     /// An exporter as the standard variables say, `endpoint` (a base URL, as
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`) overriding theirs. `Ok(None)` when nothing asks for export
-    /// (no endpoint given or set and `OTEL_TRACES_EXPORTER` not `otlp`) or it is turned off
-    /// (`OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none`); `Error::Config` for a
-    /// protocol, endpoint, timeout or compression that cannot be used.
+    /// (no endpoint given or set and `OTEL_TRACES_EXPORTER` not naming `otlp`) or it is turned
+    /// off (`OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER` naming only `none` or exporters
+    /// not built in, which are warned of); `Error::Config` for a protocol, endpoint, timeout or
+    /// compression that cannot be used.
     pub fn from_env(endpoint: Option<&str>) -> Result<Option<Self>> {
         let disabled = var(&["OTEL_SDK_DISABLED"]).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let exporter = var(&["OTEL_TRACES_EXPORTER"]).unwrap_or_default();
-        if disabled || exporter.eq_ignore_ascii_case("none") {
+        // A comma-separated list, as the specification has it: otlp is the one exporter here.
+        let exporters: Vec<String> = var(&["OTEL_TRACES_EXPORTER"])
+            .unwrap_or_default()
+            .split(',')
+            .map(|e| e.trim().to_ascii_lowercase())
+            .filter(|e| !e.is_empty())
+            .collect();
+        let otlp = exporters.iter().any(|e| e == "otlp");
+        if disabled || (!exporters.is_empty() && !otlp) {
+            for other in exporters.iter().filter(|e| *e != "none") {
+                eprintln!(
+                    "warning: OTEL_TRACES_EXPORTER names {other:?}; only otlp is built in: \
+                     it is left out"
+                );
+            }
             return Ok(None);
-        }
-        if !exporter.is_empty() && !exporter.eq_ignore_ascii_case("otlp") {
-            return Err(Error::Config(format!(
-                "OTEL_TRACES_EXPORTER={exporter:?}: only \"otlp\" and \"none\" are supported"
-            )));
         }
         let endpoint = endpoint.map(str::trim).filter(|e| !e.is_empty());
         let asked = endpoint.is_some()
-            || exporter.eq_ignore_ascii_case("otlp")
+            || otlp
             || var(&[
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -184,7 +193,7 @@ impl Export {
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ])
-        .unwrap_or_else(|| "http/protobuf".into());
+        .map_or_else(|| "http/protobuf".into(), |p| p.trim().to_ascii_lowercase());
         if !matches!(protocol.as_str(), "grpc" | "http/protobuf" | "http/json") {
             return Err(Error::Config(format!(
                 "OTLP protocol {protocol:?}: use grpc, http/protobuf or http/json"
@@ -225,7 +234,9 @@ impl Export {
         let exporter = if protocol == "grpc" {
             // tonic's channel spawns its worker where it is built: on our runtime.
             let _inside = handle.enter();
-            let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_timeout(timeout);
             if let Some(endpoint) = endpoint {
                 builder = builder.with_endpoint(endpoint);
             }
@@ -235,6 +246,7 @@ impl Export {
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(client)
+                .with_timeout(timeout)
                 .with_protocol(if protocol == "http/json" {
                     opentelemetry_otlp::Protocol::HttpJson
                 } else {
@@ -261,9 +273,8 @@ impl Export {
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
-        use tracing_subscriber::filter::{LevelFilter, Targets};
         use tracing_subscriber::Layer as _;
-        let quiet = [
+        const QUIET: [&str; 10] = [
             "h2",
             "hyper",
             "hyper_util",
@@ -275,14 +286,21 @@ impl Export {
             "opentelemetry_otlp",
             "opentelemetry_http",
         ];
-        let targets = quiet.into_iter().fold(
-            Targets::new().with_default(LevelFilter::INFO),
-            |t, target| t.with_target(target, LevelFilter::OFF),
-        );
+        // By crate, exactly: `tower` is the exporter's, `tower_http` a handler's.
+        let ours = |target: &str| {
+            QUIET.iter().any(|q| {
+                target
+                    .strip_prefix(q)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+            })
+        };
+        let filter = tracing_subscriber::filter::filter_fn(move |meta| {
+            *meta.level() <= tracing::Level::INFO && !ours(meta.target())
+        });
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("palisade"))
             .with_tracked_inactivity(false)
-            .with_filter(targets)
+            .with_filter(filter)
     }
 
     /// Sends what is left and stops (also on drop).
@@ -330,7 +348,7 @@ fn resource() -> opentelemetry_sdk::Resource {
     }
 }
 
-/// An exporter whose failures are said (at most once per 10 s per kind: a collector that is
+/// An exporter whose failures are said (at most once per 10 s: a collector that is
 /// down must not flood the log), since the SDK's own logging is off: a refused header, a
 /// wrong path or an unreachable collector would otherwise export nothing without a word.
 #[derive(Debug)]

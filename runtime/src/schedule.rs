@@ -301,6 +301,8 @@ impl Schedule {
             schedule: self.spec.name.clone(),
             at_ms: tick,
         });
+        // A tick starts a trace of its own (its enqueue's), never one a kept record pinned.
+        job.trace = None;
         job
     }
 
@@ -314,6 +316,18 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tick_never_continues_a_trace_the_schedules_job_names() {
+        let trace = crate::TraceContext::from_w3c(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            None,
+        )
+        .unwrap();
+        let schedule =
+            Schedule::new("s", "* * * * *", NewJob::raw("k", "{}").with_trace(trace)).unwrap();
+        assert_eq!(schedule.job_for(60_000).trace, None);
+    }
 
     #[test]
     fn a_schedule_whose_job_has_an_id_is_refused() {

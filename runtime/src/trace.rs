@@ -24,28 +24,33 @@ pub const MAX_TRACESTATE_BYTES: usize = 512;
 /// A W3C trace context: the `traceparent` (version 00 form) and, if any, the `tracestate`.
 /// Only valid contexts exist: build one with [`TraceContext::from_w3c`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "RawTrace", into = "RawTrace")]
+#[serde(try_from = "serde_json::Value", into = "RawTrace")]
 pub struct TraceContext {
     traceparent: String,
     tracestate: Option<String>,
 }
 
-/// The stored form: two strings, as on the wire. Read back, a tracestate that is not a
-/// string is dropped as an invalid one is (the scripts' `trace_of` does the same).
-#[derive(Clone, Serialize, Deserialize)]
+/// The stored form: two strings, as on the wire.
+#[derive(Clone, Serialize)]
 struct RawTrace {
     traceparent: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    tracestate: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<String>,
 }
 
-impl TryFrom<RawTrace> for TraceContext {
+/// Read back: an object whose `traceparent` is a valid stored one; a `tracestate` that is not
+/// a valid string is dropped. Exactly the rule of the scripts' `trace_of`.
+impl TryFrom<serde_json::Value> for TraceContext {
     type Error = String;
 
-    fn try_from(raw: RawTrace) -> Result<Self, String> {
-        let state = raw.tracestate.as_ref().and_then(serde_json::Value::as_str);
-        TraceContext::stored(&raw.traceparent, state)
-            .ok_or_else(|| format!("invalid traceparent {:?}", raw.traceparent))
+    fn try_from(raw: serde_json::Value) -> Result<Self, String> {
+        let parent = raw.get("traceparent").and_then(serde_json::Value::as_str);
+        let state = raw.get("tracestate").and_then(serde_json::Value::as_str);
+        match (raw.is_object(), parent) {
+            (true, Some(parent)) => TraceContext::stored(parent, state)
+                .ok_or_else(|| format!("invalid traceparent {parent:?}")),
+            _ => Err(format!("not a trace context: {raw}")),
+        }
     }
 }
 
@@ -53,7 +58,7 @@ impl From<TraceContext> for RawTrace {
     fn from(t: TraceContext) -> Self {
         RawTrace {
             traceparent: t.traceparent,
-            tracestate: t.tracestate.map(serde_json::Value::String),
+            tracestate: t.tracestate,
         }
     }
 }
@@ -198,15 +203,17 @@ pub(crate) fn job_span(job: &Job, lease: &Lease, worker: &str) -> Span {
 /// span as `trace_id` / `span_id`.
 pub(crate) fn attempt_context(span: &Span, job: &Job) -> Option<TraceContext> {
     #[cfg(feature = "otel")]
-    let context = crate::otel::context_of(span).or_else(|| job.trace.clone());
-    #[cfg(not(feature = "otel"))]
-    let context = job.trace.clone();
-    if let Some(c) = &context {
-        span.record("trace_id", c.trace_id());
-        #[cfg(feature = "otel")]
-        span.record("span_id", c.span_id());
+    if let Some(own) = crate::otel::context_of(span) {
+        span.record("trace_id", own.trace_id());
+        span.record("span_id", own.span_id());
+        return Some(own);
     }
-    context
+    // No span of its own: the job's trace, and no span id (the one in the job's context is
+    // its producer's, not this attempt's).
+    if let Some(c) = &job.trace {
+        span.record("trace_id", c.trace_id());
+    }
+    job.trace.clone()
 }
 
 /// How an attempt ended, on its span.
@@ -303,9 +310,9 @@ pub(crate) fn highest_token(r: &Rejection) -> Option<u64> {
 
 /// The span of one enqueue call (`palisade.enqueue`, a messaging "send" span), whose context
 /// the jobs that name no trace of their own are given (and those that name the one it
-/// continues). Its parent is the caller's span or, with none, the first job's own trace (the
-/// HTTP API's `traceparent`). Without `otel` nothing is made: a job keeps the trace it was
-/// given, if any.
+/// continues). Its parent is the caller's span or, with none, the context every job that names
+/// one names (the HTTP API's `traceparent`). Without `otel` nothing is made: a job keeps the
+/// trace it was given, if any.
 pub(crate) fn enqueue_span(jobs: &mut [crate::job::NewJob]) -> Span {
     #[cfg(feature = "otel")]
     return crate::otel::enqueue_span(jobs);

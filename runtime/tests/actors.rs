@@ -683,6 +683,49 @@ async fn follow_ups_run_once_after_their_parent_completes() {
     h.no_follow_ups_kept().await;
 }
 
+/// Issue 28: the follow-up jobs and the flow a handler asks for continue its job's trace
+/// (the flow's steps through the held jobs of its creation), and a job enqueued without one
+/// has none.
+#[actix::test]
+async fn follow_ups_and_started_flows_continue_the_parents_trace() {
+    tokio::time::pause();
+    let h = harness();
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let record = |kind: &'static str| {
+        let seen = seen.clone();
+        move |ctx: JobContext, _: ()| {
+            let trace = ctx.job().trace.as_ref().map(|t| t.trace_id().to_owned());
+            seen.lock().unwrap().insert(kind.to_owned(), trace);
+            async { Ok(()) }
+        }
+    };
+    let registry = Registry::new()
+        .register("child", record("child"))
+        .register("step", record("step"))
+        .register("plain", record("plain"))
+        .register("fan", |ctx: JobContext, _: ()| async move {
+            ctx.follow_up(NewJob::raw("child", "null"))?;
+            ctx.start_flow(Flow::new().step("s", NewJob::raw("step", "null")))?;
+            Ok(())
+        });
+    let _w = h.worker("w", registry);
+    let trace = TraceContext::from_w3c(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        None,
+    )
+    .unwrap();
+    h.enqueue(NewJob::raw("fan", "null").with_trace(trace.clone()))
+        .await;
+    h.enqueue(NewJob::raw("plain", "null")).await;
+    let counts = h.settle_all().await;
+    assert_eq!(counts.completed, 4, "{counts:?}");
+    let seen = seen.lock().unwrap();
+    let id = Some(trace.trace_id().to_owned());
+    assert_eq!(seen.get("child"), Some(&id), "{seen:?}");
+    assert_eq!(seen.get("step"), Some(&id), "{seen:?}");
+    assert_eq!(seen.get("plain"), Some(&None), "{seen:?}");
+}
+
 /// Issue 25 (review): a job enqueued again under the same id gets new follow-ups (their ids
 /// come from the run's lease, not the job's id); one follow-up the coordinator refuses for
 /// good (its payload over this coordinator's smaller limit) is dropped alone.

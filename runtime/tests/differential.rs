@@ -1037,8 +1037,16 @@ fn lua_and_rust_keep_the_same_traces() {
         cases: 2000,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(tp in near_traceparent(), ts in near_tracestate())| {
-        let json = serde_json::json!({"traceparent": tp, "tracestate": ts}).to_string();
+    proptest!(config, |(tp in near_traceparent(), ts in near_tracestate(), shape in 0..8u8)| {
+        // Mostly the stored object; else what another program may have written instead.
+        let json = match shape {
+            0 => serde_json::json!([tp, ts]),
+            1 => serde_json::json!(tp),
+            2 => serde_json::json!({"traceparent": 7, "tracestate": ts}),
+            3 => serde_json::json!({"tracestate": ts}),
+            _ => serde_json::json!({"traceparent": tp, "tracestate": ts}),
+        }
+        .to_string();
         let rust = serde_json::from_str::<TraceContext>(&json)
             .ok()
             .map(|t| (t.traceparent().to_owned(), t.tracestate().unwrap_or("").to_owned()));

@@ -124,3 +124,66 @@ async fn bad_settings_are_an_error_inside_a_tokio_runtime() {
         .to_string();
     assert!(err.contains("endpoint"), "{err}");
 }
+
+/// An enqueue inside the caller's span continues it. The exporter keeps spans of any crate a
+/// handler uses but never its own stack's, by crate exactly (`tower_http` kept, `tonic` not).
+#[tokio::test]
+async fn an_enqueue_continues_the_callers_span_and_the_exporter_leaves_its_own_stack_out() {
+    use tracing::Instrument as _;
+    let receiver = receiver();
+    let store: Stores = std::sync::Arc::new(MemoryLeaseStore::new()).into();
+    let request = tracing::info_span!("incoming request");
+    Client::new(store.clone())
+        .enqueue(NewJob::raw("called", "{}"))
+        .instrument(request.clone())
+        .await
+        .unwrap();
+    drop(request);
+    let trace = claimed_traces(&store, 1).await[0]
+        .1
+        .clone()
+        .expect("the job continues the request's trace");
+    for (target, name) in [
+        ("tower_http::trace", "a handler's tower_http span"),
+        ("towering", "a crate whose name starts like tower"),
+        ("tonic::transport", "the exporter's tonic span"),
+        ("h2::proto", "the exporter's h2 span"),
+    ] {
+        // (A span's target must be known when it is made: one callsite per target.)
+        match target {
+            "tower_http::trace" => {
+                tracing::info_span!(target: "tower_http::trace", "s", otel.name = name)
+            }
+            "towering" => tracing::info_span!(target: "towering", "s", otel.name = name),
+            "tonic::transport" => {
+                tracing::info_span!(target: "tonic::transport", "s", otel.name = name)
+            }
+            _ => tracing::info_span!(target: "h2::proto", "s", otel.name = name),
+        }
+        .in_scope(|| {});
+    }
+    wait_for(
+        "the request, its enqueue and the handler's spans",
+        Duration::from_secs(10),
+        || {
+            let names: Vec<String> = receiver.spans().into_iter().map(|s| s.name).collect();
+            let t = receiver.trace(trace.trace_id());
+            t.iter().any(|s| s.name == "incoming request")
+                && t.iter().any(|s| s.name == "send default")
+                && names.iter().any(|n| n == "a handler's tower_http span")
+                && names
+                    .iter()
+                    .any(|n| n == "a crate whose name starts like tower")
+        },
+    );
+    let t = receiver.trace(trace.trace_id());
+    let request = t.iter().find(|s| s.name == "incoming request").unwrap();
+    let send = t.iter().find(|s| s.name == "send default").unwrap();
+    assert_eq!(send.parent_span_id, request.span_id);
+    std::thread::sleep(Duration::from_millis(300));
+    let names: Vec<String> = receiver.spans().into_iter().map(|s| s.name).collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("the exporter's")),
+        "{names:?}"
+    );
+}

@@ -105,7 +105,12 @@ impl EnqueueArgs {
 
     /// The job for one payload, checked against the handler's payload type and every
     /// backend's rules before anything is sent.
-    fn job(&self, registry: &Registry, payload: &str) -> anyhow::Result<NewJob> {
+    fn job(
+        &self,
+        registry: &Registry,
+        payload: &str,
+        trace: Option<&crate::TraceContext>,
+    ) -> anyhow::Result<NewJob> {
         registry.check(&self.kind, payload)?;
         let mut job = NewJob::raw(&self.kind, payload)
             .with_queue(&self.queue)
@@ -122,8 +127,8 @@ impl EnqueueArgs {
         if let Some(id) = self.id {
             job = job.with_id(crate::JobId::from(id));
         }
-        if let Some(trace) = self.trace()? {
-            job = job.with_trace(trace);
+        if let Some(trace) = trace {
+            job = job.with_trace(trace.clone());
         }
         job.validate(self.max_payload_bytes)?;
         Ok(job)
@@ -165,8 +170,11 @@ fn fill(template: &str, payload: &str) -> anyhow::Result<String> {
 pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<()> {
     // Each job with its input line (none for the one argument): notes and errors name lines,
     // which blank lines make differ from jobs.
+    // Read once: a warning for an invalid TRACEPARENT is said once, not per line.
+    let trace = args.trace()?;
+    let trace = trace.as_ref();
     let jobs: Vec<(Option<usize>, NewJob)> = match &args.json {
-        Some(json) => vec![(None, args.job(registry, json)?)],
+        Some(json) => vec![(None, args.job(registry, json, trace)?)],
         None => std::io::stdin()
             .lock()
             .lines()
@@ -175,7 +183,7 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             .map(|(line, n)| {
                 let job = line
                     .map_err(anyhow::Error::from)
-                    .and_then(|line| args.job(registry, &line))
+                    .and_then(|line| args.job(registry, &line, trace))
                     .with_context(|| format!("stdin line {n}"))?;
                 Ok((Some(n), job))
             })

@@ -1154,6 +1154,11 @@ mod tests {
             !page.contains("<script>x") && page.contains("&lt;script&gt;x"),
             "{page}"
         );
+        assert_eq!(
+            page.matches(r#"<a href="https://tempo.example"#).count(),
+            1,
+            "only the real trace id is linked: {page}"
+        );
         assert!(!page.contains("<script>alert"), "{page}");
         assert!(!page.contains("<b>ledger") && !page.contains("<i>done") && !page.contains("T<i>"));
         assert!(page.contains("&lt;script&gt;"), "{page}");
