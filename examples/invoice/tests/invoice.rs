@@ -83,8 +83,12 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
         &redis,
         &["enqueue", invoice::SETTLE, job, "--scope", "invoice:7"],
     );
+    // A's lease, not A's heartbeat (the `workers` list names A as soon as it starts: stopped
+    // then, before its claim, A had nothing to write and B ran the job alone).
     wait_for("A to hold the invoice", Duration::from_secs(20), || {
-        invoice(&redis, &["status", "--json", "--scope", "invoice:7"]).contains("\"worker\":\"A\"")
+        let status = invoice(&redis, &["status", "--json", "--scope", "invoice:7"]);
+        serde_json::from_str::<serde_json::Value>(&status)
+            .is_ok_and(|s| s["leases"][0]["worker"] == "A")
     });
     a.signal("-STOP");
     let stopped = Instant::now();
