@@ -107,6 +107,28 @@ fn one<'a>(
     found[0]
 }
 
+/// Waits for trace `trace`'s enqueue and attempt on `queue` to arrive; returns them (one each).
+fn send_and_process(
+    receiver: &OtlpReceiver,
+    trace: &str,
+    queue: &str,
+) -> (ReceivedSpan, ReceivedSpan) {
+    let (send, process) = (format!("send {queue}"), format!("process {queue}"));
+    wait_for(
+        "the enqueue and the attempt",
+        Duration::from_secs(20),
+        || {
+            let t = receiver.trace(trace);
+            t.iter().any(|s| s.name == send) && t.iter().any(|s| s.name == process)
+        },
+    );
+    let spans = receiver.trace(trace);
+    (
+        one(&spans, "enqueue", |s| s.name == send).clone(),
+        one(&spans, "attempt", |s| s.name == process).clone(),
+    )
+}
+
 #[test]
 fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refused_write() {
     let receiver = OtlpReceiver::start();
@@ -343,22 +365,11 @@ fn a_python_producers_trace_continues_into_the_rust_worker() {
         said["trace_id"].as_str().unwrap(),
         said["span_id"].as_str().unwrap(),
     );
-    wait_for(
-        "the API's and the worker's spans",
-        Duration::from_secs(20),
-        || {
-            let t = receiver.trace(trace);
-            t.iter().any(|s| s.name == "send polyglot")
-                && t.iter().any(|s| s.name == "process polyglot")
-        },
-    );
-    let spans = receiver.trace(trace);
-    let send = one(&spans, "enqueue", |s| s.name == "send polyglot");
+    let (send, process) = send_and_process(&receiver, trace, "polyglot");
     assert_eq!(
         (send.service.as_str(), send.parent_span_id.as_str()),
         ("api", parent)
     );
-    let process = one(&spans, "attempt", |s| s.name == "process polyglot");
     assert_eq!(process.service, "worker");
     assert_eq!(process.parent_span_id, send.span_id);
     assert_eq!(
@@ -399,18 +410,7 @@ fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
             .env("TRACEPARENT", format!("00-{trace}-{PRODUCER_SPAN}-01"))
             .envs(env.iter().map(|(k, v)| (k, v))),
     );
-    wait_for(
-        "the enqueue and the attempt over gRPC",
-        Duration::from_secs(20),
-        || {
-            let t = receiver.trace(trace);
-            t.iter().any(|s| s.name == "send default")
-                && t.iter().any(|s| s.name == "process default")
-        },
-    );
-    let spans = receiver.trace(trace);
-    let send = one(&spans, "enqueue", |s| s.name == "send default");
-    let process = one(&spans, "attempt", |s| s.name == "process default");
+    let (send, process) = send_and_process(&receiver, trace, "default");
     assert_eq!(send.parent_span_id, PRODUCER_SPAN);
     assert_eq!(process.parent_span_id, send.span_id);
     assert_eq!(process.service, "grpc-worker");

@@ -197,10 +197,12 @@ impl RunState {
         std::mem::take(&mut kept.then)
     }
 
-    /// Notes `admission` if it is a rejection: for the journal, and as a log line that
-    /// carries the run's trace id whether or not its trace is sampled (a refusal is never
-    /// lost to sampling).
-    fn note(&self, sink: &str, lease: &Lease, admission: &Result<Admission>) {
+    /// Notes a write's answer: on its `span`, and if it is a rejection, for the journal and
+    /// as a log line (inside `span`) that carries the run's trace id whether or not its trace
+    /// is sampled (a refusal is never lost to sampling).
+    fn note(&self, span: &tracing::Span, sink: &str, lease: &Lease, admission: &Result<Admission>) {
+        crate::trace::record_write(span, admission);
+        let _inside = span.enter();
         if let Ok(Admission::Rejected(rejection)) = admission {
             let trace_id = self.trace.as_ref().map(|t| t.trace_id().to_owned());
             tracing::warn!(
@@ -291,9 +293,7 @@ impl JobContext {
                     )));
                 }
                 let mut job = job.with_id(id);
-                if job.trace.is_none() {
-                    job.trace = self.run.trace.clone();
-                }
+                job.inherit_trace(self.run.trace.as_ref());
                 let size = json_len(&job)?;
                 Ok((size, id, move |then: &mut crate::job::Then| {
                     then.jobs.push(job)
@@ -388,9 +388,7 @@ impl JobContext {
                     });
                 }
                 let mut job = job.clone();
-                if job.trace.is_none() {
-                    job.trace = self.run.trace.clone();
-                }
+                job.inherit_trace(self.run.trace.as_ref());
                 let step = crate::flow::Step {
                     name: full.clone(),
                     job,
@@ -660,9 +658,7 @@ impl PostgresHandle {
             Error::Backend(e.to_string())
         });
         crate::sink::record(&self.name, &self.scope, &admission);
-        crate::trace::record_write(&span, &admission);
-        let _inside = span.enter();
-        self.run.note(&self.name, &self.lease, &admission);
+        self.run.note(&span, &self.name, &self.lease, &admission);
         result
     }
 }
@@ -727,9 +723,7 @@ impl SinkHandle {
             .await
             .map_err(Error::from)
             .and_then(|a| a);
-        crate::trace::record_write(&span, &admission);
-        let _inside = span.enter();
-        self.run.note(&self.name, &self.lease, &admission);
+        self.run.note(&span, &self.name, &self.lease, &admission);
         admission
     }
 }

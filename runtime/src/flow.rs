@@ -180,9 +180,7 @@ impl Flow {
     /// Has every step whose job names no trace continue `trace`.
     pub(crate) fn inherit_trace(&mut self, trace: &crate::trace::TraceContext) {
         for step in &mut self.steps {
-            if step.job.trace.is_none() {
-                step.job.trace = Some(trace.clone());
-            }
+            step.job.inherit_trace(Some(trace));
         }
     }
 

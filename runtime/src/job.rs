@@ -300,6 +300,13 @@ impl NewJob {
         self
     }
 
+    /// Continues `trace` unless the job names a trace of its own (a follow-up, a flow step).
+    pub(crate) fn inherit_trace(&mut self, trace: Option<&TraceContext>) {
+        if self.trace.is_none() {
+            self.trace = trace.cloned();
+        }
+    }
+
     /// Sets how many stalls (expired leases) are tolerated.
     pub fn with_max_stalls(mut self, max_stalls: u32) -> Self {
         self.max_stalls = max_stalls;

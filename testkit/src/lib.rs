@@ -35,7 +35,7 @@ pub use futures_util;
 pub use clock::SkewedClock;
 pub use faults::{Faults, Op};
 pub use net::{free_port, free_ports, http_get, http_receiver, wait_for, Request};
-pub use otlp::{OtlpReceiver, ReceivedLog, ReceivedSpan};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::Process;
 pub use proxy::{FaultProxy, LinkFaults, ProxyStats};
 pub use servers::{

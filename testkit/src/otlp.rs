@@ -1,6 +1,6 @@
-//! A real OTLP/HTTP receiver: it decodes what exporters send (`POST /v1/traces`,
-//! `POST /v1/logs`, protobuf or JSON) with the official OpenTelemetry protobuf types
-//! (`opentelemetry-proto`) and keeps every span and log record for a test to look at.
+//! A real OTLP receiver: it decodes what exporters send (`POST /v1/traces`, protobuf or JSON,
+//! or OTLP/gRPC's `TraceService`) with the official OpenTelemetry protobuf types
+//! (`opentelemetry-proto`) and keeps every span for a test to look at.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response, StatusCode};
-use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -49,23 +48,9 @@ impl ReceivedSpan {
     }
 }
 
-/// One log record as received.
-#[derive(Clone, Debug)]
-pub struct ReceivedLog {
-    /// The `service.name` of the resource that sent it.
-    pub service: String,
-    /// Its trace id (32 hex digits), or empty.
-    pub trace_id: String,
-    /// Its body as text.
-    pub body: String,
-    /// Its attributes, each value as text.
-    pub attributes: BTreeMap<String, String>,
-}
-
 #[derive(Default)]
 struct Received {
     spans: Vec<ReceivedSpan>,
-    logs: Vec<ReceivedLog>,
     requests: u64,
     /// The first trace export gets no answer, ever (a collector that accepted and hung).
     hang_first: bool,
@@ -183,11 +168,6 @@ impl OtlpReceiver {
             .collect()
     }
 
-    /// Every log record received so far.
-    pub fn logs(&self) -> Vec<ReceivedLog> {
-        self.received.lock().unwrap().logs.clone()
-    }
-
     /// How many export requests arrived.
     pub fn requests(&self) -> u64 {
         self.received.lock().unwrap().requests
@@ -222,44 +202,18 @@ async fn answer(
     }
     let mut kept = kept.lock().unwrap();
     kept.requests += 1;
-    match path.as_str() {
-        "/v1/traces" => {
-            let decoded = if json {
-                serde_json::from_slice::<ExportTraceServiceRequest>(&body)
-                    .map_err(|e| e.to_string())
-            } else {
-                ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
-            };
-            let Ok(export) = decoded else {
-                return status(StatusCode::BAD_REQUEST);
-            };
-            keep_spans(&mut kept, export);
-        }
-        "/v1/logs" => {
-            let decoded = if json {
-                serde_json::from_slice::<ExportLogsServiceRequest>(&body).map_err(|e| e.to_string())
-            } else {
-                ExportLogsServiceRequest::decode(body).map_err(|e| e.to_string())
-            };
-            let Ok(export) = decoded else {
-                return status(StatusCode::BAD_REQUEST);
-            };
-            for resource in export.resource_logs {
-                let service = service_of(resource.resource.as_ref().map(|r| &r.attributes[..]));
-                for scope in resource.scope_logs {
-                    for l in scope.log_records {
-                        kept.logs.push(ReceivedLog {
-                            service: service.clone(),
-                            trace_id: hex(&l.trace_id),
-                            body: l.body.as_ref().map(text).unwrap_or_default(),
-                            attributes: attributes(&l.attributes),
-                        });
-                    }
-                }
-            }
-        }
-        _ => return status(StatusCode::NOT_FOUND),
+    if path != "/v1/traces" {
+        return status(StatusCode::NOT_FOUND);
     }
+    let decoded = if json {
+        serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+    } else {
+        ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
+    };
+    let Ok(export) = decoded else {
+        return status(StatusCode::BAD_REQUEST);
+    };
+    keep_spans(&mut kept, export);
     // An empty ExportTraceServiceResponse: zero bytes of protobuf.
     Response::builder()
         .header("content-type", "application/x-protobuf")

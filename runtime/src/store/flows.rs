@@ -120,8 +120,8 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
     let mut held = flow.held_jobs();
     // Steps that name no trace continue the creator's (feature `otel`).
     if let Some(trace) = crate::trace::current() {
-        for (job, _) in held.iter_mut().filter(|(job, _)| job.trace.is_none()) {
-            job.trace = Some(trace.clone());
+        for (job, _) in &mut held {
+            job.inherit_trace(Some(&trace));
         }
     }
     store.hold(held).await?;

@@ -90,6 +90,13 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
     })
 }
 
+/// The token a `lease_job` entry names ("job id \t epoch \t counter \t ..."): `None` for an
+/// entry too short to name one.
+pub(super) fn entry_token(entry: &str) -> Option<Result<FencingToken>> {
+    let mut fields = entry.split('\t').skip(1);
+    Some(token(fields.next()?, fields.next()?))
+}
+
 /// One row of `leases.lua`: `{lease, job, scope, epoch, counter, worker, age ms, expires in
 /// ms, queue, kind}`.
 pub(super) fn decode_lease_row(row: Vec<String>) -> Result<LeaseInfo> {

@@ -17,7 +17,9 @@ use deadpool_redis::redis::{self, Script};
 use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
-use super::scripts::{coordinator_script, decode_claim, decode_watermark, token, Meta};
+use super::scripts::{
+    coordinator_script, decode_claim, decode_watermark, entry_token, token, Meta,
+};
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
@@ -674,18 +676,14 @@ impl LeaseStore for RedisLeaseStore {
                     return None;
                 };
                 // The lease entry: "job id \t epoch \t counter \t claimed ms \t worker ...".
-                let entry: Vec<&str> = t[4].split('\t').collect();
-                let token = match entry.get(1..3) {
-                    Some([epoch, counter]) => token(epoch, counter).ok(),
-                    _ => None,
-                };
+                let worker = t[4].split('\t').nth(4).unwrap_or_default().to_owned();
                 Some(Reaped {
                     job: JobId::from(job),
                     queue: t[1].clone(),
                     dead: t[2] == "1",
                     lease: LeaseId::from(lease),
-                    token,
-                    worker: entry.get(4).map_or_else(String::new, |w| (*w).to_owned()),
+                    token: entry_token(&t[4]).and_then(Result::ok),
+                    worker,
                     trace: crate::trace::TraceContext::stored(&t[5], Some(&t[6])),
                 })
             })
@@ -725,14 +723,7 @@ impl LeaseStore for RedisLeaseStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        match entry
-            .as_deref()
-            .map(|e| e.split('\t').collect::<Vec<_>>())
-            .as_deref()
-        {
-            Some([_, epoch, counter, ..]) => token(epoch, counter).map(Some),
-            _ => Ok(None),
-        }
+        entry.as_deref().and_then(entry_token).transpose()
     }
 
     async fn epoch(&self) -> Result<Option<u32>> {
