@@ -5,7 +5,8 @@
 --          (k = 0: every kind), then one fresh random lease id per job wanted
 --          (n = #ARGV - 6 - k)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
--- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls};
+-- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls,
+--          snoozes};
 --          none while the queue is paused ({prefix}:paused), at most the whole tokens of its
 --          rate bucket when it is rate-limited
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
@@ -157,7 +158,7 @@ for _, c in ipairs(order) do
   end
   local id, score, key, kind = c_id[c], c_score[c], c_key[c], c_kind[c]
   local job = base .. 'job:' .. id
-  local f = fields(job, 'meta', 'scope', 'attempt', 'stalls')
+  local f = fields(job, 'meta', 'scope', 'attempt', 'stalls', 'snoozes')
   local scope = f[2] or ('job:' .. id)
   local aside = f[1] and (taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1))
   if (room[kind] and room[kind] <= 0) or (aside and mistyped({ [base .. 'wait:' .. scope] = 'zset' })) then
@@ -199,7 +200,7 @@ for _, c in ipairs(order) do
       local holds = (f[2] or capped) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')) or ''
       owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
         .. holds
-      out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0' }
+      out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0', f[5] or '0' }
     end
   end
 end

@@ -491,10 +491,23 @@ local function trace_of(t)
   return { traceparent = t.traceparent, tracestate = state }
 end
 
+-- A whole number of a record as our client writes it (0 up to `max`), or nil: a count or a time
+-- in ms another program wrote oddly is dropped, never carried on in a form cjson or the
+-- client could not read back.
+local function whole(x, max)
+  if finite(x) and x >= 0 and x <= max and x % 1 == 0 then
+    return x
+  end
+  return nil
+end
+
+local U32 = 4294967295
+local MS = 100000000000000 -- 10^14: deadlines and timeouts are validated below it
+
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
-  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow')
+  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow', 'snoozes')
   if not f[2] then
     return -- (no readable record: callers check first)
   end
@@ -513,7 +526,9 @@ local function bury(base, id, reason, keep)
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
-    died = now_ms(), tick = tick_of(meta.tick), trace = trace_of(meta.trace) }
+    died = now_ms(), tick = tick_of(meta.tick), trace = trace_of(meta.trace),
+    snoozes = count_of(f[7]), max_snoozes = whole(meta.max_snoozes, U32),
+    timeout_ms = whole(meta.timeout_ms, MS), deadline_ms = whole(meta.deadline_ms, MS) }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
     -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.
@@ -706,7 +721,9 @@ local function revive(base, raw, now)
   end
   local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
     queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
-    max_stalls = d.max_stalls, tick = tick_of(d.tick), trace = trace_of(d.trace) })
+    max_stalls = d.max_stalls, tick = tick_of(d.tick), trace = trace_of(d.trace),
+    max_snoozes = whole(d.max_snoozes, U32), timeout_ms = whole(d.timeout_ms, MS) })
+  -- (Fresh attempts, stalls and snoozes, and no deadline: an operator asked for it to run.)
   if not encoded then
     return false
   end

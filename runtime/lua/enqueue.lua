@@ -1,15 +1,19 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 9 fields per job: id queue kind scope (empty for the job's
+-- ARGV[1]  job count n, then 12 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
---          max_attempts max_stalls) unique_key (empty: none) unique_ttl_ms
+--          max_attempts max_stalls ...) unique_key (empty: none) unique_ttl_ms debounce_key
+--          (empty: none; a debounced job's delay is its quiet period) quiet_ms max_wait_ms
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  per job, its id when it was added; "=" and the id of the job it is when it was not:
 --          the job (an earlier one of this batch included) holding its unique key, or the job
---          its (producer-chosen) id already names
+--          its (producer-chosen) id already names; "~" and the id of the pending job holding
+--          its debounce key when it replaced that job's meta and pushed its start instead
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type (or the
 --          enqueue counter is not an integer): raised before anything changed (jobs are
---          validated by the client before they are sent)
+--          validated by the client before they are sent). "PALISADE_INVALID ..." (before
+--          anything) when a debounce key is held by a pending job of another queue, kind or
+--          scope.
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
   local refused = wrong_layout(KEYS[1])
@@ -20,7 +24,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local F = 9
+local F = 12
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
 for i = 0, n - 1 do
@@ -38,6 +42,16 @@ for i = 0, n - 1 do
   end
   if ARGV[o + 8] ~= '' then
     want[base .. 'unique:' .. ARGV[o + 8]] = 'string'
+  end
+  if ARGV[o + 10] ~= '' then
+    want[base .. 'debounce:' .. ARGV[o + 10]] = 'string'
+    want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
+    for _, ms in ipairs({ ARGV[o + 11], ARGV[o + 12] }) do
+      if #ms > 15 or not string.match(ms, '^%d+$') then
+        return redis.error_reply('PALISADE_INVALID debounce period ' .. ms
+          .. ' is not a number of ms: nothing was changed')
+      end
+    end
   end
 end
 for stats in pairs(scoped) do
@@ -84,6 +98,31 @@ for i = 0, n - 1 do
     held[ukey] = ARGV[o + 1]
   end
 end
+-- Then, still read-only: which jobs a debounce key folds into the pending job holding it —
+-- one that waits out its quiet period and never started (delayed, no attempt, no snooze).
+-- (The client refuses two jobs of one batch under one key; from another client the later
+-- one replaces what the earlier wrote, as two enqueues would.)
+local folded = {}
+for i = 0, n - 1 do
+  local o = 1 + i * F
+  local dkey = ARGV[o + 10]
+  if dkey ~= '' and not out[i + 1] then
+    local holder = redis.call('GET', base .. 'debounce:' .. dkey)
+    local h = holder and fields(base .. 'job:' .. holder, 'queue', 'kind', 'scope', 'attempt',
+      'snoozes', 'since') or {}
+    local due = h[1] and redis.pcall('ZSCORE', base .. 'q:' .. h[1] .. ':delayed', holder)
+    if type(due) == 'string' and count_of(h[4]) == 0 and count_of(h[5]) == 0 then
+      local queue, kind, scope = ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+      if h[1] ~= queue or h[2] ~= kind or (h[3] or '') ~= scope then
+        return redis.error_reply('PALISADE_INVALID debounce key ' .. dkey .. ' is held by pending job '
+          .. holder .. ' of queue ' .. h[1] .. ', kind ' .. tostring(h[2]) .. ', scope '
+          .. (h[3] or '(its own)') .. '; a job under it must name the same: nothing was changed')
+      end
+      folded[i + 1] = { holder, h[6] and count_of(h[6]) or now }
+      out[i + 1] = '~' .. holder
+    end
+  end
+end
 local last = redis.call('INCRBY', base .. 'seq', n)
 local queues = {}
 local kinds = {}
@@ -91,7 +130,16 @@ local ready = {} -- ready set -> {score, id, ...} of the batch's default-scoped 
 for i = 0, n - 1 do
   local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  if not out[i + 1] then -- not turned away
+  local fold = folded[i + 1]
+  if fold then
+    -- The pending job takes this one's meta (payload and options) and starts a quiet period
+    -- after now, but no later than its first enqueue's maximum wait.
+    local holder, since = fold[1], fold[2]
+    local start = math.min(now + tonumber(ARGV[o + 11]), since + tonumber(ARGV[o + 12]))
+    redis.call('HSET', base .. 'job:' .. holder, 'meta', ARGV[o + 7], 'at', start)
+    redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', start, holder)
+    redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], holder, 'PX', tonumber(ARGV[o + 12]) + 60000)
+  elseif not out[i + 1] then -- not turned away
     out[i + 1] = id
     local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
     local at = now + math.max(delay, 0) -- claimable from (the oldest-ready gauge)
@@ -118,6 +166,11 @@ for i = 0, n - 1 do
       entries[#entries + 1] = id
     else
       enter(base, id, queue, kind, scope, score, true)
+    end
+    if ARGV[o + 10] ~= '' then
+      -- Kept a while past the longest it can stay pending (its maximum wait), then forgotten.
+      redis.call('HSET', base .. 'job:' .. id, 'since', now)
+      redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], id, 'PX', tonumber(ARGV[o + 12]) + 60000)
     end
     if ARGV[o + 8] ~= '' then
       redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)

@@ -8,7 +8,8 @@
 --          action "complete" (arg = how long its result is kept, ms, and reason = the result's
 --          JSON, kept at "result:<job id>"; arg 0: no result) | "retry" (arg = delay ms) |
 --          "dead" | "release" (back to ready,
---          the attempt not counted) | "fenced" (arg = the epoch of the highest token the sink
+--          the attempt not counted) | "snooze" (arg = delay ms; the attempt not counted, the
+--          job's snooze count one higher) | "fenced" (arg = the epoch of the highest token the sink
 --          reported)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  one entry per settlement, then "w:<epoch>:<counter>", the low watermark after the
@@ -52,7 +53,8 @@ for i = 1, #all, 500 do
 end
 
 -- Every entry is checked before it changes anything (Redis does not roll a script back).
-local ACTIONS = { complete = true, retry = true, dead = true, release = true, fenced = true }
+local ACTIONS = { complete = true, retry = true, dead = true, release = true, fenced = true,
+  snooze = true }
 -- An arg is a decimal as Redis' own integer parser reads it ("0", or no leading zero, no sign,
 -- no exponent, no spaces): Lua's tonumber takes "1e3" or "0x10", which a PX would refuse
 -- after the script's first write.
@@ -89,7 +91,7 @@ for i = 0, count - 1 do
     local parks = action ~= 'complete' and action ~= 'dead'
     local want, counted = {}, {}
     settle_keys(base, want, counted, id, { f[1], f[2], f[6] }, parks,
-      action == 'retry' and tonumber(arg) > 0, action == 'dead', entries[i + 1])
+      (action == 'retry' or action == 'snooze') and tonumber(arg) > 0, action == 'dead', entries[i + 1])
     if action == 'fenced' then
       want[base .. 'epoch'] = 'hash'
     end
@@ -156,6 +158,11 @@ for _, i in ipairs(current) do
     elseif action == 'release' then
       bump(job, 'attempt', -1)
       park(base, id, now, now)
+    elseif action == 'snooze' then
+      -- Not a failure: the attempt is given back, the snooze counted (a claim reads it).
+      bump(job, 'attempt', -1)
+      bump(job, 'snoozes', 1)
+      park(base, id, now + tonumber(arg), now)
     elseif action == 'fenced' then
       -- A sink holds a token at least as new as this current lease's: the counter
       -- regressed. Move above the sink's epoch now, remember it as a floor for later

@@ -3,7 +3,7 @@
 -- ARGV[1]  "job" (ARGV[2] a job id) or "delayed" (ARGV[2] a queue, ARGV[3] most jobs)
 -- Returns  one array per job: {id, meta JSON, queue, attempt, stalls, state, due in ms ("" if
 --          not delayed), lease id ("" if not leased), the reason its last attempt was retried
---          ("" if none)}; state is ready, waiting, delayed,
+--          ("" if none), snoozes}; state is ready, waiting, delayed,
 --          leased, held or unplaced. "job" returns at most one (none for a job that is not
 --          live); "delayed" the queue's delayed jobs, soonest due first.
 -- Errors   none: a key of another type reads as empty
@@ -15,7 +15,7 @@ local function zscore(key, member)
 end
 local function view(id)
   local f = fields(base .. 'job:' .. id, 'meta', 'queue', 'kind', 'scope', 'attempt', 'stalls',
-    'lease', 'error')
+    'lease', 'error', 'snoozes')
   if not f[1] or not f[2] then
     return nil
   end
@@ -39,7 +39,7 @@ local function view(id)
     state = 'waiting'
   end
   return { id, f[1], f[2], fmt(count_of(f[5])), fmt(count_of(f[6])), state, due, lease,
-    f[8] or '' }
+    f[8] or '', fmt(count_of(f[9])) }
 end
 local out = {}
 if ARGV[1] == 'job' then

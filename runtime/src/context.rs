@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::Addr;
 use futures_util::future::BoxFuture;
@@ -111,7 +112,7 @@ struct Asked {
 
 /// Progress goes to the coordinator at most this often per job; the latest value always
 /// goes (with the next update, or when the job ends).
-const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 
 /// Largest result kept, in bytes of JSON: results are for answers, not for data.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
@@ -733,9 +734,12 @@ pub(crate) type ErasedHandler =
 
 type PayloadCheck = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
-/// Maps job kinds to handlers.
+/// Maps job kinds to handlers (and, optionally, to a default timeout per attempt).
 #[derive(Clone, Default)]
-pub struct Registry(HashMap<String, (ErasedHandler, PayloadCheck)>);
+pub struct Registry {
+    handlers: HashMap<String, (ErasedHandler, PayloadCheck)>,
+    timeouts: HashMap<String, Duration>,
+}
 
 impl Registry {
     /// No handlers.
@@ -789,18 +793,46 @@ impl Registry {
                 .map(drop)
                 .map_err(|e| e.to_string())
         });
-        self.0.insert(kind, (erased, check));
+        self.handlers.insert(kind, (erased, check));
+        self
+    }
+
+    /// Bounds every attempt of `kind` to `timeout` unless its job sets its own
+    /// ([`NewJob::with_timeout`](crate::NewJob::with_timeout), which says what a timeout
+    /// does). Must be 1 ms ..= [`MAX_DELAY`](crate::job::MAX_DELAY): a worker refuses a
+    /// registry with another.
+    pub fn with_timeout(mut self, kind: impl Into<String>, timeout: Duration) -> Self {
+        self.timeouts.insert(kind.into(), timeout);
         self
     }
 
     pub(crate) fn get(&self, kind: &str) -> Option<&ErasedHandler> {
-        self.0.get(kind).map(|(handler, _)| handler)
+        self.handlers.get(kind).map(|(handler, _)| handler)
+    }
+
+    /// How long an attempt of `job` may run: its own timeout, else its kind's.
+    pub(crate) fn timeout_of(&self, job: &Job) -> Option<Duration> {
+        job.timeout
+            .or_else(|| self.timeouts.get(&job.kind).copied())
+    }
+
+    /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's).
+    pub(crate) fn validate(&self) -> Result<()> {
+        for (kind, timeout) in &self.timeouts {
+            if *timeout < Duration::from_millis(1) || *timeout > crate::job::MAX_DELAY {
+                return Err(Error::Config(format!(
+                    "timeout {timeout:?} of kind {kind:?} is outside 1 ms ..= {:?}",
+                    crate::job::MAX_DELAY
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Checks, before enqueueing, that `kind` is registered and `payload` decodes for it — so
     /// a producer hears about a typo now instead of finding a dead-letter entry later.
     pub fn check(&self, kind: &str, payload: &str) -> Result<()> {
-        let (_, check) = self.0.get(kind).ok_or_else(|| {
+        let (_, check) = self.handlers.get(kind).ok_or_else(|| {
             let mut known: Vec<&str> = self.kinds().collect();
             known.sort_unstable();
             Error::InvalidJob(format!(
@@ -814,7 +846,7 @@ impl Registry {
 
     /// Registered kinds.
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.handlers.keys().map(String::as_str)
     }
 }
 

@@ -316,6 +316,12 @@ impl Flow {
                 return bad(format!("step {:?} is named twice", step.name));
             }
             step.job.validate(max_payload_bytes)?;
+            if step.job.debounce.is_some() {
+                return bad(format!(
+                    "step {:?} is debounced; a step runs once, when its flow says",
+                    step.name
+                ));
+            }
             if step.job.id.is_some() || step.job.unique.is_some() {
                 return bad(format!(
                     "step {:?} has an id or unique key of its own; a step's id is the flow's",
@@ -451,6 +457,9 @@ pub fn check_added(parent: &str, added: &[Step], max_payload_bytes: usize) -> Re
         };
         check_step_name(short)?;
         s.job.validate(max_payload_bytes)?;
+        if s.job.debounce.is_some() {
+            return bad(format!("{:?} is debounced", s.name));
+        }
         if s.job.id.is_some() || s.job.unique.is_some() {
             return bad(format!("{:?} has an id or unique key of its own", s.name));
         }

@@ -22,6 +22,15 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
 /// Longest delay (ten years): keeps every deadline exact in milliseconds on every backend.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// How many times a job may snooze ([`JobError::snooze`]) unless it says otherwise
+/// ([`NewJob::with_max_snoozes`]): a handler that snoozes for ever is noticed — its job dies
+/// with the count as its reason — instead of going round unseen.
+pub const DEFAULT_MAX_SNOOZES: u32 = 100;
+
+pub(crate) fn default_max_snoozes() -> u32 {
+    DEFAULT_MAX_SNOOZES
+}
+
 /// How long a job enqueued with [`NewJob::with_id`] keeps its id taken, counted from its
 /// enqueue, even once it is done: a day, as long as a producer may sensibly retry.
 pub const ID_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -95,6 +104,29 @@ pub struct NewJob {
         deserialize_with = "crate::trace::lenient"
     )]
     pub trace: Option<TraceContext>,
+    /// Snoozes allowed before the job is dead: see [`NewJob::with_max_snoozes`].
+    #[serde(default = "default_max_snoozes")]
+    pub max_snoozes: u32,
+    /// How long one attempt may run: see [`NewJob::with_timeout`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// Not started by then (Unix ms), it dies as expired: see [`NewJob::with_deadline`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Replaces a pending job's payload instead of adding one: see [`NewJob::with_debounce`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<Debounce>,
+}
+
+/// A debounced enqueue ([`NewJob::with_debounce`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debounce {
+    /// The key (same rules as names); one namespace per coordinator, across queues and kinds.
+    pub key: String,
+    /// How long after the last enqueue under the key the job starts.
+    pub quiet: Duration,
+    /// The longest a job waits from its first enqueue, however often it is replaced.
+    pub max_wait: Duration,
 }
 
 /// Ticks are kept below this (ms): 14 digits, which every record keeps exactly.
@@ -184,13 +216,16 @@ pub enum Enqueued {
     Added(JobId),
     /// Nothing: another job holds the unique key; this is its id.
     Existing(JobId),
+    /// The pending job holding the debounce key ([`NewJob::with_debounce`]) took this job's
+    /// payload and options and starts later; this is its id.
+    Debounced(JobId),
 }
 
 impl Enqueued {
     /// The job's id, new or existing.
     pub fn id(self) -> JobId {
         match self {
-            Self::Added(id) | Self::Existing(id) => id,
+            Self::Added(id) | Self::Existing(id) | Self::Debounced(id) => id,
         }
     }
 }
@@ -218,6 +253,10 @@ impl NewJob {
             id: None,
             tick: None,
             trace: None,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
+            timeout: None,
+            deadline_ms: None,
+            debounce: None,
         }
     }
 
@@ -313,6 +352,59 @@ impl NewJob {
         self
     }
 
+    /// Sets how many times the job may snooze ([`JobError::snooze`]) before it is dead
+    /// ([`DEFAULT_MAX_SNOOZES`] unless set).
+    pub fn with_max_snoozes(mut self, max_snoozes: u32) -> Self {
+        self.max_snoozes = max_snoozes;
+        self
+    }
+
+    /// Bounds each attempt to `timeout` (overriding the kind's default,
+    /// [`Registry::with_timeout`](crate::Registry::with_timeout)). At `timeout` the handler's
+    /// cancellation token fires and the attempt fails as retryable with the reason "timed
+    /// out"; a handler that has not returned [`WorkerConfig::timeout_grace`](crate::WorkerConfig)
+    /// later is aborted (dropped at its next `.await`) and its slot freed. Independent of the
+    /// lease: a handler that ignores its token stays fenced — once its job runs again, or its
+    /// lease is gone, the fence refuses what it still writes.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// A job not started by `deadline` is not run late: the worker that claims it after then
+    /// dead-letters it with the reason "expired" without running its handler. Judged by the
+    /// claiming worker's clock, so keep deadlines well above clock skew.
+    pub fn with_deadline(mut self, deadline: std::time::SystemTime) -> Self {
+        let ms = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        self.deadline_ms = Some(u64::try_from(ms).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Debounces the job under `key`: it starts `quiet` after its enqueue, and while it has
+    /// not started (it waits out its quiet period), another enqueue under the same key
+    /// replaces its payload and options and pushes its start to `quiet` after that enqueue —
+    /// but never past `max_wait` after the first one, so a steady stream of updates still
+    /// runs. A burst of updates runs once, with the latest payload. The replacing enqueue
+    /// answers [`Enqueued::Debounced`] with the pending job's id. Decided atomically by the
+    /// backend. Once the job started (or was claimed), the next enqueue under the key makes a
+    /// new job. The replacing job must name the same queue, kind and scope (else the enqueue
+    /// is refused whole); a debounced job takes no delay and no unique key.
+    pub fn with_debounce(
+        mut self,
+        key: impl Into<String>,
+        quiet: Duration,
+        max_wait: Duration,
+    ) -> Self {
+        self.debounce = Some(Debounce {
+            key: key.into(),
+            quiet,
+            max_wait,
+        });
+        self
+    }
+
     /// Checks what every backend requires before accepting the job: names (see
     /// [`MAX_NAME_BYTES`]; a named scope may not take the reserved form of a default scope,
     /// `job:<uuid>`), payload size, [`PRIORITY_RANGE`], [`MAX_DELAY`], at least one attempt.
@@ -367,6 +459,49 @@ impl NewJob {
                 )));
             }
         }
+        let within = |what: &str, d: Duration| {
+            if d < Duration::from_millis(1) || d > MAX_DELAY {
+                return Err(Error::InvalidJob(format!(
+                    "{what} {d:?} is outside 1 ms ..= {MAX_DELAY:?}"
+                )));
+            }
+            Ok(())
+        };
+        if let Some(timeout) = self.timeout {
+            within("timeout", timeout)?;
+        }
+        if let Some(deadline) = self.deadline_ms {
+            if deadline >= MAX_TICK_MS as u64 {
+                return Err(Error::InvalidJob(format!(
+                    "deadline {deadline} ms is outside 0..{MAX_TICK_MS}"
+                )));
+            }
+        }
+        if let Some(debounce) = &self.debounce {
+            check_name("debounce key", &debounce.key)?;
+            within("debounce quiet period", debounce.quiet)?;
+            within("debounce maximum wait", debounce.max_wait)?;
+            if debounce.max_wait < debounce.quiet {
+                return Err(Error::InvalidJob(format!(
+                    "debounce maximum wait {:?} is shorter than its quiet period {:?}",
+                    debounce.max_wait, debounce.quiet
+                )));
+            }
+            if !self.delay.is_zero() {
+                return Err(Error::InvalidJob(
+                    "a debounced job starts after its quiet period: it takes no delay".into(),
+                ));
+            }
+            // (`with_id` gives a job the unique key `id:<id>`: that one is the producer's
+            // retry guard, not a competing rule, and is kept.)
+            if self.unique.as_ref().is_some_and(|u| {
+                Some(u.key.as_str()) != self.id.map(|id| format!("id:{id}")).as_deref()
+            }) {
+                return Err(Error::InvalidJob(
+                    "a job takes a unique key or a debounce key, not both".into(),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -384,12 +519,23 @@ pub const ENQUEUE_RETRY_FOR: Duration = Duration::from_secs(30);
 /// all or nothing, so one bad job refuses it whole.
 pub(crate) fn validate_batch(jobs: &[NewJob], max_payload_bytes: usize) -> Result<()> {
     let mut ids = std::collections::HashSet::new();
+    let mut debounced = std::collections::HashSet::new();
     for job in jobs {
         job.validate(max_payload_bytes)?;
         if let Some(id) = job.id {
             if !ids.insert(id) {
                 return Err(Error::InvalidJob(format!(
                     "job id {id} appears twice in one batch"
+                )));
+            }
+        }
+        // One enqueue replaces a pending job once: two of one batch under one key would
+        // leave which payload wins to the order of the batch.
+        if let Some(d) = &job.debounce {
+            if !debounced.insert(d.key.as_str()) {
+                return Err(Error::InvalidJob(format!(
+                    "debounce key {:?} appears twice in one batch",
+                    d.key
                 )));
             }
         }
@@ -410,10 +556,23 @@ pub struct Job {
     pub payload: String,
     /// Protected resource.
     pub scope: Scope,
-    /// 1 on the first claim, +1 on every later claim (after a retry or a stall).
+    /// 1 on the first claim, +1 on every later claim (after a retry or a stall; a snooze
+    /// gives its attempt back).
     pub attempt: u32,
     /// Expired leases so far.
     pub stalls: u32,
+    /// Times it snoozed so far ([`JobError::snooze`]).
+    #[serde(default)]
+    pub snoozes: u32,
+    /// Snoozes allowed.
+    #[serde(default = "default_max_snoozes")]
+    pub max_snoozes: u32,
+    /// How long one attempt may run ([`NewJob::with_timeout`]); `None`: the kind's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// Not started by then (Unix ms), it dies as expired ([`NewJob::with_deadline`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
     /// Handler failures allowed.
     pub max_attempts: u32,
     /// Stalls allowed.
@@ -462,6 +621,13 @@ pub enum JobError {
     /// A fenced sink refused the write: this lease no longer owns its scope.
     #[error("fenced off: {0}")]
     Fenced(#[from] crate::admission::Rejection),
+    /// Not now, and not a failure: run again after `after`, the attempt given back (see
+    /// [`JobError::snooze`]).
+    #[error("snoozed for {after:?}")]
+    Snooze {
+        /// When to run again.
+        after: Duration,
+    },
 }
 
 impl JobError {
@@ -476,6 +642,17 @@ impl JobError {
     /// A fatal failure.
     pub fn fatal(reason: impl Into<String>) -> Self {
         Self::Fatal(reason.into())
+    }
+
+    /// "Try again in `after`": the job waits that long and runs again without spending an
+    /// attempt or counting as a failure (a downstream asked to wait, a resource is busy).
+    /// Its snooze count grows ([`Job::snoozes`]); a job that snoozes more than its
+    /// [`max_snoozes`](NewJob::with_max_snoozes) is dead with that as its reason. At most
+    /// [`MAX_DELAY`].
+    pub fn snooze(after: Duration) -> Self {
+        Self::Snooze {
+            after: after.min(MAX_DELAY),
+        }
     }
 }
 
@@ -522,6 +699,12 @@ pub enum Settlement {
     /// once, the attempt not counted and no stall charged, the lease revoked atomically. A
     /// late write of the released run is still fenced once the job is claimed again.
     Release,
+    /// The handler snoozed ([`JobError::snooze`]): claimable again after `delay`, the attempt
+    /// not counted, its snooze count one higher.
+    Snooze {
+        /// How long it waits.
+        delay: Duration,
+    },
     /// A fenced sink refused this (still current) lease: a sink holds `highest`, at least as
     /// new as this lease's token, so the coordinator's counters regressed. The coordinator
     /// moves to an epoch above `highest` and runs the job again at once, without spending an

@@ -27,7 +27,7 @@ pub const JOBS_ENQUEUED: &str = "palisade_jobs_enqueued_total";
 /// Leases granted. Labels: queue.
 pub const CLAIMS: &str = "palisade_claims_total";
 /// Jobs a worker finished running. Labels: queue, kind, outcome
-/// (completed|retried|dead|fenced).
+/// (completed|retried|dead|fenced|released|snoozed|expired|timed_out).
 pub const JOBS_FINISHED: &str = "palisade_jobs_finished_total";
 /// Settlements the coordinator refused because the lease was no longer current. Labels: queue.
 pub const SETTLEMENTS_REFUSED: &str = "palisade_settlements_refused_total";

@@ -59,6 +59,18 @@ impl RetryPolicy {
                     reason: rejection.to_string(),
                 },
             },
+            Err(JobError::Snooze { after }) => {
+                if job.snoozes >= job.max_snoozes {
+                    Settlement::Dead {
+                        reason: format!(
+                            "snoozed {} times (max_snoozes = {}); asked again for {after:?}",
+                            job.snoozes, job.max_snoozes
+                        ),
+                    }
+                } else {
+                    Settlement::Snooze { delay: *after }
+                }
+            }
             Err(JobError::Retry { after, reason }) => {
                 if job.attempt >= job.max_attempts {
                     Settlement::Dead {
@@ -72,6 +84,42 @@ impl RetryPolicy {
                 }
             }
         }
+    }
+}
+
+/// How an attempt claimed at `now_ms` (Unix ms, the claiming worker's clock) that must not
+/// start settles without running: dead as "expired" when the job's deadline passed
+/// ([`NewJob::with_deadline`](crate::NewJob::with_deadline)); `None` when it may run. Every
+/// attempt is judged, a retry too: none starts late.
+pub(crate) fn expired(job: &Job, now_ms: u64) -> Option<Settlement> {
+    let deadline = job.deadline_ms?;
+    (now_ms > deadline).then(|| {
+        // (Validated deadlines are below 10^14 ms: the year 5138, well inside chrono's range.)
+        let at = i64::try_from(deadline)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map_or_else(
+                || format!("{deadline} ms"),
+                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            );
+        Settlement::Dead {
+            reason: format!(
+                "expired: not started by its deadline {at} (claimed {} ms after it)",
+                now_ms - deadline
+            ),
+        }
+    })
+}
+
+/// The outcome of an attempt that ran past its timeout: retryable, whatever the handler
+/// returned once its token fired (its work is cut short, and its lease ends with the
+/// settlement), or `aborted` when it did not return within the grace period.
+pub(crate) fn timed_out(timeout: Duration, aborted: Option<Duration>) -> JobError {
+    match aborted {
+        None => JobError::retry(format!("timed out after {timeout:?}")),
+        Some(grace) => JobError::retry(format!(
+            "timed out after {timeout:?}; did not stop within {grace:?} of its cancellation and was aborted"
+        )),
     }
 }
 
@@ -109,6 +157,10 @@ mod tests {
             scope: Scope::new("s"),
             attempt,
             stalls: 0,
+            snoozes: 0,
+            max_snoozes: 2,
+            timeout: None,
+            deadline_ms: None,
             max_attempts,
             max_stalls: 1,
             flow: None,
@@ -178,6 +230,60 @@ mod tests {
             p.settle(&job(3, 3), &Err(JobError::Fenced(rejection)), 0.9),
             Settlement::Fenced { highest, .. } if highest == FencingToken::from_u64(2)
         ));
+    }
+
+    /// A snooze gives its attempt back even on the last attempt (it is no failure), until the
+    /// snoozes run out: then the job is dead with the count as its reason.
+    #[test]
+    fn snoozes_until_they_run_out() {
+        let p = RetryPolicy::default();
+        let snooze = Err(JobError::snooze(Duration::from_secs(3)));
+        let mut j = job(3, 3);
+        for snoozes in 0..2 {
+            j.snoozes = snoozes;
+            assert_eq!(
+                p.settle(&j, &snooze, 0.5),
+                Settlement::Snooze {
+                    delay: Duration::from_secs(3)
+                }
+            );
+        }
+        j.snoozes = 2;
+        match p.settle(&j, &snooze, 0.5) {
+            Settlement::Dead { reason } => {
+                assert!(
+                    reason.contains("snoozed 2 times (max_snoozes = 2)"),
+                    "{reason}"
+                )
+            }
+            other => panic!("expected dead, got {other:?}"),
+        }
+        // Longer than any delay is the longest delay.
+        assert_eq!(
+            JobError::snooze(Duration::MAX),
+            JobError::Snooze {
+                after: crate::job::MAX_DELAY
+            }
+        );
+    }
+
+    /// An attempt claimed after the deadline does not run (a retry neither); at the deadline
+    /// exactly, or without one, it does.
+    #[test]
+    fn attempts_after_the_deadline_expire() {
+        let mut j = job(2, 3);
+        assert_eq!(expired(&j, u64::MAX), None);
+        j.deadline_ms = Some(1_000);
+        assert_eq!(expired(&j, 999), None);
+        assert_eq!(expired(&j, 1_000), None);
+        match expired(&j, 1_250) {
+            Some(Settlement::Dead { reason }) => {
+                assert!(reason.starts_with("expired"), "{reason}");
+                assert!(reason.contains("1970-01-01T00:00:01.000Z"), "{reason}");
+                assert!(reason.contains("250 ms after"), "{reason}");
+            }
+            other => panic!("expected expired, got {other:?}"),
+        }
     }
 
     #[test]

@@ -305,7 +305,7 @@ async fn deliver(
                 job = job.with_scope(scope);
             }
             match client.enqueue_unique(job).await {
-                Ok(crate::Enqueued::Added(_)) => Attempt::Delivered,
+                Ok(crate::Enqueued::Added(_) | crate::Enqueued::Debounced(_)) => Attempt::Delivered,
                 Ok(crate::Enqueued::Existing(id)) => {
                     // A repeated delivery (or a collision, which the id's parts rule out
                     // unless two relays share a sink name): said, since it means an earlier

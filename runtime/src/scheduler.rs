@@ -142,6 +142,8 @@ async fn fire(store: &Stores, schedule: &Schedule, now: i64) -> crate::Result<()
             let outcome = match done {
                 Enqueued::Added(_) => "enqueued",
                 Enqueued::Existing(_) => "existing",
+                // (A tick's job is not debounced: its unique key decides.)
+                Enqueued::Debounced(_) => "debounced",
             };
             counter!(m::SCHEDULE_TICKS, "schedule" => schedule.name().to_owned(), "outcome" => outcome)
                 .increment(1);

@@ -222,11 +222,16 @@ pub(crate) fn record_attempt(span: &Span, outcome: &Result<(), crate::job::JobEr
         Ok(()) => {
             span.record("palisade.outcome", "ok");
         }
+        // A snooze is no failure: the span ends without an error status.
+        Err(crate::job::JobError::Snooze { .. }) => {
+            span.record("palisade.outcome", "snoozed");
+        }
         Err(e) => {
             let outcome = match e {
                 crate::job::JobError::Retry { .. } => "retry",
                 crate::job::JobError::Fatal(_) => "fatal",
                 crate::job::JobError::Fenced(_) => "fenced",
+                crate::job::JobError::Snooze { .. } => "snoozed",
             };
             span.record("palisade.outcome", outcome);
             span.record("otel.status_code", "error");

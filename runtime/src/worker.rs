@@ -59,6 +59,10 @@ pub struct WorkerConfig {
     /// 1 ms or less is none. A lingering settlement still holds its scope: a hot scope runs
     /// at most 1 / (handler + linger + round trip) jobs a second.
     pub linger: Duration,
+    /// How long a handler past its timeout ([`NewJob::with_timeout`](crate::NewJob::with_timeout),
+    /// [`Registry::with_timeout`](crate::Registry::with_timeout)) has, once its cancellation
+    /// token fired, to return before its task is aborted and its slot freed (default 5 s).
+    pub timeout_grace: Duration,
 }
 
 impl WorkerConfig {
@@ -73,8 +77,12 @@ impl WorkerConfig {
             poll_interval: Duration::from_millis(50),
             retry: RetryPolicy::default(),
             linger: Self::DEFAULT_LINGER,
+            timeout_grace: Self::DEFAULT_TIMEOUT_GRACE,
         }
     }
+
+    /// The default [`WorkerConfig::timeout_grace`].
+    pub const DEFAULT_TIMEOUT_GRACE: Duration = Duration::from_secs(5);
 
     /// The default [`WorkerConfig::linger`].
     pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
@@ -164,8 +172,48 @@ struct KindMetrics {
     duration: Histogram,
     claim_to_start: Histogram,
     settle_wait: Histogram,
-    /// By outcome: completed, retried, dead, fenced, released.
-    finished: [Counter; 5],
+    /// By outcome: see `Outcome`.
+    finished: [Counter; 8],
+}
+
+/// How an attempt ended, as `palisade_jobs_finished_total` counts it (the index of its
+/// counter in `KindMetrics::finished`).
+#[derive(Clone, Copy)]
+enum Outcome {
+    Completed,
+    Retried,
+    Dead,
+    Fenced,
+    Released,
+    Snoozed,
+    /// Claimed after its deadline: dead-lettered, never run.
+    Expired,
+    /// Ran past its timeout (retried, or dead if that was its last attempt).
+    TimedOut,
+}
+
+impl Outcome {
+    const LABELS: [&'static str; 8] = [
+        "completed",
+        "retried",
+        "dead",
+        "fenced",
+        "released",
+        "snoozed",
+        "expired",
+        "timed_out",
+    ];
+
+    fn of(settlement: &Settlement) -> Self {
+        match settlement {
+            Settlement::Complete { .. } => Self::Completed,
+            Settlement::Retry { .. } => Self::Retried,
+            Settlement::Dead { .. } => Self::Dead,
+            Settlement::Fenced { .. } => Self::Fenced,
+            Settlement::Release => Self::Released,
+            Settlement::Snooze { .. } => Self::Snoozed,
+        }
+    }
 }
 
 impl KindMetrics {
@@ -176,13 +224,7 @@ impl KindMetrics {
             duration: histogram!(m::JOB_DURATION, &labels),
             claim_to_start: histogram!(m::CLAIM_TO_START, "queue" => queue.to_owned()),
             settle_wait: histogram!(m::SETTLE_WAIT, "queue" => queue.to_owned()),
-            finished: [
-                finished("completed"),
-                finished("retried"),
-                finished("dead"),
-                finished("fenced"),
-                finished("released"),
-            ],
+            finished: Outcome::LABELS.map(finished),
         }
     }
 }
@@ -240,6 +282,7 @@ impl Worker {
         sinks: Sinks,
     ) -> Result<Self> {
         config.validate()?;
+        registry.validate()?;
         let mut kinds: Vec<String> = registry.kinds().map(str::to_owned).collect();
         kinds.sort_unstable();
         if kinds.is_empty() {
@@ -451,11 +494,23 @@ impl Worker {
         let job = Arc::new(job);
         let claim_to_start = self.metrics(&job).claim_to_start.clone();
         let cancel = CancellationToken::new();
+        // Renewed until its settlement is answered, whether its handler runs or not.
         self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
         // The attempt's span continues the job's trace; its follow-up jobs and rejection
         // notes carry the attempt's own context (its trace id, for the operator).
         let span = crate::trace::job_span(&job, &lease, &self.config.name);
+        if let Some(expired) = crate::policy::expired(&job, crate::store::unix_ms()) {
+            if let Settlement::Dead { reason } = &expired {
+                tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job expired before it started: dead-lettered, not run");
+            }
+            self.metrics(&job).finished[Outcome::Expired as usize].increment(1);
+            self.queue_settlement(lease_id, expired, job);
+            self.flush(ctx);
+            return;
+        }
+        let timeout = self.registry.timeout_of(&job);
+        let grace = self.config.timeout_grace;
         let trace = crate::trace::attempt_context(&span, &job);
         let state = Arc::new(RunState::new(job.id, self.coordinator.clone(), trace));
         let run = match self.registry.get(&job.kind) {
@@ -478,7 +533,7 @@ impl Worker {
             lease_id,
             Running {
                 job,
-                cancel,
+                cancel: cancel.clone(),
                 started: Instant::now(),
                 run: state,
                 span: span.clone(),
@@ -489,22 +544,28 @@ impl Worker {
             claim_to_start.record(sent.elapsed());
             // A panicking handler must not take the worker down or lose the job: it becomes a
             // retry like any other failure. The handler's own spans nest in the attempt's.
-            let outcome = AssertUnwindSafe(run.instrument(span.clone()))
+            let run = AssertUnwindSafe(run.instrument(span.clone()))
                 .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-string panic".into());
-                    Err(JobError::retry(format!("handler panicked: {what}")))
+                .map(|ran| {
+                    ran.unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "non-string panic".into());
+                        Err(JobError::retry(format!("handler panicked: {what}")))
+                    })
                 });
+            let (outcome, timed_out) = match timeout {
+                Some(limit) => bounded(run, limit, grace, &cancel).await,
+                None => (run.await, false),
+            };
             crate::trace::record_attempt(&span, &outcome);
             drop(span);
             worker.do_send(JobFinished {
                 lease: lease_id,
                 outcome,
+                timed_out,
             });
         });
     }
@@ -707,6 +768,32 @@ pub(crate) struct JobFinished {
     pub lease: LeaseId,
     /// What it returned.
     pub outcome: std::result::Result<(), JobError>,
+    /// It ran past its timeout (`outcome` says so as a retry).
+    pub timed_out: bool,
+}
+
+/// Runs an attempt's handler `run` for at most `limit`; then fires its cancellation token and
+/// gives it `grace` to return. One that does not is dropped — aborted at the `.await` it
+/// waits in, which frees its slot (a handler that blocks its thread without awaiting cannot
+/// be aborted: run blocking work in `spawn_blocking`). What it had sent is not undone: a
+/// write already at a sink is decided there, and once the job's next attempt holds a newer
+/// token, or the lease is gone, the fence refuses anything later. Returns the outcome and
+/// whether it timed out.
+async fn bounded(
+    run: impl std::future::Future<Output = std::result::Result<(), JobError>>,
+    limit: Duration,
+    grace: Duration,
+    cancel: &CancellationToken,
+) -> (std::result::Result<(), JobError>, bool) {
+    tokio::pin!(run);
+    if let Ok(outcome) = tokio::time::timeout(limit, &mut run).await {
+        return (outcome, false);
+    }
+    cancel.cancel();
+    // Whatever it returns once told to stop, the attempt timed out: it was cut short.
+    let aborted = tokio::time::timeout(grace, &mut run).await.is_err();
+    let error = crate::policy::timed_out(limit, aborted.then_some(grace));
+    (Err(error), true)
 }
 
 impl Handler<JobFinished> for Worker {
@@ -735,12 +822,11 @@ impl Handler<JobFinished> for Worker {
             *result = running.run.take_result();
             *then = asked;
         }
-        let outcome = match &settlement {
-            Settlement::Complete { .. } => 0,
-            Settlement::Retry { .. } => 1,
-            Settlement::Dead { .. } => 2,
-            Settlement::Fenced { .. } => 3,
-            Settlement::Release => 4,
+        let outcome = if msg.timed_out {
+            tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, outcome = ?msg.outcome, "job timed out");
+            Outcome::TimedOut
+        } else {
+            Outcome::of(&settlement)
         };
         match &settlement {
             Settlement::Complete { .. } => {
@@ -758,12 +844,15 @@ impl Handler<JobFinished> for Worker {
             Settlement::Release => {
                 tracing::info!(parent: &span, job = %job.id, kind = %job.kind, "job released unfinished")
             }
+            Settlement::Snooze { delay } => {
+                tracing::debug!(parent: &span, job = %job.id, kind = %job.kind, snoozes = job.snoozes + 1, ?delay, "job snoozed")
+            }
         }
         let metrics = self.metrics(&job);
         metrics
             .duration
             .record(running.started.elapsed().as_secs_f64());
-        metrics.finished[outcome].increment(1);
+        metrics.finished[outcome as usize].increment(1);
         self.queue_settlement(msg.lease, settlement, job);
         self.flush(ctx);
         self.fill(ctx);
@@ -810,7 +899,7 @@ impl Worker {
             running.cancel.cancel();
             self.journal(&running.run);
             self.released_runs.insert(lease, running.run.clone());
-            self.metrics(&running.job).finished[4].increment(1);
+            self.metrics(&running.job).finished[Outcome::Released as usize].increment(1);
             self.queue_settlement(lease, Settlement::Release, running.job);
         }
         self.flush(ctx);

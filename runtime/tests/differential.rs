@@ -327,6 +327,11 @@ struct JobSpec {
     unique: Option<u8>,
     /// Enqueued under a trace (its number in the trace id; with a tracestate when odd).
     trace: Option<u8>,
+    /// Debounced under key `d0`..`d1` (an hour's quiet period; then no delay and no unique
+    /// key), or not.
+    debounce: Option<u8>,
+    /// With a timeout and a deadline (carried, never reached here), or without.
+    limits: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -339,6 +344,9 @@ enum Outcome {
     Release,
     /// With the token of the settled lease itself.
     Fenced,
+    Snooze {
+        later: bool,
+    },
 }
 
 /// The lease an operation names: one still believed current, any lease ever granted (most
@@ -389,6 +397,8 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         (
             prop::option::weighted(0.3, 0..2u8),
             prop::option::weighted(0.5, 1..4u8),
+            prop::option::weighted(0.3, 0..2u8),
+            prop::bool::weighted(0.3),
         ),
     )
         .prop_map(
@@ -399,7 +409,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 delayed,
                 max_attempts,
                 max_stalls,
-                (unique, trace),
+                (unique, trace, debounce, limits),
             )| JobSpec {
                 queue,
                 kind,
@@ -410,6 +420,8 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 max_stalls,
                 unique,
                 trace,
+                debounce,
+                limits,
             },
         )
 }
@@ -430,6 +442,8 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         Just(Outcome::Dead),
         Just(Outcome::Release),
         Just(Outcome::Fenced),
+        Just(Outcome::Snooze { later: false }),
+        Just(Outcome::Snooze { later: true }),
     ]
 }
 
@@ -462,9 +476,20 @@ fn new_job(no: usize, spec: &JobSpec) -> NewJob {
         .with_delay(if spec.delayed { HOUR } else { Duration::ZERO })
         .with_max_attempts(spec.max_attempts)
         .with_max_stalls(spec.max_stalls);
-    let job = match spec.unique {
-        Some(u) => job.with_unique_key(format!("u{u}"), Duration::ZERO),
-        None => job,
+    let job = match (spec.debounce, spec.unique) {
+        (Some(d), _) => {
+            job.with_delay(Duration::ZERO)
+                .with_debounce(format!("d{d}"), HOUR, 2 * HOUR)
+        }
+        (None, Some(u)) => job.with_unique_key(format!("u{u}"), Duration::ZERO),
+        (None, None) => job,
+    };
+    let job = match spec.limits {
+        true => job
+            .with_timeout(Duration::from_secs(7))
+            .with_deadline(std::time::UNIX_EPOCH + Duration::from_secs(4_000_000_000))
+            .with_max_snoozes(1),
+        false => job,
     };
     let job = match spec.trace {
         Some(t) => job.with_trace(
@@ -496,6 +521,10 @@ struct JobView {
     max_stalls: u32,
     /// The trace it carries (traceparent and tracestate).
     trace: Option<(String, Option<String>)>,
+    snoozes: u32,
+    max_snoozes: u32,
+    timeout: Option<Duration>,
+    deadline_ms: Option<u64>,
 }
 
 /// One backend and the ids it handed out, by enqueue position and by claim.
@@ -549,6 +578,10 @@ impl Side {
                     t.tracestate().map(str::to_owned),
                 )
             }),
+            snoozes: job.snoozes,
+            max_snoozes: job.max_snoozes,
+            timeout: job.timeout,
+            deadline_ms: job.deadline_ms,
         }
     }
 
@@ -591,6 +624,9 @@ impl Side {
                 reason: "fatal".into(),
             },
             Outcome::Release => Settlement::Release,
+            Outcome::Snooze { later } => Settlement::Snooze {
+                delay: if later { HOUR } else { Duration::ZERO },
+            },
             Outcome::Fenced => Settlement::Fenced {
                 highest: no.map_or(FencingToken::from_u64(1), |no| self.tokens[no]),
                 reason: "fenced".into(),
@@ -649,10 +685,16 @@ impl Coordinators {
                 )?;
                 if let (Ok(m), Ok(r)) = (m, r) {
                     for (m, r) in m.into_iter().zip(r) {
-                        // Both added, or both turned away by the same earlier job.
+                        // Both added, or both turned away by (or folded into) the same
+                        // earlier job.
                         let answer = |side: &Side, e: Enqueued| match e {
                             Enqueued::Added(_) => None,
-                            Enqueued::Existing(id) => Some(side.job_nos.get(&id).copied()),
+                            Enqueued::Existing(id) => {
+                                Some(("existing", side.job_nos.get(&id).copied()))
+                            }
+                            Enqueued::Debounced(id) => {
+                                Some(("debounced", side.job_nos.get(&id).copied()))
+                            }
                         };
                         same(
                             format_args!("step {s} enqueue of job {}", self.enqueued),
@@ -828,6 +870,20 @@ impl Coordinators {
                 format_args!("after step {s}: dead({queue})"),
                 m.as_ref().map(|d| mem.dead(d)),
                 r.as_ref().map(|d| red.dead(d)),
+            )?;
+            // The delayed jobs as they are (a debounced one with its latest payload), in job
+            // order: jobs due at the same time may be listed in either order.
+            let delayed = |side: &Side, views: &Vec<palisade::JobView>| {
+                let mut v: Vec<_> = views.iter().map(|d| side.job(&d.job)).collect();
+                v.sort();
+                v
+            };
+            let m = mem.store.delayed(queue, 1000).await;
+            let r = red.store.delayed(queue, 1000).await;
+            same(
+                format_args!("after step {s}: delayed({queue})"),
+                m.as_ref().map(|d| delayed(mem, d)),
+                r.as_ref().map(|d| delayed(red, d)),
             )?;
         }
         Ok(())

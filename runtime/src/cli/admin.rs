@@ -78,6 +78,40 @@ pub(super) struct EnqueueArgs {
     /// The `tracestate` that goes with --traceparent.
     #[arg(long, value_name = "TRACESTATE", requires = "traceparent")]
     tracestate: Option<String>,
+    /// Bounds each attempt, e.g. 30s: at the timeout the handler is told to stop and the
+    /// attempt fails as retryable ("timed out"); one that does not stop is aborted after the
+    /// worker's grace period. Default: the kind's timeout, if the binary sets one.
+    #[arg(long, value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
+    timeout: Option<Duration>,
+    /// The job is not started after this: an RFC 3339 time (2026-12-03T18:00:00Z) or a
+    /// duration from now (10m). A worker that claims it later dead-letters it as "expired".
+    #[arg(long, value_parser = deadline)]
+    deadline: Option<std::time::SystemTime>,
+    /// Times the handler may snooze before the job is dead.
+    #[arg(long, default_value_t = crate::job::DEFAULT_MAX_SNOOZES)]
+    max_snoozes: u32,
+    /// Debounces the job under KEY: while a job under KEY waits out its quiet period, this
+    /// one replaces its payload and pushes its start to --quiet from now (but no later than
+    /// --max-wait after the first), and the pending job's id is printed with a note on
+    /// stderr. `{field}` is replaced as in --scope.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["unique", "delay"])]
+    debounce: Option<String>,
+    /// The quiet period of --debounce.
+    #[arg(long, default_value = "1s", requires = "debounce", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
+    quiet: Duration,
+    /// The longest a debounced job waits from its first enqueue.
+    #[arg(long, default_value = "1m", requires = "debounce", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
+    max_wait: Duration,
+}
+
+/// A `--deadline`: an RFC 3339 time, or a duration from now.
+fn deadline(text: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Ok(std::time::SystemTime::now() + d.min(super::YEAR));
+    }
+    humantime::parse_rfc3339_weak(text).map_err(|e| {
+        format!("{e}: give an RFC 3339 time (2026-12-03T18:00:00Z) or a duration from now (10m)")
+    })
 }
 
 impl EnqueueArgs {
@@ -124,6 +158,16 @@ impl EnqueueArgs {
         if let Some(template) = &self.unique {
             job = job.with_unique_key(fill(template, payload)?, self.unique_ttl);
         }
+        if let Some(template) = &self.debounce {
+            job = job.with_debounce(fill(template, payload)?, self.quiet, self.max_wait);
+        }
+        if let Some(timeout) = self.timeout {
+            job = job.with_timeout(timeout);
+        }
+        if let Some(deadline) = self.deadline {
+            job = job.with_deadline(deadline);
+        }
+        job = job.with_max_snoozes(self.max_snoozes);
         if let Some(id) = self.id {
             job = job.with_id(crate::JobId::from(id));
         }
@@ -192,7 +236,7 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
     runtime()?.block_on(async {
         let (_, store) = args.redis.store_with(args.max_payload_bytes, |s| s).await?;
         let mut unprinted = None;
-        for (done, batch) in (0..).step_by(1000).zip(jobs.chunks(1000)) {
+        for (done, batch) in batches(&jobs) {
             // Each batch is all or nothing; say exactly how far a failure got.
             // With the same job ids on every retry (`enqueue_counted`): a lost reply cannot
             // add a line twice.
@@ -206,6 +250,14 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
                 anyhow::Error::from(e).context(not_enqueued(&jobs, done, unknown))
             })?;
             for ((line, job), outcome) in batch.iter().zip(&added) {
+                if let Enqueued::Debounced(id) = outcome {
+                    match line {
+                        Some(n) => eprintln!(
+                            "stdin line {n} replaced the payload of pending job {id} (debounced)"
+                        ),
+                        None => eprintln!("replaced the payload of pending job {id} (debounced)"),
+                    }
+                }
                 if let Enqueued::Existing(id) = outcome {
                     let why = if job.id == Some(*id) {
                         format!("job {id} is already enqueued")
@@ -229,6 +281,33 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             Some(e) => Err(e.context("every job was enqueued, but not every id could be printed")),
             None => Ok(()),
         }
+    })
+}
+
+/// `jobs` in batches of up to 1,000 (each all or nothing, one round trip), each with the
+/// index of its first job. A debounce key ends a batch where it repeats: the lines are sent
+/// in order, the later replacing the earlier (a backend refuses one key twice in a batch).
+fn batches<'a>(
+    jobs: &'a [(Option<usize>, NewJob)],
+) -> impl Iterator<Item = (usize, &'a [(Option<usize>, NewJob)])> + 'a {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= jobs.len() {
+            return None;
+        }
+        let mut keys = std::collections::HashSet::new();
+        let end = jobs[start..]
+            .iter()
+            .take(1000)
+            .position(|(_, job)| {
+                job.debounce
+                    .as_ref()
+                    .is_some_and(|d| !keys.insert(d.key.as_str()))
+            })
+            .map_or((start + 1000).min(jobs.len()), |at| start + at);
+        let batch = (start, &jobs[start..end]);
+        start = end;
+        Some(batch)
     })
 }
 

@@ -132,6 +132,11 @@ impl PartitionedLeaseStore {
         let p = self.parts.len();
         // A retried enqueue goes where its first attempt went: by its unique key, or by its
         // id as `with_id`'s unique key names it (so with or without that key, one partition).
+        // A debounced job goes where its key's pending job is (jobs under one key share a
+        // scope, if they have one).
+        if let (None, Some(debounce)) = (&job.scope, &job.debounce) {
+            return partition_of(&debounce.key, p);
+        }
         match (&job.scope, &job.unique, job.id) {
             (Some(scope), _, _) => partition_of(scope.as_str(), p),
             (None, Some(unique), _) => partition_of(&unique.key, p),

@@ -280,6 +280,9 @@ impl QueueAdmin for MemoryLeaseStore {
             let id = job.id;
             job.attempt = 0;
             job.stalls = 0;
+            // Fresh snoozes, and no deadline: an operator asked for it to run now.
+            job.snoozes = 0;
+            job.deadline_ms = None;
             state.jobs.insert(id, job);
             state.park(id, now, now);
             count += 1;
@@ -306,6 +309,8 @@ impl QueueAdmin for MemoryLeaseStore {
         let id = job.id;
         job.attempt = 0;
         job.stalls = 0;
+        job.snoozes = 0;
+        job.deadline_ms = None;
         state.jobs.insert(id, job);
         state.park(id, now, now);
         Ok(true)

@@ -98,6 +98,10 @@ struct LeaseState {
     job_unique: HashMap<JobId, (String, Instant)>,
     /// Keys of done jobs by the end of their ttl, to forget them then.
     unique_expiries: BTreeSet<(Instant, String)>,
+    /// Debounce keys: the job last enqueued under each, its first enqueue, and when the key is
+    /// forgotten (a minute past the longest the job can stay pending, as on Redis).
+    debounce: HashMap<String, (JobId, Instant, Instant)>,
+    debounce_expiries: BTreeSet<(Instant, String)>,
     /// Paused queues: claims from them hand out nothing.
     paused: BTreeSet<String>,
     /// Rate-limited queues: the limit, the bucket's tokens and when they were counted.
@@ -597,6 +601,54 @@ impl LeaseState {
         }
     }
 
+    /// Forgets the debounce keys whose time is up.
+    fn forget_debounce_keys(&mut self, now: Instant) {
+        while let Some((until, key)) = self.debounce_expiries.first().cloned() {
+            if until > now {
+                break;
+            }
+            self.debounce_expiries.pop_first();
+            if self.debounce.get(&key).is_some_and(|held| held.2 == until) {
+                self.debounce.remove(&key);
+            }
+        }
+    }
+
+    /// The job holding debounce key `key` while it is pending — it waits out its quiet period
+    /// and never started (delayed, no attempt, no snooze) — with its first enqueue and its
+    /// place in the delayed set.
+    fn pending_debounce(&self, key: &str) -> Option<(JobId, Instant, DelayedKey)> {
+        let &(id, since, _) = self.debounce.get(key)?;
+        let job = self.jobs.get(&id)?;
+        if job.attempt != 0 || job.snoozes != 0 {
+            return None;
+        }
+        let at = *self.ready_at.get(&id)?;
+        let first = (at, 0, JobId::from(uuid::Uuid::nil()));
+        let place = self
+            .queues
+            .get(&job.queue)?
+            .delayed
+            .range(first..)
+            .take_while(|k| k.0 == at)
+            .find(|k| k.2 == id)?;
+        Some((id, since, *place))
+    }
+
+    /// Keeps debounce key `key` for job `id`, first enqueued at `since`.
+    fn hold_debounce(
+        &mut self,
+        key: String,
+        id: JobId,
+        since: Instant,
+        now: Instant,
+        max_wait: Duration,
+    ) {
+        let until = now + max_wait + Duration::from_secs(60);
+        self.debounce_expiries.insert((until, key.clone()));
+        self.debounce.insert(key, (id, since, until));
+    }
+
     /// Keeps `new` as job `id` (its first attempt not made yet), nowhere a claim looks yet:
     /// the caller parks it (an enqueue) or holds it (a flow step). Returns what the caller
     /// still needs of it: its delay and unique key.
@@ -614,6 +666,10 @@ impl LeaseState {
             payload: new.payload,
             attempt: 0,
             stalls: 0,
+            snoozes: 0,
+            max_snoozes: new.max_snoozes,
+            timeout: new.timeout,
+            deadline_ms: new.deadline_ms,
             max_attempts: new.max_attempts,
             max_stalls: new.max_stalls,
             flow,
@@ -624,6 +680,28 @@ impl LeaseState {
         queue.priority.insert(id, new.priority);
         self.jobs.insert(id, job);
         (new.delay, new.unique)
+    }
+
+    /// Pending job `id` (delayed at `place`) takes `new`'s payload and options (queue, kind
+    /// and scope are the same) and is due at `start`.
+    fn fold(&mut self, id: JobId, new: NewJob, place: DelayedKey, start: Instant) {
+        let seq = self.next_seq();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        job.payload = new.payload;
+        job.max_attempts = new.max_attempts;
+        job.max_stalls = new.max_stalls;
+        job.max_snoozes = new.max_snoozes;
+        job.timeout = new.timeout;
+        job.deadline_ms = new.deadline_ms;
+        job.tick = new.tick;
+        job.trace = new.trace;
+        let q = self.queues.entry(new.queue).or_default();
+        q.priority.insert(id, new.priority);
+        q.delayed.remove(&place);
+        q.delayed.insert((start, seq, id));
+        self.ready_at.insert(id, start);
     }
 
     /// Completes `id`; a flow step's end carries the steps its completion `added`.
@@ -673,8 +751,36 @@ impl LeaseStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut state = lock(&self.state);
         state.forget_unique_keys(now);
+        state.forget_debounce_keys(now);
+        // All or nothing: a debounce key held by a pending job of another queue, kind or
+        // scope refuses the batch before anything is added (as the Redis script does).
+        let mut taken = HashSet::new();
+        for new in &jobs {
+            let away = match &new.unique {
+                Some(u) if state.unique.contains_key(&u.key) || taken.contains(&u.key) => true,
+                _ => new.id.is_some_and(|id| state.jobs.contains_key(&id)),
+            };
+            if away {
+                continue;
+            }
+            if let Some(u) = &new.unique {
+                taken.insert(u.key.clone());
+            }
+            let Some(d) = &new.debounce else { continue };
+            if let Some((holder, _, _)) = state.pending_debounce(&d.key) {
+                let held = &state.jobs[&holder];
+                let scope = new.scope.clone().unwrap_or_else(|| Scope::of_job(holder));
+                if held.queue != new.queue || held.kind != new.kind || held.scope != scope {
+                    return Err(Error::InvalidJob(format!(
+                        "debounce key {} is held by pending job {holder} of queue {}, kind {}, \
+                         scope {}; a job under it must name the same: nothing was changed",
+                        d.key, held.queue, held.kind, held.scope
+                    )));
+                }
+            }
+        }
         let mut out = Vec::with_capacity(jobs.len());
-        for new in jobs {
+        for mut new in jobs {
             if let Some(holder) = new.unique.as_ref().and_then(|u| state.unique.get(&u.key)) {
                 out.push(Enqueued::Existing(holder.0));
                 continue;
@@ -685,11 +791,28 @@ impl LeaseStore for MemoryLeaseStore {
                 out.push(Enqueued::Existing(id));
                 continue;
             }
+            let debounce = new.debounce.take();
+            if let Some(d) = &debounce {
+                new.delay = d.quiet;
+                if let Some((holder, since, place)) = state.pending_debounce(&d.key) {
+                    // The pending job takes this one's payload and options and starts a
+                    // quiet period after now, but no later than its first enqueue's maximum
+                    // wait.
+                    let start = (now + d.quiet).min(since + d.max_wait);
+                    state.fold(holder, new, place, start);
+                    state.hold_debounce(d.key.clone(), holder, since, now, d.max_wait);
+                    out.push(Enqueued::Debounced(holder));
+                    continue;
+                }
+            }
             let (delay, unique) = state.insert_job(id, new, None);
             state.park(id, now + delay, now);
             if let Some(unique) = unique {
                 state.unique.insert(unique.key.clone(), (id, None));
                 state.job_unique.insert(id, (unique.key, now + unique.ttl));
+            }
+            if let Some(d) = debounce {
+                state.hold_debounce(d.key, id, now, now, d.max_wait);
             }
             out.push(Enqueued::Added(id));
         }
@@ -802,6 +925,14 @@ impl LeaseStore for MemoryLeaseStore {
                         job.attempt = job.attempt.saturating_sub(1);
                     }
                     state.park(id, now, now);
+                }
+                Settlement::Snooze { delay } => {
+                    // Not a failure: the attempt is given back, the snooze counted.
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.attempt = job.attempt.saturating_sub(1);
+                        job.snoozes = job.snoozes.saturating_add(1);
+                    }
+                    state.park(id, now + delay.min(MAX_DELAY), now);
                 }
                 Settlement::Fenced { highest, .. } => {
                     // Grant above the sink from now on: the next token is in a newer epoch

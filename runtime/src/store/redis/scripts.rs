@@ -59,10 +59,11 @@ pub(super) fn decode_watermark(reply: &str) -> Result<Option<FencingToken>> {
         .ok_or_else(|| garbage(format_args!("watermark {reply:?} out of range")))
 }
 
-/// One row of `claim.lua`: `{job id, lease id, epoch, counter, meta, attempt, stalls}`.
+/// One row of `claim.lua`: `{job id, lease id, epoch, counter, meta, attempt, stalls,
+/// snoozes}`.
 pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -> Result<Claim> {
-    let [id, lease, epoch, counter, meta, attempt, stalls] =
-        <[String; 7]>::try_from(row).map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
+    let [id, lease, epoch, counter, meta, attempt, stalls, snoozes] =
+        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
     let job_id = JobId::from(parse::<uuid::Uuid>(&id)?);
     let scope = meta.scope.unwrap_or_else(|| Scope::of_job(job_id));
@@ -75,6 +76,11 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
             scope: scope.clone(),
             attempt: parse(&attempt)?,
             stalls: parse(&stalls)?,
+            // (A count another program wrote oddly reads as 0, as the scripts read it.)
+            snoozes: snoozes.parse().unwrap_or(0),
+            max_snoozes: meta.max_snoozes,
+            timeout: meta.timeout_ms.map(Duration::from_millis),
+            deadline_ms: meta.deadline_ms,
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
             flow: meta.flow,
@@ -140,4 +146,36 @@ pub(super) struct Meta {
         deserialize_with = "crate::trace::lenient"
     )]
     pub(super) trace: Option<crate::trace::TraceContext>,
+    /// Snoozes allowed (kept in its dead-letter record too).
+    #[serde(default = "crate::job::default_max_snoozes")]
+    pub(super) max_snoozes: u32,
+    /// How long one attempt may run, ms (kept in its dead-letter record too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) timeout_ms: Option<u64>,
+    /// Not started by then (Unix ms), it dies as expired (kept in its dead-letter record,
+    /// dropped when it is retried from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) deadline_ms: Option<u64>,
+}
+
+impl Meta {
+    /// The record of `job` as enqueued (a flow step's `flow` is added by the caller, which
+    /// reads the names it sends beside the record from here: the payload is not copied).
+    pub(super) fn of(job: crate::job::NewJob) -> Self {
+        Self {
+            kind: job.kind,
+            payload: job.payload,
+            queue: job.queue,
+            scope: job.scope,
+            priority: job.priority,
+            max_attempts: job.max_attempts,
+            max_stalls: job.max_stalls,
+            flow: None,
+            tick: job.tick,
+            trace: job.trace,
+            max_snoozes: job.max_snoozes,
+            timeout_ms: job.timeout.map(|t| t.as_millis() as u64),
+            deadline_ms: job.deadline_ms,
+        }
+    }
 }

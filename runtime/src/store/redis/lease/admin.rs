@@ -48,6 +48,14 @@ struct DeadRecord {
     tick: Option<crate::job::Tick>,
     #[serde(default, deserialize_with = "crate::trace::lenient")]
     trace: Option<crate::trace::TraceContext>,
+    #[serde(default)]
+    snoozes: u32,
+    #[serde(default = "crate::job::default_max_snoozes")]
+    max_snoozes: u32,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    deadline_ms: Option<u64>,
 }
 
 impl DeadRecord {
@@ -62,6 +70,10 @@ impl DeadRecord {
                 scope: r.scope,
                 attempt: r.attempt,
                 stalls: r.stalls,
+                snoozes: r.snoozes,
+                max_snoozes: r.max_snoozes,
+                timeout: r.timeout_ms.map(Duration::from_millis),
+                deadline_ms: r.deadline_ms,
                 max_attempts: r.max_attempts,
                 max_stalls: r.max_stalls,
                 flow: None,
@@ -75,10 +87,10 @@ impl DeadRecord {
 }
 
 /// One row of `view.lua`: `{id, meta, queue, attempt, stalls, state, due in ms, lease,
-/// error}`.
+/// error, snoozes}`.
 fn decode_view(row: Vec<String>) -> Result<JobView> {
-    let [id, meta, queue, attempt, stalls, state, due, lease, error] =
-        <[String; 9]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
+    let [id, meta, queue, attempt, stalls, state, due, lease, error, snoozes] =
+        <[String; 10]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
     let id = JobId::from(parse::<uuid::Uuid>(&id)?);
     let state = match state.as_str() {
@@ -98,6 +110,10 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
             scope: meta.scope.unwrap_or_else(|| Scope::of_job(id)),
             attempt: u32::try_from(parse::<u64>(&attempt)?).unwrap_or(u32::MAX),
             stalls: u32::try_from(parse::<u64>(&stalls)?).unwrap_or(u32::MAX),
+            snoozes: u32::try_from(parse::<u64>(&snoozes)?).unwrap_or(u32::MAX),
+            max_snoozes: meta.max_snoozes,
+            timeout: meta.timeout_ms.map(Duration::from_millis),
+            deadline_ms: meta.deadline_ms,
             max_attempts: meta.max_attempts,
             max_stalls: meta.max_stalls,
             flow: meta.flow,

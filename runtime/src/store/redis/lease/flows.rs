@@ -265,26 +265,25 @@ impl FlowStore for RedisLeaseStore {
         for (job, step) in jobs {
             let id = job.id.unwrap_or_else(JobId::new);
             let tag = format!("{}\t{}", step.flow, step.step);
-            let meta = serde_json::to_string(&Meta {
-                kind: job.kind.clone(),
-                payload: job.payload,
-                queue: job.queue.clone(),
-                scope: job.scope.clone(),
-                priority: job.priority,
-                max_attempts: job.max_attempts,
-                max_stalls: job.max_stalls,
+            let delay = job.delay;
+            let meta = Meta {
                 flow: Some(step),
-                tick: job.tick,
-                trace: job.trace,
-            })
-            .map_err(|e| Error::Payload(e.to_string()))?;
+                ..Meta::of(job)
+            };
+            let encoded =
+                serde_json::to_string(&meta).map_err(|e| Error::Payload(e.to_string()))?;
             invocation
                 .arg(id.to_string())
-                .arg(job.queue)
-                .arg(job.kind)
-                .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
-                .arg(job.delay.as_millis() as u64)
-                .arg(meta)
+                .arg(&meta.queue)
+                .arg(&meta.kind)
+                .arg(
+                    meta.scope
+                        .as_ref()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(delay.as_millis() as u64)
+                .arg(encoded)
                 .arg(tag);
         }
         invocation.arg(self.generation);

@@ -263,6 +263,9 @@ impl RedisLeaseStore {
                 ),
                 Settlement::Dead { reason } => ("dead", 0, reason.as_str()),
                 Settlement::Release => ("release", 0, ""),
+                Settlement::Snooze { delay } => {
+                    ("snooze", delay.min(&MAX_DELAY).as_millis() as u64, "")
+                }
                 Settlement::Fenced { highest, reason } => {
                     ("fenced", u64::from(highest.epoch()), reason.as_str())
                 }
@@ -406,44 +409,54 @@ impl LeaseStore for RedisLeaseStore {
             .collect();
         let mut invocation = ENQUEUE.key(&self.base);
         invocation.arg(jobs.len());
-        for (id, job) in ids.iter().zip(jobs) {
-            let kind = job.kind.clone();
-            let meta = serde_json::to_string(&Meta {
-                kind: job.kind,
-                payload: job.payload,
-                queue: job.queue.clone(),
-                scope: job.scope.clone(),
-                priority: job.priority,
-                max_attempts: job.max_attempts,
-                max_stalls: job.max_stalls,
-                flow: None,
-                tick: job.tick,
-                trace: job.trace,
-            })
-            .map_err(|e| Error::Payload(e.to_string()))?;
-            let (unique_key, unique_ttl) = job
-                .unique
-                .map_or((String::new(), 0), |u| (u.key, u.ttl.as_millis() as u64));
+        for (id, mut job) in ids.iter().zip(jobs) {
+            let (unique, debounce) = (job.unique.take(), job.debounce.take());
+            // A debounced job waits its quiet period as its delay (it takes no other).
+            let delay = debounce.as_ref().map_or(job.delay, |d| d.quiet);
+            let meta = Meta::of(job);
+            let encoded =
+                serde_json::to_string(&meta).map_err(|e| Error::Payload(e.to_string()))?;
+            let (unique_key, unique_ttl) =
+                unique.map_or((String::new(), 0), |u| (u.key, u.ttl.as_millis() as u64));
             // A job in its default scope stores none: no other job can share it.
             invocation
                 .arg(id.to_string())
-                .arg(job.queue)
-                .arg(kind)
-                .arg(job.scope.map(|s| s.to_string()).unwrap_or_default())
-                .arg(job.priority)
-                .arg(job.delay.as_millis() as u64)
-                .arg(meta)
+                .arg(&meta.queue)
+                .arg(&meta.kind)
+                .arg(
+                    meta.scope
+                        .as_ref()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(meta.priority)
+                .arg(delay.as_millis() as u64)
+                .arg(encoded)
                 .arg(unique_key)
                 .arg(unique_ttl);
+            // A debounced job waits its quiet period like a delay.
+            match debounce {
+                Some(d) => invocation
+                    .arg(d.key)
+                    .arg(d.quiet.as_millis() as u64)
+                    .arg(d.max_wait.as_millis() as u64),
+                None => invocation.arg("").arg(0).arg(0),
+            };
         }
         invocation.arg(self.generation);
         round_trip("enqueue");
         let link = self.durable.as_ref().map_or(&self.link, |(_, _, own)| own);
         let mut conn = link.get().await?;
-        let used: Vec<String> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| link.broken(e))?;
+        let used: Vec<String> =
+            invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| match e.code() {
+                    Some("PALISADE_INVALID") => {
+                        Error::InvalidJob(e.detail().unwrap_or_default().to_owned())
+                    }
+                    _ => link.broken(e),
+                })?;
         if let Some((replicas, timeout, _)) = &self.durable {
             let (replicas, timeout) = (*replicas, *timeout);
             round_trip("wait");
@@ -468,15 +481,20 @@ impl LeaseStore for RedisLeaseStore {
         }
         ids.into_iter()
             .zip(used)
-            .map(|(id, used)| match used.strip_prefix('=') {
-                Some(holder) => Ok(Enqueued::Existing(JobId::from(parse::<uuid::Uuid>(
-                    holder,
-                )?))),
-                None if used == id.to_string() => Ok(Enqueued::Added(id)),
-                None => Err(garbage(format_args!(
-                    "enqueue answered {used} for job {id}"
-                ))),
-            })
+            .map(
+                |(id, used)| match (used.strip_prefix('='), used.strip_prefix('~')) {
+                    (Some(holder), _) => Ok(Enqueued::Existing(JobId::from(parse::<uuid::Uuid>(
+                        holder,
+                    )?))),
+                    (_, Some(holder)) => Ok(Enqueued::Debounced(JobId::from(parse::<uuid::Uuid>(
+                        holder,
+                    )?))),
+                    _ if used == id.to_string() => Ok(Enqueued::Added(id)),
+                    _ => Err(garbage(format_args!(
+                        "enqueue answered {used} for job {id}"
+                    ))),
+                },
+            )
             .collect()
     }
 
