@@ -28,7 +28,8 @@
 //! The queue views and controls fan out as `store/admin.rs` says, beside each operation.
 //!
 //! Limits, by construction: unique keys are unique per partition (jobs that share a unique
-//! key must share a named scope or have none); an enqueue batch that spans partitions is
+//! key must share a named scope or have none), and so are debounce keys (a debounced job
+//! without a named scope goes where its key hashes to); an enqueue batch that spans partitions is
 //! atomic per partition, not across them (every job is validated before any is sent, so only
 //! a backend error can split it).
 

@@ -14,12 +14,14 @@ use palisade::*;
 mod control;
 mod fenced;
 mod lease;
+mod pacing;
 mod partitions;
 mod queues;
 
 pub use control::*;
 pub use fenced::*;
 pub use lease::*;
+pub use pacing::*;
 pub use partitions::*;
 pub use queues::*;
 
@@ -41,13 +43,15 @@ async fn settle(store: &Stores, lease: LeaseId, s: Settlement) -> Result<()> {
 /// (`runtime/src/store/partitioned.rs`): priority orders claims within a partition only;
 /// tokens of different scopes are ordered within a partition only; the watermark stays
 /// unpublished until every partition has one (the cancel case expects one after a revoke);
-/// rate limits and caps are split into shares of at least 1 each.
+/// rate limits and caps are split into shares of at least 1 each; a debounce key, like a
+/// unique key, is one key per partition (a named scope decides where its job goes).
 pub const NOT_FOR_PARTITIONS: &[&str] = &[
     "claim_honours_batch_priority_and_delay",
     "the_watermark_stays_below_every_live_lease",
     "cancel_removes_a_queued_job_and_revokes_a_running_one",
     "a_rate_limited_queue_hands_out_no_more_than_its_rate",
     "a_capped_kind_never_runs_more_than_its_cap",
+    "a_debounce_key_of_another_scope_refuses_the_enqueue",
 ];
 
 /// Runs named cases `parallel` at a time, each as its own task, and fails with the name and
@@ -87,7 +91,8 @@ pub async fn run_together(
 /// test per case, each on the stores `make` (an expression that evaluates to a future of
 /// `(Stores, guard)`) builds; `lease_store_suite!(list)` defines `lease_store_cases()`, every
 /// case by name, to run them together on one shared backend. The cases are listed in their
-/// own files (`lease_cases!`, `queue_cases!`, `control_cases!`), so a new case touches one.
+/// own files (`lease_cases!`, `queue_cases!`, `control_cases!`, `pacing_cases!`), so a new
+/// case touches one.
 #[macro_export]
 macro_rules! lease_store_suite {
     (list) => {
@@ -100,6 +105,7 @@ macro_rules! lease_store_suite {
             $crate::lease_cases!(push cases);
             $crate::queue_cases!(push cases);
             $crate::control_cases!(push cases);
+            $crate::pacing_cases!(push cases);
             cases
         }
     };
@@ -109,6 +115,7 @@ macro_rules! lease_store_suite {
             $crate::lease_cases!(test $make);
             $crate::queue_cases!(test $make);
             $crate::control_cases!(test $make);
+            $crate::pacing_cases!(test $make);
         }
     };
 }
