@@ -501,6 +501,7 @@ impl Worker {
         // notes carry the attempt's own context (its trace id, for the operator).
         let span = crate::trace::job_span(&job, &lease, &self.config.name);
         if let Some(expired) = crate::policy::expired(&job, crate::store::unix_ms()) {
+            span.record("palisade.outcome", "expired");
             if let Settlement::Dead { reason } = &expired {
                 tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job expired before it started: dead-lettered, not run");
             }

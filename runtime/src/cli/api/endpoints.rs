@@ -220,7 +220,7 @@ async fn openapi(State(api): State<Arc<Api>>) -> Response {
         ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
     responses(
         (status = 201, description = "Added", body = Enqueued),
-        (status = 200, description = "Nothing added: another job holds the key or id", body = Enqueued),
+        (status = 200, description = "Nothing added: another job holds the key or id, or the job was debounced into a pending one", body = Enqueued),
     ))]
 async fn enqueue(
     State(api): State<Arc<Api>>,

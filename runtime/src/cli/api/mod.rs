@@ -556,6 +556,43 @@ mod tests {
         });
     }
 
+    /// A debounced enqueue folds into the job waiting under its key (answered `debounced`,
+    /// that job's id); a debounce with a delay, or with a quiet period of zero, is refused.
+    #[test]
+    fn a_debounced_enqueue_answers_the_pending_job() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let enqueue = |body: &'static str| {
+                post("/api/v1/jobs")
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))
+                    .unwrap()
+            };
+            let debounced = r#"{"kind":"mail","payload":{"to":"a@x"},"timeout_ms":500,
+                "deadline_ms":4000000000000,"max_snoozes":3,
+                "debounce":{"key":"to:a","quiet_ms":60000,"max_wait_ms":600000}}"#;
+            let (got, first) = send(&app, enqueue(debounced)).await;
+            assert_eq!(got, StatusCode::CREATED, "{first}");
+            let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+            assert_eq!(first["debounced"], false);
+            let (got, again) = send(&app, enqueue(debounced)).await;
+            assert_eq!(got, StatusCode::OK, "{again}");
+            let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+            assert_eq!(
+                (&again["id"], &again["created"], &again["debounced"]),
+                (&first["id"], &serde_json::json!(false), &serde_json::json!(true))
+            );
+            for bad in [
+                r#"{"kind":"mail","payload":{},"delay_ms":5,"debounce":{"key":"k","quiet_ms":1,"max_wait_ms":1}}"#,
+                r#"{"kind":"mail","payload":{},"debounce":{"key":"k","quiet_ms":0,"max_wait_ms":1}}"#,
+                r#"{"kind":"mail","payload":{},"timeout_ms":0}"#,
+            ] {
+                let (got, body) = send(&app, enqueue(bad)).await;
+                assert_eq!(got, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {body}");
+            }
+        });
+    }
+
     #[test]
     fn a_token_is_required_when_set_and_off_loopback() {
         rt().block_on(async {

@@ -228,6 +228,32 @@ pub(crate) struct JobRequest {
     /// The job's id, chosen by the caller: enqueueing it again while it is known (and for a
     /// day) adds nothing.
     id: Option<uuid::Uuid>,
+    /// How long one attempt may run, in milliseconds: then the handler is told to stop and
+    /// the attempt is retried as timed out (default: the kind's timeout, if any).
+    #[schema(minimum = 1)]
+    timeout_ms: Option<u64>,
+    /// Not started by then (ms since the Unix epoch), the job is dead as expired, never run.
+    deadline_ms: Option<u64>,
+    /// Snoozes allowed before the job is dead (default 100).
+    max_snoozes: Option<u32>,
+    /// Debounce: while a job under the same key waits out its quiet period, this one
+    /// replaces its payload and options and pushes its start (answered `debounced`, with
+    /// that job's id). Takes no `delay_ms`, `unique_key` or `Idempotency-Key`.
+    debounce: Option<DebounceRequest>,
+}
+
+/// A debounced enqueue.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DebounceRequest {
+    /// The key (1..=512 bytes, no control characters).
+    key: String,
+    /// The job starts this long after the last enqueue under the key.
+    #[schema(minimum = 1)]
+    quiet_ms: u64,
+    /// ...but no later than this long after the first.
+    #[schema(minimum = 1)]
+    max_wait_ms: u64,
 }
 
 impl JobRequest {
@@ -317,6 +343,22 @@ impl JobRequest {
         if let Some(id) = self.id {
             job = job.with_id(JobId::from(id));
         }
+        if let Some(ms) = self.timeout_ms {
+            job = job.with_timeout(Duration::from_millis(ms));
+        }
+        if let Some(ms) = self.deadline_ms {
+            job.deadline_ms = Some(ms);
+        }
+        if let Some(n) = self.max_snoozes {
+            job = job.with_max_snoozes(n);
+        }
+        if let Some(d) = &self.debounce {
+            job = job.with_debounce(
+                &d.key,
+                Duration::from_millis(d.quiet_ms),
+                Duration::from_millis(d.max_wait_ms),
+            );
+        }
         job.validate(max_payload_bytes)?;
         Ok(job)
     }
@@ -366,8 +408,11 @@ pub(crate) struct Enqueued {
     /// The job's id: the new job's, or that of the job holding its unique key or id.
     #[schema(value_type = String, format = Uuid)]
     pub(crate) id: String,
-    /// False when nothing was added: another job holds the unique key (a retried request).
+    /// False when nothing was added: another job holds the unique key (a retried request),
+    /// or the job was debounced into a pending one.
     pub(crate) created: bool,
+    /// True when the job was folded into the pending job under its debounce key (`id`).
+    pub(crate) debounced: bool,
 }
 
 impl From<crate::Enqueued> for Enqueued {
@@ -375,6 +420,7 @@ impl From<crate::Enqueued> for Enqueued {
         Self {
             id: e.id().to_string(),
             created: matches!(e, crate::Enqueued::Added(_)),
+            debounced: matches!(e, crate::Enqueued::Debounced(_)),
         }
     }
 }
