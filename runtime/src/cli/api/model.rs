@@ -479,6 +479,9 @@ pub(crate) struct JobStatus {
     /// Attempts started so far.
     attempt: Option<u32>,
     max_attempts: Option<u32>,
+    /// Times it snoozed so far, and how many are allowed.
+    snoozes: Option<u32>,
+    max_snoozes: Option<u32>,
     /// The payload as enqueued.
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
@@ -532,6 +535,8 @@ impl JobStatus {
             scope: None,
             attempt: None,
             max_attempts: None,
+            snoozes: None,
+            max_snoozes: None,
             payload: None,
             due_in_ms: None,
             last_error: None,
@@ -579,6 +584,8 @@ impl JobStatus {
         status.scope = Some(job.scope.to_string());
         status.attempt = Some(job.attempt);
         status.max_attempts = Some(job.max_attempts);
+        status.snoozes = Some(job.snoozes);
+        status.max_snoozes = Some(job.max_snoozes);
         status.payload = Some(json_or_text(&job.payload));
         if let Some(step) = job.flow {
             status.flow = Some(step.flow.to_string());

@@ -814,6 +814,13 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                     tr { th { "scope" } td { (name(job.scope.as_str())) } }
                     tr { th { "attempts" } td { (job.attempt) " of " (job.max_attempts) } }
                     tr { th { "stalls" } td { (job.stalls) " of " (job.max_stalls) " allowed" } }
+                    tr { th { "snoozes" } td { (job.snoozes) " of " (job.max_snoozes) " allowed" } }
+                    @if let Some(timeout) = job.timeout {
+                        tr { th { "timeout" } td { (age(timeout)) " per attempt" } }
+                    }
+                    @if let Some(deadline) = job.deadline_ms {
+                        tr { th { "deadline" } td { "not started after " (crate::cli::when(deadline)) } }
+                    }
                     @if let Some(step) = &job.flow {
                         tr { th { "flow" } td { a href={ "/flow/" (step.flow) } { code { (step.flow) } } " step " (name(&step.step)) } }
                     }
