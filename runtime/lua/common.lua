@@ -495,13 +495,13 @@ end
 -- in ms another program wrote oddly is dropped, never carried on in a form cjson or the
 -- client could not read back.
 local function whole(x, max)
-  if finite(x) and x >= 0 and x <= max and x % 1 == 0 then
+  if finite(x) and x >= 0 and x < max and x % 1 == 0 then
     return x
   end
   return nil
 end
 
-local U32 = 4294967295
+local U32 = 4294967296 -- (exclusive bounds)
 local MS = 100000000000000 -- 10^14: deadlines and timeouts are validated below it
 
 local function bury(base, id, reason, keep)

@@ -25,6 +25,7 @@ local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local F = 12
+local DEBOUNCE_KEPT_MS = 86400000 -- job.rs, DEBOUNCE_KEPT
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
 for i = 0, n - 1 do
@@ -46,7 +47,7 @@ for i = 0, n - 1 do
   if ARGV[o + 10] ~= '' then
     want[base .. 'debounce:' .. ARGV[o + 10]] = 'string'
     want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
-    for _, ms in ipairs({ ARGV[o + 11], ARGV[o + 12] }) do
+    for _, ms in ipairs({ ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
       if #ms > 15 or not string.match(ms, '^%d+$') then
         return redis.error_reply('PALISADE_INVALID debounce period ' .. ms
           .. ' is not a number of ms: nothing was changed')
@@ -109,7 +110,7 @@ for i = 0, n - 1 do
   if dkey ~= '' and not out[i + 1] then
     local holder = redis.call('GET', base .. 'debounce:' .. dkey)
     local h = holder and fields(base .. 'job:' .. holder, 'queue', 'kind', 'scope', 'attempt',
-      'snoozes', 'since') or {}
+      'snoozes', 'until') or {}
     local due = h[1] and redis.pcall('ZSCORE', base .. 'q:' .. h[1] .. ':delayed', holder)
     if type(due) == 'string' and count_of(h[4]) == 0 and count_of(h[5]) == 0 then
       local queue, kind, scope = ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -118,7 +119,9 @@ for i = 0, n - 1 do
           .. holder .. ' of queue ' .. h[1] .. ', kind ' .. tostring(h[2]) .. ', scope '
           .. (h[3] or '(its own)') .. '; a job under it must name the same: nothing was changed')
       end
-      folded[i + 1] = { holder, h[6] and count_of(h[6]) or now }
+      -- (A due time or a latest start another program wrote oddly reads as now.)
+      local at = tonumber(due)
+      folded[i + 1] = { holder, h[6] and count_of(h[6]) or now, finite(at) and at or now }
       out[i + 1] = '~' .. holder
     end
   end
@@ -133,12 +136,21 @@ for i = 0, n - 1 do
   local fold = folded[i + 1]
   if fold then
     -- The pending job takes this one's meta (payload and options) and starts a quiet period
-    -- after now, but no later than its first enqueue's maximum wait.
-    local holder, since = fold[1], fold[2]
-    local start = math.min(now + tonumber(ARGV[o + 11]), since + tonumber(ARGV[o + 12]))
+    -- after now, but no later than its first enqueue's maximum wait (`until`); one due
+    -- already (overdue, or run now by an operator) keeps its due time.
+    local holder, latest, due = fold[1], fold[2], fold[3]
+    local start = math.min(now + tonumber(ARGV[o + 11]), latest)
+    if due <= now then
+      start = due
+    end
     redis.call('HSET', base .. 'job:' .. holder, 'meta', ARGV[o + 7], 'at', start)
     redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', start, holder)
-    redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], holder, 'PX', tonumber(ARGV[o + 12]) + 60000)
+    redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], holder, 'PX', math.floor(math.max(start - now, 0)) + DEBOUNCE_KEPT_MS)
+    -- Its own id stays taken, by the job it folded into: a retry of this enqueue (its reply
+    -- lost) answers that job instead of adding one once the job started.
+    if ARGV[o + 8] ~= '' and tonumber(ARGV[o + 9]) > 0 then
+      redis.call('SET', base .. 'unique:' .. ARGV[o + 8], holder, 'PX', tonumber(ARGV[o + 9]))
+    end
   elseif not out[i + 1] then -- not turned away
     out[i + 1] = id
     local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
@@ -168,9 +180,10 @@ for i = 0, n - 1 do
       enter(base, id, queue, kind, scope, score, true)
     end
     if ARGV[o + 10] ~= '' then
-      -- Kept a while past the longest it can stay pending (its maximum wait), then forgotten.
-      redis.call('HSET', base .. 'job:' .. id, 'since', now)
-      redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], id, 'PX', tonumber(ARGV[o + 12]) + 60000)
+      -- Its latest start (`until`), and the key, kept a day past its due time: a job still
+      -- not claimed then (a queue paused that long) takes no more updates.
+      redis.call('HSET', base .. 'job:' .. id, 'until', now + tonumber(ARGV[o + 12]))
+      redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], id, 'PX', tonumber(ARGV[o + 11]) + DEBOUNCE_KEPT_MS)
     end
     if ARGV[o + 8] ~= '' then
       redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)

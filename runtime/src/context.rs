@@ -816,9 +816,15 @@ impl Registry {
             .or_else(|| self.timeouts.get(&job.kind).copied())
     }
 
-    /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's).
+    /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's), each of a kind with
+    /// a handler (a timeout for another is a typo).
     pub(crate) fn validate(&self) -> Result<()> {
         for (kind, timeout) in &self.timeouts {
+            if !self.handlers.contains_key(kind) {
+                return Err(Error::Config(format!(
+                    "a timeout is set for kind {kind:?}, which has no handler"
+                )));
+            }
             if *timeout < Duration::from_millis(1) || *timeout > crate::job::MAX_DELAY {
                 return Err(Error::Config(format!(
                     "timeout {timeout:?} of kind {kind:?} is outside 1 ms ..= {:?}",

@@ -492,12 +492,13 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     }
 }
 
-/// Counts delivered follow-ups: added now (as `how`), or there already (`existing`: a second
-/// delivery of the same set, which added nothing).
+/// Counts delivered follow-ups: added now (as `how`, a debounced one folded into its pending
+/// job too), or there already (`existing`: a second delivery of the same set, which added
+/// nothing).
 fn count_delivered(done: &[crate::Enqueued], how: &'static str) {
     let added = done
         .iter()
-        .filter(|e| matches!(e, crate::Enqueued::Added(_)))
+        .filter(|e| matches!(e, crate::Enqueued::Added(_) | crate::Enqueued::Debounced(_)))
         .count() as u64;
     counter!(m::FOLLOW_UPS, "outcome" => how).increment(added);
     counter!(m::FOLLOW_UPS, "outcome" => "existing").increment(done.len() as u64 - added);

@@ -27,9 +27,19 @@ pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// with the count as its reason — instead of going round unseen.
 pub const DEFAULT_MAX_SNOOZES: u32 = 100;
 
+/// `d` in whole milliseconds, as every backend keeps it (Redis scripts count in ms): so a
+/// duration means the same on memory and on Redis.
+pub(crate) fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 pub(crate) fn default_max_snoozes() -> u32 {
     DEFAULT_MAX_SNOOZES
 }
+
+/// How long past its due time a debounced job takes updates if no claim took it yet (a queue
+/// paused that long): then its key is forgotten, and the next enqueue under it adds a job.
+pub const DEBOUNCE_KEPT: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a job enqueued with [`NewJob::with_id`] keeps its id taken, counted from its
 /// enqueue, even once it is done: a day, as long as a producer may sensibly retry.
@@ -367,7 +377,7 @@ impl NewJob {
     /// lease: a handler that ignores its token stays fenced — once its job runs again, or its
     /// lease is gone, the fence refuses what it still writes.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.timeout = Some(whole_ms(timeout));
         self
     }
 
@@ -388,9 +398,12 @@ impl NewJob {
     /// but never past `max_wait` after the first one, so a steady stream of updates still
     /// runs. A burst of updates runs once, with the latest payload. The replacing enqueue
     /// answers [`Enqueued::Debounced`] with the pending job's id. Decided atomically by the
-    /// backend. Once the job started (or was claimed), the next enqueue under the key makes a
-    /// new job. The replacing job must name the same queue, kind and scope (else the enqueue
-    /// is refused whole); a debounced job takes no delay and no unique key.
+    /// backend. Once the job was claimed (or snoozed, retried, released), the next enqueue
+    /// under the key makes a new job; so does one a day after the job was due and still not
+    /// claimed (a queue paused that long). A job already due keeps its due time (an update
+    /// never holds back a job that may run now). The replacing job must name the same queue,
+    /// kind and scope (else the enqueue is refused whole); a debounced job takes no delay and
+    /// no unique key of its own. Durations count in whole milliseconds.
     pub fn with_debounce(
         mut self,
         key: impl Into<String>,
@@ -399,8 +412,8 @@ impl NewJob {
     ) -> Self {
         self.debounce = Some(Debounce {
             key: key.into(),
-            quiet,
-            max_wait,
+            quiet: whole_ms(quiet),
+            max_wait: whole_ms(max_wait),
         });
         self
     }
@@ -651,7 +664,7 @@ impl JobError {
     /// [`MAX_DELAY`].
     pub fn snooze(after: Duration) -> Self {
         Self::Snooze {
-            after: after.min(MAX_DELAY),
+            after: whole_ms(after.min(MAX_DELAY)),
         }
     }
 }

@@ -104,7 +104,8 @@ pub(crate) fn expired(job: &Job, now_ms: u64) -> Option<Settlement> {
             );
         Settlement::Dead {
             reason: format!(
-                "expired: not started by its deadline {at} (claimed {} ms after it)",
+                "expired: attempt {} not started by its deadline {at} (claimed {} ms after it)",
+                job.attempt,
                 now_ms - deadline
             ),
         }

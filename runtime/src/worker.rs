@@ -779,7 +779,9 @@ pub(crate) struct JobFinished {
 /// be aborted: run blocking work in `spawn_blocking`). What it had sent is not undone: a
 /// write already at a sink is decided there, and once the job's next attempt holds a newer
 /// token, or the lease is gone, the fence refuses anything later. Returns the outcome and
-/// whether it timed out.
+/// whether it is "timed out": a handler that returns within the grace keeps a fatal error,
+/// a fence refusal (which may reseed the coordinator) or a snooze; its success or retry
+/// becomes the timed-out retry — it was cut short.
 async fn bounded(
     run: impl std::future::Future<Output = std::result::Result<(), JobError>>,
     limit: Duration,
@@ -791,10 +793,13 @@ async fn bounded(
         return (outcome, false);
     }
     cancel.cancel();
-    // Whatever it returns once told to stop, the attempt timed out: it was cut short.
-    let aborted = tokio::time::timeout(grace, &mut run).await.is_err();
-    let error = crate::policy::timed_out(limit, aborted.then_some(grace));
-    (Err(error), true)
+    match tokio::time::timeout(grace, &mut run).await {
+        Ok(Err(e @ (JobError::Fatal(_) | JobError::Fenced(_) | JobError::Snooze { .. }))) => {
+            (Err(e), false)
+        }
+        Ok(_) => (Err(crate::policy::timed_out(limit, None)), true),
+        Err(_) => (Err(crate::policy::timed_out(limit, Some(grace))), true),
+    }
 }
 
 impl Handler<JobFinished> for Worker {

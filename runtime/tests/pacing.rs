@@ -127,6 +127,12 @@ async fn timeouts(s: Setup) {
                 }
             })
             .register("quick", |_: JobContext, _: ()| async { Ok(()) })
+            .register("strict", |ctx: JobContext, _: ()| async move {
+                // Told to stop, it gives up for good: a fatal error is kept as it is.
+                ctx.cancellation().cancelled().await;
+                Err(JobError::fatal("cut short; not worth retrying"))
+            })
+            .with_timeout("strict", Duration::from_millis(50))
             .with_timeout("polite", Duration::from_millis(150))
     };
     s.worker(registry, 1);
@@ -138,6 +144,7 @@ async fn timeouts(s: Setup) {
                 .with_timeout(Duration::from_millis(100))
                 .with_max_attempts(1),
             NewJob::raw("quick", "null"),
+            NewJob::raw("strict", "null").with_max_attempts(3),
         ])
         .await;
     tokio::time::timeout(Duration::from_secs(5), aborted_rx)
@@ -145,8 +152,9 @@ async fn timeouts(s: Setup) {
         .expect("the stubborn handler was aborted")
         .unwrap();
     let counts = s.settled().await;
-    assert_eq!((counts.completed, counts.dead), (1, 2), "{counts:?}");
+    assert_eq!((counts.completed, counts.dead), (1, 3), "{counts:?}");
     assert_eq!(polite_runs.load(Ordering::SeqCst), 2, "retried once");
+    assert_eq!(s.dead_reason(ids[3]).await, "cut short; not worth retrying");
     let polite = s.dead_reason(ids[0]).await;
     assert!(
         polite.contains("2 attempts failed; last: timed out after 150ms")
@@ -210,7 +218,7 @@ async fn deadlines(s: Setup) {
     for id in &ids[..2] {
         let reason = s.dead_reason(*id).await;
         assert!(
-            reason.starts_with("expired: not started by its deadline"),
+            reason.starts_with("expired: attempt 1 not started by its deadline"),
             "{reason}"
         );
     }

@@ -12,6 +12,7 @@ macro_rules! pacing_cases {
             a_snoozed_job_waits_without_spending_an_attempt,
             a_debounced_burst_runs_once_with_the_latest_payload,
             a_debounced_job_starts_by_its_maximum_wait,
+            a_fold_keeps_its_id_taken_and_a_due_job_due,
             a_debounce_key_of_another_kind_refuses_the_whole_enqueue,
             a_debounce_key_of_another_scope_refuses_the_enqueue,
             timeouts_and_deadlines_travel_with_the_job,
@@ -163,6 +164,46 @@ pub async fn a_debounced_job_starts_by_its_maximum_wait(store: Stores) {
     // It carries the update enqueued last before it started (that same round: a due job
     // not claimed yet still takes updates).
     assert_eq!(ran.job.payload, format!("{n}"));
+}
+
+/// An enqueue folded into a pending job keeps its own id taken by that job, so its retry
+/// (the reply lost) answers that job even after it started, never adds a second; an update to
+/// a job that is due already (run now by an operator) does not hold it back.
+pub async fn a_fold_keeps_its_id_taken_and_a_due_job_due(store: Stores) {
+    let hour = Duration::from_secs(3600);
+    let under = |n: u32, id: JobId| {
+        NewJob::raw("sync", format!("{n}"))
+            .with_debounce("doc:9", hour, 2 * hour)
+            .with_id(id)
+    };
+    let (first, second) = (JobId::new(), JobId::new());
+    assert_eq!(
+        store.enqueue_all(vec![under(1, first)]).await.unwrap(),
+        vec![Enqueued::Added(first)]
+    );
+    assert_eq!(
+        store.enqueue_all(vec![under(2, second)]).await.unwrap(),
+        vec![Enqueued::Debounced(first)]
+    );
+    assert!(store.run_now(first).await.unwrap());
+    // Due now: an update replaces the payload and leaves it due.
+    assert_eq!(
+        store
+            .enqueue_all(vec![under(3, JobId::new())])
+            .await
+            .unwrap(),
+        vec![Enqueued::Debounced(first)]
+    );
+    let c = claim(&store, 5).await;
+    assert_eq!(c.len(), 1, "the job run now stays due: {c:?}");
+    assert_eq!((c[0].job.id, c[0].job.payload.as_str()), (first, "3"));
+    // The second enqueue again (its reply was lost): the job it folded into, not a new one.
+    assert_eq!(
+        store.enqueue_all(vec![under(2, second)]).await.unwrap(),
+        vec![Enqueued::Existing(first)]
+    );
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(counts.pending(), 1, "{counts:?}");
 }
 
 /// A job under a key whose pending job has another kind, queue or scope is refused, and the

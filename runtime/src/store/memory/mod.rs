@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement, Then,
+    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement, Then, DEBOUNCE_KEPT,
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::policy::{on_stall, StallOutcome};
@@ -98,8 +98,9 @@ struct LeaseState {
     job_unique: HashMap<JobId, (String, Instant)>,
     /// Keys of done jobs by the end of their ttl, to forget them then.
     unique_expiries: BTreeSet<(Instant, String)>,
-    /// Debounce keys: the job last enqueued under each, its first enqueue, and when the key is
-    /// forgotten (a minute past the longest the job can stay pending, as on Redis).
+    /// Debounce keys: the job last enqueued under each, its latest start (its first
+    /// enqueue's maximum wait), and when the key is forgotten ([`DEBOUNCE_KEPT`] past its due
+    /// time, as on Redis).
     debounce: HashMap<String, (JobId, Instant, Instant)>,
     debounce_expiries: BTreeSet<(Instant, String)>,
     /// Paused queues: claims from them hand out nothing.
@@ -615,10 +616,10 @@ impl LeaseState {
     }
 
     /// The job holding debounce key `key` while it is pending — it waits out its quiet period
-    /// and never started (delayed, no attempt, no snooze) — with its first enqueue and its
+    /// and never started (delayed, no attempt, no snooze) — with its latest start and its
     /// place in the delayed set.
     fn pending_debounce(&self, key: &str) -> Option<(JobId, Instant, DelayedKey)> {
-        let &(id, since, _) = self.debounce.get(key)?;
+        let &(id, latest, _) = self.debounce.get(key)?;
         let job = self.jobs.get(&id)?;
         if job.attempt != 0 || job.snoozes != 0 {
             return None;
@@ -632,21 +633,14 @@ impl LeaseState {
             .range(first..)
             .take_while(|k| k.0 == at)
             .find(|k| k.2 == id)?;
-        Some((id, since, *place))
+        Some((id, latest, *place))
     }
 
-    /// Keeps debounce key `key` for job `id`, first enqueued at `since`.
-    fn hold_debounce(
-        &mut self,
-        key: String,
-        id: JobId,
-        since: Instant,
-        now: Instant,
-        max_wait: Duration,
-    ) {
-        let until = now + max_wait + Duration::from_secs(60);
+    /// Keeps debounce key `key` for job `id`, due at `due`, starting no later than `latest`.
+    fn hold_debounce(&mut self, key: String, id: JobId, latest: Instant, due: Instant) {
+        let until = due + DEBOUNCE_KEPT;
         self.debounce_expiries.insert((until, key.clone()));
-        self.debounce.insert(key, (id, since, until));
+        self.debounce.insert(key, (id, latest, until));
     }
 
     /// Keeps `new` as job `id` (its first attempt not made yet), nowhere a claim looks yet:
@@ -794,13 +788,23 @@ impl LeaseStore for MemoryLeaseStore {
             let debounce = new.debounce.take();
             if let Some(d) = &debounce {
                 new.delay = d.quiet;
-                if let Some((holder, since, place)) = state.pending_debounce(&d.key) {
+                if let Some((holder, latest, place)) = state.pending_debounce(&d.key) {
                     // The pending job takes this one's payload and options and starts a
                     // quiet period after now, but no later than its first enqueue's maximum
-                    // wait.
-                    let start = (now + d.quiet).min(since + d.max_wait);
+                    // wait; one due already (overdue, or run now) keeps its due time.
+                    let start = match place.0 <= now {
+                        true => place.0,
+                        false => (now + d.quiet).min(latest),
+                    };
+                    // Its own id stays taken, by the job it folded into: a retry of this
+                    // enqueue answers that job instead of adding one once the job started.
+                    if let Some(u) = new.unique.take().filter(|u| !u.ttl.is_zero()) {
+                        let until = now + u.ttl;
+                        state.unique_expiries.insert((until, u.key.clone()));
+                        state.unique.insert(u.key, (holder, Some(until)));
+                    }
                     state.fold(holder, new, place, start);
-                    state.hold_debounce(d.key.clone(), holder, since, now, d.max_wait);
+                    state.hold_debounce(d.key.clone(), holder, latest, start.max(now));
                     out.push(Enqueued::Debounced(holder));
                     continue;
                 }
@@ -812,7 +816,7 @@ impl LeaseStore for MemoryLeaseStore {
                 state.job_unique.insert(id, (unique.key, now + unique.ttl));
             }
             if let Some(d) = debounce {
-                state.hold_debounce(d.key, id, now, now, d.max_wait);
+                state.hold_debounce(d.key, id, now + d.max_wait, now + d.quiet);
             }
             out.push(Enqueued::Added(id));
         }
@@ -932,7 +936,9 @@ impl LeaseStore for MemoryLeaseStore {
                         job.attempt = job.attempt.saturating_sub(1);
                         job.snoozes = job.snoozes.saturating_add(1);
                     }
-                    state.park(id, now + delay.min(MAX_DELAY), now);
+                    // (In whole ms, as Redis counts it.)
+                    let delay = crate::job::whole_ms(delay.min(MAX_DELAY));
+                    state.park(id, now + delay, now);
                 }
                 Settlement::Fenced { highest, .. } => {
                     // Grant above the sink from now on: the next token is in a newer epoch
