@@ -47,11 +47,15 @@ for i = 0, n - 1 do
   if ARGV[o + 10] ~= '' then
     want[base .. 'debounce:' .. ARGV[o + 10]] = 'string'
     want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
-    for _, ms in ipairs({ ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
-      if #ms > 15 or not string.match(ms, '^%d+$') then
-        return redis.error_reply('PALISADE_INVALID debounce period ' .. ms
-          .. ' is not a number of ms: nothing was changed')
-      end
+  end
+  -- Numbers another client sent oddly would fail a write halfway: refused before any.
+  if not string.match(ARGV[o + 5], '^-?%d+$') or #ARGV[o + 5] > 6 then
+    return redis.error_reply('PALISADE_INVALID priority ' .. ARGV[o + 5] .. ' is not an integer: nothing was changed')
+  end
+  for _, ms in ipairs({ ARGV[o + 6], ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
+    if #ms > 15 or not string.match(ms, '^%d+$') then
+      return redis.error_reply('PALISADE_INVALID delay, ttl or period ' .. ms
+        .. ' is not a number of ms: nothing was changed')
     end
   end
 end
@@ -80,8 +84,13 @@ end
 if wrong then
   return corrupt(wrong)
 end
--- Then, still read-only: which jobs a unique key turns away.
-local out, held = {}, {}
+-- Then, still read-only, job by job in batch order: which jobs a unique key turns away, and
+-- which a debounce key folds into the pending job holding it — one that waits out its quiet
+-- period and never started (delayed, no attempt, no snooze). A folded job's unique key (its
+-- id's) is held by the job it folded into. (The client refuses two jobs of one batch under
+-- one debounce key; from another client the later one replaces what the earlier wrote, as
+-- two enqueues would.)
+local out, held, folded = {}, {}, {}
 for i = 0, n - 1 do
   local o = 1 + i * F
   local ukey = ARGV[o + 8]
@@ -95,17 +104,6 @@ for i = 0, n - 1 do
   if not out[i + 1] and existing > 0 and redis.call('EXISTS', jobs[i + 1]) == 1 then
     out[i + 1] = '=' .. ARGV[o + 1]
   end
-  if ukey ~= '' and not out[i + 1] then
-    held[ukey] = ARGV[o + 1]
-  end
-end
--- Then, still read-only: which jobs a debounce key folds into the pending job holding it —
--- one that waits out its quiet period and never started (delayed, no attempt, no snooze).
--- (The client refuses two jobs of one batch under one key; from another client the later
--- one replaces what the earlier wrote, as two enqueues would.)
-local folded = {}
-for i = 0, n - 1 do
-  local o = 1 + i * F
   local dkey = ARGV[o + 10]
   if dkey ~= '' and not out[i + 1] then
     local holder = redis.call('GET', base .. 'debounce:' .. dkey)
@@ -124,6 +122,11 @@ for i = 0, n - 1 do
       folded[i + 1] = { holder, h[6] and count_of(h[6]) or now, finite(at) and at or now }
       out[i + 1] = '~' .. holder
     end
+  end
+  if ukey ~= '' and not out[i + 1] then
+    held[ukey] = ARGV[o + 1]
+  elseif ukey ~= '' and folded[i + 1] and tonumber(ARGV[o + 9]) > 0 then
+    held[ukey] = folded[i + 1][1]
   end
 end
 local last = redis.call('INCRBY', base .. 'seq', n)

@@ -37,6 +37,10 @@ pub(crate) fn default_max_snoozes() -> u32 {
     DEFAULT_MAX_SNOOZES
 }
 
+pub(crate) fn is_default_max_snoozes(n: &u32) -> bool {
+    *n == DEFAULT_MAX_SNOOZES
+}
+
 /// How long past its due time a debounced job takes updates if no claim took it yet (a queue
 /// paused that long): then its key is forgotten, and the next enqueue under it adds a job.
 pub const DEBOUNCE_KEPT: Duration = Duration::from_secs(24 * 3600);
@@ -472,10 +476,17 @@ impl NewJob {
                 )));
             }
         }
+        // (Whole milliseconds, as every backend counts them: the builders round; a field set
+        // by hand to a finer duration would mean one thing in memory and another on Redis.)
         let within = |what: &str, d: Duration| {
             if d < Duration::from_millis(1) || d > MAX_DELAY {
                 return Err(Error::InvalidJob(format!(
                     "{what} {d:?} is outside 1 ms ..= {MAX_DELAY:?}"
+                )));
+            }
+            if d != whole_ms(d) {
+                return Err(Error::InvalidJob(format!(
+                    "{what} {d:?} is not a whole number of milliseconds"
                 )));
             }
             Ok(())

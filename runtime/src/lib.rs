@@ -114,10 +114,11 @@ pub use flow::{
 pub use history::Historian;
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Cancelled, Claim, DeadJob, Enqueued, FollowUps, Job, JobError, JobState, JobView, NewJob,
-    QueueCounts, RateLimit, Settlement, Then, Tick, UniqueKey, DEFAULT_MAX_PAYLOAD_BYTES,
-    ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS,
-    MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS, PRIORITY_RANGE,
+    Cancelled, Claim, DeadJob, Debounce, Enqueued, FollowUps, Job, JobError, JobState, JobView,
+    NewJob, QueueCounts, RateLimit, Settlement, Then, Tick, UniqueKey, DEBOUNCE_KEPT,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
+    ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS,
+    PRIORITY_RANGE,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;

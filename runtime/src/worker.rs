@@ -448,6 +448,9 @@ impl Worker {
                     for claim in claims {
                         self.launch(claim, sent, ctx);
                     }
+                    // Settlements of jobs that expired unrun go now, with a claim for the
+                    // slots they left.
+                    self.flush(ctx);
                     self.fill(ctx);
                 }
             }
@@ -506,8 +509,9 @@ impl Worker {
                 tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job expired before it started: dead-lettered, not run");
             }
             self.metrics(&job).finished[Outcome::Expired as usize].increment(1);
+            // (Sent by `claimed` once the whole batch is launched: a flush from here would
+            // claim for slots the batch's later jobs are about to take.)
             self.queue_settlement(lease_id, expired, job);
-            self.flush(ctx);
             return;
         }
         let timeout = self.registry.timeout_of(&job);

@@ -224,6 +224,47 @@ async fn deadlines(s: Setup) {
     }
 }
 
+/// A job that expires unrun at the head of a claim batch frees no slot the batch's other jobs
+/// take: the worker never runs more handlers than its concurrency.
+async fn expired_jobs_never_overfill_the_worker(s: Setup) {
+    let (running, most) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let registry = {
+        let (running, most) = (running.clone(), most.clone());
+        Registry::new().register("work", move |_: JobContext, _: ()| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    };
+    let past = SystemTime::now() - Duration::from_secs(1);
+    let mut jobs = vec![NewJob::raw("work", "null").with_deadline(past)];
+    jobs.extend((0..6).map(|_| NewJob::raw("work", "null")));
+    s.enqueue(jobs).await;
+    s.worker(registry, 2);
+    let counts = s.settled().await;
+    assert_eq!((counts.completed, counts.dead), (6, 1), "{counts:?}");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "at most its concurrency ran at once"
+    );
+}
+
+#[actix::test]
+async fn expired_jobs_never_overfill_the_worker_on_memory() {
+    expired_jobs_never_overfill_the_worker(memory()).await;
+}
+
+#[actix::test]
+async fn expired_jobs_never_overfill_the_worker_on_redis() {
+    expired_jobs_never_overfill_the_worker(redis()).await;
+}
+
 #[actix::test]
 async fn deadlines_on_memory() {
     deadlines(memory()).await;

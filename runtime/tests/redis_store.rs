@@ -241,6 +241,60 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
     );
 }
 
+/// An enqueue another client sends with numbers Redis would refuse halfway (a priority, a
+/// delay, a ttl or a debounce period that is no integer) is refused before anything is
+/// written: no job, no unique or debounce key, the enqueue counter untouched.
+#[test]
+fn an_enqueue_with_odd_numbers_writes_nothing() {
+    let server = RedisServer::start();
+    let script = concat!(
+        include_str!("../lua/common.lua"),
+        include_str!("../lua/enqueue.lua")
+    );
+    let id = "6f1c0000-0000-4000-8000-000000000001";
+    //        id, queue, kind, scope, priority, delay, meta, unique key, ttl, debounce key,
+    //        quiet, max wait
+    let good = [
+        id, "q", "k", "", "0", "0", "{}", "u", "1000", "d", "5", "10",
+    ];
+    let bad_at = |at: usize, value: &str| {
+        let mut job: Vec<String> = good.iter().map(|s| s.to_string()).collect();
+        job[at] = value.into();
+        job
+    };
+    for (at, value) in [
+        (4, "x"),
+        (4, "1.5"),
+        (4, "nan"),
+        (4, "99999999"),
+        (5, "-1"),
+        (5, "1e3"),
+        (8, "inf"),
+        (10, "0x10"),
+        (11, ""),
+    ] {
+        let job = bad_at(at, value);
+        let mut args = vec!["EVAL", script, "1", "{odd}:", "1"];
+        args.extend(job.iter().map(String::as_str));
+        args.push("0"); // the layout generation
+        let out = server.cli(&args).unwrap_or_default();
+        assert!(
+            out.contains("PALISADE_INVALID"),
+            "field {at} = {value:?}: {out}"
+        );
+        assert_eq!(
+            server.cli(&["DBSIZE"]),
+            Some("0".into()),
+            "field {at} = {value:?}"
+        );
+    }
+    // The good one goes in.
+    let mut args = vec!["EVAL", script, "1", "{odd}:", "1"];
+    args.extend(good);
+    args.push("0");
+    assert_eq!(server.cli(&args), Some(id.into()));
+}
+
 /// Issue 9: 100,000 default-scoped jobs with a sink write leave the sink's state bounded once
 /// their leases are behind the watermark and the key retention has passed: what remains is
 /// the live scopes and the retained keys, not one fence per job ever run.

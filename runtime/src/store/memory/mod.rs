@@ -798,8 +798,9 @@ impl LeaseStore for MemoryLeaseStore {
                     };
                     // Its own id stays taken, by the job it folded into: a retry of this
                     // enqueue answers that job instead of adding one once the job started.
-                    if let Some(u) = new.unique.take().filter(|u| !u.ttl.is_zero()) {
-                        let until = now + u.ttl;
+                    let ttl = |u: &crate::job::UniqueKey| crate::job::whole_ms(u.ttl);
+                    if let Some(u) = new.unique.take().filter(|u| !ttl(u).is_zero()) {
+                        let until = now + ttl(&u);
                         state.unique_expiries.insert((until, u.key.clone()));
                         state.unique.insert(u.key, (holder, Some(until)));
                     }

@@ -146,8 +146,12 @@ pub(super) struct Meta {
         deserialize_with = "crate::trace::lenient"
     )]
     pub(super) trace: Option<crate::trace::TraceContext>,
-    /// Snoozes allowed (kept in its dead-letter record too).
-    #[serde(default = "crate::job::default_max_snoozes")]
+    /// Snoozes allowed (kept in its dead-letter record too); not written when it is the
+    /// default, which every record then costs nothing.
+    #[serde(
+        default = "crate::job::default_max_snoozes",
+        skip_serializing_if = "crate::job::is_default_max_snoozes"
+    )]
     pub(super) max_snoozes: u32,
     /// How long one attempt may run, ms (kept in its dead-letter record too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
