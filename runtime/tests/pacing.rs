@@ -87,6 +87,23 @@ impl Setup {
     }
 }
 
+/// One test of `scenario` on the memory coordinator and one on a private Redis.
+macro_rules! on_both {
+    ($scenario:ident) => {
+        mod $scenario {
+            #[actix::test]
+            async fn on_memory() {
+                super::$scenario(super::memory()).await;
+            }
+
+            #[actix::test]
+            async fn on_redis() {
+                super::$scenario(super::redis()).await;
+            }
+        }
+    };
+}
+
 /// Sends `()` when dropped: tells the test that a handler's future was dropped (aborted).
 struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
 
@@ -173,15 +190,7 @@ async fn timeouts(s: Setup) {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
-#[actix::test]
-async fn timeouts_on_memory() {
-    timeouts(memory()).await;
-}
-
-#[actix::test]
-async fn timeouts_on_redis() {
-    timeouts(redis()).await;
-}
+on_both!(timeouts);
 
 /// A job claimed after its deadline is dead as "expired" and its handler never runs — a
 /// delayed job due after its deadline too; a job whose deadline is ahead runs.
@@ -255,25 +264,9 @@ async fn expired_jobs_never_overfill_the_worker(s: Setup) {
     );
 }
 
-#[actix::test]
-async fn expired_jobs_never_overfill_the_worker_on_memory() {
-    expired_jobs_never_overfill_the_worker(memory()).await;
-}
+on_both!(expired_jobs_never_overfill_the_worker);
 
-#[actix::test]
-async fn expired_jobs_never_overfill_the_worker_on_redis() {
-    expired_jobs_never_overfill_the_worker(redis()).await;
-}
-
-#[actix::test]
-async fn deadlines_on_memory() {
-    deadlines(memory()).await;
-}
-
-#[actix::test]
-async fn deadlines_on_redis() {
-    deadlines(redis()).await;
-}
+on_both!(deadlines);
 
 /// A handler that snoozes runs again after the snooze without spending attempts (one
 /// attempt, three runs) and sees its count; one that snoozes past its `max_snoozes` is dead
@@ -323,12 +316,4 @@ async fn snoozes(s: Setup) {
     );
 }
 
-#[actix::test]
-async fn snoozes_on_memory() {
-    snoozes(memory()).await;
-}
-
-#[actix::test]
-async fn snoozes_on_redis() {
-    snoozes(redis()).await;
-}
+on_both!(snoozes);
