@@ -31,6 +31,16 @@ local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'stri
 for i = 0, n - 1 do
   local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  -- Numbers another client sent oddly would fail a write halfway: refused before any.
+  if not string.match(ARGV[o + 5], '^-?%d+$') or #ARGV[o + 5] > 6 then
+    return redis.error_reply('PALISADE_INVALID priority ' .. ARGV[o + 5] .. ' is not an integer: nothing was changed')
+  end
+  for _, ms in ipairs({ ARGV[o + 6], ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
+    if #ms > 15 or not string.match(ms, '^%d+$') then
+      return redis.error_reply('PALISADE_INVALID delay, ttl or period ' .. ms
+        .. ' is not a number of ms: nothing was changed')
+    end
+  end
   jobs[#jobs + 1] = base .. 'job:' .. id
   want[base .. 'q:' .. queue .. ':kinds'] = 'set'
   want[ready_key(base, queue, kind)] = 'zset'
@@ -47,16 +57,6 @@ for i = 0, n - 1 do
   if ARGV[o + 10] ~= '' then
     want[base .. 'debounce:' .. ARGV[o + 10]] = 'string'
     want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
-  end
-  -- Numbers another client sent oddly would fail a write halfway: refused before any.
-  if not string.match(ARGV[o + 5], '^-?%d+$') or #ARGV[o + 5] > 6 then
-    return redis.error_reply('PALISADE_INVALID priority ' .. ARGV[o + 5] .. ' is not an integer: nothing was changed')
-  end
-  for _, ms in ipairs({ ARGV[o + 6], ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
-    if #ms > 15 or not string.match(ms, '^%d+$') then
-      return redis.error_reply('PALISADE_INVALID delay, ttl or period ' .. ms
-        .. ' is not a number of ms: nothing was changed')
-    end
   end
 end
 for stats in pairs(scoped) do

@@ -269,6 +269,8 @@ fn an_enqueue_with_odd_numbers_writes_nothing() {
         (4, "99999999"),
         (5, "-1"),
         (5, "1e3"),
+        (5, "x"),
+        (5, ""),
         (8, "inf"),
         (10, "0x10"),
         (11, ""),
