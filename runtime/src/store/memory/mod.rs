@@ -587,32 +587,19 @@ impl LeaseState {
 
     /// Forgets the unique keys whose ttl ended.
     fn forget_unique_keys(&mut self, now: Instant) {
-        while let Some((until, key)) = self.unique_expiries.first().cloned() {
-            if until > now {
-                break;
-            }
-            self.unique_expiries.pop_first();
-            if self
-                .unique
-                .get(&key)
-                .is_some_and(|held| held.1 == Some(until))
-            {
-                self.unique.remove(&key);
-            }
-        }
+        forget_lapsed(&mut self.unique_expiries, &mut self.unique, now, |held| {
+            held.1
+        });
     }
 
     /// Forgets the debounce keys whose time is up.
     fn forget_debounce_keys(&mut self, now: Instant) {
-        while let Some((until, key)) = self.debounce_expiries.first().cloned() {
-            if until > now {
-                break;
-            }
-            self.debounce_expiries.pop_first();
-            if self.debounce.get(&key).is_some_and(|held| held.2 == until) {
-                self.debounce.remove(&key);
-            }
-        }
+        forget_lapsed(
+            &mut self.debounce_expiries,
+            &mut self.debounce,
+            now,
+            |held| Some(held.2),
+        );
     }
 
     /// The job holding debounce key `key` while it is pending — it waits out its quiet period
@@ -734,6 +721,26 @@ impl LeaseState {
             while q.dead.len() > retention {
                 q.dead.pop_front();
             }
+        }
+    }
+}
+
+/// Forgets the keys of `held` whose time in `expiries` (key by when it lapses) has come, each
+/// only if it still lapses then (`until` of its entry): a key taken again since keeps its
+/// newer entry, and its stale expiry is dropped.
+fn forget_lapsed<V>(
+    expiries: &mut BTreeSet<(Instant, String)>,
+    held: &mut HashMap<String, V>,
+    now: Instant,
+    until: impl Fn(&V) -> Option<Instant>,
+) {
+    while let Some((at, key)) = expiries.first().cloned() {
+        if at > now {
+            break;
+        }
+        expiries.pop_first();
+        if held.get(&key).is_some_and(|v| until(v) == Some(at)) {
+            held.remove(&key);
         }
     }
 }

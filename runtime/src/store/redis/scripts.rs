@@ -66,33 +66,21 @@ pub(super) fn decode_claim(row: Vec<String>, queue: &str, expires_at: Instant) -
         <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad claim row {r:?}")))?;
     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
     let job_id = JobId::from(parse::<uuid::Uuid>(&id)?);
-    let scope = meta.scope.unwrap_or_else(|| Scope::of_job(job_id));
+    // (A snooze count another program wrote oddly reads as 0, as the scripts read it.)
+    let counts = [
+        parse(&attempt)?,
+        parse(&stalls)?,
+        snoozes.parse().unwrap_or(0),
+    ];
+    let job = meta.into_job(job_id, queue.to_owned(), counts);
     Ok(Claim {
-        job: Job {
-            id: job_id,
-            queue: queue.to_owned(),
-            kind: meta.kind,
-            payload: meta.payload,
-            scope: scope.clone(),
-            attempt: parse(&attempt)?,
-            stalls: parse(&stalls)?,
-            // (A count another program wrote oddly reads as 0, as the scripts read it.)
-            snoozes: snoozes.parse().unwrap_or(0),
-            max_snoozes: meta.max_snoozes,
-            timeout: meta.timeout_ms.map(Duration::from_millis),
-            deadline_ms: meta.deadline_ms,
-            max_attempts: meta.max_attempts,
-            max_stalls: meta.max_stalls,
-            flow: meta.flow,
-            tick: meta.tick,
-            trace: meta.trace,
-        },
         lease: Lease {
             id: LeaseId::from(parse::<uuid::Uuid>(&lease)?),
             token: token(&epoch, &counter)?,
-            scope,
+            scope: job.scope.clone(),
             expires_at,
         },
+        job,
     })
 }
 
@@ -163,6 +151,43 @@ pub(super) struct Meta {
 }
 
 impl Meta {
+    /// The job this record describes, with its `[attempt, stalls, snoozes]` as the caller
+    /// read them (a claim and a job view read them from the job's hash).
+    pub(super) fn into_job(self, id: JobId, queue: String, counts: [u32; 3]) -> Job {
+        let [attempt, stalls, snoozes] = counts;
+        Job {
+            id,
+            queue,
+            kind: self.kind,
+            payload: self.payload,
+            scope: self.scope.unwrap_or_else(|| Scope::of_job(id)),
+            attempt,
+            stalls,
+            snoozes,
+            max_snoozes: self.max_snoozes,
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            deadline_ms: self.deadline_ms,
+            max_attempts: self.max_attempts,
+            max_stalls: self.max_stalls,
+            flow: self.flow,
+            tick: self.tick,
+            trace: self.trace,
+        }
+    }
+
+    /// The record as the scripts take it (JSON), and its scope as the `scope` field they
+    /// take beside it ("" for a job's default scope, which no other job can share).
+    pub(super) fn encoded(&self) -> Result<(String, String)> {
+        let json =
+            serde_json::to_string(self).map_err(|e| crate::error::Error::Payload(e.to_string()))?;
+        let scope = self
+            .scope
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        Ok((json, scope))
+    }
+
     /// The record of `job` as enqueued (a flow step's `flow` is added by the caller, which
     /// reads the names it sends beside the record from here: the payload is not copied).
     pub(super) fn of(job: crate::job::NewJob) -> Self {

@@ -101,25 +101,10 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
         "held" => JobState::Held,
         _ => JobState::Unplaced,
     };
+    let count = |text: &str| parse::<u64>(text).map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let counts = [count(&attempt)?, count(&stalls)?, count(&snoozes)?];
     Ok(JobView {
-        job: Job {
-            id,
-            queue,
-            kind: meta.kind,
-            payload: meta.payload,
-            scope: meta.scope.unwrap_or_else(|| Scope::of_job(id)),
-            attempt: u32::try_from(parse::<u64>(&attempt)?).unwrap_or(u32::MAX),
-            stalls: u32::try_from(parse::<u64>(&stalls)?).unwrap_or(u32::MAX),
-            snoozes: u32::try_from(parse::<u64>(&snoozes)?).unwrap_or(u32::MAX),
-            max_snoozes: meta.max_snoozes,
-            timeout: meta.timeout_ms.map(Duration::from_millis),
-            deadline_ms: meta.deadline_ms,
-            max_attempts: meta.max_attempts,
-            max_stalls: meta.max_stalls,
-            flow: meta.flow,
-            tick: meta.tick,
-            trace: meta.trace,
-        },
+        job: meta.into_job(id, queue, counts),
         state,
         due_in: (!due.is_empty())
             .then(|| parse::<u64>(&due).map(Duration::from_millis))

@@ -270,18 +270,12 @@ impl FlowStore for RedisLeaseStore {
                 flow: Some(step),
                 ..Meta::of(job)
             };
-            let encoded =
-                serde_json::to_string(&meta).map_err(|e| Error::Payload(e.to_string()))?;
+            let (encoded, scope) = meta.encoded()?;
             invocation
                 .arg(id.to_string())
                 .arg(&meta.queue)
                 .arg(&meta.kind)
-                .arg(
-                    meta.scope
-                        .as_ref()
-                        .map(|s| s.to_string())
-                        .unwrap_or_default(),
-                )
+                .arg(scope)
                 .arg(delay.as_millis() as u64)
                 .arg(encoded)
                 .arg(tag);

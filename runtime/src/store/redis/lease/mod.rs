@@ -414,21 +414,14 @@ impl LeaseStore for RedisLeaseStore {
             // A debounced job waits its quiet period as its delay (it takes no other).
             let delay = debounce.as_ref().map_or(job.delay, |d| d.quiet);
             let meta = Meta::of(job);
-            let encoded =
-                serde_json::to_string(&meta).map_err(|e| Error::Payload(e.to_string()))?;
+            let (encoded, scope) = meta.encoded()?;
             let (unique_key, unique_ttl) =
                 unique.map_or((String::new(), 0), |u| (u.key, u.ttl.as_millis() as u64));
-            // A job in its default scope stores none: no other job can share it.
             invocation
                 .arg(id.to_string())
                 .arg(&meta.queue)
                 .arg(&meta.kind)
-                .arg(
-                    meta.scope
-                        .as_ref()
-                        .map(|s| s.to_string())
-                        .unwrap_or_default(),
-                )
+                .arg(scope)
                 .arg(meta.priority)
                 .arg(delay.as_millis() as u64)
                 .arg(encoded)
