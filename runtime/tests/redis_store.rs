@@ -207,6 +207,10 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         ("complete", "007"),
         ("retry", "-1"),
         ("complete", "1000000000000000"),
+        ("snooze", "1e3"),
+        ("snooze", "x"),
+        ("snooze", "-5"),
+        ("snooze", "1000000000000000"),
     ];
     for (action, arg) in odd {
         let out = server
@@ -290,10 +294,16 @@ fn an_enqueue_with_odd_numbers_writes_nothing() {
             "field {at} = {value:?}"
         );
     }
-    // The good one goes in.
+    // A debounce key another program wrote as another type: refused whole, nothing written.
+    server.cli(&["HSET", "{odd}:debounce:d", "x", "y"]).unwrap();
     let mut args = vec!["EVAL", script, "1", "{odd}:", "1"];
     args.extend(good);
     args.push("0");
+    let out = server.cli(&args).unwrap_or_default();
+    assert!(out.contains("PALISADE_CORRUPT"), "{out}");
+    assert_eq!(server.cli(&["DBSIZE"]), Some("1".into()));
+    // The good one goes in.
+    server.cli(&["DEL", "{odd}:debounce:d"]).unwrap();
     assert_eq!(server.cli(&args), Some(id.into()));
 }
 
