@@ -20,7 +20,7 @@ do
 end
 local base, id, reason, keep = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local job = base .. 'job:' .. id
-local f = fields(job, 'queue', 'kind', 'scope', 'lease')
+local f = fields(job, 'queue', 'kind', 'scope', 'lease', 'group')
 local function answer(outcome)
   local w = watermark(base)
   return { outcome, w and ('w:' .. fmt(w[1]) .. ':' .. fmt(w[2])) or 'w:' }
@@ -28,16 +28,19 @@ end
 if not f[1] then
   return answer('missing')
 end
-local queue, kind, scope, lease = f[1], f[2], f[3], f[4]
+local queue, kind, scope, lease, group = f[1], f[2], f[3], f[4], f[5]
 -- A job record keeps the id of its last lease; the lease is live only if it still names it.
 local entry = lease and redis.call('HGET', base .. 'lease_job', lease)
 -- Read-only first: every key it may write has its type.
 local want, counted = {}, {}
-settle_keys(base, want, counted, id, { queue, scope, kind }, false, false, true,
+settle_keys(base, want, counted, id, { queue, scope, kind, group }, false, false, true,
   entry and job_of(entry) == id and entry)
 want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
 if kind then
   want[ready_key(base, queue, kind)] = 'zset'
+  if group then
+    place_keys(base, want, counted, queue, kind, group)
+  end
 end
 local wrong = unsafe(base, want, counted)
   or uncountable(base .. 'q:' .. queue .. ':stats', { 'cancelled' })
@@ -53,6 +56,15 @@ if entry and job_of(entry) == id then
 end
 if kind then
   redis.call('ZREM', ready_key(base, queue, kind), id)
+  -- A ready grouped job leaves its group's counts (its group stays in the rotation until a
+  -- claim finds its set empty).
+  if group and redis.call('ZREM', group_key(base, queue, kind, group), id) == 1 then
+    local q = base .. 'q:' .. queue
+    redis.call('HINCRBY', q .. ':stats', 'grouped', -1)
+    if tonumber(redis.call('ZINCRBY', q .. ':groups', 1, group)) >= 0 then
+      redis.call('ZREM', q .. ':groups', group)
+    end
+  end
 end
 redis.call('ZREM', base .. 'q:' .. queue .. ':delayed', id)
 if scope and redis.call('ZREM', base .. 'wait:' .. scope, id) == 1 then

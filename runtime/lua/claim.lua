@@ -8,7 +8,8 @@
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls,
 --          snoozes};
 --          none while the queue is paused ({prefix}:paused), at most the whole tokens of its
---          rate bucket when it is rate-limited
+--          rate bucket when it is rate-limited. Grouped jobs rotate by group (group.rs: the
+--          memory store runs the same rules; common.lua has the keys).
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
 --          to a new epoch (establish_epoch.lua) and retry. Raised before any change; no token
@@ -96,9 +97,13 @@ for i = 6, 5 + k do
 end
 for _, kind in ipairs(listed) do
   want[ready_key(base, queue, kind)] = 'zset'
+  want[rotation_key(base, queue, kind)] = 'zset'
 end
+want[base .. 'q:' .. queue .. ':groups'] = 'zset'
+want[base .. 'gwake'] = 'zset'
+want[base .. 'turn'] = 'string'
 for _, id in ipairs(due) do
-  local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'kind')
+  local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'kind', 'group')
   settle_keys(base, want, counted, id, f, true, false, false)
 end
 local wrong = unsafe(base, want, counted)
@@ -109,6 +114,11 @@ end
 for _, id in ipairs(due) do
   redis.call('ZREM', delayed, id)
   park(base, id, now, now)
+end
+-- Parked groups whose rate bucket holds a token again come back (a bounded number a call).
+for _, group in ipairs(redis.call('ZRANGEBYSCORE', base .. 'gwake', '-inf', now, 'LIMIT', 0, 16)) do
+  redis.call('ZREM', base .. 'gwake', group)
+  unpark(base, group, now)
 end
 
 -- Only kinds the worker handles are looked at: jobs of other kinds wait for a worker that
@@ -145,6 +155,72 @@ if #kinds > 1 then
   table.sort(order, function(a, b) return c_num[a] < c_num[b] end)
 end
 
+-- Groups (group.rs): the n groups served least recently over the kinds asked for, each
+-- offering its share (`room`: within its cap and rate tokens; none parks it). Jobs without a
+-- group are one more lane, taken first in each round; candidates go round by round.
+local lanes = {} -- {turn, group, kind}
+for _, kind in ipairs(kinds) do
+  local got = redis.call('ZRANGE', rotation_key(base, queue, kind), 0, n - 1, 'WITHSCORES')
+  for i = 1, #got, 2 do
+    lanes[#lanes + 1] = { tonumber(got[i + 1]), got[i], kind }
+  end
+end
+local c_lane, g_state, g_left, g_taken, g_tokens, parked, emptied = {}, {}, {}, {}, {}, {}, {}
+if #lanes > 0 then
+  table.sort(lanes, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[3] < b[3]
+  end)
+  for i = n + 1, #lanes do
+    lanes[i] = nil
+  end
+  local per = math.ceil(n / (#lanes + (#c_id > 0 and 1 or 0)))
+  local rounds = {}
+  for r, c in ipairs(order) do
+    rounds[c] = r - 1
+  end
+  for li, lane in ipairs(lanes) do
+    local group, kind = lane[2], lane[3]
+    -- (A group record or set of another type, written by another program: the lane is
+    -- passed over, nothing of it written.)
+    local g = g_state[group] or fields(base .. 'group:' .. group, unpack(GROUP_FIELDS))
+    g_state[group] = g
+    local gkey = group_key(base, queue, kind, group)
+    local typed = redis.call('TYPE', base .. 'group:' .. group).ok
+    if (typed == 'none' or typed == 'hash') and not mistyped({ [gkey] = 'zset',
+        [base .. 'gparked:' .. group] = 'zset' }) then
+      g_tokens[group] = g_tokens[group] or group_tokens(g, now)
+      local take, wake = group_room(g, per, now)
+      if take == 0 then
+        parked[#parked + 1] = { li, wake }
+      else
+        local heads = redis.call('ZRANGE', gkey, 0, take - 1, 'WITHSCORES')
+        if #heads == 0 then
+          emptied[#emptied + 1] = li
+        else
+          g_left[group] = g_left[group] or take
+          for i = 1, #heads, 2 do
+            local at = #c_id + 1
+            c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = heads[i], tonumber(heads[i + 1]), heads[i + 1], gkey, kind
+            c_lane[at] = li
+            rounds[at] = (i - 1) / 2
+          end
+        end
+      end
+    end
+  end
+  -- Round by round; in a round the ungrouped lane first, then the groups in rotation order.
+  order = {}
+  for i = 1, #c_id do
+    order[i] = i
+  end
+  table.sort(order, function(a, b)
+    if rounds[a] ~= rounds[b] then return rounds[a] < rounds[b] end
+    return (c_lane[a] or 0) < (c_lane[b] or 0)
+  end)
+end
+
 -- Of a named scope only its head is ever ready (enter/leave in common.lua), so the first n
 -- candidates are claimable however many jobs of held scopes exist. The live-lease check
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
@@ -152,19 +228,27 @@ end
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 -- (Each ZADD of the leases brings SKIPLIST along: a no-op once it is there.)
 local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, {}
+local served, g_started = {}, {}
 for _, c in ipairs(order) do
   if #out >= n then
     break
   end
   local id, score, key, kind = c_id[c], c_score[c], c_key[c], c_kind[c]
+  local group = c_lane[c] and lanes[c_lane[c]][2]
   local job = base .. 'job:' .. id
   local f = fields(job, 'meta', 'scope', 'attempt', 'stalls', 'snoozes')
   local scope = f[2] or ('job:' .. id)
   local aside = f[1] and (taken[scope] or (f[2] and redis.call('HEXISTS', base .. 'live', scope) == 1))
-  if (room[kind] and room[kind] <= 0) or (aside and mistyped({ [base .. 'wait:' .. scope] = 'zset' })) then
-    -- its kind is at its cap (or its scope's waiting set is another program's key): it
-    -- stays ready for a later claim
+  if (room[kind] and room[kind] <= 0) or (group and g_left[group] <= 0)
+    or (aside and mistyped({ [base .. 'wait:' .. scope] = 'zset' })) then
+    -- its kind is at its cap, its group has no room left in this claim (its lanes of two
+    -- kinds share one), or its scope's waiting set is another program's key: it stays ready
+    -- for a later claim
   else
+    if group then
+      -- Out of its group's set either way: set aside, or claimed.
+      g_taken[group] = (g_taken[group] or 0) + 1
+    end
     picked[key] = picked[key] or {}
     table.insert(picked[key], id)
     if not f[1] then
@@ -174,6 +258,11 @@ for _, c in ipairs(order) do
       redis.call('HINCRBY', stats, 'waiting', 1)
     else
       taken[scope] = true
+      if group then
+        g_left[group] = g_left[group] - 1
+        served[c_lane[c]] = true
+        g_started[group] = (g_started[group] or 0) + 1
+      end
       local lease = ARGV[first_lease + #out]
       counter = counter + 1
       local attempt = fmt(count_of(f[3]) + 1)
@@ -197,7 +286,8 @@ for _, c in ipairs(order) do
       owners[#owners + 1] = lease
       -- (A named scope and a capped kind ride along, so a settlement or reap gives them back
       -- even if the job record is written over meanwhile: common.lua, let_go.)
-      local holds = (f[2] or capped) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')) or ''
+      local holds = (f[2] or capped or group) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')
+        .. (group and ('\t' .. group) or '')) or ''
       owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
         .. holds
       out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0', f[5] or '0' }
@@ -206,6 +296,52 @@ for _, c in ipairs(order) do
 end
 for key, ids in pairs(picked) do
   bulk('ZREM', key, ids)
+end
+if #lanes > 0 then
+  -- Served groups to the back of their rotation (or out of it, emptied); parked and empty
+  -- ones out of it; counts and rate buckets pay for what left the groups' sets.
+  -- (Claims count in twos: a group that joins between two claims, at the odd turn between
+  -- them, goes after every group served before it and before every group served after.)
+  local turn = redis.call('INCRBY', base .. 'turn', 2)
+  local q = base .. 'q:' .. queue
+  local moved = 0
+  for group, k in pairs(g_taken) do
+    moved = moved + k
+    if tonumber(redis.call('ZINCRBY', q .. ':groups', k, group)) >= 0 then
+      redis.call('ZREM', q .. ':groups', group)
+    end
+  end
+  if moved > 0 then
+    redis.call('HINCRBY', stats, 'grouped', -moved)
+  end
+  for group, started in pairs(g_started) do
+    redis.call('HSET', base .. 'group:' .. group, 'running', count_of(g_state[group][1]) + started)
+  end
+  for group, tokens in pairs(g_tokens) do
+    redis.call('HSET', base .. 'group:' .. group, 'tokens', tokens - (g_started[group] or 0), 'at', now)
+  end
+  for li in pairs(served) do
+    local lane = lanes[li]
+    local rotation = rotation_key(base, queue, lane[3])
+    if redis.call('EXISTS', group_key(base, queue, lane[3], lane[2])) == 1 then
+      redis.call('ZADD', rotation, turn, lane[2])
+    else
+      redis.call('ZREM', rotation, lane[2])
+    end
+  end
+  for _, li in ipairs(emptied) do
+    redis.call('ZREM', rotation_key(base, queue, lanes[li][3]), lanes[li][2])
+  end
+  for _, p in ipairs(parked) do
+    local lane, wake = lanes[p[1]], p[2]
+    local group = lane[2]
+    redis.call('ZREM', rotation_key(base, queue, lane[3]), group)
+    redis.call('ZADD', base .. 'gparked:' .. group, lane[1], queue .. '\t' .. lane[3])
+    redis.call('HSET', base .. 'group:' .. group, 'parked', 1)
+    if wake then
+      redis.call('ZADD', base .. 'gwake', now + wake, group)
+    end
+  end
 end
 if #out > 0 then
   redis.call('SET', base .. 'counter', counter)

@@ -48,6 +48,23 @@
 --   workers, workers:seen hash, zset  worker heartbeats (store/redis/lease/control.rs, not
 --                               read by these scripts): name -> "ms TAB JSON", name -> expiry
 --   history               list  the console's samples of the fleet's counts, newest first
+-- Groups (NewJob::with_group; the rules in group.rs, which the memory store runs):
+--   job:<id> field group  the job's group
+--   g:<queue>\t<kind>\t<group> zset the group's ready jobs of one kind (scores as in the
+--                               kind's ready set, which holds none of them)
+--   r:<queue>\t<kind>     zset  the rotation: groups with ready jobs of the kind -> turn (the
+--                               claim that last served it, or one past the last claim when it
+--                               joined)
+--   turn                  string twice the number of claims that looked at groups
+--   q:<queue>:groups      zset  group -> minus its ready jobs in the queue (most first, ties
+--                               by name), for the depth sampler's top groups
+--   q:<queue>:stats       field grouped: the queue's ready grouped jobs
+--   group:<group>         hash  running (its leased jobs), cap, jobs + per_ms (rate limit),
+--                               tokens + at (its rate bucket), paused, parked (out of every
+--                               rotation until it can run)
+--   gparked:<group>       zset  "<queue>\t<kind>" -> the turn it had in each rotation it left
+--   gwake                 zset  parked group -> when its rate bucket holds a whole token
+--   lease_job entry       an eighth field: the group its lease counts in
 -- Flows (store/flows.rs). In a job's partition:
 --   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)
 --   held                  zset  flow step jobs written and not released -> when written
@@ -227,19 +244,88 @@ local function capped_of(entry)
   return kind
 end
 
--- The keys that making a job of `queue` and `kind` ready writes (its kind listed, its ready
--- set, its queue's counts), added to `want` and `counted` (see `settle_keys`).
-local function place_keys(base, want, counted, queue, kind)
+-- The group of a lease_job entry (its eighth field), or nil.
+local function group_of(entry)
+  local group = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
+  return group
+end
+
+-- A group's ready set of one kind, and its kind's rotation.
+local function group_key(base, queue, kind, group)
+  return base .. 'g:' .. queue .. '\t' .. kind .. '\t' .. group
+end
+
+local function rotation_key(base, queue, kind)
+  return base .. 'r:' .. queue .. '\t' .. kind
+end
+
+-- The fields of group:<group> the rules read, in this order.
+local GROUP_FIELDS = { 'running', 'cap', 'jobs', 'per_ms', 'tokens', 'at', 'paused', 'parked' }
+
+-- A group's rate bucket as of `now` (group.rs `refill`), or nil without a rate limit: `g` is
+-- its GROUP_FIELDS. (A limit another program wrote oddly is no limit; a bucket that is not
+-- finite reads as full, counted from now.)
+local function group_tokens(g, now)
+  local jobs, per = tonumber(g[3]), tonumber(g[4])
+  if not (finite(jobs) and finite(per) and jobs >= 1 and per > 0) then
+    return nil
+  end
+  local before, at = tonumber(g[5] or g[3]), tonumber(g[6] or now)
+  if not finite(before) or not finite(at) then
+    before, at = jobs, now
+  end
+  return math.min(jobs, before + math.max(0, now - at) * jobs / per)
+end
+
+-- group.rs `room`, word for word: how many of a group's jobs a claim may take now, for a
+-- lane that offers at most `share`; 0 when it must leave the rotation, with the ms until its
+-- rate bucket holds a whole token (nil: until an operator or a lease's end lets it run).
+local function group_room(g, share, now)
+  if g[7] then
+    return 0, nil
+  end
+  local take = share
+  local cap = tonumber(g[2])
+  if finite(cap) then
+    local left = cap - count_of(g[1])
+    if left <= 0 then
+      return 0, nil
+    end
+    take = math.min(take, left)
+  end
+  local tokens = group_tokens(g, now)
+  if tokens then
+    local whole = math.floor(tokens)
+    if whole < 1 then
+      return 0, math.max(1, math.ceil((1 - tokens) * tonumber(g[4]) / tonumber(g[3])))
+    end
+    take = math.min(take, whole)
+  end
+  return take, nil
+end
+
+-- The keys that making a job of `queue` and `kind` (and `group`) ready writes (its kind
+-- listed, its ready set, its queue's counts; a group's set, rotation and records), added to
+-- `want` and `counted` (see `settle_keys`).
+local function place_keys(base, want, counted, queue, kind, group)
   local q = base .. 'q:' .. queue
   want[q .. ':kinds'] = 'set'
   want[ready_key(base, queue, kind)] = 'zset'
   want[q .. ':stats'] = 'hash'
   counted[q .. ':stats'] = true
+  if group then
+    want[group_key(base, queue, kind, group)] = 'zset'
+    want[rotation_key(base, queue, kind)] = 'zset'
+    want[q .. ':groups'] = 'zset'
+    want[base .. 'group:' .. group] = 'hash'
+    want[base .. 'gparked:' .. group] = 'zset'
+    want[base .. 'turn'] = 'string'
+  end
 end
 
 -- What settling, reaping or cancelling a job may write, added to `want` (key -> type) and
 -- `counted` (hashes whose counts it increments), for `unsafe` to check before the script's
--- first write. `f` is the job record's {queue, scope, kind} (queue nil: no readable record,
+-- first write. `f` is the job record's {queue, scope, kind, group} (queue nil: no readable record,
 -- so nothing of it is written); `parks` (and `delayed`) and `buries` say where it may go;
 -- `entry`, its lease's lease_job entry if it has a lease to end (its token set is written).
 local function settle_keys(base, want, counted, id, f, parks, delayed, buries, entry)
@@ -267,9 +353,9 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     -- The scope's next job becomes ready when the turn is handed on (done, dead, delayed:
     -- leave); then its queue's keys are written. A job parked at once keeps the turn.
     local next = ((not parks) or delayed or buries) and redis.pcall('ZRANGE', base .. 'wait:' .. scope, 0, 0) or {}
-    local g = type(next[1]) == 'string' and fields(base .. 'job:' .. next[1], 'queue', 'kind') or {}
+    local g = type(next[1]) == 'string' and fields(base .. 'job:' .. next[1], 'queue', 'kind', 'group') or {}
     if g[1] and g[2] then
-      place_keys(base, want, counted, g[1], g[2])
+      place_keys(base, want, counted, g[1], g[2], g[3])
     end
   end
   if not q then
@@ -278,7 +364,7 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
   if parks then
     want[base .. 'seq'] = 'string'
     place_keys(base, want, counted, queue,
-      kind or meta_of(redis.call('HGET', base .. 'job:' .. id, 'meta')).kind)
+      kind or meta_of(redis.call('HGET', base .. 'job:' .. id, 'meta')).kind, f[4])
     if delayed then
       want[q .. ':delayed'] = 'zset'
     end
@@ -299,11 +385,14 @@ local function unsafe(base, want, counted, memo)
   if want[base .. 'seq'] and not countable(redis.call('GET', base .. 'seq')) then
     return base .. 'seq is not an integer'
   end
+  if want[base .. 'turn'] and not countable(redis.call('GET', base .. 'turn')) then
+    return base .. 'turn is not an integer'
+  end
   for stats in pairs(counted) do
     if not wrong then
       local verdict = memo and memo['#' .. stats]
       if verdict == nil then
-        verdict = uncountable(stats, { 'leased', 'waiting', 'completed' }) or false
+        verdict = uncountable(stats, { 'leased', 'waiting', 'completed', 'grouped' }) or false
         if memo then
           memo['#' .. stats] = verdict
         end
@@ -314,10 +403,26 @@ local function unsafe(base, want, counted, memo)
   return wrong
 end
 
--- A job becomes ready: into its queue's set for its kind, or aside into its scope's waiting
--- set when another job holds the scope's turn (`scope` is nil for a default scope: always
--- ready). `listed` says the caller already added the kind to the queue's kinds.
-local function enter(base, id, queue, kind, scope, score, listed)
+-- A grouped job becomes ready: into its group's set; the group joins the kind's rotation at
+-- the next turn (or, parked, the rotations it will come back to). (Callers check the keys:
+-- place_keys.)
+local function ready_grouped(base, id, queue, kind, group, score)
+  local q = base .. 'q:' .. queue
+  redis.call('ZADD', group_key(base, queue, kind, group), score, id)
+  redis.call('ZINCRBY', q .. ':groups', -1, group)
+  redis.call('HINCRBY', q .. ':stats', 'grouped', 1)
+  local turn = count_of(redis.call('GET', base .. 'turn')) + 1
+  if redis.call('HEXISTS', base .. 'group:' .. group, 'parked') == 1 then
+    redis.call('ZADD', base .. 'gparked:' .. group, 'NX', turn, queue .. '\t' .. kind)
+  else
+    redis.call('ZADD', rotation_key(base, queue, kind), 'NX', turn, group)
+  end
+end
+
+-- A job becomes ready: into its queue's set for its kind (or its group's), or aside into its
+-- scope's waiting set when another job holds the scope's turn (`scope` is nil for a default
+-- scope: always ready). `listed` says the caller already added the kind to the queue's kinds.
+local function enter(base, id, queue, kind, scope, score, listed, group)
   if scope then
     local head = redis.call('HGET', base .. 'head', scope)
     if head and head ~= id then
@@ -332,7 +437,11 @@ local function enter(base, id, queue, kind, scope, score, listed)
   if not listed then
     redis.call('SADD', base .. 'q:' .. queue .. ':kinds', kind)
   end
-  redis.call('ZADD', ready_key(base, queue, kind), score, id)
+  if group then
+    ready_grouped(base, id, queue, kind, group, score)
+  else
+    redis.call('ZADD', ready_key(base, queue, kind), score, id)
+  end
 end
 
 -- Job `id` gives up its scope's turn (completed, dead or delayed): the scope's first waiting
@@ -350,10 +459,10 @@ local function leave(base, id, scope)
       return
     end
     redis.call('ZREM', wait, first[1])
-    local f = fields(base .. 'job:' .. first[1], 'queue', 'kind')
+    local f = fields(base .. 'job:' .. first[1], 'queue', 'kind', 'group')
     local want, counted = {}, {}
     if f[1] and f[2] then
-      place_keys(base, want, counted, f[1], f[2])
+      place_keys(base, want, counted, f[1], f[2], f[3])
     end
     -- (A waiting entry without a readable job is dropped; so is one whose queue's keys
     -- another program wrote over — it cannot be placed, and this runs after other writes —
@@ -366,8 +475,7 @@ local function leave(base, id, scope)
     if f[1] and f[2] and not wrong then
       redis.call('HSET', base .. 'head', scope, first[1])
       redis.call('HINCRBY', base .. 'q:' .. f[1] .. ':stats', 'waiting', -1)
-      redis.call('SADD', base .. 'q:' .. f[1] .. ':kinds', f[2])
-      redis.call('ZADD', ready_key(base, f[1], f[2]), first[2], first[1])
+      enter(base, first[1], f[1], f[2], nil, first[2], false, f[3])
       return
     end
   end
@@ -377,7 +485,7 @@ end
 -- has it), or delayed until `at` (giving the turn up meanwhile).
 local function park(base, id, at, now)
   local job = base .. 'job:' .. id
-  local f = fields(job, 'queue', 'meta', 'scope', 'kind')
+  local f = fields(job, 'queue', 'meta', 'scope', 'kind', 'group')
   if not f[1] then
     return -- a job record that vanished (or lost its queue): nothing to park
   end
@@ -386,7 +494,7 @@ local function park(base, id, at, now)
     redis.call('HSETNX', job, 'at', at)
     local seq = redis.call('INCR', base .. 'seq')
     local meta = meta_of(f[2])
-    enter(base, id, f[1], f[4] or meta.kind, f[3], seq - meta.priority * PRIORITY_SPAN)
+    enter(base, id, f[1], f[4] or meta.kind, f[3], seq - meta.priority * PRIORITY_SPAN, false, f[5])
   else
     leave(base, id, f[3])
     redis.call('HSET', job, 'at', at)
@@ -507,7 +615,7 @@ local MS = 100000000000000 -- 10^14: deadlines and timeouts are validated below 
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
-  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow', 'snoozes')
+  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow', 'snoozes', 'group')
   if not f[2] then
     return -- (no readable record: callers check first)
   end
@@ -528,7 +636,8 @@ local function bury(base, id, reason, keep)
     max_attempts = meta.max_attempts, max_stalls = meta.max_stalls, reason = reason,
     died = now_ms(), tick = tick_of(meta.tick), trace = trace_of(meta.trace),
     snoozes = count_of(f[7]), max_snoozes = whole(meta.max_snoozes, U32),
-    timeout_ms = whole(meta.timeout_ms, MS), deadline_ms = whole(meta.deadline_ms, MS) }
+    timeout_ms = whole(meta.timeout_ms, MS), deadline_ms = whole(meta.deadline_ms, MS),
+    group = f[8] or nil }
   local ok, json = pcall(cjson.encode, record)
   if not ok then
     -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.
@@ -642,7 +751,66 @@ local function let_go(base, lease, id, entry)
 end
 
 
+-- A parked group comes back to every rotation it left, at the turn it had there, when
+-- nothing holds it any more (group.rs `room` allows one job); still out of rate tokens, it is
+-- woken when it has one. Runs after writes: keys of another type are left alone (and said in
+-- the Redis log), so nothing here can fail.
+local function unpark(base, group, now)
+  local key = base .. 'group:' .. group
+  local g = fields(key, unpack(GROUP_FIELDS))
+  if not g[8] then
+    return -- (not parked, or a record of another type)
+  end
+  local take, wake = group_room(g, 1, now)
+  if take == 0 then
+    if wake and not mistyped({ [base .. 'gwake'] = 'zset' }) then
+      redis.call('ZADD', base .. 'gwake', now + wake, group)
+    end
+    return
+  end
+  local parked = base .. 'gparked:' .. group
+  if redis.call('TYPE', parked).ok == 'zset' then
+    local got = redis.call('ZRANGE', parked, 0, -1, 'WITHSCORES')
+    for i = 1, #got, 2 do
+      local queue, kind = string.match(got[i], '^([^\t]*)\t(.*)$')
+      local rotation = queue and rotation_key(base, queue, kind)
+      if rotation and redis.call('TYPE', group_key(base, queue, kind, group)).ok == 'zset' then
+        if mistyped({ [rotation] = 'zset' }) then
+          redis.log(redis.LOG_WARNING, 'palisade: group ' .. group .. ' not back in ' .. rotation
+            .. ': the key holds another type')
+        else
+          redis.call('ZADD', rotation, got[i + 1], group)
+        end
+      end
+    end
+    redis.call('DEL', parked)
+  end
+  redis.call('HDEL', key, 'parked')
+end
+
+-- A lease that counted among its group's running jobs (the group in its lease_job entry)
+-- ended: one fewer, and the group back in its rotations if its cap was what held it. Never
+-- fails (see unpark); the count never goes below 0 and is dropped at 0.
+local function unhold_group(base, entry, now)
+  local group = group_of(entry)
+  if not group then
+    return
+  end
+  local key = base .. 'group:' .. group
+  if redis.call('TYPE', key).ok ~= 'hash' then
+    return
+  end
+  local running = count_of(redis.call('HGET', key, 'running')) - 1
+  if running > 0 then
+    redis.call('HSET', key, 'running', running)
+  else
+    redis.call('HDEL', key, 'running')
+  end
+  unpark(base, group, now)
+end
+
 local function release(base, lease, id, entry)
+  unhold_group(base, entry, now_ms())
   redis.call('ZREM', base .. 'leases', lease)
   redis.call('HDEL', base .. 'lease_job', lease)
   local epoch = epoch_of(entry)
@@ -713,16 +881,19 @@ local function revive(base, raw, now)
   if redis.call('EXISTS', job) == 1 then
     return false
   end
+  -- (A group that is no name we would write is dropped: it could not be a key's part.)
+  local group = type(d.group) == 'string' and d.group ~= '' and not string.find(d.group, '%c')
+    and d.group or nil
   local want, counted = { [job] = 'hash' }, {}
   settle_keys(base, want, counted, d.id,
-    { d.queue, d.scope ~= 'job:' .. d.id and d.scope or nil, d.kind }, true, false, false)
+    { d.queue, d.scope ~= 'job:' .. d.id and d.scope or nil, d.kind, group }, true, false, false)
   if unsafe(base, want, counted) then
     return false
   end
   local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
     queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
     max_stalls = d.max_stalls, tick = tick_of(d.tick), trace = trace_of(d.trace),
-    max_snoozes = whole(d.max_snoozes, U32), timeout_ms = whole(d.timeout_ms, MS) })
+    max_snoozes = whole(d.max_snoozes, U32), timeout_ms = whole(d.timeout_ms, MS), group = group })
   -- (Fresh attempts, stalls and snoozes, and no deadline: an operator asked for it to run.)
   if not encoded then
     return false
@@ -730,6 +901,9 @@ local function revive(base, raw, now)
   redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)
   if d.scope ~= 'job:' .. d.id then
     redis.call('HSET', job, 'scope', d.scope)
+  end
+  if group then
+    redis.call('HSET', job, 'group', group)
   end
   park(base, d.id, now, now)
   return true

@@ -10,8 +10,8 @@ local now = now_ms()
 local q = base .. 'q:' .. queue .. ':'
 local due = redis.call('ZCOUNT', q .. 'delayed', '-inf', now)
 local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed', 'waiting', 'cancelled',
-  'died')
-local ready = 0
+  'died', 'grouped')
+local ready = count_of(stats[6])
 for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
   ready = ready + redis.call('ZCARD', base .. 'q:' .. queue .. '\t' .. kind)
 end

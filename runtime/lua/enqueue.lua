@@ -1,9 +1,10 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 12 fields per job: id queue kind scope (empty for the job's
+-- ARGV[1]  job count n, then 13 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls ...) unique_key (empty: none) unique_ttl_ms debounce_key
 --          (empty: none; a debounced job's delay is its quiet period) quiet_ms max_wait_ms
+--          group (empty: none)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  per job, its id when it was added; "=" and the id of the job it is when it was not:
 --          the job (an earlier one of this batch included) holding its unique key, or the job
@@ -12,8 +13,8 @@
 -- Errors   "PALISADE_CORRUPT ..." when a key it would write holds another type (or the
 --          enqueue counter is not an integer): raised before anything changed (jobs are
 --          validated by the client before they are sent). "PALISADE_INVALID ..." (before
---          anything) when a debounce key is held by a pending job of another queue, kind or
---          scope.
+--          anything) when a debounce key is held by a pending job of another queue, kind,
+--          scope or group.
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
   local refused = wrong_layout(KEYS[1])
@@ -24,7 +25,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local F = 12
+local F = 13
 local DEBOUNCE_KEPT_MS = 86400000 -- job.rs, DEBOUNCE_KEPT
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
@@ -44,6 +45,9 @@ for i = 0, n - 1 do
   jobs[#jobs + 1] = base .. 'job:' .. id
   want[base .. 'q:' .. queue .. ':kinds'] = 'set'
   want[ready_key(base, queue, kind)] = 'zset'
+  if ARGV[o + 13] ~= '' then
+    place_keys(base, want, scoped, queue, kind, ARGV[o + 13])
+  end
   if tonumber(ARGV[o + 6]) > 0 then
     want[base .. 'q:' .. queue .. ':delayed'] = 'zset'
   elseif scope ~= '' then
@@ -77,8 +81,11 @@ if not wrong then
   if not countable(redis.call('GET', base .. 'seq')) then
     wrong = base .. 'seq is not an integer'
   end
+  if want[base .. 'turn'] and not countable(redis.call('GET', base .. 'turn')) then
+    wrong = wrong or (base .. 'turn is not an integer')
+  end
   for stats in pairs(scoped) do
-    wrong = wrong or uncountable(stats, { 'waiting' })
+    wrong = wrong or uncountable(stats, { 'waiting', 'grouped' })
   end
 end
 if wrong then
@@ -108,14 +115,15 @@ for i = 0, n - 1 do
   if dkey ~= '' and not out[i + 1] then
     local holder = redis.call('GET', base .. 'debounce:' .. dkey)
     local h = holder and fields(base .. 'job:' .. holder, 'queue', 'kind', 'scope', 'attempt',
-      'snoozes', 'until') or {}
+      'snoozes', 'until', 'group') or {}
     local due = h[1] and redis.pcall('ZSCORE', base .. 'q:' .. h[1] .. ':delayed', holder)
     if type(due) == 'string' and count_of(h[4]) == 0 and count_of(h[5]) == 0 then
       local queue, kind, scope = ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-      if h[1] ~= queue or h[2] ~= kind or (h[3] or '') ~= scope then
+      if h[1] ~= queue or h[2] ~= kind or (h[3] or '') ~= scope or (h[7] or '') ~= ARGV[o + 13] then
         return redis.error_reply('PALISADE_INVALID debounce key ' .. dkey .. ' is held by pending job '
           .. holder .. ' of queue ' .. h[1] .. ', kind ' .. tostring(h[2]) .. ', scope '
-          .. (h[3] or '(its own)') .. '; a job under it must name the same: nothing was changed')
+          .. (h[3] or '(its own)') .. ', group ' .. (h[7] or '(none)')
+          .. '; a job under it must name the same: nothing was changed')
       end
       -- (A due time or a latest start another program wrote oddly reads as now.)
       local at = tonumber(due)
@@ -158,6 +166,10 @@ for i = 0, n - 1 do
     out[i + 1] = id
     local priority, delay = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
     local at = now + math.max(delay, 0) -- claimable from (the oldest-ready gauge)
+    local group = ARGV[o + 13] ~= '' and ARGV[o + 13] or nil
+    if group then
+      redis.call('HSET', base .. 'job:' .. id, 'group', group)
+    end
     if scope == '' then
       scope = nil
       redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
@@ -169,7 +181,7 @@ for i = 0, n - 1 do
     local score = last - n + i + 1 - priority * PRIORITY_SPAN
     if delay > 0 then
       redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
-    elseif scope == nil then
+    elseif scope == nil and not group then
       -- Always ready: added with the batch's others of its kind in one ZADD below.
       local key = ready_key(base, queue, kind)
       local entries = ready[key]
@@ -180,7 +192,7 @@ for i = 0, n - 1 do
       entries[#entries + 1] = score
       entries[#entries + 1] = id
     else
-      enter(base, id, queue, kind, scope, score, true)
+      enter(base, id, queue, kind, scope, score, true, group)
     end
     if ARGV[o + 10] ~= '' then
       -- Its latest start (`until`), and the key, kept a day past its due time: a job still

@@ -20,11 +20,13 @@ local function of_type(key, t)
   return got == 'none' or got == t
 end
 if not (of_type(q .. 'kinds', 'set') and of_type(q .. 'delayed', 'zset')
+    and of_type(q .. 'groups', 'zset')
     and of_type(q .. 'dead', 'list') and of_type(q .. 'stats', 'hash')
     and of_type(base .. 'held', 'zset')) then
   return 0
 end
-if redis.call('ZCARD', q .. 'delayed') > 0 or redis.call('LLEN', q .. 'dead') > 0 then
+if redis.call('ZCARD', q .. 'delayed') > 0 or redis.call('LLEN', q .. 'dead') > 0
+    or redis.call('ZCARD', q .. 'groups') > 0 then
   return 0
 end
 local stats = redis.call('HMGET', q .. 'stats', 'leased', 'waiting')
@@ -47,7 +49,8 @@ for _, id in ipairs(redis.call('ZRANGE', base .. 'held', 0, -1)) do
   end
 end
 for _, kind in ipairs(kinds) do
-  redis.call('DEL', ready_key(base, queue, kind))
+  -- (A rotation left with groups whose sets are gone: nothing ready is in it.)
+  redis.call('DEL', ready_key(base, queue, kind), rotation_key(base, queue, kind))
 end
 redis.call('DEL', q .. 'kinds', q .. 'stats', q .. 'delayed', q .. 'dead', q .. 'rate')
 if of_type(base .. 'queues', 'set') then

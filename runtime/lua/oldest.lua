@@ -1,7 +1,7 @@
 -- oldest.lua: how long the job next in line has been claimable, for the depth sampler.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  queue
--- Returns  milliseconds, the longest over the queue's kinds' heads and its first due delayed
+-- ARGV[1]  queue, ARGV[2] how many groups of each rotation to look at
+-- Returns  milliseconds, the longest over the queue's kinds' heads (and groups' heads) and its first due delayed
 --          job; -1 when nothing is ready. Read-only.
 -- Errors   none
 local base, queue = KEYS[1], ARGV[1]
@@ -12,14 +12,22 @@ local due = redis.call('ZRANGEBYSCORE', q .. 'delayed', '-inf', now, 'WITHSCORES
 if due[2] then
   oldest = tonumber(due[2])
 end
+-- The kinds' ready sets, and of grouped jobs the heads of the groups next in each rotation
+-- (ARGV[2] of them: store::GROUP_HEADS_LOOKED_AT, a bounded read).
 for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
-  local head = redis.call('ZRANGE', ready_key(base, queue, kind), 0, 0)[1]
+  local sets = { ready_key(base, queue, kind) }
+  for _, group in ipairs(redis.call('ZRANGE', rotation_key(base, queue, kind), 0, tonumber(ARGV[2]) - 1)) do
+    sets[#sets + 1] = group_key(base, queue, kind, group)
+  end
+  for _, set in ipairs(sets) do
+  local head = redis.call('ZRANGE', set, 0, 0)[1]
   if head then
     -- A job enqueued before 'at' was recorded counts from now.
     local at = tonumber(redis.call('HGET', base .. 'job:' .. head, 'at') or '') or now
     if oldest == nil or at < oldest then
       oldest = at
     end
+  end
   end
 end
 if oldest == nil then

@@ -87,10 +87,10 @@ for i = 0, count - 1 do
     -- (Named twice, even the first refused: the later one is stale, not a second chance.)
     settled[lease] = true
     local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
-      'kind', 'flow')
+      'kind', 'flow', 'group')
     local parks = action ~= 'complete' and action ~= 'dead'
     local want, counted = {}, {}
-    settle_keys(base, want, counted, id, { f[1], f[2], f[6] }, parks,
+    settle_keys(base, want, counted, id, { f[1], f[2], f[6], f[8] }, parks,
       (action == 'retry' or action == 'snooze') and tonumber(arg) > 0, action == 'dead', entries[i + 1])
     if action == 'fenced' then
       want[base .. 'epoch'] = 'hash'
@@ -125,6 +125,7 @@ for _, i in ipairs(current) do
   local job = base .. 'job:' .. id
   local f = records[i + 1]
   local queue, result = f[1], 'ok'
+  unhold_group(base, entries[i + 1], now)
   if not queue then
     let_go(base, lease, id, entries[i + 1])
   end

@@ -15,7 +15,7 @@ local function zscore(key, member)
 end
 local function view(id)
   local f = fields(base .. 'job:' .. id, 'meta', 'queue', 'kind', 'scope', 'attempt', 'stalls',
-    'lease', 'error', 'snoozes')
+    'lease', 'error', 'snoozes', 'group')
   if not f[1] or not f[2] then
     return nil
   end
@@ -33,7 +33,8 @@ local function view(id)
     end
   elseif zscore(base .. 'held', id) then
     state = 'held'
-  elseif kind ~= '' and zscore(ready_key(base, f[2], kind), id) then
+  elseif kind ~= '' and (zscore(ready_key(base, f[2], kind), id)
+      or (f[10] and zscore(group_key(base, f[2], kind, f[10]), id))) then
     state = 'ready'
   elseif f[4] and zscore(base .. 'wait:' .. f[4], id) then
     state = 'waiting'

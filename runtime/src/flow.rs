@@ -322,6 +322,12 @@ impl Flow {
                     step.name
                 ));
             }
+            if step.job.group.is_some() {
+                return bad(format!(
+                    "step {:?} has a group; flow steps take none",
+                    step.name
+                ));
+            }
             if step.job.id.is_some() || step.job.unique.is_some() {
                 return bad(format!(
                     "step {:?} has an id or unique key of its own; a step's id is the flow's",
@@ -459,6 +465,9 @@ pub fn check_added(parent: &str, added: &[Step], max_payload_bytes: usize) -> Re
         s.job.validate(max_payload_bytes)?;
         if s.job.debounce.is_some() {
             return bad(format!("{:?} is debounced", s.name));
+        }
+        if s.job.group.is_some() {
+            return bad(format!("{:?} has a group; flow steps take none", s.name));
         }
         if s.job.id.is_some() || s.job.unique.is_some() {
             return bad(format!("{:?} has an id or unique key of its own", s.name));

@@ -130,6 +130,9 @@ pub struct NewJob {
     /// Replaces a pending job's payload instead of adding one: see [`NewJob::with_debounce`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce: Option<Debounce>,
+    /// The group it shares claims with: see [`NewJob::with_group`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// A debounced enqueue ([`NewJob::with_debounce`]).
@@ -271,6 +274,7 @@ impl NewJob {
             timeout: None,
             deadline_ms: None,
             debounce: None,
+            group: None,
         }
     }
 
@@ -422,6 +426,20 @@ impl NewJob {
         self
     }
 
+    /// Puts the job in `group` (a tenant, a customer: a name with the usual rules). Claims
+    /// rotate round-robin over the groups that have ready jobs, so a group with a million
+    /// jobs waiting takes its turn like one with ten; jobs without a group share one turn of
+    /// their own. Within a group, priority and enqueue order decide as in a queue. A group
+    /// may have a concurrency cap, a rate limit and be paused
+    /// ([`QueueAdmin::set_group_limits`](crate::store::QueueAdmin::set_group_limits)),
+    /// across every queue and kind; a group that cannot run leaves the rotation until it can,
+    /// so a claim costs the same however many groups wait. Scopes still hold: a scope's jobs
+    /// run one at a time whatever their groups. A flow step takes no group (yet).
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
     /// Checks what every backend requires before accepting the job: names (see
     /// [`MAX_NAME_BYTES`]; a named scope may not take the reserved form of a default scope,
     /// `job:<uuid>`), payload size, [`PRIORITY_RANGE`], [`MAX_DELAY`], at least one attempt.
@@ -437,6 +455,9 @@ impl NewJob {
                     tick.at_ms
                 )));
             }
+        }
+        if let Some(group) = &self.group {
+            check_name("group", group)?;
         }
         if let Some(scope) = &self.scope {
             check_name("scope", scope.as_str())?;
@@ -616,6 +637,9 @@ pub struct Job {
         deserialize_with = "crate::trace::lenient"
     )]
     pub trace: Option<TraceContext>,
+    /// The group it shares claims with ([`NewJob::with_group`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// A job plus the lease that lets one worker run it.

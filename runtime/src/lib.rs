@@ -76,6 +76,7 @@ mod context;
 mod coordinator;
 mod error;
 mod flow;
+mod group;
 mod history;
 mod ids;
 mod job;
@@ -111,6 +112,7 @@ pub use flow::{
     FlowState, FlowStatus, FlowStep, OnDead, Release, ReleaseAction, Step, StepEnd, StepEnded,
     FLOW_RETENTION, MAX_FLOW_BYTES, MAX_FLOW_STEPS,
 };
+pub use group::{GroupLimits, GroupStatus};
 pub use history::Historian;
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{

@@ -167,6 +167,7 @@ mod tests {
             flow: None,
             tick: None,
             trace: None,
+            group: None,
         }
     }
 

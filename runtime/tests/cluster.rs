@@ -296,6 +296,14 @@ async fn partitions_on_a_cluster_keep_scopes_and_share_work() {
         .into();
     palisade_testkit::suite::partitions_keep_scopes_and_share_work(store.clone(), parts).await;
     palisade_testkit::suite::the_pair_visits_every_partition(store, 3).await;
+    let parts: Vec<Stores> = store::redis::partition_prefixes("grouped", 3)
+        .iter()
+        .map(|p| Arc::new(RedisLeaseStore::new(cluster.target(), p)).into())
+        .collect();
+    let store: Stores = store::partitioned::PartitionedLeaseStore::new(parts.clone())
+        .unwrap()
+        .into();
+    palisade_testkit::suite::a_group_lives_in_one_partition(store, parts).await;
 }
 
 /// From one partition to three on the cluster (the Redis epoch scripts), without lowering a

@@ -63,6 +63,12 @@ async fn partitions_keep_each_scope_on_one_counter_and_share_the_work() {
 }
 
 #[tokio::test]
+async fn a_group_lives_in_one_partition() {
+    let (store, parts) = three_partitions();
+    palisade_testkit::suite::a_group_lives_in_one_partition(store, parts).await;
+}
+
+#[tokio::test]
 async fn a_migration_to_partitions_never_lowers_a_scopes_tokens() {
     palisade_testkit::suite::migration_never_lowers_a_scopes_tokens(
         memory(),

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use super::partitioned::{shares, PartitionedLeaseStore};
 use super::{LeaseInfo, Stores};
 use crate::error::Result;
+use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
 use crate::job::{Cancelled, DeadJob, JobView, QueueCounts, RateLimit};
 
@@ -47,6 +48,15 @@ pub trait Inspect: Send + Sync + 'static {
     /// keeps that time; a due delayed job counts from when it fell due), or `None` if nothing
     /// is ready.
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
+
+    /// The `top` groups of `queue` with the most ready jobs, most first (ties by name); each
+    /// with its ready jobs in this queue. Bounded however many groups there are, so the
+    /// depth sampler and the console can ask every minute.
+    async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>>;
+
+    /// One group: its ready jobs in every queue, its running jobs, limits and whether it is
+    /// parked. A group never seen reads as empty, without limits.
+    async fn group(&self, group: &str) -> Result<GroupStatus>;
 }
 
 /// What an operator changes about queues and kinds (pause, cancel, dead-letter retry and
@@ -108,6 +118,12 @@ pub trait QueueAdmin: Send + Sync + 'static {
 
     /// A queue's rate limit.
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>>;
+
+    /// Sets a group's limits, across every queue and kind (see [`GroupLimits`]): all three
+    /// replace what was set (a default `GroupLimits` lifts them). A new rate limit starts
+    /// with a full bucket. Lifting what held a group back brings it back to the rotation at
+    /// once; a pause or a lower cap takes it out at its next turn (jobs running keep running).
+    async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()>;
 }
 
 #[async_trait]
@@ -135,6 +151,12 @@ impl Inspect for Stores {
     }
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
         self.inspect.oldest_ready(queue).await
+    }
+    async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>> {
+        self.inspect.groups(queue, top).await
+    }
+    async fn group(&self, group: &str) -> Result<GroupStatus> {
+        self.inspect.group(group).await
     }
 }
 
@@ -181,6 +203,9 @@ impl QueueAdmin for Stores {
     }
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
         self.admin.rate_limit(queue).await
+    }
+    async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
+        self.admin.set_group_limits(group, limits).await
     }
 }
 
@@ -261,6 +286,23 @@ impl Inspect for PartitionedLeaseStore {
             .on_all(|part| async move { part.oldest_ready(queue).await })
             .await?;
         Ok(all.into_iter().flatten().max())
+    }
+
+    /// Each partition's top, merged (a group lives in one partition, so none is counted
+    /// twice).
+    async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>> {
+        let all = self
+            .on_all(|part| async move { part.groups(queue, top).await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.group.cmp(&b.group)));
+        all.truncate(top);
+        Ok(all)
+    }
+
+    /// Asked of the group's partition.
+    async fn group(&self, group: &str) -> Result<GroupStatus> {
+        self.group_part(group).group(group).await
     }
 }
 
@@ -404,5 +446,10 @@ impl QueueAdmin for PartitionedLeaseStore {
             jobs: all.iter().flatten().map(|l| l.jobs).sum(),
             per,
         }))
+    }
+
+    /// Set in the group's partition alone: a group lives in one, so its cap is never split.
+    async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
+        self.group_part(group).set_group_limits(group, limits).await
     }
 }

@@ -30,6 +30,10 @@ pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
 /// [`QueueAdmin::purge_dead_job`] search for the job: one click stays a bounded read.
 pub const DEAD_JOB_SEARCH: usize = 5_000;
 
+/// How many groups of each rotation (the least recently served) [`Inspect::oldest_ready`]
+/// looks at for the oldest grouped job: a bounded read however many groups wait.
+pub const GROUP_HEADS_LOOKED_AT: usize = 100;
+
 /// Largest dead-letter retention (2^40): larger numbers would reach a Lua script as a double
 /// printed in exponent form, which Redis refuses halfway through a script.
 pub const MAX_DEAD_RETENTION: usize = 1 << 40;

@@ -128,9 +128,19 @@ impl PartitionedLeaseStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The partition that keeps `group`'s jobs and limits.
+    pub(super) fn group_part(&self, group: &str) -> &Stores {
+        &self.parts[partition_of(group, self.parts.len())]
+    }
+
     /// The partition a job goes to.
     fn place(&self, job: &NewJob) -> usize {
         let p = self.parts.len();
+        // A grouped job lives with its group (its cap is never split into shares); with a
+        // named scope too, both must hash to one partition (checked by `enqueue_all`).
+        if let Some(group) = &job.group {
+            return partition_of(group, p);
+        }
         // A retried enqueue goes where its first attempt went: by its unique key, or by its
         // id as `with_id`'s unique key names it (so with or without that key, one partition).
         // A debounced job goes where its key's pending job is (jobs under one key share a
@@ -545,6 +555,18 @@ pub async fn retire(old: &Stores) {
 impl LeaseStore for PartitionedLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
+        let p = self.parts.len();
+        for job in &jobs {
+            if let (Some(group), Some(scope)) = (&job.group, &job.scope) {
+                if partition_of(group, p) != partition_of(scope.as_str(), p) {
+                    return Err(Error::InvalidJob(format!(
+                        "group {group:?} and scope {scope} live in different partitions of \
+                         {p}: a grouped job's named scope must hash to its group's partition \
+                         (`palisade::store::partition_of`), or one of them would be split"
+                    )));
+                }
+            }
+        }
         let mut batches: Vec<(Vec<usize>, Vec<NewJob>)> =
             vec![Default::default(); self.parts.len()];
         for (i, job) in jobs.into_iter().enumerate() {

@@ -13,6 +13,7 @@ use palisade::*;
 
 mod control;
 mod fenced;
+mod groups;
 mod lease;
 mod pacing;
 mod partitions;
@@ -20,6 +21,7 @@ mod queues;
 
 pub use control::*;
 pub use fenced::*;
+pub use groups::*;
 pub use lease::*;
 pub use pacing::*;
 pub use partitions::*;
@@ -44,7 +46,8 @@ async fn settle(store: &Stores, lease: LeaseId, s: Settlement) -> Result<()> {
 /// tokens of different scopes are ordered within a partition only; the watermark stays
 /// unpublished until every partition has one (the cancel case expects one after a revoke);
 /// rate limits and caps are split into shares of at least 1 each; a debounce key, like a
-/// unique key, is one key per partition (a named scope decides where its job goes).
+/// unique key, is one key per partition (a named scope decides where its job goes); a group
+/// and a named scope of one job must share a partition.
 pub const NOT_FOR_PARTITIONS: &[&str] = &[
     "claim_honours_batch_priority_and_delay",
     "the_watermark_stays_below_every_live_lease",
@@ -52,6 +55,9 @@ pub const NOT_FOR_PARTITIONS: &[&str] = &[
     "a_rate_limited_queue_hands_out_no_more_than_its_rate",
     "a_capped_kind_never_runs_more_than_its_cap",
     "a_debounce_key_of_another_scope_refuses_the_enqueue",
+    // A grouped job's named scope must hash to its group's partition (refused otherwise,
+    // `a_group_lives_in_one_partition`); this case mixes groups on one scope.
+    "groups_keep_scopes_priorities_cancels_and_dead_letters",
 ];
 
 /// Runs named cases `parallel` at a time, each as its own task, and fails with the name and
@@ -91,7 +97,8 @@ pub async fn run_together(
 /// test per case, each on the stores `make` (an expression that evaluates to a future of
 /// `(Stores, guard)`) builds; `lease_store_suite!(list)` defines `lease_store_cases()`, every
 /// case by name, to run them together on one shared backend. The cases are listed in their
-/// own files (`lease_cases!`, `queue_cases!`, `control_cases!`, `pacing_cases!`), so a new
+/// own files (`lease_cases!`, `queue_cases!`, `control_cases!`, `pacing_cases!`,
+/// `group_cases!`), so a new
 /// case touches one.
 #[macro_export]
 macro_rules! lease_store_suite {
@@ -106,6 +113,7 @@ macro_rules! lease_store_suite {
             $crate::queue_cases!(push cases);
             $crate::control_cases!(push cases);
             $crate::pacing_cases!(push cases);
+            $crate::group_cases!(push cases);
             cases
         }
     };
@@ -116,6 +124,7 @@ macro_rules! lease_store_suite {
             $crate::queue_cases!(test $make);
             $crate::control_cases!(test $make);
             $crate::pacing_cases!(test $make);
+            $crate::group_cases!(test $make);
         }
     };
 }

@@ -327,3 +327,57 @@ pub async fn the_pair_visits_every_partition(store: Stores, partitions: usize) {
     let counts = store.counts("pairs").await.unwrap();
     assert_eq!((counts.completed, counts.pending()), (rounds as u64, 0));
 }
+
+/// A group lives in one partition: its jobs go where its name hashes, its cap is whole there
+/// (never split into shares), and a grouped job's named scope must hash to the same
+/// partition (else the enqueue is refused whole, nothing added).
+pub async fn a_group_lives_in_one_partition(store: Stores, parts: Vec<Stores>) {
+    use palisade::store::partitioned::partition_of;
+    let p = parts.len();
+    let home = partition_of("tenant:7", p);
+    store
+        .set_group_limits(
+            "tenant:7",
+            GroupLimits {
+                cap: Some(1),
+                ..GroupLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut jobs: Vec<NewJob> = (0..12).map(|_| job("k").with_group("tenant:7")).collect();
+    jobs.extend((0..12).map(|_| job("k")));
+    store.enqueue(jobs).await.unwrap();
+    for (i, part) in parts.iter().enumerate() {
+        let group = part.group("tenant:7").await.unwrap();
+        assert_eq!(group.ready, if i == home { 12 } else { 0 }, "partition {i}");
+    }
+    // Its cap of 1 holds across every claim, whichever partition a claim starts at.
+    let mut claimed = Vec::new();
+    for _ in 0..(2 * p) {
+        claimed.extend(claim(&store, 10).await);
+    }
+    let grouped = claimed.iter().filter(|c| c.job.group.is_some()).count();
+    assert_eq!((grouped, claimed.len()), (1, 13), "{claimed:?}");
+    assert_eq!(store.group("tenant:7").await.unwrap().running, 1);
+    // A named scope in another partition is refused; one in the group's is not.
+    let scope_in = |same: bool| {
+        (0..)
+            .map(|i| format!("acct:{i}"))
+            .find(|s| (partition_of(s, p) == home) == same)
+            .unwrap()
+    };
+    let away = job("k").with_group("tenant:7").with_scope(scope_in(false));
+    let before = store.counts("default").await.unwrap().pending();
+    assert!(matches!(
+        store.enqueue(vec![job("k"), away]).await,
+        Err(Error::InvalidJob(_))
+    ));
+    assert_eq!(store.counts("default").await.unwrap().pending(), before);
+    store
+        .enqueue(vec![job("k")
+            .with_group("tenant:7")
+            .with_scope(scope_in(true))])
+        .await
+        .unwrap();
+}

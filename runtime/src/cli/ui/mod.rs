@@ -1217,6 +1217,7 @@ mod tests {
                 flow: None,
                 tick: None,
                 trace: None,
+                group: None,
             },
             reason: "r".into(),
             died_ms: None,

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
+use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
 use crate::job::{Cancelled, DeadJob, JobState, JobView, QueueCounts, RateLimit};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin};
@@ -22,7 +23,9 @@ impl Inspect for MemoryLeaseStore {
             .map(|q| {
                 let due = q.delayed.iter().take_while(|(at, ..)| *at <= now).count() as u64;
                 QueueCounts {
-                    ready: q.ready.values().map(|s| s.len() as u64).sum::<u64>() + due,
+                    ready: q.ready.values().map(|s| s.len() as u64).sum::<u64>()
+                        + q.grouped.len()
+                        + due,
                     waiting: q.waiting,
                     delayed: q.delayed.len() as u64 - due,
                     leased: q.leased,
@@ -98,10 +101,7 @@ impl Inspect for MemoryLeaseStore {
             view.due_in = Some(at.saturating_duration_since(now));
         } else if state.held.contains_key(&job) {
             view.state = JobState::Held;
-        } else if q
-            .and_then(|q| q.ready.get(&record.kind))
-            .is_some_and(|set| set.iter().any(|k| k.2 == job))
-        {
+        } else if state.ready_key_of(job).is_some() {
             view.state = JobState::Ready;
         } else if state
             .scopes
@@ -157,9 +157,18 @@ impl Inspect for MemoryLeaseStore {
         let Some(q) = state.queues.get(queue) else {
             return Ok(None);
         };
+        // Of grouped jobs, the heads of the groups next in each rotation (bounded, as
+        // oldest.lua looks: GROUP_HEADS_LOOKED_AT).
+        let grouped = q.grouped.rotation.iter().flat_map(|(kind, rotation)| {
+            rotation
+                .iter()
+                .take(crate::store::GROUP_HEADS_LOOKED_AT)
+                .filter_map(|(_, group)| q.grouped.ready.get(&(kind.clone(), group.clone())))
+        });
         let heads = q
             .ready
             .values()
+            .chain(grouped)
             .filter_map(|set| set.first())
             .map(|(_, _, id)| state.ready_at.get(id).copied().unwrap_or(now));
         let due = q
@@ -171,6 +180,25 @@ impl Inspect for MemoryLeaseStore {
             .chain(due)
             .min()
             .map(|at| now.saturating_duration_since(at)))
+    }
+
+    async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>> {
+        let state = lock(&self.state);
+        let Some(q) = state.queues.get(queue) else {
+            return Ok(Vec::new());
+        };
+        let mut depths: Vec<(u64, &String)> =
+            q.grouped.depth.iter().map(|(g, d)| (*d, g)).collect();
+        depths.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        Ok(depths
+            .into_iter()
+            .take(top)
+            .map(|(_, group)| state.group_status(group, Some(queue)))
+            .collect())
+    }
+
+    async fn group(&self, group: &str) -> Result<GroupStatus> {
+        Ok(lock(&self.state).group_status(group, None))
     }
 }
 
@@ -221,18 +249,14 @@ impl QueueAdmin for MemoryLeaseStore {
         let done = if let Some(lease) = lease {
             if let Some(r) = state.leases.remove(&lease) {
                 state.expiries.remove(&(r.expires_at, r.token, lease));
-                state.drop_lease(lease, job, r.token, r.capped);
+                state.drop_lease(lease, r, Instant::now());
             }
             Cancelled::Revoked
         } else {
+            if let Some(key) = state.ready_key_of(job) {
+                state.unready(&queue, &kind, &key);
+            }
             if let Some(q) = state.queues.get_mut(&queue) {
-                if let Some(key) = q
-                    .ready
-                    .get(&kind)
-                    .and_then(|set| set.iter().find(|k| k.2 == job).copied())
-                {
-                    q.remove_ready(&kind, &key);
-                }
                 q.delayed.retain(|(_, _, id)| *id != job);
             }
             let waited = state
@@ -352,6 +376,7 @@ impl QueueAdmin for MemoryLeaseStore {
         let mut state = lock(&self.state);
         let in_use = state.queues.get(queue).is_some_and(|q| {
             q.ready.values().any(|s| !s.is_empty())
+                || !q.grouped.depth.is_empty()
                 || !q.delayed.is_empty()
                 || q.leased > 0
                 || q.waiting > 0
@@ -427,5 +452,12 @@ impl QueueAdmin for MemoryLeaseStore {
 
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
         Ok(lock(&self.state).rates.get(queue).map(|(limit, ..)| *limit))
+    }
+
+    async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
+        crate::job::check_name("group", group)?;
+        limits.validate()?;
+        lock(&self.state).set_group_limits(group, limits, Instant::now());
+        Ok(())
     }
 }

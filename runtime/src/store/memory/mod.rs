@@ -38,6 +38,7 @@ use crate::store::{
 mod admin;
 mod control;
 mod flows;
+mod groups;
 mod sink;
 
 pub use sink::MemoryFencedStore;
@@ -105,6 +106,12 @@ struct LeaseState {
     debounce_expiries: BTreeSet<(Instant, String)>,
     /// Paused queues: claims from them hand out nothing.
     paused: BTreeSet<String>,
+    /// Groups with limits, leases or parked rotations (`groups.rs`).
+    groups: HashMap<String, groups::GroupState>,
+    /// Twice the number of claims that looked at groups (rotation turns; `groups.rs`).
+    turn: u64,
+    /// Parked groups to look at again when their rate bucket holds a token.
+    wakes: BTreeSet<(Instant, String)>,
     /// Rate-limited queues: the limit, the bucket's tokens and when they were counted.
     rates: HashMap<String, (RateLimit, f64, Instant)>,
     /// Kinds with a fleet-wide concurrency cap, and how many of each run under one.
@@ -148,6 +155,8 @@ struct QueueState {
     /// Jobs cancelled (`cancel`), and dead-lettered, ever.
     cancelled: u64,
     died: u64,
+    /// Ready jobs of groups and the groups' rotations (`groups.rs`).
+    grouped: groups::Grouped,
 }
 
 impl QueueState {
@@ -182,6 +191,8 @@ struct LeaseRecord {
     token: FencingToken,
     /// The kind this lease counts against, if it had a concurrency cap when claimed.
     capped: Option<String>,
+    /// The group whose running jobs it counts among.
+    group: Option<String>,
 }
 
 impl Default for MemoryLeaseStore {
@@ -283,9 +294,43 @@ impl LeaseState {
                 _ => state.head = Some(id),
             }
         }
-        let kind = self.jobs[&id].kind.clone();
-        let q = self.queues.entry(queue).or_default();
-        q.ready.entry(kind).or_default().insert(key);
+        self.ready(key);
+    }
+
+    /// Puts `key`'s job in its ready set: its kind's, or its group's.
+    fn ready(&mut self, key: ReadyKey) {
+        let job = &self.jobs[&key.2];
+        let (queue, kind) = (job.queue.clone(), job.kind.clone());
+        match job.group.clone() {
+            Some(group) => self.ready_grouped(&queue, &kind, &group, key),
+            None => {
+                let q = self.queues.entry(queue).or_default();
+                q.ready.entry(kind).or_default().insert(key);
+            }
+        }
+    }
+
+    /// Where job `id` is ready (a linear search of its set: for an operator's cancel).
+    fn ready_key_of(&self, id: JobId) -> Option<ReadyKey> {
+        let job = self.jobs.get(&id)?;
+        let q = self.queues.get(&job.queue)?;
+        let set = match &job.group {
+            Some(group) => q.grouped.ready.get(&(job.kind.clone(), group.clone())),
+            None => q.ready.get(&job.kind),
+        };
+        set?.iter().find(|k| k.2 == id).copied()
+    }
+
+    /// Takes `key`'s job out of its ready set (claimed, set aside, cancelled).
+    fn unready(&mut self, queue: &str, kind: &str, key: &ReadyKey) {
+        match self.jobs.get(&key.2).and_then(|j| j.group.clone()) {
+            Some(group) => self.unready_grouped(queue, kind, &group, key),
+            None => {
+                if let Some(q) = self.queues.get_mut(queue) {
+                    q.remove_ready(kind, key);
+                }
+            }
+        }
     }
 
     /// `id` gives up its scope's turn (completed, dead, or delayed): the scope's first
@@ -303,11 +348,9 @@ impl LeaseState {
         match state.waiting.pop_first() {
             Some(key) => {
                 state.head = Some(key.2);
-                let job = &self.jobs[&key.2];
-                let (queue, kind) = (job.queue.clone(), job.kind.clone());
-                let q = self.queues.entry(queue).or_default();
-                q.waiting -= 1;
-                q.ready.entry(kind).or_default().insert(key);
+                let queue = self.jobs[&key.2].queue.clone();
+                self.queues.entry(queue).or_default().waiting -= 1;
+                self.ready(key);
             }
             None => {
                 state.head = None;
@@ -352,13 +395,20 @@ impl LeaseState {
         })
     }
 
-    /// Up to `n` ready jobs of `queue` to claim (of `kinds`, every kind when empty), and the
-    /// ones to set aside because their scope is held; `None` for a queue never seen.
-    fn pick(&self, queue: &str, kinds: &[String], n: usize) -> Option<(Picks, Picks)> {
+    /// Up to `n` ready jobs of `queue` to claim (of `kinds`, every kind when empty), the
+    /// ones to set aside because their scope is held, and what the claim decided about the
+    /// groups it looked at (`groups.rs`); `None` for a queue never seen.
+    fn pick(
+        &self,
+        queue: &str,
+        kinds: &[String],
+        n: usize,
+        now: Instant,
+    ) -> Option<(Picks, Picks, groups::Plan, HashMap<usize, usize>)> {
         let q = self.queues.get(queue)?;
         // Only the kinds asked for (all when none are named): the first few of each kind's
         // ready set, merged in ready order — the same candidates the Redis script looks at.
-        let mut candidates: Vec<(ReadyKey, String)> = q
+        let mut ungrouped: Vec<(ReadyKey, String)> = q
             .ready
             .iter()
             .filter(|(kind, _)| kinds.is_empty() || kinds.contains(kind))
@@ -368,13 +418,34 @@ impl LeaseState {
                     .map(move |key| (*key, kind.clone()))
             })
             .collect();
-        candidates.sort();
+        ungrouped.sort();
+        // Groups' lanes (group.rs): jobs without a group are one more lane, taken first in
+        // each round; candidates go round by round.
+        let (plan, offers, mut left) =
+            self.plan_groups(queue, kinds, n, !ungrouped.is_empty(), now);
+        // (round, lane, key, kind, the lane's index in the plan)
+        let mut candidates: Vec<(usize, usize, ReadyKey, String, Option<usize>)> = ungrouped
+            .into_iter()
+            .enumerate()
+            .map(|(round, (key, kind))| (round, 0, key, kind, None))
+            .collect();
+        for (lane, heads) in offers {
+            let kind = plan.lanes[lane].kind.clone();
+            candidates.extend(
+                heads
+                    .into_iter()
+                    .enumerate()
+                    .map(|(round, key)| (round, lane + 1, key, kind.clone(), Some(lane))),
+            );
+        }
+        candidates.sort_by_key(|c| (c.0, c.1));
         // Every ready job of a shared scope is its scope's head, so the first n candidates
         // are claimable. The check stays as a guard for invariant 3: a job whose scope is
         // held anyway waits aside instead of getting a second live lease.
         let mut picked = Vec::new();
         let mut aside = Vec::new();
         let mut taken = HashSet::new();
+        let mut served: HashMap<usize, usize> = HashMap::new();
         // How many more of each capped kind may start (as in claim.lua).
         let mut room: HashMap<String, i64> = self
             .caps
@@ -384,12 +455,16 @@ impl LeaseState {
                 (kind.clone(), i64::from(*cap) - i64::from(running))
             })
             .collect();
-        for (key, kind) in candidates {
+        for (_, _, key, kind, lane) in candidates {
             if picked.len() == n {
                 break;
             }
             if room.get(&kind).is_some_and(|r| *r <= 0) {
                 continue; // at its cap: stays ready
+            }
+            let group = lane.map(|i| plan.lanes[i].group.as_str());
+            if group.is_some_and(|g| left.get(g).is_some_and(|l| *l == 0)) {
+                continue; // its group has no room left in this claim (two kinds' lanes)
             }
             let scope = &self.jobs[&key.2].scope;
             let held = self.scopes.get(scope).is_some_and(|s| s.live.is_some());
@@ -399,17 +474,23 @@ impl LeaseState {
                 if let Some(r) = room.get_mut(&kind) {
                     *r -= 1;
                 }
+                if let (Some(i), Some(g)) = (lane, group) {
+                    *served.entry(i).or_default() += 1;
+                    if let Some(l) = left.get_mut(g) {
+                        *l -= 1;
+                    }
+                }
                 picked.push((key, kind));
             }
         }
-        Some((picked, aside))
+        Some((picked, aside, plan, served))
     }
 
     /// Moves ready jobs whose scope is held out of `queue`'s ready sets, to wait for it.
     fn set_aside(&mut self, queue: &str, aside: Picks) {
         for (key, kind) in aside {
+            self.unready(queue, &kind, &key);
             let q = self.queues.get_mut(queue).expect("queue exists");
-            q.remove_ready(&kind, &key);
             q.waiting += 1;
             let scope = self.jobs[&key.2].scope.clone();
             let s = self.scopes.entry(scope).or_default();
@@ -441,6 +522,11 @@ impl LeaseState {
         if let Some(kind) = &capped {
             *self.running.entry(kind.clone()).or_default() += 1;
         }
+        let group = self.jobs[&id].group.clone();
+        if let Some(group) = &group {
+            self.group_started(group);
+        }
+        self.unready(queue, kind, &key);
         self.leases.insert(
             lease_id,
             LeaseRecord {
@@ -450,12 +536,12 @@ impl LeaseState {
                 worker: worker.to_owned(),
                 token,
                 capped,
+                group,
             },
         );
         self.expiries.insert((expires_at, token, lease_id));
         self.live_tokens.insert((token, lease_id));
         let q = self.queues.get_mut(queue).expect("queue exists");
-        q.remove_ready(kind, &key);
         q.leased += 1;
         let job = self.jobs.get_mut(&id).expect("picked job exists");
         job.attempt += 1;
@@ -500,22 +586,21 @@ impl LeaseState {
         let record = self.leases.remove(&lease)?;
         self.expiries
             .remove(&(record.expires_at, record.token, lease));
-        self.drop_lease(lease, record.job, record.token, record.capped);
-        Some(record.job)
+        let id = record.job;
+        self.drop_lease(lease, record, now);
+        Some(id)
     }
 
     /// A lease is gone: its token leaves the watermark's reckoning, its scope is no longer
     /// held, its queue has one job fewer leased.
-    fn drop_lease(
-        &mut self,
-        lease: LeaseId,
-        id: JobId,
-        token: FencingToken,
-        capped: Option<String>,
-    ) {
-        self.live_tokens.remove(&(token, lease));
-        if let Some(running) = capped.and_then(|kind| self.running.get_mut(&kind)) {
+    fn drop_lease(&mut self, lease: LeaseId, record: LeaseRecord, now: Instant) {
+        let id = record.job;
+        self.live_tokens.remove(&(record.token, lease));
+        if let Some(running) = record.capped.and_then(|kind| self.running.get_mut(&kind)) {
             *running = running.saturating_sub(1);
+        }
+        if let Some(group) = &record.group {
+            self.group_ended(group, now);
         }
         let Some(job) = self.jobs.get(&id) else {
             return;
@@ -656,6 +741,7 @@ impl LeaseState {
             flow,
             tick: new.tick,
             trace: new.trace,
+            group: new.group,
         };
         let queue = self.queues.entry(job.queue.clone()).or_default();
         queue.priority.insert(id, new.priority);
@@ -771,11 +857,20 @@ impl LeaseStore for MemoryLeaseStore {
             if let Some((holder, _, _)) = state.pending_debounce(&d.key) {
                 let held = &state.jobs[&holder];
                 let scope = new.scope.clone().unwrap_or_else(|| Scope::of_job(holder));
-                if held.queue != new.queue || held.kind != new.kind || held.scope != scope {
+                if held.queue != new.queue
+                    || held.kind != new.kind
+                    || held.scope != scope
+                    || held.group != new.group
+                {
                     return Err(Error::InvalidJob(format!(
                         "debounce key {} is held by pending job {holder} of queue {}, kind {}, \
-                         scope {}; a job under it must name the same: nothing was changed",
-                        d.key, held.queue, held.kind, held.scope
+                         scope {}, group {}; a job under it must name the same: nothing was \
+                         changed",
+                        d.key,
+                        held.queue,
+                        held.kind,
+                        held.scope,
+                        held.group.as_deref().unwrap_or("(none)")
                     )));
                 }
             }
@@ -859,11 +954,13 @@ impl LeaseStore for MemoryLeaseStore {
             return Ok(Vec::new());
         }
         state.promote_due(queue, now, promotions_per_claim(n));
-        let Some((picked, aside)) = state.pick(queue, kinds, n) else {
+        state.wake_groups(now);
+        let Some((picked, aside, plan, served)) = state.pick(queue, kinds, n, now) else {
             return Ok(Vec::new());
         };
         let tokens = state.mint(picked.len())?;
         state.set_aside(queue, aside);
+        state.apply_plan(queue, plan, &served, now);
         let mut claims = Vec::with_capacity(picked.len());
         for ((key, kind), token) in picked.into_iter().zip(tokens) {
             claims.push(state.grant(queue, key, &kind, token, worker, now, expires_at));
@@ -1013,29 +1110,30 @@ impl LeaseStore for MemoryLeaseStore {
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
-            state.drop_lease(lease, record.job, record.token, record.capped);
-            let Some(job) = state.jobs.get_mut(&record.job) else {
+            let (id, token, worker) = (record.job, record.token, record.worker.clone());
+            state.drop_lease(lease, record, now);
+            let Some(job) = state.jobs.get_mut(&id) else {
                 continue;
             };
             job.stalls += 1;
             let (queue, job_trace) = (job.queue.clone(), job.trace.clone());
             let dead = match on_stall(job.stalls, job.max_stalls) {
                 StallOutcome::Requeue => {
-                    state.park(record.job, now, now);
+                    state.park(id, now, now);
                     false
                 }
                 StallOutcome::Dead(reason) => {
-                    state.bury(record.job, reason, self.dead_retention);
+                    state.bury(id, reason, self.dead_retention);
                     true
                 }
             };
             reaped.push(Reaped {
-                job: record.job,
+                job: id,
                 queue,
                 dead,
                 lease,
-                token: Some(record.token),
-                worker: record.worker.clone(),
+                token: Some(token),
+                worker: worker,
                 trace: job_trace,
             });
         }

@@ -148,6 +148,10 @@ pub(super) struct Meta {
     /// dropped when it is retried from there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) deadline_ms: Option<u64>,
+    /// The group it shares claims with (also the record's `group` field, which the scripts
+    /// read; kept in its dead-letter record too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) group: Option<String>,
 }
 
 impl Meta {
@@ -172,6 +176,7 @@ impl Meta {
             flow: self.flow,
             tick: self.tick,
             trace: self.trace,
+            group: self.group,
         }
     }
 
@@ -205,6 +210,7 @@ impl Meta {
             max_snoozes: job.max_snoozes,
             timeout_ms: job.timeout.map(|t| t.as_millis() as u64),
             deadline_ms: job.deadline_ms,
+            group: job.group,
         }
     }
 }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::RedisLeaseStore;
 use crate::error::Result;
+use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::LeaseId;
 use crate::ids::{JobId, Scope};
 use crate::job::{Cancelled, DeadJob, Job, JobState, JobView, QueueCounts, RateLimit};
@@ -27,6 +28,32 @@ static DEAD_JOB: LazyLock<Script> = coordinator_script!("dead_job.lua");
 static RUN_NOW: LazyLock<Script> = coordinator_script!("run_now.lua");
 static FORGET_QUEUE: LazyLock<Script> = coordinator_script!("forget_queue.lua");
 static VIEW: LazyLock<Script> = coordinator_script!("view.lua");
+static GROUPS: LazyLock<Script> = coordinator_script!("groups.lua");
+
+/// One row of `groups.lua`: `{group, ready, running, cap, jobs, per_ms, paused, parked}`.
+fn decode_group_row(row: Vec<String>) -> Result<GroupStatus> {
+    let [group, ready, running, cap, jobs, per_ms, paused, parked] =
+        <[String; 8]>::try_from(row).map_err(|r| garbage(format_args!("bad group row {r:?}")))?;
+    // (Limits another program wrote oddly read as none, as the scripts read them.)
+    let rate = match (jobs.parse::<u32>(), per_ms.parse::<u64>()) {
+        (Ok(jobs), Ok(ms)) if jobs > 0 && ms > 0 => Some(RateLimit {
+            jobs,
+            per: Duration::from_millis(ms),
+        }),
+        _ => None,
+    };
+    Ok(GroupStatus {
+        group,
+        ready: parse(&ready)?,
+        running: parse(&running)?,
+        limits: GroupLimits {
+            cap: cap.parse().ok(),
+            rate,
+            paused: !paused.is_empty(),
+        },
+        parked: !parked.is_empty(),
+    })
+}
 
 /// One dead-letter record as `bury` (common.lua) writes it.
 #[derive(Deserialize)]
@@ -56,6 +83,8 @@ struct DeadRecord {
     timeout_ms: Option<u64>,
     #[serde(default)]
     deadline_ms: Option<u64>,
+    #[serde(default)]
+    group: Option<String>,
 }
 
 impl DeadRecord {
@@ -79,6 +108,7 @@ impl DeadRecord {
                 flow: None,
                 tick: r.tick,
                 trace: r.trace,
+                group: r.group,
             },
             reason: r.reason,
             died_ms: r.died,
@@ -240,10 +270,42 @@ impl Inspect for RedisLeaseStore {
         let ms: i64 = OLDEST
             .key(&self.base)
             .arg(queue)
+            .arg(crate::store::GROUP_HEADS_LOOKED_AT)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
         Ok(u64::try_from(ms).ok().map(Duration::from_millis))
+    }
+
+    async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>> {
+        if top == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = GROUPS
+            .key(&self.base)
+            .arg("top")
+            .arg(queue)
+            .arg(top)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter().map(decode_group_row).collect()
+    }
+
+    async fn group(&self, group: &str) -> Result<GroupStatus> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = GROUPS
+            .key(&self.base)
+            .arg("status")
+            .arg(group)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter()
+            .next()
+            .map(decode_group_row)
+            .unwrap_or_else(|| Err(garbage("no group row")))
     }
 }
 
@@ -453,6 +515,25 @@ impl QueueAdmin for RedisLeaseStore {
             }
         };
         done.map_err(|e| self.link.broken(e))
+    }
+
+    async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
+        crate::job::check_name("group", group)?;
+        limits.validate()?;
+        let text = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        let mut conn = self.conn().await?;
+        let _: String = GROUPS
+            .key(&self.base)
+            .arg("set")
+            .arg(group)
+            .arg(text(limits.cap.map(u64::from)))
+            .arg(text(limits.rate.map(|r| u64::from(r.jobs))))
+            .arg(text(limits.rate.map(|r| r.per.as_millis() as u64)))
+            .arg(if limits.paused { "1" } else { "" })
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(())
     }
 
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {

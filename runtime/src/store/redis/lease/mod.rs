@@ -435,6 +435,7 @@ impl LeaseStore for RedisLeaseStore {
                     .arg(d.max_wait.as_millis() as u64),
                 None => invocation.arg("").arg(0).arg(0),
             };
+            invocation.arg(meta.group.as_deref().unwrap_or(""));
         }
         invocation.arg(self.generation);
         round_trip("enqueue");

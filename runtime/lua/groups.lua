@@ -1,0 +1,74 @@
+-- groups.lua: a group's limits set, a group read, a queue's top groups (group.rs; the keys
+-- are in common.lua).
+-- KEYS[1]  base "{prefix}:"
+-- ARGV[1]  "set": ARGV[2] group, ARGV[3] cap ("" none), ARGV[4] rate jobs and ARGV[5] its
+--          period in ms ("" "" none), ARGV[6] paused ("1" or ""); every limit replaced, a
+--          new or changed rate limit starting with a full bucket; then the group comes back
+--          to its rotations if nothing holds it any more
+--          "status": ARGV[2] group
+--          "top": ARGV[2] queue, ARGV[3] how many
+-- Returns  "set": "ok". "status": one group row, its ready jobs counted over every queue.
+--          "top": the queue's groups with the most ready jobs (ties by name), a row each, its
+--          ready jobs in that queue. A row: {group, ready, running, cap, jobs, per_ms,
+--          paused, parked} ("" for what is not set).
+-- Errors   "set": "PALISADE_CORRUPT ..." (before anything) when the group's record holds
+--          another type. The reads: none (a key of another type reads as empty).
+local base, action = KEYS[1], ARGV[1]
+local now = now_ms()
+
+local function row(group, ready)
+  local g = fields(base .. 'group:' .. group, unpack(GROUP_FIELDS))
+  return { group, fmt(ready), fmt(count_of(g[1])), g[2] or '', g[3] or '', g[4] or '',
+    g[7] or '', g[8] or '' }
+end
+
+local function depth(queue, group)
+  local d = redis.pcall('ZSCORE', base .. 'q:' .. queue .. ':groups', group)
+  return type(d) == 'string' and math.max(0, -(tonumber(d) or 0)) or 0
+end
+
+if action == 'set' then
+  local group = ARGV[2]
+  local key = base .. 'group:' .. group
+  local wrong = mistyped({ [key] = 'hash' })
+  if wrong then
+    return corrupt(wrong)
+  end
+  local was = redis.call('HMGET', key, 'jobs', 'per_ms')
+  local function put(field, value)
+    if value == '' then
+      redis.call('HDEL', key, field)
+    else
+      redis.call('HSET', key, field, value)
+    end
+  end
+  put('cap', ARGV[3])
+  put('paused', ARGV[6])
+  if (was[1] or '') ~= ARGV[4] or (was[2] or '') ~= ARGV[5] then
+    put('jobs', ARGV[4])
+    put('per_ms', ARGV[5])
+    put('tokens', ARGV[4])
+    put('at', ARGV[4] ~= '' and fmt(now) or '')
+  end
+  unpark(base, group, now)
+  return 'ok'
+elseif action == 'status' then
+  local ready = 0
+  local queues = redis.pcall('SMEMBERS', base .. 'queues')
+  if type(queues) == 'table' and not queues.err then
+    for _, queue in ipairs(queues) do
+      ready = ready + depth(queue, ARGV[2])
+    end
+  end
+  return { row(ARGV[2], ready) }
+else
+  local out = {}
+  local top = redis.pcall('ZRANGE', base .. 'q:' .. ARGV[2] .. ':groups', 0, tonumber(ARGV[3]) - 1,
+    'WITHSCORES')
+  if type(top) == 'table' and not top.err then
+    for i = 1, #top, 2 do
+      out[#out + 1] = row(top[i], math.max(0, -(tonumber(top[i + 1]) or 0)))
+    end
+  end
+  return out
+end
