@@ -56,9 +56,12 @@ if entry and job_of(entry) == id then
 end
 if kind then
   redis.call('ZREM', ready_key(base, queue, kind), id)
-  -- A ready grouped job leaves its group's counts (its group stays in the rotation until a
-  -- claim finds its set empty).
+  -- A ready grouped job leaves its group's counts, and its group the rotation with its last
+  -- ready job of the kind.
   if group and redis.call('ZREM', group_key(base, queue, kind, group), id) == 1 then
+    if redis.call('EXISTS', group_key(base, queue, kind, group)) == 0 then
+      redis.call('ZREM', rotation_key(base, queue, kind), group)
+    end
     local q = base .. 'q:' .. queue
     redis.call('HINCRBY', q .. ':stats', 'grouped', -1)
     if tonumber(redis.call('ZINCRBY', q .. ':groups', 1, group)) >= 0 then

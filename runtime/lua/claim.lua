@@ -159,8 +159,9 @@ end
 -- offering its share (`room`: within its cap and rate tokens; none parks it). Jobs without a
 -- group are one more lane, taken first in each round; candidates go round by round.
 local lanes = {} -- {turn, group, kind}
+local looked_at = n + 16 -- group.rs lanes_looked_at: room for the lanes a claim parks
 for _, kind in ipairs(kinds) do
-  local got = redis.call('ZRANGE', rotation_key(base, queue, kind), 0, n - 1, 'WITHSCORES')
+  local got = redis.call('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
   for i = 1, #got, 2 do
     lanes[#lanes + 1] = { tonumber(got[i + 1]), got[i], kind }
   end
@@ -172,10 +173,10 @@ if #lanes > 0 then
     if a[2] ~= b[2] then return a[2] < b[2] end
     return a[3] < b[3]
   end)
-  for i = n + 1, #lanes do
+  for i = looked_at + 1, #lanes do
     lanes[i] = nil
   end
-  local per = math.ceil(n / (#lanes + (#c_id > 0 and 1 or 0)))
+  local per = math.ceil(n / (math.min(#lanes, n) + (#c_id > 0 and 1 or 0)))
   local rounds = {}
   for r, c in ipairs(order) do
     rounds[c] = r - 1
@@ -228,7 +229,7 @@ end
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 -- (Each ZADD of the leases brings SKIPLIST along: a no-op once it is there.)
 local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, {}
-local served, g_started = {}, {}
+local served, touched, g_started = {}, {}, {}
 for _, c in ipairs(order) do
   if #out >= n then
     break
@@ -248,6 +249,7 @@ for _, c in ipairs(order) do
     if group then
       -- Out of its group's set either way: set aside, or claimed.
       g_taken[group] = (g_taken[group] or 0) + 1
+      touched[c_lane[c]] = true
     end
     picked[key] = picked[key] or {}
     table.insert(picked[key], id)
@@ -320,13 +322,15 @@ if #lanes > 0 then
   for group, tokens in pairs(g_tokens) do
     redis.call('HSET', base .. 'group:' .. group, 'tokens', tokens - (g_started[group] or 0), 'at', now)
   end
-  for li in pairs(served) do
+  -- (A group is in a rotation exactly while it has ready jobs of the kind and is not
+  -- parked: one the claim emptied leaves it, a served one goes to the back.)
+  for li in pairs(touched) do
     local lane = lanes[li]
     local rotation = rotation_key(base, queue, lane[3])
-    if redis.call('EXISTS', group_key(base, queue, lane[3], lane[2])) == 1 then
-      redis.call('ZADD', rotation, turn, lane[2])
-    else
+    if redis.call('EXISTS', group_key(base, queue, lane[3], lane[2])) == 0 then
       redis.call('ZREM', rotation, lane[2])
+    elseif served[li] then
+      redis.call('ZADD', rotation, turn, lane[2])
     end
   end
   for _, li in ipairs(emptied) do

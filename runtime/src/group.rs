@@ -71,6 +71,12 @@ pub(crate) fn share(n: usize, lanes: usize) -> usize {
     n.div_ceil(lanes.max(1))
 }
 
+/// How many groups of a rotation a claim of `n` looks at: n, and 16 more, so that groups it
+/// parks (at their cap, paused, out of tokens) leave room for others in the same claim.
+pub(crate) fn lanes_looked_at(n: usize) -> usize {
+    n.saturating_add(16)
+}
+
 /// What a claim may take from a group now.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Room {

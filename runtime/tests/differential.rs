@@ -332,6 +332,8 @@ struct JobSpec {
     debounce: Option<u8>,
     /// With a timeout and a deadline (carried, never reached here), or without.
     limits: bool,
+    /// In group `g0`..`g2`, or none.
+    group: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -384,6 +386,14 @@ enum Op {
         queue: usize,
         limit: usize,
     },
+    /// Group `g<group>`'s limits: a cap, a rate limit of `rate` jobs an hour (never refilled
+    /// within a case, so both backends count the same tokens), paused or not.
+    GroupLimits {
+        group: u8,
+        cap: Option<u32>,
+        rate: Option<u32>,
+        paused: bool,
+    },
 }
 
 fn job_spec() -> impl Strategy<Value = JobSpec> {
@@ -399,6 +409,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             prop::option::weighted(0.5, 1..4u8),
             prop::option::weighted(0.3, 0..2u8),
             prop::bool::weighted(0.3),
+            prop::option::weighted(0.6, 0..3u8),
         ),
     )
         .prop_map(
@@ -409,7 +420,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 delayed,
                 max_attempts,
                 max_stalls,
-                (unique, trace, debounce, limits),
+                (unique, trace, debounce, limits, group),
             )| JobSpec {
                 queue,
                 kind,
@@ -422,6 +433,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 trace,
                 debounce,
                 limits,
+                group,
             },
         )
 }
@@ -462,6 +474,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Reap),
         1 => (0..2usize, 1..3usize).prop_map(|(queue, limit)| Op::RetryDead { queue, limit }),
         1 => (0..2usize, 1..3usize).prop_map(|(queue, limit)| Op::PurgeDead { queue, limit }),
+        1 => (
+            0..3u8,
+            prop::option::weighted(0.5, 1..3u32),
+            prop::option::weighted(0.3, 1..4u32),
+            prop::bool::weighted(0.3),
+        )
+            .prop_map(|(group, cap, rate, paused)| Op::GroupLimits { group, cap, rate, paused }),
     ]
 }
 
@@ -501,6 +520,10 @@ fn new_job(no: usize, spec: &JobSpec) -> NewJob {
         ),
         None => job,
     };
+    let job = match spec.group {
+        Some(g) => job.with_group(format!("g{g}")),
+        None => job,
+    };
     match spec.scope {
         Some(s) => job.with_scope(format!("s{s}")),
         None => job,
@@ -525,6 +548,7 @@ struct JobView {
     max_snoozes: u32,
     timeout: Option<Duration>,
     deadline_ms: Option<u64>,
+    group: Option<String>,
 }
 
 /// One backend and the ids it handed out, by enqueue position and by claim.
@@ -582,6 +606,7 @@ impl Side {
             max_snoozes: job.max_snoozes,
             timeout: job.timeout,
             deadline_ms: job.deadline_ms,
+            group: job.group.clone(),
         }
     }
 
@@ -850,17 +875,56 @@ impl Coordinators {
                     r.as_ref(),
                 )?;
             }
+            &Op::GroupLimits {
+                group,
+                cap,
+                rate,
+                paused,
+            } => {
+                let limits = GroupLimits {
+                    cap,
+                    rate: rate.map(|jobs| RateLimit { jobs, per: HOUR }),
+                    paused,
+                };
+                let group = format!("g{group}");
+                let m = mem.store.set_group_limits(&group, limits).await;
+                let r = red.store.set_group_limits(&group, limits).await;
+                same(
+                    format_args!("step {s} set_group_limits({group}, {limits:?})"),
+                    m.as_ref(),
+                    r.as_ref(),
+                )?;
+            }
         }
         self.compare_queues(s).await
     }
 
     async fn compare_queues(&self, s: usize) -> CaseResult {
         let (mem, red) = (&self.memory, &self.redis);
+        // Each group as both see it: ready, running, limits, parked (a rate bucket's tokens
+        // are not shown; they decide claims, which are compared).
+        for g in 0..3 {
+            let group = format!("g{g}");
+            let m = mem.store.group(&group).await;
+            let r = red.store.group(&group).await;
+            same(
+                format_args!("after step {s}: group({group})"),
+                m.as_ref(),
+                r.as_ref(),
+            )?;
+        }
         for queue in QUEUES {
             let m = mem.store.counts(queue).await;
             let r = red.store.counts(queue).await;
             same(
                 format_args!("after step {s}: counts({queue})"),
+                m.as_ref(),
+                r.as_ref(),
+            )?;
+            let m = mem.store.groups(queue, 2).await;
+            let r = red.store.groups(queue, 2).await;
+            same(
+                format_args!("after step {s}: groups({queue}, 2)"),
                 m.as_ref(),
                 r.as_ref(),
             )?;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokio::time::Instant;
 
 use super::{LeaseState, ReadyKey};
-use crate::group::{refill, room, share, GroupLimits, GroupStatus, Room};
+use crate::group::{lanes_looked_at, refill, room, share, GroupLimits, GroupStatus, Room};
 
 /// A group's state, across queues and kinds.
 #[derive(Debug, Default)]
@@ -78,6 +78,12 @@ pub(super) struct Lane {
     pub(super) kind: String,
 }
 
+/// What a claim did with its lanes: the jobs started from each.
+#[derive(Debug, Default)]
+pub(super) struct Served {
+    pub(super) started: HashMap<usize, usize>,
+}
+
 /// What a claim decided about the lanes it looked at, applied after its grants.
 #[derive(Debug, Default)]
 pub(super) struct Plan {
@@ -113,8 +119,9 @@ impl LeaseState {
         }
     }
 
-    /// A grouped ready job leaves its group's set (claimed, set aside, cancelled). Its group
-    /// stays in the rotation; a claim that finds its set empty drops it.
+    /// A grouped ready job leaves its group's set (claimed, set aside, cancelled); the last
+    /// one takes its group out of the kind's rotation (a group is in a rotation exactly while
+    /// it has ready jobs of the kind and is not parked).
     pub(super) fn unready_grouped(&mut self, queue: &str, kind: &str, group: &str, key: &ReadyKey) {
         let Some(q) = self.queues.get_mut(queue) else {
             return;
@@ -129,6 +136,7 @@ impl LeaseState {
         }
         if set.is_empty() {
             g.ready.remove(&set_key);
+            g.leave_rotation(kind, group);
         }
         if let Some(d) = g.depth.get_mut(group) {
             *d -= 1;
@@ -165,20 +173,21 @@ impl LeaseState {
         let Some(q) = self.queues.get(queue) else {
             return (plan, Vec::new(), HashMap::new());
         };
+        let looked_at = lanes_looked_at(n);
         for (kind, rotation) in &q.grouped.rotation {
             if !kinds.is_empty() && !kinds.contains(kind) {
                 continue;
             }
             plan.lanes
-                .extend(rotation.iter().take(n).map(|(turn, group)| Lane {
+                .extend(rotation.iter().take(looked_at).map(|(turn, group)| Lane {
                     turn: *turn,
                     group: group.clone(),
                     kind: kind.clone(),
                 }));
         }
         plan.lanes.sort();
-        plan.lanes.truncate(n);
-        let per = share(n, plan.lanes.len() + usize::from(ungrouped));
+        plan.lanes.truncate(looked_at);
+        let per = share(n, plan.lanes.len().min(n) + usize::from(ungrouped));
         // How many more each group may start in this claim (a group in two kinds' lanes
         // shares one room).
         let mut left: HashMap<String, usize> = HashMap::new();
@@ -214,13 +223,7 @@ impl LeaseState {
 
     /// After a claim's grants: served lanes go to the back of their rotation (or leave it,
     /// emptied), parked and empty ones leave it, rate buckets pay for what started.
-    pub(super) fn apply_plan(
-        &mut self,
-        queue: &str,
-        plan: Plan,
-        served: &HashMap<usize, usize>,
-        now: Instant,
-    ) {
+    pub(super) fn apply_plan(&mut self, queue: &str, plan: Plan, served: &Served, now: Instant) {
         if plan.lanes.is_empty() {
             return;
         }
@@ -229,7 +232,7 @@ impl LeaseState {
         self.turn += 2;
         let turn = self.turn;
         let mut started: HashMap<&str, usize> = HashMap::new();
-        for (i, count) in served {
+        for (i, count) in &served.started {
             *started.entry(plan.lanes[*i].group.as_str()).or_default() += count;
         }
         for (group, tokens) in &plan.tokens {
@@ -239,14 +242,11 @@ impl LeaseState {
             }
         }
         let q = self.queues.entry(queue.to_owned()).or_default();
-        for i in served.keys() {
+        // A served lane with jobs left goes to the back of its rotation (one the claim
+        // emptied has left it: `unready_grouped`).
+        for i in served.started.keys() {
             let lane = &plan.lanes[*i];
-            q.grouped.leave_rotation(&lane.kind, &lane.group);
-            let left = q
-                .grouped
-                .ready
-                .contains_key(&(lane.kind.clone(), lane.group.clone()));
-            if left {
+            if q.grouped.leave_rotation(&lane.kind, &lane.group).is_some() {
                 q.grouped.join_rotation(&lane.kind, &lane.group, turn);
             }
         }
@@ -360,5 +360,42 @@ impl LeaseState {
             limits: g.map(|g| g.limits).unwrap_or_default(),
             parked: g.is_some_and(|g| g.parked.is_some()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::job::{NewJob, Settlement};
+    use crate::store::memory::MemoryLeaseStore;
+    use crate::store::LeaseStore;
+
+    #[tokio::test]
+    async fn a_released_grouped_job_is_claimable_again() {
+        let store = MemoryLeaseStore::new();
+        store
+            .enqueue_all(vec![
+                NewJob::raw("k", "1").with_group("g0"),
+                NewJob::raw("k", "2").with_group("g1"),
+            ])
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(60);
+        let got = store
+            .claim_kinds("default", &[], "w", 2, ttl)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        let r = store
+            .settle(vec![(got[1].lease.id, Settlement::Release)])
+            .await
+            .unwrap();
+        assert!(r[0].is_ok());
+        let again = store
+            .claim_kinds("default", &[], "w", 1, ttl)
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 1, "{:?}", store.state.lock().unwrap().queues);
     }
 }

@@ -404,7 +404,7 @@ impl LeaseState {
         kinds: &[String],
         n: usize,
         now: Instant,
-    ) -> Option<(Picks, Picks, groups::Plan, HashMap<usize, usize>)> {
+    ) -> Option<(Picks, Picks, groups::Plan, groups::Served)> {
         let q = self.queues.get(queue)?;
         // Only the kinds asked for (all when none are named): the first few of each kind's
         // ready set, merged in ready order — the same candidates the Redis script looks at.
@@ -445,7 +445,7 @@ impl LeaseState {
         let mut picked = Vec::new();
         let mut aside = Vec::new();
         let mut taken = HashSet::new();
-        let mut served: HashMap<usize, usize> = HashMap::new();
+        let mut served = groups::Served::default();
         // How many more of each capped kind may start (as in claim.lua).
         let mut room: HashMap<String, i64> = self
             .caps
@@ -475,7 +475,7 @@ impl LeaseState {
                     *r -= 1;
                 }
                 if let (Some(i), Some(g)) = (lane, group) {
-                    *served.entry(i).or_default() += 1;
+                    *served.started.entry(i).or_default() += 1;
                     if let Some(l) = left.get_mut(g) {
                         *l -= 1;
                     }
@@ -960,11 +960,11 @@ impl LeaseStore for MemoryLeaseStore {
         };
         let tokens = state.mint(picked.len())?;
         state.set_aside(queue, aside);
-        state.apply_plan(queue, plan, &served, now);
         let mut claims = Vec::with_capacity(picked.len());
         for ((key, kind), token) in picked.into_iter().zip(tokens) {
             claims.push(state.grant(queue, key, &kind, token, worker, now, expires_at));
         }
+        state.apply_plan(queue, plan, &served, now);
         if let (Some((tokens, at)), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
             rate.1 = tokens - claims.len() as f64;
             rate.2 = at;
