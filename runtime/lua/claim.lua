@@ -101,6 +101,7 @@ for _, kind in ipairs(listed) do
 end
 want[base .. 'q:' .. queue .. ':groups'] = 'zset'
 want[base .. 'gwake'] = 'zset'
+want[base .. 'glimited'] = 'set'
 want[base .. 'turn'] = 'string'
 for _, id in ipairs(due) do
   local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'kind', 'group')
@@ -155,57 +156,80 @@ if #kinds > 1 then
   table.sort(order, function(a, b) return c_num[a] < c_num[b] end)
 end
 
--- Groups (group.rs): the n groups served least recently over the kinds asked for, each
+-- Groups (group.rs): the n + 16 groups served least recently over the kinds asked for, each
 -- offering its share (`room`: within its cap and rate tokens; none parks it). Jobs without a
--- group are one more lane, taken first in each round; candidates go round by round.
+-- group are one more lane, taken first in each round; candidates go round by round. Only
+-- groups with limits (`glimited`) have a record to read, so a lane costs one read of its set.
 local lanes = {} -- {turn, group, kind}
 local looked_at = n + 16 -- group.rs lanes_looked_at: room for the lanes a claim parks
 for _, kind in ipairs(kinds) do
-  local got = redis.call('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
+  -- (A kind at its cap offers nothing: its groups would only fill the lanes.)
+  local got = room[kind] and room[kind] <= 0 and {} or redis.call('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
   for i = 1, #got, 2 do
     lanes[#lanes + 1] = { tonumber(got[i + 1]), got[i], kind }
   end
 end
-local c_lane, g_state, g_left, g_taken, g_tokens, parked, emptied = {}, {}, {}, {}, {}, {}, {}
+-- Per lane: its candidates' count and how many it had (at most one more than it offers, to
+-- tell whether a claim empties it); per group: its record (limited ones), room left, jobs
+-- out of its sets, jobs started, tokens before the claim.
+local c_lane, fetched, g_state, g_left, g_taken, g_tokens, parked, emptied = {}, {}, {}, {}, {}, {}, {}, {}
 if #lanes > 0 then
   table.sort(lanes, function(a, b)
     if a[1] ~= b[1] then return a[1] < b[1] end
-    if a[2] ~= b[2] then return a[2] < b[2] end
-    return a[3] < b[3]
+    if a[2] ~= b[2] then return bytes_before(a[2], b[2]) end
+    return bytes_before(a[3], b[3])
   end)
   for i = looked_at + 1, #lanes do
     lanes[i] = nil
   end
   local per = math.ceil(n / (math.min(#lanes, n) + (#c_id > 0 and 1 or 0)))
+  local names = {}
+  for li, lane in ipairs(lanes) do
+    names[li] = lane[2]
+  end
+  local limited = {}
+  for i = 1, #names, 500 do
+    local got = redis.call('SMISMEMBER', base .. 'glimited', unpack(names, i, math.min(i + 499, #names)))
+    for j = 1, #got do
+      limited[i + j - 1] = got[j] == 1
+    end
+  end
   local rounds = {}
   for r, c in ipairs(order) do
     rounds[c] = r - 1
   end
+  local NONE = {}
   for li, lane in ipairs(lanes) do
     local group, kind = lane[2], lane[3]
-    -- (A group record or set of another type, written by another program: the lane is
-    -- passed over, nothing of it written.)
-    local g = g_state[group] or fields(base .. 'group:' .. group, unpack(GROUP_FIELDS))
-    g_state[group] = g
-    local gkey = group_key(base, queue, kind, group)
-    local typed = redis.call('TYPE', base .. 'group:' .. group).ok
-    if (typed == 'none' or typed == 'hash') and not mistyped({ [gkey] = 'zset',
-        [base .. 'gparked:' .. group] = 'zset' }) then
-      g_tokens[group] = g_tokens[group] or group_tokens(g, now)
+    local g = g_state[group]
+    if not g then
+      -- (A group record of another type, written by another program, reads as {}: its
+      -- lanes are passed over, nothing of them written.)
+      g = limited[li] and fields(base .. 'group:' .. group, unpack(GROUP_FIELDS)) or NONE
+      g_state[group] = g
+    end
+    if g == NONE or #g > 0 then
+      if g ~= NONE and g_tokens[group] == nil then
+        g_tokens[group] = group_tokens(g, now) or false
+      end
       local take, wake = group_room(g, per, now)
+      local gkey = group_key(base, queue, kind, group)
       if take == 0 then
         parked[#parked + 1] = { li, wake }
       else
-        local heads = redis.call('ZRANGE', gkey, 0, take - 1, 'WITHSCORES')
-        if #heads == 0 then
-          emptied[#emptied + 1] = li
-        else
-          g_left[group] = g_left[group] or take
-          for i = 1, #heads, 2 do
-            local at = #c_id + 1
-            c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = heads[i], tonumber(heads[i + 1]), heads[i + 1], gkey, kind
-            c_lane[at] = li
-            rounds[at] = (i - 1) / 2
+        local heads = redis.pcall('ZRANGE', gkey, 0, take, 'WITHSCORES')
+        if type(heads) == 'table' and not heads.err then
+          fetched[li] = #heads / 2
+          if #heads == 0 then
+            emptied[#emptied + 1] = li
+          else
+            g_left[group] = g_left[group] or take
+            for i = 1, math.min(#heads, 2 * take), 2 do
+              local at = #c_id + 1
+              c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = heads[i], tonumber(heads[i + 1]), heads[i + 1], gkey, kind
+              c_lane[at] = li
+              rounds[at] = (i - 1) / 2
+            end
           end
         end
       end
@@ -249,6 +273,7 @@ for _, c in ipairs(order) do
     if group then
       -- Out of its group's set either way: set aside, or claimed.
       g_taken[group] = (g_taken[group] or 0) + 1
+      fetched[c_lane[c]] = fetched[c_lane[c]] - 1
       touched[c_lane[c]] = true
     end
     picked[key] = picked[key] or {}
@@ -260,6 +285,8 @@ for _, c in ipairs(order) do
       redis.call('HINCRBY', stats, 'waiting', 1)
     else
       taken[scope] = true
+      -- (A group with a cap counts its running jobs; the lease says so, to give it back.)
+      local counted = group and finite(tonumber(g_state[group][2])) and group
       if group then
         g_left[group] = g_left[group] - 1
         served[c_lane[c]] = true
@@ -288,8 +315,8 @@ for _, c in ipairs(order) do
       owners[#owners + 1] = lease
       -- (A named scope and a capped kind ride along, so a settlement or reap gives them back
       -- even if the job record is written over meanwhile: common.lua, let_go.)
-      local holds = (f[2] or capped or group) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')
-        .. (group and ('\t' .. group) or '')) or ''
+      local holds = (f[2] or capped or counted) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')
+        .. (counted and ('\t' .. counted) or '')) or ''
       owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
         .. holds
       out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0', f[5] or '0' }
@@ -300,51 +327,88 @@ for key, ids in pairs(picked) do
   bulk('ZREM', key, ids)
 end
 if #lanes > 0 then
-  -- Served groups to the back of their rotation (or out of it, emptied); parked and empty
-  -- ones out of it; counts and rate buckets pay for what left the groups' sets.
-  -- (Claims count in twos: a group that joins between two claims, at the odd turn between
-  -- them, goes after every group served before it and before every group served after.)
+  -- Served groups to the back of their rotation; emptied, parked and empty ones out of it (a
+  -- group is in a rotation exactly while it has ready jobs of the kind and is not parked);
+  -- counts and rate buckets pay for what left the groups' sets. Batched per key.
   local turn = redis.call('INCRBY', base .. 'turn', 2)
   local q = base .. 'q:' .. queue
-  local moved = 0
+  local names, moved = {}, 0
   for group, k in pairs(g_taken) do
+    names[#names + 1] = group
     moved = moved + k
-    if tonumber(redis.call('ZINCRBY', q .. ':groups', k, group)) >= 0 then
-      redis.call('ZREM', q .. ':groups', group)
-    end
   end
   if moved > 0 then
     redis.call('HINCRBY', stats, 'grouped', -moved)
+    -- (Depths are kept negative: most first, ties by name. One gone to 0 leaves the set.)
+    local depth, gone = {}, {}
+    for i = 1, #names, 500 do
+      local chunk = { unpack(names, i, math.min(i + 499, #names)) }
+      local was = redis.call('ZMSCORE', q .. ':groups', unpack(chunk))
+      for j, group in ipairs(chunk) do
+        local d = (tonumber(was[j]) or 0) + g_taken[group]
+        if d >= 0 then
+          gone[#gone + 1] = group
+        else
+          depth[#depth + 1] = d
+          depth[#depth + 1] = group
+        end
+      end
+    end
+    bulk('ZADD', q .. ':groups', depth)
+    bulk('ZREM', q .. ':groups', gone)
   end
   for group, started in pairs(g_started) do
-    redis.call('HSET', base .. 'group:' .. group, 'running', count_of(g_state[group][1]) + started)
+    if finite(tonumber(g_state[group][2])) then
+      redis.call('HSET', base .. 'group:' .. group, 'running', count_of(g_state[group][1]) + started)
+    end
   end
   for group, tokens in pairs(g_tokens) do
-    redis.call('HSET', base .. 'group:' .. group, 'tokens', tokens - (g_started[group] or 0), 'at', now)
+    if tokens then
+      redis.call('HSET', base .. 'group:' .. group, 'tokens', tokens - (g_started[group] or 0), 'at', now)
+    end
   end
-  -- (A group is in a rotation exactly while it has ready jobs of the kind and is not
-  -- parked: one the claim emptied leaves it, a served one goes to the back.)
+  local back, out_of = {}, {} -- rotation key -> {turn, group, ...} / {group, ...}
+  local function leave_rotation(lane)
+    local key = rotation_key(base, queue, lane[3])
+    out_of[key] = out_of[key] or {}
+    table.insert(out_of[key], lane[2])
+  end
   for li in pairs(touched) do
     local lane = lanes[li]
-    local rotation = rotation_key(base, queue, lane[3])
-    if redis.call('EXISTS', group_key(base, queue, lane[3], lane[2])) == 0 then
-      redis.call('ZREM', rotation, lane[2])
+    if fetched[li] <= 0 then
+      leave_rotation(lane)
     elseif served[li] then
-      redis.call('ZADD', rotation, turn, lane[2])
+      local key = rotation_key(base, queue, lane[3])
+      back[key] = back[key] or {}
+      table.insert(back[key], turn)
+      table.insert(back[key], lane[2])
     end
   end
   for _, li in ipairs(emptied) do
-    redis.call('ZREM', rotation_key(base, queue, lanes[li][3]), lanes[li][2])
+    leave_rotation(lanes[li])
   end
   for _, p in ipairs(parked) do
     local lane, wake = lanes[p[1]], p[2]
     local group = lane[2]
-    redis.call('ZREM', rotation_key(base, queue, lane[3]), group)
-    redis.call('ZADD', base .. 'gparked:' .. group, lane[1], queue .. '\t' .. lane[3])
-    redis.call('HSET', base .. 'group:' .. group, 'parked', 1)
-    if wake then
-      redis.call('ZADD', base .. 'gwake', now + wake, group)
+    -- (A parked-rotations key of another type: the group stays in the rotation, looked at
+    -- again by the next claim, and the Redis log says why.)
+    local wrong = mistyped({ [base .. 'gparked:' .. group] = 'zset' })
+    if wrong then
+      redis.log(redis.LOG_WARNING, 'palisade: group ' .. group .. ' not parked: ' .. wrong)
+    else
+      leave_rotation(lane)
+      redis.call('ZADD', base .. 'gparked:' .. group, lane[1], queue .. '\t' .. lane[3])
+      redis.call('HSET', base .. 'group:' .. group, 'parked', 1)
+      if wake then
+        redis.call('ZADD', base .. 'gwake', now + wake, group)
+      end
     end
+  end
+  for key, entries in pairs(back) do
+    bulk('ZADD', key, entries)
+  end
+  for key, groups in pairs(out_of) do
+    bulk('ZREM', key, groups)
   end
 end
 if #out > 0 then

@@ -64,7 +64,9 @@
 --                               rotation until it can run)
 --   gparked:<group>       zset  "<queue>\t<kind>" -> the turn it had in each rotation it left
 --   gwake                 zset  parked group -> when its rate bucket holds a whole token
---   lease_job entry       an eighth field: the group its lease counts in
+--   glimited              set   groups with a cap, a rate limit or a pause: only they have a
+--                               record a claim reads
+--   lease_job entry       an eighth field: the capped group its lease counts in
 -- Flows (store/flows.rs). In a job's partition:
 --   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)
 --   held                  zset  flow step jobs written and not released -> when written
@@ -219,6 +221,28 @@ local function fields(key, ...)
     return {}
   end
   return f
+end
+
+-- Calls a variadic command on `args` in chunks (Lua's unpack has a stack limit).
+local function bulk(command, key, args)
+  for i = 1, #args, 500 do
+    redis.call(command, key, unpack(args, i, math.min(i + 499, #args)))
+  end
+end
+
+-- Whether string `a` sorts before `b` byte by byte, as Rust and Redis compare them (Lua's `<`
+-- follows the server's locale).
+local function bytes_before(a, b)
+  if a == b then
+    return false
+  end
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
 end
 
 -- The job id of a lease_job entry (the part before the first tab).
@@ -403,14 +427,14 @@ local function unsafe(base, want, counted, memo)
   return wrong
 end
 
--- A grouped job becomes ready: into its group's set; the group joins the kind's rotation at
--- the next turn (or, parked, the rotations it will come back to). (Callers check the keys:
--- place_keys.)
-local function ready_grouped(base, id, queue, kind, group, score)
+-- Grouped jobs of one queue, kind and group become ready (`entries`: score, id, ...): into
+-- the group's set; the group joins the kind's rotation one turn past the last claim (or,
+-- parked, the rotations it will come back to). (Callers check the keys: place_keys.)
+local function ready_grouped(base, queue, kind, group, entries)
   local q = base .. 'q:' .. queue
-  redis.call('ZADD', group_key(base, queue, kind, group), score, id)
-  redis.call('ZINCRBY', q .. ':groups', -1, group)
-  redis.call('HINCRBY', q .. ':stats', 'grouped', 1)
+  bulk('ZADD', group_key(base, queue, kind, group), entries)
+  redis.call('ZINCRBY', q .. ':groups', -#entries / 2, group)
+  redis.call('HINCRBY', q .. ':stats', 'grouped', #entries / 2)
   local turn = count_of(redis.call('GET', base .. 'turn')) + 1
   if redis.call('HEXISTS', base .. 'group:' .. group, 'parked') == 1 then
     redis.call('ZADD', base .. 'gparked:' .. group, 'NX', turn, queue .. '\t' .. kind)
@@ -438,7 +462,7 @@ local function enter(base, id, queue, kind, scope, score, listed, group)
     redis.call('SADD', base .. 'q:' .. queue .. ':kinds', kind)
   end
   if group then
-    ready_grouped(base, id, queue, kind, group, score)
+    ready_grouped(base, queue, kind, group, { score, id })
   else
     redis.call('ZADD', ready_key(base, queue, kind), score, id)
   end
@@ -651,13 +675,6 @@ local function bury(base, id, reason, keep)
   redis.call('DEL', job)
 end
 
--- Calls a variadic command on `args` in chunks (Lua's unpack has a stack limit).
-local function bulk(command, key, args)
-  for i = 1, #args, 500 do
-    redis.call(command, key, unpack(args, i, math.min(i + 499, #args)))
-  end
-end
-
 -- Leases of one epoch are no longer live: their tokens leave the watermark's reckoning.
 local function untrack(base, epoch, leases)
   local key = base .. 'tokens:' .. epoch
@@ -779,7 +796,9 @@ local function unpark(base, group, now)
           redis.log(redis.LOG_WARNING, 'palisade: group ' .. group .. ' not back in ' .. rotation
             .. ': the key holds another type')
         else
-          redis.call('ZADD', rotation, got[i + 1], group)
+          -- (NX: a rotation the group never left, one a claim never looked at while it was
+          -- parked, keeps its turn.)
+          redis.call('ZADD', rotation, 'NX', got[i + 1], group)
         end
       end
     end

@@ -141,6 +141,7 @@ local last = redis.call('INCRBY', base .. 'seq', n)
 local queues = {}
 local kinds = {}
 local ready = {} -- ready set -> {score, id, ...} of the batch's default-scoped jobs
+local grouped = {} -- "queue TAB kind TAB group" -> {score, id, ...} of its grouped ones
 for i = 0, n - 1 do
   local o = 1 + i * F
   local id, queue, kind, scope = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -181,7 +182,13 @@ for i = 0, n - 1 do
     local score = last - n + i + 1 - priority * PRIORITY_SPAN
     if delay > 0 then
       redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)
-    elseif scope == nil and not group then
+    elseif scope == nil and group then
+      -- Ready in its group: with the batch's others of its group below.
+      local key = queue .. '\t' .. kind .. '\t' .. group
+      grouped[key] = grouped[key] or {}
+      table.insert(grouped[key], score)
+      table.insert(grouped[key], id)
+    elseif scope == nil then
       -- Always ready: added with the batch's others of its kind in one ZADD below.
       local key = ready_key(base, queue, kind)
       local entries = ready[key]
@@ -211,6 +218,10 @@ for i = 0, n - 1 do
 end
 for key, entries in pairs(ready) do
   bulk('ZADD', key, entries)
+end
+for key, entries in pairs(grouped) do
+  local queue, kind, group = string.match(key, '^([^\t]*)\t([^\t]*)\t(.*)$')
+  ready_grouped(base, queue, kind, group, entries)
 end
 for queue in pairs(queues) do
   redis.call('SADD', base .. 'queues', queue)

@@ -5,9 +5,14 @@
 --          period in ms ("" "" none), ARGV[6] paused ("1" or ""); every limit replaced, a
 --          new or changed rate limit starting with a full bucket; then the group comes back
 --          to its rotations if nothing holds it any more
+--          With a cap, its running jobs are counted afresh from the live leases (each lease
+--          entry of the group's jobs then names the group, so its end gives the slot back): a
+--          count an older version left high heals here (O(live leases): an operator's call).
 --          "status": ARGV[2] group
 --          "top": ARGV[2] queue, ARGV[3] how many
+--          "limited": every group with a limit or a pause
 -- Returns  "set": "ok". "status": one group row, its ready jobs counted over every queue.
+--          "limited": a row per group with limits (ready 0).
 --          "top": the queue's groups with the most ready jobs (ties by name), a row each, its
 --          ready jobs in that queue. A row: {group, ready, running, cap, jobs, per_ms,
 --          paused, parked} ("" for what is not set).
@@ -30,9 +35,33 @@ end
 if action == 'set' then
   local group = ARGV[2]
   local key = base .. 'group:' .. group
-  local wrong = mistyped({ [key] = 'hash' })
+  local wrong = mistyped({ [key] = 'hash', [base .. 'glimited'] = 'set',
+    [base .. 'lease_job'] = 'hash' })
   if wrong then
     return corrupt(wrong)
+  end
+  if ARGV[3] ~= '' then
+    local running, entries = 0, redis.call('HGETALL', base .. 'lease_job')
+    for i = 1, #entries, 2 do
+      local entry = entries[i + 1]
+      local id = job_of(entry)
+      if id and fields(base .. 'job:' .. id, 'group')[1] == group then
+        running = running + 1
+        if group_of(entry) ~= group then
+          local _, tabs = string.gsub(entry, '\t', '')
+          if tabs == 4 then
+            redis.call('HSET', base .. 'lease_job', entries[i], entry .. '\t\t\t' .. group)
+          elseif tabs == 6 then
+            redis.call('HSET', base .. 'lease_job', entries[i], entry .. '\t' .. group)
+          end
+        end
+      end
+    end
+    if running > 0 then
+      redis.call('HSET', key, 'running', running)
+    else
+      redis.call('HDEL', key, 'running')
+    end
   end
   local was = redis.call('HMGET', key, 'jobs', 'per_ms')
   local function put(field, value)
@@ -50,8 +79,23 @@ if action == 'set' then
     put('tokens', ARGV[4])
     put('at', ARGV[4] ~= '' and fmt(now) or '')
   end
+  -- Claims read the records of limited groups only.
+  if ARGV[3] ~= '' or ARGV[4] ~= '' or ARGV[6] ~= '' then
+    redis.call('SADD', base .. 'glimited', group)
+  else
+    redis.call('SREM', base .. 'glimited', group)
+  end
   unpark(base, group, now)
   return 'ok'
+elseif action == 'limited' then
+  local out = {}
+  local groups = redis.pcall('SMEMBERS', base .. 'glimited')
+  if type(groups) == 'table' and not groups.err then
+    for _, group in ipairs(groups) do
+      out[#out + 1] = row(group, 0)
+    end
+  end
+  return out
 elseif action == 'status' then
   local ready = 0
   local queues = redis.pcall('SMEMBERS', base .. 'queues')

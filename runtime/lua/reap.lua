@@ -37,7 +37,7 @@ while done < max and looked < 10 * max do
       -- keys another program wrote over is left as it is (and said in the Redis log), so one
       -- bad record never stops the reaping of the others.
       local want, counted = {}, {}
-      settle_keys(base, want, counted, id, fields(base .. 'job:' .. id, 'queue', 'scope', 'kind'),
+      settle_keys(base, want, counted, id, fields(base .. 'job:' .. id, 'queue', 'scope', 'kind', 'group'),
         true, false, true, entry)
       local wrong = unsafe(base, want, counted)
       if wrong then

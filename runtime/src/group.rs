@@ -57,7 +57,8 @@ pub struct GroupStatus {
     /// Its ready jobs (in one queue when listed by [`Inspect::groups`](crate::store::Inspect::groups),
     /// in every queue from [`Inspect::group`](crate::store::Inspect::group)).
     pub ready: u64,
-    /// Its jobs holding a lease now.
+    /// Its jobs holding a lease now, counted while it has a cap (as a kind's cap counts:
+    /// jobs claimed before the cap was set, or after it was lifted, are not).
     pub running: u32,
     /// What an operator set.
     pub limits: GroupLimits,

@@ -1482,3 +1482,97 @@ async fn the_console_operations_leave_foreign_records_alone() {
     assert!(store.retry_dead_job("a\tb", id).await.is_err());
     assert!(store.purge_dead_job("a\tb", id).await.is_err());
 }
+
+/// Groups on Redis where only Redis can go wrong: a running count an older process left high
+/// (it reaped a grouped lease without giving the slot back) parks a capped group, and setting
+/// its limits again counts it afresh from the live leases; group keys another program wrote
+/// over fail an enqueue or a claim whole, skip a reap's lease, and pass over one group's lanes
+/// without stopping the others'.
+#[tokio::test]
+async fn group_counts_heal_and_group_keys_written_over_change_nothing_halfway() {
+    use palisade::{GroupLimits, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "gx");
+    let grouped = |g: &str| NewJob::raw("k", "null").with_group(g);
+    let ttl = Duration::from_secs(30);
+    let capped = GroupLimits {
+        cap: Some(1),
+        ..GroupLimits::default()
+    };
+    store.set_group_limits("g", capped).await.unwrap();
+    store
+        .enqueue(vec![grouped("g"), grouped("g"), grouped("g")])
+        .await
+        .unwrap();
+    let first = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(first.len(), 1);
+    // An older process reaped a lease of the group without giving its slot back.
+    server.cli(&["HSET", "{gx}:group:g", "running", "5"]);
+    store
+        .settle(vec![(first[0].lease.id, Settlement::completed())])
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+    assert!(store
+        .claim("default", "w", 5, ttl)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.group("g").await.unwrap().running, 4);
+    store.set_group_limits("g", capped).await.unwrap();
+    let status = store.group("g").await.unwrap();
+    assert_eq!((status.running, status.parked), (0, false));
+    let second = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(second.len(), 1, "the healed group runs again");
+
+    // A group's ready set written over: an enqueue into it changes nothing.
+    server.cli(&["SET", "{gx}:g:default\tk\th", "x"]);
+    let before = snapshot(&server);
+    let r = store.enqueue(vec![grouped("h")]).await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "the enqueue changed nothing");
+    server.cli(&["DEL", "{gx}:g:default\tk\th"]);
+
+    // A rotation written over: a claim changes nothing.
+    store.enqueue(vec![grouped("h")]).await.unwrap();
+    server.cli(&["RENAME", "{gx}:r:default\tk", "{gx}:saved"]);
+    server.cli(&["SET", "{gx}:r:default\tk", "x"]);
+    let before = snapshot(&server);
+    let r = store.claim("default", "w", 5, ttl).await;
+    assert!(corrupt(&r), "{r:?}");
+    assert_eq!(snapshot(&server), before, "the claim changed nothing");
+    server.cli(&["DEL", "{gx}:r:default\tk"]);
+    server.cli(&["RENAME", "{gx}:saved", "{gx}:r:default\tk"]);
+
+    // One group's record written over: its lanes are passed over, the others' claimed.
+    store.set_group_limits("h", capped).await.unwrap();
+    server.cli(&["DEL", "{gx}:group:h"]);
+    server.cli(&["SET", "{gx}:group:h", "x"]);
+    store.enqueue(vec![grouped("i")]).await.unwrap();
+    let got = store.claim("default", "w", 5, ttl).await.unwrap();
+    let groups: Vec<Option<&str>> = got.iter().map(|c| c.job.group.as_deref()).collect();
+    assert_eq!(groups, [Some("i")], "{got:?}");
+    server.cli(&["DEL", "{gx}:group:h"]);
+
+    // A reap whose lease's group keys were written over skips that lease, changing nothing.
+    let short = store
+        .claim("default", "w", 5, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(short.len(), 1, "h's job: {short:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.cli(&["RENAME", "{gx}:q:default:groups", "{gx}:saved"]);
+    server.cli(&["SET", "{gx}:q:default:groups", "x"]);
+    let before = snapshot(&server);
+    assert!(store.reap(10).await.unwrap().is_empty());
+    assert_eq!(snapshot(&server), before, "the reap changed nothing");
+    server.cli(&["DEL", "{gx}:q:default:groups"]);
+    server.cli(&["RENAME", "{gx}:saved", "{gx}:q:default:groups"]);
+    let reaped = store.reap(10).await.unwrap();
+    assert_eq!(reaped.len(), 1);
+    let again = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job.group.as_deref(), Some("h"));
+}

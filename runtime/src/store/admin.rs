@@ -50,8 +50,9 @@ pub trait Inspect: Send + Sync + 'static {
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>>;
 
     /// The `top` groups of `queue` with the most ready jobs, most first (ties by name); each
-    /// with its ready jobs in this queue. Bounded however many groups there are, so the
-    /// depth sampler and the console can ask every minute.
+    /// with its ready jobs in this queue. Bounded however many groups there are (`top` is
+    /// clamped to [`MAX_TOP_GROUPS`](crate::store::MAX_TOP_GROUPS)), so the depth sampler and
+    /// the console can ask every minute.
     async fn groups(&self, queue: &str, top: usize) -> Result<Vec<GroupStatus>>;
 
     /// One group: its ready jobs in every queue, its running jobs, limits and whether it is
@@ -124,6 +125,9 @@ pub trait QueueAdmin: Send + Sync + 'static {
     /// with a full bucket. Lifting what held a group back brings it back to the rotation at
     /// once; a pause or a lower cap takes it out at its next turn (jobs running keep running).
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()>;
+
+    /// Every group with a limit or a pause, by name (what a layout migration carries).
+    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>>;
 }
 
 #[async_trait]
@@ -206,6 +210,9 @@ impl QueueAdmin for Stores {
     }
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
         self.admin.set_group_limits(group, limits).await
+    }
+    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+        self.admin.limited_groups().await
     }
 }
 
@@ -451,5 +458,15 @@ impl QueueAdmin for PartitionedLeaseStore {
     /// Set in the group's partition alone: a group lives in one, so its cap is never split.
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
         self.group_part(group).set_group_limits(group, limits).await
+    }
+
+    /// Each partition's, merged (a group's limits live in its partition).
+    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+        let all = self
+            .on_all(|part| async move { part.limited_groups().await })
+            .await?;
+        let mut all = all.concat();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(all)
     }
 }

@@ -30,6 +30,9 @@ pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
 /// [`QueueAdmin::purge_dead_job`] search for the job: one click stays a bounded read.
 pub const DEAD_JOB_SEARCH: usize = 5_000;
 
+/// The most groups [`Inspect::groups`] lists.
+pub const MAX_TOP_GROUPS: usize = 1_000;
+
 /// How many groups of each rotation (the least recently served) [`Inspect::oldest_ready`]
 /// looks at for the oldest grouped job: a bounded read however many groups wait.
 pub const GROUP_HEADS_LOOKED_AT: usize = 100;

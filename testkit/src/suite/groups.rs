@@ -13,6 +13,7 @@ macro_rules! group_cases {
             a_capped_group_runs_no_more_than_its_cap_and_others_pass_it,
             a_rate_limited_group_starts_no_more_than_its_rate,
             a_paused_group_waits_and_resumes,
+            a_kind_at_its_cap_never_holds_back_another_kinds_groups,
             groups_keep_scopes_priorities_cancels_and_dead_letters,
         );
     };
@@ -141,7 +142,8 @@ pub async fn a_capped_group_runs_no_more_than_its_cap_and_others_pass_it(store: 
         rest.extend(claim(&store, 10).await);
     }
     assert_eq!(of(&rest, "a"), 7);
-    assert_eq!(store.group("a").await.unwrap().running, 9);
+    // Only leases claimed under the cap are counted (as a kind's cap counts).
+    assert_eq!(store.group("a").await.unwrap().running, 2);
 }
 
 /// A rate-limited group starts at most its bucket's whole tokens, is parked when it has none,
@@ -175,6 +177,31 @@ pub async fn a_rate_limited_group_starts_no_more_than_its_rate(store: Stores) {
     let next = claim(&store, 10).await;
     assert_eq!(next.len(), 1, "{next:?}");
     assert!(claim(&store, 10).await.is_empty());
+}
+
+/// Found by the attack review: groups of a kind at its concurrency cap filled a claim's
+/// lanes, so a worker of two kinds saw no group of the other kind until the capped kind's
+/// jobs ended one by one.
+pub async fn a_kind_at_its_cap_never_holds_back_another_kinds_groups(store: Stores) {
+    store.set_concurrency_cap("capped", Some(1)).await.unwrap();
+    let mut jobs: Vec<NewJob> = (0..40)
+        .map(|i| job("capped").with_group(format!("a{i:02}")))
+        .collect();
+    jobs.push(job("free").with_group("b0"));
+    store.enqueue(jobs).await.unwrap();
+    let kinds = ["capped".to_string(), "free".to_string()];
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(
+            store
+                .claim_kinds("default", &kinds, "suite", 1, TTL)
+                .await
+                .unwrap(),
+        );
+    }
+    let kinds: Vec<&str> = got.iter().map(|c| c.job.kind.as_str()).collect();
+    assert_eq!(kinds, ["capped", "free"], "{got:?}");
+    store.set_concurrency_cap("capped", None).await.unwrap();
 }
 
 /// A paused group's jobs stay ready and counted, other groups run; resumed, they run.

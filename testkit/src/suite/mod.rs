@@ -58,6 +58,7 @@ pub const NOT_FOR_PARTITIONS: &[&str] = &[
     // A grouped job's named scope must hash to its group's partition (refused otherwise,
     // `a_group_lives_in_one_partition`); this case mixes groups on one scope.
     "groups_keep_scopes_priorities_cancels_and_dead_letters",
+    "a_kind_at_its_cap_never_holds_back_another_kinds_groups",
 ];
 
 /// Runs named cases `parallel` at a time, each as its own task, and fails with the name and

@@ -199,6 +199,12 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
     old.set_rate_limit("default", Some(limit)).await.unwrap();
     old.set_paused("other", true).await.unwrap();
     old.set_concurrency_cap("k", Some(4)).await.unwrap();
+    let paused = GroupLimits {
+        cap: Some(3),
+        paused: true,
+        ..GroupLimits::default()
+    };
+    old.set_group_limits("tenant:1", paused).await.unwrap();
     let kept = Schedule::new("kept", "* * * * *", job("k"))
         .unwrap()
         .spec()
@@ -292,6 +298,13 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
     assert!(old.paused().await.unwrap().is_empty());
     assert_eq!(old.rate_limit("default").await.unwrap(), None);
     assert!(old.concurrency_caps().await.unwrap().is_empty());
+    // A group's limits and pause move with it, whole (its new partition holds them).
+    assert_eq!(
+        new.limited_groups().await.unwrap(),
+        [("tenant:1".to_string(), paused)]
+    );
+    assert_eq!(new.group("tenant:1").await.unwrap().limits, paused);
+    assert!(old.limited_groups().await.unwrap().is_empty());
 }
 
 /// Issue 24: a worker's settle-and-claim pair, round after round, goes to every partition in
@@ -380,4 +393,35 @@ pub async fn a_group_lives_in_one_partition(store: Stores, parts: Vec<Stores>) {
             .with_scope(scope_in(true))])
         .await
         .unwrap();
+    // So must a unique key and a debounce key (a job's own id key goes with it).
+    let away = scope_in(false);
+    let quiet = Duration::from_secs(60);
+    for bad in [
+        job("k")
+            .with_group("tenant:7")
+            .with_unique_key(away.clone(), quiet),
+        job("k")
+            .with_group("tenant:7")
+            .with_debounce(away.clone(), quiet, quiet),
+    ] {
+        assert!(matches!(
+            store.enqueue(vec![bad]).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    store
+        .enqueue(vec![job("k").with_group("tenant:7").with_id(JobId::new())])
+        .await
+        .unwrap();
+    // Its limits are kept in its partition alone and listed once.
+    assert_eq!(
+        store.limited_groups().await.unwrap(),
+        vec![(
+            "tenant:7".to_owned(),
+            GroupLimits {
+                cap: Some(1),
+                ..GroupLimits::default()
+            }
+        )]
+    );
 }

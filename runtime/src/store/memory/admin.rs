@@ -192,7 +192,7 @@ impl Inspect for MemoryLeaseStore {
         depths.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         Ok(depths
             .into_iter()
-            .take(top)
+            .take(top.min(crate::store::MAX_TOP_GROUPS))
             .map(|(_, group)| state.group_status(group, Some(queue)))
             .collect())
     }
@@ -459,5 +459,17 @@ impl QueueAdmin for MemoryLeaseStore {
         limits.validate()?;
         lock(&self.state).set_group_limits(group, limits, Instant::now());
         Ok(())
+    }
+
+    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+        let state = lock(&self.state);
+        let mut all: Vec<(String, GroupLimits)> = state
+            .groups
+            .iter()
+            .filter(|(_, g)| g.limits != GroupLimits::default())
+            .map(|(name, g)| (name.clone(), g.limits))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(all)
     }
 }

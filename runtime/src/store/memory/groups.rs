@@ -92,8 +92,9 @@ pub(super) struct Plan {
     /// or found empty.
     pub(super) parked: Vec<(usize, Option<Instant>)>,
     pub(super) empty: Vec<usize>,
-    /// Tokens of each rate-limited group before this claim, counted to `now`.
-    pub(super) tokens: HashMap<String, f64>,
+    /// Each rate-limited group's bucket before this claim: tokens, and the instant they are
+    /// counted to (whole milliseconds before now, as Redis counts).
+    pub(super) tokens: HashMap<String, (f64, Instant)>,
 }
 
 impl LeaseState {
@@ -168,6 +169,7 @@ impl LeaseState {
         n: usize,
         ungrouped: bool,
         now: Instant,
+        full: impl Fn(&str) -> bool,
     ) -> (Plan, Vec<(usize, Vec<ReadyKey>)>, HashMap<String, usize>) {
         let mut plan = Plan::default();
         let Some(q) = self.queues.get(queue) else {
@@ -175,7 +177,7 @@ impl LeaseState {
         };
         let looked_at = lanes_looked_at(n);
         for (kind, rotation) in &q.grouped.rotation {
-            if !kinds.is_empty() && !kinds.contains(kind) {
+            if (!kinds.is_empty() && !kinds.contains(kind)) || full(kind) {
                 continue;
             }
             plan.lanes
@@ -195,8 +197,8 @@ impl LeaseState {
         for (i, lane) in plan.lanes.iter().enumerate() {
             let state = self.groups.get(&lane.group);
             let bucket = self.group_bucket(&lane.group, now);
-            if let Some((tokens, _)) = bucket {
-                plan.tokens.insert(lane.group.clone(), tokens);
+            if let Some(bucket) = bucket {
+                plan.tokens.insert(lane.group.clone(), bucket);
             }
             let limits = state.map(|g| g.limits).unwrap_or_default();
             let running = state.map_or(0, |g| g.running);
@@ -223,7 +225,7 @@ impl LeaseState {
 
     /// After a claim's grants: served lanes go to the back of their rotation (or leave it,
     /// emptied), parked and empty ones leave it, rate buckets pay for what started.
-    pub(super) fn apply_plan(&mut self, queue: &str, plan: Plan, served: &Served, now: Instant) {
+    pub(super) fn apply_plan(&mut self, queue: &str, plan: Plan, served: &Served) {
         if plan.lanes.is_empty() {
             return;
         }
@@ -235,10 +237,10 @@ impl LeaseState {
         for (i, count) in &served.started {
             *started.entry(plan.lanes[*i].group.as_str()).or_default() += count;
         }
-        for (group, tokens) in &plan.tokens {
+        for (group, (tokens, at)) in &plan.tokens {
             if let Some(g) = self.groups.get_mut(group) {
                 let taken = started.get(group.as_str()).copied().unwrap_or(0);
-                g.bucket = Some((tokens - taken as f64, now));
+                g.bucket = Some((tokens - taken as f64, *at));
             }
         }
         let q = self.queues.entry(queue.to_owned()).or_default();
@@ -267,7 +269,7 @@ impl LeaseState {
                 .get_or_insert_with(BTreeMap::new)
                 .insert((queue.to_owned(), lane.kind.clone()), was);
             if let Some(at) = wake {
-                self.wakes.insert((at, lane.group.clone()));
+                self.wake_at(&lane.group, at);
             }
         }
     }
@@ -286,14 +288,26 @@ impl LeaseState {
         self.unpark(group, now);
     }
 
-    /// Parked groups whose rate bucket filled again come back.
+    /// Looks at a parked group again at `at` (replacing an earlier time).
+    fn wake_at(&mut self, group: &str, at: Instant) {
+        if let Some(was) = self.wake_of.insert(group.to_owned(), at) {
+            self.wakes.remove(&(was, group.to_owned()));
+        }
+        self.wakes.insert((at, group.to_owned()));
+    }
+
+    /// Parked groups whose rate bucket filled again come back: at most 16 a claim, as
+    /// claim.lua.
     pub(super) fn wake_groups(&mut self, now: Instant) {
-        while let Some((at, group)) = self.wakes.first().cloned() {
-            if at > now {
-                break;
+        for _ in 0..16 {
+            match self.wakes.first().cloned() {
+                Some((at, group)) if at <= now => {
+                    self.wakes.pop_first();
+                    self.wake_of.remove(&group);
+                    self.unpark(&group, now);
+                }
+                _ => break,
             }
-            self.wakes.pop_first();
-            self.unpark(&group, now);
         }
     }
 
@@ -314,7 +328,7 @@ impl LeaseState {
         match room(&g.limits, g.running, bucket, 1) {
             // Still out of tokens (it was parked for its cap, say): woken when it has one.
             Room::Park { wake: Some(wait) } => {
-                self.wakes.insert((now + wait, group.to_owned()));
+                self.wake_at(group, now + wait);
             }
             Room::Park { wake: None } => {}
             Room::Take(_) => {
@@ -336,8 +350,23 @@ impl LeaseState {
     }
 
     /// Sets a group's limits (a new rate limit starts full) and unparks it if they allow.
+    /// With a cap, its running jobs are counted afresh from the live leases (every one of
+    /// them then gives its slot back when it ends): a count an older version left high
+    /// heals here.
     pub(super) fn set_group_limits(&mut self, group: &str, limits: GroupLimits, now: Instant) {
+        let mut running = 0;
+        if limits.cap.is_some() {
+            for record in self.leases.values_mut() {
+                if self.jobs.get(&record.job).and_then(|j| j.group.as_deref()) == Some(group) {
+                    record.group = Some(group.to_owned());
+                    running += 1;
+                }
+            }
+        }
         let g = self.groups.entry(group.to_owned()).or_default();
+        if limits.cap.is_some() {
+            g.running = running;
+        }
         if g.limits.rate != limits.rate {
             g.bucket = limits.rate.map(|r| (f64::from(r.jobs), now));
         }

@@ -110,8 +110,10 @@ struct LeaseState {
     groups: HashMap<String, groups::GroupState>,
     /// Twice the number of claims that looked at groups (rotation turns; `groups.rs`).
     turn: u64,
-    /// Parked groups to look at again when their rate bucket holds a token.
+    /// Parked groups to look at again when their rate bucket holds a token (one time per
+    /// group: a later one replaces it, as the Redis `gwake` set keeps it).
     wakes: BTreeSet<(Instant, String)>,
+    wake_of: HashMap<String, Instant>,
     /// Rate-limited queues: the limit, the bucket's tokens and when they were counted.
     rates: HashMap<String, (RateLimit, f64, Instant)>,
     /// Kinds with a fleet-wide concurrency cap, and how many of each run under one.
@@ -191,7 +193,7 @@ struct LeaseRecord {
     token: FencingToken,
     /// The kind this lease counts against, if it had a concurrency cap when claimed.
     capped: Option<String>,
-    /// The group whose running jobs it counts among.
+    /// The group whose running jobs it counts among (one with a cap when claimed).
     group: Option<String>,
 }
 
@@ -419,10 +421,20 @@ impl LeaseState {
             })
             .collect();
         ungrouped.sort();
+        // How many more of each capped kind may start (as in claim.lua).
+        let mut room: HashMap<String, i64> = self
+            .caps
+            .iter()
+            .map(|(kind, cap)| {
+                let running = self.running.get(kind).copied().unwrap_or(0);
+                (kind.clone(), i64::from(*cap) - i64::from(running))
+            })
+            .collect();
         // Groups' lanes (group.rs): jobs without a group are one more lane, taken first in
-        // each round; candidates go round by round.
+        // each round; candidates go round by round. A kind at its cap offers none.
+        let full = |kind: &str| room.get(kind).is_some_and(|r| *r <= 0);
         let (plan, offers, mut left) =
-            self.plan_groups(queue, kinds, n, !ungrouped.is_empty(), now);
+            self.plan_groups(queue, kinds, n, !ungrouped.is_empty(), now, full);
         // (round, lane, key, kind, the lane's index in the plan)
         let mut candidates: Vec<(usize, usize, ReadyKey, String, Option<usize>)> = ungrouped
             .into_iter()
@@ -446,15 +458,6 @@ impl LeaseState {
         let mut aside = Vec::new();
         let mut taken = HashSet::new();
         let mut served = groups::Served::default();
-        // How many more of each capped kind may start (as in claim.lua).
-        let mut room: HashMap<String, i64> = self
-            .caps
-            .iter()
-            .map(|(kind, cap)| {
-                let running = self.running.get(kind).copied().unwrap_or(0);
-                (kind.clone(), i64::from(*cap) - i64::from(running))
-            })
-            .collect();
         for (_, _, key, kind, lane) in candidates {
             if picked.len() == n {
                 break;
@@ -522,7 +525,11 @@ impl LeaseState {
         if let Some(kind) = &capped {
             *self.running.entry(kind.clone()).or_default() += 1;
         }
-        let group = self.jobs[&id].group.clone();
+        // (A group with a cap counts its running jobs; the lease says so, to give it back.)
+        let group = self.jobs[&id]
+            .group
+            .clone()
+            .filter(|g| self.groups.get(g).is_some_and(|s| s.limits.cap.is_some()));
         if let Some(group) = &group {
             self.group_started(group);
         }
@@ -964,7 +971,7 @@ impl LeaseStore for MemoryLeaseStore {
         for ((key, kind), token) in picked.into_iter().zip(tokens) {
             claims.push(state.grant(queue, key, &kind, token, worker, now, expires_at));
         }
-        state.apply_plan(queue, plan, &served, now);
+        state.apply_plan(queue, plan, &served);
         if let (Some((tokens, at)), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
             rate.1 = tokens - claims.len() as f64;
             rate.2 = at;

@@ -286,7 +286,7 @@ impl Inspect for RedisLeaseStore {
             .key(&self.base)
             .arg("top")
             .arg(queue)
-            .arg(top)
+            .arg(top.min(crate::store::MAX_TOP_GROUPS))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -534,6 +534,22 @@ impl QueueAdmin for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         Ok(())
+    }
+
+    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = GROUPS
+            .key(&self.base)
+            .arg("limited")
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut all = rows
+            .into_iter()
+            .map(|row| decode_group_row(row).map(|g| (g.group, g.limits)))
+            .collect::<Result<Vec<_>>>()?;
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(all)
     }
 
     async fn rate_limit(&self, queue: &str) -> Result<Option<RateLimit>> {
