@@ -162,9 +162,13 @@ end
 -- groups with limits (`glimited`) have a record to read, so a lane costs one read of its set.
 local lanes = {} -- {turn, group, kind}
 local looked_at = n + 16 -- group.rs lanes_looked_at: room for the lanes a claim parks
+local rotations = 0
 for _, kind in ipairs(kinds) do
   -- (A kind at its cap offers nothing: its groups would only fill the lanes.)
   local got = room[kind] and room[kind] <= 0 and {} or redis.call('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
+  if #got > 0 then
+    rotations = rotations + 1
+  end
   for i = 1, #got, 2 do
     lanes[#lanes + 1] = { tonumber(got[i + 1]), got[i], kind }
   end
@@ -174,11 +178,14 @@ end
 -- out of its sets, jobs started, tokens before the claim.
 local c_lane, fetched, g_state, g_left, g_taken, g_tokens, parked, emptied = {}, {}, {}, {}, {}, {}, {}, {}
 if #lanes > 0 then
-  table.sort(lanes, function(a, b)
-    if a[1] ~= b[1] then return a[1] < b[1] end
-    if a[2] ~= b[2] then return bytes_before(a[2], b[2]) end
-    return bytes_before(a[3], b[3])
-  end)
+  -- (One rotation's lanes come in order already: Redis orders by turn, then name byte-wise.)
+  if rotations > 1 then
+    table.sort(lanes, function(a, b)
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      if a[2] ~= b[2] then return bytes_before(a[2], b[2]) end
+      return bytes_before(a[3], b[3])
+    end)
+  end
   for i = looked_at + 1, #lanes do
     lanes[i] = nil
   end

@@ -44,6 +44,9 @@ struct Args {
     /// Jobs per claim.
     #[arg(long, default_value_t = 50)]
     batch: usize,
+    /// Fairness without groups: the same jobs, none of them grouped (the baseline).
+    #[arg(long)]
+    ungrouped: bool,
 }
 
 /// Redis' CPU seconds and commands so far.
@@ -169,13 +172,19 @@ async fn main() {
         return;
     }
 
+    let in_group = |job: NewJob, group: String| match args.ungrouped {
+        true => job,
+        false => job.with_group(group),
+    };
     enqueue(
         &stores,
-        (0..args.backlog).map(|_| job().with_group("big")).collect(),
+        (0..args.backlog)
+            .map(|_| in_group(job(), "big".into()))
+            .collect(),
     )
     .await;
     let small: Vec<NewJob> = (0..args.small * args.per_group)
-        .map(|i| job().with_group(format!("small:{}", i % args.small)))
+        .map(|i| in_group(job(), format!("small:{}", i % args.small)))
         .collect();
     let total = small.len();
     let mut enqueued: HashMap<JobId, Instant> = HashMap::with_capacity(total);
@@ -196,8 +205,9 @@ async fn main() {
     .await;
     waits.sort();
     println!(
-        "{backend} backlog {}: {total} small-group jobs claimed by claim {last_claim} of {claims}; \
+        "{backend}{} backlog {}: {total} small-group jobs claimed by claim {last_claim} of {claims}; \
          enqueue to claim p50 {:.1?} p99 {:.1?} max {:.1?}",
+        if args.ungrouped { " ungrouped" } else { "" },
         args.backlog,
         percentile(&waits, 0.5),
         percentile(&waits, 0.99),
