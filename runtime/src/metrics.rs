@@ -98,6 +98,13 @@ pub const QUEUE_OLDEST_READY_AGE: &str = "palisade_queue_oldest_ready_age_second
 /// `PalisadeNoProgress` stays quiet for a queue paused on purpose. Sampled with
 /// [`QUEUE_DEPTH`]. Labels: queue.
 pub const QUEUE_PAUSED: &str = "palisade_queue_paused";
+/// Ready jobs of a queue's groups ([`NewJob::with_group`](crate::NewJob::with_group)), for the
+/// [`GROUPS_SAMPLED`] groups with the most, so the series stay few however many groups
+/// there are (a group that leaves the top leaves the output when its gauge goes idle).
+/// Sampled with [`QUEUE_DEPTH`]. Labels: queue, group.
+pub const GROUP_READY: &str = "palisade_group_ready";
+/// How many groups per queue [`GROUP_READY`] reports.
+pub const GROUPS_SAMPLED: usize = 10;
 /// Jobs cancelled in a queue ([`QueueAdmin::cancel`](crate::QueueAdmin::cancel), `palisade
 /// cancel`, the operator page), whichever process cancelled them: the coordinator counts them
 /// and the sampler exports its count, so the series is the fleet's, once. Labels: queue.
@@ -147,6 +154,7 @@ pub const ALL: &[&str] = &[
     QUEUE_DEPTH,
     QUEUE_OLDEST_READY_AGE,
     QUEUE_PAUSED,
+    GROUP_READY,
     JOBS_CANCELLED,
     CLAIM_TO_START,
     SETTLE_WAIT,
@@ -219,6 +227,10 @@ pub fn describe() {
         "Age of the job next in line, since it first became claimable (0: nothing ready)"
     );
     describe_gauge!(QUEUE_PAUSED, "1 for a paused queue, 0 otherwise");
+    describe_gauge!(
+        GROUP_READY,
+        "Ready jobs of the queue's groups with the most, sampled by the worker holding the sampler role"
+    );
     describe_counter!(
         JOBS_CANCELLED,
         "Jobs cancelled in a queue, as the coordinator counts them (sampled)"

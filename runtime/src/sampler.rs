@@ -115,6 +115,13 @@ async fn sample(store: &dyn Inspect, paused: Option<&[String]>) -> crate::Result
             let is_paused = paused.contains(&queue);
             gauge!(m::QUEUE_PAUSED, "queue" => queue.clone()).set(f64::from(u8::from(is_paused)));
         }
+        // The top groups only, so the label set stays bounded however many groups there are
+        // (a group that leaves the top is no longer set and leaves the output when its gauge
+        // goes idle).
+        for g in store.groups(&queue, m::GROUPS_SAMPLED).await? {
+            gauge!(m::GROUP_READY, "queue" => queue.clone(), "group" => g.group)
+                .set(g.ready as f64);
+        }
     }
     Ok(())
 }

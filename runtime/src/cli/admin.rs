@@ -102,6 +102,11 @@ pub(super) struct EnqueueArgs {
     /// The longest a debounced job waits from its first enqueue.
     #[arg(long, default_value = "1m", requires = "debounce", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
     max_wait: Duration,
+    /// The group the job shares claims with (a tenant): claims rotate over the groups with
+    /// ready jobs (`palisade group` sets a group's limits). `{field}` is replaced as in
+    /// --scope.
+    #[arg(long)]
+    group: Option<String>,
 }
 
 /// A `--deadline`: an RFC 3339 time, or a duration from now.
@@ -160,6 +165,9 @@ impl EnqueueArgs {
         }
         if let Some(template) = &self.debounce {
             job = job.with_debounce(fill(template, payload)?, self.quiet, self.max_wait);
+        }
+        if let Some(template) = &self.group {
+            job = job.with_group(fill(template, payload)?);
         }
         if let Some(timeout) = self.timeout {
             job = job.with_timeout(timeout);
@@ -377,6 +385,9 @@ pub(super) struct StatusArgs {
 /// Running flows `status` lists (the oldest first; it counts them all).
 const FLOWS_SHOWN: usize = 10;
 
+/// Groups `status` shows per queue (those with the most ready jobs).
+const GROUPS_SHOWN: usize = 5;
+
 /// Live leases `status` reads to count running jobs per kind.
 const KINDS_LEASE_SCAN: usize = 10_000;
 
@@ -398,6 +409,19 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         let kinds = super::kind_load(store.concurrency_caps().await?, &all_leases);
         if all_leases.len() >= KINDS_LEASE_SCAN {
             eprintln!("note: running counts per kind are of the first {KINDS_LEASE_SCAN} leases");
+        }
+        // Groups: each queue's with the most ready jobs, and those with limits.
+        let mut top_groups = Vec::new();
+        for (queue, _) in &queues {
+            let top = store.groups(queue, GROUPS_SHOWN).await?;
+            if !top.is_empty() {
+                top_groups.push((queue.clone(), top));
+            }
+        }
+        let limited = store.limited_groups().await?;
+        let mut limited_groups = Vec::new();
+        for (group, _) in limited.iter().take(GROUPS_SHOWN * 4) {
+            limited_groups.push(store.group(group).await?);
         }
         let (running_flows, oldest_flows) = store.running_flows(FLOWS_SHOWN).await?;
         let mut flows = Vec::with_capacity(oldest_flows.len());
@@ -437,6 +461,8 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                     "scope": s, "highest_token": highest.flatten(),
                 })),
                 "paused": paused,
+                "groups": top_groups.iter().map(|(q, top)| (q.clone(), json!(top))).collect::<serde_json::Map<_, _>>(),
+                "limited_groups": {"count": limited.len(), "shown": limited_groups},
                 "flows": {
                     "running": running_flows,
                     "oldest": flows.iter().map(|f| json!({
@@ -473,6 +499,20 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             for (kind, (cap, running)) in &kinds {
                 let cap = cap.map_or_else(|| "-".to_owned(), |c| c.to_string());
                 out.push(format!("{kind:<28} {running:>8} {cap:>6}"));
+            }
+        }
+        if !top_groups.is_empty() {
+            out.push("\ngroups with the most ready jobs:".to_owned());
+            for (queue, top) in &top_groups {
+                let listed: Vec<String> =
+                    top.iter().map(|g| format!("{} {}", g.group, g.ready)).collect();
+                out.push(format!("  {queue}: {}", listed.join(", ")));
+            }
+        }
+        if !limited.is_empty() {
+            out.push(format!("\ngroups with limits ({}):", limited.len()));
+            for g in &limited_groups {
+                out.push(format!("  {}", group_line(g)));
             }
         }
         out.push(format!("\nworkers ({}, from their heartbeats):", workers.len()));
@@ -1037,6 +1077,90 @@ pub(super) fn cap(args: CapArgs, registry: &Registry) -> anyhow::Result<()> {
             None => format!("kind {}: no concurrency cap", args.kind),
         };
         print_lines(std::iter::once(said))
+    })
+}
+
+/// `group`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct GroupArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The group.
+    group: String,
+    /// Most of its jobs running at once across every worker, queue and kind.
+    #[arg(long, conflicts_with = "no_cap")]
+    cap: Option<u32>,
+    /// Lift its cap.
+    #[arg(long)]
+    no_cap: bool,
+    /// Starts allowed per --per, shared by every worker (also the largest burst).
+    #[arg(long, conflicts_with = "no_rate")]
+    jobs: Option<u32>,
+    /// The rate limit's period, e.g. 1s or 1m.
+    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), Duration::from_secs(86_400)))]
+    per: Duration,
+    /// Lift its rate limit.
+    #[arg(long)]
+    no_rate: bool,
+    /// Start none of its jobs until --resume (they stay ready; other groups run).
+    #[arg(long, conflicts_with = "resume")]
+    pause: bool,
+    /// Let its jobs start again.
+    #[arg(long)]
+    resume: bool,
+}
+
+/// A group's line: its ready and running jobs, its limits, whether it is parked.
+pub(super) fn group_line(g: &crate::GroupStatus) -> String {
+    let mut line = format!("group {}: {} ready", g.group, g.ready);
+    if let Some(cap) = g.limits.cap {
+        line.push_str(&format!(", {} running (cap {cap})", g.running));
+    }
+    if let Some(rate) = g.limits.rate {
+        line.push_str(&format!(
+            ", at most {} per {}",
+            rate.jobs,
+            humantime::format_duration(rate.per)
+        ));
+    }
+    if g.limits.paused {
+        line.push_str(", paused");
+    }
+    if g.parked {
+        line.push_str(" (out of the rotation until it can run)");
+    }
+    line
+}
+
+/// Shows a group, or changes what was asked of its limits (the others are kept).
+pub(super) fn group(args: GroupArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let mut limits = store.group(&args.group).await?.limits;
+        let was = limits;
+        if let Some(cap) = args.cap {
+            limits.cap = Some(cap);
+        }
+        if args.no_cap {
+            limits.cap = None;
+        }
+        if let Some(jobs) = args.jobs {
+            limits.rate = Some(crate::RateLimit {
+                jobs,
+                per: args.per,
+            });
+        }
+        if args.no_rate {
+            limits.rate = None;
+        }
+        limits.paused = (limits.paused || args.pause) && !args.resume;
+        if limits != was || args.cap.is_some() {
+            // (Set again with the same cap, its running jobs are counted afresh.)
+            store.set_group_limits(&args.group, limits).await?;
+        }
+        print_lines(std::iter::once(group_line(
+            &store.group(&args.group).await?,
+        )))
     })
 }
 

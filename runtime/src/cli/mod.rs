@@ -193,6 +193,8 @@ enum Builtin {
     Flow(flow::FlowCommand),
     /// Cap (or uncap) how many jobs of a kind run at once across every worker.
     Cap(admin::CapArgs),
+    /// Show a group (`NewJob::with_group`), or change its cap, rate limit or pause.
+    Group(admin::GroupArgs),
     /// Move to another number of coordinator partitions without lowering any scope's tokens
     /// (run with every worker stopped and the old layout drained).
     Partitions(admin::PartitionsArgs),
@@ -488,6 +490,7 @@ impl App {
             Builtin::Api(args) => api::run(args, registry),
             Builtin::Limit(args) => admin::limit(args),
             Builtin::Cap(args) => admin::cap(args, &registry),
+            Builtin::Group(args) => admin::group(args),
             Builtin::Forget(args) => admin::forget(args),
             Builtin::Partitions(args) => admin::partitions(args),
             Builtin::Cancel(args) => admin::cancel(args),

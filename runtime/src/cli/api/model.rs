@@ -240,6 +240,10 @@ pub(crate) struct JobRequest {
     /// replaces its payload and options and pushes its start (answered `debounced`, with
     /// that job's id). Takes no `delay_ms`, `unique_key` or `Idempotency-Key`.
     debounce: Option<DebounceRequest>,
+    /// The group it shares claims with (a tenant, a customer): claims rotate over the groups
+    /// with ready jobs, whatever their backlogs (`palisade group` sets a group's cap, rate
+    /// limit or pause).
+    group: Option<String>,
 }
 
 /// A debounced enqueue.
@@ -358,6 +362,9 @@ impl JobRequest {
                 Duration::from_millis(d.quiet_ms),
                 Duration::from_millis(d.max_wait_ms),
             );
+        }
+        if let Some(group) = &self.group {
+            job = job.with_group(group);
         }
         job.validate(max_payload_bytes)?;
         Ok(job)
@@ -482,6 +489,8 @@ pub(crate) struct JobStatus {
     /// Times it snoozed so far, and how many are allowed.
     snoozes: Option<u32>,
     max_snoozes: Option<u32>,
+    /// The group it shares claims with, if any.
+    group: Option<String>,
     /// The payload as enqueued.
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
@@ -537,6 +546,7 @@ impl JobStatus {
             max_attempts: None,
             snoozes: None,
             max_snoozes: None,
+            group: None,
             payload: None,
             due_in_ms: None,
             last_error: None,
@@ -586,6 +596,7 @@ impl JobStatus {
         status.max_attempts = Some(job.max_attempts);
         status.snoozes = Some(job.snoozes);
         status.max_snoozes = Some(job.max_snoozes);
+        status.group = job.group;
         status.payload = Some(json_or_text(&job.payload));
         if let Some(step) = job.flow {
             status.flow = Some(step.flow.to_string());

@@ -53,6 +53,10 @@ const HISTORY_SHOWN: usize = 360;
 /// Live leases read for the busy page and the per-kind running counts.
 const LEASE_SCAN: usize = 10_000;
 
+/// Groups the queues page lists per queue (those with the most ready jobs), and groups with
+/// limits it lists.
+const GROUPS_LISTED: usize = 10;
+
 /// `ui` flags.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct UiArgs {
@@ -336,9 +340,31 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             ui.store.concurrency_caps().await?,
             &ui.store.leases(LEASE_SCAN).await?,
         );
+        let queues = queue_rows(&ui.store).await?;
+        // Groups: each queue's with the most ready jobs, and those with limits (bounded
+        // reads: GROUPS_LISTED each).
+        let mut top_groups = Vec::new();
+        for q in &queues {
+            let top = ui.store.groups(&q.name, GROUPS_LISTED).await?;
+            if !top.is_empty() {
+                top_groups.push((q.name.clone(), top));
+            }
+        }
+        let mut limited_groups = Vec::new();
+        for (group, _) in ui
+            .store
+            .limited_groups()
+            .await?
+            .into_iter()
+            .take(GROUPS_LISTED)
+        {
+            limited_groups.push(ui.store.group(&group).await?);
+        }
         let v = pages::QueuesView {
-            queues: queue_rows(&ui.store).await?,
+            queues,
             kinds,
+            top_groups,
+            limited_groups,
         };
         Ok(pages::queues(&frame, &v))
     };
@@ -1179,6 +1205,15 @@ mod tests {
         let view = pages::QueuesView {
             queues: vec![row],
             kinds: Default::default(),
+            top_groups: vec![(
+                "q".into(),
+                vec![crate::GroupStatus {
+                    group: "<tenant>".into(),
+                    ready: 7,
+                    ..Default::default()
+                }],
+            )],
+            limited_groups: Vec::new(),
         };
         let page = pages::queues(&frame(None), &view).into_string();
         assert!(
@@ -1186,6 +1221,7 @@ mod tests {
             "the whole name on hover"
         );
         assert!(page.contains(&format!("{}…", "q".repeat(60))), "cut");
+        assert!(page.contains("&lt;tenant&gt;"), "a group's name, escaped");
         let dead = pages::DeadView {
             queues: vec![("a&b\"<".into(), 1)],
             queue: Some("a&b\"<".into()),

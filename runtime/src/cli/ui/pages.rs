@@ -332,6 +332,10 @@ pub(crate) struct QueuesView {
     pub queues: Vec<QueueRow>,
     /// Kind → (cap, running now among the listed leases).
     pub kinds: BTreeMap<String, (Option<u32>, usize)>,
+    /// Per queue, its groups with the most ready jobs.
+    pub top_groups: Vec<(String, Vec<crate::GroupStatus>)>,
+    /// Groups with a cap, a rate limit or a pause.
+    pub limited_groups: Vec<crate::GroupStatus>,
 }
 
 pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
@@ -416,6 +420,39 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
                 input type="text" name="kind" placeholder="kind" required aria-label="kind";
                 input type="number" name="cap" min="1" placeholder="cap" required aria-label="cap";
                 button type="submit" { "set cap" }
+            }
+            h2 { "Groups" }
+            @if v.top_groups.is_empty() && v.limited_groups.is_empty() {
+                p.empty { "No job waits in a group (NewJob::with_group)." }
+            } @else {
+                table #groups {
+                    tr { th { "queue" } th { "groups with the most ready jobs" } }
+                    @for (queue, top) in &v.top_groups {
+                        tr data-queue=(queue) {
+                            td { (name(queue)) }
+                            td { @for (i, g) in top.iter().enumerate() {
+                                @if i > 0 { ", " } (name(&g.group)) " " (g.ready)
+                            } }
+                        }
+                    }
+                }
+                @if !v.limited_groups.is_empty() {
+                    table #limited-groups {
+                        tr { th { "group" } th { "ready" } th { "running / cap" } th { "rate limit" } th { "" } }
+                        @for g in &v.limited_groups {
+                            tr data-group=(g.group) {
+                                td { (name(&g.group)) }
+                                td.n { (g.ready) }
+                                td.n { @if let Some(cap) = g.limits.cap { (g.running) " / " (cap) } @else { "-" } }
+                                td { @if let Some(r) = g.limits.rate { (r.jobs) " per " (age(r.per)) } @else { "-" } }
+                                td { @if g.limits.paused { em.paused { "(paused)" } }
+                                     @if g.parked { " out of the rotation until it can run" } }
+                            }
+                        }
+                    }
+                }
+                p.meta { "Claims rotate over the groups with ready jobs; change a group's cap, rate \
+                          limit or pause with " code { "palisade group" } "." }
             }
         },
     )
@@ -815,6 +852,7 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                     tr { th { "attempts" } td { (job.attempt) " of " (job.max_attempts) } }
                     tr { th { "stalls" } td { (job.stalls) " of " (job.max_stalls) " allowed" } }
                     tr { th { "snoozes" } td { (job.snoozes) " of " (job.max_snoozes) " allowed" } }
+                    @if let Some(group) = &job.group { tr { th { "group" } td { (name(group)) } } }
                     @if let Some(timeout) = job.timeout {
                         tr { th { "timeout" } td { (age(timeout)) " per attempt" } }
                     }

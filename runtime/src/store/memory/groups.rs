@@ -95,6 +95,11 @@ pub(super) struct Plan {
     /// Each rate-limited group's bucket before this claim: tokens, and the instant they are
     /// counted to (whole milliseconds before now, as Redis counts).
     pub(super) tokens: HashMap<String, (f64, Instant)>,
+    /// The candidates each lane offers (by index), in its order.
+    pub(super) offers: Vec<(usize, Vec<ReadyKey>)>,
+    /// How many more of each group the claim may start (a group's lanes of two kinds share
+    /// one room).
+    pub(super) left: HashMap<String, usize>,
 }
 
 impl LeaseState {
@@ -170,10 +175,10 @@ impl LeaseState {
         ungrouped: bool,
         now: Instant,
         full: impl Fn(&str) -> bool,
-    ) -> (Plan, Vec<(usize, Vec<ReadyKey>)>, HashMap<String, usize>) {
+    ) -> Plan {
         let mut plan = Plan::default();
         let Some(q) = self.queues.get(queue) else {
-            return (plan, Vec::new(), HashMap::new());
+            return plan;
         };
         let looked_at = lanes_looked_at(n);
         for (kind, rotation) in &q.grouped.rotation {
@@ -190,10 +195,7 @@ impl LeaseState {
         plan.lanes.sort();
         plan.lanes.truncate(looked_at);
         let per = share(n, plan.lanes.len().min(n) + usize::from(ungrouped));
-        // How many more each group may start in this claim (a group in two kinds' lanes
-        // shares one room).
-        let mut left: HashMap<String, usize> = HashMap::new();
-        let mut offers = Vec::new();
+        let (mut left, mut offers) = (HashMap::new(), Vec::new());
         for (i, lane) in plan.lanes.iter().enumerate() {
             let state = self.groups.get(&lane.group);
             let bucket = self.group_bucket(&lane.group, now);
@@ -220,7 +222,9 @@ impl LeaseState {
                 }
             }
         }
-        (plan, offers, left)
+        plan.offers = offers;
+        plan.left = left;
+        plan
     }
 
     /// After a claim's grants: served lanes go to the back of their rotation (or leave it,

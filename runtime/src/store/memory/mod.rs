@@ -433,8 +433,9 @@ impl LeaseState {
         // Groups' lanes (group.rs): jobs without a group are one more lane, taken first in
         // each round; candidates go round by round. A kind at its cap offers none.
         let full = |kind: &str| room.get(kind).is_some_and(|r| *r <= 0);
-        let (plan, offers, mut left) =
-            self.plan_groups(queue, kinds, n, !ungrouped.is_empty(), now, full);
+        let mut plan = self.plan_groups(queue, kinds, n, !ungrouped.is_empty(), now, full);
+        let offers = std::mem::take(&mut plan.offers);
+        let mut left = std::mem::take(&mut plan.left);
         // (round, lane, key, kind, the lane's index in the plan)
         let mut candidates: Vec<(usize, usize, ReadyKey, String, Option<usize>)> = ungrouped
             .into_iter()
@@ -1140,7 +1141,7 @@ impl LeaseStore for MemoryLeaseStore {
                 dead,
                 lease,
                 token: Some(token),
-                worker: worker,
+                worker,
                 trace: job_trace,
             });
         }
