@@ -49,10 +49,17 @@ pub async fn claims_rotate_over_groups_whatever_their_backlog(store: Stores) {
     store.enqueue(small).await.unwrap();
     assert_eq!(store.counts("default").await.unwrap().ready, 212);
     let (mut big, mut rest, mut claims) = (0, 0, 0);
+    let mut served = std::collections::BTreeSet::new();
     while rest < 12 {
         let got = claim(&store, 4).await;
         assert!(!got.is_empty(), "jobs are ready");
         claims += 1;
+        served.extend(got.iter().map(|c| c.job.group.clone()));
+        if claims == 2 {
+            // 7 lanes, 4 a claim: a served group goes to the back, so two claims reach every
+            // lane (the ungrouped one first in each).
+            assert_eq!(served.len(), 7, "two claims reach every lane: {served:?}");
+        }
         for c in &got {
             if c.job.group.as_deref() == Some("big") {
                 big += 1;
