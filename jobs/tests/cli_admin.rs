@@ -360,3 +360,61 @@ fn status_lists_live_worker_processes_from_their_heartbeats() {
         !workers().iter().any(|w| w["pid"] == pid)
     });
 }
+
+/// Groups from the command line: `enqueue --group` (a field of the payload filling it),
+/// `group` changing one limit at a time and keeping the others, and what `status` shows; a
+/// worker then runs the paused group's jobs only once it is resumed.
+#[test]
+fn groups_from_the_command_line() {
+    let redis = RedisServer::start();
+    for tenant in ["7", "7", "9"] {
+        let payload = format!(r#"{{"to":"t{tenant}@example.com","millis":1,"tenant":"{tenant}"}}"#);
+        ok(
+            &redis,
+            &[
+                "enqueue",
+                "email.send",
+                &payload,
+                "--group",
+                "tenant:{tenant}",
+            ],
+        );
+    }
+    let said = ok(&redis, &["group", "tenant:7", "--cap", "1"]);
+    assert!(
+        said.contains("group tenant:7: 2 ready, 0 running (cap 1)"),
+        "{said}"
+    );
+    let said = ok(&redis, &["group", "tenant:7", "--pause"]);
+    assert!(said.contains("cap 1") && said.contains("paused"), "{said}");
+    let said = ok(&redis, &["group", "tenant:7", "--jobs", "5", "--per", "1m"]);
+    assert!(
+        said.contains("cap 1") && said.contains("paused") && said.contains("at most 5 per 1m"),
+        "one limit changed, the others kept: {said}"
+    );
+    let refused = run(&redis, &["group", "tenant:7", "--cap", "0"], "");
+    assert!(!refused.status.success());
+    let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+    let top = status["groups"]["default"].as_array().unwrap();
+    assert_eq!(top[0]["group"], "tenant:7");
+    assert_eq!(top[0]["ready"], 2);
+    assert_eq!(status["limited_groups"]["count"], 1);
+    assert_eq!(
+        status["limited_groups"]["shown"][0]["limits"]["paused"],
+        true
+    );
+    let text = ok(&redis, &["status"]);
+    assert!(text.contains("groups with limits (1)"), "{text}");
+
+    // A worker runs tenant 9's job; tenant 7's wait, paused, until resumed.
+    let _worker = worker(&redis);
+    wait_for("tenant 9's job done", Duration::from_secs(20), || {
+        counts(&redis)["completed"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(counts(&redis)["ready"], 2, "a paused group starts nothing");
+    ok(&redis, &["group", "tenant:7", "--resume", "--no-rate"]);
+    wait_for("tenant 7's jobs done", Duration::from_secs(20), || {
+        counts(&redis)["completed"] == 3
+    });
+}
