@@ -101,7 +101,7 @@ for _, kind in ipairs(listed) do
 end
 want[base .. 'q:' .. queue .. ':groups'] = 'zset'
 want[base .. 'gwake'] = 'zset'
-want[base .. 'glimited'] = 'set'
+want[base .. 'glimited'] = 'zset'
 want[base .. 'turn'] = 'string'
 for _, id in ipairs(due) do
   local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'kind', 'group')
@@ -196,9 +196,9 @@ if #lanes > 0 then
   end
   local limited = {}
   for i = 1, #names, 500 do
-    local got = redis.call('SMISMEMBER', base .. 'glimited', unpack(names, i, math.min(i + 499, #names)))
+    local got = redis.call('ZMSCORE', base .. 'glimited', unpack(names, i, math.min(i + 499, #names)))
     for j = 1, #got do
-      limited[i + j - 1] = got[j] == 1
+      limited[i + j - 1] = got[j] ~= false
     end
   end
   local rounds = {}

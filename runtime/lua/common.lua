@@ -64,8 +64,8 @@
 --                               rotation until it can run)
 --   gparked:<group>       zset  "<queue>\t<kind>" -> the turn it had in each rotation it left
 --   gwake                 zset  parked group -> when its rate bucket holds a whole token
---   glimited              set   groups with a cap, a rate limit or a pause: only they have a
---                               record a claim reads
+--   glimited              zset  groups with a cap, a rate limit or a pause -> 0 (listed by name):
+--                               only they have a record a claim reads
 --   lease_job entry       an eighth field: the capped group its lease counts in
 -- Flows (store/flows.rs). In a job's partition:
 --   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)

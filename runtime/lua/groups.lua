@@ -10,7 +10,7 @@
 --          count an older version left high heals here (O(live leases): an operator's call).
 --          "status": ARGV[2] group
 --          "top": ARGV[2] queue, ARGV[3] how many
---          "limited": every group with a limit or a pause
+--          "limited": ARGV[2] how many: the groups with a limit or a pause, by name
 -- Returns  "set": "ok". "status": one group row, its ready jobs counted over every queue.
 --          "limited": a row per group with limits (ready 0).
 --          "top": the queue's groups with the most ready jobs (ties by name), a row each, its
@@ -35,7 +35,7 @@ end
 if action == 'set' then
   local group = ARGV[2]
   local key = base .. 'group:' .. group
-  local wrong = mistyped({ [key] = 'hash', [base .. 'glimited'] = 'set',
+  local wrong = mistyped({ [key] = 'hash', [base .. 'glimited'] = 'zset',
     [base .. 'lease_job'] = 'hash' })
   if wrong then
     return corrupt(wrong)
@@ -81,15 +81,15 @@ if action == 'set' then
   end
   -- Claims read the records of limited groups only.
   if ARGV[3] ~= '' or ARGV[4] ~= '' or ARGV[6] ~= '' then
-    redis.call('SADD', base .. 'glimited', group)
+    redis.call('ZADD', base .. 'glimited', 0, group)
   else
-    redis.call('SREM', base .. 'glimited', group)
+    redis.call('ZREM', base .. 'glimited', group)
   end
   unpark(base, group, now)
   return 'ok'
 elseif action == 'limited' then
   local out = {}
-  local groups = redis.pcall('SMEMBERS', base .. 'glimited')
+  local groups = redis.pcall('ZRANGE', base .. 'glimited', 0, tonumber(ARGV[2]) - 1)
   if type(groups) == 'table' and not groups.err then
     for _, group in ipairs(groups) do
       out[#out + 1] = row(group, 0)
@@ -107,7 +107,7 @@ elseif action == 'status' then
   return { row(ARGV[2], ready) }
 else
   local out = {}
-  local top = redis.pcall('ZRANGE', base .. 'q:' .. ARGV[2] .. ':groups', 0, tonumber(ARGV[3]) - 1,
+  local top = redis.pcall('ZRANGE', base .. 'q:' .. ARGV[2] .. ':groups', 0, math.min(tonumber(ARGV[3]), 1000) - 1,
     'WITHSCORES')
   if type(top) == 'table' and not top.err then
     for i = 1, #top, 2 do

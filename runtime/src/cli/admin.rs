@@ -418,9 +418,9 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 top_groups.push((queue.clone(), top));
             }
         }
-        let limited = store.limited_groups().await?;
+        let limited = store.limited_groups(GROUPS_SHOWN * 4).await?;
         let mut limited_groups = Vec::new();
-        for (group, _) in limited.iter().take(GROUPS_SHOWN * 4) {
+        for (group, _) in &limited {
             limited_groups.push(store.group(group).await?);
         }
         let (running_flows, oldest_flows) = store.running_flows(FLOWS_SHOWN).await?;
@@ -462,7 +462,7 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
                 })),
                 "paused": paused,
                 "groups": top_groups.iter().map(|(q, top)| (q.clone(), json!(top))).collect::<serde_json::Map<_, _>>(),
-                "limited_groups": {"count": limited.len(), "shown": limited_groups},
+                "limited_groups": limited_groups,
                 "flows": {
                     "running": running_flows,
                     "oldest": flows.iter().map(|f| json!({
@@ -510,7 +510,8 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             }
         }
         if !limited.is_empty() {
-            out.push(format!("\ngroups with limits ({}):", limited.len()));
+            let first = if limited.len() == GROUPS_SHOWN * 4 { ", the first by name" } else { "" };
+            out.push(format!("\ngroups with limits ({}{first}):", limited.len()));
             for g in &limited_groups {
                 out.push(format!("  {}", group_line(g)));
             }
@@ -1096,9 +1097,9 @@ pub(super) struct GroupArgs {
     /// Starts allowed per --per, shared by every worker (also the largest burst).
     #[arg(long, conflicts_with = "no_rate")]
     jobs: Option<u32>,
-    /// The rate limit's period, e.g. 1s or 1m.
-    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), Duration::from_secs(86_400)))]
-    per: Duration,
+    /// The rate limit's period, e.g. 1s or 1m (default: the group's period, else 1s).
+    #[arg(long, conflicts_with = "no_rate", value_parser = super::duration_within(Duration::from_millis(1), Duration::from_secs(86_400)))]
+    per: Option<Duration>,
     /// Lift its rate limit.
     #[arg(long)]
     no_rate: bool,
@@ -1144,11 +1145,16 @@ pub(super) fn group(args: GroupArgs) -> anyhow::Result<()> {
         if args.no_cap {
             limits.cap = None;
         }
-        if let Some(jobs) = args.jobs {
-            limits.rate = Some(crate::RateLimit {
-                jobs,
-                per: args.per,
-            });
+        if args.jobs.is_some() || args.per.is_some() {
+            // One of the two changes; the other is kept.
+            let Some(jobs) = args.jobs.or(limits.rate.map(|r| r.jobs)) else {
+                bail!("group {} has no rate limit: --per needs --jobs", args.group);
+            };
+            let per = args
+                .per
+                .or(limits.rate.map(|r| r.per))
+                .unwrap_or(Duration::from_secs(1));
+            limits.rate = Some(crate::RateLimit { jobs, per });
         }
         if args.no_rate {
             limits.rate = None;

@@ -126,8 +126,9 @@ pub trait QueueAdmin: Send + Sync + 'static {
     /// once; a pause or a lower cap takes it out at its next turn (jobs running keep running).
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()>;
 
-    /// Every group with a limit or a pause, by name (what a layout migration carries).
-    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>>;
+    /// The first `max` groups with a limit or a pause, by name (bounded, for the console and
+    /// `status`; a layout migration asks for all).
+    async fn limited_groups(&self, max: usize) -> Result<Vec<(String, GroupLimits)>>;
 }
 
 #[async_trait]
@@ -211,8 +212,8 @@ impl QueueAdmin for Stores {
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
         self.admin.set_group_limits(group, limits).await
     }
-    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
-        self.admin.limited_groups().await
+    async fn limited_groups(&self, max: usize) -> Result<Vec<(String, GroupLimits)>> {
+        self.admin.limited_groups(max).await
     }
 }
 
@@ -303,7 +304,7 @@ impl Inspect for PartitionedLeaseStore {
             .await?;
         let mut all = all.concat();
         all.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.group.cmp(&b.group)));
-        all.truncate(top);
+        all.truncate(top.min(super::MAX_TOP_GROUPS));
         Ok(all)
     }
 
@@ -460,13 +461,14 @@ impl QueueAdmin for PartitionedLeaseStore {
         self.group_part(group).set_group_limits(group, limits).await
     }
 
-    /// Each partition's, merged (a group's limits live in its partition).
-    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+    /// Each partition's first `max`, merged (a group's limits live in its partition).
+    async fn limited_groups(&self, max: usize) -> Result<Vec<(String, GroupLimits)>> {
         let all = self
-            .on_all(|part| async move { part.limited_groups().await })
+            .on_all(|part| async move { part.limited_groups(max).await })
             .await?;
         let mut all = all.concat();
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.truncate(max);
         Ok(all)
     }
 }

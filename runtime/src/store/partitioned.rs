@@ -30,8 +30,9 @@
 //! Limits, by construction: unique keys are unique per partition (jobs that share a unique
 //! key must share a named scope or have none), and so are debounce keys (a debounced job
 //! without a named scope goes where its key hashes to); a group lives in the partition its
-//! name hashes to (its cap and limits whole there), so a grouped job's named scope, unique key
-//! and debounce key must hash there too (else the enqueue is refused); an enqueue batch that spans partitions is
+//! name hashes to (its cap and limits whole there), so a grouped job's named scope must hash
+//! there too (else the enqueue is refused) and its unique and debounce keys are kept there
+//! (jobs sharing one must share a group, a named scope, or have neither); an enqueue batch that spans partitions is
 //! atomic per partition, not across them (every job is validated before any is sent, so only
 //! a backend error can split it).
 
@@ -525,8 +526,8 @@ pub async fn migrate(old: &Stores, new: &Stores) -> Result<u32> {
         new.set_concurrency_cap(kind, Some(*cap)).await?;
     }
 
-    let groups = old.limited_groups().await?;
-    for (group, _) in new.limited_groups().await? {
+    let groups = old.limited_groups(usize::MAX).await?;
+    for (group, _) in new.limited_groups(usize::MAX).await? {
         if !groups.iter().any(|(g, _)| *g == group) {
             new.set_group_limits(&group, GroupLimits::default()).await?;
         }
@@ -554,7 +555,7 @@ pub async fn retire(old: &Stores) {
                 old.set_rate_limit(&queue, None).await?;
             }
         }
-        for (group, _) in old.limited_groups().await? {
+        for (group, _) in old.limited_groups(usize::MAX).await? {
             old.set_group_limits(&group, GroupLimits::default()).await?;
         }
         for (kind, _) in old.concurrency_caps().await? {
@@ -573,26 +574,14 @@ impl LeaseStore for PartitionedLeaseStore {
         crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
         let p = self.parts.len();
         for job in &jobs {
-            let Some(group) = &job.group else { continue };
-            // What else decides a partition must agree with the group, or a scope's turns, a
-            // unique key or a debounce key would be kept in two partitions. (A job's own id
-            // key, `with_id`'s retry guard, goes with the job wherever it goes.)
-            let own = job.id.map(|id| format!("id:{id}"));
-            let others = [
-                job.scope.as_ref().map(|s| ("scope", s.as_str())),
-                job.unique
-                    .as_ref()
-                    .filter(|u| Some(&u.key) != own.as_ref())
-                    .map(|u| ("unique key", u.key.as_str())),
-                job.debounce
-                    .as_ref()
-                    .map(|d| ("debounce key", d.key.as_str())),
-            ];
-            for (what, key) in others.into_iter().flatten() {
-                if partition_of(group, p) != partition_of(key, p) {
+            // A named scope must live where the group does, or its turns would be kept in two
+            // partitions (two live leases on one scope). A unique or debounce key is kept in
+            // the group's partition, as a scope's job keeps it in the scope's: per partition.
+            if let (Some(group), Some(scope)) = (&job.group, &job.scope) {
+                if partition_of(group, p) != partition_of(scope.as_str(), p) {
                     return Err(Error::InvalidJob(format!(
-                        "group {group:?} and {what} {key:?} live in different partitions of \
-                         {p}: a grouped job's {what} must hash to its group's partition \
+                        "group {group:?} and scope {scope} live in different partitions of {p}: \
+                         a grouped job's named scope must hash to its group's partition \
                          (`palisade::store::partitioned::partition_of`)"
                     )));
                 }

@@ -300,11 +300,11 @@ pub async fn migration_never_lowers_a_scopes_tokens(old: Stores, new: Stores, co
     assert!(old.concurrency_caps().await.unwrap().is_empty());
     // A group's limits and pause move with it, whole (its new partition holds them).
     assert_eq!(
-        new.limited_groups().await.unwrap(),
+        new.limited_groups(10).await.unwrap(),
         [("tenant:1".to_string(), paused)]
     );
     assert_eq!(new.group("tenant:1").await.unwrap().limits, paused);
-    assert!(old.limited_groups().await.unwrap().is_empty());
+    assert!(old.limited_groups(10).await.unwrap().is_empty());
 }
 
 /// Issue 24: a worker's settle-and-claim pair, round after round, goes to every partition in
@@ -393,29 +393,21 @@ pub async fn a_group_lives_in_one_partition(store: Stores, parts: Vec<Stores>) {
             .with_scope(scope_in(true))])
         .await
         .unwrap();
-    // So must a unique key and a debounce key (a job's own id key goes with it).
-    let away = scope_in(false);
-    let quiet = Duration::from_secs(60);
-    for bad in [
+    // A unique key (an API Idempotency-Key, say) is kept in the group's partition, wherever
+    // it hashes: the group's jobs under one key are one job.
+    let key = scope_in(false);
+    let hour = Duration::from_secs(3600);
+    let unique = || {
         job("k")
             .with_group("tenant:7")
-            .with_unique_key(away.clone(), quiet),
-        job("k")
-            .with_group("tenant:7")
-            .with_debounce(away.clone(), quiet, quiet),
-    ] {
-        assert!(matches!(
-            store.enqueue(vec![bad]).await,
-            Err(Error::InvalidJob(_))
-        ));
-    }
-    store
-        .enqueue(vec![job("k").with_group("tenant:7").with_id(JobId::new())])
-        .await
-        .unwrap();
+            .with_unique_key(key.clone(), hour)
+    };
+    let first = store.enqueue(vec![unique()]).await.unwrap()[0];
+    let again = store.enqueue_all(vec![unique()]).await.unwrap();
+    assert_eq!(again, [Enqueued::Existing(first)]);
     // Its limits are kept in its partition alone and listed once.
     assert_eq!(
-        store.limited_groups().await.unwrap(),
+        store.limited_groups(10).await.unwrap(),
         vec![(
             "tenant:7".to_owned(),
             GroupLimits {

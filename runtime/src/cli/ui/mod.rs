@@ -351,13 +351,7 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             }
         }
         let mut limited_groups = Vec::new();
-        for (group, _) in ui
-            .store
-            .limited_groups()
-            .await?
-            .into_iter()
-            .take(GROUPS_LISTED)
-        {
+        for (group, _) in ui.store.limited_groups(GROUPS_LISTED).await?.into_iter() {
             limited_groups.push(ui.store.group(&group).await?);
         }
         let v = pages::QueuesView {

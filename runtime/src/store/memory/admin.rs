@@ -461,7 +461,7 @@ impl QueueAdmin for MemoryLeaseStore {
         Ok(())
     }
 
-    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+    async fn limited_groups(&self, max: usize) -> Result<Vec<(String, GroupLimits)>> {
         let state = lock(&self.state);
         let mut all: Vec<(String, GroupLimits)> = state
             .groups
@@ -470,6 +470,7 @@ impl QueueAdmin for MemoryLeaseStore {
             .map(|(name, g)| (name.clone(), g.limits))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.truncate(max);
         Ok(all)
     }
 }

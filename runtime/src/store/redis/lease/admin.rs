@@ -536,11 +536,17 @@ impl QueueAdmin for RedisLeaseStore {
         Ok(())
     }
 
-    async fn limited_groups(&self) -> Result<Vec<(String, GroupLimits)>> {
+    async fn limited_groups(&self, max: usize) -> Result<Vec<(String, GroupLimits)>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
         let mut conn = self.conn().await?;
         let rows: Vec<Vec<String>> = GROUPS
             .key(&self.base)
             .arg("limited")
+            // (A number Lua prints as an integer: one past 2^53 would reach ZRANGE in exponent
+            // form, which it refuses — and the read would come back empty.)
+            .arg(max.min(1 << 40))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
