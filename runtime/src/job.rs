@@ -37,6 +37,8 @@ pub(crate) fn default_max_snoozes() -> u32 {
     DEFAULT_MAX_SNOOZES
 }
 
+/// Whether a record may leave `max_snoozes` out (the Redis job record does).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn is_default_max_snoozes(n: &u32) -> bool {
     *n == DEFAULT_MAX_SNOOZES
 }
