@@ -164,9 +164,10 @@ impl LeaseState {
         ))
     }
 
-    /// The lanes a claim of `n` looks at in `queue` (of `kinds`, every kind when empty): the
-    /// n least recently served groups over those kinds, by (turn, group, kind); and how many
-    /// jobs each may offer (`room`, capped by the lane's share), the rest parked or empty.
+    /// The lanes a claim of `n` looks at in `queue` (of `kinds`, every kind when empty; none
+    /// of a kind that is `full`): the `lanes_looked_at(n)` least recently served groups over
+    /// those kinds, by (turn, group, kind); and how many jobs each may offer (`room`, capped by
+    /// the lane's share), the rest parked or empty.
     pub(super) fn plan_groups(
         &self,
         queue: &str,
