@@ -1576,3 +1576,55 @@ async fn group_counts_heal_and_group_keys_written_over_change_nothing_halfway() 
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].job.group.as_deref(), Some("h"));
 }
+
+/// Found on the re-read of issue 29: a count a script hands on to a ZRANGE reached Redis in
+/// exponent form once it was past what Lua prints as an integer (17 digits), and Redis
+/// refused it — `delayed` then read nothing (its read is guarded), `leases`, `reap`,
+/// `follow_ups` and the flow pass's reads failed, and `limited_groups` of "all" read nothing
+/// (so `migrate` carried no group limit). Every count reads like any large one.
+#[tokio::test]
+async fn counts_past_what_lua_prints_as_integers_read_like_any_other() {
+    use palisade::store::FlowStore;
+    use palisade::{GroupLimits, LeaseStore, NewJob};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let store = RedisLeaseStore::new(palisade::store::redis::pool(&server.url()).unwrap(), "big");
+    store
+        .enqueue(vec![
+            NewJob::raw("k", "null").with_delay(Duration::from_secs(60)),
+            NewJob::raw("k", "null"),
+        ])
+        .await
+        .unwrap();
+    store
+        .claim("default", "w", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let paused = GroupLimits {
+        paused: true,
+        ..GroupLimits::default()
+    };
+    store.set_group_limits("g", paused).await.unwrap();
+    for n in [1 << 40, (1 << 53) + 1, u64::MAX as usize] {
+        assert_eq!(store.delayed("default", n).await.unwrap().len(), 1, "{n}");
+        assert_eq!(store.leases(n).await.unwrap().len(), 1, "{n}");
+        assert_eq!(
+            store.limited_groups(n).await.unwrap(),
+            [("g".to_string(), paused)],
+            "{n}"
+        );
+        assert!(store.reap(n).await.unwrap().is_empty(), "{n}");
+        assert!(store
+            .follow_ups(Duration::ZERO, n)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(store.step_ends(n).await.unwrap().is_empty());
+        assert!(store.held_jobs(Duration::ZERO, n).await.unwrap().is_empty());
+        assert!(store
+            .unreleased_flows(Duration::ZERO, n)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}

@@ -34,6 +34,14 @@ macro_rules! coordinator_script {
 }
 pub(super) use coordinator_script;
 
+/// A count a script hands on to Redis as a bound (a ZRANGE's stop), at most 2^40. Lua's
+/// numbers are doubles and reach Redis printed with 17 significant digits: past about 10^17
+/// that is exponent form, which Redis refuses — so "all" asked as `usize::MAX` would read
+/// nothing, or fail the script. (The same bound as `MAX_DEAD_RETENTION`, for the same reason.)
+pub(super) fn script_count(n: usize) -> usize {
+    n.min(crate::store::MAX_DEAD_RETENTION)
+}
+
 /// A token from the epoch and counter strings of a reply; out-of-range parts are a corrupt
 /// record, never a panic.
 pub(super) fn token(epoch: &str, counter: &str) -> Result<FencingToken> {

@@ -15,7 +15,9 @@ use crate::ids::LeaseId;
 use crate::ids::{JobId, Scope};
 use crate::job::{Cancelled, DeadJob, Job, JobState, JobView, QueueCounts, RateLimit};
 use crate::store::redis::connection::{garbage, parse};
-use crate::store::redis::scripts::{coordinator_script, decode_lease_row, decode_watermark, Meta};
+use crate::store::redis::scripts::{
+    coordinator_script, decode_lease_row, decode_watermark, script_count, Meta,
+};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin};
 
 static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
@@ -212,7 +214,7 @@ impl Inspect for RedisLeaseStore {
             .key(&self.base)
             .arg("delayed")
             .arg(queue)
-            .arg(limit.min(i64::MAX as usize))
+            .arg(script_count(limit))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -258,7 +260,7 @@ impl Inspect for RedisLeaseStore {
         let mut conn = self.conn().await?;
         let rows: Vec<Vec<String>> = LEASES
             .key(&self.base)
-            .arg(limit)
+            .arg(script_count(limit))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -544,9 +546,7 @@ impl QueueAdmin for RedisLeaseStore {
         let rows: Vec<Vec<String>> = GROUPS
             .key(&self.base)
             .arg("limited")
-            // (A number Lua prints as an integer: one past 2^53 would reach ZRANGE in exponent
-            // form, which it refuses — and the read would come back empty.)
-            .arg(max.min(1 << 40))
+            .arg(script_count(max))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;

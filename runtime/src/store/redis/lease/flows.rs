@@ -17,7 +17,7 @@ use crate::flow::{
 use crate::ids::{FlowId, JobId, Scope};
 use crate::job::{NewJob, MAX_DELAY};
 use crate::store::redis::connection::{garbage, parse, round_trip};
-use crate::store::redis::scripts::{coordinator_script, Meta};
+use crate::store::redis::scripts::{coordinator_script, script_count, Meta};
 use crate::store::FlowStore;
 
 static HOLD: LazyLock<Script> = coordinator_script!("hold.lua");
@@ -319,7 +319,7 @@ impl FlowStore for RedisLeaseStore {
         let mut conn = self.conn().await?;
         let flat: Vec<String> = STEP_ENDS
             .key(&self.base)
-            .arg(max)
+            .arg(script_count(max))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -442,7 +442,7 @@ impl FlowStore for RedisLeaseStore {
         let flat: Vec<String> = HELD
             .key(&self.base)
             .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
-            .arg(max)
+            .arg(script_count(max))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -468,7 +468,7 @@ impl FlowStore for RedisLeaseStore {
         let ids: Vec<String> = UNRELEASED
             .key(&self.base)
             .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
-            .arg(max)
+            .arg(script_count(max))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;

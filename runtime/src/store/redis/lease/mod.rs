@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::connection::{garbage, parse, round_trip, Conn, Link, Target};
 use super::scripts::{
-    coordinator_script, decode_claim, decode_watermark, entry_token, token, Meta,
+    coordinator_script, decode_claim, decode_watermark, entry_token, script_count, token, Meta,
 };
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
@@ -628,7 +628,7 @@ impl LeaseStore for RedisLeaseStore {
         let flat: Vec<String> = FOLLOW_UPS
             .key(&self.base)
             .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
-            .arg(max)
+            .arg(script_count(max))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
@@ -671,7 +671,7 @@ impl LeaseStore for RedisLeaseStore {
         let mut conn = self.conn().await?;
         let flat: Vec<String> = REAP
             .key(&self.base)
-            .arg(max)
+            .arg(script_count(max))
             .arg(self.dead_retention)
             .arg(self.generation)
             .invoke_async(&mut conn)
