@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use palisade::store::{LeaseStore, Stores};
 use palisade::{Client, Flow, NewJob, Settlement};
+use palisade_benches::redis_counters;
 
 #[derive(Parser)]
 struct Args {
@@ -25,23 +26,6 @@ struct Args {
     /// Jobs per claim.
     #[arg(long, default_value_t = 50)]
     batch: usize,
-}
-
-async fn redis_cpu(url: &str) -> f64 {
-    let pool = palisade::store::redis::pool(url).unwrap();
-    let mut conn = pool.get().await.unwrap();
-    let info: String = deadpool_redis::redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_sys:")
-                .or_else(|| l.strip_prefix("used_cpu_user:"))
-        })
-        .map(|v| v.trim().parse::<f64>().unwrap_or(0.0))
-        .sum()
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -72,7 +56,7 @@ async fn main() {
             .collect();
         stores.enqueue(jobs).await.unwrap();
     }
-    let cpu = redis_cpu(&args.redis).await;
+    let cpu = redis_counters(&args.redis).await.0;
     let start = Instant::now();
     let mut done = 0;
     let mut claims = 0;
@@ -93,7 +77,7 @@ async fn main() {
         stores.settle(settlements).await.unwrap();
     }
     let took = start.elapsed();
-    let cpu = redis_cpu(&args.redis).await - cpu;
+    let cpu = redis_counters(&args.redis).await.0 - cpu;
     println!(
         "held {} (written in {:.1?}): {done} jobs in {claims} claims, {:.0} jobs/s, Redis CPU {:.1} µs per job",
         args.held,

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use palisade::store::{LeaseStore, Stores};
 use palisade::{JobId, NewJob, Settlement};
+use palisade_benches::redis_counters;
 
 #[derive(Parser)]
 struct Args {
@@ -47,31 +48,6 @@ struct Args {
     /// Fairness without groups: the same jobs, none of them grouped (the baseline).
     #[arg(long)]
     ungrouped: bool,
-}
-
-/// Redis' CPU seconds and commands so far.
-async fn redis_counters(url: &str) -> (f64, u64) {
-    let pool = palisade::store::redis::pool(url).unwrap();
-    let mut conn = pool.get().await.unwrap();
-    let info: String = deadpool_redis::redis::cmd("INFO")
-        .arg("all")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let cpu = info
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_sys:")
-                .or_else(|| l.strip_prefix("used_cpu_user:"))
-        })
-        .map(|v| v.trim().parse::<f64>().unwrap_or(0.0))
-        .sum();
-    let commands = info
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    (cpu, commands)
 }
 
 async fn enqueue(stores: &Stores, jobs: Vec<NewJob>) -> Vec<JobId> {
