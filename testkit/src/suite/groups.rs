@@ -15,6 +15,7 @@ macro_rules! group_cases {
             a_paused_group_waits_and_resumes,
             a_kind_at_its_cap_never_holds_back_another_kinds_groups,
             groups_keep_scopes_priorities_cancels_and_dead_letters,
+            bad_group_names_and_limits_are_refused_whole,
         );
     };
 }
@@ -326,4 +327,47 @@ pub async fn groups_keep_scopes_priorities_cancels_and_dead_letters(store: Store
             .await,
         Err(Error::InvalidJob(_))
     ));
+}
+
+/// A careless caller: an empty group name, one with a control character (a tab would split
+/// the keys built from it), one past the name limit, each as the one bad job of a good batch;
+/// limits for such a name, a cap of 0, a rate of 0 jobs. Each is refused whole, typed, and
+/// nothing is added or set.
+pub async fn bad_group_names_and_limits_are_refused_whole(store: Stores) {
+    let long = "g".repeat(MAX_NAME_BYTES + 1);
+    for bad in ["", "a\tb", "line\nbreak", long.as_str()] {
+        let batch = vec![grouped("fine"), grouped(bad), job("k")];
+        assert!(
+            matches!(store.enqueue(batch).await, Err(Error::InvalidJob(_))),
+            "group {bad:?}"
+        );
+        assert!(
+            store
+                .set_group_limits(bad, GroupLimits::default())
+                .await
+                .is_err(),
+            "limits for group {bad:?}"
+        );
+    }
+    assert_eq!(store.counts("default").await.unwrap().pending(), 0);
+    assert_eq!(store.group("fine").await.unwrap().ready, 0);
+    for limits in [
+        GroupLimits {
+            cap: Some(0),
+            ..GroupLimits::default()
+        },
+        GroupLimits {
+            rate: Some(RateLimit {
+                jobs: 0,
+                per: Duration::from_secs(1),
+            }),
+            ..GroupLimits::default()
+        },
+    ] {
+        assert!(matches!(
+            store.set_group_limits("fine", limits).await,
+            Err(Error::InvalidJob(_))
+        ));
+    }
+    assert!(store.limited_groups(10).await.unwrap().is_empty());
 }
