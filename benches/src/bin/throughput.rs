@@ -97,6 +97,26 @@ struct Args {
     /// Redis bytes left per job (use with a short --key-retention, e.g. 2s).
     #[arg(long)]
     measure_memory: bool,
+    /// A shell command run at each phase's start and end (before the enqueue, between it and
+    /// the run, after the run): `callgrind_control -d` dumps a redis-server run under
+    /// callgrind once per phase, so its instructions are counted per phase
+    /// (`benches/callgrind.sh`).
+    #[arg(long, value_name = "COMMAND")]
+    phase_hook: Option<String>,
+}
+
+/// Runs `--phase-hook`, if any, and waits for it.
+fn phase_hook(args: &Args) {
+    if let Some(command) = &args.phase_hook {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "--phase-hook {command:?} failed: {status:?}"
+        );
+    }
 }
 
 /// A Redis's cumulative counters, for deltas.
@@ -446,6 +466,7 @@ fn main() {
             pg_before = Some((postgres_cpu_seconds(), postgres_xid(pg).await));
         }
         let (before, _) = all_stats(&servers).await;
+        phase_hook(&args);
         let t0 = Instant::now();
         // With --rate, a job's payload is its number, so its handler finds its enqueue time.
         let job = move |i: usize| {
@@ -465,6 +486,7 @@ fn main() {
         let enqueue = t0.elapsed();
         let enqueue_trips = round_trips(&metrics, &["enqueue"]);
         let (after_enqueue, cpu_after_enqueue) = all_stats(&servers).await;
+        phase_hook(&args);
 
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
         let alarm = Alarm::start();
@@ -597,6 +619,7 @@ fn main() {
         }
         if !servers.is_empty() {
             let (after, cpu_after) = all_stats(&servers).await;
+            phase_hook(&args);
             let run_trips = round_trips(&metrics, &["claim", "settle", "settle_and_claim", "renew", "reap", "establish_epoch"]);
             let sink_trips = round_trips(&metrics, &["fenced_write"]);
             let by_op: Vec<String> = ["claim", "settle", "settle_and_claim", "renew"]
