@@ -260,6 +260,8 @@ end
 local counter = tonumber(redis.call('GET', base .. 'counter'))
 -- (Each ZADD of the leases brings SKIPLIST along: a no-op once it is there.)
 local out, taken, picked, expiries, owners, tracked = {}, {}, {}, { '+inf', SKIPLIST }, {}, {}
+-- Numbers go to Redis as decimals made once per claim (common.lua, arg_of).
+local expiry, claimed = arg_of(now + ttl), fmt(now)
 local served, touched, g_started = {}, {}, {}
 for _, c in ipairs(order) do
   if #out >= n then
@@ -301,6 +303,7 @@ for _, c in ipairs(order) do
       end
       local lease = ARGV[first_lease + #out]
       counter = counter + 1
+      local token = fmt(counter)
       local attempt = fmt(count_of(f[3]) + 1)
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
       local capped = room[kind] and kind
@@ -313,20 +316,20 @@ for _, c in ipairs(order) do
       if f[2] then
         redis.call('HSET', base .. 'head', scope, id)
         redis.call('HSET', base .. 'live', scope, lease)
-        redis.call('HSET', base .. 'last', scope, epoch .. ':' .. fmt(counter))
+        redis.call('HSET', base .. 'last', scope, epoch .. ':' .. token)
       end
-      expiries[#expiries + 1] = now + ttl
+      expiries[#expiries + 1] = expiry
       expiries[#expiries + 1] = lease
-      tracked[#tracked + 1] = counter
+      tracked[#tracked + 1] = token
       tracked[#tracked + 1] = lease
       owners[#owners + 1] = lease
       -- (A named scope and a capped kind ride along, so a settlement or reap gives them back
       -- even if the job record is written over meanwhile: common.lua, let_go.)
       local holds = (f[2] or capped or counted) and ('\t' .. (f[2] or '') .. '\t' .. (capped or '')
         .. (counted and ('\t' .. counted) or '')) or ''
-      owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. fmt(counter) .. '\t' .. fmt(now) .. '\t' .. worker
+      owners[#owners + 1] = id .. '\t' .. epoch .. '\t' .. token .. '\t' .. claimed .. '\t' .. worker
         .. holds
-      out[#out + 1] = { id, lease, epoch, fmt(counter), f[1], attempt, f[4] or '0', f[5] or '0' }
+      out[#out + 1] = { id, lease, epoch, token, f[1], attempt, f[4] or '0', f[5] or '0' }
     end
   end
 end

@@ -741,6 +741,95 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     assert!(store.leases(10).await.unwrap().is_empty());
 }
 
+/// Issue 24: the sink's collection queue stays out of the listpack encoding too (every insert
+/// into a listpack scans it), and its marker is never taken for a fence: the fences below the
+/// watermark are still collected, the late writes still refused, and the marker stays.
+#[tokio::test]
+async fn the_collection_queue_stays_a_skiplist_and_its_marker_is_never_collected() {
+    use palisade::{Admission, FencedStore, LeaseId, Rejection, Scope};
+    use palisade_testkit::suite::{fence, set, write};
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let sink = RedisFencedStore::new(pool, "cq");
+    server.cli(&["CONFIG", "SET", "zset-max-listpack-value", "64"]);
+    let lease = LeaseId::new();
+    let writes = (0..3)
+        .map(|i| {
+            write(
+                &format!("s{i}"),
+                fence(10 + i, lease),
+                "k",
+                set(&format!("d{i}"), "v"),
+            )
+        })
+        .collect();
+    for out in sink.write_batch(writes).await.unwrap() {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    let encoding = server.cli(&["OBJECT", "ENCODING", "cq:collect"]);
+    assert_eq!(encoding.as_deref(), Some("skiplist"));
+    let fences = || server.cli(&["ZLEXCOUNT", "cq:collect", "-", "(~"]);
+    assert_eq!(fences().as_deref(), Some("3"));
+
+    // Past every fence: the next call collects all three and keeps only the marker.
+    sink.observe_watermark(palisade::FencingToken::from_u64(100));
+    let late = sink
+        .write(write("s0", fence(11, lease), "k2", set("d0", "late")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, Admission::Rejected(Rejection::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert_eq!(fences().as_deref(), Some("0"));
+    assert_eq!(
+        server.cli(&["ZCARD", "cq:collect"]).as_deref(),
+        Some("1"),
+        "the marker"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            sink.highest(&Scope::new(format!("s{i}"))).await.unwrap(),
+            None
+        );
+    }
+    assert_eq!(server.cli(&["GET", "cq:d:d0"]).as_deref(), Some("v"));
+}
+
+/// A lease asked for with a TTL past what a double holds as a whole number expires where it
+/// did before claim.lua made its numbers "%d" (common.lua, arg_of): far in the future, not
+/// at a wrapped-around negative time that the reaper would take at once.
+#[tokio::test]
+async fn a_lease_of_a_huge_ttl_is_never_reaped() {
+    use palisade::{LeaseStore, NewJob};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "huge");
+    store
+        .enqueue(vec![NewJob::raw("k", "null"), NewJob::raw("k", "null")])
+        .await
+        .unwrap();
+    for ttl in [
+        Duration::from_millis(1 << 60),
+        Duration::from_millis(u64::MAX),
+    ] {
+        let claims = store.claim("default", "w", 1, ttl).await.unwrap();
+        assert_eq!(claims.len(), 1);
+    }
+    assert!(store.reap(10).await.unwrap().is_empty());
+    let leases = store.leases(10).await.unwrap();
+    assert_eq!(leases.len(), 2);
+    // (`leases` shows the u64::MAX one as expiring in 0 s: now + u64::MAX ms does not fit the
+    // u64 it is read into. It was so before; only the reaper decides, and it left it alone.)
+    assert!(
+        leases
+            .iter()
+            .any(|l| l.expires_in > Duration::from_secs(86400 * 365)),
+        "{leases:?}"
+    );
+}
+
 /// Whether `r` is the refusal of a call that found a key written over.
 fn corrupt<T>(r: &Result<T, palisade::Error>) -> bool {
     r.as_ref()
