@@ -7,31 +7,83 @@
 #   bash benches/callgrind.sh PORT JOBS [harness options…]
 #   bash benches/callgrind.sh 6391 2000            # no-op jobs
 #   bash benches/callgrind.sh 6391 2000 --sink     # one fenced write each
-# Prints "instructions per job: enqueue N, run N" and keeps the dumps in $OUT (default
-# /tmp/palisade-callgrind) for `callgrind_annotate --inclusive=yes $OUT/run`.
+#   MASTERS=3 bash benches/callgrind.sh 7200 2000 --partitions 3   # a 3-master cluster
+# Prints "instructions per job: enqueue N, run N" (summed over a cluster's masters) and keeps
+# the dumps in $OUT (default /tmp/palisade-callgrind: cg.<pid>.2 the enqueue, .3 the run) for
+# `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 port=$1 jobs=$2
 shift 2
 out=${OUT:-/tmp/palisade-callgrind}
 harness=${HARNESS:-target/release/throughput}
+masters=${MASTERS:-0}
 rm -rf "$out" && mkdir -p "$out"
-valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
-  redis-server --port "$port" --save "" --appendonly no >"$out/valgrind.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.2
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+if ((masters == 0)); then
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
+    redis-server --port "$port" --save "" --appendonly no >"$out/valgrind.log" 2>&1 &
+  pids+=($!)
+  url="redis://127.0.0.1:$port"
+  cluster=()
+else
+  # MASTERS=3: a cluster of that many masters on PORT.., no replicas, each under callgrind
+  # counting only what serves clients (readQueryFromClient: reading, running and answering
+  # commands), not the cluster bus or the timers, whose share grows with the run's length.
+  for ((i = 0; i < masters; i++)); do
+    p=$((port + i))
+    mkdir -p "$out/node-$p"
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" --toggle-collect=readQueryFromClient \
+      redis-server --port "$p" --dir "$out/node-$p" --save "" --appendonly no \
+      --cluster-enabled yes --cluster-node-timeout 60000 >"$out/valgrind-$p.log" 2>&1 &
+    pids+=($!)
+  done
+  url=$(for ((i = 0; i < masters; i++)); do printf 'redis://127.0.0.1:%d,' $((port + i)); done)
+  url=${url%,}
+  cluster=(--cluster)
+fi
+for ((i = 0; i < ${#pids[@]}; i++)); do
+  for _ in $(seq 1 300); do
+    redis-cli -p $((port + i)) ping >/dev/null 2>&1 && break
+    sleep 0.2
+  done
 done
-"$harness" --redis "redis://127.0.0.1:$port" --jobs "$jobs" \
-  --phase-hook "callgrind_control -d $server >/dev/null" "$@" >"$out/harness.txt"
-redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-wait $server || true
+if ((masters > 0)); then
+  nodes=$(for ((i = 0; i < masters; i++)); do printf '127.0.0.1:%d ' $((port + i)); done)
+  # shellcheck disable=SC2086
+  redis-cli --cluster create $nodes --cluster-yes >/dev/null
+  until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.5; done
+fi
+dump=$(printf 'callgrind_control -d %s >/dev/null && ' "${pids[@]}")
+"$harness" --redis "$url" "${cluster[@]}" --jobs "$jobs" --phase-hook "${dump% && }" "$@" >"$out/harness.txt"
+for ((i = 0; i < ${#pids[@]}; i++)); do
+  redis-cli -p $((port + i)) shutdown nosave >/dev/null 2>&1 || true
+done
+wait "${pids[@]}" || true
 trap - EXIT
-# Dumps .1 (start-up, before the enqueue), .2 (the enqueue), .3 (the run); the last is exit.
-ir() { awk '/^summary:/ { print $2 }' "$1"; }
-mv "$out"/cg.$server.2 "$out/enqueue"
-mv "$out"/cg.$server.3 "$out/run"
-awk -v e="$(ir "$out/enqueue")" -v r="$(ir "$out/run")" -v n="$jobs" \
+# Dumps .1 (start-up, before the enqueue), .2 (the enqueue), .3 (the run) of each server;
+# the last is its exit. Summed over the servers.
+# Loading the scripts (SCRIPT LOAD, once per server and process: a worker's first call of
+# each) is left out: it is paid once, not per job.
+ir() {
+  local total=0 f all load
+  for f in "$@"; do
+    all=$(awk '/^summary:/ { print $2 }' "$f")
+    load=$(callgrind_annotate --inclusive=yes --auto=no --threshold=100 "$f" 2>/dev/null \
+      | awk '/:scriptCommand / { gsub(",", "", $1); print $1; exit }')
+    total=$((total + all - ${load:-0}))
+  done
+  echo "$total"
+}
+enqueue=() run=()
+for pid in "${pids[@]}"; do
+  enqueue+=("$out/cg.$pid.2") run+=("$out/cg.$pid.3")
+done
+awk -v e="$(ir "${enqueue[@]}")" -v r="$(ir "${run[@]}")" -v n="$jobs" \
   'BEGIN { printf "instructions per job: enqueue %.0f, run %.0f\n", e / n, r / n }'
+if ((${#pids[@]} > 1)); then
+  for pid in "${pids[@]}"; do
+    printf '  server %s: run %.0f per job\n' "$pid" "$(echo "$(ir "$out/cg.$pid.3") / $jobs" | bc -l)"
+  done
+fi
 grep -E "commands per job|round trips per job:" "$out/harness.txt"

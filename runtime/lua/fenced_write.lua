@@ -47,13 +47,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local NOW, CUTOFF, RETENTION = string.format('%d', now), string.format('%d', now - retention),
   string.format('%d', retention)
 
--- A member the collection queue carries, after every real one ('~' sorts after the digits a
--- real member starts with, so no collection range reaches it). Redis keeps a sorted set of up
--- to 128 members of up to 64 bytes as a listpack, where every insert scans the whole set; the
--- queue holds the fences of the leases still current (tens to hundreds), and one member
--- longer than 64 bytes keeps it in a skiplist for good. Scripts of earlier versions read the
--- queue only below the watermark, so they never see it.
+-- A member a long collection queue carries, after every real one ('~' sorts after the digits
+-- a real member starts with, so no collection range reaches it). Redis keeps a sorted set of
+-- up to 128 members of up to 64 bytes as a listpack, where every insert scans the whole set;
+-- the queue holds the fences of the leases still current (tens to hundreds on one server),
+-- and one member longer than 64 bytes keeps it in a skiplist. A short queue (a Redis Cluster
+-- slot's, a quiet sink's) stays a listpack, ten times smaller, and a queue left with the
+-- marker alone is dropped, as an emptied one is. Scripts of earlier versions read the queue
+-- only below the watermark, so they never see it.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (fenced_write.lua)~'
+local MARK_AT = 32 -- queued fences from which a call's first queueing brings SKIPLIST along
 
 -- Exact signed 64-bit integers without 64-bit arithmetic: a value is {high, low} with
 -- value = high * 10^9 + low, both parts carrying the sign, each exact in a double.
@@ -225,13 +228,19 @@ end
 -- type — another program under our prefix — disables collection, never the writes.)
 local queue_type = redis.call('TYPE', KEYS[2]).ok
 local collecting = queue_type == 'zset' or queue_type == 'none'
-local due = {}
+local due, queued = {}, 0
 if collecting and not corrupt then
+  queued = redis.call('ZCARD', KEYS[2])
   due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
 end
 if #due > 0 then
   -- The due members are the queue's first ones in order: one range removal takes them all.
   redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
+  queued = queued - #due
+  if queued == 1 and redis.call('ZSCORE', KEYS[2], SKIPLIST) then
+    redis.call('DEL', KEYS[2])
+    queued = 0
+  end
   for _, member in ipairs(due) do
     local scope = string.match(member, '^%d+\t(.*)$')
     if scope then
@@ -252,19 +261,20 @@ local function scope_of(fence)
   return string.sub(fence, #fences + 2, -8)
 end
 
--- Remembers to look at this fence once the watermark passes its token. (The first of a call
--- brings SKIPLIST along: a no-op once it is there.)
+-- Remembers to look at this fence once the watermark passes its token. (In a long queue the
+-- call's first one brings SKIPLIST along: a no-op once it is there.)
 local skiplisted = false
 local function queue_for_collection(fence, token)
   if not collecting then
     return
   end
-  if skiplisted then
+  if skiplisted or queued < MARK_AT then
     redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence))
   else
     redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
     skiplisted = true
   end
+  queued = queued + 1
 end
 
 local function write(fence, keys, token, lease, key, encoded)

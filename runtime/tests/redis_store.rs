@@ -741,53 +741,69 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     assert!(store.leases(10).await.unwrap().is_empty());
 }
 
-/// Issue 24: the sink's collection queue stays out of the listpack encoding too (every insert
-/// into a listpack scans it), and its marker is never taken for a fence: the fences below the
-/// watermark are still collected, the late writes still refused, and the marker stays.
+/// Issue 24: a long collection queue of the sink stays out of the listpack encoding (every
+/// insert into a listpack scans it) and a short one stays in it (ten times smaller: a Redis
+/// Cluster has one per slot). The marker that keeps a long one a skiplist is never taken for
+/// a fence: the fences below the watermark are still collected, the late writes refused,
+/// and a queue left with the marker alone goes, as an emptied one does.
 #[tokio::test]
-async fn the_collection_queue_stays_a_skiplist_and_its_marker_is_never_collected() {
-    use palisade::{Admission, FencedStore, LeaseId, Rejection, Scope};
+async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected() {
+    use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
     use palisade_testkit::suite::{fence, set, write};
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let sink = RedisFencedStore::new(pool, "cq");
     server.cli(&["CONFIG", "SET", "zset-max-listpack-value", "64"]);
     let lease = LeaseId::new();
-    let writes = (0..3)
-        .map(|i| {
-            write(
-                &format!("s{i}"),
-                fence(10 + i, lease),
-                "k",
-                set(&format!("d{i}"), "v"),
-            )
-        })
-        .collect();
-    for out in sink.write_batch(writes).await.unwrap() {
+    let encoding = || {
+        server
+            .cli(&["OBJECT", "ENCODING", "cq:collect"])
+            .unwrap_or_default()
+    };
+    let fences = || server.cli(&["ZLEXCOUNT", "cq:collect", "-", "(~"]);
+    let batch = |from: u64, to: u64| -> Vec<_> {
+        (from..to)
+            .map(|i| {
+                write(
+                    &format!("s{i}"),
+                    fence(10 + i, lease),
+                    "k",
+                    set(&format!("d{i}"), "v"),
+                )
+            })
+            .collect()
+    };
+    for out in sink.write_batch(batch(0, 3)).await.unwrap() {
         assert_eq!(out.unwrap(), Admission::Applied);
     }
-    let encoding = server.cli(&["OBJECT", "ENCODING", "cq:collect"]);
-    assert_eq!(encoding.as_deref(), Some("skiplist"));
-    let fences = || server.cli(&["ZLEXCOUNT", "cq:collect", "-", "(~"]);
-    assert_eq!(fences().as_deref(), Some("3"));
+    assert_eq!(encoding(), "listpack", "a short queue");
+    for out in sink.write_batch(batch(3, 40)).await.unwrap() {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    // (Marked once the queue reaches 32, within the call.)
+    assert_eq!(encoding(), "skiplist", "a long queue");
+    assert_eq!(fences().as_deref(), Some("40"));
+    for out in sink.write_batch(batch(40, 41)).await.unwrap() {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    assert_eq!(fences().as_deref(), Some("41"));
 
-    // Past every fence: the next call collects all three and keeps only the marker.
-    sink.observe_watermark(palisade::FencingToken::from_u64(100));
-    let late = sink
-        .write(write("s0", fence(11, lease), "k2", set("d0", "late")))
-        .await
-        .unwrap();
-    assert!(
-        matches!(late, Admission::Rejected(Rejection::StaleToken { .. })),
-        "{late:?}"
-    );
-    assert_eq!(fences().as_deref(), Some("0"));
-    assert_eq!(
-        server.cli(&["ZCARD", "cq:collect"]).as_deref(),
-        Some("1"),
-        "the marker"
-    );
-    for i in 0..3 {
+    // Past every fence: the next calls collect them (18 a call of one write), and the queue
+    // goes with the last.
+    sink.observe_watermark(FencingToken::from_u64(1000));
+    for key in ["k2", "k3", "k4"] {
+        let late = sink
+            .write(write("s0", fence(11, lease), key, set("d0", "late")))
+            .await
+            .unwrap();
+        assert!(
+            matches!(late, Admission::Rejected(Rejection::StaleToken { .. })),
+            "{late:?}"
+        );
+        assert_eq!(encoding() == "skiplist", key != "k4", "after {key}");
+    }
+    assert_eq!(server.cli(&["EXISTS", "cq:collect"]).as_deref(), Some("0"));
+    for i in 0..41 {
         assert_eq!(
             sink.highest(&Scope::new(format!("s{i}"))).await.unwrap(),
             None
