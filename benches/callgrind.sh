@@ -17,12 +17,13 @@ shift 2
 out=${OUT:-/tmp/palisade-callgrind}
 harness=${HARNESS:-target/release/throughput}
 masters=${MASTERS:-0}
+read -r -a server_args <<<"${SERVER_ARGS:-}" # more redis-server options, e.g. "--zset-max-listpack-entries 16"
 rm -rf "$out" && mkdir -p "$out"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 if ((masters == 0)); then
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
-    redis-server --port "$port" --save "" --appendonly no >"$out/valgrind.log" 2>&1 &
+    redis-server --port "$port" --save "" --appendonly no "${server_args[@]}" >"$out/valgrind.log" 2>&1 &
   pids+=($!)
   url="redis://127.0.0.1:$port"
   cluster=()
@@ -35,7 +36,7 @@ else
     mkdir -p "$out/node-$p"
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" --toggle-collect=readQueryFromClient \
       redis-server --port "$p" --dir "$out/node-$p" --save "" --appendonly no \
-      --cluster-enabled yes --cluster-node-timeout 60000 >"$out/valgrind-$p.log" 2>&1 &
+      --cluster-enabled yes --cluster-node-timeout 60000 "${server_args[@]}" >"$out/valgrind-$p.log" 2>&1 &
     pids+=($!)
   done
   url=$(for ((i = 0; i < masters; i++)); do printf 'redis://127.0.0.1:%d,' $((port + i)); done)

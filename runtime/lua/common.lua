@@ -123,8 +123,10 @@ end
 -- hash table and skiplist for good (docs/performance.md). Lease ids are UUIDs, so it is never
 -- mistaken for one, and every script reads `leases` by member or by due time only, so scripts
 -- of earlier versions (a rolling deploy, a rollback) never see it either. `tokens:<epoch>`
--- does not carry it: an earlier version's watermark reads that set's lowest entry and drops
--- the set only when it is empty.
+-- does not keep it: an earlier version's watermark reads that set's lowest entry and drops
+-- the set only when it is empty. claim.lua adds it there and removes it in the same call:
+-- the set stays a skiplist (Redis 7 does not turn one back while it exists), and no script
+-- ever sees the member.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (common.lua)~'
 
 local function now_ms()

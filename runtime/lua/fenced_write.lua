@@ -5,7 +5,7 @@
 -- KEYS[1]  the sink's low watermark: a string, the largest coordinator watermark seen (20-digit
 --          zero-padded token; every lease below it is no longer current)
 -- KEYS[2]  the sink's collection queue: a zset, score 0, members "padded token TAB scope" in
---          lexicographic (= token) order, one per fence set; and SKIPLIST, after all of them
+--          lexicographic (= token) order, one per fence set
 -- KEYS[3..] two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
 --          zero-padded decimal), and the scope's idempotency zset (keys of applied writes ->
 --          apply time ms, kept across generations, bounded by retention time and count)
@@ -47,16 +47,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local NOW, CUTOFF, RETENTION = string.format('%d', now), string.format('%d', now - retention),
   string.format('%d', retention)
 
--- A member a long collection queue carries, after every real one ('~' sorts after the digits
--- a real member starts with, so no collection range reaches it). Redis keeps a sorted set of
--- up to 128 members of up to 64 bytes as a listpack, where every insert scans the whole set;
--- the queue holds the fences of the leases still current (tens to hundreds on one server),
--- and one member longer than 64 bytes keeps it in a skiplist. A short queue (a Redis Cluster
--- slot's, a quiet sink's) stays a listpack, ten times smaller, and a queue left with the
--- marker alone is dropped, as an emptied one is. Scripts of earlier versions read the queue
--- only below the watermark, so they never see it.
+-- Redis keeps a sorted set of up to 128 members of up to 64 bytes as a listpack, where every
+-- insert scans the whole set; the collection queue holds the fences of the leases still
+-- current, tens to hundreds on one server. A member longer than 64 bytes turns a set into a
+-- skiplist, and Redis 7 never turns it back while the set exists: so a call that finds the
+-- queue long adds SKIPLIST with its first fence and removes it before it returns. It is
+-- never seen outside this script, by this version or another. A short queue (a Redis
+-- Cluster slot's, a quiet sink's) stays a listpack: ten times smaller, and cheap to scan.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (fenced_write.lua)~'
-local MARK_AT = 32 -- queued fences from which a call's first queueing brings SKIPLIST along
+local MARK_AT = 32 -- queued fences from which a call makes the queue a skiplist
 
 -- Exact signed 64-bit integers without 64-bit arithmetic: a value is {high, low} with
 -- value = high * 10^9 + low, both parts carrying the sign, each exact in a double.
@@ -237,10 +236,6 @@ if #due > 0 then
   -- The due members are the queue's first ones in order: one range removal takes them all.
   redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
   queued = queued - #due
-  if queued == 1 and redis.call('ZSCORE', KEYS[2], SKIPLIST) then
-    redis.call('DEL', KEYS[2])
-    queued = 0
-  end
   for _, member in ipairs(due) do
     local scope = string.match(member, '^%d+\t(.*)$')
     if scope then
@@ -262,7 +257,7 @@ local function scope_of(fence)
 end
 
 -- Remembers to look at this fence once the watermark passes its token. (In a long queue the
--- call's first one brings SKIPLIST along: a no-op once it is there.)
+-- call's first one brings SKIPLIST along, removed at the end of the call.)
 local skiplisted = false
 local function queue_for_collection(fence, token)
   if not collecting then
@@ -388,5 +383,8 @@ local out = {}
 for i = 0, (#KEYS - 2) / 2 - 1 do
   local a = 7 + i * 4
   out[#out + 1] = write(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end
+if skiplisted then
+  redis.call('ZREM', KEYS[2], SKIPLIST)
 end
 return out

@@ -497,10 +497,7 @@ async fn a_corrupt_fence_record_fails_a_refused_write_without_a_change() {
         Some("list")
     );
     assert_eq!(
-        // (Fences only: the queue's SKIPLIST member sorts after "~".)
-        server
-            .cli(&["ZLEXCOUNT", "cf:collect", "-", "(~"])
-            .as_deref(),
+        server.cli(&["ZCARD", "cf:collect"]).as_deref(),
         Some("1"),
         "only c's"
     );

@@ -687,6 +687,9 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     let epoch = claims[0].lease.token.epoch();
     let tokens = format!("{{enc}}:tokens:{epoch}");
     assert_eq!(encoding("{enc}:leases"), "skiplist");
+    // (The token set too, without the marker: claim.lua removes it in the same call.)
+    assert_eq!(encoding(&tokens), "skiplist");
+    assert_eq!(server.cli(&["ZCARD", &tokens]).as_deref(), Some("2"));
 
     let mut listed: Vec<_> = store
         .leases(10)
@@ -741,11 +744,11 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     assert!(store.leases(10).await.unwrap().is_empty());
 }
 
-/// Issue 24: a long collection queue of the sink stays out of the listpack encoding (every
-/// insert into a listpack scans it) and a short one stays in it (ten times smaller: a Redis
-/// Cluster has one per slot). The marker that keeps a long one a skiplist is never taken for
-/// a fence: the fences below the watermark are still collected, the late writes refused,
-/// and a queue left with the marker alone goes, as an emptied one does.
+/// Issue 24: a long collection queue of the sink leaves the listpack encoding (every insert
+/// into a listpack scans it) and a short one stays in it (ten times smaller: a Redis Cluster
+/// has one per slot). The member that turns a long one into a skiplist is gone when the call
+/// returns: the queue holds fences only, they are still collected below the watermark, the
+/// late writes refused, and the queue goes with its last fence.
 #[tokio::test]
 async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected() {
     use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
@@ -783,6 +786,11 @@ async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected
     // (Marked once the queue reaches 32, within the call.)
     assert_eq!(encoding(), "skiplist", "a long queue");
     assert_eq!(fences().as_deref(), Some("40"));
+    assert_eq!(
+        server.cli(&["ZCARD", "cq:collect"]).as_deref(),
+        Some("40"),
+        "fences only"
+    );
     for out in sink.write_batch(batch(40, 41)).await.unwrap() {
         assert_eq!(out.unwrap(), Admission::Applied);
     }
