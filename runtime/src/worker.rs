@@ -5,7 +5,7 @@
 //! actor itself never awaits a handler, so claims, renewals and settlements keep flowing while
 //! jobs run. Give each worker its own `Arbiter` so several workers use several cores.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 //! with ready jobs by turn, and a group that cannot run now is parked out of every rotation
 //! until it can.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
