@@ -430,9 +430,10 @@ if #out > 0 then
   -- The live tokens of one epoch: tens of leases, which Redis would keep as a listpack that
   -- every ZADD and ZREM scans (with partitions each set holds a partition's share, so they
   -- cost 3 partitions 11 % more Redis instructions per job than 1). SKIPLIST turns it into a
-  -- skiplist, which Redis 7 keeps while the set exists; it is removed at once, so no script
-  -- of this version or an earlier one ever sees it (an earlier version's watermark would
-  -- read it, alone, as the epoch's lowest token: common.lua, untrack).
+  -- skiplist, which Redis 7 keeps as members go (a reload turns it back; the next claim
+  -- turns it again); it is removed at once, so no script of this version or an earlier one
+  -- ever sees it (an earlier version's watermark would read it, alone, as the epoch's lowest
+  -- token: common.lua, untrack).
   bulk('ZADD', base .. 'tokens:' .. epoch, tracked)
   redis.call('ZREM', base .. 'tokens:' .. epoch, SKIPLIST)
   redis.call('ZADD', base .. 'token_epochs', epoch, epoch)

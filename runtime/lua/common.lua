@@ -125,7 +125,7 @@ end
 -- of earlier versions (a rolling deploy, a rollback) never see it either. `tokens:<epoch>`
 -- does not keep it: an earlier version's watermark reads that set's lowest entry and drops
 -- the set only when it is empty. claim.lua adds it there and removes it in the same call:
--- the set stays a skiplist (Redis 7 does not turn one back while it exists), and no script
+-- the set stays a skiplist (Redis 7 does not turn one back as members go), and no script
 -- ever sees the member.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (common.lua)~'
 

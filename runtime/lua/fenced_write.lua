@@ -50,9 +50,10 @@ local NOW, CUTOFF, RETENTION = string.format('%d', now), string.format('%d', now
 -- Redis keeps a sorted set of up to 128 members of up to 64 bytes as a listpack, where every
 -- insert scans the whole set; the collection queue holds the fences of the leases still
 -- current, tens to hundreds on one server. A member longer than 64 bytes turns a set into a
--- skiplist, and Redis 7 never turns it back while the set exists: so a call that finds the
--- queue long adds SKIPLIST with its first fence and removes it before it returns. It is
--- never seen outside this script, by this version or another. A short queue (a Redis
+-- skiplist, and Redis 7 does not turn it back as members go (loading it again — a restart, a
+-- replica's full sync, a reshard — does; the next long call turns it once more): so a call
+-- that finds the queue long adds SKIPLIST with its first fence and removes it before it
+-- returns. It is never seen outside this script, by this version or another. A short queue (a Redis
 -- Cluster slot's, a quiet sink's) stays a listpack: ten times smaller, and cheap to scan.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (fenced_write.lua)~'
 local MARK_AT = 32 -- queued fences from which a call makes the queue a skiplist

@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 // The store's maps are hashed with foldhash, not std's SipHash: SipHash was 28 % of the
 // embedded coordinator's instructions per job (docs/performance.md). foldhash is seeded per
-// process, so keys a producer chooses (job ids, scope names) cannot be picked to collide.
+// process, but it does not claim to withstand a deliberate hash-flooding attack: the
+// embedded coordinator's keys (job ids, scopes, unique keys) come from the application's
+// own producers, not from strangers.
 use foldhash::{HashMap, HashSet, HashSetExt};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
