@@ -30,7 +30,7 @@ local n = #ARGV - first_lease -- (the last ARGV is the layout generation)
 if redis.call('SISMEMBER', base .. 'paused', queue) == 1 then
   return {}
 end
-local epoch = epoch_intact(base)
+local epoch, stored_counter = epoch_intact(base)
 if not epoch then
   return redis.error_reply('PALISADE_EPOCH token counters are not proven intact')
 end
@@ -138,13 +138,24 @@ end
 -- wrong one. (Each entry fetched is a Lua string to build: fetching 2n cost ~10% of a claim.)
 -- Candidates as parallel arrays, not a table each: building one per entry was a visible
 -- share of a claim.
+-- Scores only where kinds are merged: Redis writes each with printf's "%.17g", about as
+-- dear as a command per candidate (benches/callgrind.sh). One kind's entries come in order,
+-- and a candidate set aside reads its score then.
 local c_id, c_num, c_score, c_key, c_kind = {}, {}, {}, {}, {}
 for _, kind in ipairs(kinds) do
   local key = ready_key(base, queue, kind)
-  local got = redis.call('ZRANGE', key, 0, n + 15, 'WITHSCORES')
-  for i = 1, #got, 2 do
-    local at = #c_id + 1
-    c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = got[i], tonumber(got[i + 1]), got[i + 1], key, kind
+  if #kinds > 1 then
+    local got = redis.call('ZRANGE', key, 0, n + 15, 'WITHSCORES')
+    for i = 1, #got, 2 do
+      local at = #c_id + 1
+      c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = got[i], tonumber(got[i + 1]), got[i + 1], key, kind
+    end
+  else
+    local got = redis.call('ZRANGE', key, 0, n + 15)
+    for i = 1, #got do
+      local at = #c_id + 1
+      c_id[at], c_key[at], c_kind[at] = got[i], key, kind
+    end
   end
 end
 local order = {}
@@ -257,7 +268,7 @@ end
 -- candidates are claimable however many jobs of held scopes exist. The live-lease check
 -- stays as a guard for invariant 3: a job whose scope is held anyway waits aside instead of
 -- getting a second live lease.
-local counter = tonumber(redis.call('GET', base .. 'counter'))
+local counter = tonumber(stored_counter) -- (read by epoch_intact; nothing since wrote it)
 -- (Each ZADD of the leases brings SKIPLIST along: a no-op once it is there. The token set's
 -- brings it too, removed again below.)
 local out, taken, picked, expiries, owners = {}, {}, {}, { '+inf', SKIPLIST }, {}
@@ -292,6 +303,9 @@ for _, c in ipairs(order) do
     if not f[1] then
       -- a ready entry without a readable job: dropped
     elseif aside then
+      -- (Still in its ready set: the batch leaves it below. The '0' is for a score that
+      -- cannot be missing, so that nothing fails after this claim's first write.)
+      score = score or redis.call('ZSCORE', key, id) or '0'
       redis.call('ZADD', base .. 'wait:' .. scope, score, id)
       redis.call('HINCRBY', stats, 'waiting', 1)
     else

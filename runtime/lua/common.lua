@@ -541,7 +541,9 @@ end
 
 -- A job that is done (completed or dead) gives its unique key up: the key stays held until
 -- the ttl given at enqueue ends, then goes. A key some other job holds now is left alone.
-local function release_unique_key(base, id, unique, unique_until)
+-- (`now`: the caller's clock reading, if it has one: a settlement of many jobs reads TIME
+-- once, not once a job.)
+local function release_unique_key(base, id, unique, unique_until, now)
   if not unique then
     return
   end
@@ -551,8 +553,8 @@ local function release_unique_key(base, id, unique, unique_until)
     return
   end
   local until_ms = count_of(unique_until)
-  if until_ms > now_ms() then
-    redis.call('PEXPIREAT', key, until_ms)
+  if until_ms > (now or now_ms()) then
+    redis.call('PEXPIREAT', key, fmt(until_ms))
   else
     redis.call('DEL', key)
   end
@@ -870,7 +872,7 @@ end
 
 -- Whether the token counters provably survived since the epoch was established: the epoch
 -- record exists, was written by this very Redis run, and the counter is present and not
--- close to running out.
+-- close to running out. Returns the epoch and the counter (as stored), or nil.
 local function epoch_intact(base)
   local e = redis.call('HMGET', base .. 'epoch', 'epoch', 'run')
   local counter = redis.call('GET', base .. 'counter')
@@ -889,7 +891,7 @@ local function epoch_intact(base)
   if #counter > 13 or tonumber(counter) > 1099511627775 - 1000000 then
     return nil
   end
-  return e[1]
+  return e[1], counter
 end
 
 

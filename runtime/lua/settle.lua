@@ -145,7 +145,7 @@ for _, i in ipairs(current) do
         redis.call('SET', base .. 'then:' .. id, follow_ups)
         redis.call('ZADD', base .. 'thens', now, id)
       end
-      release_unique_key(base, id, f[4], f[5])
+      release_unique_key(base, id, f[4], f[5], now)
       note_step_end(base, id, f[7], 'completed', added, tonumber(arg) > 0 and reason or '')
       leave(base, id, f[2])
       finished[#finished + 1] = job

@@ -820,6 +820,59 @@ async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected
     assert_eq!(server.cli(&["GET", "cq:d:d0"]).as_deref(), Some("v"));
 }
 
+/// The claim's guard for invariant 3: a ready job whose named scope is taken (a state only
+/// another program or an older version could leave: of a scope only its head is ever
+/// ready) waits aside with the score it had, and runs after the holder. The claim reads
+/// that score only then, not for every candidate (issue 24).
+#[tokio::test]
+async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
+    use palisade::{JobId, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "aside");
+    let (ia, ib) = (JobId::new(), JobId::new());
+    let first = NewJob::raw("k", "1").with_scope("s").with_id(ia);
+    let second = NewJob::raw("k", "2").with_scope("s").with_id(ib);
+    let (a, b) = (ia.to_string(), ib.to_string());
+    store.enqueue(vec![first, second]).await.unwrap();
+    let score = server.cli(&["ZSCORE", "{aside}:wait:s", &b]).unwrap();
+    assert!(!score.is_empty(), "the second waits behind the head");
+    // Both ready, as no script of ours leaves them.
+    server.cli(&["ZREM", "{aside}:wait:s", &b]).unwrap();
+    server
+        .cli(&["ZADD", "{aside}:q:default\tk", &score, &b])
+        .unwrap();
+    let claims = store
+        .claim("default", "w", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 1, "one lease per scope");
+    assert_eq!(claims[0].job.id.to_string(), a);
+    assert_eq!(
+        server.cli(&["ZSCORE", "{aside}:wait:s", &b]).as_deref(),
+        Some(score.as_str()),
+        "aside with its score"
+    );
+    assert_eq!(
+        server
+            .cli(&["ZSCORE", "{aside}:q:default\tk", &b])
+            .as_deref(),
+        Some("")
+    );
+    let done = store
+        .settle(vec![(claims[0].lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok());
+    let next = store
+        .claim("default", "w", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.id.to_string(), b);
+}
+
 /// A lease asked for with a TTL past what a double holds as a whole number expires where it
 /// did before claim.lua made its numbers "%d" (common.lua, arg_of): far in the future, not
 /// at a wrapped-around negative time that the reaper would take at once.
