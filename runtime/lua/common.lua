@@ -548,8 +548,9 @@ local function release_unique_key(base, id, unique, unique_until, now)
     return
   end
   local key = base .. 'unique:' .. unique
-  -- TYPE first: GET would fail on a key of another type, and this runs after changes.
-  if redis.call('TYPE', key).ok ~= 'string' or redis.call('GET', key) ~= id then
+  -- pcall: GET fails on a key of another type (an error table here, never equal to the id),
+  -- and this runs after changes.
+  if redis.pcall('GET', key) ~= id then
     return
   end
   local until_ms = count_of(unique_until)

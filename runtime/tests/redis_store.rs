@@ -873,6 +873,58 @@ async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
     assert_eq!(next[0].job.id.to_string(), b);
 }
 
+/// A completion gives the job's unique key up only while that key still names the job: one
+/// that another job holds now, or that another program wrote over with another type, is
+/// left as it is, and the completion settles (one read per job, not a TYPE and a GET).
+#[tokio::test]
+async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
+    use palisade::{JobId, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "uk");
+    let ids = [JobId::new(), JobId::new(), JobId::new()];
+    let jobs = ids
+        .iter()
+        .map(|&id| NewJob::raw("k", "null").with_id(id))
+        .collect();
+    store.enqueue(jobs).await.unwrap();
+    let key = |id: JobId| format!("{{uk}}:unique:id:{id}");
+    // The first's key: another program's list. The second's: another job's now.
+    server.cli(&["DEL", &key(ids[0])]).unwrap();
+    server.cli(&["RPUSH", &key(ids[0]), "x"]).unwrap();
+    server.cli(&["SET", &key(ids[1]), "someone-else"]).unwrap();
+    let claims = store
+        .claim("default", "w", 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 3);
+    let done = store
+        .settle(
+            claims
+                .iter()
+                .map(|c| (c.lease.id, Settlement::completed()))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert!(done.iter().all(|d| d.is_ok()), "{done:?}");
+    assert_eq!(server.cli(&["TYPE", &key(ids[0])]).as_deref(), Some("list"));
+    assert_eq!(server.cli(&["PTTL", &key(ids[0])]).as_deref(), Some("-1"));
+    assert_eq!(
+        server.cli(&["GET", &key(ids[1])]).as_deref(),
+        Some("someone-else")
+    );
+    assert_eq!(server.cli(&["PTTL", &key(ids[1])]).as_deref(), Some("-1"));
+    // The third held its own: kept for its ttl, then gone.
+    let ttl: i64 = server
+        .cli(&["PTTL", &key(ids[2])])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "{ttl}");
+}
+
 /// A lease asked for with a TTL past what a double holds as a whole number expires where it
 /// did before claim.lua made its numbers "%d" (common.lua, arg_of): far in the future, not
 /// at a wrapped-around negative time that the reaper would take at once.
