@@ -226,11 +226,15 @@ end
 
 -- Bounded collection: fences whose token is below the watermark. (A queue key of the wrong
 -- type — another program under our prefix — disables collection, never the writes.)
-local queue_type = redis.call('TYPE', KEYS[2]).ok
-local collecting = queue_type == 'zset' or queue_type == 'none'
-local due, queued = {}, 0
+-- (One read tells both: ZCARD counts a sorted set, answers 0 for none, and fails — here an
+-- error table — on another type.)
+local queued = redis.pcall('ZCARD', KEYS[2])
+local collecting = type(queued) == 'number'
+if not collecting then
+  queued = 0
+end
+local due = {}
 if collecting and not corrupt then
-  queued = redis.call('ZCARD', KEYS[2])
   due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
 end
 if #due > 0 then

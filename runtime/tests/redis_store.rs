@@ -925,6 +925,43 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
     assert!(ttl > 0, "{ttl}");
 }
 
+/// A collection queue another program wrote over with another type turns collection off,
+/// never the writes: they apply and fence, and the key is left as it is.
+#[tokio::test]
+async fn a_collection_queue_of_another_type_stops_collection_not_writes() {
+    use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection};
+    use palisade_testkit::suite::{fence, set, write};
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let sink = RedisFencedStore::new(pool, "cw");
+    server.cli(&["SET", "cw:collect", "not a queue"]).unwrap();
+    let lease = LeaseId::new();
+    let out = sink
+        .write(write("s", fence(5, lease), "k", set("d", "v")))
+        .await
+        .unwrap();
+    assert_eq!(out, Admission::Applied);
+    sink.observe_watermark(FencingToken::from_u64(100));
+    let late = sink
+        .write(write("s", fence(6, lease), "k2", set("d", "late")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, Admission::Rejected(Rejection::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        server.cli(&["GET", "cw:collect"]).as_deref(),
+        Some("not a queue")
+    );
+    assert_eq!(server.cli(&["GET", "cw:d:d"]).as_deref(), Some("v"));
+    assert_eq!(
+        server.cli(&["EXISTS", "cw:{s}:fence"]).as_deref(),
+        Some("1"),
+        "not collected"
+    );
+}
+
 /// A lease asked for with a TTL past what a double holds as a whole number expires where it
 /// did before claim.lua made its numbers "%d" (common.lua, arg_of): far in the future, not
 /// at a wrapped-around negative time that the reaper would take at once.
