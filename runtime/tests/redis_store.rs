@@ -962,6 +962,48 @@ async fn a_collection_queue_of_another_type_stops_collection_not_writes() {
     );
 }
 
+/// Collection forgets a queued fence only if it is still below the watermark: a scope whose
+/// fence advanced after it was queued keeps it, so a writer between the watermark and the
+/// newer token is still refused.
+#[tokio::test]
+async fn collection_keeps_a_fence_that_advanced_past_the_watermark() {
+    use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
+    use palisade_testkit::suite::{fence, set, write};
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let sink = RedisFencedStore::new(pool, "adv");
+    let (old, new) = (LeaseId::new(), LeaseId::new());
+    for (token, lease, key) in [(10, old, "k1"), (200, new, "k2")] {
+        let out = sink
+            .write(write("s", fence(token, lease), key, set("d", key)))
+            .await
+            .unwrap();
+        assert_eq!(out, Admission::Applied);
+    }
+    // The entry queued at 10 is due; the fence it names is at 200 now.
+    sink.observe_watermark(FencingToken::from_u64(100));
+    let between = sink
+        .write(write(
+            "s",
+            fence(150, LeaseId::new()),
+            "k3",
+            set("d", "between"),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(between, Admission::Rejected(Rejection::StaleToken { ref highest, .. }) if highest.as_u64() == 200),
+        "{between:?}"
+    );
+    let kept = sink
+        .highest(&Scope::new("s"))
+        .await
+        .unwrap()
+        .map(|f| f.token.as_u64());
+    assert_eq!(kept, Some(200));
+    assert_eq!(server.cli(&["GET", "adv:d:d"]).as_deref(), Some("k2"));
+}
+
 /// A lease asked for with a TTL past what a double holds as a whole number expires where it
 /// did before claim.lua made its numbers "%d" (common.lua, arg_of): far in the future, not
 /// at a wrapped-around negative time that the reaper would take at once.
