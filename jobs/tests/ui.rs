@@ -253,13 +253,25 @@ async fn visit(c: &Client, port: u16, path: &str, name: &str) {
 
 /// Presses the button `id` and waits for the page that says what happened.
 async fn press(c: &Client, id: &str) -> String {
+    // The page before the click may show a message of its own (the previous action's):
+    // the next page's is only looked for once this one is gone.
+    let before = c.find(Locator::Css("html")).await.unwrap();
     c.find(Locator::Id(id))
         .await
         .unwrap_or_else(|e| panic!("#{id}: {e}"))
         .click()
         .await
         .unwrap();
-    // The click returns before the POST, its redirect and the new page are done.
+    // The click returns before the POST, its redirect and the new page are done. Once the
+    // browser left the old page, its element is stale and every call on it fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while before.tag_name().await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page after #{id} never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     c.wait()
         .at_most(Duration::from_secs(10))
         .for_element(Locator::Css("#msg"))
