@@ -142,19 +142,16 @@ end
 -- dear as a command per candidate (benches/callgrind.sh). One kind's entries come in order,
 -- and a candidate set aside reads its score then.
 local c_id, c_num, c_score, c_key, c_kind = {}, {}, {}, {}, {}
+local scored = #kinds > 1
 for _, kind in ipairs(kinds) do
   local key = ready_key(base, queue, kind)
-  if #kinds > 1 then
-    local got = redis.call('ZRANGE', key, 0, n + 15, 'WITHSCORES')
-    for i = 1, #got, 2 do
-      local at = #c_id + 1
-      c_id[at], c_num[at], c_score[at], c_key[at], c_kind[at] = got[i], tonumber(got[i + 1]), got[i + 1], key, kind
-    end
-  else
-    local got = redis.call('ZRANGE', key, 0, n + 15)
-    for i = 1, #got do
-      local at = #c_id + 1
-      c_id[at], c_key[at], c_kind[at] = got[i], key, kind
+  local got = scored and redis.call('ZRANGE', key, 0, n + 15, 'WITHSCORES')
+    or redis.call('ZRANGE', key, 0, n + 15)
+  for i = 1, #got, scored and 2 or 1 do
+    local at = #c_id + 1
+    c_id[at], c_key[at], c_kind[at] = got[i], key, kind
+    if scored then
+      c_num[at], c_score[at] = tonumber(got[i + 1]), got[i + 1]
     end
   end
 end
@@ -163,7 +160,7 @@ for i = 1, #c_id do
   order[i] = i
 end
 -- One kind's entries come sorted already.
-if #kinds > 1 then
+if scored then
   table.sort(order, function(a, b) return c_num[a] < c_num[b] end)
 end
 
