@@ -7,18 +7,29 @@ use std::sync::Arc;
 use palisade::{ControlStore, Inspect, QueueAdmin, RedisFencedStore, RedisLeaseStore};
 use palisade_testkit::RedisServer;
 
-/// A coordinator on a private server of its own, and the server (kept alive for the test).
-async fn lease_store() -> (palisade::Stores, RedisServer) {
+/// A coordinator under `prefix` on a private server of its own, and the server (kept alive
+/// for the test).
+fn private_coordinator(prefix: &str) -> (RedisLeaseStore, RedisServer) {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    (Arc::new(RedisLeaseStore::new(pool, "suite")).into(), server)
+    (RedisLeaseStore::new(pool, prefix), server)
 }
 
-/// A sink on a private server of its own, and the server.
-async fn fenced_store() -> (Arc<dyn palisade::FencedStore>, RedisServer) {
+/// A sink under `prefix` on a private server of its own, and the server.
+fn private_sink(prefix: &str) -> (RedisFencedStore, RedisServer) {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    (Arc::new(RedisFencedStore::new(pool, "sink")), server)
+    (RedisFencedStore::new(pool, prefix), server)
+}
+
+async fn lease_store() -> (palisade::Stores, RedisServer) {
+    let (store, server) = private_coordinator("suite");
+    (Arc::new(store).into(), server)
+}
+
+async fn fenced_store() -> (Arc<dyn palisade::FencedStore>, RedisServer) {
+    let (sink, server) = private_sink("sink");
+    (Arc::new(sink), server)
 }
 
 lease_store_suite!(lease_store());
@@ -753,9 +764,7 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
 async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected() {
     use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
     use palisade_testkit::suite::{fence, set, write};
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let sink = RedisFencedStore::new(pool, "cq");
+    let (sink, server) = private_sink("cq");
     server.cli(&["CONFIG", "SET", "zset-max-listpack-value", "64"]);
     let lease = LeaseId::new();
     let encoding = || {
@@ -828,9 +837,7 @@ async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected
 async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
     use palisade::{JobId, LeaseStore, NewJob, Settlement};
     use std::time::Duration;
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let store = RedisLeaseStore::new(pool, "aside");
+    let (store, server) = private_coordinator("aside");
     let (ia, ib) = (JobId::new(), JobId::new());
     let first = NewJob::raw("k", "1").with_scope("s").with_id(ia);
     let second = NewJob::raw("k", "2").with_scope("s").with_id(ib);
@@ -880,9 +887,7 @@ async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
 async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
     use palisade::{JobId, LeaseStore, NewJob, Settlement};
     use std::time::Duration;
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let store = RedisLeaseStore::new(pool, "uk");
+    let (store, server) = private_coordinator("uk");
     let ids = [JobId::new(), JobId::new(), JobId::new()];
     let jobs = ids
         .iter()
@@ -931,9 +936,7 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
 async fn a_collection_queue_of_another_type_stops_collection_not_writes() {
     use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection};
     use palisade_testkit::suite::{fence, set, write};
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let sink = RedisFencedStore::new(pool, "cw");
+    let (sink, server) = private_sink("cw");
     server.cli(&["SET", "cw:collect", "not a queue"]).unwrap();
     let lease = LeaseId::new();
     let out = sink
@@ -969,9 +972,7 @@ async fn a_collection_queue_of_another_type_stops_collection_not_writes() {
 async fn collection_keeps_a_fence_that_advanced_past_the_watermark() {
     use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
     use palisade_testkit::suite::{fence, set, write};
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let sink = RedisFencedStore::new(pool, "adv");
+    let (sink, server) = private_sink("adv");
     let (old, new) = (LeaseId::new(), LeaseId::new());
     for (token, lease, key) in [(10, old, "k1"), (200, new, "k2")] {
         let out = sink
@@ -1011,9 +1012,7 @@ async fn collection_keeps_a_fence_that_advanced_past_the_watermark() {
 async fn a_lease_of_a_huge_ttl_is_never_reaped() {
     use palisade::{LeaseStore, NewJob};
     use std::time::Duration;
-    let server = RedisServer::start();
-    let pool = palisade::store::redis::pool(&server.url()).unwrap();
-    let store = RedisLeaseStore::new(pool, "huge");
+    let (store, _server) = private_coordinator("huge");
     store
         .enqueue(vec![NewJob::raw("k", "null"), NewJob::raw("k", "null")])
         .await
