@@ -440,6 +440,22 @@ local function unsafe(base, want, counted, memo)
   return wrong
 end
 
+-- `unsafe` for keys that seldom exist (those of a feature a queue does not use): one EXISTS
+-- answers for them all when none does; when one does, each is checked as `unsafe` checks.
+-- (No counted hashes among them.)
+local function unsafe_if_any(base, want)
+  local keys = {}
+  for key in pairs(want) do
+    keys[#keys + 1] = key
+  end
+  for i = 1, #keys, 500 do
+    if redis.call('EXISTS', unpack(keys, i, math.min(i + 499, #keys))) > 0 then
+      return unsafe(base, want, {})
+    end
+  end
+  return nil
+end
+
 -- Grouped jobs of one queue, kind and group become ready (`entries`: score, id, ...): into
 -- the group's set; the group joins the kind's rotation one turn past the last claim (or,
 -- parked, the rotations it will come back to). (Callers check the keys: place_keys.)

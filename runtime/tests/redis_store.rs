@@ -1924,3 +1924,54 @@ async fn counts_past_what_lua_prints_as_integers_read_like_any_other() {
             .is_empty());
     }
 }
+
+/// A claim checks the keys of named scopes, of groups and of rate limits with one EXISTS
+/// while none exists, and each by its type once one does (claim.lua, `unsafe_if_any`): each
+/// written over by another program (the group rotation has its own test above) fails the
+/// claim whole, before its first write, whether or not the jobs it finds use the feature;
+/// and once the key is repaired, the same claim goes through. (Fails with the EXISTS
+/// answer ignored.)
+#[tokio::test]
+async fn a_claim_refuses_a_scope_or_limit_key_written_over_while_the_others_are_absent() {
+    use palisade::{LeaseStore, NewJob};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("ux");
+    let ttl = Duration::from_secs(30);
+    // (An empty queue's claim establishes the epoch first, so that the snapshots below
+    // compare what a refused claim would have changed.)
+    assert!(store.claim("warm", "w", 1, ttl).await.unwrap().is_empty());
+    store
+        .enqueue(vec![
+            NewJob::raw("k", "null").with_scope("acct:1"),
+            NewJob::raw("k", "null"),
+        ])
+        .await
+        .unwrap();
+    for (key, value) in [
+        ("{ux}:live", "x"),
+        ("{ux}:head", "x"),
+        ("{ux}:last", "x"),
+        ("{ux}:turn", "not a number"),
+        ("{ux}:gwake", "x"),
+        ("{ux}:q:default:rate", "x"),
+    ] {
+        server.cli(&["SET", key, value]);
+        let before = snapshot(&server);
+        let r = store.claim("default", "w", 5, ttl).await;
+        // (The rate key is read before anything is written, and the read fails on its own.)
+        let refused = if key.ends_with(":rate") {
+            r.is_err()
+        } else {
+            corrupt(&r)
+        };
+        assert!(refused, "{key}: {r:?}");
+        assert_eq!(
+            snapshot(&server),
+            before,
+            "{key}: the claim changed nothing"
+        );
+        server.cli(&["DEL", key]);
+    }
+    let got = store.claim("default", "w", 5, ttl).await.unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+}
