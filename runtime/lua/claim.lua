@@ -94,7 +94,7 @@ local want = { [base .. 'leases'] = 'zset', [base .. 'lease_job'] = 'hash',
   [base .. 'q:' .. queue .. ':kinds'] = 'set', [stats] = 'hash' }
 local scoped = { [base .. 'head'] = 'hash', [base .. 'live'] = 'hash', [base .. 'last'] = 'hash' }
 local grouped = { [rate_key] = 'hash', [base .. 'q:' .. queue .. ':groups'] = 'zset',
-  [base .. 'gwake'] = 'zset', [base .. 'glimited'] = 'zset', [base .. 'turn'] = 'string' }
+  [base .. 'gwake'] = 'zset', [base .. 'glimited'] = 'zset' }
 local counted = { [stats] = true }
 local listed = k == 0 and redis.call('SMEMBERS', base .. 'q:' .. queue .. ':kinds') or {}
 for i = 6, 5 + k do
@@ -110,6 +110,16 @@ for _, id in ipairs(due) do
 end
 local wrong = unsafe(base, want, counted) or unsafe_if_any(base, scoped)
   or unsafe_if_any(base, grouped)
+if not wrong then
+  -- The groups' turn counter is never removed (one use of groups keeps it), so it is apart
+  -- from the EXISTS: one GET, guarded, tells its type and that it counts.
+  local turn = redis.pcall('GET', base .. 'turn')
+  if type(turn) == 'table' then
+    wrong = base .. 'turn is not a string'
+  elseif not countable(turn) then
+    wrong = base .. 'turn is not an integer'
+  end
+end
 if wrong then
   return corrupt(wrong)
 end
@@ -175,7 +185,12 @@ local looked_at = n + 16 -- group.rs lanes_looked_at: room for the lanes a claim
 local rotations = 0
 for _, kind in ipairs(kinds) do
   -- (A kind at its cap offers nothing: its groups would only fill the lanes.)
-  local got = room[kind] and room[kind] <= 0 and {} or redis.call('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
+  -- (Guarded: a kind that a due job just brought had its rotation key checked by no one, and
+  -- this runs after writes. One of another type offers no lanes.)
+  local got = room[kind] and room[kind] <= 0 and {} or redis.pcall('ZRANGE', rotation_key(base, queue, kind), 0, looked_at - 1, 'WITHSCORES')
+  if got.err then
+    got = {}
+  end
   if #got > 0 then
     rotations = rotations + 1
   end
