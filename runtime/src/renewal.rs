@@ -6,8 +6,9 @@
 //! paused). The second matters: a worker that cannot *prove* it still holds a lease must act
 //! as if it does not.
 
-use std::collections::HashMap;
 use std::time::Duration;
+
+use foldhash::{HashMap, HashMapExt};
 
 use actix::prelude::*;
 use metrics::{counter, histogram};
@@ -117,29 +118,32 @@ impl Actor for Renewal {
     }
 }
 
-/// Starts renewing a lease.
+/// Starts renewing leases (a claim's batch: one message, not one a job).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct TrackLease(pub Lease);
+pub(crate) struct TrackLeases(pub Vec<Lease>);
 
-impl Handler<TrackLease> for Renewal {
+impl Handler<TrackLeases> for Renewal {
     type Result = ();
 
-    fn handle(&mut self, msg: TrackLease, _: &mut Self::Context) {
-        self.held.insert(msg.0.id, msg.0.expires_at);
+    fn handle(&mut self, msg: TrackLeases, _: &mut Self::Context) {
+        self.held
+            .extend(msg.0.into_iter().map(|lease| (lease.id, lease.expires_at)));
     }
 }
 
-/// Stops renewing a lease (its job settled).
+/// Stops renewing leases (their jobs settled: a settlement batch's).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct ForgetLease(pub LeaseId);
+pub(crate) struct ForgetLeases(pub Vec<LeaseId>);
 
-impl Handler<ForgetLease> for Renewal {
+impl Handler<ForgetLeases> for Renewal {
     type Result = ();
 
-    fn handle(&mut self, msg: ForgetLease, _: &mut Self::Context) {
-        self.held.remove(&msg.0);
+    fn handle(&mut self, msg: ForgetLeases, _: &mut Self::Context) {
+        for lease in msg.0 {
+            self.held.remove(&lease);
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use crate::metrics as m;
 use crate::policy::RetryPolicy;
 #[cfg(feature = "testing")]
 use crate::renewal::SuspendRenewals;
-use crate::renewal::{ForgetLease, LeaseLost, Renewal, TrackLease};
+use crate::renewal::{ForgetLeases, LeaseLost, Renewal, TrackLeases};
 use crate::store::ClaimRequest;
 
 /// How a worker runs.
@@ -150,6 +150,8 @@ impl Backoff {
 
 struct Running {
     job: Arc<Job>,
+    /// Its (queue, kind)'s metric handles, looked up once, at its launch.
+    metrics: Arc<KindMetrics>,
     cancel: CancellationToken,
     started: Instant,
     run: Arc<RunState>,
@@ -163,8 +165,8 @@ struct Pending {
     job: Arc<Job>,
     /// When the handler returned (or the job was released).
     finished: Instant,
-    /// Where the settle wait is recorded.
-    settle_wait: Histogram,
+    /// Where the settle wait is recorded (its `settle_wait`).
+    metrics: Arc<KindMetrics>,
 }
 
 /// Metric handles of one (queue, kind), looked up once instead of per job.
@@ -264,7 +266,7 @@ pub struct Worker {
     claim_backoff: Backoff,
     settle_backoff: Backoff,
     /// queue → kind → metric handles.
-    metrics: HashMap<String, HashMap<String, KindMetrics>>,
+    metrics: HashMap<String, HashMap<String, Arc<KindMetrics>>>,
     /// When it was made (Unix ms), for its heartbeat.
     started_ms: u64,
 }
@@ -445,6 +447,10 @@ impl Worker {
                     tracing::info!(worker = %self.config.name, failures, "claiming again");
                 }
                 if !claims.is_empty() {
+                    // Renewed until its settlement is answered, whether its handler runs or
+                    // not: one message for the batch, sent before any of them can settle.
+                    let leases = claims.iter().map(|c| c.lease.clone()).collect();
+                    self.renewal().do_send(TrackLeases(leases));
                     for claim in claims {
                         self.launch(claim, sent, ctx);
                     }
@@ -470,24 +476,31 @@ impl Worker {
         }
         tracing::info!(worker = %self.config.name, jobs = claims.len(), "draining: releasing jobs claimed as the drain began");
         self.released += claims.len();
+        // Renewed until the release is answered, like any lease this worker holds.
+        let leases = claims.iter().map(|c| c.lease.clone()).collect();
+        self.renewal().do_send(TrackLeases(leases));
         for Claim { job, lease } in claims {
-            // Renewed until the release is answered, like any lease this worker holds.
-            self.renewal().do_send(TrackLease(lease.clone()));
-            self.queue_settlement(lease.id, Settlement::Release, Arc::new(job));
+            let metrics = self.metrics(&job);
+            self.queue_settlement(lease.id, Settlement::Release, Arc::new(job), metrics);
         }
         self.flush(ctx);
     }
 
     /// Adds a settlement to the next batch (the first one starts its linger).
-    fn queue_settlement(&mut self, lease: LeaseId, settlement: Settlement, job: Arc<Job>) {
-        let settle_wait = self.metrics(&job).settle_wait.clone();
+    fn queue_settlement(
+        &mut self,
+        lease: LeaseId,
+        settlement: Settlement,
+        job: Arc<Job>,
+        metrics: Arc<KindMetrics>,
+    ) {
         self.settle_linger.joined();
         self.pending.push(Pending {
             lease,
             settlement,
             job,
             finished: Instant::now(),
-            settle_wait,
+            metrics,
         });
     }
 
@@ -495,10 +508,9 @@ impl Worker {
     fn launch(&mut self, claim: Claim, sent: Instant, ctx: &mut Context<Self>) {
         let Claim { job, lease } = claim;
         let job = Arc::new(job);
-        let claim_to_start = self.metrics(&job).claim_to_start.clone();
+        let metrics = self.metrics(&job);
+        let claim_to_start = metrics.claim_to_start.clone();
         let cancel = CancellationToken::new();
-        // Renewed until its settlement is answered, whether its handler runs or not.
-        self.renewal().do_send(TrackLease(lease.clone()));
         let lease_id = lease.id;
         // The attempt's span continues the job's trace; its follow-up jobs and rejection
         // notes carry the attempt's own context (its trace id, for the operator).
@@ -508,10 +520,10 @@ impl Worker {
             if let Settlement::Dead { reason } = &expired {
                 tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job expired before it started: dead-lettered, not run");
             }
-            self.metrics(&job).finished[Outcome::Expired as usize].increment(1);
+            metrics.finished[Outcome::Expired as usize].increment(1);
             // (Sent by `claimed` once the whole batch is launched: a flush from here would
             // claim for slots the batch's later jobs are about to take.)
-            self.queue_settlement(lease_id, expired, job);
+            self.queue_settlement(lease_id, expired, job, metrics);
             return;
         }
         let timeout = self.registry.timeout_of(&job);
@@ -538,6 +550,7 @@ impl Worker {
             lease_id,
             Running {
                 job,
+                metrics,
                 cancel: cancel.clone(),
                 started: Instant::now(),
                 run: state,
@@ -615,9 +628,10 @@ impl Worker {
                 if let Some(w) = watermark {
                     self.sinks.observe_watermark(w);
                 }
+                let settled = batch.iter().map(|p| p.lease).collect();
+                self.renewal().do_send(ForgetLeases(settled));
                 for (p, result) in batch.iter().zip(results) {
-                    p.settle_wait.record(p.finished.elapsed());
-                    self.renewal().do_send(ForgetLease(p.lease));
+                    p.metrics.settle_wait.record(p.finished.elapsed());
                     match result {
                         Ok(()) => {
                             if p.job.flow.is_some()
@@ -663,9 +677,8 @@ impl Worker {
                 // stalls), so nothing is lost.
                 tracing::error!(error = %e, jobs = batch.len(), "settlement failed permanently; leaving the jobs to the reaper");
                 counter!(m::BACKEND_ERRORS, "op" => "settle").increment(1);
-                for p in &batch {
-                    self.renewal().do_send(ForgetLease(p.lease));
-                }
+                let settled = batch.iter().map(|p| p.lease).collect();
+                self.renewal().do_send(ForgetLeases(settled));
             }
             Err(e) => {
                 // Keep renewing and try again; if the leases expire first, the reaper
@@ -816,7 +829,7 @@ impl Handler<JobFinished> for Worker {
             }
             return;
         };
-        let (job, span) = (running.job, running.span);
+        let (job, span, metrics) = (running.job, running.span, running.metrics);
         self.journal(&running.run);
         running.run.flush_progress();
         let mut settlement = self
@@ -858,12 +871,11 @@ impl Handler<JobFinished> for Worker {
                 tracing::debug!(parent: &span, job = %job.id, kind = %job.kind, snoozes = job.snoozes + 1, ?delay, "job snoozed")
             }
         }
-        let metrics = self.metrics(&job);
         metrics
             .duration
             .record(running.started.elapsed().as_secs_f64());
         metrics.finished[outcome as usize].increment(1);
-        self.queue_settlement(msg.lease, settlement, job);
+        self.queue_settlement(msg.lease, settlement, job, metrics);
         self.flush(ctx);
         self.fill(ctx);
     }
@@ -878,17 +890,16 @@ impl Worker {
         }
     }
 
-    fn metrics(&mut self, job: &Job) -> &KindMetrics {
-        let known = self
-            .metrics
-            .get(&job.queue)
-            .is_some_and(|k| k.contains_key(&job.kind));
-        if !known {
-            let handles = KindMetrics::new(&job.queue, &job.kind);
-            let by_kind = self.metrics.entry(job.queue.clone()).or_default();
-            by_kind.insert(job.kind.clone(), handles);
+    /// The metric handles of `job`'s (queue, kind): two lookups once known (a job takes them
+    /// at its launch and keeps them to its settlement).
+    fn metrics(&mut self, job: &Job) -> Arc<KindMetrics> {
+        if let Some(known) = self.metrics.get(&job.queue).and_then(|k| k.get(&job.kind)) {
+            return known.clone();
         }
-        &self.metrics[&job.queue][&job.kind]
+        let handles = Arc::new(KindMetrics::new(&job.queue, &job.kind));
+        let by_kind = self.metrics.entry(job.queue.clone()).or_default();
+        by_kind.insert(job.kind.clone(), handles.clone());
+        handles
     }
 
     /// The drain deadline passed: every unfinished job is given back to the coordinator
@@ -909,8 +920,8 @@ impl Worker {
             running.cancel.cancel();
             self.journal(&running.run);
             self.released_runs.insert(lease, running.run.clone());
-            self.metrics(&running.job).finished[Outcome::Released as usize].increment(1);
-            self.queue_settlement(lease, Settlement::Release, running.job);
+            running.metrics.finished[Outcome::Released as usize].increment(1);
+            self.queue_settlement(lease, Settlement::Release, running.job, running.metrics);
         }
         self.flush(ctx);
         self.check_drained(ctx);

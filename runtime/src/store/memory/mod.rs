@@ -104,13 +104,17 @@ struct LeaseState {
     unique: HashMap<String, (JobId, Option<Instant>)>,
     /// The unique key of each job that holds one, and when its ttl ends.
     job_unique: HashMap<JobId, (String, Instant)>,
-    /// Keys of done jobs by the end of their ttl, to forget them then.
-    unique_expiries: BTreeSet<(Instant, String)>,
+    /// Keys of done jobs by the end of their ttl, to forget them then. (Ordered by an
+    /// `expiry_seq` after the time, not by the key: a batch's keys share their time, and a
+    /// settlement of every job put one in, each insert comparing keys byte by byte.)
+    unique_expiries: BTreeMap<(Instant, u64), String>,
     /// Debounce keys: the job last enqueued under each, its latest start (its first
     /// enqueue's maximum wait), and when the key is forgotten ([`DEBOUNCE_KEPT`] past its due
     /// time, as on Redis).
     debounce: HashMap<String, (JobId, Instant, Instant)>,
-    debounce_expiries: BTreeSet<(Instant, String)>,
+    debounce_expiries: BTreeMap<(Instant, u64), String>,
+    /// Tells apart the entries of `unique_expiries` and `debounce_expiries` of one time.
+    expiry_seq: u64,
     /// Paused queues: claims from them hand out nothing.
     paused: BTreeSet<String>,
     /// Groups with limits, leases or parked rotations (`groups.rs`).
@@ -650,7 +654,8 @@ impl LeaseState {
         match self.unique.get_mut(&key) {
             Some(held) if held.0 == id && until > now => {
                 held.1 = Some(until);
-                self.unique_expiries.insert((until, key));
+                self.expiry_seq += 1;
+                self.unique_expiries.insert((until, self.expiry_seq), key);
             }
             Some(held) if held.0 == id => {
                 self.unique.remove(&key);
@@ -726,7 +731,9 @@ impl LeaseState {
     /// Keeps debounce key `key` for job `id`, due at `due`, starting no later than `latest`.
     fn hold_debounce(&mut self, key: String, id: JobId, latest: Instant, due: Instant) {
         let until = due + DEBOUNCE_KEPT;
-        self.debounce_expiries.insert((until, key.clone()));
+        self.expiry_seq += 1;
+        self.debounce_expiries
+            .insert((until, self.expiry_seq), key.clone());
         self.debounce.insert(key, (id, latest, until));
     }
 
@@ -830,16 +837,16 @@ impl LeaseState {
 /// only if it still lapses then (`until` of its entry): a key taken again since keeps its
 /// newer entry, and its stale expiry is dropped.
 fn forget_lapsed<V>(
-    expiries: &mut BTreeSet<(Instant, String)>,
+    expiries: &mut BTreeMap<(Instant, u64), String>,
     held: &mut HashMap<String, V>,
     now: Instant,
     until: impl Fn(&V) -> Option<Instant>,
 ) {
-    while let Some((at, key)) = expiries.first().cloned() {
-        if at > now {
+    while let Some(entry) = expiries.first_entry() {
+        if entry.key().0 > now {
             break;
         }
-        expiries.pop_first();
+        let ((at, _), key) = entry.remove_entry();
         if held.get(&key).is_some_and(|v| until(v) == Some(at)) {
             held.remove(&key);
         }
@@ -918,7 +925,9 @@ impl LeaseStore for MemoryLeaseStore {
                     let ttl = |u: &crate::job::UniqueKey| crate::job::whole_ms(u.ttl);
                     if let Some(u) = new.unique.take().filter(|u| !ttl(u).is_zero()) {
                         let until = now + ttl(&u);
-                        state.unique_expiries.insert((until, u.key.clone()));
+                        state.expiry_seq += 1;
+                        let seq = state.expiry_seq;
+                        state.unique_expiries.insert((until, seq), u.key.clone());
                         state.unique.insert(u.key, (holder, Some(until)));
                     }
                     state.fold(holder, new, place, start);
