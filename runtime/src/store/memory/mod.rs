@@ -730,9 +730,13 @@ impl LeaseState {
     /// Keeps debounce key `key` for job `id`, due at `due`, starting no later than `latest`.
     fn hold_debounce(&mut self, key: String, id: JobId, latest: Instant, due: Instant) {
         let until = due + DEBOUNCE_KEPT;
-        self.expiry_seq += 1;
-        self.debounce_expiries
-            .push(Reverse((until, self.expiry_seq, key.clone())));
+        // (A key held again until the same time — enqueues capped by their maximum wait —
+        // has its entry in already: the heap keeps every push, where a set kept one.)
+        if self.debounce.get(&key).map(|held| held.2) != Some(until) {
+            self.expiry_seq += 1;
+            self.debounce_expiries
+                .push(Reverse((until, self.expiry_seq, key.clone())));
+        }
         self.debounce.insert(key, (id, latest, until));
     }
 
@@ -1204,6 +1208,24 @@ impl LeaseStore for MemoryLeaseStore {
 mod tests {
     use super::*;
     use crate::store::{FencedStore, FencedWrite, Inspect};
+
+    /// Enqueues held by their maximum wait keep their debounce key until one time: its
+    /// expiry is in once, not once an enqueue (fails with the check in `hold_debounce` out).
+    #[test]
+    fn a_debounce_key_held_again_until_the_same_time_has_one_expiry() {
+        let mut state = LeaseState::default();
+        let (id, now) = (JobId::new(), Instant::now());
+        for _ in 0..100 {
+            state.hold_debounce("k".into(), id, now, now);
+        }
+        assert_eq!(state.debounce_expiries.len(), 1);
+        state.hold_debounce("k".into(), id, now, now + Duration::from_secs(1));
+        assert_eq!(
+            state.debounce_expiries.len(),
+            2,
+            "a later time is a new expiry"
+        );
+    }
 
     #[tokio::test]
     async fn completed_self_scoped_jobs_leave_no_scope_state_behind() {
