@@ -655,6 +655,12 @@ impl LeaseState {
                 self.expiry_seq += 1;
                 self.unique_expiries
                     .push(Reverse((until, self.expiry_seq, key)));
+                compact(
+                    &mut self.unique_expiries,
+                    &self.unique,
+                    |held| held.1,
+                    &mut self.expiry_seq,
+                );
             }
             Some(held) if held.0 == id => {
                 self.unique.remove(&key);
@@ -738,6 +744,12 @@ impl LeaseState {
                 .push(Reverse((until, self.expiry_seq, key.clone())));
         }
         self.debounce.insert(key, (id, latest, until));
+        compact(
+            &mut self.debounce_expiries,
+            &self.debounce,
+            |held| Some(held.2),
+            &mut self.expiry_seq,
+        );
     }
 
     /// Keeps `new` as job `id` (its first attempt not made yet), nowhere a claim looks yet:
@@ -843,6 +855,29 @@ impl LeaseState {
 /// 850 instructions a completion.
 type Expiries = BinaryHeap<Reverse<(Instant, u64, String)>>;
 
+/// Rebuilds `expiries` from the keys `held` still keeps (each until `until` of its entry)
+/// once they are outnumbered by stale entries — a key held again until another time leaves
+/// its old entry in the heap, which cannot remove it — so the heap stays in step with the
+/// keys held, not with how often they were held again (a hot debounce key: one entry an
+/// enqueue, kept for a day). Amortised: a rebuild is linear and at least doubles the room.
+fn compact<V>(
+    expiries: &mut Expiries,
+    held: &HashMap<String, V>,
+    until: impl Fn(&V) -> Option<Instant>,
+    seq: &mut u64,
+) {
+    if expiries.len() <= 2 * held.len() + 1024 {
+        return;
+    }
+    *expiries = held
+        .iter()
+        .filter_map(|(key, v)| {
+            *seq += 1;
+            Some(Reverse((until(v)?, *seq, key.clone())))
+        })
+        .collect();
+}
+
 /// Forgets the keys of `held` whose time in `expiries` (key by when it lapses) has come, each
 /// only if it still lapses then (`until` of its entry): a key taken again since keeps its
 /// newer entry, and its stale expiry is dropped.
@@ -934,12 +969,17 @@ impl LeaseStore for MemoryLeaseStore {
                     let ttl = |u: &crate::job::UniqueKey| crate::job::whole_ms(u.ttl);
                     if let Some(u) = new.unique.take().filter(|u| !ttl(u).is_zero()) {
                         let until = now + ttl(&u);
-                        state.expiry_seq += 1;
-                        let seq = state.expiry_seq;
-                        state
-                            .unique_expiries
-                            .push(Reverse((until, seq, u.key.clone())));
-                        state.unique.insert(u.key, (holder, Some(until)));
+                        let st = &mut *state;
+                        st.expiry_seq += 1;
+                        st.unique_expiries
+                            .push(Reverse((until, st.expiry_seq, u.key.clone())));
+                        st.unique.insert(u.key, (holder, Some(until)));
+                        compact(
+                            &mut st.unique_expiries,
+                            &st.unique,
+                            |held| held.1,
+                            &mut st.expiry_seq,
+                        );
                     }
                     state.fold(holder, new, place, start);
                     state.hold_debounce(d.key.clone(), holder, latest, start.max(now));
@@ -1225,6 +1265,29 @@ mod tests {
             2,
             "a later time is a new expiry"
         );
+    }
+
+    /// A key held again and again until ever later times (a hot debounce key) does not grow
+    /// the expiries without bound: stale entries are dropped once they outnumber the live
+    /// ones, and each key still lapses at its newest time (fails with `compact` out).
+    #[test]
+    fn expiries_stay_in_step_with_the_keys_held() {
+        let mut state = LeaseState::default();
+        let (id, now) = (JobId::new(), Instant::now());
+        for i in 0..10_000 {
+            state.hold_debounce("hot".into(), id, now, now + Duration::from_millis(i));
+        }
+        state.hold_debounce("cold".into(), id, now, now);
+        assert!(state.debounce_expiries.len() <= 2 * 2 + 1024 + 1);
+        let newest = now + Duration::from_millis(9_999) + DEBOUNCE_KEPT;
+        state.forget_debounce_keys(newest - Duration::from_millis(1));
+        assert!(
+            state.debounce.contains_key("hot"),
+            "kept until its newest time"
+        );
+        assert!(!state.debounce.contains_key("cold"));
+        state.forget_debounce_keys(newest);
+        assert!(state.debounce.is_empty());
     }
 
     #[tokio::test]
