@@ -111,8 +111,6 @@ struct LeaseState {
     /// time, as on Redis).
     debounce: HashMap<String, (JobId, Instant, Instant)>,
     debounce_expiries: Expiries,
-    /// Tells apart the entries of `unique_expiries` and `debounce_expiries` of one time.
-    expiry_seq: u64,
     /// Paused queues: claims from them hand out nothing.
     paused: BTreeSet<String>,
     /// Groups with limits, leases or parked rotations (`groups.rs`).
@@ -652,15 +650,8 @@ impl LeaseState {
         match self.unique.get_mut(&key) {
             Some(held) if held.0 == id && until > now => {
                 held.1 = Some(until);
-                self.expiry_seq += 1;
                 self.unique_expiries
-                    .push(Reverse((until, self.expiry_seq, key)));
-                compact(
-                    &mut self.unique_expiries,
-                    &self.unique,
-                    |held| held.1,
-                    &mut self.expiry_seq,
-                );
+                    .push(until, key, &self.unique, |held| held.1);
             }
             Some(held) if held.0 == id => {
                 self.unique.remove(&key);
@@ -697,19 +688,14 @@ impl LeaseState {
 
     /// Forgets the unique keys whose ttl ended.
     fn forget_unique_keys(&mut self, now: Instant) {
-        forget_lapsed(&mut self.unique_expiries, &mut self.unique, now, |held| {
-            held.1
-        });
+        self.unique_expiries
+            .forget_lapsed(&mut self.unique, now, |held| held.1);
     }
 
     /// Forgets the debounce keys whose time is up.
     fn forget_debounce_keys(&mut self, now: Instant) {
-        forget_lapsed(
-            &mut self.debounce_expiries,
-            &mut self.debounce,
-            now,
-            |held| Some(held.2),
-        );
+        self.debounce_expiries
+            .forget_lapsed(&mut self.debounce, now, |held| Some(held.2));
     }
 
     /// The job holding debounce key `key` while it is pending — it waits out its quiet period
@@ -738,18 +724,12 @@ impl LeaseState {
         let until = due + DEBOUNCE_KEPT;
         // (A key held again until the same time — enqueues capped by their maximum wait —
         // has its entry in already: the heap keeps every push, where a set kept one.)
-        if self.debounce.get(&key).map(|held| held.2) != Some(until) {
-            self.expiry_seq += 1;
+        let again = self.debounce.get(&key).map(|held| held.2) == Some(until);
+        self.debounce.insert(key.clone(), (id, latest, until));
+        if !again {
             self.debounce_expiries
-                .push(Reverse((until, self.expiry_seq, key.clone())));
+                .push(until, key, &self.debounce, |held| Some(held.2));
         }
-        self.debounce.insert(key, (id, latest, until));
-        compact(
-            &mut self.debounce_expiries,
-            &self.debounce,
-            |held| Some(held.2),
-            &mut self.expiry_seq,
-        );
     }
 
     /// Keeps `new` as job `id` (its first attempt not made yet), nowhere a claim looks yet:
@@ -848,52 +828,67 @@ impl LeaseState {
     }
 }
 
-/// Keys by when they lapse, the earliest first; the sequence number (`expiry_seq`) orders
-/// keys of one time, so keys are never compared. A heap, not a B-tree: nearly every key lapses
-/// after every key already in (a batch's keys share their time, and each completion puts one
-/// in), and a heap takes that in one comparison where a B-tree searched from its root, about
-/// 850 instructions a completion.
-type Expiries = BinaryHeap<Reverse<(Instant, u64, String)>>;
-
-/// Rebuilds `expiries` from the keys `held` still keeps (each until `until` of its entry)
-/// once they are outnumbered by stale entries — a key held again until another time leaves
-/// its old entry in the heap, which cannot remove it — so the heap stays in step with the
-/// keys held, not with how often they were held again (a hot debounce key: one entry an
-/// enqueue, kept for a day). Amortised: a rebuild is linear and at least doubles the room.
-fn compact<V>(
-    expiries: &mut Expiries,
-    held: &HashMap<String, V>,
-    until: impl Fn(&V) -> Option<Instant>,
-    seq: &mut u64,
-) {
-    if expiries.len() <= 2 * held.len() + 1024 {
-        return;
-    }
-    *expiries = held
-        .iter()
-        .filter_map(|(key, v)| {
-            *seq += 1;
-            Some(Reverse((until(v)?, *seq, key.clone())))
-        })
-        .collect();
+/// The keys of a map (`held`) by when they lapse, the earliest first; each one's time is
+/// `until` of its entry in the map. A sequence number orders keys of one time, so keys are
+/// never compared. A heap, not a B-tree: nearly every key lapses after every key already in
+/// (a batch's keys share their time, and each completion puts one in), and a heap takes that
+/// in one comparison where a B-tree searched from its root, about 850 instructions a
+/// completion.
+#[derive(Debug, Default)]
+struct Expiries {
+    heap: BinaryHeap<Reverse<(Instant, u64, String)>>,
+    seq: u64,
 }
 
-/// Forgets the keys of `held` whose time in `expiries` (key by when it lapses) has come, each
-/// only if it still lapses then (`until` of its entry): a key taken again since keeps its
-/// newer entry, and its stale expiry is dropped.
-fn forget_lapsed<V>(
-    expiries: &mut Expiries,
-    held: &mut HashMap<String, V>,
-    now: Instant,
-    until: impl Fn(&V) -> Option<Instant>,
-) {
-    while expiries.peek().is_some_and(|Reverse((at, ..))| *at <= now) {
-        let Some(Reverse((at, _, key))) = expiries.pop() else {
-            break;
-        };
-        if held.get(&key).is_some_and(|v| until(v) == Some(at)) {
-            held.remove(&key);
+impl Expiries {
+    /// `key` lapses `at`, as its entry in `held` now says. A key held again until another
+    /// time leaves its old entry behind (a heap cannot remove it), so the heap is rebuilt from
+    /// the keys still held once stale entries outnumber them: it stays in step with the keys
+    /// held, not with how often they were held again (a hot debounce key: one an enqueue, kept
+    /// for a day). Amortised: a rebuild is linear and at least doubles the room.
+    fn push<V>(
+        &mut self,
+        at: Instant,
+        key: String,
+        held: &HashMap<String, V>,
+        until: impl Fn(&V) -> Option<Instant>,
+    ) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, key)));
+        if self.heap.len() <= 2 * held.len() + 1024 {
+            return;
         }
+        let seq = &mut self.seq;
+        self.heap = held
+            .iter()
+            .filter_map(|(key, v)| {
+                *seq += 1;
+                Some(Reverse((until(v)?, *seq, key.clone())))
+            })
+            .collect();
+    }
+
+    /// Forgets the keys of `held` whose time has come, each only if it still lapses then:
+    /// a key taken again since keeps its newer entry, and its stale expiry is dropped.
+    fn forget_lapsed<V>(
+        &mut self,
+        held: &mut HashMap<String, V>,
+        now: Instant,
+        until: impl Fn(&V) -> Option<Instant>,
+    ) {
+        while self.heap.peek().is_some_and(|Reverse((at, ..))| *at <= now) {
+            let Some(Reverse((at, _, key))) = self.heap.pop() else {
+                break;
+            };
+            if held.get(&key).is_some_and(|v| until(v) == Some(at)) {
+                held.remove(&key);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -970,16 +965,9 @@ impl LeaseStore for MemoryLeaseStore {
                     if let Some(u) = new.unique.take().filter(|u| !ttl(u).is_zero()) {
                         let until = now + ttl(&u);
                         let st = &mut *state;
-                        st.expiry_seq += 1;
+                        st.unique.insert(u.key.clone(), (holder, Some(until)));
                         st.unique_expiries
-                            .push(Reverse((until, st.expiry_seq, u.key.clone())));
-                        st.unique.insert(u.key, (holder, Some(until)));
-                        compact(
-                            &mut st.unique_expiries,
-                            &st.unique,
-                            |held| held.1,
-                            &mut st.expiry_seq,
-                        );
+                            .push(until, u.key, &st.unique, |held| held.1);
                     }
                     state.fold(holder, new, place, start);
                     state.hold_debounce(d.key.clone(), holder, latest, start.max(now));
