@@ -334,7 +334,8 @@ for _, c in ipairs(order) do
       local lease = ARGV[first_lease + #out]
       counter = counter + 1
       local token = fmt(counter)
-      local attempt = fmt(count_of(f[3]) + 1)
+      -- (A first attempt, the common claim, needs no number made.)
+      local attempt = f[3] and fmt(count_of(f[3]) + 1) or '1'
       redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
       local capped = room[kind] and kind
       if room[kind] then

@@ -176,6 +176,8 @@ local function corrupt(what)
   return redis.error_reply('PALISADE_CORRUPT ' .. what .. ': nothing was changed')
 end
 
+local COUNTS = {} -- memo's table of `unsafe`'s verdicts on counts (a key no string equals)
+
 -- `want`: key -> the type the script needs. The complaint about the first key of another
 -- type, or nil. `memo` (optional) keeps the types already asked for, so a batch that checks
 -- each of its entries on its own asks Redis once per key.
@@ -258,33 +260,61 @@ local function bytes_before(a, b)
   return #a < #b
 end
 
--- The job id of a lease_job entry (the part before the first tab).
-local function job_of(entry)
-  return entry and string.match(entry, '^[^\t]+')
+-- Field `n` (1-based) of a lease_job entry ("job id TAB epoch TAB counter TAB claimed TAB
+-- worker [TAB scope TAB capped kind [TAB group]]"): the text between its tabs, maybe empty;
+-- nil for an entry with fewer fields (or none). Plain finds, not patterns: a settlement reads
+-- the job id, the epoch (twice) and the group of every lease it ends, and Lua's matcher walks
+-- an entry character by character (a pattern for a field an entry lacks, as the group mostly
+-- is, backtracks through every one before it): docs/performance.md has what they cost.
+local function field_of(entry, n)
+  if not entry then
+    return nil
+  end
+  local at = 1
+  for _ = 2, n do
+    local tab = string.find(entry, '\t', at, true)
+    if not tab then
+      return nil
+    end
+    at = tab + 1
+  end
+  local tab = string.find(entry, '\t', at, true)
+  return string.sub(entry, at, tab and tab - 1 or -1)
 end
 
--- The epoch of a lease_job entry ("job id TAB epoch TAB counter ...").
+-- Field `n` of a lease_job entry when it holds something, else nil.
+local function filled(entry, n)
+  local field = field_of(entry, n)
+  if field == '' then
+    return nil
+  end
+  return field
+end
+
+-- The job id of a lease_job entry (the part before the first tab).
+local function job_of(entry)
+  return filled(entry, 1)
+end
+
+-- The epoch of a lease_job entry (its second field, maybe empty).
 local function epoch_of(entry)
-  return entry and string.match(entry, '^[^\t]*\t([^\t]*)')
+  return field_of(entry, 2)
 end
 
 -- The named scope of a lease_job entry (its sixth field), or nil (a default scope, or an entry
 -- of an earlier version).
 local function scope_of(entry)
-  local scope = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
-  return scope
+  return filled(entry, 6)
 end
 
 -- The capped kind of a lease_job entry (its seventh field), or nil.
 local function capped_of(entry)
-  local kind = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
-  return kind
+  return filled(entry, 7)
 end
 
 -- The group of a lease_job entry (its eighth field), or nil.
 local function group_of(entry)
-  local group = entry and string.match(entry, '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\t([^\t]+)')
-  return group
+  return filled(entry, 8)
 end
 
 -- A group's ready set of one kind, and its kind's rotation.
@@ -341,6 +371,38 @@ local function group_room(g, share, now)
   return take, nil
 end
 
+-- `a .. b` (or `a .. b .. c`), each made once per call: a settlement names the same few keys
+-- for every job of its batch, and a concatenation makes and hashes a new string each time
+-- where two table reads find the one made before (docs/performance.md).
+local pairs_made, triples_made = {}, {}
+local function joined(a, b, c)
+  local made = c == nil and pairs_made or triples_made
+  local by_a = made[a]
+  if not by_a then
+    by_a = {}
+    made[a] = by_a
+  end
+  if c == nil then
+    local key = by_a[b]
+    if not key then
+      key = a .. b
+      by_a[b] = key
+    end
+    return key
+  end
+  local by_b = by_a[b]
+  if not by_b then
+    by_b = {}
+    by_a[b] = by_b
+  end
+  local key = by_b[c]
+  if not key then
+    key = a .. b .. c
+    by_b[c] = key
+  end
+  return key
+end
+
 -- The keys that making a job of `queue` and `kind` (and `group`) ready writes (its kind
 -- listed, its ready set, its queue's counts; a group's set, rotation and records), added to
 -- `want` and `counted` (see `settle_keys`).
@@ -368,8 +430,8 @@ end
 local function settle_keys(base, want, counted, id, f, parks, delayed, buries, entry)
   local epoch = epoch_of(entry)
   if epoch then
-    want[base .. 'token_epochs'] = 'zset'
-    want[base .. 'tokens:' .. epoch] = 'zset'
+    want[joined(base, 'token_epochs')] = 'zset'
+    want[joined(base, 'tokens:', epoch)] = 'zset'
   end
   local queue, scope, kind = f[1], f[2], f[3]
   if not queue then
@@ -377,10 +439,11 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     -- hands the scope's turn on (the scope comes from the lease entry), or it would wedge.
     scope, parks, delayed, buries = scope_of(entry), false, false, false
   end
-  local q = queue and (base .. 'q:' .. queue)
+  local q = queue and joined(base, 'q:', queue)
   if q then
-    want[q .. ':stats'] = 'hash'
-    counted[q .. ':stats'] = true
+    local stats = joined(q, ':stats')
+    want[stats] = 'hash'
+    counted[stats] = true
   end
   if scope then
     want[base .. 'live'] = 'hash'
@@ -419,19 +482,26 @@ local function unsafe(base, want, counted, memo)
   if wrong then
     return wrong
   end
-  if want[base .. 'seq'] and not countable(redis.call('GET', base .. 'seq')) then
-    return base .. 'seq is not an integer'
+  local seq, turn = joined(base, 'seq'), joined(base, 'turn')
+  if want[seq] and not countable(redis.call('GET', seq)) then
+    return seq .. ' is not an integer'
   end
-  if want[base .. 'turn'] and not countable(redis.call('GET', base .. 'turn')) then
-    return base .. 'turn is not an integer'
+  if want[turn] and not countable(redis.call('GET', turn)) then
+    return turn .. ' is not an integer'
+  end
+  -- (The counts' verdicts are kept in memo by the stats key's name under COUNTS.)
+  local verdicts = memo and memo[COUNTS]
+  if memo and not verdicts then
+    verdicts = {}
+    memo[COUNTS] = verdicts
   end
   for stats in pairs(counted) do
     if not wrong then
-      local verdict = memo and memo['#' .. stats]
+      local verdict = verdicts and verdicts[stats]
       if verdict == nil then
         verdict = uncountable(stats, { 'leased', 'waiting', 'completed', 'grouped' }) or false
-        if memo then
-          memo['#' .. stats] = verdict
+        if verdicts then
+          verdicts[stats] = verdict
         end
       end
       wrong = verdict or nil

@@ -82,6 +82,24 @@ local function int64(s)
   return { k * (tonumber(string.sub(digits, 1, -10)) or 0), k * tonumber(string.sub(digits, -9)) }
 end
 
+-- Whether int64 reads `s`, without making the value: well_formed asks it of every increment,
+-- and the captures, substrings and numbers int64 makes cost a write a few per cent of its
+-- instructions (docs/performance.md).
+local function is_int64(s)
+  if s == '0' then
+    return true
+  end
+  if not string.find(s, '^%-?[1-9]%d*$') then
+    return false
+  end
+  local negative = string.byte(s) == 45 -- '-'
+  local digits = #s - (negative and 1 or 0)
+  if digits ~= 19 then
+    return digits < 19
+  end
+  return not (string.sub(s, -19) > (negative and '9223372036854775808' or '9223372036854775807'))
+end
+
 -- a + b, or nil when the sum leaves int64.
 local function add(a, b)
   local high, low = a[1] + b[1], a[2] + b[2]
@@ -190,7 +208,7 @@ local function well_formed(mutations)
         if type(s) ~= 'string' then return false end
       end
     elseif op == 'I' then
-      if type(m[3]) ~= 'string' or type(m[4]) ~= 'string' or not int64(m[4]) then
+      if type(m[3]) ~= 'string' or type(m[4]) ~= 'string' or not is_int64(m[4]) then
         return false
       end
     else
@@ -246,9 +264,10 @@ if #due > 0 then
   -- another type as nil, so such a fence is left alone, as before.
   local named = {}
   for _, member in ipairs(due) do
-    local scope = string.match(member, '^%d+\t(.*)$')
-    if scope then
-      named[#named + 1] = fences .. '{' .. scope .. '}:fence'
+    -- ("token TAB scope": the scope is what follows the digits' tab.)
+    local _, tab = string.find(member, '^%d+\t')
+    if tab then
+      named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
     end
   end
   for i = 1, #named, 500 do
@@ -306,7 +325,7 @@ local function write(fence, keys, token, lease, key, encoded)
       return { 'error', 'the fence record of this scope is corrupt' }
     end
   end
-  if not string.match(token, '^%d+$') or #token ~= 20 then
+  if #token ~= 20 or not string.find(token, '^%d+$') then
     return { 'error', 'the presented token is not a 20-digit decimal' }
   end
   if token < watermark then

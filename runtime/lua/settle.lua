@@ -57,7 +57,7 @@ local ACTIONS = { complete = true, retry = true, dead = true, release = true, fe
   snooze = true }
 -- An arg is a decimal as Redis' own integer parser reads it ("0", or no leading zero, no sign,
 -- no exponent, no spaces): Lua's tonumber takes "1e3" or "0x10", which a PX would refuse
--- after the script's first write.
+-- after the script's first write. (So below, an arg is above 0 exactly when it is not "0".)
 local function valid(action, arg)
   return ACTIONS[action] ~= nil and #arg <= 15 and (arg == '0' or arg:match('^[1-9]%d*$') ~= nil)
 end
@@ -91,7 +91,7 @@ for i = 0, count - 1 do
     local parks = action ~= 'complete' and action ~= 'dead'
     local want, counted = {}, {}
     settle_keys(base, want, counted, id, { f[1], f[2], f[6], f[8] }, parks,
-      (action == 'retry' or action == 'snooze') and tonumber(arg) > 0, action == 'dead', entries[i + 1])
+      (action == 'retry' or action == 'snooze') and arg ~= '0', action == 'dead', entries[i + 1])
     if action == 'fenced' then
       want[base .. 'epoch'] = 'hash'
     end
@@ -136,7 +136,7 @@ for _, i in ipairs(current) do
     leased[queue] = (leased[queue] or 0) + 1
     uncap(base, id, f[3])
     if action == 'complete' then
-      if tonumber(arg) > 0 then
+      if arg ~= '0' then
         -- With the completion, never after it: an accepted completion has its result.
         redis.call('SET', base .. 'result:' .. id, reason, 'PX', arg)
       end
@@ -146,7 +146,7 @@ for _, i in ipairs(current) do
         redis.call('ZADD', base .. 'thens', now, id)
       end
       release_unique_key(base, id, f[4], f[5], now)
-      note_step_end(base, id, f[7], 'completed', added, tonumber(arg) > 0 and reason or '')
+      note_step_end(base, id, f[7], 'completed', added, arg ~= '0' and reason or '')
       leave(base, id, f[2])
       finished[#finished + 1] = job
       completed[queue] = (completed[queue] or 0) + 1

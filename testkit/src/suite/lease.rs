@@ -388,7 +388,13 @@ pub async fn a_held_scope_blocks_only_itself(store: Stores) {
         .enqueue(vec![job("hot").with_scope("hot")])
         .await
         .unwrap();
-    let holder = claim(&store, 1).await.remove(0);
+    // (Held for the whole case: enqueueing 3000 jobs on a partitioned cluster under a loaded
+    // test run can outlast the suite's short TTL, and a lapsed holder would free the scope.)
+    let holder = store
+        .claim("default", "suite", 1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .remove(0);
     let blocked: Vec<NewJob> = (0..3000)
         .map(|_| job("hot").with_scope("hot").with_priority(9))
         .collect();
