@@ -206,7 +206,7 @@ end
 -- A count field (attempt, stalls, a time in ms) as a number: a non-negative integer below
 -- 10^15, anything else (absent, "nan", "inf", "1e999", "1.5", another program's text) 0.
 local function count_of(v)
-  if type(v) == 'string' and #v < 16 and string.match(v, '^%d+$') then
+  if type(v) == 'string' and #v < 16 and string.find(v, '^%d+$') then
     return tonumber(v)
   end
   return 0
@@ -641,7 +641,9 @@ local function release_unique_key(base, id, unique, unique_until, now)
   end
   local until_ms = count_of(unique_until)
   if until_ms > (now or now_ms()) then
-    redis.call('PEXPIREAT', key, fmt(until_ms))
+    -- (Our client writes the time as a plain decimal, which goes as it is; one with leading
+    -- zeros, which PEXPIREAT would refuse after this script's first write, goes remade.)
+    redis.call('PEXPIREAT', key, string.byte(unique_until) ~= 48 and unique_until or fmt(until_ms))
   else
     redis.call('DEL', key)
   end

@@ -880,13 +880,32 @@ async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
     assert_eq!(next[0].job.id.to_string(), b);
 }
 
+/// Claims `n` jobs and completes them all, each settlement accepted.
+async fn claim_and_complete(store: &RedisLeaseStore, n: usize) {
+    use palisade::{LeaseStore, Settlement};
+    let claims = store
+        .claim("default", "w", n, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), n);
+    let done = store
+        .settle(
+            claims
+                .iter()
+                .map(|c| (c.lease.id, Settlement::completed()))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert!(done.iter().all(|d| d.is_ok()), "{done:?}");
+}
+
 /// A completion gives the job's unique key up only while that key still names the job: one
 /// that another job holds now, or that another program wrote over with another type, is
 /// left as it is, and the completion settles (one read per job, not a TYPE and a GET).
 #[tokio::test]
 async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
-    use palisade::{JobId, LeaseStore, NewJob, Settlement};
-    use std::time::Duration;
+    use palisade::{JobId, LeaseStore, NewJob};
     let (store, server) = private_coordinator("uk");
     let ids = [JobId::new(), JobId::new(), JobId::new()];
     let jobs = ids
@@ -899,21 +918,7 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
     server.cli(&["DEL", &key(ids[0])]).unwrap();
     server.cli(&["RPUSH", &key(ids[0]), "x"]).unwrap();
     server.cli(&["SET", &key(ids[1]), "someone-else"]).unwrap();
-    let claims = store
-        .claim("default", "w", 3, Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(claims.len(), 3);
-    let done = store
-        .settle(
-            claims
-                .iter()
-                .map(|c| (c.lease.id, Settlement::completed()))
-                .collect(),
-        )
-        .await
-        .unwrap();
-    assert!(done.iter().all(|d| d.is_ok()), "{done:?}");
+    claim_and_complete(&store, 3).await;
     assert_eq!(server.cli(&["TYPE", &key(ids[0])]).as_deref(), Some("list"));
     assert_eq!(server.cli(&["PTTL", &key(ids[0])]).as_deref(), Some("-1"));
     assert_eq!(
@@ -928,6 +933,45 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
         .parse()
         .unwrap();
     assert!(ttl > 0, "{ttl}");
+}
+
+/// A completion hands its unique key's time to PEXPIREAT as the record holds it; a time with
+/// leading zeros (written by another program: ours never has them), which PEXPIREAT refuses,
+/// goes remade, so the settlement neither fails after its first write nor keeps the key forever.
+#[tokio::test]
+async fn a_unique_time_with_leading_zeros_still_ends_the_key_on_time() {
+    use palisade::{JobId, LeaseStore, NewJob};
+    let (store, server) = private_coordinator("uz");
+    let ids = [JobId::new(), JobId::new()];
+    let jobs = ids
+        .iter()
+        .map(|&id| NewJob::raw("k", "null").with_id(id))
+        .collect();
+    store.enqueue(jobs).await.unwrap();
+    let key = |id: JobId| format!("{{uz}}:unique:id:{id}");
+    let record = |id: JobId| format!("{{uz}}:job:{id}");
+    let until = |id: JobId| -> i64 {
+        let at = server.cli(&["HGET", &record(id), "unique_until"]).unwrap();
+        at.parse().unwrap()
+    };
+    let untils = [until(ids[0]), until(ids[1])];
+    server
+        .cli(&[
+            "HSET",
+            &record(ids[0]),
+            "unique_until",
+            &format!("00{}", untils[0]),
+        ])
+        .unwrap();
+    claim_and_complete(&store, 2).await;
+    for (id, until) in ids.into_iter().zip(untils) {
+        let at: i64 = server
+            .cli(&["PEXPIRETIME", &key(id)])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(at, until, "{id}: the key expires at {at}, not {until}");
+    }
 }
 
 /// A collection queue another program wrote over with another type turns collection off,
