@@ -275,27 +275,45 @@ impl Alarm {
 /// backends, checkpointer, WAL writer …, and those that exited): the harness runs beside the
 /// database it measures.
 fn postgres_cpu_seconds() -> f64 {
-    let ticks = 100.0; // USER_HZ on Linux
     let mut total = 0.0;
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        // "pid (comm) state ..." — utime and stime are fields 14 and 15.
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        if !head.ends_with("(postgres") {
+        if !stat
+            .rsplit_once(')')
+            .is_some_and(|(head, _)| head.ends_with("(postgres"))
+        {
             continue;
         }
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime, stime, and the reaped children's cutime, cstime: backends that exited count
-        // in the postmaster's.
-        for field in fields.iter().skip(11).take(4) {
-            total += field.parse::<f64>().unwrap_or(0.0) / ticks;
-        }
+        // With the reaped children's time: backends that exited count in the postmaster's.
+        total += stat_cpu_seconds(&stat, 4);
     }
     total
+}
+
+/// CPU seconds (user and system) this process has used so far: its workers, the coordinator
+/// (embedded) or its client (Redis), and the harness itself.
+fn own_cpu_seconds() -> f64 {
+    stat_cpu_seconds(
+        &std::fs::read_to_string("/proc/self/stat").unwrap_or_default(),
+        2,
+    )
+}
+
+/// The sum of the first `n` of utime, stime, cutime, cstime of a `/proc/<pid>/stat` line.
+fn stat_cpu_seconds(stat: &str, n: usize) -> f64 {
+    // "pid (comm) state ..." — utime is field 14, the 12th after the command's ')'; in
+    // ticks of USER_HZ, 100 on Linux.
+    let ticks = 100.0;
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    rest.split_whitespace()
+        .skip(11)
+        .take(n)
+        .map(|field| field.parse::<f64>().unwrap_or(0.0) / ticks)
+        .sum()
 }
 
 /// The server's next transaction id: every writing transaction (committed or rolled back)
@@ -499,6 +517,7 @@ fn main() {
         let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let ttl = Duration::from_secs(30);
         let t1 = Instant::now();
+        let own_before = own_cpu_seconds();
         let mut arbiters = Vec::new();
         for i in 0..args.workers {
             let config = WorkerConfig {
@@ -590,7 +609,10 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let run = t1.elapsed();
+        let own_cpu = own_cpu_seconds() - own_before;
         let n = args.jobs as f64;
+        // CPU per job of every process measured (µs): this one, then Redis and Postgres.
+        let mut cpu_per_job = vec![("this process", own_cpu / n * 1e6)];
         let mut lat = latencies.lock().unwrap().clone();
         lat.sort();
         let mode = match (&args.redis, args.sink, args.postgres.is_some()) {
@@ -614,6 +636,7 @@ fn main() {
         println!("  run          {:>9.0} jobs/s ({:.2}s)", n / run.as_secs_f64(), run.as_secs_f64());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!("  claim->start p50 {:.2}ms  p99 {:.2}ms", ms(percentile(&lat, 0.5)), ms(percentile(&lat, 0.99)));
+        println!("  this process's CPU per job (workers, coordinator or its client, harness): run {:.1}µs", own_cpu / n * 1e6);
         if let Some(rate) = args.rate {
             let spans = spans.lock().unwrap();
             let mut to_start: Vec<Duration> = spans.iter().map(|s| s.0).collect();
@@ -654,6 +677,7 @@ fn main() {
                 (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6,
                 (after_enqueue.cpu_seconds - before.cpu_seconds) / n * 1e6
             );
+            cpu_per_job.push(("Redis", (after.cpu_seconds - after_enqueue.cpu_seconds) / n * 1e6));
             // Work counted rather than timed (time is shared by every process on the cores).
             println!(
                 "  Redis network bytes per job (in + out, every server): run {:.0}",
@@ -737,6 +761,7 @@ fn main() {
                 cpu / n * 1e6,
                 commits as f64 / n
             );
+            cpu_per_job.push(("Postgres", cpu / n * 1e6));
             let client = pg.pool().get().await.unwrap();
             let total: i64 = client
                 .query_one(&format!("SELECT sum(n)::bigint FROM {bench_schema}.account"), &[])
@@ -746,6 +771,16 @@ fn main() {
             assert_eq!(total as usize, args.jobs, "every job's row update applied exactly once");
             client.batch_execute(&format!("DROP SCHEMA {bench_schema} CASCADE")).await.unwrap();
         }
+        // A bound on jobs/s from work, not time: the processes share this machine's cores, so
+        // a run cannot go faster than the cores divided by their CPU per job.
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let total: f64 = cpu_per_job.iter().map(|(_, us)| us).sum();
+        let parts: Vec<String> = cpu_per_job.iter().map(|(who, us)| format!("{who} {us:.1}")).collect();
+        println!(
+            "  CPU per job of the processes measured: {} = {total:.1}µs: at most {:.0} jobs/s on {cores} cores",
+            parts.join(" + "),
+            cores as f64 / total * 1e6
+        );
         for a in arbiters {
             a.stop();
         }
