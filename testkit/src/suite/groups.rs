@@ -56,6 +56,11 @@ pub async fn claims_rotate_over_groups_whatever_their_backlog(store: Stores) {
         assert!(!got.is_empty(), "jobs are ready");
         claims += 1;
         served.extend(got.iter().map(|c| c.job.group.clone()));
+        if claims == 1 {
+            // Jobs without a group are one lane: one job a round, however many are ready.
+            let ungrouped = got.iter().filter(|c| c.job.group.is_none()).count();
+            assert_eq!(ungrouped, 1, "the ungrouped lane took more than its turn");
+        }
         if claims == 2 {
             // 7 lanes, 4 a claim: a served group goes to the back, so two claims reach every
             // lane (the ungrouped one first in each).
