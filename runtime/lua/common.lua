@@ -371,34 +371,20 @@ local function group_room(g, share, now)
   return take, nil
 end
 
--- `a .. b` (or `a .. b .. c`), each made once per call: a settlement names the same few keys
--- for every job of its batch, and a concatenation makes and hashes a new string each time
--- where two table reads find the one made before (docs/performance.md).
-local pairs_made, triples_made = {}, {}
-local function joined(a, b, c)
-  local made = c == nil and pairs_made or triples_made
-  local by_a = made[a]
+-- `a .. b`, made once per call: a settlement names the same few keys for every job of its
+-- batch, and a concatenation makes and hashes a new string each time where two table reads
+-- find the one made before (docs/performance.md). (`joined(joined(a, b), c)` for three.)
+local joins = {}
+local function joined(a, b)
+  local by_a = joins[a]
   if not by_a then
     by_a = {}
-    made[a] = by_a
+    joins[a] = by_a
   end
-  if c == nil then
-    local key = by_a[b]
-    if not key then
-      key = a .. b
-      by_a[b] = key
-    end
-    return key
-  end
-  local by_b = by_a[b]
-  if not by_b then
-    by_b = {}
-    by_a[b] = by_b
-  end
-  local key = by_b[c]
+  local key = by_a[b]
   if not key then
-    key = a .. b .. c
-    by_b[c] = key
+    key = a .. b
+    by_a[b] = key
   end
   return key
 end
@@ -407,11 +393,12 @@ end
 -- listed, its ready set, its queue's counts; a group's set, rotation and records), added to
 -- `want` and `counted` (see `settle_keys`).
 local function place_keys(base, want, counted, queue, kind, group)
-  local q = base .. 'q:' .. queue
+  local q = joined(joined(base, 'q:'), queue)
+  local stats = joined(q, ':stats')
   want[q .. ':kinds'] = 'set'
   want[ready_key(base, queue, kind)] = 'zset'
-  want[q .. ':stats'] = 'hash'
-  counted[q .. ':stats'] = true
+  want[stats] = 'hash'
+  counted[stats] = true
   if group then
     want[group_key(base, queue, kind, group)] = 'zset'
     want[rotation_key(base, queue, kind)] = 'zset'
@@ -431,7 +418,7 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
   local epoch = epoch_of(entry)
   if epoch then
     want[joined(base, 'token_epochs')] = 'zset'
-    want[joined(base, 'tokens:', epoch)] = 'zset'
+    want[joined(joined(base, 'tokens:'), epoch)] = 'zset'
   end
   local queue, scope, kind = f[1], f[2], f[3]
   if not queue then
@@ -439,7 +426,7 @@ local function settle_keys(base, want, counted, id, f, parks, delayed, buries, e
     -- hands the scope's turn on (the scope comes from the lease entry), or it would wedge.
     scope, parks, delayed, buries = scope_of(entry), false, false, false
   end
-  local q = queue and joined(base, 'q:', queue)
+  local q = queue and joined(joined(base, 'q:'), queue)
   if q then
     local stats = joined(q, ':stats')
     want[stats] = 'hash'

@@ -63,28 +63,10 @@ local MARK_AT = 32 -- queued fences from which a call makes the queue a skiplist
 local BILLION = 1000000000
 local MAX_HIGH, MAX_LOW, MIN_LOW = 9223372036, 854775807, -854775808
 
--- Redis' string2ll: "0", or an optional '-', a digit 1-9, then digits, within int64.
-local function int64(s)
-  if s == '0' then
-    return { 0, 0 }
-  end
-  local sign, digits = string.match(s, '^(%-?)([1-9]%d*)$')
-  if not digits or #digits > 19 then
-    return nil
-  end
-  if #digits == 19 then
-    local limit = sign == '-' and '9223372036854775808' or '9223372036854775807'
-    if digits > limit then
-      return nil
-    end
-  end
-  local k = sign == '-' and -1 or 1
-  return { k * (tonumber(string.sub(digits, 1, -10)) or 0), k * tonumber(string.sub(digits, -9)) }
-end
-
--- Whether int64 reads `s`, without making the value: well_formed asks it of every increment,
--- and the captures, substrings and numbers int64 makes cost a write a few per cent of its
--- instructions (docs/performance.md).
+-- Redis' string2ll: "0", or an optional '-', a digit 1-9, then digits, within int64. Told
+-- without making the value: well_formed asks it of every increment, and the captures,
+-- substrings and numbers of making it cost a write a few per cent of its instructions
+-- (docs/performance.md).
 local function is_int64(s)
   if s == '0' then
     return true
@@ -98,6 +80,16 @@ local function is_int64(s)
     return digits < 19
   end
   return not (string.sub(s, -19) > (negative and '9223372036854775808' or '9223372036854775807'))
+end
+
+-- The value of `s` as {high, low} (see above), or nil when is_int64 refuses it.
+local function int64(s)
+  if not is_int64(s) then
+    return nil
+  end
+  local k = string.byte(s) == 45 and -1 or 1
+  local digits = k < 0 and string.sub(s, 2) or s
+  return { k * (tonumber(string.sub(digits, 1, -10)) or 0), k * tonumber(string.sub(digits, -9)) }
 end
 
 -- a + b, or nil when the sum leaves int64.

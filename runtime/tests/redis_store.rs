@@ -880,6 +880,19 @@ async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
     assert_eq!(next[0].job.id.to_string(), b);
 }
 
+/// Enqueues `N` jobs under ids made here (each holds its id's unique key, the producer's
+/// retry guard) and returns the ids.
+async fn enqueue_with_ids<const N: usize>(store: &RedisLeaseStore) -> [palisade::JobId; N] {
+    use palisade::{JobId, LeaseStore, NewJob};
+    let ids: [JobId; N] = std::array::from_fn(|_| JobId::new());
+    let jobs = ids
+        .iter()
+        .map(|&id| NewJob::raw("k", "null").with_id(id))
+        .collect();
+    store.enqueue(jobs).await.unwrap();
+    ids
+}
+
 /// Claims `n` jobs and completes them all, each settlement accepted.
 async fn claim_and_complete(store: &RedisLeaseStore, n: usize) {
     use palisade::{LeaseStore, Settlement};
@@ -905,14 +918,9 @@ async fn claim_and_complete(store: &RedisLeaseStore, n: usize) {
 /// left as it is, and the completion settles (one read per job, not a TYPE and a GET).
 #[tokio::test]
 async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
-    use palisade::{JobId, LeaseStore, NewJob};
+    use palisade::JobId;
     let (store, server) = private_coordinator("uk");
-    let ids = [JobId::new(), JobId::new(), JobId::new()];
-    let jobs = ids
-        .iter()
-        .map(|&id| NewJob::raw("k", "null").with_id(id))
-        .collect();
-    store.enqueue(jobs).await.unwrap();
+    let ids: [JobId; 3] = enqueue_with_ids(&store).await;
     let key = |id: JobId| format!("{{uk}}:unique:id:{id}");
     // The first's key: another program's list. The second's: another job's now.
     server.cli(&["DEL", &key(ids[0])]).unwrap();
@@ -940,14 +948,9 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
 /// goes remade, so the settlement neither fails after its first write nor keeps the key forever.
 #[tokio::test]
 async fn a_unique_time_with_leading_zeros_still_ends_the_key_on_time() {
-    use palisade::{JobId, LeaseStore, NewJob};
+    use palisade::JobId;
     let (store, server) = private_coordinator("uz");
-    let ids = [JobId::new(), JobId::new()];
-    let jobs = ids
-        .iter()
-        .map(|&id| NewJob::raw("k", "null").with_id(id))
-        .collect();
-    store.enqueue(jobs).await.unwrap();
+    let ids: [JobId; 2] = enqueue_with_ids(&store).await;
     let key = |id: JobId| format!("{{uz}}:unique:id:{id}");
     let record = |id: JobId| format!("{{uz}}:job:{id}");
     let until = |id: JobId| -> i64 {
