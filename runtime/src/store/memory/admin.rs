@@ -66,7 +66,7 @@ impl Inspect for MemoryLeaseStore {
             .iter()
             .filter_map(|(at, _, id)| {
                 Some(JobView {
-                    job: state.jobs.get(id)?.clone(),
+                    job: state.jobs.get(id)?.job.clone(),
                     state: JobState::Delayed,
                     due_in: Some(at.saturating_duration_since(now)),
                     lease: None,
@@ -84,7 +84,7 @@ impl Inspect for MemoryLeaseStore {
             return Ok(None);
         };
         let mut view = JobView {
-            job: record.clone(),
+            job: record.job.clone(),
             state: JobState::Unplaced,
             due_in: None,
             lease: None,
@@ -130,11 +130,10 @@ impl Inspect for MemoryLeaseStore {
         let now = Instant::now();
         let state = lock(&self.state);
         Ok(state
-            .expiries
-            .iter()
-            .take(limit)
-            .filter_map(|(_, _, id)| {
-                let record = state.leases.get(id)?;
+            .leases
+            .by_expiry(limit)
+            .into_iter()
+            .filter_map(|(id, record)| {
                 let job = state.jobs.get(&record.job)?;
                 Some(LeaseInfo {
                     queue: job.queue.clone(),
@@ -143,7 +142,7 @@ impl Inspect for MemoryLeaseStore {
                     job: record.job,
                     scope: state.jobs.get(&record.job)?.scope.clone(),
                     token: record.token,
-                    worker: record.worker.clone(),
+                    worker: record.worker.to_string(),
                     age: now.saturating_duration_since(record.claimed_at),
                     expires_in: record.expires_at.saturating_duration_since(now),
                 })
@@ -248,7 +247,6 @@ impl QueueAdmin for MemoryLeaseStore {
             .map(|(lease, _)| *lease);
         let done = if let Some(lease) = lease {
             if let Some(r) = state.leases.remove(&lease) {
-                state.expiries.remove(&(r.expires_at, r.token, lease));
                 state.drop_lease(lease, r, Instant::now());
             }
             Cancelled::Revoked
@@ -307,7 +305,7 @@ impl QueueAdmin for MemoryLeaseStore {
             // Fresh snoozes, and no deadline: an operator asked for it to run now.
             job.snoozes = 0;
             job.deadline_ms = None;
-            state.jobs.insert(id, job);
+            state.jobs.insert(id, super::StoredJob::new(job));
             state.park(id, now, now);
             count += 1;
         }
@@ -335,7 +333,7 @@ impl QueueAdmin for MemoryLeaseStore {
         job.stalls = 0;
         job.snoozes = 0;
         job.deadline_ms = None;
-        state.jobs.insert(id, job);
+        state.jobs.insert(id, super::StoredJob::new(job));
         state.park(id, now, now);
         Ok(true)
     }

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 // embedded coordinator's keys (job ids, scopes, unique keys) come from the application's
 // own producers, not from strangers.
 use foldhash::{HashMap, HashSet, HashSetExt};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -46,6 +46,7 @@ mod admin;
 mod control;
 mod flows;
 mod groups;
+mod leases;
 mod sink;
 
 pub use sink::MemoryFencedStore;
@@ -74,17 +75,13 @@ struct LeaseState {
     seq: u64,
     /// Jobs not yet completed or dead; where each one waits is in its queue's sets, a
     /// scope's waiting set, or `leases`.
-    jobs: HashMap<JobId, Job>,
+    jobs: HashMap<JobId, StoredJob>,
     queues: HashMap<String, QueueState>,
     /// Shared (named) scopes with work: state goes when the scope is idle, so memory is
     /// bounded by live work, not by scopes ever seen.
     scopes: HashMap<Scope, ScopeState>,
-    leases: HashMap<LeaseId, LeaseRecord>,
-    /// Live leases by expiry; ties in token order, so that reaping is deterministic given
-    /// the same calls at the same (virtual) times — lease ids are random.
-    expiries: BTreeSet<(Instant, FencingToken, LeaseId)>,
-    /// Live leases by token: the low watermark is the first one.
-    live_tokens: BTreeSet<(FencingToken, LeaseId)>,
+    /// Live leases, by expiry and by token (`leases.rs`).
+    leases: leases::Leases,
     /// The low watermark published last (only grows).
     watermark: Option<FencingToken>,
     /// When each job not yet completed or dead was first claimable (due, if delayed).
@@ -191,12 +188,44 @@ struct ScopeState {
     waiting: BTreeSet<ReadyKey>,
 }
 
+/// A job as the store keeps it, with whether its scope is shared (named), decided once: the
+/// test of a default scope parses a UUID, and a job's claim and completion asked it twice
+/// (and read and hashed its scope twice more) for nothing.
+#[derive(Debug)]
+struct StoredJob {
+    job: Job,
+    shared: bool,
+}
+
+impl StoredJob {
+    fn new(job: Job) -> Self {
+        let shared = job.scope.job().is_none();
+        Self { job, shared }
+    }
+}
+
+// (Its scope never changes once kept, so `shared` stays true to it.)
+impl std::ops::Deref for StoredJob {
+    type Target = Job;
+
+    fn deref(&self) -> &Job {
+        &self.job
+    }
+}
+
+impl std::ops::DerefMut for StoredJob {
+    fn deref_mut(&mut self) -> &mut Job {
+        &mut self.job
+    }
+}
+
 #[derive(Debug)]
 struct LeaseRecord {
     job: JobId,
     expires_at: Instant,
     claimed_at: Instant,
-    worker: String,
+    /// (Shared by the leases of one claim: one allocation a claim, not a job.)
+    worker: Arc<str>,
     token: FencingToken,
     /// The kind this lease counts against, if it had a concurrency cap when claimed.
     capped: Option<String>,
@@ -255,8 +284,8 @@ impl LeaseState {
     /// The scope of `id` if other jobs may share it (a named scope). A default scope
     /// (`job:<id>`) is the job's alone, so it needs no turn-taking state.
     fn shared_scope(&self, id: JobId) -> Option<Scope> {
-        let scope = &self.jobs.get(&id)?.scope;
-        scope.job().is_none().then(|| scope.clone())
+        let job = self.jobs.get(&id)?;
+        job.shared.then(|| job.scope.clone())
     }
 
     /// Puts a job where it belongs for its next claim: ready now (if its scope's turn is
@@ -487,9 +516,11 @@ impl LeaseState {
             if group.is_some_and(|g| left.get(g).is_some_and(|l| *l == 0)) {
                 continue; // its group has no room left in this claim (two kinds' lanes)
             }
-            let scope = &self.jobs[&key.2].scope;
-            let held = self.scopes.get(scope).is_some_and(|s| s.live.is_some());
-            if held || !taken.insert(scope) {
+            // (A default scope is its job's alone, and a job is one candidate at most.)
+            let job = &self.jobs[&key.2];
+            let scope = &job.scope;
+            let held = job.shared && self.scopes.get(scope).is_some_and(|s| s.live.is_some());
+            if held || (job.shared && !taken.insert(scope)) {
                 aside.push((key, kind.to_owned()));
             } else {
                 if let Some(r) = room.get_mut(kind) {
@@ -527,7 +558,7 @@ impl LeaseState {
         key: ReadyKey,
         kind: &str,
         token: FencingToken,
-        worker: &str,
+        worker: &Arc<str>,
         now: Instant,
         expires_at: Instant,
     ) -> Claim {
@@ -558,14 +589,12 @@ impl LeaseState {
                 job: id,
                 expires_at,
                 claimed_at: now,
-                worker: worker.to_owned(),
+                worker: worker.clone(),
                 token,
                 capped,
                 group,
             },
         );
-        self.expiries.insert((expires_at, token, lease_id));
-        self.live_tokens.insert((token, lease_id));
         let q = self.queues.get_mut(queue).expect("queue exists");
         q.leased += 1;
         let job = self.jobs.get_mut(&id).expect("picked job exists");
@@ -609,8 +638,6 @@ impl LeaseState {
             return None;
         }
         let record = self.leases.remove(&lease)?;
-        self.expiries
-            .remove(&(record.expires_at, record.token, lease));
         let id = record.job;
         self.drop_lease(lease, record, now);
         Some(id)
@@ -620,7 +647,6 @@ impl LeaseState {
     /// held, its queue has one job fewer leased.
     fn drop_lease(&mut self, lease: LeaseId, record: LeaseRecord, now: Instant) {
         let id = record.job;
-        self.live_tokens.remove(&(record.token, lease));
         if let Some(running) = record.capped.and_then(|kind| self.running.get_mut(&kind)) {
             *running = running.saturating_sub(1);
         }
@@ -647,7 +673,7 @@ impl LeaseState {
         // one watermark that is always safe.)
         let next = FencingToken::watermark_at(u64::from(self.epoch), self.counter + 1)
             .unwrap_or(FencingToken::ZERO);
-        let w = self.live_tokens.first().map_or(next, |(t, _)| *t);
+        let w = self.leases.lowest_token().unwrap_or(next);
         self.watermark = Some(self.watermark.map_or(w, |was| was.max(w)));
     }
 
@@ -772,7 +798,7 @@ impl LeaseState {
         };
         let queue = self.queues.entry(job.queue.clone()).or_default();
         queue.priority.insert(id, new.priority);
-        self.jobs.insert(id, job);
+        self.jobs.insert(id, StoredJob::new(job));
         (new.delay, new.unique)
     }
 
@@ -804,7 +830,7 @@ impl LeaseState {
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
-        if let Some(job) = self.jobs.remove(&id) {
+        if let Some(StoredJob { job, .. }) = self.jobs.remove(&id) {
             self.step_ended(&job, crate::flow::StepEnd::Completed, added, result);
             let q = self.queues.entry(job.queue).or_default();
             q.priority.remove(&id);
@@ -818,7 +844,7 @@ impl LeaseState {
         self.leave(id);
         self.ready_at.remove(&id);
         self.held.remove(&id);
-        if let Some(job) = self.jobs.remove(&id) {
+        if let Some(StoredJob { job, .. }) = self.jobs.remove(&id) {
             self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new(), None);
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
@@ -1034,8 +1060,9 @@ impl LeaseStore for MemoryLeaseStore {
         let tokens = state.mint(picked.len())?;
         state.set_aside(queue, aside);
         let mut claims = Vec::with_capacity(picked.len());
+        let worker: Arc<str> = worker.into();
         for ((key, kind), token) in picked.into_iter().zip(tokens) {
-            claims.push(state.grant(queue, key, &kind, token, worker, now, expires_at));
+            claims.push(state.grant(queue, key, &kind, token, &worker, now, expires_at));
         }
         state.apply_plan(queue, plan, &served);
         if let (Some((tokens, at)), Some(rate)) = (bucket, state.rates.get_mut(queue)) {
@@ -1050,14 +1077,9 @@ impl LeaseStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         let mut lost = Vec::new();
         for lease in leases {
-            match state.leases.get_mut(lease) {
-                Some(record) if record.expires_at > now => {
-                    let old = (record.expires_at, record.token, *lease);
-                    record.expires_at = now + ttl;
-                    state.expiries.remove(&old);
-                    state.expiries.insert((now + ttl, old.1, *lease));
-                }
-                _ => lost.push(*lease),
+            let current = state.leases.get(lease).is_some_and(|r| r.expires_at > now);
+            if !(current && state.leases.renew(*lease, now + ttl)) {
+                lost.push(*lease);
             }
         }
         Ok(lost)
@@ -1170,20 +1192,13 @@ impl LeaseStore for MemoryLeaseStore {
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
         let now = Instant::now();
         let mut state = lock(&self.state);
-        let expired: Vec<(Instant, FencingToken, LeaseId)> = state
-            .expiries
-            .iter()
-            .take_while(|(at, ..)| *at <= now)
-            .take(max)
-            .copied()
-            .collect();
+        let expired = state.leases.due(now, max);
         let mut reaped = Vec::with_capacity(expired.len());
-        for (at, token, lease) in expired {
-            state.expiries.remove(&(at, token, lease));
+        for lease in expired {
             let Some(record) = state.leases.remove(&lease) else {
                 continue;
             };
-            let (id, token, worker) = (record.job, record.token, record.worker.clone());
+            let (id, token, worker) = (record.job, record.token, record.worker.to_string());
             state.drop_lease(lease, record, now);
             let Some(job) = state.jobs.get_mut(&id) else {
                 continue;
@@ -1217,7 +1232,11 @@ impl LeaseStore for MemoryLeaseStore {
         let state = lock(&self.state);
         Ok(match scope.job() {
             // A default scope has a token while its job holds a lease.
-            Some(id) => state.leases.values().find(|l| l.job == id).map(|l| l.token),
+            Some(id) => state
+                .leases
+                .iter()
+                .find(|(_, l)| l.job == id)
+                .map(|(_, l)| l.token),
             None => state.scopes.get(scope).and_then(|s| s.last),
         })
     }
@@ -1334,34 +1353,38 @@ mod tests {
     /// and sets the others aside (a mutant of the guard survived every path the API reaches).
     #[tokio::test]
     async fn a_claim_never_grants_a_held_or_twice_picked_scope() {
-        let store = MemoryLeaseStore::new();
-        let jobs = (0..3)
-            .map(|_| NewJob::raw("k", "null").with_scope("s"))
-            .collect();
-        store.enqueue(jobs).await.unwrap();
-        let plant_waiting_as_ready = |store: &MemoryLeaseStore| {
-            let mut state = lock(&store.state);
-            let scope = Scope::new("s");
-            let key = state
-                .scopes
-                .get_mut(&scope)
-                .unwrap()
-                .waiting
-                .pop_first()
-                .unwrap();
-            let q = state.queues.get_mut("default").unwrap();
-            q.waiting -= 1;
-            q.ready.entry("k".into()).or_default().insert(key);
-        };
-        plant_waiting_as_ready(&store);
-        let ttl = Duration::from_secs(5);
-        let first = store.claim("default", "w", 3, ttl).await.unwrap();
-        assert_eq!(first.len(), 1, "two picks of one scope");
-        plant_waiting_as_ready(&store);
-        let held = store.claim("default", "w", 3, ttl).await.unwrap();
-        assert!(held.is_empty(), "a held scope granted again: {held:?}");
-        let counts = store.counts("default").await.unwrap();
-        assert_eq!((counts.ready, counts.waiting, counts.leased), (0, 2, 1));
+        // (The second looks like a default scope, `job:` and 36 characters, and is not one:
+        // it is shared like any named scope.)
+        for name in ["s", "job:00000000-0000-0000-0000-00000000000x"] {
+            let store = MemoryLeaseStore::new();
+            let jobs = (0..3)
+                .map(|_| NewJob::raw("k", "null").with_scope(name))
+                .collect();
+            store.enqueue(jobs).await.unwrap();
+            let plant_waiting_as_ready = |store: &MemoryLeaseStore| {
+                let mut state = lock(&store.state);
+                let scope = Scope::new(name);
+                let key = state
+                    .scopes
+                    .get_mut(&scope)
+                    .unwrap()
+                    .waiting
+                    .pop_first()
+                    .unwrap();
+                let q = state.queues.get_mut("default").unwrap();
+                q.waiting -= 1;
+                q.ready.entry("k".into()).or_default().insert(key);
+            };
+            plant_waiting_as_ready(&store);
+            let ttl = Duration::from_secs(5);
+            let first = store.claim("default", "w", 3, ttl).await.unwrap();
+            assert_eq!(first.len(), 1, "two picks of scope {name}");
+            plant_waiting_as_ready(&store);
+            let held = store.claim("default", "w", 3, ttl).await.unwrap();
+            assert!(held.is_empty(), "held scope {name} granted again: {held:?}");
+            let counts = store.counts("default").await.unwrap();
+            assert_eq!((counts.ready, counts.waiting, counts.leased), (0, 2, 1));
+        }
     }
 
     /// The token counter is spent to its last value, and a batch that would pass it takes the
