@@ -87,10 +87,10 @@ impl WorkerConfig {
     /// The default [`WorkerConfig::linger`].
     pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
 
-    /// Free slots that make a claim worth its round trip at once: a quarter of the claim
-    /// batch. Fewer wait up to `linger` for more.
+    /// Free slots that make a claim worth its round trip at once: half the claim batch.
+    /// Fewer wait up to `linger` for more.
     fn refill_at(&self) -> usize {
-        self.batch.min(self.concurrency).div_ceil(4)
+        self.batch.min(self.concurrency).div_ceil(2)
     }
 
     fn validate(&self) -> Result<()> {
@@ -249,12 +249,15 @@ pub struct Worker {
     settle_linger: Linger,
     /// When the free slots are claimed for.
     claim_linger: Linger,
-    claiming: bool,
+    /// Claims on their way to the coordinator, and the slots they asked for.
+    claims_out: usize,
+    asked: usize,
     frozen: bool,
     next_queue: usize,
     drain: Option<oneshot::Sender<Drained>>,
-    /// Settlements in the batch on its way to the coordinator (0: none in flight; a batch is
-    /// never empty).
+    /// Settlement batches on their way to the coordinator, and the settlements in them (a
+    /// batch is never empty).
+    batches_out: usize,
     in_flight: usize,
     /// Jobs given back unfinished (`Drained::released`).
     released: usize,
@@ -305,10 +308,12 @@ impl Worker {
             pending: Vec::new(),
             settle_linger: Linger::default(),
             claim_linger: Linger::default(),
-            claiming: false,
+            claims_out: 0,
+            asked: 0,
             frozen: false,
             next_queue: 0,
             drain: None,
+            batches_out: 0,
             in_flight: 0,
             released: 0,
             deadline_passed: false,
@@ -325,25 +330,35 @@ impl Worker {
             .expect("renewal starts with the worker")
     }
 
-    /// Whether a claim could go now: room for a job, not frozen or draining, none in flight,
-    /// not backing off.
+    /// Slots neither running a job nor asked for by a claim on its way.
+    fn room(&self) -> usize {
+        self.config
+            .concurrency
+            .saturating_sub(self.running.len() + self.asked)
+    }
+
+    /// Whether a claim could go now: room for a job, not frozen or draining, fewer than
+    /// [`Self::EXCHANGES_OUT`] in flight, not backing off.
     fn may_claim(&self) -> bool {
-        self.config.concurrency > self.running.len()
+        self.room() > 0
             && !self.frozen
             && self.drain.is_none()
-            && !self.claiming
+            && self.claims_out < Self::EXCHANGES_OUT
             && self.claim_backoff.ready()
     }
 
-    /// Whether settlements could go now: some wait, none in flight, not backing off.
+    /// Whether settlements could go now: some wait, fewer than [`Self::EXCHANGES_OUT`]
+    /// batches in flight, not backing off.
     fn may_settle(&self) -> bool {
-        self.in_flight == 0 && !self.pending.is_empty() && self.settle_backoff.ready()
+        self.batches_out < Self::EXCHANGES_OUT
+            && !self.pending.is_empty()
+            && self.settle_backoff.ready()
     }
 
     /// The claim for every free slot (up to the batch), from the next queue in turn.
     fn next_claim(&mut self) -> ClaimRequest {
         self.claim_linger.sent();
-        let room = self.config.concurrency.saturating_sub(self.running.len());
+        let room = self.room();
         let queue = self.config.queues[self.next_queue % self.config.queues.len()].clone();
         self.next_queue = self.next_queue.wrapping_add(1);
         ClaimRequest {
@@ -362,7 +377,7 @@ impl Worker {
             return;
         }
         self.claim_linger.joined();
-        let room = self.config.concurrency - self.running.len();
+        let room = self.room();
         let full = self.config.refill_at();
         if !self.due_now(|w| &mut w.claim_linger, room, full, Self::fill, ctx) {
             return;
@@ -378,7 +393,7 @@ impl Worker {
     }
 
     /// Sends finished jobs' settlements in one batch, with a claim for the free slots if one
-    /// may go; more pile up while one is in flight, or while the batch lingers
+    /// may go; more pile up while two are in flight, or while the batch lingers
     /// (`WorkerConfig::linger`).
     fn flush(&mut self, ctx: &mut Context<Self>) {
         if !self.may_settle() {
@@ -405,10 +420,13 @@ impl Worker {
         // Only what this exchange carries is in flight: a claim-only exchange leaves a
         // settlement batch already on its way alone, and the other way round.
         if settling {
-            self.in_flight = batch.len();
+            self.batches_out += 1;
+            self.in_flight += batch.len();
         }
+        let asked = claim.as_ref().map_or(0, |c| c.n);
         if claiming {
-            self.claiming = true;
+            self.claims_out += 1;
+            self.asked += asked;
         }
         let sent = Instant::now();
         let request = self.coordinator.send(Exchange {
@@ -427,6 +445,8 @@ impl Worker {
                 act.settled(batch, settled, ctx);
             }
             if let Some(claimed) = claimed {
+                act.claims_out -= 1;
+                act.asked -= asked;
                 act.claimed(claimed, sent, ctx);
             }
         }));
@@ -434,7 +454,6 @@ impl Worker {
 
     /// A claim's answer: starts the claimed jobs and asks for more if there is room.
     fn claimed(&mut self, result: Result<Vec<Claim>>, sent: Instant, ctx: &mut Context<Self>) {
-        self.claiming = false;
         match result {
             Ok(claims) if self.drain.is_some() => {
                 // The claim went out before the drain began: give the jobs straight back
@@ -621,7 +640,8 @@ impl Worker {
     /// jobs enqueued, and keeps the batch for another try if the coordinator could not be
     /// reached.
     fn settled(&mut self, batch: Vec<Pending>, result: Settled, ctx: &mut Context<Self>) {
-        self.in_flight = 0;
+        self.batches_out -= 1;
+        self.in_flight -= batch.len();
         match result {
             Ok((results, watermark)) => {
                 self.settle_backoff.succeeded();
@@ -698,7 +718,7 @@ impl Worker {
         // A claim in flight may still bring jobs back, which must be given back before the
         // worker stops (or they would stay leased to a stopped worker until they expire).
         let idle = self.running.is_empty() && self.pending.is_empty() && self.in_flight == 0;
-        if idle && !self.claiming {
+        if idle && self.claims_out == 0 {
             if let Some(done) = self.drain.take() {
                 let _ = done.send(Drained {
                     released: self.released,
@@ -716,6 +736,12 @@ impl Worker {
     ///
     /// [`ControlStore::beat`]: crate::ControlStore::beat
     const BEAT_EVERY: Duration = Duration::from_secs(5);
+
+    /// Claims, and settlement batches, a worker keeps on their way at once: two, so that one
+    /// is answered while the next is out. With one of each, a settle-only and a claim-only
+    /// exchange went side by side, two backend calls where one carries both
+    /// (docs/performance.md).
+    const EXCHANGES_OUT: usize = 2;
 
     fn beat(&mut self) {
         let beat = crate::store::WorkerBeat {

@@ -266,6 +266,38 @@ async fn expired_jobs_never_overfill_the_worker(s: Setup) {
 
 on_both!(expired_jobs_never_overfill_the_worker);
 
+/// Handlers of spread lengths free slots a few at a time, so a worker keeps two claims on
+/// their way at once: each asks only for the slots neither running nor asked for by the
+/// other, and the worker never runs more handlers than its concurrency (fails with the
+/// claims in flight left out of a claim's room).
+async fn two_claims_out_never_overfill_the_worker(s: Setup) {
+    let (running, most) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let registry = {
+        let (running, most) = (running.clone(), most.clone());
+        Registry::new().register("work", move |ctx: JobContext, _: ()| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                // 0 to 7 ms, from the job id's random bits.
+                let ms = (ctx.job().id.as_uuid().as_u128() % 8) as u64;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    };
+    s.enqueue((0..600).map(|_| NewJob::raw("work", "null")).collect())
+        .await;
+    s.worker(registry, 8);
+    let counts = s.settled().await;
+    assert_eq!(counts.completed, 600, "{counts:?}");
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 8, "{most} handlers ran at once, concurrency 8");
+}
+
+on_both!(two_claims_out_never_overfill_the_worker);
+
 on_both!(deadlines);
 
 /// A handler that snoozes runs again after the snooze without spending attempts (one
