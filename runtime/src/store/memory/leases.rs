@@ -83,9 +83,13 @@ impl Leases {
         let Some(record) = self.records.get_mut(&lease) else {
             return false;
         };
-        record.expires_at = until;
-        self.by_expiry.push(Reverse((until, record.token, lease)));
-        self.compact();
+        // (Renewed to the expiry it has — a paused clock — its entry is in already: a second
+        // would be due twice and kept by every compaction.)
+        if record.expires_at != until {
+            record.expires_at = until;
+            self.by_expiry.push(Reverse((until, record.token, lease)));
+            self.compact();
+        }
         true
     }
 
@@ -162,6 +166,7 @@ mod tests {
             leases.insert(ids[i], record(i as u64 + 1, at(ms)));
         }
         assert!(leases.renew(ids[1], at(50)), "renewed past the others");
+        assert!(leases.renew(ids[1], at(50)), "renewed to the same time: due once");
         leases.remove(&ids[3]);
         assert!(
             !leases.renew(ids[3], at(60)),
