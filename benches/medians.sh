@@ -38,6 +38,8 @@ patterns = [
     ("enqueue->end p99 ms", r"enqueue->handler end p50 [\d.]+ms\s+p99 ([\d.]+)"),
     ("settle wait p50 ms", r"settle wait.*p50 ([\d.]+)"),
     ("settle wait p99 ms", r"settle wait.*p99 ([\d.]+)"),
+    ("this process CPU/job µs", r"this process.s CPU per job .*: run ([\d.]+)"),
+    ("bound from CPU, jobs/s", r"at most (\d+) jobs/s"),
 ]
 for line in sys.stdin:
     for name, pattern in patterns:
