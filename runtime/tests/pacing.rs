@@ -233,23 +233,28 @@ async fn deadlines(s: Setup) {
     }
 }
 
+/// Handlers of kind `work` that take `ms(job)` milliseconds each, and the most that ran at
+/// once.
+fn counted(ms: fn(&Job) -> u64) -> (Registry, Arc<AtomicU32>) {
+    let (running, most) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let seen = most.clone();
+    let registry = Registry::new().register("work", move |ctx: JobContext, _: ()| {
+        let (running, most) = (running.clone(), most.clone());
+        async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(ms(ctx.job()))).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+    (registry, seen)
+}
+
 /// A job that expires unrun at the head of a claim batch frees no slot the batch's other jobs
 /// take: the worker never runs more handlers than its concurrency.
 async fn expired_jobs_never_overfill_the_worker(s: Setup) {
-    let (running, most) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-    let registry = {
-        let (running, most) = (running.clone(), most.clone());
-        Registry::new().register("work", move |_: JobContext, _: ()| {
-            let (running, most) = (running.clone(), most.clone());
-            async move {
-                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                running.fetch_sub(1, Ordering::SeqCst);
-                Ok(())
-            }
-        })
-    };
+    let (registry, most) = counted(|_| 100);
     let past = SystemTime::now() - Duration::from_secs(1);
     let mut jobs = vec![NewJob::raw("work", "null").with_deadline(past)];
     jobs.extend((0..6).map(|_| NewJob::raw("work", "null")));
@@ -271,22 +276,8 @@ on_both!(expired_jobs_never_overfill_the_worker);
 /// other, and the worker never runs more handlers than its concurrency (fails with the
 /// claims in flight left out of a claim's room).
 async fn two_claims_out_never_overfill_the_worker(s: Setup) {
-    let (running, most) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-    let registry = {
-        let (running, most) = (running.clone(), most.clone());
-        Registry::new().register("work", move |ctx: JobContext, _: ()| {
-            let (running, most) = (running.clone(), most.clone());
-            async move {
-                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                // 0 to 7 ms, from the job id's random bits.
-                let ms = (ctx.job().id.as_uuid().as_u128() % 8) as u64;
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                running.fetch_sub(1, Ordering::SeqCst);
-                Ok(())
-            }
-        })
-    };
+    // 0 to 7 ms, from the job id's random bits.
+    let (registry, most) = counted(|job| (job.id.as_uuid().as_u128() % 8) as u64);
     s.enqueue((0..600).map(|_| NewJob::raw("work", "null")).collect())
         .await;
     s.worker(registry, 8);

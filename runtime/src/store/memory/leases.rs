@@ -166,7 +166,10 @@ mod tests {
             leases.insert(ids[i], record(i as u64 + 1, at(ms)));
         }
         assert!(leases.renew(ids[1], at(50)), "renewed past the others");
-        assert!(leases.renew(ids[1], at(50)), "renewed to the same time: due once");
+        assert!(
+            leases.renew(ids[1], at(50)),
+            "renewed to the same time: due once"
+        );
         leases.remove(&ids[3]);
         assert!(
             !leases.renew(ids[3], at(60)),
