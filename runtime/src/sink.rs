@@ -3,12 +3,13 @@
 //! The actor adds no check of its own — the store's single atomic operation is the fence. A
 //! check here (read highest, then write) would be exactly the race fencing exists to close.
 //!
-//! Writes that arrive while two batches are on their way to the store are sent together as the
-//! next batch (group commit): under load many handlers' writes share one round trip, while a
-//! lone write still goes out at once. Each write stays its own atomic admission + mutation.
-//! Two batches may be decided in either order, so a scope with a write on its way holds its
-//! next writes back: one scope's writes are decided in the order they arrived, as with one
-//! batch at a time (a handler that sends two writes without awaiting the first included).
+//! Up to two batches of writes are on their way to the store at once; writes that arrive
+//! meanwhile are sent together as the next batch (group commit): under load many handlers'
+//! writes share one round trip, while a lone write still goes out at once. Each write stays
+//! its own atomic admission + mutation. Two batches may be decided in either order, so a scope
+//! with a write on its way holds its next writes back (even with one batch out): one scope's
+//! writes are decided in the order they arrived, as with one batch at a time (a handler that
+//! sends two writes without awaiting the first included).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -121,6 +122,8 @@ impl FencedSink {
             }
             act.flush(ctx);
         }));
+        // Writes left over (more than a batch) may fill the second batch now.
+        self.flush(ctx);
     }
 }
 

@@ -726,7 +726,9 @@ pub trait FencedStore: Send + Sync + 'static {
     async fn write(&self, write: FencedWrite) -> Result<Admission>;
 
     /// Several writes that arrived together, each admitted and applied atomically on its own
-    /// (a remote backend sends them in one round trip). One result per write, in order.
+    /// (a remote backend sends them in one round trip). One result per write, in order. A
+    /// [`FencedSink`](crate::FencedSink) has up to two batches on their way at once, never
+    /// with one scope in both: calls may overlap, and each write must be atomic on its own.
     async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
         let mut results = Vec::with_capacity(writes.len());
         for write in writes {
