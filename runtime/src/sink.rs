@@ -271,17 +271,23 @@ mod tests {
         }
     }
 
-    /// Many writes at once: two batches go out together, no more, and the rest wait for one
-    /// of them and share the next; every write is answered once, each key applied once (fails
-    /// with `BATCHES_OUT` not checked, or with the count not given back).
-    #[actix::test]
-    async fn two_batches_go_out_at_once_and_every_write_is_answered() {
+    /// A sink over a [`Slow`] store, and one writer's fence.
+    fn slow_sink() -> (Arc<Slow>, Addr<FencedSink>, Fence) {
         let store = Arc::new(Slow::default());
         let sink = FencedSink::new("ledger", store.clone()).start();
         let fence = Fence {
             token: FencingToken::new(0, 1),
             lease: LeaseId::new(),
         };
+        (store, sink, fence)
+    }
+
+    /// Many writes at once: two batches go out together, no more, and the rest wait for one
+    /// of them and share the next; every write is answered once, each key applied once (fails
+    /// with `BATCHES_OUT` not checked, or with the count not given back).
+    #[actix::test]
+    async fn two_batches_go_out_at_once_and_every_write_is_answered() {
+        let (store, sink, fence) = slow_sink();
         let write = |i: usize| FencedWrite {
             scope: Scope::new(format!("s{}", i / 2 % 10)),
             fence,
@@ -322,12 +328,7 @@ mod tests {
     /// scopes out not held back: the key ends at "1").
     #[actix::test]
     async fn a_scope_with_a_write_out_holds_its_next_write_back() {
-        let store = Arc::new(Slow::default());
-        let sink = FencedSink::new("ledger", store.clone()).start();
-        let fence = Fence {
-            token: FencingToken::new(0, 1),
-            lease: LeaseId::new(),
-        };
+        let (store, sink, fence) = slow_sink();
         let write = |scope: &str, key: &str, mutation: Mutation| FencedWrite {
             scope: Scope::new(scope),
             fence,

@@ -140,7 +140,7 @@ impl Inspect for MemoryLeaseStore {
                     kind: job.kind.clone(),
                     lease: *id,
                     job: record.job,
-                    scope: state.jobs.get(&record.job)?.scope.clone(),
+                    scope: job.scope.clone(),
                     token: record.token,
                     worker: record.worker.to_string(),
                     age: now.saturating_duration_since(record.claimed_at),

@@ -78,9 +78,10 @@ impl Leases {
         self.records.remove(lease)
     }
 
-    /// Moves a live lease's expiry to `until`; false if `lease` is not live.
-    pub(super) fn renew(&mut self, lease: LeaseId, until: Instant) -> bool {
-        let Some(record) = self.records.get_mut(&lease) else {
+    /// Moves the expiry of a lease still current at `now` to `until`; false if `lease` is
+    /// not current (ended, or expired and not reaped yet).
+    pub(super) fn renew(&mut self, lease: LeaseId, now: Instant, until: Instant) -> bool {
+        let Some(record) = self.records.get_mut(&lease).filter(|r| r.expires_at > now) else {
             return false;
         };
         // (Renewed to the expiry it has — a paused clock — its entry is in already: a second
@@ -165,14 +166,18 @@ mod tests {
         for (i, ms) in [30, 10, 10, 20, 40].into_iter().enumerate() {
             leases.insert(ids[i], record(i as u64 + 1, at(ms)));
         }
-        assert!(leases.renew(ids[1], at(50)), "renewed past the others");
+        assert!(leases.renew(ids[1], t0, at(50)), "renewed past the others");
         assert!(
-            leases.renew(ids[1], at(50)),
+            leases.renew(ids[1], t0, at(50)),
             "renewed to the same time: due once"
+        );
+        assert!(
+            !leases.renew(ids[0], at(30), at(60)),
+            "an expired lease is not renewed"
         );
         leases.remove(&ids[3]);
         assert!(
-            !leases.renew(ids[3], at(60)),
+            !leases.renew(ids[3], t0, at(60)),
             "an ended lease is not renewed"
         );
         assert_eq!(leases.due(at(9), 10), vec![]);
@@ -220,6 +225,7 @@ mod tests {
             // The held lease renews as a renewal actor would, many times over.
             assert!(leases.renew(
                 held,
+                t0,
                 t0 + Duration::from_secs(3600) + Duration::from_millis(token)
             ));
             assert_eq!(leases.lowest_token(), Some(FencingToken::new(0, 1)));

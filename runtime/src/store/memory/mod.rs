@@ -518,9 +518,8 @@ impl LeaseState {
             }
             // (A default scope is its job's alone, and a job is one candidate at most.)
             let job = &self.jobs[&key.2];
-            let scope = &job.scope;
-            let held = job.shared && self.scopes.get(scope).is_some_and(|s| s.live.is_some());
-            if held || (job.shared && !taken.insert(scope)) {
+            let held = |scope| self.scopes.get(scope).is_some_and(|s| s.live.is_some());
+            if job.shared && (held(&job.scope) || !taken.insert(&job.scope)) {
                 aside.push((key, kind.to_owned()));
             } else {
                 if let Some(r) = room.get_mut(kind) {
@@ -1077,8 +1076,7 @@ impl LeaseStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         let mut lost = Vec::new();
         for lease in leases {
-            let current = state.leases.get(lease).is_some_and(|r| r.expires_at > now);
-            if !(current && state.leases.renew(*lease, now + ttl)) {
+            if !state.leases.renew(*lease, now, now + ttl) {
                 lost.push(*lease);
             }
         }
