@@ -207,7 +207,16 @@ for i = 0, n - 1 do
       redis.call('HSET', base .. 'job:' .. id, 'until', now + tonumber(ARGV[o + 12]))
       redis.call('SET', base .. 'debounce:' .. ARGV[o + 10], id, 'PX', tonumber(ARGV[o + 11]) + DEBOUNCE_KEPT_MS)
     end
-    if ARGV[o + 8] ~= '' then
+    if ARGV[o + 8] == 'id:' .. id then
+      -- The job's own id (NewJob::with_id; every client-made job has one): while the job is
+      -- known its record turns a second enqueue away (EXISTS above), so the key only has to
+      -- outlast the record by the ttl from now. It expires on its own and the job's end does
+      -- not touch it: a settlement saves a GET and a PEXPIREAT a job. (PX 0 is refused, and
+      -- another client may send "00".)
+      if tonumber(ARGV[o + 9]) > 0 then
+        redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id, 'PX', fmt(tonumber(ARGV[o + 9])))
+      end
+    elseif ARGV[o + 8] ~= '' then
       redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)
       redis.call('HSET', base .. 'job:' .. id, 'unique', ARGV[o + 8],
         'unique_until', now + tonumber(ARGV[o + 9]))

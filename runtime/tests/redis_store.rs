@@ -880,14 +880,18 @@ async fn a_ready_job_of_a_taken_scope_waits_aside_with_its_score() {
     assert_eq!(next[0].job.id.to_string(), b);
 }
 
-/// Enqueues `N` jobs under ids made here (each holds its id's unique key, the producer's
-/// retry guard) and returns the ids.
+/// Enqueues `N` jobs under ids made here, each holding a unique key of its own, `u:<id>`
+/// (not its id's key, which a job's end leaves to expire by itself), and returns the ids.
 async fn enqueue_with_ids<const N: usize>(store: &RedisLeaseStore) -> [palisade::JobId; N] {
-    use palisade::{JobId, LeaseStore, NewJob};
+    use palisade::{JobId, LeaseStore, NewJob, ID_RETENTION};
     let ids: [JobId; N] = std::array::from_fn(|_| JobId::new());
     let jobs = ids
         .iter()
-        .map(|&id| NewJob::raw("k", "null").with_id(id))
+        .map(|&id| {
+            NewJob::raw("k", "null")
+                .with_unique_key(format!("u:{id}"), ID_RETENTION)
+                .with_id(id)
+        })
         .collect();
     store.enqueue(jobs).await.unwrap();
     ids
@@ -921,7 +925,7 @@ async fn a_completion_leaves_a_unique_key_it_does_not_hold_alone() {
     use palisade::JobId;
     let (store, server) = private_coordinator("uk");
     let ids: [JobId; 3] = enqueue_with_ids(&store).await;
-    let key = |id: JobId| format!("{{uk}}:unique:id:{id}");
+    let key = |id: JobId| format!("{{uk}}:unique:u:{id}");
     // The first's key: another program's list. The second's: another job's now.
     server.cli(&["DEL", &key(ids[0])]).unwrap();
     server.cli(&["RPUSH", &key(ids[0]), "x"]).unwrap();
@@ -951,7 +955,7 @@ async fn a_unique_time_with_leading_zeros_still_ends_the_key_on_time() {
     use palisade::JobId;
     let (store, server) = private_coordinator("uz");
     let ids: [JobId; 2] = enqueue_with_ids(&store).await;
-    let key = |id: JobId| format!("{{uz}}:unique:id:{id}");
+    let key = |id: JobId| format!("{{uz}}:unique:u:{id}");
     let record = |id: JobId| format!("{{uz}}:job:{id}");
     let until = |id: JobId| -> i64 {
         let at = server.cli(&["HGET", &record(id), "unique_until"]).unwrap();
@@ -975,6 +979,43 @@ async fn a_unique_time_with_leading_zeros_still_ends_the_key_on_time() {
             .unwrap();
         assert_eq!(at, until, "{id}: the key expires at {at}, not {until}");
     }
+}
+
+/// The key of a job's own id expires by itself, at enqueue plus its ttl: the record does not
+/// name it and the job's end leaves it as it was (a settlement neither reads nor writes it).
+#[tokio::test]
+async fn a_job_ids_key_expires_by_itself() {
+    use palisade::{JobId, LeaseStore, NewJob, ID_RETENTION};
+    let (store, server) = private_coordinator("ui");
+    let id = JobId::new();
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let before = now_ms();
+    store
+        .enqueue(vec![NewJob::raw("k", "null").with_id(id)])
+        .await
+        .unwrap();
+    let after = now_ms();
+    let key = format!("{{ui}}:unique:id:{id}");
+    let expiry = || -> i64 { server.cli(&["PEXPIRETIME", &key]).unwrap().parse().unwrap() };
+    let at = expiry();
+    let retention = ID_RETENTION.as_millis() as i64;
+    assert!(
+        (before + retention..=after + retention).contains(&at),
+        "{at} not within {before}..={after} plus {retention}"
+    );
+    let record = format!("{{ui}}:job:{id}");
+    assert_eq!(
+        server.cli(&["HEXISTS", &record, "unique"]).as_deref(),
+        Some("0")
+    );
+    claim_and_complete(&store, 1).await;
+    assert_eq!(server.cli(&["GET", &key]), Some(id.to_string()));
+    assert_eq!(expiry(), at);
 }
 
 /// A collection queue another program wrote over with another type turns collection off,

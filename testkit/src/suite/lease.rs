@@ -27,6 +27,7 @@ macro_rules! lease_cases {
             unique_keys_make_enqueue_idempotent,
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
+            a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl,
             settle_and_claim_settles_first,
             a_result_is_kept_with_its_completion,
             follow_ups_are_kept_with_an_accepted_completion,
@@ -829,6 +830,65 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
     assert_eq!(keyed, [Enqueued::Added(w), Enqueued::Existing(w)]);
     let counts = store.counts("ids").await.unwrap();
     assert_eq!((counts.ready, counts.completed), (1, 3), "{counts:?}");
+}
+
+/// Issue 24: the key of a job's own id (`with_id`) may lapse while the job is still pending or
+/// running (Redis sets it with its ttl at enqueue and a job's end leaves it alone): the job
+/// itself keeps its id taken until it is done, the key until its ttl from enqueue ends, and
+/// then the id is free again.
+pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Stores) {
+    let ttl = Duration::from_millis(300);
+    let q = |kind: &str, id: JobId| {
+        let mut job = job(kind).with_queue("idttl").with_id(id);
+        job.unique = Some(UniqueKey {
+            key: format!("id:{id}"),
+            ttl,
+        });
+        job
+    };
+    let (x, y, z) = (JobId::new(), JobId::new(), JobId::new());
+    assert_eq!(
+        store.enqueue_all(vec![q("a", x), q("a", y)]).await.unwrap(),
+        [Enqueued::Added(x), Enqueued::Added(y)]
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Past the ttl, pending: still one job each.
+    assert_eq!(
+        store.enqueue_all(vec![q("b", x)]).await.unwrap(),
+        [Enqueued::Existing(x)]
+    );
+    let claims = store.claim("idttl", "suite", 2, TTL).await.unwrap();
+    assert_eq!(claims.len(), 2);
+    // Running: still one job; done past its ttl: free, a new job under the same id.
+    let (done, running) = if claims[0].job.id == x {
+        (&claims[0], &claims[1])
+    } else {
+        (&claims[1], &claims[0])
+    };
+    settle(&store, done.lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enqueue_all(vec![q("c", x), q("c", y)]).await.unwrap(),
+        [Enqueued::Added(x), Enqueued::Existing(y)]
+    );
+    assert_eq!(running.job.id, y);
+    // Done within its ttl: taken until the ttl ends, then free.
+    store.enqueue_all(vec![q("d", z)]).await.unwrap();
+    let c = store.claim("idttl", "suite", 5, TTL).await.unwrap();
+    let zc = c.iter().find(|c| c.job.id == z).expect("z is claimed");
+    settle(&store, zc.lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enqueue_all(vec![q("e", z)]).await.unwrap(),
+        [Enqueued::Existing(z)]
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.enqueue_all(vec![q("e", z)]).await.unwrap(),
+        [Enqueued::Added(z)]
+    );
 }
 
 /// Found by the attack review of issue 23: a dead job's id enqueued again (its id no longer
