@@ -301,6 +301,21 @@ local function epoch_of(entry)
   return field_of(entry, 2)
 end
 
+-- job_of and epoch_of at once, the entry walked once (a settlement reads both of every
+-- lease it ends).
+local function job_and_epoch(entry)
+  if not entry then
+    return nil, nil
+  end
+  local first = string.find(entry, '\t', 1, true)
+  if not first then
+    return entry ~= '' and entry or nil, nil
+  end
+  local second = string.find(entry, '\t', first + 1, true)
+  return first > 1 and string.sub(entry, 1, first - 1) or nil,
+    string.sub(entry, first + 1, second and second - 1 or -1)
+end
+
 -- The named scope of a lease_job entry (its sixth field), or nil (a default scope, or an entry
 -- of an earlier version).
 local function scope_of(entry)

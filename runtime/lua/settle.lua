@@ -37,7 +37,7 @@ local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Look every lease up at once: its expiry and its job.
-local all, expiries, jobs, entries = {}, {}, {}, {}
+local all, expiries, jobs, entries, epochs = {}, {}, {}, {}, {}
 for i = 0, count - 1 do
   all[#all + 1] = ARGV[3 + i * 6]
 end
@@ -47,7 +47,7 @@ for i = 1, #all, 500 do
   local j = redis.call('HMGET', base .. 'lease_job', unpack(chunk))
   for k = 1, #chunk do
     expiries[i + k - 1] = e[k]
-    jobs[i + k - 1] = job_of(j[k])
+    jobs[i + k - 1], epochs[i + k - 1] = job_and_epoch(j[k])
     entries[i + k - 1] = j[k]
   end
 end
@@ -68,6 +68,11 @@ end
 -- counts as gone). Types are asked once per key for the whole batch (`memo`).
 local out, current, records, settled = {}, {}, {}, {}
 local memo = {}
+-- The verdicts of settlements of jobs without a named scope, by what decides their keys:
+-- the lease's epoch, the job's queue, the action (and, for one that parks the job, its kind
+-- and group). A batch is mostly such settlements, alike: building and checking their keys
+-- once each cost a settlement a fifth of its instructions (docs/performance.md).
+local verdicts = {}
 -- An argument list that does not fit its count (from another client) has every settlement
 -- refused: a field read at the wrong place — a reason or follow-ups past the end — would be
 -- written.
@@ -89,16 +94,31 @@ for i = 0, count - 1 do
     local f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
       'kind', 'flow', 'group')
     local parks = action ~= 'complete' and action ~= 'dead'
-    local want, counted = {}, {}
-    settle_keys(base, want, counted, id, { f[1], f[2], f[6], f[8] }, parks,
-      (action == 'retry' or action == 'snooze') and arg ~= '0', action == 'dead', entries[i + 1])
-    if action == 'fenced' then
-      want[base .. 'epoch'] = 'hash'
+    local delayed = (action == 'retry' or action == 'snooze') and arg ~= '0'
+    local thens = action == 'complete' and ARGV[o + 5] ~= ''
+    -- (Names hold no tab, so the parts cannot run together.)
+    local alike = f[1] and not f[2] and (not parks or f[6])
+      and table.concat({ epochs[i + 1] or '', f[1], action, delayed and 'd' or '',
+        thens and 't' or '', parks and f[6] or '', parks and f[8] or '' }, '\t')
+    local wrong = nil
+    if alike then
+      wrong = verdicts[alike]
     end
-    if action == 'complete' and ARGV[o + 5] ~= '' then
-      want[base .. 'thens'] = 'zset'
+    if wrong == nil then
+      local want, counted = {}, {}
+      settle_keys(base, want, counted, id, { f[1], f[2], f[6], f[8] }, parks, delayed,
+        action == 'dead', entries[i + 1])
+      if action == 'fenced' then
+        want[base .. 'epoch'] = 'hash'
+      end
+      if thens then
+        want[base .. 'thens'] = 'zset'
+      end
+      wrong = unsafe(base, want, counted, memo) or false
+      if alike then
+        verdicts[alike] = wrong
+      end
     end
-    local wrong = unsafe(base, want, counted, memo)
     if wrong then
       out[i + 1] = 'corrupt:' .. wrong
       redis.log(redis.LOG_WARNING, 'palisade: settlement of lease ' .. lease .. ' refused: ' .. wrong)
@@ -117,7 +137,7 @@ for _, i in ipairs(current) do
   local follow_ups, added = ARGV[o + 5], ARGV[o + 6]
   local id = jobs[i + 1]
   released[#released + 1] = lease
-  local lease_epoch = epoch_of(entries[i + 1])
+  local lease_epoch = epochs[i + 1]
   if lease_epoch then
     by_epoch[lease_epoch] = by_epoch[lease_epoch] or {}
     table.insert(by_epoch[lease_epoch], lease)
@@ -125,7 +145,11 @@ for _, i in ipairs(current) do
   local job = base .. 'job:' .. id
   local f = records[i + 1]
   local queue, result = f[1], 'ok'
-  unhold_group(base, entries[i + 1], now)
+  -- (A lease counts against its group's cap only if its job has a group: a job's record
+  -- that names none needs no walk of the entry for one.)
+  if not queue or f[8] then
+    unhold_group(base, entries[i + 1], now)
+  end
   if not queue then
     let_go(base, lease, id, entries[i + 1])
   end

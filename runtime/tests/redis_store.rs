@@ -1144,6 +1144,70 @@ fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
     server.snapshot()
 }
 
+/// A settlement batch checks the keys of alike settlements (no named scope, one queue and
+/// epoch, one action) once, and a difference in what they write — a retry parking its job in
+/// another kind's ready set, or in the delayed set — is checked on its own: each settlement
+/// whose key another program wrote over is refused alone, the others go through.
+#[tokio::test]
+async fn alike_settlements_share_a_check_only_where_they_write_alike() {
+    use palisade::{LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("al");
+    let kinds = ["a", "b", "a", "a"];
+    store
+        .enqueue(kinds.iter().map(|k| NewJob::raw(*k, "null")).collect())
+        .await
+        .unwrap();
+    let claims = store
+        .claim("default", "w", 4, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 4);
+    // Kind b's ready set (empty now) and the delayed set: lists of another program's.
+    server.cli(&["RPUSH", "{al}:q:default\tb", "x"]).unwrap();
+    server
+        .cli(&["RPUSH", "{al}:q:default:delayed", "x"])
+        .unwrap();
+    let of = |kind: &str, nth: usize| {
+        claims
+            .iter()
+            .filter(|c| c.job.kind == kind)
+            .nth(nth)
+            .unwrap()
+            .lease
+            .id
+    };
+    let retry = |ms: u64| Settlement::Retry {
+        delay: Duration::from_millis(ms),
+        reason: "again".into(),
+    };
+    let out = store
+        .settle(vec![
+            (of("a", 0), retry(0)),
+            (of("b", 0), retry(0)),
+            (of("a", 1), retry(60_000)),
+            (of("a", 2), Settlement::completed()),
+        ])
+        .await
+        .unwrap();
+    assert!(out[0].is_ok(), "{out:?}");
+    assert!(
+        corrupt_settlement(&out[1]),
+        "another kind's ready set: {out:?}"
+    );
+    assert!(corrupt_settlement(&out[2]), "the delayed set: {out:?}");
+    assert!(out[3].is_ok(), "{out:?}");
+    server
+        .cli(&["DEL", "{al}:q:default\tb", "{al}:q:default:delayed"])
+        .unwrap();
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(
+        (counts.ready, counts.leased, counts.completed),
+        (1, 2, 1),
+        "{counts:?}"
+    );
+}
+
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what
 /// a claim, settlement, cancel or enqueue writes, fails the call whole before its first
 /// write (a reap skips that lease) (`PALISADE_CORRUPT`, naming the key) — it used to fail halfway, a claim after it had
