@@ -302,18 +302,27 @@ local function epoch_of(entry)
 end
 
 -- job_of and epoch_of at once, the entry walked once (a settlement reads both of every
--- lease it ends).
+-- lease it ends), and where its second tab is (for holds_more), if it has one.
 local function job_and_epoch(entry)
   if not entry then
-    return nil, nil
+    return nil, nil, nil
   end
   local first = string.find(entry, '\t', 1, true)
   if not first then
-    return entry ~= '' and entry or nil, nil
+    return entry ~= '' and entry or nil, nil, nil
   end
   local second = string.find(entry, '\t', first + 1, true)
   return first > 1 and string.sub(entry, 1, first - 1) or nil,
-    string.sub(entry, first + 1, second and second - 1 or -1)
+    string.sub(entry, first + 1, second and second - 1 or -1), second
+end
+
+-- Whether a lease_job entry holds more than its job, token, claim time and worker: a scope,
+-- a capped kind or a group (its sixth field on). `second`: its second tab's position
+-- (job_and_epoch); three finds where group_of walks the whole entry.
+local function holds_more(entry, second)
+  local third = second and string.find(entry, '\t', second + 1, true)
+  local fourth = third and string.find(entry, '\t', third + 1, true)
+  return fourth ~= nil and string.find(entry, '\t', fourth + 1, true) ~= nil
 end
 
 -- The named scope of a lease_job entry (its sixth field), or nil (a default scope, or an entry

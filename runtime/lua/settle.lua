@@ -37,7 +37,7 @@ local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Look every lease up at once: its expiry and its job.
-local all, expiries, jobs, entries, epochs = {}, {}, {}, {}, {}
+local all, expiries, jobs, entries, epochs, seconds = {}, {}, {}, {}, {}, {}
 for i = 0, count - 1 do
   all[#all + 1] = ARGV[3 + i * 6]
 end
@@ -47,7 +47,7 @@ for i = 1, #all, 500 do
   local j = redis.call('HMGET', base .. 'lease_job', unpack(chunk))
   for k = 1, #chunk do
     expiries[i + k - 1] = e[k]
-    jobs[i + k - 1], epochs[i + k - 1] = job_and_epoch(j[k])
+    jobs[i + k - 1], epochs[i + k - 1], seconds[i + k - 1] = job_and_epoch(j[k])
     entries[i + k - 1] = j[k]
   end
 end
@@ -71,8 +71,21 @@ local memo = {}
 -- The verdicts of settlements of jobs without a named scope, by what decides their keys:
 -- the lease's epoch, the job's queue, the action (and, for one that parks the job, its kind
 -- and group). A batch is mostly such settlements, alike: building and checking their keys
--- once each cost a settlement a fifth of its instructions (docs/performance.md).
-local verdicts = {}
+-- once each cost a settlement a fifth of its instructions (docs/performance.md). A tree,
+-- part by part, not one string: parts another program wrote (a tab in a kind, a group of "")
+-- cannot run together, and an absent part (NONE) is not an empty one.
+local verdicts, NONE, VERDICT = {}, {}, {}
+local function branch(node, part)
+  if part == nil then
+    part = NONE
+  end
+  local next = node[part]
+  if not next then
+    next = {}
+    node[part] = next
+  end
+  return next
+end
 -- An argument list that does not fit its count (from another client) has every settlement
 -- refused: a field read at the wrong place — a reason or follow-ups past the end — would be
 -- written.
@@ -96,13 +109,18 @@ for i = 0, count - 1 do
     local parks = action ~= 'complete' and action ~= 'dead'
     local delayed = (action == 'retry' or action == 'snooze') and arg ~= '0'
     local thens = action == 'complete' and ARGV[o + 5] ~= ''
-    -- (Names hold no tab, so the parts cannot run together.)
-    local alike = f[1] and not f[2] and (not parks or f[6])
-      and table.concat({ epochs[i + 1] or '', f[1], action, delayed and 'd' or '',
-        thens and 't' or '', parks and f[6] or '', parks and f[8] or '' }, '\t')
+    -- (The action is one of ACTIONS: with its flags appended it is still one of a kind.)
+    local alike = nil
+    if f[1] and not f[2] and (not parks or f[6]) then
+      alike = branch(branch(verdicts, epochs[i + 1]), f[1])
+      alike = branch(alike, action .. (delayed and '+d' or '') .. (thens and '+t' or ''))
+      if parks then
+        alike = branch(branch(alike, f[6]), f[8])
+      end
+    end
     local wrong = nil
     if alike then
-      wrong = verdicts[alike]
+      wrong = alike[VERDICT]
     end
     if wrong == nil then
       local want, counted = {}, {}
@@ -116,7 +134,7 @@ for i = 0, count - 1 do
       end
       wrong = unsafe(base, want, counted, memo) or false
       if alike then
-        verdicts[alike] = wrong
+        alike[VERDICT] = wrong
       end
     end
     if wrong then
@@ -145,9 +163,9 @@ for _, i in ipairs(current) do
   local job = base .. 'job:' .. id
   local f = records[i + 1]
   local queue, result = f[1], 'ok'
-  -- (A lease counts against its group's cap only if its job has a group: a job's record
-  -- that names none needs no walk of the entry for one.)
-  if not queue or f[8] then
+  -- (A lease counts against its group's cap only if its entry names a group: an entry that
+  -- holds nothing past its worker needs no walk for one.)
+  if holds_more(entries[i + 1], seconds[i + 1]) then
     unhold_group(base, entries[i + 1], now)
   end
   if not queue then

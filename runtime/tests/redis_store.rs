@@ -1144,6 +1144,23 @@ fn snapshot(server: &RedisServer) -> Vec<(String, String)> {
     server.snapshot()
 }
 
+/// Enqueues `jobs` and claims them all (a lease of 30 s each).
+async fn enqueue_and_claim(
+    store: &RedisLeaseStore,
+    jobs: impl IntoIterator<Item = palisade::NewJob>,
+) -> Vec<palisade::Claim> {
+    use palisade::LeaseStore;
+    let jobs: Vec<_> = jobs.into_iter().collect();
+    let n = jobs.len();
+    store.enqueue(jobs).await.unwrap();
+    let claims = store
+        .claim("default", "w", n, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), n);
+    claims
+}
+
 /// A settlement batch checks the keys of alike settlements (no named scope, one queue and
 /// epoch, one action) once, and a difference in what they write — a retry parking its job in
 /// another kind's ready set, or in the delayed set — is checked on its own: each settlement
@@ -1154,15 +1171,7 @@ async fn alike_settlements_share_a_check_only_where_they_write_alike() {
     use std::time::Duration;
     let (store, server) = private_coordinator("al");
     let kinds = ["a", "b", "a", "a"];
-    store
-        .enqueue(kinds.iter().map(|k| NewJob::raw(*k, "null")).collect())
-        .await
-        .unwrap();
-    let claims = store
-        .claim("default", "w", 4, Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(claims.len(), 4);
+    let claims = enqueue_and_claim(&store, kinds.iter().map(|k| NewJob::raw(*k, "null"))).await;
     // Kind b's ready set (empty now) and the delayed set: lists of another program's.
     server.cli(&["RPUSH", "{al}:q:default\tb", "x"]).unwrap();
     server
@@ -1206,6 +1215,66 @@ async fn alike_settlements_share_a_check_only_where_they_write_alike() {
         (1, 2, 1),
         "{counts:?}"
     );
+}
+
+/// Found by the attack review of the shared checks: a job record another program edited — a
+/// group of "" where the batch's first settlement had none, or its group removed while its
+/// lease counts against the group's cap — is checked, and gives its slot back, on its own.
+#[tokio::test]
+async fn odd_records_do_not_share_a_check_or_keep_a_groups_slot() {
+    use palisade::{GroupLimits, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("ag");
+    let claims =
+        enqueue_and_claim(&store, [NewJob::raw("k", "null"), NewJob::raw("k", "null")]).await;
+    // The second's record names the group "", whose record is another program's string.
+    let record = format!("{{ag}}:job:{}", claims[1].job.id);
+    server.cli(&["HSET", &record, "group", ""]).unwrap();
+    server.cli(&["SET", "{ag}:group:", "x"]).unwrap();
+    let retry = || Settlement::Retry {
+        delay: Duration::ZERO,
+        reason: "again".into(),
+    };
+    let out = store
+        .settle(vec![
+            (claims[0].lease.id, retry()),
+            (claims[1].lease.id, retry()),
+        ])
+        .await
+        .unwrap();
+    assert!(out[0].is_ok(), "{out:?}");
+    assert!(
+        corrupt_settlement(&out[1]),
+        "a group of \"\" is not none: {out:?}"
+    );
+    assert_eq!(server.cli(&["GET", "{ag}:group:"]).as_deref(), Some("x"));
+
+    // A capped group's job whose record lost its group: its end still gives the slot back.
+    let capped = GroupLimits {
+        cap: Some(1),
+        ..GroupLimits::default()
+    };
+    store.set_group_limits("g", capped).await.unwrap();
+    store
+        .enqueue(vec![NewJob::raw("k", "null").with_group("g")])
+        .await
+        .unwrap();
+    let grouped = store
+        .claim("default", "w", 5, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.job.group.as_deref() == Some("g"))
+        .expect("the grouped job is claimed");
+    assert_eq!(store.group("g").await.unwrap().running, 1);
+    let record = format!("{{ag}}:job:{}", grouped.job.id);
+    server.cli(&["HDEL", &record, "group"]).unwrap();
+    let done = store
+        .settle(vec![(grouped.lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok(), "{done:?}");
+    assert_eq!(store.group("g").await.unwrap().running, 0);
 }
 
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what

@@ -852,9 +852,17 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         [Enqueued::Added(x), Enqueued::Added(y)]
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    // Past the ttl, pending: still one job each.
+    // Past the ttl, pending: still one job each, and its id's key is still held for a job
+    // that names it as its unique key.
     assert_eq!(
         store.enqueue_all(vec![q("b", x)]).await.unwrap(),
+        [Enqueued::Existing(x)]
+    );
+    let naming = job("n")
+        .with_queue("idttl")
+        .with_unique_key(format!("id:{x}"), ttl);
+    assert_eq!(
+        store.enqueue_all(vec![naming]).await.unwrap(),
         [Enqueued::Existing(x)]
     );
     let claims = store.claim("idttl", "suite", 2, TTL).await.unwrap();
