@@ -1277,6 +1277,48 @@ async fn odd_records_do_not_share_a_check_or_keep_a_groups_slot() {
     assert_eq!(store.group("g").await.unwrap().running, 0);
 }
 
+/// A settlement reads its leases' expiries only when some lease has expired or the two
+/// records of the leases disagree in number: an expired lease beside a current one in one
+/// batch is refused alone, and with the expiries gone (the key evicted, say) no lease
+/// counts as current.
+#[tokio::test]
+async fn a_lease_is_current_only_while_its_expiry_is_known_and_ahead() {
+    use palisade::{LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("ax");
+    store
+        .enqueue((0..3).map(|_| NewJob::raw("k", "null")).collect())
+        .await
+        .unwrap();
+    let short = store
+        .claim("default", "w", 1, Duration::from_millis(150))
+        .await
+        .unwrap();
+    let long = store
+        .claim("default", "w", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!((short.len(), long.len()), (1, 2));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = store
+        .settle(vec![
+            (short[0].lease.id, Settlement::completed()),
+            (long[0].lease.id, Settlement::completed()),
+        ])
+        .await
+        .unwrap();
+    assert!(out[0].is_err(), "the expired lease: {out:?}");
+    assert!(out[1].is_ok(), "the current one: {out:?}");
+    // The expired one reaped, no lease is expired now; then the expiries are lost.
+    assert_eq!(store.reap(10).await.unwrap().len(), 1);
+    server.cli(&["DEL", "{ax}:leases"]).unwrap();
+    let out = store
+        .settle(vec![(long[1].lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    assert!(out[0].is_err(), "no expiry, not current: {out:?}");
+}
+
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what
 /// a claim, settlement, cancel or enqueue writes, fails the call whole before its first
 /// write (a reap skips that lease) (`PALISADE_CORRUPT`, naming the key) — it used to fail halfway, a claim after it had
