@@ -17,7 +17,9 @@ local leases = base .. 'leases'
 local lost = {}
 for i = 2, #ARGV - 1 do -- (the last ARGV is the layout generation)
   local expiry = redis.call('ZSCORE', leases, ARGV[i])
-  if expiry and tonumber(expiry) > now then
+  -- (The claims' SKIPLIST marker at +inf is no lease: given a finite expiry it would count as
+  -- one, and settle.lua counts finite expiries.)
+  if expiry and tonumber(expiry) > now and ARGV[i] ~= SKIPLIST then
     redis.call('ZADD', leases, 'XX', now + ttl, ARGV[i])
   else
     lost[#lost + 1] = ARGV[i]

@@ -1317,6 +1317,27 @@ async fn a_lease_is_current_only_while_its_expiry_is_known_and_ahead() {
         .await
         .unwrap();
     assert!(out[0].is_err(), "no expiry, not current: {out:?}");
+
+    // Found by the attack review: another program renewing the claims' marker (at +inf in
+    // `leases`) as if it were a lease would give it a finite expiry, counted as a lease's.
+    let claimed = store
+        .claim("default", "w", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "the reaped job, ready again");
+    let marker = server
+        .cli(&["ZRANGEBYSCORE", "{ax}:leases", "+inf", "+inf"])
+        .expect("a claim keeps its marker at +inf");
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let renew = ["common.lua", "renew.lua"]
+        .map(|f| std::fs::read_to_string(format!("{dir}/lua/{f}")).unwrap())
+        .concat();
+    let lost = server.cli(&["EVAL", &renew, "1", "{ax}:", "10000", &marker, "0"]);
+    assert_eq!(lost.as_deref(), Some(marker.as_str()), "not renewed");
+    assert_eq!(
+        server.cli(&["ZSCORE", "{ax}:leases", &marker]).as_deref(),
+        Some("inf")
+    );
 }
 
 /// Redis does not roll a script back: a key another program wrote over, in the middle of what
