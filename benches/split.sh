@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Instructions a private redis-server executes per job in a claim and in a settlement, apart
+# (the `split` harness: claims of BATCH jobs, then settlements of BATCH), under callgrind.
+# Loading the scripts (SCRIPT LOAD, once per server: the first call of each) is left out, as
+# in benches/callgrind.sh.
+#   bash benches/split.sh PORT BATCH       # e.g. 6394 24; try 8, 24 and 48 for the per-job part
+set -euo pipefail
+port=$1 batch=$2
+out=${OUT:-/tmp/palisade-split}
+harness=${HARNESS:-target/release/split}
+rm -rf "$out" && mkdir -p "$out"
+valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
+  redis-server --port "$port" --save "" --appendonly no >"$out/valgrind.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.2
+done
+"$harness" --redis "redis://127.0.0.1:$port" --batch "$batch" --phase-hook "callgrind_control -d $pid >/dev/null 2>&1" >"$out/harness.txt"
+redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+wait "$pid" || true
+trap - EXIT
+jobs=$(awk '/^jobs/ { print $2 }' "$out/harness.txt")
+# Dumps: .1 the enqueue, .2 the claims, .3 the settlements.
+ir() {
+  local f="$out/cg.$pid.$1" all load
+  all=$(awk '/^summary:/ { print $2 }' "$f")
+  load=$(callgrind_annotate --inclusive=yes --auto=no --threshold=100 "$f" 2>/dev/null \
+    | awk '/:scriptCommand / { gsub(",", "", $1); print $1; exit }')
+  echo $((all - ${load:-0}))
+}
+echo "instructions per job: claim $(($(ir 2) / jobs)), settle $(($(ir 3) / jobs)) (batch $batch)"
