@@ -39,7 +39,7 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Look every lease up at once: its expiry and its job. Every script adds and removes a lease
 -- in `leases` and `lease_job` together, so when no lease has expired and both hold as many,
 -- they hold the same leases and one with an entry is current: its expiry need not be read.
--- (ZMSCORE's reply turns each score into text with printf: 5 % of a no-op job's Redis
+-- (ZMSCORE's reply turns each score into text with printf: 4 % of a no-op job's Redis
 -- instructions, docs/performance.md.) Otherwise, as a reaper that is behind leaves it, or
 -- another program's writes, each lease's expiry is read.
 local all, expiries, jobs, entries, epochs, seconds = {}, {}, {}, {}, {}, {}
