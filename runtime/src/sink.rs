@@ -230,7 +230,7 @@ mod tests {
 
     use super::*;
     use crate::ids::{IdempotencyKey, LeaseId};
-    use crate::{MemoryFencedStore, Mutation};
+    use crate::{MemoryFencedStore, Mutation, Rejection, Value};
 
     /// A memory sink whose batches take a while, counting how many are out at once.
     #[derive(Default)]
@@ -320,6 +320,65 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(lone, Admission::Applied);
+    }
+
+    /// One write whose mutation does not fit (an increment of a string key), among 300 going
+    /// out in two batches at once, is refused alone and changes nothing; every other write
+    /// applies once (DESIGN.md invariant 8, through the actor).
+    #[actix::test]
+    async fn one_bad_write_among_two_batches_out_fails_only_itself() {
+        let (store, sink, fence) = slow_sink();
+        let first = FencedWrite {
+            scope: Scope::new("setup"),
+            fence,
+            key: IdempotencyKey::new("text"),
+            mutations: vec![Mutation::Set {
+                key: "text".into(),
+                value: "not a hash".into(),
+            }],
+        };
+        assert_eq!(
+            sink.send(Write(first)).await.unwrap().unwrap(),
+            Admission::Applied
+        );
+        let write = |i: usize| FencedWrite {
+            scope: Scope::new(format!("s{}", i % 30)),
+            fence,
+            key: IdempotencyKey::new(format!("k{i}")),
+            mutations: vec![Mutation::HashIncr {
+                key: if i == 150 { "text".into() } else { "n".into() },
+                field: "n".into(),
+                by: 1,
+            }],
+        };
+        let all = futures_util::future::join_all((0..300).map(|i| sink.send(Write(write(i)))));
+        let answers = tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("every write answered");
+        for (i, answer) in answers.into_iter().enumerate() {
+            let admission = answer.unwrap().unwrap();
+            if i == 150 {
+                assert!(
+                    matches!(admission, Admission::Rejected(Rejection::Mutation { .. })),
+                    "{admission:?}"
+                );
+            } else {
+                assert_eq!(admission, Admission::Applied, "write {i}");
+            }
+        }
+        assert_eq!(
+            store.most.load(Ordering::SeqCst),
+            2,
+            "two batches out at once"
+        );
+        assert_eq!(
+            store.read("n").await.unwrap(),
+            Some(Value::Hash([("n".to_string(), "299".to_string())].into()))
+        );
+        assert_eq!(
+            store.read("text").await.unwrap(),
+            Some(Value::Text("not a hash".into()))
+        );
     }
 
     /// One scope's writes are decided in the order they came, though two batches are out: a
