@@ -105,9 +105,9 @@ for i = 0, n - 1 do
     local holder = held[ukey] or redis.call('GET', base .. 'unique:' .. ukey)
     -- A job's own id key lapses with its ttl while the job may still be known (below): the
     -- key `id:<x>` of another job is held while job x's record is, as the memory store holds it.
-    if not holder and string.sub(ukey, 1, 3) == 'id:' and ukey ~= 'id:' .. ARGV[o + 1]
-      and redis.call('EXISTS', base .. 'job:' .. string.sub(ukey, 4)) == 1 then
-      holder = string.sub(ukey, 4)
+    local named = not holder and string.sub(ukey, 1, 3) == 'id:' and string.sub(ukey, 4)
+    if named and named ~= ARGV[o + 1] and redis.call('EXISTS', base .. 'job:' .. named) == 1 then
+      holder = named
     end
     if holder then
       out[i + 1] = '=' .. holder

@@ -324,7 +324,7 @@ mod tests {
 
     /// One write whose mutation does not fit (an increment of a string key), among 300 going
     /// out in two batches at once, is refused alone and changes nothing; every other write
-    /// applies once (DESIGN.md invariant 8, through the actor).
+    /// applies once (ARCHITECTURE.md §3, invariant 8, through the actor).
     #[actix::test]
     async fn one_bad_write_among_two_batches_out_fails_only_itself() {
         let (store, sink, fence) = slow_sink();
