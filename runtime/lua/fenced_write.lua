@@ -305,11 +305,14 @@ local function write(fence, keys, token, lease, key, encoded)
   end
   -- Reads first, each guarded: a fence or key record of the wrong type (another program
   -- writing under our prefix) fails this write alone, before anything changed.
+  -- (ZCARD first: it answers 0 for a scope without keys, as every default scope's one write
+  -- finds, and then the key need not be looked up, nor the set counted after the ZADD.)
   local held = redis.pcall('GET', fence)
-  local seen = redis.pcall('ZSCORE', keys, key)
-  if type(held) == 'table' and held.err or type(seen) == 'table' and seen.err then
+  local kept = redis.pcall('ZCARD', keys)
+  if type(held) == 'table' and held.err or type(kept) == 'table' and kept.err then
     return { 'error', 'the fence or key record of this scope holds the wrong type' }
   end
+  local seen = kept > 0 and redis.call('ZSCORE', keys, key)
   local h = {}
   if held then
     h[1], h[2] = string.match(held, '^(%d+)\t(.*)$')
@@ -393,7 +396,7 @@ local function write(fence, keys, token, lease, key, encoded)
     queue_for_collection(fence, token)
   end
   redis.call('ZADD', keys, NOW, key)
-  local kept = redis.call('ZCARD', keys)
+  kept = kept + 1 -- (the key was not in the set)
   -- A set of one was created just now (a scope's first write, every default scope's only
   -- one): nothing in it is past retention or over the count.
   if kept > 1 then

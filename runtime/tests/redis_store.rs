@@ -339,6 +339,46 @@ async fn sink_state_stays_bounded_by_live_scopes() {
     assert!(used < 64 * 1024, "collection queue holds {used} bytes");
 }
 
+/// A scope keeps at most `max_keys` idempotency keys, the newest: the script counts its set
+/// before the write (a scope without keys, as a default scope's one write finds, is not looked
+/// up) and adds one for the key it records, so the bound holds from the first write over it.
+#[tokio::test]
+async fn a_scopes_keys_are_bounded_by_count_and_the_newest_kept() {
+    use palisade::{
+        Admission, Fence, FencedStore, FencedWrite, FencingToken, IdempotencyKey, LeaseId,
+        Mutation, Scope,
+    };
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let sink = RedisFencedStore::new(pool, "kb").with_key_retention(Duration::from_secs(3600), 3);
+    let write = |key: &str| FencedWrite {
+        scope: Scope::new("s"),
+        fence: Fence {
+            token: FencingToken::from_u64(7),
+            lease: LeaseId::from(uuid::Uuid::nil()),
+        },
+        key: IdempotencyKey::new(key),
+        mutations: vec![Mutation::HashIncr {
+            key: "n".into(),
+            field: "f".into(),
+            by: 1,
+        }],
+    };
+    for (i, key) in ["k1", "k2", "k3", "k4", "k5"].into_iter().enumerate() {
+        assert_eq!(sink.write(write(key)).await.unwrap(), Admission::Applied);
+        let kept = server.cli(&["ZCARD", "kb:{s}:keys"]).unwrap();
+        assert_eq!(kept, (i + 1).min(3).to_string(), "after {key}");
+    }
+    // The newest three are remembered; the two oldest are forgotten, so a repeat applies.
+    for key in ["k3", "k4", "k5"] {
+        assert_eq!(sink.write(write(key)).await.unwrap(), Admission::Duplicate);
+    }
+    assert_eq!(sink.write(write("k1")).await.unwrap(), Admission::Applied);
+    assert_eq!(server.cli(&["HGET", "kb:d:n", "f"]).as_deref(), Some("6"));
+    assert_eq!(server.cli(&["ZCARD", "kb:{s}:keys"]).as_deref(), Some("3"));
+}
+
 /// Found by the adversarial review of the watermark: a corrupt stored watermark must fail the
 /// sink closed (fences below it may be gone), and corrupt coordinator records must never make
 /// a settle fail after its changes (it used to: the jobs were settled, the caller told "error").
