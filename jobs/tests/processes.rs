@@ -550,6 +550,12 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
     for _ in 0..3 {
         deposit(&redis, 7, 1, 0);
     }
+    // A queue sorted before "default" whose delayed set another program wrote over: its
+    // sample fails alone (said in the log), and the other queues are still sampled.
+    redis.cli(&["SADD", "{palisade}:queues", "broken"]).unwrap();
+    redis
+        .cli(&["SET", "{palisade}:q:broken:delayed", "not a sorted set"])
+        .unwrap();
     let workers = [
         worker(&redis, &sink, "sampler-a", "30s"),
         worker(&redis, &sink, "sampler-b", "30s"),
@@ -576,6 +582,11 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
         )
     };
     assert_eq!((depth("leased"), depth("waiting")), (1, 3), "{text}");
+    let failed =
+        palisade::metrics::sample_sum(&text, "palisade_backend_errors_total", &[("op", "sample")]);
+    assert!(failed >= 1, "the broken queue's sample is counted: {text}");
+    // (Repaired: `palisade status` below reads every queue.)
+    redis.cli(&["DEL", "{palisade}:q:broken:delayed"]).unwrap();
 
     // An operator pauses the queue and cancels the running job: the holder exports both, so
     // PalisadeNoProgress stays quiet for the paused queue and cancels show as such.

@@ -4,18 +4,35 @@
 -- Returns  {ready, waiting, delayed, leased, completed, dead, cancelled, died} (due delayed
 --          jobs count as ready; cancelled counts every job cancel.lua ever cancelled in the
 --          queue, died every job ever dead-lettered in it)
--- Errors   none
+-- Errors   "PALISADE_CORRUPT ..." naming the first key it reads that holds another type
+--          (another program writing under our prefix), rather than a bare WRONGTYPE. A count
+--          field that is not a count reads as 0, as every script reads it.
 local base, queue = KEYS[1], ARGV[1]
 local now = now_ms()
 local q = base .. 'q:' .. queue .. ':'
+local wrong = mistyped({ [q .. 'delayed'] = 'zset', [q .. 'stats'] = 'hash', [q .. 'kinds'] = 'set',
+  [q .. 'dead'] = 'list' })
+local ready_sets = {}
+if not wrong then
+  for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
+    ready_sets[#ready_sets + 1] = ready_key(base, queue, kind)
+  end
+  local want = {}
+  for _, key in ipairs(ready_sets) do
+    want[key] = 'zset'
+  end
+  wrong = mistyped(want)
+end
+if wrong then
+  return redis.error_reply('PALISADE_CORRUPT ' .. wrong .. ': no counts were read')
+end
 local due = redis.call('ZCOUNT', q .. 'delayed', '-inf', now)
 local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed', 'waiting', 'cancelled',
   'died', 'grouped')
 local ready = count_of(stats[6])
-for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
-  ready = ready + redis.call('ZCARD', base .. 'q:' .. queue .. '\t' .. kind)
+for _, key in ipairs(ready_sets) do
+  ready = ready + redis.call('ZCARD', key)
 end
-return { ready + due, tonumber(stats[3] or '0'),
-  redis.call('ZCARD', q .. 'delayed') - due, tonumber(stats[1] or '0'),
-  tonumber(stats[2] or '0'), redis.call('LLEN', q .. 'dead'), tonumber(stats[4] or '0'),
+return { ready + due, count_of(stats[3]), redis.call('ZCARD', q .. 'delayed') - due,
+  count_of(stats[1]), count_of(stats[2]), redis.call('LLEN', q .. 'dead'), count_of(stats[4]),
   count_of(stats[5]) }

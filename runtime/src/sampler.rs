@@ -92,36 +92,54 @@ impl Sampler {
     }
 }
 
-/// One sample of every queue; `paused`, when known, the paused queues.
+/// One sample of every queue; `paused`, when known, the paused queues. A queue whose read
+/// fails for good (a key of it another program wrote over: a permanent error) is said and
+/// passed over, so the other queues' depths stay current; a backend that is down ends the
+/// pass, to be tried again next tick.
 async fn sample(store: &dyn Inspect, paused: Option<&[String]>) -> crate::Result<()> {
     for queue in store.queues().await? {
-        let counts = store.counts(&queue).await?;
-        let oldest = store.oldest_ready(&queue).await?;
-        for (state, n) in [
-            ("ready", counts.ready),
-            ("waiting", counts.waiting),
-            ("delayed", counts.delayed),
-            ("leased", counts.leased),
-            ("dead", counts.dead),
-        ] {
-            gauge!(m::QUEUE_DEPTH, "queue" => queue.clone(), "state" => state).set(n as f64);
+        match sample_queue(store, &queue, paused).await {
+            Err(e) if !e.is_retryable() => {
+                tracing::warn!(%queue, error = %e, "queue depth sample failed for this queue; the other queues are sampled");
+                metrics::counter!(m::BACKEND_ERRORS, "op" => "sample").increment(1);
+            }
+            other => other?,
         }
-        gauge!(m::QUEUE_OLDEST_READY_AGE, "queue" => queue.clone())
-            .set(oldest.unwrap_or_default().as_secs_f64());
-        // The coordinator's own count, set as is: every sampler in turn reports the same
-        // fleet-wide total, which only grows.
-        metrics::counter!(m::JOBS_CANCELLED, "queue" => queue.clone()).absolute(counts.cancelled);
-        if let Some(paused) = paused {
-            let is_paused = paused.contains(&queue);
-            gauge!(m::QUEUE_PAUSED, "queue" => queue.clone()).set(f64::from(u8::from(is_paused)));
-        }
-        // The top groups only, so the label set stays bounded however many groups there are
-        // (a group that leaves the top is no longer set and leaves the output when its gauge
-        // goes idle).
-        for g in store.groups(&queue, m::GROUPS_SAMPLED).await? {
-            gauge!(m::GROUP_READY, "queue" => queue.clone(), "group" => g.group)
-                .set(g.ready as f64);
-        }
+    }
+    Ok(())
+}
+
+/// One queue's share of [`sample`].
+async fn sample_queue(
+    store: &dyn Inspect,
+    queue: &str,
+    paused: Option<&[String]>,
+) -> crate::Result<()> {
+    let counts = store.counts(queue).await?;
+    let oldest = store.oldest_ready(queue).await?;
+    for (state, n) in [
+        ("ready", counts.ready),
+        ("waiting", counts.waiting),
+        ("delayed", counts.delayed),
+        ("leased", counts.leased),
+        ("dead", counts.dead),
+    ] {
+        gauge!(m::QUEUE_DEPTH, "queue" => queue.to_owned(), "state" => state).set(n as f64);
+    }
+    gauge!(m::QUEUE_OLDEST_READY_AGE, "queue" => queue.to_owned())
+        .set(oldest.unwrap_or_default().as_secs_f64());
+    // The coordinator's own count, set as is: every sampler in turn reports the same
+    // fleet-wide total, which only grows.
+    metrics::counter!(m::JOBS_CANCELLED, "queue" => queue.to_owned()).absolute(counts.cancelled);
+    if let Some(paused) = paused {
+        let is_paused = paused.iter().any(|p| p == queue);
+        gauge!(m::QUEUE_PAUSED, "queue" => queue.to_owned()).set(f64::from(u8::from(is_paused)));
+    }
+    // The top groups only, so the label set stays bounded however many groups there are
+    // (a group that leaves the top is no longer set and leaves the output when its gauge
+    // goes idle).
+    for g in store.groups(queue, m::GROUPS_SAMPLED).await? {
+        gauge!(m::GROUP_READY, "queue" => queue.to_owned(), "group" => g.group).set(g.ready as f64);
     }
     Ok(())
 }

@@ -339,6 +339,55 @@ async fn sink_state_stays_bounded_by_live_scopes() {
     assert!(used < 64 * 1024, "collection queue holds {used} bytes");
 }
 
+/// A queue's counts with keys another program wrote under our prefix: a key of another type
+/// is named in the error (not a bare WRONGTYPE), and a count field that is not a count reads
+/// as 0 (not a reply the client cannot decode). Both are a read: nothing changes.
+#[tokio::test]
+async fn counts_name_a_key_written_over_and_read_odd_counts_as_zero() {
+    use palisade::{Inspect, LeaseStore, NewJob};
+    let (store, server) = private_coordinator("cnt");
+    store
+        .enqueue(vec![NewJob::raw("k", "null"), NewJob::raw("k", "null")])
+        .await
+        .unwrap();
+    server
+        .cli(&[
+            "HSET",
+            "{cnt}:q:default:stats",
+            "waiting",
+            "-3",
+            "completed",
+            "1.5",
+            "died",
+            "x",
+        ])
+        .unwrap();
+    let counts = store.counts("default").await.unwrap();
+    assert_eq!(
+        (counts.ready, counts.waiting, counts.completed, counts.died),
+        (2, 0, 0, 0)
+    );
+    for (key, need) in [
+        ("{cnt}:q:default:delayed", "zset"),
+        ("{cnt}:q:default:dead", "list"),
+        ("{cnt}:q:default\tk", "zset"),
+    ] {
+        // (The kind's ready set holds the two jobs: set aside, and back after.)
+        let _ = server.cli(&["RENAME", key, "aside"]);
+        server.cli(&["SET", key, "oops"]).unwrap();
+        let err = store.counts("default").await.unwrap_err().to_string();
+        let named = format!("{key} is a string, not a {need}");
+        assert!(
+            err.contains("PALISADE_CORRUPT") && err.contains(&named),
+            "{key}: {err}"
+        );
+        server.cli(&["DEL", key]).unwrap();
+        let _ = server.cli(&["RENAME", "aside", key]);
+    }
+    // Repaired, the counts read again, and nothing was lost.
+    assert_eq!(store.counts("default").await.unwrap().ready, 2);
+}
+
 /// A scope keeps at most `max_keys` idempotency keys, the newest: the script counts its set
 /// before the write (a scope without keys, as a default scope's one write finds, is not looked
 /// up) and adds one for the key it records, so the bound holds from the first write over it.
