@@ -585,8 +585,21 @@ fn one_worker_samples_queue_depth_and_another_takes_over_when_it_dies() {
     let failed =
         palisade::metrics::sample_sum(&text, "palisade_backend_errors_total", &[("op", "sample")]);
     assert!(failed >= 1, "the broken queue's sample is counted: {text}");
-    // (Repaired: `palisade status` below reads every queue.)
-    redis.cli(&["DEL", "{palisade}:q:broken:delayed"]).unwrap();
+    // `palisade status` leaves the broken queue out, says why, and shows the rest.
+    let out = Command::new(BIN)
+        .args(["status", "--json"])
+        .env("PALISADE_REDIS_URL", redis.url())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(shown["queues"]["default"].is_object(), "{shown}");
+    assert!(shown["queues"].get("broken").is_none(), "{shown}");
+    assert!(
+        said.contains("broken") && said.contains("{palisade}:q:broken:delayed is a string"),
+        "{said}"
+    );
 
     // An operator pauses the queue and cancels the running job: the holder exports both, so
     // PalisadeNoProgress stays quiet for the paused queue and cancels show as such.

@@ -397,8 +397,16 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         let (_, store) = args.redis.store().await?;
         let mut queues = Vec::new();
         for queue in store.queues().await? {
-            let counts = store.counts(&queue).await?;
-            queues.push((queue, counts));
+            // (One queue that cannot be read for good — a key of it another program wrote
+            // over, which the error names — is left out with a warning, not the whole status,
+            // as a flow is below; a backend that is down still fails it.)
+            match store.counts(&queue).await {
+                Ok(counts) => queues.push((queue, counts)),
+                Err(e) if !e.is_retryable() => {
+                    tracing::warn!(%queue, error = %e, "queue not read; left out");
+                }
+                Err(e) => return Err(anyhow::Error::from(e)),
+            }
         }
         // One read of the live leases: the first --leases are listed, all are counted per kind.
         let all_leases = store.leases(args.leases.max(KINDS_LEASE_SCAN)).await?;
