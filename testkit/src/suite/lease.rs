@@ -659,7 +659,9 @@ pub async fn the_watermark_stays_below_every_live_lease(store: Stores) {
 /// ttl after it is done, adds nothing and returns the first job's id; a batch is still all or
 /// nothing; the key goes after completion or death plus the ttl.
 pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
-    let ttl = Duration::from_millis(300);
+    // (Long enough that the steps before the job's end fit in it on a loaded 3-master
+    // cluster: 300 ms did not, once in CI.)
+    let ttl = Duration::from_secs(2);
     let keyed = |queue: &str, key: &str, ttl: Duration| {
         job("a").with_queue(queue).with_unique_key(key, ttl)
     };
@@ -712,7 +714,7 @@ pub async fn unique_keys_make_enqueue_idempotent(store: Stores) {
         store.enqueue(vec![keyed("q1", "k", ttl)]).await.unwrap(),
         vec![a]
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let later = store
         .enqueue_all(vec![keyed("q1", "k", ttl)])
         .await
@@ -837,7 +839,7 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
 /// itself keeps its id taken until it is done, the key until its ttl from enqueue ends, and
 /// then the id is free again.
 pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Stores) {
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_secs(2);
     let q = |kind: &str, id: JobId| {
         let mut job = job(kind).with_queue("idttl").with_id(id);
         job.unique = Some(UniqueKey {
@@ -851,7 +853,7 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         store.enqueue_all(vec![q("a", x), q("a", y)]).await.unwrap(),
         [Enqueued::Added(x), Enqueued::Added(y)]
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     // Past the ttl, pending: still one job each, and its id's key is still held for a job
     // that names it as its unique key.
     assert_eq!(
@@ -892,7 +894,7 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         store.enqueue_all(vec![q("e", z)]).await.unwrap(),
         [Enqueued::Existing(z)]
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(
         store.enqueue_all(vec![q("e", z)]).await.unwrap(),
         [Enqueued::Added(z)]
