@@ -12,16 +12,13 @@ local now = now_ms()
 local q = base .. 'q:' .. queue .. ':'
 local wrong = mistyped({ [q .. 'delayed'] = 'zset', [q .. 'stats'] = 'hash', [q .. 'kinds'] = 'set',
   [q .. 'dead'] = 'list' })
+-- (The kinds' ready sets, known once the kinds key is known to be a set.)
 local ready_sets = {}
 if not wrong then
   for _, kind in ipairs(redis.call('SMEMBERS', q .. 'kinds')) do
-    ready_sets[#ready_sets + 1] = ready_key(base, queue, kind)
+    ready_sets[ready_key(base, queue, kind)] = 'zset'
   end
-  local want = {}
-  for _, key in ipairs(ready_sets) do
-    want[key] = 'zset'
-  end
-  wrong = mistyped(want)
+  wrong = mistyped(ready_sets)
 end
 if wrong then
   return redis.error_reply('PALISADE_CORRUPT ' .. wrong .. ': no counts were read')
@@ -30,7 +27,7 @@ local due = redis.call('ZCOUNT', q .. 'delayed', '-inf', now)
 local stats = redis.call('HMGET', q .. 'stats', 'leased', 'completed', 'waiting', 'cancelled',
   'died', 'grouped')
 local ready = count_of(stats[6])
-for _, key in ipairs(ready_sets) do
+for key in pairs(ready_sets) do
   ready = ready + redis.call('ZCARD', key)
 end
 return { ready + due, count_of(stats[3]), redis.call('ZCARD', q .. 'delayed') - due,
