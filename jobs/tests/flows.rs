@@ -168,7 +168,7 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
         "the paused worker held parts past its lease"
     );
     for w in [a, c, b2] {
-        assert!(w.terminate().success());
+        w.terminate_cleanly();
     }
 }
 
@@ -224,7 +224,7 @@ fn the_fanned_out_report_adds_up_on_a_three_master_cluster_with_partitions() {
     });
     assert!(a.counter("palisade_settlements_refused_total", &[]) > 0);
     for w in [a, c, b2] {
-        assert!(w.terminate().success());
+        w.terminate_cleanly();
     }
 }
 
@@ -265,7 +265,7 @@ fn the_fanned_out_report_adds_up_through_a_sentinel_failover() {
         sink.cli(&["HGET", key, field])
     });
     for w in [a, b] {
-        assert!(w.terminate().success());
+        w.terminate_cleanly();
     }
 }
 
@@ -310,5 +310,5 @@ fn the_cli_shows_and_cancels_a_flow() {
     assert_eq!((counts.pending(), counts.dead), (0, 22), "{counts:?}");
     let status: serde_json::Value = serde_json::from_str(&palisade(&["status", "--json"])).unwrap();
     assert_eq!(status["flows"]["running"], 0, "{status}");
-    assert!(w.terminate().success());
+    w.terminate_cleanly();
 }

@@ -179,8 +179,8 @@ fn one_trace_follows_a_job_from_its_producer_through_a_paused_holder_to_its_refu
         },
     );
     // Both processes stop cleanly, sending what they still hold.
-    assert!(a.terminate().success());
-    assert!(b.terminate().success());
+    a.terminate_cleanly();
+    b.terminate_cleanly();
 
     let b_token: u64 = sink
         .cli(&["GET", "palisade-ledger:{account:7}:fence"])
@@ -414,7 +414,7 @@ fn traces_go_out_over_grpc_to_the_endpoint_the_flag_names() {
     assert_eq!(send.parent_span_id, PRODUCER_SPAN);
     assert_eq!(process.parent_span_id, send.span_id);
     assert_eq!(process.service, "grpc-worker");
-    assert!(worker.terminate().success());
+    worker.terminate_cleanly();
 }
 
 /// Bad export settings are refused before anything runs, with the setting named; an
@@ -483,6 +483,6 @@ fn a_hung_collector_loses_one_export_not_the_rest() {
         },
     );
     assert!(receiver.trace(first).is_empty(), "the hung export was kept");
-    assert!(worker.terminate().success());
+    worker.terminate_cleanly();
     let _ = std::fs::remove_file(log);
 }

@@ -146,8 +146,8 @@ fn sigstopped_holder_is_fenced_off_when_it_wakes() {
         (Some(1), Some(0), Some(0))
     );
     assert_eq!(balance(&sink, 7), 250, "applied once");
-    assert!(a.terminate().success());
-    assert!(b.terminate().success());
+    a.terminate_cleanly();
+    b.terminate_cleanly();
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn killed_worker_job_is_redelivered_and_completes_once() {
     );
     let dead = palisade(&redis, &["dead", "list"]);
     assert!(dead.trim().is_empty(), "{dead}");
-    assert!(b.terminate().success());
+    b.terminate_cleanly();
 }
 
 #[test]
@@ -223,7 +223,7 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
         .sum();
     assert!(errors > 0, "the outage went unnoticed");
     for w in workers {
-        assert!(w.terminate().success());
+        w.terminate_cleanly();
     }
 }
 
@@ -262,7 +262,7 @@ fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
             counts(&redis)["leased"].as_u64() > Some(0)
         });
         let next = worker_with(&redis, &sink, &format!("roll-{round}"), "30s", &drain);
-        assert!(worker.terminate().success(), "round {round}: unclean exit");
+        worker.terminate_cleanly();
         worker = next;
     }
     wait_for("every job settled", Duration::from_secs(25), || {
@@ -282,7 +282,7 @@ fn rolling_restarts_release_in_flight_jobs_without_charging_them() {
     for (account, cents) in want.iter().enumerate() {
         assert_eq!(balance(&sink, account as u32), *cents, "account {account}");
     }
-    assert!(worker.terminate().success());
+    worker.terminate_cleanly();
 }
 
 /// Issue 7, case 9, with real processes: a worker holding a hot scope is SIGSTOPped, then 60
@@ -343,7 +343,7 @@ fn a_paused_worker_blocks_only_the_scopes_it_holds() {
         );
     }
     for w in workers {
-        assert!(w.terminate().success());
+        w.terminate_cleanly();
     }
 }
 
@@ -448,7 +448,7 @@ fn a_worker_leaves_kinds_it_does_not_handle_alone() {
         "{c}"
     );
     assert_eq!(balance(&sink, 5), 70);
-    assert!(worker.terminate().success());
+    worker.terminate_cleanly();
 }
 
 /// Found by trying the CLI as a user: `enqueue --stdin | head -1` used to panic on the closed
@@ -1125,8 +1125,8 @@ fn a_worker_partitioned_past_its_lease_is_cancelled_and_its_late_write_refused()
         ),
         (Some(1), Some(0), Some(0))
     );
-    assert!(a.terminate().success());
-    assert!(b.terminate().success());
+    a.terminate_cleanly();
+    b.terminate_cleanly();
 }
 
 /// Issue 23: replies lost after the server acted — claims, renewals, settlements and fenced
@@ -1187,7 +1187,7 @@ fn replies_lost_after_the_server_acted_never_double_apply_lose_or_hold() {
     );
     to_redis.set(LinkFaults::default());
     to_sink.set(LinkFaults::default());
-    assert!(a.terminate().success());
+    a.terminate_cleanly();
 }
 
 /// Enqueues `jobs` deposits of 1, 2, 3, ... cents over `accounts` accounts, each holding its
@@ -1343,5 +1343,5 @@ fn a_worker_started_while_redis_loads_its_data_waits_for_it() {
         counts(&redis)["completed"] == 1
     });
     assert_eq!(balance(&sink, 3), 125);
-    assert!(patient.terminate().success());
+    patient.terminate_cleanly();
 }

@@ -114,18 +114,19 @@ for i = 0, count - 1 do
     -- (Named twice, even the first refused: the later one is stale, not a second chance.)
     settled[lease] = true
     local parks = action ~= 'complete' and action ~= 'dead'
+    local job = base .. 'job:' .. id
     local f
     if parks then
-      f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'unique_until',
-        'kind', 'flow', 'group')
+      f = fields(job, 'queue', 'scope', 'capped', 'unique', 'unique_until', 'kind', 'flow', 'group')
     else
       -- A completion or a burial puts the job in no ready set: its kind and group are not
       -- read, nor the end of a unique key it has none of (three fields fewer: ~1,700
       -- instructions of a settlement's ~83,000, docs/performance.md). Same places as above.
-      f = fields(base .. 'job:' .. id, 'queue', 'scope', 'capped', 'unique', 'flow')
+      -- (A burial gives its unique key up in `bury`, which reads the end itself.)
+      f = fields(job, 'queue', 'scope', 'capped', 'unique', 'flow')
       f[5], f[7] = nil, f[5]
-      if f[4] then
-        f[5] = redis.call('HGET', base .. 'job:' .. id, 'unique_until')
+      if f[4] and action == 'complete' then
+        f[5] = redis.call('HGET', job, 'unique_until')
       end
     end
     local delayed = (action == 'retry' or action == 'snooze') and arg ~= '0'

@@ -2,6 +2,7 @@
 //! and waited for until `/metrics` answers, sent real signals, killed when dropped — and the
 //! binary's one-shot commands (`enqueue`, `status --json`, ...) run against a Redis URL.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,9 @@ use crate::net::{free_port, http_get, wait_for};
 pub struct Process {
     child: Child,
     metrics_port: u16,
+    /// Where its stderr goes: the caller's file, or one of ours (removed when dropped), so a
+    /// worker that exits badly can say why ([`terminate_cleanly`](Self::terminate_cleanly)).
+    log: Option<(PathBuf, bool)>,
 }
 
 impl Process {
@@ -22,7 +26,9 @@ impl Process {
 
     /// [`worker`](Self::worker) with more environment (a skewed clock's, say).
     pub fn worker_with_env(bin: &str, args: &[&str], log: &str, env: &[(String, String)]) -> Self {
-        Self::worker_to(bin, args, log, env, Stdio::null())
+        let file =
+            std::env::temp_dir().join(format!("palisade-worker-{}.log", uuid::Uuid::new_v4()));
+        Self::worker_to(bin, args, log, env, (file, true))
     }
 
     /// [`worker_with_env`](Self::worker_with_env) writing its log (stderr) to `log_file`.
@@ -33,8 +39,7 @@ impl Process {
         env: &[(String, String)],
         log_file: &std::path::Path,
     ) -> Self {
-        let file = std::fs::File::create(log_file).unwrap();
-        Self::worker_to(bin, args, log, env, Stdio::from(file))
+        Self::worker_to(bin, args, log, env, (log_file.to_owned(), false))
     }
 
     fn worker_to(
@@ -42,8 +47,9 @@ impl Process {
         args: &[&str],
         log: &str,
         env: &[(String, String)],
-        stderr: Stdio,
+        (log_file, ours): (PathBuf, bool),
     ) -> Self {
+        let stderr = Stdio::from(std::fs::File::create(&log_file).unwrap());
         let metrics_port = free_port();
         let child = Command::new(bin)
             .arg("worker")
@@ -58,6 +64,7 @@ impl Process {
         let process = Self {
             child,
             metrics_port,
+            log: Some((log_file, ours)),
         };
         wait_for("worker metrics endpoint", Duration::from_secs(20), || {
             process.metrics().is_some()
@@ -83,6 +90,7 @@ impl Process {
         Self {
             child,
             metrics_port: 0,
+            log: None,
         }
     }
 
@@ -122,15 +130,50 @@ impl Process {
 
     /// SIGTERM, then waits (up to 20 s) for it to exit.
     pub fn terminate(mut self) -> ExitStatus {
+        match self.sigterm() {
+            Some(status) => status,
+            None => panic!(
+                "process {} did not exit after SIGTERM; its log ends:\n{}",
+                self.pid(),
+                self.log_tail()
+            ),
+        }
+    }
+
+    /// [`terminate`](Self::terminate), and panics unless it exited successfully, with the end
+    /// of its log: a drain that fails says why (say, jobs it could not settle).
+    pub fn terminate_cleanly(mut self) {
+        match self.sigterm() {
+            Some(status) if status.success() => {}
+            status => panic!(
+                "worker {} did not exit cleanly after SIGTERM ({status:?}); its log ends:\n{}",
+                self.pid(),
+                self.log_tail()
+            ),
+        }
+    }
+
+    /// SIGTERM, and its exit status if it exits within 20 s.
+    fn sigterm(&mut self) -> Option<ExitStatus> {
         self.signal("-TERM");
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Some(status) = self.try_wait() {
-                return status;
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("process {} did not exit after SIGTERM", self.pid());
+        None
+    }
+
+    /// The last 40 lines of its stderr, if it was kept.
+    fn log_tail(&self) -> String {
+        let Some((file, _)) = &self.log else {
+            return "(not kept)".into();
+        };
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 }
 
@@ -138,6 +181,9 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some((file, true)) = &self.log {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 
