@@ -168,6 +168,58 @@ fn curl_enqueues_and_reads_the_result_and_a_form_post_is_refused() {
     );
 }
 
+/// A queue another program wrote a key of over is named, with the key, in the API's queue
+/// list and on the console, and every other queue is still listed: one broken queue does not
+/// blind the views of the rest (they failed whole, a 500, before).
+#[test]
+fn a_queue_written_over_is_named_and_the_others_still_listed() {
+    let redis = RedisServer::start();
+    let [port] = free_ports();
+    let _ui = serve(
+        "ui",
+        &redis,
+        port,
+        &["--basic-auth", "ops:secret", "--api-token", TOKEN],
+    );
+    for queue in ["default", "broken"] {
+        redis.cli(&["SADD", "{palisade}:queues", queue]).unwrap();
+    }
+    redis
+        .cli(&["SET", "{palisade}:q:broken:delayed", "not a sorted set"])
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (code, list) = curl(&["-H", &bearer, &format!("{base}/api/v1/queues")]);
+    assert_eq!(code, 200, "{list}");
+    let names: Vec<&str> = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|q| q["name"].as_str())
+        .collect();
+    assert_eq!(names, ["default"], "{list}");
+    let unreadable = &list["unreadable"][0];
+    assert_eq!(unreadable["queue"], "broken", "{list}");
+    assert!(
+        unreadable["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("{palisade}:q:broken:delayed is a string")),
+        "{list}"
+    );
+    for page in ["/", "/queues"] {
+        let out = Command::new("curl")
+            .args(["-sS", "-u", "ops:secret", &format!("{base}{page}")])
+            .output()
+            .unwrap();
+        let html = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            html.contains("left out until repaired")
+                && html.contains("{palisade}:q:broken:delayed is a string"),
+            "{page}: {html}"
+        );
+    }
+}
+
 /// `palisade ui` serves the API beside the console: the console's Basic credentials never
 /// authorize an API call, a console behind Basic auth serves no API without a token, and the
 /// console's own unknown paths stay the console's.

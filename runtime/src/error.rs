@@ -80,6 +80,21 @@ impl Error {
 }
 
 impl Error {
+    /// For a view of every queue (the depth sampler, `palisade status`, the console, the HTTP
+    /// API, the history): whether this error, met reading `queue`, leaves that queue out of
+    /// the view rather than failing it whole. An error that retrying repeats (a key of the
+    /// queue another program wrote over; the error names it) does, with a warning and
+    /// `palisade_backend_errors_total{op}`: one broken queue must not blind the view of the
+    /// others. One a retry may cure (the backend down) does not: the caller fails or waits.
+    pub(crate) fn leaves_queue_out(&self, queue: &str, op: &'static str) -> bool {
+        if self.is_retryable() {
+            return false;
+        }
+        tracing::warn!(%queue, error = %self, op, "queue not read; left out of this view");
+        metrics::counter!(crate::metrics::BACKEND_ERRORS, "op" => op).increment(1);
+        true
+    }
+
     /// A copy of this error's message in its class (retryable stays retryable), for each
     /// part of a failed call that must report it.
     #[cfg(feature = "redis")]

@@ -99,10 +99,7 @@ impl Sampler {
 async fn sample(store: &dyn Inspect, paused: Option<&[String]>) -> crate::Result<()> {
     for queue in store.queues().await? {
         match sample_queue(store, &queue, paused).await {
-            Err(e) if !e.is_retryable() => {
-                tracing::warn!(%queue, error = %e, "queue depth sample failed for this queue; the other queues are sampled");
-                metrics::counter!(m::BACKEND_ERRORS, "op" => "sample").increment(1);
-            }
+            Err(e) if e.leaves_queue_out(&queue, "sample") => {}
             other => other?,
         }
     }

@@ -402,9 +402,7 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
             // as a flow is below; a backend that is down still fails it.)
             match store.counts(&queue).await {
                 Ok(counts) => queues.push((queue, counts)),
-                Err(e) if !e.is_retryable() => {
-                    tracing::warn!(%queue, error = %e, "queue not read; left out");
-                }
+                Err(e) if e.leaves_queue_out(&queue, "status") => {}
                 Err(e) => return Err(anyhow::Error::from(e)),
             }
         }

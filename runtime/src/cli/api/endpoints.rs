@@ -17,7 +17,7 @@ use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
     CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
     FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, Paused, QueueList,
-    QueueStatus, Retried, RetryRequest, MAX_BATCH,
+    QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
 };
 use super::Api;
 use crate::ids::{FlowId, JobId};
@@ -368,9 +368,13 @@ async fn cancel(
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
     responses((status = 200, description = "Done", body = QueueList)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
-    let rows = crate::cli::ui::queue_rows(&api.store).await?;
+    let (rows, unreadable) = crate::cli::ui::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
         queues: rows.into_iter().map(QueueStatus::from).collect(),
+        unreadable: unreadable
+            .into_iter()
+            .map(|(queue, error)| UnreadableQueue { queue, error })
+            .collect(),
     }))
 }
 

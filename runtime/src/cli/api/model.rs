@@ -664,6 +664,16 @@ impl From<crate::cli::ui::QueueRow> for QueueStatus {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct QueueList {
     pub(crate) queues: Vec<QueueStatus>,
+    /// Queues left out because they cannot be read until repaired (a key of theirs another
+    /// program wrote over); the error names the key. Usually empty.
+    pub(crate) unreadable: Vec<UnreadableQueue>,
+}
+
+/// A queue that cannot be read until repaired.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct UnreadableQueue {
+    pub(crate) queue: String,
+    pub(crate) error: String,
 }
 
 /// A queue paused or resumed.

@@ -174,15 +174,24 @@ impl Ui {
     }
 }
 
-/// Every queue with its counts, age of the next ready job, pause and rate limit.
-pub(super) async fn queue_rows(store: &Stores) -> crate::Result<Vec<QueueRow>> {
+/// Every queue with its counts, age of the next ready job, pause and rate limit; and the
+/// queues that cannot be read until repaired, with why (`Error::leaves_queue_out`).
+pub(super) async fn queue_rows(
+    store: &Stores,
+) -> crate::Result<(Vec<QueueRow>, Vec<(String, String)>)> {
     let paused = store.paused().await?;
-    let mut rows = Vec::new();
+    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
     for queue in store.queues().await? {
         let is_paused = paused.contains(&queue);
-        rows.push(queue_row(store, queue, is_paused).await?);
+        match queue_row(store, queue.clone(), is_paused).await {
+            Ok(row) => rows.push(row),
+            Err(e) if e.leaves_queue_out(&queue, "queues") => {
+                unreadable.push((queue, e.to_string()))
+            }
+            Err(e) => return Err(e),
+        }
     }
-    Ok(rows)
+    Ok((rows, unreadable))
 }
 
 /// One queue's counts, age of the next ready job and rate limit; `paused` as the caller read it.
@@ -230,7 +239,11 @@ pub(super) async fn move_dead(
 async fn dead_counts(store: &Stores) -> crate::Result<Vec<(String, u64)>> {
     let mut out = Vec::new();
     for queue in store.queues().await? {
-        let dead = store.counts(&queue).await?.dead;
+        let dead = match store.counts(&queue).await {
+            Ok(counts) => counts.dead,
+            Err(e) if e.leaves_queue_out(&queue, "queues") => continue,
+            Err(e) => return Err(e),
+        };
         if dead > 0 {
             out.push((queue, dead));
         }
@@ -307,8 +320,10 @@ fn is_live(query: Option<&str>) -> bool {
 async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
     let page = async {
         let frame = ui.frame("/", "Dashboard".into(), "/", q.as_deref()).await?;
+        let (queues, unreadable) = queue_rows(&ui.store).await?;
         let d = pages::Dashboard {
-            queues: queue_rows(&ui.store).await?,
+            queues,
+            unreadable,
             workers: ui.store.workers().await?.len(),
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
@@ -340,7 +355,7 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             ui.store.concurrency_caps().await?,
             &ui.store.leases(LEASE_SCAN).await?,
         );
-        let queues = queue_rows(&ui.store).await?;
+        let (queues, unreadable) = queue_rows(&ui.store).await?;
         // Groups: each queue's with the most ready jobs, and those with limits (bounded
         // reads: GROUPS_LISTED each).
         let mut top_groups = Vec::new();
@@ -356,6 +371,7 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
         }
         let v = pages::QueuesView {
             queues,
+            unreadable,
             kinds,
             top_groups,
             limited_groups,
@@ -1198,6 +1214,10 @@ mod tests {
         };
         let view = pages::QueuesView {
             queues: vec![row],
+            unreadable: vec![(
+                "<b>broken".into(),
+                "PALISADE_CORRUPT {palisade}:q:<b>broken:delayed is a string".into(),
+            )],
             kinds: Default::default(),
             top_groups: vec![(
                 "q".into(),
@@ -1216,6 +1236,12 @@ mod tests {
         );
         assert!(page.contains(&format!("{}…", "q".repeat(60))), "cut");
         assert!(page.contains("&lt;tenant&gt;"), "a group's name, escaped");
+        // A queue left out until repaired is said, its name and the error escaped.
+        assert!(
+            page.contains("left out until repaired") && page.contains("q:&lt;b&gt;broken:delayed"),
+            "{page}"
+        );
+        assert!(!page.contains("<b>broken"), "{page}");
         let dead = pages::DeadView {
             queues: vec![("a&b\"<".into(), 1)],
             queue: Some("a&b\"<".into()),
@@ -1342,6 +1368,7 @@ mod tests {
             &read,
             &pages::Dashboard {
                 queues: Vec::new(),
+                unreadable: Vec::new(),
                 workers: 0,
                 leases: 0,
                 flows_running: 0,

@@ -185,6 +185,8 @@ pub(crate) struct QueueRow {
 /// What the dashboard shows.
 pub(crate) struct Dashboard {
     pub queues: Vec<QueueRow>,
+    /// Queues left out until repaired, with why (a key another program wrote over).
+    pub unreadable: Vec<(String, String)>,
     pub workers: usize,
     pub leases: usize,
     pub flows_running: u64,
@@ -269,6 +271,17 @@ fn chart(
     }
 }
 
+/// One warning per queue that cannot be read until repaired: left out of the counts below.
+fn unreadable(queues: &[(String, String)]) -> Markup {
+    html! {
+        @for (queue, why) in queues {
+            p.warn.unreadable data-queue=(queue) {
+                "Queue " (name(queue)) " is left out until repaired: " (why)
+            }
+        }
+    }
+}
+
 pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
     let t = total(&d.queues.iter().map(|q| q.counts).collect::<Vec<_>>());
     let card = |label: &str, n: u64, id: &str| {
@@ -282,6 +295,7 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
     layout(
         frame,
         html! {
+            (unreadable(&d.unreadable))
             div.cards {
                 (card("ready", t.ready, "total-ready"))
                 (card("waiting", t.waiting, "total-waiting"))
@@ -330,6 +344,8 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
 
 pub(crate) struct QueuesView {
     pub queues: Vec<QueueRow>,
+    /// Queues left out until repaired, with why.
+    pub unreadable: Vec<(String, String)>,
     /// Kind → (cap, running now among the listed leases).
     pub kinds: BTreeMap<String, (Option<u32>, usize)>,
     /// Per queue, its groups with the most ready jobs.
@@ -343,6 +359,7 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
     layout(
         frame,
         html! {
+            (unreadable(&v.unreadable))
             @if v.queues.is_empty() { p.empty { "No queue has had a job yet." } }
             @else {
                 table #queues {
