@@ -81,13 +81,19 @@ impl Error {
 
 impl Error {
     /// For a view of every queue (the depth sampler, `palisade status`, the console, the HTTP
-    /// API, the history): whether this error, met reading `queue`, leaves that queue out of
-    /// the view rather than failing it whole. An error that retrying repeats (a key of the
-    /// queue another program wrote over; the error names it) does, with a warning and
-    /// `palisade_backend_errors_total{op}`: one broken queue must not blind the view of the
-    /// others. One a retry may cure (the backend down) does not: the caller fails or waits.
+    /// API): whether this error, met reading `queue`, leaves that queue out of the view rather
+    /// than failing it whole. Only a key of the queue that another program wrote over does
+    /// (the scripts' `PALISADE_CORRUPT`, which names the key, or a bare `WRONGTYPE`), with a
+    /// warning and `palisade_backend_errors_total{op}`: one broken queue must not blind the
+    /// view of the others. Any other error fails the view, for the caller to say or retry: a
+    /// backend that is down, and a permanent error that is not the queue's own (a user not
+    /// allowed to run scripts, a reply that does not decode), which would leave every queue
+    /// out and show an empty view as if it were true.
     pub(crate) fn leaves_queue_out(&self, queue: &str, op: &'static str) -> bool {
-        if self.is_retryable() {
+        let Self::Backend(message) = self else {
+            return false;
+        };
+        if !(message.contains("PALISADE_CORRUPT") || message.contains("WRONGTYPE")) {
             return false;
         }
         tracing::warn!(%queue, error = %self, op, "queue not read; left out of this view");
@@ -131,6 +137,23 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_key_written_over_leaves_a_queue_out() {
+        let corrupt = Error::Backend(
+            "redis: \"PALISADE_CORRUPT\": {palisade}:q:b:delayed is a string, not a zset".into(),
+        );
+        assert!(corrupt.leaves_queue_out("b", "test"));
+        let wrong = Error::Backend("redis: WRONGTYPE Operation against a key".into());
+        assert!(wrong.leaves_queue_out("b", "test"));
+        for other in [
+            Error::Backend("redis: NOPERM this user has no permissions to run 'evalsha'".into()),
+            Error::Backend("reply does not decode".into()),
+            Error::Unavailable("connection refused".into()),
+        ] {
+            assert!(!other.leaves_queue_out("b", "test"), "{other}");
+        }
+    }
 
     #[test]
     fn only_transient_errors_are_retryable() {

@@ -69,23 +69,10 @@ pub(crate) async fn sample(store: &Stores) -> crate::Result<HistorySample> {
     };
     let paused = store.paused().await?;
     for queue in store.queues().await? {
-        let read = async {
-            let counts = store.counts(&queue).await?;
-            let oldest = if paused.contains(&queue) {
-                None
-            } else {
-                store.oldest_ready(&queue).await?
-            };
-            Ok::<_, crate::Error>((counts, oldest))
-        };
-        match read.await {
-            Ok((counts, oldest)) => {
-                sample.counts += counts;
-                let oldest = oldest.unwrap_or_default().as_millis() as u64;
-                sample.oldest_ready_ms = sample.oldest_ready_ms.max(oldest);
-            }
-            Err(e) if e.leaves_queue_out(&queue, "history") => {}
-            Err(e) => return Err(e),
+        sample.counts += store.counts(&queue).await?;
+        if !paused.contains(&queue) {
+            let oldest = store.oldest_ready(&queue).await?.unwrap_or_default();
+            sample.oldest_ready_ms = sample.oldest_ready_ms.max(oldest.as_millis() as u64);
         }
     }
     Ok(sample)

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::net::{free_port, http_get, wait_for};
+use crate::net::{free_port, http_get};
 
 /// A running worker process; killed (SIGKILL) when dropped.
 pub struct Process {
@@ -66,9 +66,18 @@ impl Process {
             metrics_port,
             log: Some((log_file, ours)),
         };
-        wait_for("worker metrics endpoint", Duration::from_secs(20), || {
-            process.metrics().is_some()
-        });
+        // (Not `wait_for`: a worker that never serves says why, from its log, before the
+        // log is removed with it.)
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while process.metrics().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "worker {} never served /metrics; its log ends:\n{}",
+                process.pid(),
+                process.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         process
     }
 
