@@ -312,6 +312,24 @@ fn operator_commands_warn_count_span_queues_and_forget() {
         dead.iter().all(|d| d["died_ms"].as_u64().is_some()),
         "{dead:?}"
     );
+    // A queue whose dead list another program wrote over is left out of every queue's
+    // listing, and of retry's note about other queues, with a warning: the rest still shows
+    // (both failed whole before, retry after it had moved the jobs).
+    redis.cli(&["SADD", "{palisade}:queues", "broken"]).unwrap();
+    redis
+        .cli(&["SET", "{palisade}:q:broken:dead", "oops"])
+        .unwrap();
+    let out = run(&redis, &["dead", "list"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    assert!(stderr.contains("broken"), "{stderr}");
+    let out = run(&redis, &["dead", "retry"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("dead jobs wait in mail too"), "{stderr}");
+    redis.cli(&["DEL", "{palisade}:q:broken:dead"]).unwrap();
+    redis.cli(&["SREM", "{palisade}:queues", "broken"]).unwrap();
 
     // mail holds a dead job: kept; purged, it goes; the warned-about queue goes too.
     let out = run(&redis, &["forget", "mail"], "");

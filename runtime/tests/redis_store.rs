@@ -388,6 +388,46 @@ async fn counts_name_a_key_written_over_and_read_odd_counts_as_zero() {
     assert_eq!(store.counts("default").await.unwrap().ready, 2);
 }
 
+/// The age of a queue's next job with keys another program wrote over: a key of the queue is
+/// named in the error (not a bare WRONGTYPE, which the views of every queue would not know to
+/// leave out), and a job record of another type counts from now. Both are a read.
+#[tokio::test]
+async fn the_oldest_job_names_a_key_written_over_and_a_record_of_another_type_counts_from_now() {
+    use palisade::{Inspect, LeaseStore, NewJob};
+    let (store, server) = private_coordinator("old");
+    let ids = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let age = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(age >= std::time::Duration::from_millis(250), "{age:?}");
+    let record = format!("{{old}}:job:{}", ids[0]);
+    server.cli(&["RENAME", &record, "aside"]).unwrap();
+    server.cli(&["SET", &record, "oops"]).unwrap();
+    let age = store.oldest_ready("default").await.unwrap().unwrap();
+    assert!(
+        age < std::time::Duration::from_millis(250),
+        "from now: {age:?}"
+    );
+    server.cli(&["DEL", &record]).unwrap();
+    server.cli(&["RENAME", "aside", &record]).unwrap();
+    for key in [
+        "{old}:q:default:delayed",
+        "{old}:q:default:kinds",
+        "{old}:q:default\tk",
+    ] {
+        let _ = server.cli(&["RENAME", key, "aside"]);
+        server.cli(&["SET", key, "oops"]).unwrap();
+        let err = store.oldest_ready("default").await.unwrap_err().to_string();
+        assert!(
+            err.contains("PALISADE_CORRUPT") && err.contains(&format!("{key} is a string")),
+            "{key}: {err}"
+        );
+        server.cli(&["DEL", key]).unwrap();
+        let _ = server.cli(&["RENAME", "aside", key]);
+    }
+    // Repaired, the age reads again.
+    assert!(store.oldest_ready("default").await.unwrap().is_some());
+}
+
 /// A scope keeps at most `max_keys` idempotency keys, the newest: the script counts its set
 /// before the write (a scope without keys, as a default scope's one write finds, is not looked
 /// up) and adds one for the key it records, so the bound holds from the first write over it.
