@@ -357,6 +357,11 @@ pub struct SoakArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub postgres: String,
+    /// Connections each process's Postgres books sink may hold (its `pool_size`). A soak holds
+    /// about (this + 2) per worker: the test suite's three soaks at once pass 4, to stay well
+    /// inside Postgres's default 100 connections (at 8 they peaked at 91).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub books_pool: u16,
     /// Lease of the workers.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -902,8 +907,8 @@ pub fn run(args: SoakArgs) -> anyhow::Result<Report> {
         '?'
     };
     let books = format!(
-        "{}{sep}schema={schema}&options=-csearch_path%3D{schema}",
-        args.postgres
+        "{}{sep}schema={schema}&pool_size={}&options=-csearch_path%3D{schema}",
+        args.postgres, args.books_pool
     );
     let epochs = format!("{}{sep}options=-csearch_path%3D{schema}", args.postgres);
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -56,27 +56,32 @@ fn live_runs(runs: &[&[&str]]) -> Vec<Run> {
 #[test]
 fn a_soak_with_faults_keeps_every_invariant_and_live_runs_with_planted_bugs_fail() {
     // (The planted runs take 1.5 minutes: in 0.75, one CI run's faults never left a stale
-    // holder writing, so the planted bug had nothing to let through.)
+    // holder writing, so the planted bug had nothing to let through. Each run's books sinks
+    // hold at most 4 connections: three soaks at 8 peaked at 91 of Postgres's 100.)
+    let pool = ["--books-pool", "4"];
+    let soak = ["soak", "--minutes", "2", "--seed", "20261130"];
+    let stale = [
+        "soak",
+        "--minutes",
+        "1.5",
+        "--seed",
+        "31",
+        "--plant",
+        "stale",
+    ];
+    let half = [
+        "soak",
+        "--minutes",
+        "1.5",
+        "--seed",
+        "32",
+        "--plant",
+        "half",
+    ];
     let [soak, stale, half] = <[Run; 3]>::try_from(live_runs(&[
-        &["soak", "--minutes", "2", "--seed", "20261130"],
-        &[
-            "soak",
-            "--minutes",
-            "1.5",
-            "--seed",
-            "31",
-            "--plant",
-            "stale",
-        ],
-        &[
-            "soak",
-            "--minutes",
-            "1.5",
-            "--seed",
-            "32",
-            "--plant",
-            "half",
-        ],
+        &[&soak[..], &pool].concat(),
+        &[&stale[..], &pool].concat(),
+        &[&half[..], &pool].concat(),
     ]))
     .expect("three runs");
 
