@@ -235,20 +235,24 @@ pub(super) async fn move_dead(
     (moved, None)
 }
 
-/// Queues that have dead jobs, with how many.
-async fn dead_counts(store: &Stores) -> crate::Result<Vec<(String, u64)>> {
-    let mut out = Vec::new();
+/// Queues that have dead jobs, with how many; and the queues that cannot be read until
+/// repaired, with why (`Error::leaves_queue_out`).
+async fn dead_counts(store: &Stores) -> crate::Result<(Vec<(String, u64)>, Vec<(String, String)>)> {
+    let (mut out, mut unreadable) = (Vec::new(), Vec::new());
     for queue in store.queues().await? {
         let dead = match store.counts(&queue).await {
             Ok(counts) => counts.dead,
-            Err(e) if e.leaves_queue_out(&queue, "queues") => continue,
+            Err(e) if e.leaves_queue_out(&queue, "queues") => {
+                unreadable.push((queue, e.to_string()));
+                continue;
+            }
             Err(e) => return Err(e),
         };
         if dead > 0 {
             out.push((queue, dead));
         }
     }
-    Ok(out)
+    Ok((out, unreadable))
 }
 
 /// The newest `n` dead jobs of `queue` (at most), newest first.
@@ -273,7 +277,7 @@ pub(super) async fn find_dead(
 ) -> crate::Result<Option<DeadJob>> {
     let queues = match only {
         Some(queue) => vec![(queue.to_owned(), store.counts(queue).await?.dead)],
-        None => dead_counts(store).await?,
+        None => dead_counts(store).await?.0,
     };
     for (queue, n) in queues {
         if let Some(d) = newest_dead(store, &queue, n, DEAD_SCAN)
@@ -469,9 +473,10 @@ async fn dead(
         let frame = ui
             .frame("/dead", "Dead jobs".into(), "/dead", q.as_deref())
             .await?;
-        let queues = dead_counts(&ui.store).await?;
+        let (queues, unreadable) = dead_counts(&ui.store).await?;
         let rows = ui.rows;
         let mut v = pages::DeadView {
+            unreadable,
             queue: lq.queue.clone(),
             search: lq.q.trim().to_owned(),
             page: lq.page.max(1),
@@ -1247,6 +1252,10 @@ mod tests {
         assert!(!page.contains("<b>broken"), "{page}");
         let dead = pages::DeadView {
             queues: vec![("a&b\"<".into(), 1)],
+            unreadable: vec![(
+                "broken".into(),
+                "{palisade}:q:broken:dead is a string".into(),
+            )],
             queue: Some("a&b\"<".into()),
             search: "\"><script>".into(),
             page: 1,
@@ -1257,6 +1266,10 @@ mod tests {
         };
         let page = pages::dead(&frame(None), &dead).into_string();
         assert!(page.contains("queue=a%26b%22%3C"), "{page}");
+        assert!(
+            page.contains("left out until repaired: {palisade}:q:broken:dead is a string"),
+            "{page}"
+        );
         // Rows past the newest 5,000 have no one-job buttons (those would not reach them).
         let row = |n: u32| DeadJob {
             job: crate::Job {
@@ -1283,6 +1296,7 @@ mod tests {
         };
         let paged = pages::DeadView {
             queues: vec![("q".into(), 2)],
+            unreadable: Vec::new(),
             queue: Some("q".into()),
             search: String::new(),
             page: 1,

@@ -594,6 +594,8 @@ pub(crate) fn delayed(
 
 pub(crate) struct DeadView {
     pub queues: Vec<(String, u64)>,
+    /// Queues left out until repaired, with why.
+    pub unreadable: Vec<(String, String)>,
     pub queue: Option<String>,
     pub search: String,
     /// 1-based page, newest first, and how many pages.
@@ -613,6 +615,7 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
     layout(
         frame,
         html! {
+            (unreadable(&v.unreadable))
             @if v.queues.is_empty() { p.empty { "No dead jobs." } }
             @else { (queue_tabs("/dead", &v.queues, v.queue.as_deref())) }
             @if v.queue.is_none() && total > 0 { p { "Newest dead jobs of every queue:" } }
