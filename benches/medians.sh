@@ -29,6 +29,7 @@ patterns = [
     ("with sink", r"with sink ([\d.]+)"),
     ("commands/job (run)", r"run ([\d.]+), total"),
     ("Redis CPU/job µs", r"Redis CPU per job: run ([\d.]+)"),
+    ("of it kernel µs", r"Redis kernel CPU per job \(of the above\): run ([\d.]+)"),
     ("Redis bytes/job", r"network bytes per job .*: run ([\d.]+)"),
     ("Postgres CPU/job µs", r"Postgres CPU per job ([\d.]+)"),
     ("writing tx/job", r"writing transactions per job ([\d.]+)"),

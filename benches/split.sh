@@ -10,18 +10,11 @@ port=$1 batch=$2
 out=${OUT:-/tmp/palisade-split}
 harness=${HARNESS:-target/release/split}
 rm -rf "$out" && mkdir -p "$out"
-valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
-  redis-server --port "$port" --save "" --appendonly no >"$out/valgrind.log" 2>&1 &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.2
-done
+# shellcheck source=benches/counted.sh
+. "$(dirname "$0")/counted.sh"
+counted_redis "$port" "$out"
 "$harness" --redis "redis://127.0.0.1:$port" --batch "$batch" --phase-hook "callgrind_control -d $pid >/dev/null 2>&1" >"$out/harness.txt"
-redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-wait "$pid" || true
-trap - EXIT
+counted_redis_stop "$port"
 jobs=$(awk '/^jobs/ { print $2 }' "$out/harness.txt")
 # Dumps: .1 the enqueue, .2 the claims, .3 the settlements.
 ir() {
