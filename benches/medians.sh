@@ -40,7 +40,9 @@ patterns = [
     ("settle wait p50 ms", r"settle wait.*p50 ([\d.]+)"),
     ("settle wait p99 ms", r"settle wait.*p99 ([\d.]+)"),
     ("this process CPU/job µs", r"this process.s CPU per job .*: run ([\d.]+)"),
-    ("bound from CPU, jobs/s", r"at most (\d+) jobs/s"),
+    ("bound from CPU, jobs/s", r"at most (\d+) jobs/s on"),
+    ("Redis thread bound, jobs/s", r"one thread: at most (\d+) jobs/s"),
+    ("Redis thread busy %", r"kept it (\d+) % busy"),
 ]
 for line in sys.stdin:
     for name, pattern in patterns:

@@ -793,6 +793,15 @@ fn main() {
             parts.join(" + "),
             cores as f64 / total * 1e6
         );
+        // A tighter bound where one Redis does the work: it runs every script on one thread,
+        // whatever the cores, so its CPU per job alone caps the run (a cluster spreads it).
+        if let Some((_, redis_us)) = cpu_per_job.iter().find(|(who, _)| *who == "Redis").filter(|_| !args.cluster) {
+            println!(
+                "  Redis runs the scripts on one thread: at most {:.0} jobs/s at its CPU per job; this run kept it {:.0} % busy",
+                1e6 / redis_us,
+                n / run.as_secs_f64() * redis_us / 1e6 * 100.0
+            );
+        }
         for a in arbiters {
             a.stop();
         }
