@@ -41,7 +41,7 @@ patterns = [
     ("settle wait p99 ms", r"settle wait.*p99 ([\d.]+)"),
     ("this process CPU/job µs", r"this process.s CPU per job .*: run ([\d.]+)"),
     ("bound from CPU, jobs/s", r"at most (\d+) jobs/s on"),
-    ("Redis thread bound, jobs/s", r"one thread: at most (\d+) jobs/s"),
+    ("Redis thread bound, jobs/s", r"command thread alone.*: at most (\d+) jobs/s"),
     ("Redis thread busy %", r"kept it (\d+) % busy"),
 ]
 for line in sys.stdin:

@@ -3,7 +3,7 @@
 # (the `split` harness: claims of BATCH jobs, then settlements of BATCH), under callgrind.
 # Loading the scripts (SCRIPT LOAD, once per server: the first call of each) is left out, as
 # in benches/callgrind.sh.
-#   bash benches/split.sh PORT BATCH       # e.g. 6394 24; try 8, 24 and 48 for the per-job part
+#   bash benches/split.sh PORT BATCH       # e.g. 6394 24; try 4, 24 and 48 for the per-job part
 # Then `python3 benches/regions.py $OUT/cg.<pid>.3` splits a phase into Lua, Redis and the rest.
 set -euo pipefail
 port=$1 batch=$2
