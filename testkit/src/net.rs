@@ -36,15 +36,21 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 /// Polls `ok` every 50 ms until it holds, or panics naming `what` after `limit`.
-pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, limit: Duration, ok: impl FnMut() -> bool) {
+    assert!(poll_until(limit, ok), "timed out waiting for {what}");
+}
+
+/// Polls `ok` every 50 ms until it holds or `limit` passes; whether it held. For a caller
+/// that says more than [`wait_for`] when it does not (a process's log, say).
+pub fn poll_until(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if ok() {
-            return;
+            return true;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("timed out waiting for {what}");
+    false
 }
 
 /// One request a [`http_receiver`] got.

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::net::{free_port, http_get};
+use crate::net::{free_port, http_get, poll_until};
 
 /// A running worker process; killed (SIGKILL) when dropped.
 pub struct Process {
@@ -68,16 +68,12 @@ impl Process {
         };
         // (Not `wait_for`: a worker that never serves says why, from its log, before the
         // log is removed with it.)
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while process.metrics().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "worker {} never served /metrics; its log ends:\n{}",
-                process.pid(),
-                process.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(
+            poll_until(Duration::from_secs(20), || process.metrics().is_some()),
+            "worker {} never served /metrics; its log ends:\n{}",
+            process.pid(),
+            process.log_tail()
+        );
         process
     }
 
@@ -165,14 +161,12 @@ impl Process {
     /// SIGTERM, and its exit status if it exits within 20 s.
     fn sigterm(&mut self) -> Option<ExitStatus> {
         self.signal("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Some(status) = self.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
+        let mut status = None;
+        poll_until(Duration::from_secs(20), || {
+            status = self.try_wait();
+            status.is_some()
+        });
+        status
     }
 
     /// The last 40 lines of its stderr, if it was kept.
