@@ -214,19 +214,17 @@ async fn redis_stats(pool: &deadpool_redis::Pool) -> RedisStats {
         if let Some(v) = line.strip_prefix("used_memory:") {
             stats.used_memory = v.trim().parse().unwrap_or(0);
         }
-        for key in ["used_cpu_sys_main_thread:", "used_cpu_user_main_thread:"] {
-            if let Some(v) = line.strip_prefix(key) {
-                stats.cpu_main_seconds += v.trim().parse::<f64>().unwrap_or(0.0);
+        let seconds = |v: &str| v.trim().parse::<f64>().unwrap_or(0.0);
+        match line.split_once(':') {
+            Some(("used_cpu_user", v)) => stats.cpu_seconds += seconds(v),
+            Some(("used_cpu_sys", v)) => {
+                stats.cpu_seconds += seconds(v);
+                stats.cpu_sys_seconds += seconds(v);
             }
-        }
-        for key in ["used_cpu_sys:", "used_cpu_user:"] {
-            if let Some(v) = line.strip_prefix(key) {
-                let seconds = v.trim().parse::<f64>().unwrap_or(0.0);
-                stats.cpu_seconds += seconds;
-                if key == "used_cpu_sys:" {
-                    stats.cpu_sys_seconds += seconds;
-                }
+            Some(("used_cpu_user_main_thread" | "used_cpu_sys_main_thread", v)) => {
+                stats.cpu_main_seconds += seconds(v)
             }
+            _ => {}
         }
     }
     stats
