@@ -4,10 +4,8 @@
 -- one write's refusal, bad mutation or error does not affect the others.
 -- KEYS[1]  the sink's low watermark: a string, the largest coordinator watermark seen (20-digit
 --          zero-padded token; every lease below it is no longer current)
--- KEYS[2]  the sink's collection queue: a zset, score 0, one member per call that set fences,
---          "~", the highest token it set (padded), TAB, then each scope as "length:scope", in
---          lexicographic (= token) order (an earlier version's members, "padded token TAB
---          scope", are collected too)
+-- KEYS[2]  the sink's collection queue: a zset, score 0, members "padded token TAB scope" in
+--          lexicographic (= token) order, one per fence set
 -- KEYS[3..] two per write: the scope's fence, a string "token TAB lease" (token as a 20-digit
 --          zero-padded decimal), and the scope's idempotency zset (keys of applied writes ->
 --          apply time ms, kept across generations, bounded by retention time and count)
@@ -50,16 +48,15 @@ local NOW, CUTOFF, RETENTION = string.format('%d', now), string.format('%d', now
   string.format('%d', retention)
 
 -- Redis keeps a sorted set of up to 128 members of up to 64 bytes as a listpack, where every
--- insert scans the whole set; the collection queue holds a member per call whose fences are
--- still current, tens on one server (one a fence when calls carry one write each). A member
--- longer than 64 bytes turns a set into a skiplist, and Redis 7 does not turn it back as
--- members go (loading it again — a restart, a replica's full sync, a reshard — does; the next
--- long call turns it once more): so a call that finds the queue long adds SKIPLIST with its
--- member and removes it before it returns. It is never seen outside this script, by this
--- version or another. A short queue (a Redis Cluster slot's, a quiet sink's) stays a
--- listpack: ten times smaller, and cheap to scan.
+-- insert scans the whole set; the collection queue holds the fences of the leases still
+-- current, tens to hundreds on one server. A member longer than 64 bytes turns a set into a
+-- skiplist, and Redis 7 does not turn it back as members go (loading it again — a restart, a
+-- replica's full sync, a reshard — does; the next long call turns it once more): so a call
+-- that finds the queue long adds SKIPLIST with its first fence and removes it before it
+-- returns. It is never seen outside this script, by this version or another. A short queue (a Redis
+-- Cluster slot's, a quiet sink's) stays a listpack: ten times smaller, and cheap to scan.
 local SKIPLIST = '~palisade: a member longer than zset-max-listpack-value, so that this sorted set is never a listpack (fenced_write.lua)~'
-local MARK_AT = 32 -- queued members from which a call makes the queue a skiplist
+local MARK_AT = 32 -- queued fences from which a call makes the queue a skiplist
 
 -- Exact signed 64-bit integers without 64-bit arithmetic: a value is {high, low} with
 -- value = high * 10^9 + low, both parts carrying the sign, each exact in a double.
@@ -239,70 +236,35 @@ end
 
 -- Bounded collection: fences whose token is below the watermark. (A queue key of the wrong
 -- type — another program under our prefix — disables collection, never the writes.)
--- A call queues the fences it set as one member, "~", the highest of their tokens (padded),
--- a tab, then each scope as its length, ':' and itself: due once the watermark passes that
--- token, when every fence in it is below the watermark unless set again since (and then
--- queued again by the call that set it). One member a call, not one a fence: a ZADD and a
--- range element a write fewer, most of the collection's cost (benches/fenced_write.sh).
--- Members without the "~" are an earlier version's, one fence each ("padded token TAB
--- scope"): they sort first, so one range read takes them with the due calls' members, up to
--- the first one not due (an earlier member not yet due holds the calls' members back until
--- the watermark passes it), and that version's own range ('-' to the watermark) never
--- reaches a member it cannot read.
 -- (One read tells both: ZCARD counts a sorted set, answers 0 for none, and fails — here an
 -- error table — on another type.)
-local members = redis.pcall('ZCARD', KEYS[2])
-local collecting = type(members) == 'number'
-local named = {}
-if collecting and members > 0 and not corrupt then
-  local budget, bound = tonumber(ARGV[6]), '~' .. watermark
-  local last
-  for _, member in ipairs(redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. bound, 'LIMIT', 0, budget)) do
-    if string.byte(member) == 126 then -- '~'
-      -- (A member that does not read so — another program's — is dropped with the rest: each
-      -- step moves on, so a bad length ends the loop, never repeats it.)
-      local at = string.byte(member, 22) == 9 and 22
-      while at and at < #member do
-        local _, colon, length = string.find(member, '^(%d+):', at + 1)
-        if not colon then
-          break
-        end
-        named[#named + 1] = fences .. '{' .. string.sub(member, colon + 1, colon + length) .. '}:fence'
-        at = colon + length
-      end
-    else
-      -- ("token TAB scope": the scope is what follows the digits' tab. Any other member is
-      -- not ours, and is dropped.)
-      local _, tab = string.find(member, '^%d+\t')
-      if tab == 21 then
-        if member > watermark then
-          break
-        end
-        named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
-      end
-    end
-    last = member
-    if #named >= budget then
-      break
-    end
-  end
-  if last then
-    -- The members taken are the queue's first ones in order: one range removal takes them.
-    members = members - redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. last)
-  end
+local queued = redis.pcall('ZCARD', KEYS[2])
+local collecting = type(queued) == 'number'
+if not collecting then
+  queued = 0
 end
-if #named > 0 then
+local due = {}
+if collecting and not corrupt then
+  due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
+end
+if #due > 0 then
+  -- The due members are the queue's first ones in order: one range removal takes them all.
+  redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
+  queued = queued - #due
   -- Their fences, read with one MGET and dropped with one DEL per 500 (a call each cost as
   -- much as the rest of a fence's collection: benches/callgrind.sh). MGET reads a key of
-  -- another type as nil, so such a fence is left alone, as before. (A fence is dropped only
-  -- when its own token is below the watermark, whatever the member said; a member another
-  -- program wrote, naming a key of another slot on a cluster, fails its MGET alone.)
+  -- another type as nil, so such a fence is left alone, as before.
+  local named = {}
+  for _, member in ipairs(due) do
+    -- ("token TAB scope": the scope is what follows the digits' tab.)
+    local _, tab = string.find(member, '^%d+\t')
+    if tab then
+      named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
+    end
+  end
   for i = 1, #named, 500 do
     local chunk = { unpack(named, i, math.min(i + 499, #named)) }
-    local held = redis.pcall('MGET', unpack(chunk))
-    if held.err then
-      held = {}
-    end
+    local held = redis.call('MGET', unpack(chunk))
     local gone = {}
     for j, fence in ipairs(chunk) do
       local token = type(held[j]) == 'string' and string.match(held[j], '^(%d+)\t')
@@ -316,18 +278,25 @@ if #named > 0 then
   end
 end
 
--- The fences this call sets, queued as one member when it returns (see above).
-local queued, highest = {}, nil
+-- The scope a fence key belongs to (fence keys are ARGV[4] .. "{" .. scope .. "}:fence").
+local function scope_of(fence)
+  return string.sub(fence, #fences + 2, -8)
+end
+
+-- Remembers to look at this fence once the watermark passes its token. (In a long queue the
+-- call's first one brings SKIPLIST along, removed at the end of the call.)
+local skiplisted = false
 local function queue_for_collection(fence, token)
   if not collecting then
     return
   end
-  -- (The scope is the fence key's middle: ARGV[4] .. "{" .. scope .. "}:fence".)
-  local scope = string.sub(fence, #fences + 2, -8)
-  queued[#queued + 1] = #scope .. ':' .. scope
-  if not highest or token > highest then
-    highest = token
+  if skiplisted or queued < MARK_AT then
+    redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence))
+  else
+    redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
+    skiplisted = true
   end
+  queued = queued + 1
 end
 
 local function write(fence, keys, token, lease, key, encoded)
@@ -445,13 +414,7 @@ for i = 0, (#KEYS - 2) / 2 - 1 do
   local a = 7 + i * 4
   out[#out + 1] = write(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
-if highest then
-  local member = '~' .. highest .. '\t' .. table.concat(queued)
-  if members < MARK_AT then
-    redis.call('ZADD', KEYS[2], '0', member)
-  else
-    redis.call('ZADD', KEYS[2], '0', member, '0', SKIPLIST)
-    redis.call('ZREM', KEYS[2], SKIPLIST)
-  end
+if skiplisted then
+  redis.call('ZREM', KEYS[2], SKIPLIST)
 end
 return out

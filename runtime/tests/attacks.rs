@@ -434,8 +434,7 @@ async fn a_refusal_after_collection_recreates_a_fence_that_is_collected_again() 
         matches!(r, Admission::Rejected(Rejection::Mutation { .. })),
         "{r:?}"
     );
-    // (One member a call: "~", the call's highest token, a tab, each scope as "length:scope".)
-    let member = format!("~{:020}\t1:s", 12);
+    let member = format!("{:020}\ts", 12);
     assert_eq!(
         server.cli(&["ZSCORE", "rc:collect", &member]).as_deref(),
         Some("0"),

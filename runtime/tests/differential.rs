@@ -207,35 +207,14 @@ async fn send(
     Ok(results)
 }
 
-/// How a backend forgets the fences below the watermark (see `sink_case`).
-#[derive(Clone, Copy)]
-enum Collects {
-    ByFence,
-    ByCall,
-}
-
 /// Runs `history` on a fresh memory sink and on `redis` (a fresh sink of the backend under
 /// test: Redis or Postgres) and compares every answer and the state after every batch.
-/// `collects` says how the other backend forgets fences below the watermark: `ByFence`, as
-/// memory does (the fences kept are compared whole), or `ByCall` (Redis: a call's fences once
-/// the watermark passes the highest of them; the fences are compared at and above the
-/// watermark, where they decide: every token below it is stale, kept fence or not).
-async fn sink_case(
-    other: &dyn FencedStore,
-    collects: Collects,
-    history: &[SinkBatch],
-) -> CaseResult {
+async fn sink_case(other: &dyn FencedStore, history: &[SinkBatch]) -> CaseResult {
     let memory = MemoryFencedStore::new();
-    let mut watermark = 0;
-    let current = |fence: Result<Option<Fence>>, watermark: u64| match collects {
-        Collects::ByFence => fence,
-        Collects::ByCall => fence.map(|f| f.filter(|f| f.token.as_u64() >= watermark)),
-    };
     for (b, batch) in history.iter().enumerate() {
         if let Some(w) = batch.watermark {
             memory.observe_watermark(FencingToken::from_u64(w));
             other.observe_watermark(FencingToken::from_u64(w));
-            watermark = watermark.max(w);
         }
         let writes: Vec<FencedWrite> = batch.writes.iter().map(fenced_write).collect();
         let m = send(&memory, &writes, batch.one_by_one).await;
@@ -254,10 +233,11 @@ async fn sink_case(
                 )?;
             }
         }
+        // Collections happen at the same points on both: the fences they keep agree too.
         for s in 0..3 {
             let scope = sink_scope(s);
-            let m = current(memory.highest(&scope).await, watermark);
-            let o = current(other.highest(&scope).await, watermark);
+            let m = memory.highest(&scope).await;
+            let o = other.highest(&scope).await;
             same(
                 format_args!("after batch {b}, highest({scope})"),
                 m.as_ref(),
@@ -273,8 +253,8 @@ async fn sink_case(
     }
     for s in 0..3 {
         let scope = sink_scope(s);
-        let m = current(memory.highest(&scope).await, watermark);
-        let o = current(other.highest(&scope).await, watermark);
+        let m = memory.highest(&scope).await;
+        let o = other.highest(&scope).await;
         same(
             format_args!("final highest({scope})"),
             m.as_ref(),
@@ -295,7 +275,7 @@ fn fenced_stores_agree_on_random_write_histories() {
     };
     proptest!(config, |(history in sink_history())| {
         let redis = RedisFencedStore::new(pool.clone(), &fresh_prefix());
-        rt.block_on(sink_case(&redis, Collects::ByCall, &history))?;
+        rt.block_on(sink_case(&redis, &history))?;
     });
 }
 
@@ -314,7 +294,7 @@ fn memory_and_postgres_sinks_agree_on_random_write_histories() {
             .expect("PostgreSQL is running (.ci/run starts it)")
             .with_collect_interval(Duration::ZERO);
         let postgres = PostgresFencedStore::new(std::sync::Arc::new(sink));
-        let verdict = rt.block_on(sink_case(&postgres, Collects::ByFence, &history));
+        let verdict = rt.block_on(sink_case(&postgres, &history));
         rt.block_on(palisade_testkit::drop_postgres_schema(postgres.sink()));
         verdict?;
     });

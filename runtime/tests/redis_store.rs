@@ -884,13 +884,11 @@ async fn the_lease_index_stays_a_skiplist_and_its_marker_never_shows() {
     assert!(store.leases(10).await.unwrap().is_empty());
 }
 
-/// Issue 24: a call queues the fences it set as one member of the collection queue ("~", its
-/// highest token, a tab, each scope as "length:scope"). A long queue leaves the listpack
-/// encoding (every insert into a listpack scans it) and a short one stays in it (ten times
-/// smaller: a Redis Cluster has one per slot). The member that turns a long one into a
-/// skiplist is gone when the call returns: the queue holds the calls' members only, their
-/// fences are still collected below the watermark, the late writes refused, and the queue goes
-/// with its last member.
+/// Issue 24: a long collection queue of the sink leaves the listpack encoding (every insert
+/// into a listpack scans it) and a short one stays in it (ten times smaller: a Redis Cluster
+/// has one per slot). The member that turns a long one into a skiplist is gone when the call
+/// returns: the queue holds fences only, they are still collected below the watermark, the
+/// late writes refused, and the queue goes with its last fence.
 #[tokio::test]
 async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected() {
     use palisade::{Admission, FencedStore, FencingToken, LeaseId, Rejection, Scope};
@@ -903,37 +901,41 @@ async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected
             .cli(&["OBJECT", "ENCODING", "cq:collect"])
             .unwrap_or_default()
     };
-    let one = |i: u64| {
-        write(
-            &format!("s{i}"),
-            fence(10 + i, lease),
-            "k",
-            set(&format!("d{i}"), "v"),
-        )
+    let fences = || server.cli(&["ZLEXCOUNT", "cq:collect", "-", "(~"]);
+    let batch = |from: u64, to: u64| -> Vec<_> {
+        (from..to)
+            .map(|i| {
+                write(
+                    &format!("s{i}"),
+                    fence(10 + i, lease),
+                    "k",
+                    set(&format!("d{i}"), "v"),
+                )
+            })
+            .collect()
     };
-    let batch: Vec<_> = (0..3).map(one).collect();
-    for out in sink.write_batch(batch).await.unwrap() {
+    for out in sink.write_batch(batch(0, 3)).await.unwrap() {
         assert_eq!(out.unwrap(), Admission::Applied);
     }
-    assert_eq!(
-        server.cli(&["ZRANGE", "cq:collect", "0", "-1"]).as_deref(),
-        Some(format!("~{:020}\t2:s02:s12:s2", 12).as_str()),
-        "one member for the call's three fences"
-    );
     assert_eq!(encoding(), "listpack", "a short queue");
-    for i in 3..41 {
-        assert_eq!(sink.write(one(i)).await.unwrap(), Admission::Applied);
+    for out in sink.write_batch(batch(3, 40)).await.unwrap() {
+        assert_eq!(out.unwrap(), Admission::Applied);
     }
-    // (Marked by the call that finds 32 members, within the call.)
+    // (Marked once the queue reaches 32, within the call.)
     assert_eq!(encoding(), "skiplist", "a long queue");
+    assert_eq!(fences().as_deref(), Some("40"));
     assert_eq!(
         server.cli(&["ZCARD", "cq:collect"]).as_deref(),
-        Some("39"),
-        "the calls' members only"
+        Some("40"),
+        "fences only"
     );
+    for out in sink.write_batch(batch(40, 41)).await.unwrap() {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    assert_eq!(fences().as_deref(), Some("41"));
 
-    // Past every fence: the next calls collect them (18 fences a call of one write, here a
-    // member each but the first), and the queue goes with the last.
+    // Past every fence: the next calls collect them (18 a call of one write), and the queue
+    // goes with the last.
     sink.observe_watermark(FencingToken::from_u64(1000));
     for key in ["k2", "k3", "k4"] {
         let late = sink
@@ -954,82 +956,6 @@ async fn a_long_collection_queue_is_a_skiplist_and_its_marker_is_never_collected
         );
     }
     assert_eq!(server.cli(&["GET", "cq:d:d0"]).as_deref(), Some("v"));
-}
-
-/// Issue 24: an earlier version queued one member a fence ("padded token TAB scope"). Its
-/// members left in the queue at an upgrade are still collected, in token order with the new
-/// ones; one not yet due holds the members after it back (one range removal takes what is
-/// collected), and is collected with them once the watermark passes it. Members that are not
-/// ours are dropped, and a fence is dropped only when its own token is below the watermark,
-/// whatever the member that named it said.
-#[tokio::test]
-async fn an_earlier_versions_queue_members_are_still_collected() {
-    use palisade::{Admission, FencedStore, FencingToken, LeaseId, Scope};
-    use palisade_testkit::suite::{fence, set, write};
-    let (sink, server) = private_sink("up");
-    let lease = LeaseId::new();
-    let apply = |scope: &str, token: u64| {
-        let w = write(
-            scope,
-            fence(token, lease),
-            &format!("k{token}"),
-            set("d", "v"),
-        );
-        let sink = &sink;
-        async move { assert_eq!(sink.write(w).await.unwrap(), Admission::Applied) }
-    };
-    // What the earlier version left: two fences with a member each, 5 and 40.
-    apply("old5", 5).await;
-    apply("old40", 40).await;
-    server.cli(&["DEL", "up:collect"]);
-    for (token, scope) in [(5, "old5"), (40, "old40")] {
-        server.cli(&["ZADD", "up:collect", "0", &format!("{token:020}\t{scope}")]);
-    }
-    // Not ours: dropped when reached, never followed.
-    server.cli(&["ZADD", "up:collect", "0", "garbage", "0", "~0"]);
-    // This version's: 20, 21 (a member whose fence is set again since, at 60), 50, 60.
-    apply("new20", 20).await;
-    apply("moved", 21).await;
-    apply("new50", 50).await;
-    apply("moved", 60).await;
-    let held = |scope: &str| {
-        let sink = &sink;
-        let scope = Scope::new(scope);
-        async move {
-            sink.highest(&scope)
-                .await
-                .unwrap()
-                .map(|f| f.token.as_u64())
-        }
-    };
-    let members = || server.cli(&["ZCARD", "up:collect"]).unwrap();
-
-    // At 30: 5 goes; 40 (an earlier member, not due) holds everything after it.
-    sink.observe_watermark(FencingToken::from_u64(30));
-    apply("x", 30).await;
-    assert_eq!(held("old5").await, None);
-    assert_eq!(held("new20").await, Some(20), "held back by 40");
-    assert_eq!(held("old40").await, Some(40));
-    assert_eq!(held("moved").await, Some(60), "set again since: kept");
-    // At 55: 40, the members not ours, 20, 21, 30 and 50 go; moved (at 60) stays, queued by
-    // the call that set it.
-    sink.observe_watermark(FencingToken::from_u64(55));
-    apply("y", 55).await;
-    assert_eq!(held("old40").await, None);
-    assert_eq!(held("new20").await, None);
-    assert_eq!(held("new50").await, None);
-    assert_eq!(held("x").await, None);
-    assert_eq!(held("moved").await, Some(60));
-    assert_eq!(
-        server.cli(&["ZSCORE", "up:collect", "garbage"]).as_deref(),
-        Some("")
-    );
-    // At 100: the rest.
-    sink.observe_watermark(FencingToken::from_u64(100));
-    apply("z", 100).await;
-    assert_eq!(held("moved").await, None);
-    assert_eq!(held("y").await, None);
-    assert_eq!(members(), "1", "z's own member only");
 }
 
 /// The claim's guard for invariant 3: a ready job whose named scope is taken (a state only
