@@ -691,7 +691,8 @@ impl SinkHandle {
         self.write_keyed(key, mutations).await
     }
 
-    /// Writes `mutations` under a caller-chosen idempotency key.
+    /// Writes `mutations` under a caller-chosen idempotency key. An empty key, or an empty
+    /// data key in `mutations`, is refused before anything is sent ([`Error::InvalidJob`]).
     pub async fn write_keyed(
         &self,
         key: IdempotencyKey,

@@ -168,6 +168,11 @@ impl Handler<Write> for FencedSink {
     type Result = ResponseFuture<Result<Admission>>;
 
     fn handle(&mut self, msg: Write, ctx: &mut Self::Context) -> Self::Result {
+        if let Some(why) = unnamed(&msg.0) {
+            let result = Err(Error::InvalidJob(why));
+            record(&self.name, &msg.0.scope, &result);
+            return Box::pin(async move { result });
+        }
         let (reply, answer) = oneshot::channel();
         self.queued.push((msg.0, reply));
         self.flush(ctx);
@@ -177,6 +182,19 @@ impl Handler<Write> for FencedSink {
                 .map_err(|_| Error::Unavailable("fenced sink stopped before answering".into()))?
         })
     }
+}
+
+/// Why `write` must not reach the store, if it must not: an empty idempotency key or an empty
+/// data key. Either names every other such write as the same one — a later write of the scope
+/// with an empty key would answer `Duplicate` and never apply, two writes to the data key ""
+/// would overwrite each other — so it is a caller's bug (a name built from a missing value),
+/// refused before anything is sent: no fence moves, no data changes.
+fn unnamed(write: &FencedWrite) -> Option<String> {
+    if write.key.as_str().is_empty() {
+        return Some("fenced write: the idempotency key is empty; name the write".into());
+    }
+    let i = write.mutations.iter().position(|m| m.key().is_empty())?;
+    Some(format!("fenced write: mutation {i} has an empty data key"))
 }
 
 /// The coordinator's low watermark, passed on by a worker after it settled jobs: the store
@@ -320,6 +338,57 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(lone, Admission::Applied);
+    }
+
+    /// An empty idempotency key or data key is refused before the store sees it (a typed
+    /// error, counted and logged as the write's error): the scope's fence does not move and
+    /// nothing is stored, while the named writes sent with it apply (fails if the check is
+    /// dropped: the empty-key write would apply, and a second one answer `Duplicate`).
+    #[actix::test]
+    async fn a_write_with_an_empty_key_or_data_key_is_refused_before_the_store() {
+        let (store, sink, fence) = slow_sink();
+        let write = |key: &str, data: &str| FencedWrite {
+            scope: Scope::new("s"),
+            fence,
+            key: IdempotencyKey::new(key),
+            mutations: vec![
+                Mutation::HashIncr {
+                    key: "n".into(),
+                    field: "n".into(),
+                    by: 1,
+                },
+                Mutation::Set {
+                    key: data.into(),
+                    value: "v".into(),
+                },
+            ],
+        };
+        let all = futures_util::future::join_all([
+            sink.send(Write(write("", "d"))),
+            sink.send(Write(write("k", ""))),
+            sink.send(Write(write("", "d"))),
+        ]);
+        for (answer, why) in all.await.into_iter().zip([
+            "the idempotency key is empty",
+            "mutation 1 has an empty data key",
+            "the idempotency key is empty",
+        ]) {
+            match answer.unwrap() {
+                Err(Error::InvalidJob(e)) => assert!(e.contains(why), "{e}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        assert_eq!(store.batches.load(Ordering::SeqCst), 0, "nothing sent");
+        assert_eq!(store.highest(&Scope::new("s")).await.unwrap(), None);
+        assert_eq!(store.read("n").await.unwrap(), None);
+        assert_eq!(
+            sink.send(Write(write("k", "d"))).await.unwrap().unwrap(),
+            Admission::Applied
+        );
+        assert_eq!(
+            store.read("d").await.unwrap(),
+            Some(Value::Text("v".into()))
+        );
     }
 
     /// One write whose mutation does not fit (an increment of a string key), among 300 going
