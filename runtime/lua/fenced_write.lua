@@ -30,7 +30,9 @@
 --          ownership checks, so the fence advanced to its token if that is higher — a
 --          refused writer still proves every older lease stale, runtime/src/admission.rs) |
 --          {"error", why} (this write's own keys or arguments are unusable, a malformed
---          mutation list included: a client bug, not a decision; nothing changed)
+--          mutation list included: a client bug, not a decision; nothing changed) |
+--          {"moving", why} (on a Redis Cluster, a data key of this write is on another node
+--          already, its slot being moved: not decided, nothing of it changed; try again)
 -- Errors   none of its own: every check runs before the first change, because Redis does
 --          not roll a script back (a single hash mutation is checked by Redis itself as the
 --          one command that applies it, which changes nothing when it refuses). The one error
@@ -119,8 +121,17 @@ local function decimal(v)
   return string.format('%d%09d', v[1], math.abs(v[2]))
 end
 
+-- A data key is not among the script's declared keys (they are the scope's records), so on a
+-- Redis Cluster whose slot is being moved it may already be on the other node, where Redis
+-- refuses to reach it with an error; a raised one would end the script after the writes
+-- before this one had changed things. So the reads that meet a data key first are guarded,
+-- and such a refusal makes this write NOT_HERE: not decided, nothing of it changed, the
+-- client to try it again (the slot's new node serves it once the move is done).
+local NOT_HERE = {}
+
 -- Checks the whole list against the stored data and its own earlier steps; returns why not,
--- or nil when every step fits. `kinds` and `fields` hold the staged effect of earlier steps.
+-- or nil when every step fits, or NOT_HERE when a data key is on another node (above).
+-- `kinds` and `fields` hold the staged effect of earlier steps.
 local function check(mutations)
   local kinds, fields = {}, {}
   for i, m in ipairs(mutations) do
@@ -128,7 +139,11 @@ local function check(mutations)
     local data = prefix .. key
     local want = op == 'S' and 'string' or 'hash'
     if not kinds[key] then
-      kinds[key] = redis.call('TYPE', data).ok
+      local kind = redis.pcall('TYPE', data)
+      if kind.err then
+        return NOT_HERE
+      end
+      kinds[key] = kind.ok
       fields[key] = {}
     end
     local have = kinds[key]
@@ -147,7 +162,10 @@ local function check(mutations)
       local field = m[3]
       local current = fields[key][field]
       if current == nil and have == 'hash' then
-        current = redis.call('HGET', data, field)
+        current = redis.pcall('HGET', data, field)
+        if type(current) == 'table' then
+          return NOT_HERE
+        end
       end
       local value = { 0, 0 }
       if current then
@@ -248,9 +266,6 @@ if collecting and not corrupt then
   due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
 end
 if #due > 0 then
-  -- The due members are the queue's first ones in order: one range removal takes them all.
-  redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
-  queued = queued - #due
   -- Their fences, read with one MGET and dropped with one DEL per 500 (a call each cost as
   -- much as the rest of a fence's collection: benches/callgrind.sh). MGET reads a key of
   -- another type as nil, so such a fence is left alone, as before.
@@ -262,18 +277,34 @@ if #due > 0 then
       named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
     end
   end
+  -- All are read before any is dropped: on a Redis Cluster whose slot is being moved a fence
+  -- may be on the other node already, where Redis refuses to reach it (an error, guarded
+  -- here, as NOT_HERE above); then this call collects nothing and leaves the queue as it was.
+  local chunks, reachable = {}, true
   for i = 1, #named, 500 do
     local chunk = { unpack(named, i, math.min(i + 499, #named)) }
-    local held = redis.call('MGET', unpack(chunk))
-    local gone = {}
-    for j, fence in ipairs(chunk) do
-      local token = type(held[j]) == 'string' and string.match(held[j], '^(%d+)\t')
-      if token and #token == 20 and token < watermark then
-        gone[#gone + 1] = fence
-      end
+    local held = redis.pcall('MGET', unpack(chunk))
+    if held.err then
+      reachable = false
+      break
     end
-    if #gone > 0 then
-      redis.call('DEL', unpack(gone))
+    chunks[#chunks + 1] = { chunk, held }
+  end
+  if reachable then
+    -- The due members are the queue's first ones in order: one range removal takes them all.
+    redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
+    queued = queued - #due
+    for _, c in ipairs(chunks) do
+      local gone = {}
+      for j, fence in ipairs(c[1]) do
+        local token = type(c[2][j]) == 'string' and string.match(c[2][j], '^(%d+)\t')
+        if token and #token == 20 and token < watermark then
+          gone[#gone + 1] = fence
+        end
+      end
+      if #gone > 0 then
+        redis.call('DEL', unpack(gone))
+      end
     end
   end
 end
@@ -376,6 +407,9 @@ local function write(fence, keys, token, lease, key, encoded)
         error(done)
       end
     end
+  end
+  if why == NOT_HERE then
+    return { 'moving', 'a data key of this write is on another node now (its slot is being moved)' }
   end
   if why then
     -- Refused for its content, after the ownership checks passed: no data, no key, but the

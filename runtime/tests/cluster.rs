@@ -205,6 +205,118 @@ async fn a_sink_batch_spans_slots_and_masters() {
     assert!(matches!(split, Err(Error::Config(_))), "{split:?}");
 }
 
+/// A slot being moved between masters (`CLUSTER SETSLOT .. MIGRATING`/`IMPORTING`, then
+/// `MIGRATE` of one data key): a batch of the slot still goes to its old master, where one
+/// write's data key is and another's is not. Redis refuses a script a key on another node with
+/// an error; raised, it ended the script after the first write had applied (the batch failed
+/// whole while a write of it stood). Now the first write applies and answers so, the others
+/// are `Unavailable` (retryable) with nothing of them changed, and the batch stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_key_moved_away_is_retried_not_half_done() {
+    let cluster = start_cluster().await;
+    let sink = RedisFencedStore::new(cluster.target(), "mg");
+    sink.observe_watermark(FencingToken::from_u64(1));
+    let lease = LeaseId::new();
+    let write = |token: u64, idem: &str, mutation: Mutation| FencedWrite {
+        scope: Scope::new("s"),
+        fence: Fence {
+            token: FencingToken::from_u64(token),
+            lease,
+        },
+        key: IdempotencyKey::new(idem),
+        mutations: vec![mutation],
+    };
+    let set = |key: &str, value: &str| Mutation::Set {
+        key: key.into(),
+        value: value.into(),
+    };
+    for out in sink
+        .write_batch(vec![
+            write(10, "k0", set("{s}a", "x")),
+            write(10, "k1", set("{s}b", "x")),
+        ])
+        .await
+        .unwrap()
+    {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    // The slot starts moving to another master; one data key is there already.
+    let src = cluster.master_of("mg:{s}:fence");
+    let dst = *cluster.masters().iter().find(|&&m| m != src).unwrap();
+    let slot = cluster.nodes[src]
+        .cli(&["CLUSTER", "KEYSLOT", "s"])
+        .unwrap();
+    let id = |i: usize| cluster.nodes[i].cli(&["CLUSTER", "MYID"]).unwrap();
+    let (src_id, dst_id) = (id(src), id(dst));
+    let dst_port = cluster.nodes[dst].port.to_string();
+    for (node, state, other) in [(dst, "IMPORTING", &src_id), (src, "MIGRATING", &dst_id)] {
+        let ok = cluster.nodes[node].cli(&["CLUSTER", "SETSLOT", &slot, state, other]);
+        assert_eq!(ok.as_deref(), Some("OK"), "{state}");
+    }
+    let moved =
+        cluster.nodes[src].cli(&["MIGRATE", "127.0.0.1", &dst_port, "mg:d:{s}b", "0", "5000"]);
+    assert_eq!(moved.as_deref(), Some("OK"));
+
+    let out = sink
+        .write_batch(vec![
+            write(11, "k2", set("{s}a", "y")),
+            // Checked by the script first (a Set), and tried first (one increment): both
+            // meet a key that is not on this node (moved, or absent in a moving slot).
+            write(11, "k3", set("{s}b", "z")),
+            write(
+                11,
+                "k4",
+                Mutation::HashIncr {
+                    key: "{s}c".into(),
+                    field: "n".into(),
+                    by: 1,
+                },
+            ),
+        ])
+        .await
+        .expect("the batch stands");
+    assert_eq!(out[0].as_ref().unwrap(), &Admission::Applied);
+    for (i, o) in out.iter().enumerate().skip(1) {
+        assert!(
+            matches!(o, Err(Error::Unavailable(why)) if why.contains("another node")),
+            "write {i}: {o:?}"
+        );
+    }
+    let src = &cluster.nodes[src];
+    assert_eq!(src.cli(&["GET", "mg:d:{s}a"]).as_deref(), Some("y"));
+    assert_eq!(
+        src.cli(&["ZSCORE", "mg:{s}:keys", "k3"]).as_deref(),
+        Some("")
+    );
+    assert_eq!(
+        src.cli(&["ZSCORE", "mg:{s}:keys", "k4"]).as_deref(),
+        Some("")
+    );
+    assert!(src
+        .cli(&["ZSCORE", "mg:{s}:keys", "k2"])
+        .is_some_and(|t| !t.is_empty()));
+    let fence = sink.highest(&Scope::new("s")).await.unwrap().unwrap();
+    assert_eq!(fence.token.as_u64(), 11, "moved by the write that applied");
+
+    // The slot's collection queue names a fence Redis will not reach from here (another
+    // node's): the call that would collect it leaves the queue as it was, and its write stands
+    // (raised, the refusal came after the watermark had been raised).
+    let far = (0..)
+        .map(|i| format!("far{i}"))
+        .find(|f| {
+            cluster.master_of(&format!("mg:{{{f}}}:fence")) != cluster.master_of("mg:{s}:fence")
+        })
+        .unwrap();
+    let queue = src.cli(&["KEYS", "mg:*:collect"]).unwrap();
+    let member = format!("{:020}\t{far}", 5);
+    src.cli(&["ZADD", &queue, "0", &member]);
+    sink.observe_watermark(FencingToken::from_u64(100));
+    let late = sink.write(write(100, "k5", set("{s}a", "w"))).await;
+    assert_eq!(late.unwrap(), Admission::Applied);
+    assert_eq!(src.cli(&["ZSCORE", &queue, &member]).as_deref(), Some("0"));
+    assert_eq!(src.cli(&["GET", "mg:d:{s}a"]).as_deref(), Some("w"));
+}
+
 /// The coordinator's master is killed (SIGKILL); its replica takes over with a new run id,
 /// so the coordinator moves to a new epoch there. The job the dead master had leased is
 /// claimed again under a token of that epoch; the old holder's write, renewal and

@@ -224,6 +224,10 @@ fn decode(write: &FencedWrite, reply: &[String]) -> Result<Admission> {
         [e, why] if e == "error" => {
             return Err(garbage(format_args!("scope {}: {why}", write.scope)))
         }
+        // A slot being moved between cluster nodes: the write was not decided; again later.
+        [m, why] if m == "moving" => {
+            return Err(Error::Unavailable(format!("scope {}: {why}", write.scope)))
+        }
         other => return Err(garbage(format_args!("unexpected reply {other:?}"))),
     })
 }
