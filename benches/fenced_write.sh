@@ -38,7 +38,7 @@ token = 1000 + start * per
 stream = []
 for _ in range(calls):
     keys = ['s:watermark', 's:collect']
-    args = ['86400000', '1000', 's:d:', 's:', '%020d' % max(0, token - 2 * per), '64']
+    args = ['86400000', '1000', 's:d:', 's:', '%020d' % max(0, token - 2 * per), '64', '1', str(per)]
     for _ in range(per):
         scope = 'job:%s' % uuid.uuid4()
         keys += ['s:{%s}:fence' % scope, 's:{%s}:keys' % scope]

@@ -2,6 +2,7 @@
 -- write, for a batch of writes that arrived together (group commit: one round trip for many
 -- handlers' writes). Each write is decided and applied on its own, exactly as if sent alone:
 -- one write's refusal, bad mutation or error does not affect the others.
+-- KEYS     the first slot's (the only one's but on a Redis Cluster):
 -- KEYS[1]  the sink's low watermark: a string, the largest coordinator watermark seen (20-digit
 --          zero-padded token; every lease below it is no longer current)
 -- KEYS[2]  the sink's collection queue: a zset, score 0, members "padded token TAB scope" in
@@ -12,8 +13,12 @@
 -- ARGV[1]  key retention (ms), ARGV[2] most keys kept per scope, ARGV[3] data key prefix,
 -- ARGV[4]  fence key prefix (a swept scope's fence is ARGV[4] .. "{" .. scope .. "}:fence"),
 -- ARGV[5]  the watermark the client last heard from the coordinator (padded), ARGV[6] most
---          fences to collect in this call,
--- ARGV[7..] four per write: presented token (20-digit zero-padded, so string order is
+--          fences to collect in this call (in each slot),
+-- ARGV[7]  S, the slots of this call (1 but on a Redis Cluster, where one call may carry
+--          every slot of one master: see the end of this script), ARGV[8..7+S] each slot's
+--          count of writes, then the keys of slots 2..S (laid out as KEYS is for slot 1: its
+--          watermark, its queue, two per write), then
+-- ARGV[..] four per write, slot by slot: presented token (20-digit zero-padded, so string order is
 --          numeric order and Lua's doubles never see it), presented lease id, idempotency key,
 --          mutations as JSON: a list of {"S", key, value} | {"H", key, {field, value, ...}} |
 --          {"I", key, field, by} with `by` a decimal string (never a Lua number); or
@@ -24,7 +29,8 @@
 -- forgotten (safe: every write they would refuse is below the watermark; keys are kept —
 -- runtime/src/admission.rs has the proof). Then each write is decided; a token below the
 -- watermark is stale even where no fence is kept.
--- Returns  one array per write: {"applied"} | {"duplicate"} | {"stale", highest, its lease} |
+-- Returns  one array per write, slot by slot: {"elsewhere"} (not on this node; nothing of
+--          it read or changed) | {"applied"} | {"duplicate"} | {"stale", highest, its lease} |
 --          {"conflict", token, lease holding it} | {"mutation", why} (the mutation list does
 --          not fit: no data changed and no key was recorded, but the write passed the
 --          ownership checks, so the fence advanced to its token if that is higher — a
@@ -236,78 +242,10 @@ local function single_hash(mutations)
     and (m[1] == 'I' or (m[1] == 'H' and #m[3] >= 2 and #m[3] <= 2000))
 end
 
--- The watermark only grows. A stored one that is corrupt fails every write of the call
--- closed (fences below it may have been forgotten: treating it as 0 would let their stale
--- holders in); a missing one is a fresh sink's 0.
-local watermark = redis.pcall('GET', KEYS[1])
-local corrupt = false
-if watermark == false then
-  watermark = '00000000000000000000'
-elseif type(watermark) ~= 'string' or not string.match(watermark, '^%d+$') or #watermark ~= 20 then
-  corrupt = true
-  watermark = '99999999999999999999'
-end
-if not corrupt and string.match(ARGV[5], '^%d+$') and #ARGV[5] == 20 and ARGV[5] > watermark then
-  watermark = ARGV[5]
-  redis.call('SET', KEYS[1], watermark)
-end
-
--- Bounded collection: fences whose token is below the watermark. (A queue key of the wrong
--- type — another program under our prefix — disables collection, never the writes.)
--- (One read tells both: ZCARD counts a sorted set, answers 0 for none, and fails — here an
--- error table — on another type.)
-local queued = redis.pcall('ZCARD', KEYS[2])
-local collecting = type(queued) == 'number'
-if not collecting then
-  queued = 0
-end
-local due = {}
-if collecting and not corrupt then
-  due = redis.call('ZRANGEBYLEX', KEYS[2], '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
-end
-if #due > 0 then
-  -- Their fences, read with one MGET and dropped with one DEL per 500 (a call each cost as
-  -- much as the rest of a fence's collection: benches/callgrind.sh). MGET reads a key of
-  -- another type as nil, so such a fence is left alone, as before.
-  local named = {}
-  for _, member in ipairs(due) do
-    -- ("token TAB scope": the scope is what follows the digits' tab.)
-    local _, tab = string.find(member, '^%d+\t')
-    if tab then
-      named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
-    end
-  end
-  -- All are read before any is dropped: on a Redis Cluster whose slot is being moved a fence
-  -- may be on the other node already, where Redis refuses to reach it (an error, guarded
-  -- here, as NOT_HERE above); then this call collects nothing and leaves the queue as it was.
-  local chunks, reachable = {}, true
-  for i = 1, #named, 500 do
-    local chunk = { unpack(named, i, math.min(i + 499, #named)) }
-    local held = redis.pcall('MGET', unpack(chunk))
-    if held.err then
-      reachable = false
-      break
-    end
-    chunks[#chunks + 1] = { chunk, held }
-  end
-  if reachable then
-    -- The due members are the queue's first ones in order: one range removal takes them all.
-    redis.call('ZREMRANGEBYLEX', KEYS[2], '-', '[' .. due[#due])
-    queued = queued - #due
-    for _, c in ipairs(chunks) do
-      local gone = {}
-      for j, fence in ipairs(c[1]) do
-        local token = type(c[2][j]) == 'string' and string.match(c[2][j], '^(%d+)\t')
-        if token and #token == 20 and token < watermark then
-          gone[#gone + 1] = fence
-        end
-      end
-      if #gone > 0 then
-        redis.call('DEL', unpack(gone))
-      end
-    end
-  end
-end
+-- The slot being written (run_slot, below, sets these for each slot of the call): its queue,
+-- its watermark, whether that record is corrupt, whether it collects (and how many fences
+-- its queue holds), and whether this call made its queue a skiplist.
+local QUEUE, watermark, corrupt, collecting, queued, skiplisted
 
 -- The scope a fence key belongs to (fence keys are ARGV[4] .. "{" .. scope .. "}:fence").
 local function scope_of(fence)
@@ -315,16 +253,15 @@ local function scope_of(fence)
 end
 
 -- Remembers to look at this fence once the watermark passes its token. (In a long queue the
--- call's first one brings SKIPLIST along, removed at the end of the call.)
-local skiplisted = false
+-- call's first one brings SKIPLIST along, removed after the slot's last write.)
 local function queue_for_collection(fence, token)
   if not collecting then
     return
   end
   if skiplisted or queued < MARK_AT then
-    redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence))
+    redis.call('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence))
   else
-    redis.call('ZADD', KEYS[2], '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
+    redis.call('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
     skiplisted = true
   end
   queued = queued + 1
@@ -443,12 +380,124 @@ local function write(fence, keys, token, lease, key, encoded)
   return { 'applied' }
 end
 
-local out = {}
-for i = 0, (#KEYS - 2) / 2 - 1 do
-  local a = 7 + i * 4
-  out[#out + 1] = write(KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+-- One slot's writes, appended to `out`: its watermark and collection queue are keys[at + 1]
+-- and keys[at + 2], its writes' fences and key records the n pairs after them, their
+-- arguments four each from ARGV[arg + 1].
+local function run_slot(keys, at, n, arg, out)
+  local WATERMARK = keys[at + 1]
+  QUEUE = keys[at + 2]
+  skiplisted = false
+  -- The watermark only grows. A stored one that is corrupt fails every write of the call
+  -- closed (fences below it may have been forgotten: treating it as 0 would let their stale
+  -- holders in); a missing one is a fresh sink's 0.
+  watermark = redis.pcall('GET', WATERMARK)
+  corrupt = false
+  if watermark == false then
+    watermark = '00000000000000000000'
+  elseif type(watermark) ~= 'string' or not string.match(watermark, '^%d+$') or #watermark ~= 20 then
+    corrupt = true
+    watermark = '99999999999999999999'
+  end
+  if not corrupt and string.match(ARGV[5], '^%d+$') and #ARGV[5] == 20 and ARGV[5] > watermark then
+    watermark = ARGV[5]
+    redis.call('SET', WATERMARK, watermark)
+  end
+
+  -- Bounded collection: fences whose token is below the watermark. (A queue key of the wrong
+  -- type — another program under our prefix — disables collection, never the writes.)
+  -- (One read tells both: ZCARD counts a sorted set, answers 0 for none, and fails — here an
+  -- error table — on another type.)
+  queued = redis.pcall('ZCARD', QUEUE)
+  collecting = type(queued) == 'number'
+  if not collecting then
+    queued = 0
+  end
+  local due = {}
+  if collecting and not corrupt then
+    due = redis.call('ZRANGEBYLEX', QUEUE, '-', '(' .. watermark, 'LIMIT', 0, tonumber(ARGV[6]))
+  end
+  if #due > 0 then
+    -- Their fences, read with one MGET and dropped with one DEL per 500 (a call each cost as
+    -- much as the rest of a fence's collection: benches/callgrind.sh). MGET reads a key of
+    -- another type as nil, so such a fence is left alone, as before.
+    local named = {}
+    for _, member in ipairs(due) do
+      -- ("token TAB scope": the scope is what follows the digits' tab.)
+      local _, tab = string.find(member, '^%d+\t')
+      if tab then
+        named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
+      end
+    end
+    -- All are read before any is dropped: on a Redis Cluster whose slot is being moved a fence
+    -- may be on the other node already, where Redis refuses to reach it (an error, guarded
+    -- here, as NOT_HERE above); then this call collects nothing and leaves the queue as it was.
+    local chunks, reachable = {}, true
+    for i = 1, #named, 500 do
+      local chunk = { unpack(named, i, math.min(i + 499, #named)) }
+      local held = redis.pcall('MGET', unpack(chunk))
+      if held.err then
+        reachable = false
+        break
+      end
+      chunks[#chunks + 1] = { chunk, held }
+    end
+    if reachable then
+      -- The due members are the queue's first ones in order: one range removal takes them all.
+      redis.call('ZREMRANGEBYLEX', QUEUE, '-', '[' .. due[#due])
+      queued = queued - #due
+      for _, c in ipairs(chunks) do
+        local gone = {}
+        for j, fence in ipairs(c[1]) do
+          local token = type(c[2][j]) == 'string' and string.match(c[2][j], '^(%d+)\t')
+          if token and #token == 20 and token < watermark then
+            gone[#gone + 1] = fence
+          end
+        end
+        if #gone > 0 then
+          redis.call('DEL', unpack(gone))
+        end
+      end
+    end
+  end
+  for i = 0, n - 1 do
+    local k, a = at + 3 + 2 * i, arg + 1 + 4 * i
+    out[#out + 1] = write(keys[k], keys[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  end
+  if skiplisted then
+    redis.call('ZREM', QUEUE, SKIPLIST)
+  end
 end
-if skiplisted then
-  redis.call('ZREM', KEYS[2], SKIPLIST)
+
+-- The slots of this call: the first one's keys are KEYS (declared, so Redis routes and checks
+-- them), the others' (a Redis Cluster master's other slots, one call for all) follow their
+-- counts in ARGV. A Redis Cluster refuses a script a key on another node with an error, so
+-- an undeclared slot is first probed with one guarded read of all its keys, before it
+-- changes anything: a slot that is not here (the client's map of slots is behind a move)
+-- answers {"elsewhere"} for each of its writes, for the client to send them to their slot.
+local slots = tonumber(ARGV[7])
+local counts, undeclared = {}, 0
+for g = 1, slots do
+  counts[g] = tonumber(ARGV[7 + g])
+  if g > 1 then
+    undeclared = undeclared + 2 + 2 * counts[g]
+  end
+end
+local out = {}
+local at, arg = 7 + slots, 7 + slots + undeclared
+for g = 1, slots do
+  local n = counts[g]
+  if g == 1 then
+    run_slot(KEYS, 0, n, arg, out)
+  else
+    if type(redis.pcall('EXISTS', unpack(ARGV, at + 1, at + 2 + 2 * n))) == 'table' then
+      for _ = 1, n do
+        out[#out + 1] = { 'elsewhere' }
+      end
+    else
+      run_slot(ARGV, at, n, arg, out)
+    end
+    at = at + 2 + 2 * n
+  end
+  arg = arg + 4 * n
 end
 return out

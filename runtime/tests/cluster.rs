@@ -205,6 +205,146 @@ async fn a_sink_batch_spans_slots_and_masters() {
     assert!(matches!(split, Err(Error::Config(_))), "{split:?}");
 }
 
+/// Script calls (`EVALSHA`) each master has run so far.
+fn script_calls(cluster: &RedisCluster) -> Vec<(usize, u64)> {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|m| {
+            let stats = cluster.nodes[m].cli(&["INFO", "commandstats"]).unwrap();
+            let calls = stats
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|l| l.split(',').next())
+                .map_or(0, |n| n.parse().unwrap());
+            (m, calls)
+        })
+        .collect()
+}
+
+/// Issue 24: a batch whose scopes are spread over every master (each scope its own slot, as
+/// default scopes are) goes out as one script call per master, not one per slot, and every
+/// write is decided as before. Then a slot moves to another master while the sink's map of
+/// slots still has it on the old one: that master's call finds it is not there and answers so
+/// without touching it, and the slot's writes go again to their new master, decided once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_batch_goes_out_as_one_call_per_master() {
+    let cluster = start_cluster().await;
+    let sink = RedisFencedStore::new(cluster.target(), "pm");
+    let lease = LeaseId::new();
+    let scopes: Vec<String> = (0..60).map(|i| format!("s{i}")).collect();
+    // The first batch loads the script on each master (NOSCRIPT, then EVALSHA again).
+    for out in sink
+        .write_batch(credits(&scopes, 10, lease, "k1"))
+        .await
+        .unwrap()
+    {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    let before = script_calls(&cluster);
+    for out in sink
+        .write_batch(credits(&scopes, 11, lease, "k2"))
+        .await
+        .unwrap()
+    {
+        assert_eq!(out.unwrap(), Admission::Applied);
+    }
+    let after = script_calls(&cluster);
+    let calls: Vec<u64> = before
+        .iter()
+        .zip(&after)
+        .map(|((_, b), (_, a))| a - b)
+        .collect();
+    assert_eq!(
+        calls,
+        vec![1, 1, 1],
+        "one call per master, not per slot (60 slots)"
+    );
+    for s in &scopes {
+        let fence = sink.highest(&Scope::new(s)).await.unwrap().unwrap();
+        assert_eq!(fence.token.as_u64(), 11, "{s}");
+        let balance = sink.read(&format!("{{{s}}}:balance")).await.unwrap();
+        assert_eq!(
+            balance,
+            Some(Value::Hash(
+                [("cents".to_string(), "10".to_string())].into()
+            )),
+            "{s}: each credit applied once"
+        );
+    }
+
+    // Two fresh scopes of one master, the second in a higher slot; that slot moves to another
+    // master (it holds no key yet), and redis-rs learns of it, the sink's map not.
+    let slot_of = |key: String| -> u16 {
+        cluster.nodes[cluster.masters()[0]]
+            .cli(&["CLUSTER", "KEYSLOT", &key])
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let master = cluster.master_of("pm:{x0}:fence");
+    let x = "x0".to_string();
+    let y = (1..)
+        .map(|i| format!("y{i}"))
+        .find(|y| {
+            cluster.master_of(&format!("pm:{{{y}}}:fence")) == master
+                && slot_of(format!("pm:{{{y}}}:fence")) > slot_of(format!("pm:{{{x}}}:fence"))
+        })
+        .unwrap();
+    let moved = slot_of(format!("pm:{{{y}}}:fence")).to_string();
+    let to = *cluster.masters().iter().find(|&&m| m != master).unwrap();
+    let to_id = cluster.nodes[to].cli(&["CLUSTER", "MYID"]).unwrap();
+    for m in cluster.masters() {
+        let ok = cluster.nodes[m].cli(&["CLUSTER", "SETSLOT", &moved, "NODE", &to_id]);
+        assert_eq!(ok.as_deref(), Some("OK"));
+    }
+    cluster.wait_until(
+        |c| c.master_of(&format!("pm:{{{y}}}:fence")) == to,
+        "the slot never moved",
+    );
+    let y_scope = Scope::new(&y);
+    for _ in 0..100 {
+        if sink.highest(&y_scope).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = script_calls(&cluster);
+    let out = sink
+        .write_batch(credits(&[x.clone(), y.clone()], 12, lease, "k3"))
+        .await
+        .unwrap();
+    for o in out {
+        assert_eq!(o.unwrap(), Admission::Applied);
+    }
+    let after = script_calls(&cluster);
+    let calls: std::collections::BTreeMap<usize, u64> = before
+        .iter()
+        .zip(&after)
+        .map(|((m, b), (_, a))| (*m, a - b))
+        .collect();
+    assert_eq!(
+        calls[&master], 1,
+        "the grouped call, which found the slot gone"
+    );
+    assert!(calls[&to] >= 1, "the moved slot's own call: {calls:?}");
+    for s in [&x, &y] {
+        let fence = sink.highest(&Scope::new(s)).await.unwrap().unwrap();
+        assert_eq!(fence.token.as_u64(), 12, "{s}");
+    }
+    let y_balance = format!("{{{y}}}:balance");
+    assert_eq!(
+        sink.read(&y_balance).await.unwrap(),
+        Some(Value::Hash([("cents".to_string(), "5".to_string())].into()))
+    );
+    // Nothing of it was written on the master it left.
+    let left = &cluster.nodes[master];
+    assert_eq!(
+        left.cli(&["CLUSTER", "COUNTKEYSINSLOT", &moved]).as_deref(),
+        Some("0")
+    );
+}
+
 /// A slot being moved between masters (`CLUSTER SETSLOT .. MIGRATING`/`IMPORTING`, then
 /// `MIGRATE` of one data key): a batch of the slot still goes to its old master, where one
 /// write's data key is and another's is not. Redis refuses a script a key on another node with

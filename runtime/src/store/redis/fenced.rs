@@ -2,7 +2,7 @@
 //! idempotency record in one script (`runtime/lua/fenced_write.lua`) per batch of writes.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -22,6 +22,31 @@ const MAX_KEY_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 static FENCED_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/fenced_write.lua")));
+
+/// The same script for one call carrying several slots of one cluster master. Redis 7 lets a
+/// script flagged so reach the undeclared keys of every slot its node serves, and refuses it
+/// any other node's with an error (which the script probes for); Redis 6 refuses the flag
+/// line itself, so a cluster of Redis 6 is never sent one (it would reach any key unchecked).
+static FENCED_WRITE_ACROSS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "#!lua flags=allow-cross-slot-keys\n{}",
+        include_str!("../../../lua/fenced_write.lua")
+    ))
+});
+
+/// How long a cluster's map of slots to masters is trusted before it is read again (a call
+/// that finds it behind a move reads it again at once).
+const SLOT_MAP_AGE: Duration = Duration::from_secs(10);
+
+/// Slot ranges and the address of the master serving each, as `CLUSTER SLOTS` tells them.
+type SlotMap = Vec<(u16, u16, String)>;
+
+/// A slot map and when it was read.
+type KnownSlots = Option<(std::time::Instant, Arc<SlotMap>)>;
+
+/// The writes of one slot (`None`: one server), each with the reason it is refused for its
+/// content, if it is.
+type SlotWrites<'a> = (Option<u16>, Vec<(&'a FencedWrite, Option<String>)>);
 
 /// A fenced sink on Redis: admission, mutation and idempotency record in one script.
 ///
@@ -47,6 +72,11 @@ pub struct RedisFencedStore {
     max_keys: usize,
     /// The largest coordinator watermark observed; sent with the next script call.
     watermark: Arc<AtomicU64>,
+    /// On a cluster: the slots' masters as last read, and when, so that a batch goes out as
+    /// one call per master rather than per slot; cleared when a call finds it behind.
+    slot_map: Arc<std::sync::Mutex<KnownSlots>>,
+    /// False once the cluster refused the grouped script (Redis 6): one call per slot.
+    across: Arc<AtomicBool>,
 }
 
 impl RedisFencedStore {
@@ -60,6 +90,8 @@ impl RedisFencedStore {
             retention: Duration::from_secs(24 * 3600),
             max_keys: 10_000,
             watermark: Arc::default(),
+            slot_map: Arc::default(),
+            across: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -86,7 +118,54 @@ impl RedisFencedStore {
         format!("{}:{{{scope}}}:keys", self.prefix)
     }
 
-    /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it
+    /// The calls for a batch touching `slots` of a cluster: the slots of one master together
+    /// where the map of slots is known and the cluster runs the grouped script, else one call
+    /// per slot.
+    async fn plan(&self, slots: Vec<u16>) -> Vec<Vec<u16>> {
+        let map = match slots.len() > 1 && self.across.load(Ordering::Relaxed) {
+            true => self.slot_map().await,
+            false => None,
+        };
+        let Some(map) = map else {
+            return slots.into_iter().map(|slot| vec![slot]).collect();
+        };
+        let mut by_master: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
+        let mut alone = Vec::new();
+        for slot in slots {
+            match map.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)) {
+                Some((_, _, master)) => by_master.entry(master.as_str()).or_default().push(slot),
+                None => alone.push(vec![slot]),
+            }
+        }
+        by_master.into_values().chain(alone).collect()
+    }
+
+    /// The cluster's slots and their masters, read at most every [`SLOT_MAP_AGE`]; `None`
+    /// when they cannot be read (the batch then goes out per slot).
+    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
+        let fresh = self
+            .slot_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < SLOT_MAP_AGE)
+            .map(|(_, map)| map.clone());
+        if fresh.is_some() {
+            return fresh;
+        }
+        let mut conn = self.link.get().await.ok()?;
+        let reply: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        let map = Arc::new(slot_ranges(&reply)?);
+        *self.slot_map.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((std::time::Instant::now(), map.clone()));
+        Some(map)
+    }
+
+    /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it    /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it
     /// cannot: one of its data keys lives in another slot.
     fn off_slot(&self, write: &FencedWrite, slot: u16) -> Option<String> {
         let prefix = self.data_prefix();
@@ -115,29 +194,69 @@ impl RedisFencedStore {
         slot: Option<u16>,
         writes: &[(&FencedWrite, Option<String>)],
     ) -> Result<Vec<Result<Admission>>> {
-        let records = match slot {
+        let replies = self.call(&FENCED_WRITE, &[(slot, writes.to_vec())]).await?;
+        Ok(replies
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(garbage("a write of its own slot answered elsewhere")))
+            })
+            .collect())
+    }
+
+    /// One script call for the writes of several slots of one cluster master (`slots`, each
+    /// with its writes): the first slot's keys declared, the others' passed along and probed
+    /// by the script. A write answers `None` where its slot was not on the node the call
+    /// reached.
+    async fn call(
+        &self,
+        script: &Script,
+        slots: &[SlotWrites<'_>],
+    ) -> Result<Vec<Option<Result<Admission>>>> {
+        let records = |slot: Option<u16>| match slot {
             None => format!("{}:", self.prefix),
             Some(slot) => format!("{}:{{{}}}:", self.prefix, slot_tag(slot)),
         };
-        let mut invocation = FENCED_WRITE.prepare_invoke();
+        let keys_of = |slot: Option<u16>, writes: &[(&FencedWrite, Option<String>)]| {
+            let records = records(slot);
+            let mut keys = vec![format!("{records}watermark"), format!("{records}collect")];
+            for (write, _) in writes {
+                keys.push(self.fence_key(&write.scope));
+                keys.push(self.keys_key(&write.scope));
+            }
+            keys
+        };
+        let mut invocation = script.prepare_invoke();
         let watermark = FencingToken::from_u64(self.watermark.load(Ordering::Relaxed));
+        let (first, first_writes) = &slots[0];
+        for key in keys_of(*first, first_writes) {
+            invocation.key(key);
+        }
         invocation
-            .key(format!("{records}watermark"))
-            .key(format!("{records}collect"))
             .arg(self.retention.as_millis() as u64)
             .arg(self.max_keys)
             .arg(self.data_prefix())
             .arg(format!("{}:", self.prefix))
             .arg(padded(watermark))
-            .arg(collect_budget(writes.len()));
-        for (write, refuse) in writes {
+            .arg(collect_budget(
+                slots.iter().map(|(_, w)| w.len()).max().unwrap_or(0),
+            ))
+            .arg(slots.len());
+        for (_, writes) in slots {
+            invocation.arg(writes.len());
+        }
+        for (slot, writes) in &slots[1..] {
+            for key in keys_of(*slot, writes) {
+                invocation.arg(key);
+            }
+        }
+        let all: Vec<&(&FencedWrite, Option<String>)> =
+            slots.iter().flat_map(|(_, writes)| writes).collect();
+        for (write, refuse) in &all {
             let mutations = match refuse {
                 None => wire(&write.mutations),
                 Some(why) => serde_json::json!({ "refuse": why }).to_string(),
             };
             invocation
-                .key(self.fence_key(&write.scope))
-                .key(self.keys_key(&write.scope))
                 .arg(padded(write.fence.token))
                 .arg(write.fence.lease.to_string())
                 .arg(write.key.as_str())
@@ -149,19 +268,64 @@ impl RedisFencedStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        if replies.len() != writes.len() {
+        if replies.len() != all.len() {
             return Err(garbage(format_args!(
                 "{} replies for {} writes",
                 replies.len(),
-                writes.len()
+                all.len()
             )));
         }
-        Ok(writes
+        Ok(all
             .iter()
             .zip(replies)
-            .map(|((write, _), reply)| decode(write, &reply))
+            .map(|((write, _), reply)| match reply.as_slice() {
+                [e] if e == "elsewhere" => None,
+                reply => Some(decode(write, reply)),
+            })
             .collect())
     }
+}
+
+/// `CLUSTER SLOTS`' reply as ranges and their masters' addresses (`host:port`); `None` for a
+/// reply of another shape.
+fn slot_ranges(reply: &redis::Value) -> Option<SlotMap> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let number = |v: &Value| match v {
+        Value::Int(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(parts) = range else {
+                return None;
+            };
+            let Some(Value::Array(master)) = parts.get(2) else {
+                return None;
+            };
+            let (host, port) = (text(master.first()?)?, number(master.get(1)?)?);
+            Some((
+                number(parts.first()?)?,
+                number(parts.get(1)?)?,
+                format!("{host}:{port}"),
+            ))
+        })
+        .collect()
+}
+
+/// Whether an error of a grouped call says the cluster cannot run the grouped script at all
+/// (Redis 6 refuses its flag line when loading it), rather than that this call failed.
+fn cannot_group(e: &Error) -> bool {
+    let text = e.to_string();
+    text.contains("compiling script") || text.contains("shebang")
 }
 
 /// Tokens travel as 20-digit zero-padded decimals: string order is numeric order, and Lua's
@@ -269,30 +433,80 @@ impl FencedStore for RedisFencedStore {
             let refuse = self.off_slot(write, slot);
             groups.entry(slot).or_default().push((i, refuse));
         }
-        let calls = groups.iter().map(|(&slot, members)| {
-            let batch: Vec<_> = members
+        // One call per master that serves several of the batch's slots (Redis 7), else per
+        // slot. A slot a grouped call did not find on its node (the map behind a move) goes
+        // again in a call of its own.
+        let batch_of = |slot: u16| -> Vec<(&FencedWrite, Option<String>)> {
+            groups[&slot]
                 .iter()
                 .map(|(i, refuse)| (&writes[*i], refuse.clone()))
+                .collect()
+        };
+        let plan = self.plan(groups.keys().copied().collect()).await;
+        let calls = plan.iter().map(|slots| {
+            let parts: Vec<_> = slots
+                .iter()
+                .map(|&slot| (Some(slot), batch_of(slot)))
                 .collect();
-            async move { self.run(Some(slot), &batch).await }
+            let script = if parts.len() == 1 {
+                &FENCED_WRITE
+            } else {
+                &FENCED_WRITE_ACROSS
+            };
+            async move { self.call(script, &parts).await }
         });
         let replies = futures_util::future::join_all(calls).await;
         let mut failed = None;
         let mut any_reply = out.iter().any(Option::is_some);
-        for ((_, members), reply) in groups.iter().zip(replies) {
+        let mut again = Vec::new();
+        let mut settle = |slot: u16, reply: Result<Vec<Option<Result<Admission>>>>| match reply {
+            Ok(admissions) => {
+                any_reply = true;
+                for (&(i, _), admission) in groups[&slot].iter().zip(admissions) {
+                    out[i] = admission;
+                }
+            }
+            Err(e) => {
+                for &(i, _) in &groups[&slot] {
+                    out[i] = Some(Err(e.same_class()));
+                }
+                failed.get_or_insert(e);
+            }
+        };
+        for (slots, reply) in plan.iter().zip(replies) {
             match reply {
                 Ok(admissions) => {
-                    any_reply = true;
-                    for (&(i, _), admission) in members.iter().zip(admissions) {
-                        out[i] = Some(admission);
+                    let mut admissions = admissions.into_iter();
+                    for &slot in slots {
+                        let mine: Vec<_> = admissions.by_ref().take(groups[&slot].len()).collect();
+                        if mine.iter().any(Option::is_none) {
+                            again.push(slot);
+                        } else {
+                            settle(slot, Ok(mine));
+                        }
                     }
+                }
+                Err(e) if slots.len() > 1 && cannot_group(&e) => {
+                    tracing::info!(error = %e, "this Redis Cluster cannot run the grouped fenced write (Redis 6?): one call per slot");
+                    self.across.store(false, Ordering::Relaxed);
+                    again.extend(slots);
                 }
                 Err(e) => {
-                    for &(i, _) in members {
-                        out[i] = Some(Err(e.same_class()));
+                    for &slot in slots {
+                        settle(slot, Err(e.same_class()));
                     }
-                    failed.get_or_insert(e);
                 }
+            }
+        }
+        if !again.is_empty() {
+            *self.slot_map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            let calls = again.iter().map(|&slot| {
+                let parts = [(Some(slot), batch_of(slot))];
+                async move { self.call(&FENCED_WRITE, &parts).await }
+            });
+            let replies = futures_util::future::join_all(calls).await;
+            for (&slot, reply) in again.iter().zip(replies) {
+                settle(slot, reply);
             }
         }
         // Nothing answered at all: the batch failed as a whole, as on a single server.
