@@ -134,6 +134,7 @@ end
 -- and such a refusal makes this write NOT_HERE: not decided, nothing of it changed, the
 -- client to try it again (the slot's new node serves it once the move is done).
 local NOT_HERE = {}
+local MOVING = { 'moving', 'a key of this write is on another node now (its slot is being moved)' }
 
 -- Checks the whole list against the stored data and its own earlier steps; returns why not,
 -- or nil when every step fits, or NOT_HERE when a data key is on another node (above).
@@ -258,13 +259,19 @@ local function queue_for_collection(fence, token)
   if not collecting then
     return
   end
+  -- (Guarded: on a Redis Cluster slot being moved, a queue this call's collection emptied,
+  -- and so removed, is looked for on the other node; that fence then stays uncollected
+  -- rather than the script failing after the write's changes.)
+  local added
   if skiplisted or queued < MARK_AT then
-    redis.call('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence))
+    added = redis.pcall('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence))
   else
-    redis.call('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
-    skiplisted = true
+    added = redis.pcall('ZADD', QUEUE, '0', token .. '\t' .. scope_of(fence), '0', SKIPLIST)
+    skiplisted = type(added) == 'number'
   end
-  queued = queued + 1
+  if type(added) == 'number' then
+    queued = queued + 1
+  end
 end
 
 local function write(fence, keys, token, lease, key, encoded)
@@ -277,8 +284,14 @@ local function write(fence, keys, token, lease, key, encoded)
   -- finds, and then the key need not be looked up, nor the set counted after the ZADD.)
   local held = redis.pcall('GET', fence)
   local kept = redis.pcall('ZCARD', keys)
-  if type(held) == 'table' and held.err or type(kept) == 'table' and kept.err then
-    return { 'error', 'the fence or key record of this scope holds the wrong type' }
+  local refused = type(held) == 'table' and held.err or type(kept) == 'table' and kept.err
+  if refused then
+    -- (Or, on a Redis Cluster slot being moved, a record this call's collection or an
+    -- earlier write of the scope just removed, which Redis then looks for on the other node.)
+    if string.find(refused, 'WRONGTYPE', 1, true) then
+      return { 'error', 'the fence or key record of this scope holds the wrong type' }
+    end
+    return MOVING
   end
   local seen = kept > 0 and redis.call('ZSCORE', keys, key)
   local h = {}
@@ -346,7 +359,7 @@ local function write(fence, keys, token, lease, key, encoded)
     end
   end
   if why == NOT_HERE then
-    return { 'moving', 'a data key of this write is on another node now (its slot is being moved)' }
+    return MOVING
   end
   if why then
     -- Refused for its content, after the ownership checks passed: no data, no key, but the
@@ -489,7 +502,11 @@ for g = 1, slots do
   if g == 1 then
     run_slot(KEYS, 0, n, arg, out)
   else
-    if type(redis.pcall('EXISTS', unpack(ARGV, at + 1, at + 2 + 2 * n))) == 'table' then
+    local here = true
+    for i = at + 1, at + 2 + 2 * n, 500 do
+      here = here and type(redis.pcall('EXISTS', unpack(ARGV, i, math.min(i + 499, at + 2 + 2 * n)))) == 'number'
+    end
+    if not here then
       for _ = 1, n do
         out[#out + 1] = { 'elsewhere' }
       end

@@ -2,7 +2,8 @@
 //!
 //! The split follows redis-rs' `ErrorKind` / `RetryMethod`: an error is either *transient* —
 //! the same operation may succeed later (connection refused or dropped, timeout, Redis
-//! `LOADING` / `BUSY` / `TRYAGAIN` / `MASTERDOWN` / `READONLY` / `OOM`, a closed mailbox) — or
+//! `LOADING` / `BUSY` / `TRYAGAIN` / `MASTERDOWN` / `READONLY` / `OOM`, a cluster's `MOVED` /
+//! `ASK`, a closed mailbox) — or
 //! *permanent*: repeating it gives the same answer (a script or protocol error, a reply that
 //! does not decode, a corrupt or exhausted epoch, bad configuration or input). Retry policy
 //! reads [`Error::is_retryable`] and nothing else, so a permanent error is never retried

@@ -343,6 +343,70 @@ async fn a_sink_batch_goes_out_as_one_call_per_master() {
         left.cli(&["CLUSTER", "COUNTKEYSINSLOT", &moved]).as_deref(),
         Some("0")
     );
+
+    // Each slot keeps its own watermark in a shared call: a second sink on the same prefix
+    // raises one slot's to 50 (by a write there at 60); a third, which heard no watermark,
+    // then sends a token of 20 to that slot and to another of the same master in one call.
+    let others: Vec<String> = (0..)
+        .map(|i| format!("z{i}"))
+        .filter(|z| cluster.master_of(&format!("pm:{{{z}}}:fence")) == master)
+        .take(2)
+        .collect();
+    let (a, b) = (others[0].clone(), others[1].clone());
+    let high = RedisFencedStore::new(cluster.target(), "pm");
+    high.observe_watermark(FencingToken::from_u64(50));
+    let w = incr(&a, &format!("{{{a}}}:balance"), 60, lease, "k4");
+    assert_eq!(high.write(w).await.unwrap(), Admission::Applied);
+    let fresh = RedisFencedStore::new(cluster.target(), "pm");
+    let before = script_calls(&cluster);
+    let out = fresh
+        .write_batch(credits(&[a.clone(), b.clone()], 20, LeaseId::new(), "k5"))
+        .await
+        .unwrap();
+    let after = script_calls(&cluster);
+    let (_, was) = before.iter().find(|(m, _)| *m == master).unwrap();
+    let (_, now) = after.iter().find(|(m, _)| *m == master).unwrap();
+    assert_eq!(now - was, 1, "one call for both slots");
+    assert!(
+        matches!(
+            &out[0],
+            Ok(Admission::Rejected(Rejection::StaleToken { .. }))
+        ),
+        "{a}: its slot's watermark: {:?}",
+        out[0]
+    );
+    assert_eq!(
+        out[1].as_ref().unwrap(),
+        &Admission::Applied,
+        "{b}: its own slot's watermark"
+    );
+
+    // The first slot of a master's call (its keys the declared ones) is being moved, and the
+    // write there is a fresh scope's: Redis refuses the whole call before running it. Each
+    // slot goes again alone: that write is Unavailable, the other slot's applies.
+    let slot_of_scope = |s: &str| slot_of(format!("pm:{{{s}}}:fence"));
+    let mut mine: Vec<String> = (0..)
+        .map(|i| format!("w{i}"))
+        .filter(|w| cluster.master_of(&format!("pm:{{{w}}}:fence")) == master)
+        .take(2)
+        .collect();
+    mine.sort_by_key(|w| slot_of_scope(w));
+    let first = slot_of_scope(&mine[0]).to_string();
+    let master_id = cluster.nodes[master].cli(&["CLUSTER", "MYID"]).unwrap();
+    for (node, state, other) in [(to, "IMPORTING", &master_id), (master, "MIGRATING", &to_id)] {
+        let ok = cluster.nodes[node].cli(&["CLUSTER", "SETSLOT", &first, state, other]);
+        assert_eq!(ok.as_deref(), Some("OK"), "{state}");
+    }
+    let out = sink
+        .write_batch(credits(&mine, 30, lease, "k6"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out[0], Err(Error::Unavailable(_))),
+        "{:?}",
+        out[0]
+    );
+    assert_eq!(out[1].as_ref().unwrap(), &Admission::Applied);
 }
 
 /// A slot being moved between masters (`CLUSTER SETSLOT .. MIGRATING`/`IMPORTING`, then

@@ -491,8 +491,10 @@ pub(super) fn garbage(what: impl std::fmt::Display) -> Error {
 
 /// Classifies a Redis error by what the caller should do (redis-rs' `RetryMethod`, plus the
 /// server's "not now" codes it leaves to the caller): connection trouble and `LOADING`,
-/// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `OOM` are transient; a script error, a
-/// protocol error or a reply of the wrong shape is permanent.
+/// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `OOM` are transient, and so are a cluster's
+/// `MOVED` and `ASK` (a slot moved or moving: the client, which follows no redirect itself,
+/// learns the new owner and the same request goes there later); a script error, a protocol
+/// error or a reply of the wrong shape is permanent.
 fn classify(e: &redis::RedisError) -> Error {
     // A process of another layout generation (`common.lua`, `wrong_layout`).
     if e.code() == Some("PALISADE_LAYOUT") {
@@ -503,7 +505,17 @@ fn classify(e: &redis::RedisError) -> Error {
     }
     let transient_code = matches!(
         e.code(),
-        Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "OOM" | "CLUSTERDOWN")
+        Some(
+            "LOADING"
+                | "BUSY"
+                | "TRYAGAIN"
+                | "MASTERDOWN"
+                | "READONLY"
+                | "OOM"
+                | "CLUSTERDOWN"
+                | "MOVED"
+                | "ASK"
+        )
     );
     let transient = transient_code
         || e.is_io_error()
@@ -690,6 +702,21 @@ mod tests {
             .unwrap()
             .extract_error()
             .unwrap_err()
+    }
+
+    /// A cluster's redirects are transient: the request goes to the slot's new owner later
+    /// (found: `ASK` during a slot's migration reached a fenced write as a permanent error).
+    #[test]
+    fn redirects_are_transient_and_script_errors_permanent() {
+        for reply in [
+            "-MOVED 3999 127.0.0.1:6381\r\n",
+            "-ASK 3999 127.0.0.1:6381\r\n",
+            "-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+        ] {
+            assert!(classify(&server_error(reply)).is_retryable(), "{reply}");
+        }
+        let script = "-ERR user_script:1: Script attempted to access a non local key\r\n";
+        assert!(!classify(&server_error(script)).is_retryable());
     }
 
     #[test]

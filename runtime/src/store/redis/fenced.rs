@@ -25,8 +25,8 @@ static FENCED_WRITE: LazyLock<Script> =
 
 /// The same script for one call carrying several slots of one cluster master. Redis 7 lets a
 /// script flagged so reach the undeclared keys of every slot its node serves, and refuses it
-/// any other node's with an error (which the script probes for); Redis 6 refuses the flag
-/// line itself, so a cluster of Redis 6 is never sent one (it would reach any key unchecked).
+/// any other node's with an error (which the script probes for). Redis 6 refuses the flag
+/// line itself: a cluster of Redis 6 gets one call per slot, as before.
 static FENCED_WRITE_ACROSS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "#!lua flags=allow-cross-slot-keys\n{}",
@@ -38,11 +38,15 @@ static FENCED_WRITE_ACROSS: LazyLock<Script> = LazyLock::new(|| {
 /// that finds it behind a move reads it again at once).
 const SLOT_MAP_AGE: Duration = Duration::from_secs(10);
 
-/// Slot ranges and the address of the master serving each, as `CLUSTER SLOTS` tells them.
+/// Slot ranges and the id of the master serving each, as `CLUSTER SLOTS` tells them.
 type SlotMap = Vec<(u16, u16, String)>;
 
-/// A slot map and when it was read.
-type KnownSlots = Option<(std::time::Instant, Arc<SlotMap>)>;
+/// A slot map (`None`: unreadable, so per slot) and when it was read.
+type KnownSlots = Option<(std::time::Instant, Option<Arc<SlotMap>>)>;
+
+/// A script call that failed, and whether the server refused it before running any of it (a
+/// redirect, a slot being moved: its slots may go again one by one).
+type Failed = (Error, bool);
 
 /// The writes of one slot (`None`: one server), each with the reason it is refused for its
 /// content, if it is.
@@ -59,7 +63,8 @@ type SlotWrites<'a> = (Option<u16>, Vec<(&'a FencedWrite, Option<String>)>);
 ///
 /// On a Redis Cluster each slot has its own watermark and collection queue
 /// (`ledger:{<slot tag>}:watermark`, `ledger:{<slot tag>}:collect`), a batch goes out as one
-/// script call per slot, and a write's data keys must share its scope's slot: name them with
+/// script call per master that serves its slots (Redis 7; per slot on Redis 6), and a write's
+/// data keys must share its scope's slot: name them with
 /// the scope in braces (`{invoice:42}:total` for scope `invoice:42`). A write whose keys span
 /// slots is refused ([`Rejection::Mutation`]) without touching its data keys: it still goes
 /// to its scope's slot to be decided for ownership, and advances the fence there as any
@@ -143,26 +148,30 @@ impl RedisFencedStore {
     /// The cluster's slots and their masters, read at most every [`SLOT_MAP_AGE`]; `None`
     /// when they cannot be read (the batch then goes out per slot).
     async fn slot_map(&self) -> Option<Arc<SlotMap>> {
-        let fresh = self
+        let known = self
             .slot_map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .filter(|(at, _)| at.elapsed() < SLOT_MAP_AGE)
             .map(|(_, map)| map.clone());
-        if fresh.is_some() {
-            return fresh;
+        if let Some(map) = known {
+            return map;
         }
-        let mut conn = self.link.get().await.ok()?;
-        let reply: redis::Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conn)
-            .await
-            .ok()?;
-        let map = Arc::new(slot_ranges(&reply)?);
+        let reply = match self.link.get().await {
+            Ok(mut conn) => redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+                .ok(),
+            Err(_) => None,
+        };
+        // (An unreadable map is kept as such too, so that a batch does not ask for it again
+        // before its time.)
+        let map = reply.and_then(|r| slot_ranges(&r)).map(Arc::new);
         *self.slot_map.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((std::time::Instant::now(), map.clone()));
-        Some(map)
+        map
     }
 
     /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it    /// Why `write` cannot run on a cluster as one script in `slot` (its scope's), if it
@@ -194,7 +203,10 @@ impl RedisFencedStore {
         slot: Option<u16>,
         writes: &[(&FencedWrite, Option<String>)],
     ) -> Result<Vec<Result<Admission>>> {
-        let replies = self.call(&FENCED_WRITE, &[(slot, writes.to_vec())]).await?;
+        let replies = self
+            .call(&FENCED_WRITE, &[(slot, writes.to_vec())])
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(replies
             .into_iter()
             .map(|r| {
@@ -211,7 +223,7 @@ impl RedisFencedStore {
         &self,
         script: &Script,
         slots: &[SlotWrites<'_>],
-    ) -> Result<Vec<Option<Result<Admission>>>> {
+    ) -> std::result::Result<Vec<Option<Result<Admission>>>, Failed> {
         let records = |slot: Option<u16>| match slot {
             None => format!("{}:", self.prefix),
             Some(slot) => format!("{}:{{{}}}:", self.prefix, slot_tag(slot)),
@@ -263,17 +275,21 @@ impl RedisFencedStore {
                 .arg(mutations);
         }
         round_trip("fenced_write");
-        let mut conn = self.link.get().await?;
-        let replies: Vec<Vec<String>> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
+        let mut conn = self.link.get().await.map_err(|e| (e, false))?;
+        let replies: Vec<Vec<String>> = invocation.invoke_async(&mut conn).await.map_err(|e| {
+            let unrun = matches!(
+                e.code(),
+                Some("MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT" | "CLUSTERDOWN")
+            );
+            (self.link.broken(e), unrun)
+        })?;
         if replies.len() != all.len() {
-            return Err(garbage(format_args!(
+            let e = garbage(format_args!(
                 "{} replies for {} writes",
                 replies.len(),
                 all.len()
-            )));
+            ));
+            return Err((e, false));
         }
         Ok(all
             .iter()
@@ -286,8 +302,8 @@ impl RedisFencedStore {
     }
 }
 
-/// `CLUSTER SLOTS`' reply as ranges and their masters' addresses (`host:port`); `None` for a
-/// reply of another shape.
+/// `CLUSTER SLOTS`' reply as ranges and their masters' node ids; `None` for a reply of another
+/// shape.
 fn slot_ranges(reply: &redis::Value) -> Option<SlotMap> {
     use redis::Value;
     let text = |v: &Value| match v {
@@ -311,12 +327,9 @@ fn slot_ranges(reply: &redis::Value) -> Option<SlotMap> {
             let Some(Value::Array(master)) = parts.get(2) else {
                 return None;
             };
-            let (host, port) = (text(master.first()?)?, number(master.get(1)?)?);
-            Some((
-                number(parts.first()?)?,
-                number(parts.get(1)?)?,
-                format!("{host}:{port}"),
-            ))
+            // (The node id: a master's address may be unknown to the client's view.)
+            let id = text(master.get(2)?)?;
+            Some((number(parts.first()?)?, number(parts.get(1)?)?, id))
         })
         .collect()
 }
@@ -413,8 +426,8 @@ impl FencedStore for RedisFencedStore {
             let all: Vec<_> = writes.iter().map(|w| (w, None)).collect();
             return self.run(None, &all).await;
         }
-        // On a cluster one script may only touch one slot: the batch goes out as one script
-        // call per slot, all at once. A write whose keys span slots cannot be applied
+        // On a cluster the batch goes out as one script call per master (below), all at
+        // once, each slot decided on its own. A write whose keys span slots cannot be applied
         // atomically: it is refused for its content in its scope's slot (ownership decided,
         // fence advanced, its data keys never touched).
         let mut out: Vec<Option<Result<Admission>>> = writes.iter().map(|_| None).collect();
@@ -459,20 +472,23 @@ impl FencedStore for RedisFencedStore {
         let mut failed = None;
         let mut any_reply = out.iter().any(Option::is_some);
         let mut again = Vec::new();
-        let mut settle = |slot: u16, reply: Result<Vec<Option<Result<Admission>>>>| match reply {
-            Ok(admissions) => {
-                any_reply = true;
-                for (&(i, _), admission) in groups[&slot].iter().zip(admissions) {
-                    out[i] = admission;
+        let mut settle =
+            |slot: u16, reply: std::result::Result<Vec<Option<Result<Admission>>>, Failed>| {
+                match reply {
+                    Ok(admissions) => {
+                        any_reply = true;
+                        for (&(i, _), admission) in groups[&slot].iter().zip(admissions) {
+                            out[i] = admission;
+                        }
+                    }
+                    Err((e, _)) => {
+                        for &(i, _) in &groups[&slot] {
+                            out[i] = Some(Err(e.same_class()));
+                        }
+                        failed.get_or_insert(e);
+                    }
                 }
-            }
-            Err(e) => {
-                for &(i, _) in &groups[&slot] {
-                    out[i] = Some(Err(e.same_class()));
-                }
-                failed.get_or_insert(e);
-            }
-        };
+            };
         for (slots, reply) in plan.iter().zip(replies) {
             match reply {
                 Ok(admissions) => {
@@ -486,14 +502,17 @@ impl FencedStore for RedisFencedStore {
                         }
                     }
                 }
-                Err(e) if slots.len() > 1 && cannot_group(&e) => {
+                Err((e, _)) if slots.len() > 1 && cannot_group(&e) => {
                     tracing::info!(error = %e, "this Redis Cluster cannot run the grouped fenced write (Redis 6?): one call per slot");
                     self.across.store(false, Ordering::Relaxed);
                     again.extend(slots);
                 }
-                Err(e) => {
+                // Refused before it ran (its first slot being moved, or redirected): each
+                // slot goes again alone, so one moving slot fails only its own writes.
+                Err((_, true)) if slots.len() > 1 => again.extend(slots),
+                Err((e, unrun)) => {
                     for &slot in slots {
-                        settle(slot, Err(e.same_class()));
+                        settle(slot, Err((e.same_class(), unrun)));
                     }
                 }
             }
