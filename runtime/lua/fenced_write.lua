@@ -433,12 +433,18 @@ local function run_slot(keys, at, n, arg, out)
     -- Their fences, read with one MGET and dropped with one DEL per 500 (a call each cost as
     -- much as the rest of a fence's collection: benches/callgrind.sh). MGET reads a key of
     -- another type as nil, so such a fence is left alone, as before.
-    local named = {}
+    -- (Each fence once: a fence set again has a member for each time, and a second DEL of it
+    -- would look for a removed key, which Redis refuses in a slot being moved.)
+    local named, listed = {}, {}
     for _, member in ipairs(due) do
       -- ("token TAB scope": the scope is what follows the digits' tab.)
       local _, tab = string.find(member, '^%d+\t')
       if tab then
-        named[#named + 1] = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
+        local fence = fences .. '{' .. string.sub(member, tab + 1) .. '}:fence'
+        if not listed[fence] then
+          listed[fence] = true
+          named[#named + 1] = fence
+        end
       end
     end
     -- All are read before any is dropped: on a Redis Cluster whose slot is being moved a fence
@@ -467,7 +473,8 @@ local function run_slot(keys, at, n, arg, out)
           end
         end
         if #gone > 0 then
-          redis.call('DEL', unpack(gone))
+          -- (Guarded all the same: nothing after this call's first change may raise.)
+          redis.pcall('DEL', unpack(gone))
         end
       end
     end

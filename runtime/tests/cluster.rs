@@ -397,10 +397,26 @@ async fn a_sink_batch_goes_out_as_one_call_per_master() {
         let ok = cluster.nodes[node].cli(&["CLUSTER", "SETSLOT", &first, state, other]);
         assert_eq!(ok.as_deref(), Some("OK"), "{state}");
     }
+    let refused = |c: &RedisCluster| {
+        let stats = c.nodes[master].cli(&["INFO", "commandstats"]).unwrap();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+            .map_or(0u64, |n| n.parse().unwrap())
+    };
+    let before = refused(&cluster);
     let out = sink
         .write_batch(credits(&mine, 30, lease, "k6"))
         .await
         .unwrap();
+    // Refused twice before running: the master's one call for both slots, then the moving
+    // slot's own (one call per slot from the start would be refused once).
+    assert_eq!(
+        refused(&cluster) - before,
+        2,
+        "grouped, then the slot alone"
+    );
     assert!(
         matches!(&out[0], Err(Error::Unavailable(_))),
         "{:?}",
@@ -519,6 +535,21 @@ async fn a_write_whose_data_key_moved_away_is_retried_not_half_done() {
     assert_eq!(late.unwrap(), Admission::Applied);
     assert_eq!(src.cli(&["ZSCORE", &queue, &member]).as_deref(), Some("0"));
     assert_eq!(src.cli(&["GET", "mg:d:{s}a"]).as_deref(), Some("w"));
+
+    // Without that member, the next call collects the scope's own fence (its three members,
+    // 10, 11 and 100, each naming it, are below 200) and then reads it for the write: Redis
+    // looks for it on the other node, and the write is Unavailable, not a wrong-type error.
+    src.cli(&["ZREM", &queue, &member]);
+    sink.observe_watermark(FencingToken::from_u64(200));
+    let after = sink.write(write(200, "k6", set("{s}a", "v"))).await;
+    assert!(
+        matches!(&after, Err(Error::Unavailable(why)) if why.contains("another node")),
+        "{after:?}"
+    );
+    assert_eq!(src.cli(&["GET", "mg:d:{s}a"]).as_deref(), Some("w"));
+    // (Emptied, so removed: Redis now looks for it on the other node too.)
+    let gone = src.cli(&["ZCARD", &queue]).unwrap_or_default();
+    assert!(gone.starts_with("ASK"), "{gone}");
 }
 
 /// The coordinator's master is killed (SIGKILL); its replica takes over with a new run id,
