@@ -2,6 +2,7 @@
 //! here on free loopback ports and stopped by pid: the conformance suite, a sink batch across
 //! slots and masters, and a failover of the coordinator's master.
 
+use palisade_testkit::suite::{self, set};
 use palisade_testkit::{fenced_store_suite, lease_store_suite};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -205,21 +206,39 @@ async fn a_sink_batch_spans_slots_and_masters() {
     assert!(matches!(split, Err(Error::Config(_))), "{split:?}");
 }
 
+/// One `EVALSHA` counter of node `m` (`calls`, `rejected_calls`: `INFO commandstats`).
+fn evalsha_stat(cluster: &RedisCluster, m: usize, counter: &str) -> u64 {
+    let stats = cluster.nodes[m].cli(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|f| f.strip_prefix(counter)?.strip_prefix('='))
+        })
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// Script calls (`EVALSHA`) each master has run so far.
 fn script_calls(cluster: &RedisCluster) -> Vec<(usize, u64)> {
     cluster
         .masters()
         .into_iter()
-        .map(|m| {
-            let stats = cluster.nodes[m].cli(&["INFO", "commandstats"]).unwrap();
-            let calls = stats
-                .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-                .and_then(|l| l.split(',').next())
-                .map_or(0, |n| n.parse().unwrap());
-            (m, calls)
-        })
+        .map(|m| (m, evalsha_stat(cluster, m, "calls")))
         .collect()
+}
+
+/// Sends `writes` as one batch and asserts that every one of them applied.
+async fn all_applied(sink: &RedisFencedStore, writes: Vec<FencedWrite>) {
+    for (i, out) in sink
+        .write_batch(writes)
+        .await
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(out.unwrap(), Admission::Applied, "write {i}");
+    }
 }
 
 /// Issue 24: a batch whose scopes are spread over every master (each scope its own slot, as
@@ -234,21 +253,9 @@ async fn a_sink_batch_goes_out_as_one_call_per_master() {
     let lease = LeaseId::new();
     let scopes: Vec<String> = (0..60).map(|i| format!("s{i}")).collect();
     // The first batch loads the script on each master (NOSCRIPT, then EVALSHA again).
-    for out in sink
-        .write_batch(credits(&scopes, 10, lease, "k1"))
-        .await
-        .unwrap()
-    {
-        assert_eq!(out.unwrap(), Admission::Applied);
-    }
+    all_applied(&sink, credits(&scopes, 10, lease, "k1")).await;
     let before = script_calls(&cluster);
-    for out in sink
-        .write_batch(credits(&scopes, 11, lease, "k2"))
-        .await
-        .unwrap()
-    {
-        assert_eq!(out.unwrap(), Admission::Applied);
-    }
+    all_applied(&sink, credits(&scopes, 11, lease, "k2")).await;
     let after = script_calls(&cluster);
     let calls: Vec<u64> = before
         .iter()
@@ -310,13 +317,7 @@ async fn a_sink_batch_goes_out_as_one_call_per_master() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before = script_calls(&cluster);
-    let out = sink
-        .write_batch(credits(&[x.clone(), y.clone()], 12, lease, "k3"))
-        .await
-        .unwrap();
-    for o in out {
-        assert_eq!(o.unwrap(), Admission::Applied);
-    }
+    all_applied(&sink, credits(&[x.clone(), y.clone()], 12, lease, "k3")).await;
     let after = script_calls(&cluster);
     let calls: std::collections::BTreeMap<usize, u64> = before
         .iter()
@@ -397,14 +398,7 @@ async fn a_sink_batch_goes_out_as_one_call_per_master() {
         let ok = cluster.nodes[node].cli(&["CLUSTER", "SETSLOT", &first, state, other]);
         assert_eq!(ok.as_deref(), Some("OK"), "{state}");
     }
-    let refused = |c: &RedisCluster| {
-        let stats = c.nodes[master].cli(&["INFO", "commandstats"]).unwrap();
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
-            .map_or(0u64, |n| n.parse().unwrap())
-    };
+    let refused = |c: &RedisCluster| evalsha_stat(c, master, "rejected_calls");
     let before = refused(&cluster);
     let out = sink
         .write_batch(credits(&mine, 30, lease, "k6"))
@@ -437,29 +431,18 @@ async fn a_write_whose_data_key_moved_away_is_retried_not_half_done() {
     let sink = RedisFencedStore::new(cluster.target(), "mg");
     sink.observe_watermark(FencingToken::from_u64(1));
     let lease = LeaseId::new();
-    let write = |token: u64, idem: &str, mutation: Mutation| FencedWrite {
-        scope: Scope::new("s"),
-        fence: Fence {
-            token: FencingToken::from_u64(token),
-            lease,
-        },
-        key: IdempotencyKey::new(idem),
-        mutations: vec![mutation],
+    // (All of scope "s", under one lease.)
+    let write = |token: u64, idem: &str, mutations: Vec<Mutation>| {
+        suite::write("s", suite::fence(token, lease), idem, mutations)
     };
-    let set = |key: &str, value: &str| Mutation::Set {
-        key: key.into(),
-        value: value.into(),
-    };
-    for out in sink
-        .write_batch(vec![
+    all_applied(
+        &sink,
+        vec![
             write(10, "k0", set("{s}a", "x")),
             write(10, "k1", set("{s}b", "x")),
-        ])
-        .await
-        .unwrap()
-    {
-        assert_eq!(out.unwrap(), Admission::Applied);
-    }
+        ],
+    )
+    .await;
     // The slot starts moving to another master; one data key is there already.
     let src = cluster.master_of("mg:{s}:fence");
     let dst = *cluster.masters().iter().find(|&&m| m != src).unwrap();
@@ -486,11 +469,11 @@ async fn a_write_whose_data_key_moved_away_is_retried_not_half_done() {
             write(
                 11,
                 "k4",
-                Mutation::HashIncr {
+                vec![Mutation::HashIncr {
                     key: "{s}c".into(),
                     field: "n".into(),
                     by: 1,
-                },
+                }],
             ),
         ])
         .await

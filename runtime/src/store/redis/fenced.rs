@@ -145,13 +145,15 @@ impl RedisFencedStore {
         by_master.into_values().chain(alone).collect()
     }
 
+    fn known_slots(&self) -> std::sync::MutexGuard<'_, KnownSlots> {
+        self.slot_map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The cluster's slots and their masters, read at most every [`SLOT_MAP_AGE`]; `None`
     /// when they cannot be read (the batch then goes out per slot).
     async fn slot_map(&self) -> Option<Arc<SlotMap>> {
         let known = self
-            .slot_map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .known_slots()
             .as_ref()
             .filter(|(at, _)| at.elapsed() < SLOT_MAP_AGE)
             .map(|(_, map)| map.clone());
@@ -169,8 +171,7 @@ impl RedisFencedStore {
         // (An unreadable map is kept as such too, so that a batch does not ask for it again
         // before its time.)
         let map = reply.and_then(|r| slot_ranges(&r)).map(Arc::new);
-        *self.slot_map.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((std::time::Instant::now(), map.clone()));
+        *self.known_slots() = Some((std::time::Instant::now(), map.clone()));
         map
     }
 
@@ -472,23 +473,20 @@ impl FencedStore for RedisFencedStore {
         let mut failed = None;
         let mut any_reply = out.iter().any(Option::is_some);
         let mut again = Vec::new();
-        let mut settle =
-            |slot: u16, reply: std::result::Result<Vec<Option<Result<Admission>>>, Failed>| {
-                match reply {
-                    Ok(admissions) => {
-                        any_reply = true;
-                        for (&(i, _), admission) in groups[&slot].iter().zip(admissions) {
-                            out[i] = admission;
-                        }
-                    }
-                    Err((e, _)) => {
-                        for &(i, _) in &groups[&slot] {
-                            out[i] = Some(Err(e.same_class()));
-                        }
-                        failed.get_or_insert(e);
-                    }
+        let mut settle = |slot: u16, reply: Result<Vec<Option<Result<Admission>>>>| match reply {
+            Ok(admissions) => {
+                any_reply = true;
+                for (&(i, _), admission) in groups[&slot].iter().zip(admissions) {
+                    out[i] = admission;
                 }
-            };
+            }
+            Err(e) => {
+                for &(i, _) in &groups[&slot] {
+                    out[i] = Some(Err(e.same_class()));
+                }
+                failed.get_or_insert(e);
+            }
+        };
         for (slots, reply) in plan.iter().zip(replies) {
             match reply {
                 Ok(admissions) => {
@@ -510,22 +508,22 @@ impl FencedStore for RedisFencedStore {
                 // Refused before it ran (its first slot being moved, or redirected): each
                 // slot goes again alone, so one moving slot fails only its own writes.
                 Err((_, true)) if slots.len() > 1 => again.extend(slots),
-                Err((e, unrun)) => {
+                Err((e, _)) => {
                     for &slot in slots {
-                        settle(slot, Err((e.same_class(), unrun)));
+                        settle(slot, Err(e.same_class()));
                     }
                 }
             }
         }
         if !again.is_empty() {
-            *self.slot_map.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *self.known_slots() = None;
             let calls = again.iter().map(|&slot| {
                 let parts = [(Some(slot), batch_of(slot))];
                 async move { self.call(&FENCED_WRITE, &parts).await }
             });
             let replies = futures_util::future::join_all(calls).await;
             for (&slot, reply) in again.iter().zip(replies) {
-                settle(slot, reply);
+                settle(slot, reply.map_err(|(e, _)| e));
             }
         }
         // Nothing answered at all: the batch failed as a whole, as on a single server.
