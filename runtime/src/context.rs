@@ -98,7 +98,7 @@ pub(crate) struct RunState {
     progress_sent: std::sync::Mutex<(Option<std::time::Instant>, Option<String>)>,
     /// The trace the run is in (its attempt span's context where one is exported): its
     /// follow-up jobs and flows continue it, its rejection notes name it.
-    trace: Option<crate::trace::TraceContext>,
+    trace: Option<crate::traceparent::TraceContext>,
 }
 
 /// What a run asked to set going with its completion, its bytes of JSON so far, and whether
@@ -121,7 +121,7 @@ impl RunState {
     pub(crate) fn new(
         job: crate::ids::JobId,
         coordinator: Addr<crate::Coordinator>,
-        trace: Option<crate::trace::TraceContext>,
+        trace: Option<crate::traceparent::TraceContext>,
     ) -> Self {
         Self {
             trace,

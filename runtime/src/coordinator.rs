@@ -108,9 +108,9 @@ impl Coordinator {
             let started = std::time::Instant::now();
             // A full pass means more step ends are waiting: go on at once, a while at most.
             loop {
-                match crate::store::flows::advance(&store).await {
+                match crate::flow_driver::advance(&store).await {
                     Ok(n)
-                        if n == crate::store::flows::ENDS_PER_PASS
+                        if n == crate::flow_driver::ENDS_PER_PASS
                             && started.elapsed() < Duration::from_secs(1) => {}
                     Ok(_) => break,
                     Err(e) => {
@@ -265,7 +265,7 @@ impl Handler<Enqueue> for Coordinator {
     fn handle(&mut self, msg: Enqueue, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
         Box::pin(async move {
-            let done = crate::client::enqueue_counted(&store, msg.0).await?;
+            let done = crate::enqueue::enqueue_counted(&store, msg.0).await?;
             Ok(done.into_iter().map(crate::Enqueued::id).collect())
         })
     }
@@ -453,7 +453,7 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     let mut batches = vec![jobs];
     let mut alone = false;
     while let Some(batch) = batches.pop() {
-        match crate::client::enqueue_counted(store, batch.clone()).await {
+        match crate::enqueue::enqueue_counted(store, batch.clone()).await {
             Ok(done) => count_delivered(&done, how),
             Err(e) if e.is_retryable() => {
                 crate::repeats::warn_repeated!(parent = %parent, error = %e, "follow-up jobs not enqueued yet; the sweep tries again");
@@ -472,7 +472,7 @@ async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     }
     // Then its flows, each created once (a second delivery finds it kept).
     for flow in &flows {
-        match crate::store::flows::create_unless_kept(store, flow).await {
+        match crate::flow_driver::create_unless_kept(store, flow).await {
             Ok(()) => {}
             Err(e) if e.is_retryable() => {
                 crate::repeats::warn_repeated!(parent = %parent, flow = %flow.id(), error = %e, "follow-up flow not created yet; the sweep tries again");
@@ -503,9 +503,6 @@ fn count_delivered(done: &[crate::Enqueued], how: &'static str) {
     counter!(m::FOLLOW_UPS, "outcome" => how).increment(added);
     counter!(m::FOLLOW_UPS, "outcome" => "existing").increment(done.len() as u64 - added);
 }
-
-/// How long results are kept.
-pub const RESULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl Handler<PutProgress> for Coordinator {
     type Result = ResponseFuture<()>;

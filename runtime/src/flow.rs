@@ -23,7 +23,7 @@ pub const MAX_FLOW_BYTES: usize = 32 * 1024 * 1024;
 
 /// How long a finished flow (its state, counts and step outcomes) is kept: as long as the
 /// results of its steps ([`RESULT_RETENTION`](crate::RESULT_RETENTION)).
-pub const FLOW_RETENTION: std::time::Duration = crate::coordinator::RESULT_RETENTION;
+pub const FLOW_RETENTION: std::time::Duration = crate::job::RESULT_RETENTION;
 
 /// What a step does when a step it runs after died (or was skipped) instead of completing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -178,7 +178,7 @@ impl Default for Flow {
 
 impl Flow {
     /// Has every step whose job names no trace continue `trace`.
-    pub(crate) fn inherit_trace(&mut self, trace: &crate::trace::TraceContext) {
+    pub(crate) fn inherit_trace(&mut self, trace: &crate::traceparent::TraceContext) {
         for step in &mut self.steps {
             step.job.inherit_trace(Some(trace));
         }

@@ -74,8 +74,11 @@ pub mod cli;
 mod client;
 mod context;
 mod coordinator;
+mod enqueue;
 mod error;
+mod exporter;
 mod flow;
+mod flow_driver;
 mod group;
 mod history;
 mod ids;
@@ -96,6 +99,7 @@ mod scheduler;
 mod sink;
 pub mod store;
 mod trace;
+mod traceparent;
 mod worker;
 
 pub use admission::{advance, decide, Admission, Fence, Rejection, ScopeFence};
@@ -103,9 +107,7 @@ pub use client::Client;
 #[cfg(feature = "postgres")]
 pub use context::PostgresHandle;
 pub use context::{JobContext, Registry, SinkHandle, Sinks, MAX_RESULT_BYTES};
-pub use coordinator::{
-    Coordinator, CountJobs, Enqueue, ListDead, FOLLOW_UP_GRACE, RESULT_RETENTION,
-};
+pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead, FOLLOW_UP_GRACE};
 pub use error::{Error, Result};
 pub use flow::{
     added_step_name, check_added, decide as decide_step, step_job_id, Decision, Edge, Flow,
@@ -120,7 +122,7 @@ pub use job::{
     NewJob, QueueCounts, RateLimit, Settlement, Then, Tick, UniqueKey, DEBOUNCE_KEPT,
     DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
     ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS,
-    PRIORITY_RANGE,
+    PRIORITY_RANGE, RESULT_RETENTION,
 };
 pub use mutation::{redis_integer, Mutation, Value};
 pub use policy::RetryPolicy;
@@ -145,7 +147,7 @@ pub use store::{
     LeaseStore, QueueAdmin, Reaped, RecordStore, RejectionNote, Stores, WorkerBeat,
     HISTORY_SAMPLES,
 };
-pub use trace::{TraceContext, MAX_TRACESTATE_BYTES};
+pub use traceparent::{TraceContext, MAX_TRACESTATE_BYTES};
 #[cfg(feature = "testing")]
 pub use worker::Freeze;
 pub use worker::{Drain, Drained, Worker, WorkerConfig};

@@ -23,7 +23,7 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::error::{Error, Result};
-use crate::trace::TraceContext;
+use crate::traceparent::TraceContext;
 
 /// Makes `span` a child of `trace` (when a tracer is installed; otherwise it changes nothing).
 /// Must run before the span is first entered.

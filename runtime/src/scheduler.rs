@@ -138,7 +138,7 @@ async fn fire(store: &Stores, schedule: &Schedule, now: i64) -> crate::Result<()
     let (ticks, through) = schedule.due(mark, now);
     for chunk in ticks.chunks(1000) {
         let jobs = chunk.iter().map(|t| schedule.job_for(*t)).collect();
-        for done in crate::client::enqueue_counted(store, jobs).await? {
+        for done in crate::enqueue::enqueue_counted(store, jobs).await? {
             let outcome = match done {
                 Enqueued::Added(_) => "enqueued",
                 Enqueued::Existing(_) => "existing",

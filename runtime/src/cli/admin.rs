@@ -248,7 +248,7 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             // Each batch is all or nothing; say exactly how far a failure got.
             // With the same job ids on every retry (`enqueue_counted`): a lost reply cannot
             // add a line twice.
-            let added = crate::client::enqueue_counted(
+            let added = crate::enqueue::enqueue_counted(
                 &store,
                 batch.iter().map(|(_, job)| job.clone()).collect(),
             )

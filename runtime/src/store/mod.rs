@@ -21,7 +21,7 @@ pub mod epoch;
 pub(crate) mod flows;
 
 pub use admin::{Inspect, QueueAdmin};
-pub use flows::{advance as advance_flows, FlowStore};
+pub use flows::FlowStore;
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
@@ -703,7 +703,7 @@ pub struct Reaped {
     /// The worker that held it (empty where the entry did not say).
     pub worker: String,
     /// The job's trace, for the stall's record in it.
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<crate::traceparent::TraceContext>,
 }
 
 /// One protected write as a sink sees it: the generation it presents and what it changes.

@@ -234,7 +234,7 @@ async fn enqueue(
     let idempotent = unique.is_some() || request.is_idempotent();
     let mut job = request.job(&api.registry, api.max_payload_bytes, unique)?;
     job.trace = trace(&headers);
-    let done: Enqueued = crate::client::enqueue_counted(&api.store, vec![job])
+    let done: Enqueued = crate::enqueue::enqueue_counted(&api.store, vec![job])
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?
         .into_iter()
@@ -286,7 +286,7 @@ async fn enqueue_batch(
     }
     crate::job::validate_batch(&jobs, api.max_payload_bytes)?;
     let idempotent = key.is_some() || request.jobs.iter().all(JobRequest::is_idempotent);
-    let done = crate::client::enqueue_counted(&api.store, jobs)
+    let done = crate::enqueue::enqueue_counted(&api.store, jobs)
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
     Ok(Json(BatchEnqueued {

@@ -958,7 +958,7 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             };
             // The one enqueue path: an id kept across retries, counted, and (feature `otel`) a
             // trace of its own.
-            let done = crate::client::enqueue_counted(store, vec![spec.job])
+            let done = crate::enqueue::enqueue_counted(store, vec![spec.job])
                 .await
                 .map_err(failed)?;
             let id = done.first().map(|e| e.id().to_string()).unwrap_or_default();

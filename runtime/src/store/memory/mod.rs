@@ -1106,7 +1106,7 @@ impl LeaseStore for MemoryLeaseStore {
                     let Then { jobs, flows, steps } = then;
                     state.complete(id, steps, result.as_deref());
                     if let Some(json) = result {
-                        state.put_note(id, true, json, crate::coordinator::RESULT_RETENTION);
+                        state.put_note(id, true, json, crate::job::RESULT_RETENTION);
                     }
                     if !jobs.is_empty() || !flows.is_empty() {
                         state.follow_ups.insert(id, (now, jobs, flows));

@@ -139,9 +139,9 @@ pub(super) struct Meta {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "crate::trace::lenient"
+        deserialize_with = "crate::traceparent::lenient"
     )]
-    pub(super) trace: Option<crate::trace::TraceContext>,
+    pub(super) trace: Option<crate::traceparent::TraceContext>,
     /// Snoozes allowed (kept in its dead-letter record too); not written when it is the
     /// default, which every record then costs nothing.
     #[serde(

@@ -75,8 +75,8 @@ struct DeadRecord {
     died: Option<u64>,
     #[serde(default)]
     tick: Option<crate::job::Tick>,
-    #[serde(default, deserialize_with = "crate::trace::lenient")]
-    trace: Option<crate::trace::TraceContext>,
+    #[serde(default, deserialize_with = "crate::traceparent::lenient")]
+    trace: Option<crate::traceparent::TraceContext>,
     #[serde(default)]
     snoozes: u32,
     #[serde(default = "crate::job::default_max_snoozes")]

@@ -251,7 +251,7 @@ impl RedisLeaseStore {
                 Settlement::Complete { result, .. } => match result {
                     Some(json) => (
                         "complete",
-                        crate::coordinator::RESULT_RETENTION.as_millis() as u64,
+                        crate::job::RESULT_RETENTION.as_millis() as u64,
                         json.as_str(),
                     ),
                     None => ("complete", 0u64, ""),
@@ -696,7 +696,7 @@ impl LeaseStore for RedisLeaseStore {
                     lease: LeaseId::from(lease),
                     token: entry_token(&t[4]).and_then(Result::ok),
                     worker,
-                    trace: crate::trace::TraceContext::stored(&t[5], Some(&t[6])),
+                    trace: crate::traceparent::TraceContext::stored(&t[5], Some(&t[6])),
                 })
             })
             .collect())
