@@ -8,6 +8,7 @@
 mod connection;
 mod fenced;
 mod lease;
+mod link;
 mod scripts;
 mod sentinel;
 

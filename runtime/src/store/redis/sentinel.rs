@@ -10,7 +10,7 @@ use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use deadpool_redis::redis::{self, ConnectionAddr, IntoConnectionInfo, TlsMode};
 
-use super::connection::{redacted, tls_certificates, Unready};
+use super::link::{redacted, tls_certificates, Unready};
 use crate::error::{Error, Result};
 
 /// A Redis master found through its sentinels (see [`sentinel`]).

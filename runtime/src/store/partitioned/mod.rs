@@ -36,6 +36,8 @@
 //! atomic per partition, not across them (every job is validated before any is sent, so only
 //! a backend error can split it).
 
+mod admin;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
