@@ -1,5 +1,5 @@
 //! Palisade's sample job handlers and the embedded demo. The `palisade` binary is
-//! [`palisade::cli::App`] over [`registry`] plus the `demo` subcommand (`src/main.rs`).
+//! [`palisade_cli::App`] over [`registry`] plus the `demo` subcommand (`src/main.rs`).
 //!
 //! # Layout
 //! - this file: the job kinds (`ledger.deposit`, `email.send`, and the fan-in flow's

@@ -1,4 +1,4 @@
-//! The `palisade` binary: [`palisade::cli::App`] over the sample jobs (`worker`, `enqueue`,
+//! The `palisade` binary: [`palisade_cli::App`] over the sample jobs (`worker`, `enqueue`,
 //! `status`, `dead`), plus the embedded `demo`.
 
 use std::process::ExitCode;
@@ -16,7 +16,7 @@ fn main() -> ExitCode {
         "Run thousands of jobs on the embedded (in-memory) backends with one worker paused past \
          its lease, then check that the fenced sink refused its late write.",
     ));
-    palisade::cli::App::new(palisade_jobs::registry())
+    palisade_cli::App::new(palisade_jobs::registry())
         .name("palisade")
         .about("Palisade: a job runtime where an expired lease holder can keep running but can no longer write.")
         .sink(palisade_jobs::LEDGER)

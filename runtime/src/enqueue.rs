@@ -26,7 +26,7 @@ use crate::store::LeaseStore;
 /// (its failure is [`Error::OutcomeUnknown`] at once). A job found existing under the very id
 /// minted for it was added by an earlier attempt of this call (no one else knows the id), so
 /// it is reported as added.
-pub(crate) async fn enqueue_counted(
+pub async fn enqueue_counted(
     store: &dyn LeaseStore,
     mut jobs: Vec<NewJob>,
 ) -> Result<Vec<Enqueued>> {

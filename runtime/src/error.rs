@@ -90,7 +90,8 @@ impl Error {
     /// backend that is down, and a permanent error that is not the queue's own (a user not
     /// allowed to run scripts, a reply that does not decode), which would leave every queue
     /// out and show an empty view as if it were true.
-    pub(crate) fn leaves_queue_out(&self, queue: &str, op: &'static str) -> bool {
+    #[doc(hidden)] // for palisade-cli's views (not API)
+    pub fn leaves_queue_out(&self, queue: &str, op: &'static str) -> bool {
         let Self::Backend(message) = self else {
             return false;
         };

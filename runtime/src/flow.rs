@@ -73,7 +73,7 @@ pub enum StepEnd {
 
 impl StepEnd {
     /// The word the stores keep.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             StepEnd::Completed => "completed",
             StepEnd::Dead => "dead",
@@ -178,7 +178,8 @@ impl Default for Flow {
 
 impl Flow {
     /// Has every step whose job names no trace continue `trace`.
-    pub(crate) fn inherit_trace(&mut self, trace: &crate::traceparent::TraceContext) {
+    #[doc(hidden)] // for palisade-cli's API (not API)
+    pub fn inherit_trace(&mut self, trace: &crate::traceparent::TraceContext) {
         for step in &mut self.steps {
             step.job.inherit_trace(Some(trace));
         }

@@ -69,8 +69,8 @@
 //! ```
 
 mod admission;
-#[cfg(feature = "cli")]
-pub mod cli;
+#[doc(hidden)]
+pub mod cli_support;
 mod client;
 mod context;
 mod coordinator;

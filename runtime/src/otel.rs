@@ -6,7 +6,7 @@
 //! `OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL` (`http/protobuf`, the default; `http/json`; `grpc`),
 //! `_HEADERS`, `_TIMEOUT`, `_COMPRESSION`, `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER` / `_ARG`, `OTEL_BSP_*`, and `OTEL_SDK_DISABLED` /
-//! `OTEL_TRACES_EXPORTER=none` to turn it off. `palisade::cli::App` does this for every
+//! `OTEL_TRACES_EXPORTER=none` to turn it off. `palisade_cli::App` does this for every
 //! subcommand; a program of its own adds [`Export::layer`] to its subscriber.
 //!
 //! Spans are sent by the SDK's batch processor on a thread of its own, through an exporter that

@@ -243,8 +243,8 @@ impl Schedule {
 
     /// The next tick a scheduler fires for this schedule, handled through `mark`, at `now`:
     /// the first after both (ticks up to `now` are fired or missed by then).
-    #[cfg(any(feature = "cli", test))]
-    pub(crate) fn next_fired(&self, mark: Option<i64>, now: i64) -> Option<i64> {
+    #[doc(hidden)] // for palisade-cli's `schedule list`
+    pub fn next_fired(&self, mark: Option<i64>, now: i64) -> Option<i64> {
         self.next_tick(mark.map_or(now, |mark| mark.max(now)))
     }
 

@@ -761,7 +761,7 @@ impl Worker {
 }
 
 /// This host's name (Linux), or "worker".
-pub(crate) fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "worker".into())

@@ -2,7 +2,7 @@
 //! own crate and binary (never shipped): the `palisade` sample binary has no soak, no
 //! `soak.post` kind, no `books` sink and no planted-bug switch.
 //!
-//! K `palisade-soak worker` processes (this binary: `palisade::cli::App` over the sample jobs
+//! K `palisade-soak worker` processes (this binary: `palisade_cli::App` over the sample jobs
 //! and `soak.post`, the user's path) run
 //! `soak.post` jobs against a private Redis coordinator (AOF), a Redis sink and a Postgres
 //! sink with the outbox (each worker also relays it to a local HTTP receiver that fails now

@@ -1,5 +1,5 @@
 //! The `palisade-soak` binary: `soak` runs the chaos soak, and `worker` (with every other
-//! command of [`palisade::cli::App`]) is the worker process the soak starts — the sample jobs,
+//! command of [`palisade_cli::App`]) is the worker process the soak starts — the sample jobs,
 //! the soak's `soak.post` kind, and its two sinks.
 
 use std::process::ExitCode;
@@ -13,7 +13,7 @@ fn main() -> ExitCode {
          kill -9, Redis restarts and pauses), then an offline check of every invariant.",
     ));
     let registry = palisade_jobs::registry().register(palisade_soak::POST, palisade_soak::post);
-    palisade::cli::App::new(registry)
+    palisade_cli::App::new(registry)
         .name("palisade-soak")
         .about("Palisade's chaos soak and the worker it runs. Not for production.")
         .sink(palisade_jobs::LEDGER)

@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::process::ExitCode;
 
-use palisade::cli::{clap, App, Installation};
 use palisade::Value;
+use palisade_cli::{clap, App, Installation};
 
 // Optional, the binary's choice: Palisade allocates per job, and mimalloc runs the embedded
 // path ~25 % faster than glibc malloc (docs/performance.md).

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
                 .default_value("10")
                 .value_parser(clap::value_parser!(i64).range(0..=1_000_000)),
         );
-    palisade::cli::App::new(invoice::registry())
+    palisade_cli::App::new(invoice::registry())
         .about("Settles invoices in Postgres, fenced, and sends receipts through the outbox.")
         .sink(invoice::BILLING)
         .subcommand(setup, |args| {

@@ -10,9 +10,8 @@ mod outcome;
 mod views;
 
 pub use claimed::{Claim, Job};
-pub(crate) use new::{
-    check_cap, check_name, default_max_snoozes, is_default_max_snoozes, validate_batch, whole_ms,
-};
+pub(crate) use new::{check_cap, default_max_snoozes, is_default_max_snoozes, whole_ms};
+pub use new::{check_name, validate_batch};
 pub use new::{
     Cancelled, Debounce, Enqueued, NewJob, RateLimit, Tick, UniqueKey, DEBOUNCE_KEPT,
     DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
@@ -26,6 +25,8 @@ pub use views::{DeadJob, JobState, JobView, QueueCounts};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::{JobId, Scope};
+    use std::time::Duration;
 
     /// The printable-ASCII fast path ends where it must: every byte from ' ' to '~' passes,
     /// and each ASCII control character (DEL included, just past '~') is still refused.

@@ -59,7 +59,7 @@ pub const RESULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Checks a kind, queue or scope name: non-empty, at most [`MAX_NAME_BYTES`], no control
 /// characters (they would corrupt logs, keys and the tab-separated records of the Redis
 /// backend) and no invisible format characters (they would let one name pass for another).
-pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
+pub fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidJob(format!("{what} is empty")));
     }
@@ -575,7 +575,7 @@ pub const ENQUEUE_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// Checks every job of a batch ([`NewJob::validate`]) and that no two share an id: a batch is
 /// all or nothing, so one bad job refuses it whole.
-pub(crate) fn validate_batch(jobs: &[NewJob], max_payload_bytes: usize) -> Result<()> {
+pub fn validate_batch(jobs: &[NewJob], max_payload_bytes: usize) -> Result<()> {
     let mut ids = std::collections::HashSet::new();
     let mut debounced = std::collections::HashSet::new();
     for job in jobs {

@@ -8,7 +8,7 @@ use super::claimed::Job;
 
 /// Counts of one queue, for status output and progress bars.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ui", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default)] // a sample kept by an older version reads with zeros for newer counts
 pub struct QueueCounts {
     /// Claimable now.

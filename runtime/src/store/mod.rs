@@ -20,6 +20,7 @@ mod admin;
 pub mod epoch;
 pub(crate) mod flows;
 
+pub use crate::flow_driver::advance as advance_flows;
 pub use admin::{Inspect, QueueAdmin};
 pub use flows::FlowStore;
 

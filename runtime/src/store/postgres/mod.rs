@@ -372,7 +372,7 @@ pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> Error {
 /// key): non-empty, at most 200 bytes, no `/` (the separator of the stored key, so two
 /// different names can never make the same key) and no control characters (keys travel in
 /// an HTTP header).
-pub(crate) fn check_key_part(what: &str, part: &str) -> Result<()> {
+pub fn check_key_part(what: &str, part: &str) -> Result<()> {
     if part.is_empty()
         || part.len() > 200
         || part.contains('/')

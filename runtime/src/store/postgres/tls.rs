@@ -240,10 +240,15 @@ impl Tls {
     }
 }
 
+/// Whether `url`'s TLS settings (`sslmode`, `sslrootcert`, ...) are ones a link can be made
+/// with: the CLI checks a sink's URL at start, before the coordinator is reached.
+pub fn check_tls(url: &str) -> Result<()> {
+    split_tls(url).map(drop)
+}
+
 /// `sslrootcert=` for `url` when it verifies certificates and names none, so one CA option
 /// (the CLI's `--ca-file`) serves every link.
-#[cfg(feature = "cli")]
-pub(crate) fn with_default_root(url: &str, ca_file: Option<&std::path::Path>) -> Result<String> {
+pub fn with_default_root(url: &str, ca_file: Option<&std::path::Path>) -> Result<String> {
     let (_, tls) = split_tls(url)?;
     let Some(ca) = ca_file else {
         return Ok(url.to_owned());
@@ -369,7 +374,6 @@ mod tests {
         assert!(!err.contains('\n'));
     }
 
-    #[cfg(feature = "cli")]
     #[test]
     fn one_ca_option_serves_urls_that_verify_and_name_none() {
         let ca = Some(Path::new("/etc/ca.pem"));

@@ -7,11 +7,11 @@ use std::time::Duration;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::super::when;
-use crate::flow::{FlowStatus, StepEnd};
-use crate::ids::{FencingToken, FlowId, JobId};
-use crate::job::{DeadJob, JobState, JobView, QueueCounts, RateLimit};
-use crate::schedule::ScheduleSpec;
-use crate::store::{HistorySample, LeaseInfo, RejectionNote, WorkerBeat};
+use palisade::store::{HistorySample, LeaseInfo, RejectionNote, WorkerBeat};
+use palisade::ScheduleSpec;
+use palisade::{DeadJob, JobState, JobView, QueueCounts, RateLimit};
+use palisade::{FencingToken, FlowId, JobId};
+use palisade::{FlowStatus, StepEnd};
 
 /// What every page shows around its body.
 pub(crate) struct Frame<'a> {
@@ -206,7 +206,7 @@ pub(crate) type Series = Vec<(u64, f64)>;
 /// rejection bar rather than a false zero.
 pub(crate) fn series(history: &[HistorySample], rejections: &[RejectionNote]) -> [Series; 4] {
     let mut out: [Series; 4] = Default::default();
-    let journal_from = if rejections.len() >= crate::store::REJECTION_JOURNAL {
+    let journal_from = if rejections.len() >= palisade::store::REJECTION_JOURNAL {
         rejections.iter().map(|r| r.at_ms).min().unwrap_or_default()
     } else {
         0
@@ -349,9 +349,9 @@ pub(crate) struct QueuesView {
     /// Kind → (cap, running now among the listed leases).
     pub kinds: BTreeMap<String, (Option<u32>, usize)>,
     /// Per queue, its groups with the most ready jobs.
-    pub top_groups: Vec<(String, Vec<crate::GroupStatus>)>,
+    pub top_groups: Vec<(String, Vec<palisade::GroupStatus>)>,
     /// Groups with a cap, a rate limit or a pause.
-    pub limited_groups: Vec<crate::GroupStatus>,
+    pub limited_groups: Vec<palisade::GroupStatus>,
 }
 
 pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
@@ -605,7 +605,7 @@ pub(crate) struct DeadView {
     /// The search read only the newest this many records.
     pub searched: Option<usize>,
     /// How many of `rows` (the first ones: newest first) are among the queue's newest
-    /// [`DEAD_JOB_SEARCH`](crate::store::DEAD_JOB_SEARCH), which one-job actions reach.
+    /// [`DEAD_JOB_SEARCH`](palisade::store::DEAD_JOB_SEARCH), which one-job actions reach.
     pub actionable: usize,
 }
 
@@ -730,7 +730,7 @@ pub(crate) fn flow(frame: &Frame, status: &FlowStatus) -> Markup {
                     tr { th { "step" } th { "ended" } th { "job" } }
                     @for (step, end) in ended {
                         tr { td { (name(step)) } td { (format!("{end:?}").to_lowercase()) }
-                             td { (job_link(crate::flow::step_job_id(status.id, step))) } }
+                             td { (job_link(palisade::step_job_id(status.id, step))) } }
                     }
                 }
             }
@@ -877,7 +877,7 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                         tr { th { "timeout" } td { (age(timeout)) " per attempt" } }
                     }
                     @if let Some(deadline) = job.deadline_ms {
-                        tr { th { "deadline" } td { "not started after " (crate::cli::when(deadline)) } }
+                        tr { th { "deadline" } td { "not started after " (crate::when(deadline)) } }
                     }
                     @if let Some(step) = &job.flow {
                         tr { th { "flow" } td { a href={ "/flow/" (step.flow) } { code { (step.flow) } } " step " (name(&step.step)) } }

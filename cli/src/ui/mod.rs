@@ -29,13 +29,13 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
-use crate::ids::{FlowId, JobId};
-use crate::job::{DeadJob, RateLimit};
-use crate::store::{
-    ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
-};
 use pages::Frame;
 pub(super) use pages::QueueRow;
+use palisade::store::{
+    ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
+};
+use palisade::{DeadJob, RateLimit};
+use palisade::{FlowId, JobId};
 
 /// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
 /// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
@@ -141,7 +141,7 @@ impl Ui {
         title: String,
         path: &str,
         query: Option<&str>,
-    ) -> crate::Result<Frame<'_>> {
+    ) -> palisade::Result<Frame<'_>> {
         let mut live = false;
         let mut msg = None;
         let mut kept = Vec::new();
@@ -178,7 +178,7 @@ impl Ui {
 /// queues that cannot be read until repaired, with why (`Error::leaves_queue_out`).
 pub(super) async fn queue_rows(
     store: &Stores,
-) -> crate::Result<(Vec<QueueRow>, Vec<(String, String)>)> {
+) -> palisade::Result<(Vec<QueueRow>, Vec<(String, String)>)> {
     let paused = store.paused().await?;
     let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
     for queue in store.queues().await? {
@@ -199,7 +199,7 @@ pub(super) async fn queue_row(
     store: &Stores,
     name: String,
     paused: bool,
-) -> crate::Result<QueueRow> {
+) -> palisade::Result<QueueRow> {
     Ok(QueueRow {
         counts: store.counts(&name).await?,
         oldest: store.oldest_ready(&name).await?,
@@ -217,7 +217,7 @@ pub(super) async fn move_dead(
     queue: &str,
     limit: usize,
     retry: bool,
-) -> (usize, Option<crate::Error>) {
+) -> (usize, Option<palisade::Error>) {
     let mut moved = 0;
     while moved < limit {
         let chunk = BULK_CHUNK.min(limit - moved);
@@ -237,7 +237,9 @@ pub(super) async fn move_dead(
 
 /// Queues that have dead jobs, with how many; and the queues that cannot be read until
 /// repaired, with why (`Error::leaves_queue_out`).
-async fn dead_counts(store: &Stores) -> crate::Result<(Vec<(String, u64)>, Vec<(String, String)>)> {
+async fn dead_counts(
+    store: &Stores,
+) -> palisade::Result<(Vec<(String, u64)>, Vec<(String, String)>)> {
     let (mut out, mut unreadable) = (Vec::new(), Vec::new());
     for queue in store.queues().await? {
         let dead = match store.counts(&queue).await {
@@ -261,7 +263,7 @@ async fn newest_dead(
     queue: &str,
     total: u64,
     n: usize,
-) -> crate::Result<Vec<DeadJob>> {
+) -> palisade::Result<Vec<DeadJob>> {
     let total = usize::try_from(total).unwrap_or(usize::MAX);
     let mut rows = store.dead_range(queue, total.saturating_sub(n), n).await?;
     rows.reverse();
@@ -274,7 +276,7 @@ pub(super) async fn find_dead(
     store: &Stores,
     id: JobId,
     only: Option<&str>,
-) -> crate::Result<Option<DeadJob>> {
+) -> palisade::Result<Option<DeadJob>> {
     let queues = match only {
         Some(queue) => vec![(queue.to_owned(), store.counts(queue).await?.dead)],
         None => dead_counts(store).await?.0,
@@ -292,7 +294,7 @@ pub(super) async fn find_dead(
 }
 
 /// A page, or the error that kept it from being read.
-fn respond(page: crate::Result<Markup>, live: bool) -> Response {
+fn respond(page: palisade::Result<Markup>, live: bool) -> Response {
     match page {
         Ok(markup) => {
             let mut response = markup.into_response();
@@ -331,7 +333,10 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
             workers: ui.store.workers().await?.len(),
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
-            rejections: ui.store.rejections(crate::store::REJECTION_JOURNAL).await?,
+            rejections: ui
+                .store
+                .rejections(palisade::store::REJECTION_JOURNAL)
+                .await?,
             // Six hours of one a minute, oldest first.
             // (A history that cannot be read costs the charts, not the page.)
             history: match ui.store.history(HISTORY_SHOWN).await {
@@ -627,7 +632,7 @@ async fn schedules(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
         for spec in ui.store.schedules().await? {
             let mark = ui.store.schedule_mark(&spec.name).await?;
             // A kept spec that no longer parses still shows, without a next tick.
-            let next = crate::Schedule::try_from(spec.clone())
+            let next = palisade::Schedule::try_from(spec.clone())
                 .ok()
                 .and_then(|s| s.next_fired(mark, now));
             rows.push((spec, mark, next));
@@ -788,7 +793,7 @@ fn location(back: &str, flash: &str) -> String {
 /// Does `op`; the message to show and the page to show it on, `None` for an unknown op.
 async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String, String)>, String> {
     let store = &ui.store;
-    let failed = |e: crate::Error| format!("Nothing done: {e}");
+    let failed = |e: palisade::Error| format!("Nothing done: {e}");
     let queue_page = |q: &str| format!("/queues#q-{}", pages::enc(q));
     let dead_page = |q: &str| format!("/dead?queue={}", pages::enc(q));
     let done = match op {
@@ -890,13 +895,13 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                 .await
                 .map_err(failed)?
             {
-                crate::Cancelled::Removed => {
+                palisade::Cancelled::Removed => {
                     format!("Job {job} cancelled: it is among the dead letters.")
                 }
-                crate::Cancelled::Revoked => format!(
+                palisade::Cancelled::Revoked => format!(
                     "Job {job} was running: its lease is revoked and it is among the dead letters."
                 ),
-                crate::Cancelled::Missing => {
+                palisade::Cancelled::Missing => {
                     format!("Job {job} is not queued or running: nothing done.")
                 }
             };
@@ -958,7 +963,7 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             };
             // The one enqueue path: an id kept across retries, counted, and (feature `otel`) a
             // trace of its own.
-            let done = crate::enqueue::enqueue_counted(store, vec![spec.job])
+            let done = palisade::cli_support::enqueue_counted(store, vec![spec.job])
                 .await
                 .map_err(failed)?;
             let id = done.first().map(|e| e.id().to_string()).unwrap_or_default();
@@ -1096,7 +1101,7 @@ fn basic_authorization(user_password: &str) -> anyhow::Result<String> {
 }
 
 /// Serves the page until SIGINT / SIGTERM.
-pub(super) fn run(args: UiArgs, registry: crate::Registry) -> anyhow::Result<()> {
+pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<()> {
     let authorization = args
         .basic_auth
         .as_deref()
@@ -1172,7 +1177,7 @@ mod tests {
 
     #[test]
     fn render_escapes_what_users_wrote() {
-        let note = crate::store::RejectionNote {
+        let note = palisade::store::RejectionNote {
             at_ms: 0,
             sink: "<b>ledger".into(),
             scope: "a\"b".into(),
@@ -1181,7 +1186,7 @@ mod tests {
             detail: "<script>alert(1)</script>".into(),
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
-        let forged = crate::store::RejectionNote {
+        let forged = palisade::store::RejectionNote {
             trace_id: Some("\"><script>x</script>".into()),
             ..note.clone()
         };
@@ -1229,7 +1234,7 @@ mod tests {
             kinds: Default::default(),
             top_groups: vec![(
                 "q".into(),
-                vec![crate::GroupStatus {
+                vec![palisade::GroupStatus {
                     group: "<tenant>".into(),
                     ready: 7,
                     ..Default::default()
@@ -1272,12 +1277,12 @@ mod tests {
         );
         // Rows past the newest 5,000 have no one-job buttons (those would not reach them).
         let row = |n: u32| DeadJob {
-            job: crate::Job {
+            job: palisade::Job {
                 id: JobId::new(),
                 queue: "q".into(),
                 kind: "k".into(),
                 payload: "{}".into(),
-                scope: crate::Scope::new("s"),
+                scope: palisade::Scope::new("s"),
                 attempt: n,
                 stalls: 0,
                 snoozes: 0,
@@ -1314,7 +1319,7 @@ mod tests {
     #[test]
     fn the_live_toggle_keeps_the_query_and_drops_the_flash() {
         let ui = Ui {
-            store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
+            store: Stores::from(std::sync::Arc::new(palisade::MemoryLeaseStore::new())),
             source: String::new(),
             rows: 10,
             trace_url: None,
@@ -1350,10 +1355,10 @@ mod tests {
     /// count that went down reads as no change.
     #[test]
     fn history_turns_into_per_minute_series() {
-        use crate::store::HistorySample;
+        use palisade::store::HistorySample;
         let at = |min: u64, completed: u64, died: u64| HistorySample {
             at_ms: 1_000_000 + min * 60_000,
-            counts: crate::QueueCounts {
+            counts: palisade::QueueCounts {
                 completed,
                 died,
                 ..Default::default()
@@ -1361,7 +1366,7 @@ mod tests {
             oldest_ready_ms: min * 1000,
         };
         let history = [at(0, 100, 5), at(1, 160, 5), at(3, 100, 9)];
-        let note = |ms: u64| crate::store::RejectionNote {
+        let note = |ms: u64| palisade::store::RejectionNote {
             at_ms: ms,
             sink: "s".into(),
             scope: "x".into(),
@@ -1399,7 +1404,7 @@ mod tests {
             "{page}"
         );
         // A full journal reaches back only so far: no rejection bar before its oldest note.
-        let full: Vec<_> = (0..crate::store::REJECTION_JOURNAL as u64)
+        let full: Vec<_> = (0..palisade::store::REJECTION_JOURNAL as u64)
             .map(|i| note(1_000_000 + 60_000 + i))
             .collect();
         let [_, _, refused, _] = pages::series(&history, &full);
@@ -1425,7 +1430,7 @@ mod tests {
             .build()
             .unwrap();
         let ui = Ui {
-            store: Stores::from(std::sync::Arc::new(crate::MemoryLeaseStore::new())),
+            store: Stores::from(std::sync::Arc::new(palisade::MemoryLeaseStore::new())),
             source: String::new(),
             rows: 10,
             trace_url: None,

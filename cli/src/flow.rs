@@ -4,8 +4,8 @@ use anyhow::bail;
 
 use super::admin::print_lines;
 use super::{runtime, RedisArgs};
-use crate::flow::{FlowState, StepEnd};
-use crate::ids::FlowId;
+use palisade::FlowId;
+use palisade::{FlowState, StepEnd};
 
 /// `flow`.
 #[derive(Clone, Debug, clap::Subcommand)]
@@ -35,7 +35,7 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
         match command {
             FlowCommand::Show { redis, flow, json } => {
                 let (_, store) = redis.store().await?;
-                let client = crate::Client::new(store);
+                let client = palisade::Client::new(store);
                 let id = FlowId::from(flow);
                 let Some(status) = client.flow(id).await? else {
                     bail!("flow {id} is not kept (never created, or finished and forgotten)");
@@ -68,7 +68,7 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
             FlowCommand::Cancel { redis, flow } => {
                 let (_, store) = redis.store().await?;
                 let id = FlowId::from(flow);
-                match crate::Client::new(store).cancel_flow(id).await? {
+                match palisade::Client::new(store).cancel_flow(id).await? {
                     Some(n) => print_lines(std::iter::once(format!(
                         "flow {id} cancelled: {n} jobs stopped"
                     ))),
@@ -82,7 +82,7 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
 }
 
 /// How a flow's steps ended so far: "<n> completed, <n> dead, <n> skipped".
-pub(super) fn ends_line(status: &crate::flow::FlowStatus) -> String {
+pub(super) fn ends_line(status: &palisade::FlowStatus) -> String {
     format!(
         "{} completed, {} dead, {} skipped",
         status.count(StepEnd::Completed),

@@ -1,10 +1,10 @@
-//! `palisade::cli::App`: the whole command line of a user's worker binary, built from the
+//! `palisade_cli::App`: the whole command line of a user's worker binary, built from the
 //! user's [`Registry`] and the names of the fenced sinks its handlers write to.
 //!
 //! ```no_run
 //! # mod my_jobs { pub fn registry() -> palisade::Registry { palisade::Registry::new() } }
 //! fn main() -> std::process::ExitCode {
-//!     palisade::cli::App::new(my_jobs::registry()).sink("inventory").run()
+//!     palisade_cli::App::new(my_jobs::registry()).sink("inventory").run()
 //! }
 //! ```
 //!
@@ -16,7 +16,7 @@
 //!
 //! # Layout
 //! - this file: [`App`], the connection flags every subcommand shares, logging, exit codes.
-//! - `worker`: `worker` — N [`Worker`](crate::Worker)s on N arbiters, the named sinks, the
+//! - `worker`: `worker` — N [`Worker`](palisade::Worker)s on N arbiters, the named sinks, the
 //!   `/metrics` `/healthz` `/readyz` listener, and the drain on SIGTERM.
 //! - `admin`: `enqueue`, `status`, `dead list|retry|purge`.
 //! - `relay`: `relay` and `worker --relay` — outbox relays for the Postgres sinks.
@@ -46,17 +46,17 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{ArgMatches, FromArgMatches, Subcommand};
 
-use crate::context::Registry;
-use crate::store::redis::{cluster_with_ca, pool_with_ca, redacted, sentinel, Target};
-use crate::store::Stores;
-use crate::RedisLeaseStore;
+use palisade::store::redis::{cluster_with_ca, pool_with_ca, redacted, sentinel, Target};
+use palisade::store::Stores;
+use palisade::RedisLeaseStore;
+use palisade::Registry;
 
 /// A user's worker binary: built from their [`Registry`] and sink names, run from `main`.
 pub struct App {
     registry: Registry,
     sinks: Vec<String>,
     /// Recurring jobs given in code; a bad one is reported when the binary runs.
-    schedules: Vec<crate::Result<crate::Schedule>>,
+    schedules: Vec<palisade::Result<palisade::Schedule>>,
     name: String,
     about: String,
     version: String,
@@ -128,9 +128,9 @@ impl Installation {
         Ok(self.redis.store().await?.1)
     }
 
-    /// A [`Client`](crate::Client) of the coordinator.
-    pub async fn client(&self) -> anyhow::Result<crate::Client> {
-        Ok(crate::Client::new(self.stores().await?))
+    /// A [`Client`](palisade::Client) of the coordinator.
+    pub async fn client(&self) -> anyhow::Result<palisade::Client> {
+        Ok(palisade::Client::new(self.stores().await?))
     }
 
     /// Where each sink the binary declares ([`App::sink`]) lives, as `worker` resolves it.
@@ -142,9 +142,12 @@ impl Installation {
     /// under `<prefix>-<name>`), for reads of the user's own ([`FencedStore::read`],
     /// [`FencedStore::highest`]).
     ///
-    /// [`FencedStore::read`]: crate::FencedStore::read
-    /// [`FencedStore::highest`]: crate::FencedStore::highest
-    pub async fn sink(&self, name: &str) -> anyhow::Result<std::sync::Arc<dyn crate::FencedStore>> {
+    /// [`FencedStore::read`]: palisade::FencedStore::read
+    /// [`FencedStore::highest`]: palisade::FencedStore::highest
+    pub async fn sink(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<std::sync::Arc<dyn palisade::FencedStore>> {
         let Some((_, url)) = self.sinks.iter().find(|(n, _)| n == name) else {
             anyhow::bail!("this binary declares no sink {name:?}");
         };
@@ -153,14 +156,14 @@ impl Installation {
             let pg =
                 sinks::postgres_sinks(&[(name.to_owned(), url.clone())], ca.as_deref()).await?;
             let (_, pg) = pg.into_iter().next().expect("one postgres:// sink");
-            return Ok(std::sync::Arc::new(crate::PostgresFencedStore::new(pg)));
+            return Ok(std::sync::Arc::new(palisade::PostgresFencedStore::new(pg)));
         }
         let target = self
             .redis
             .reachable(url, &format!("the Redis of sink {name}"))
             .await?;
         let prefix = format!("{}-{name}", self.redis.prefix);
-        Ok(std::sync::Arc::new(crate::RedisFencedStore::new(
+        Ok(std::sync::Arc::new(palisade::RedisFencedStore::new(
             target, &prefix,
         )))
     }
@@ -247,17 +250,22 @@ impl App {
 
     /// A recurring job: `job` is enqueued at every tick of the cron `pattern` (5 fields, or 6
     /// with seconds first; UTC), exactly once per tick however many workers run — every
-    /// `worker` may take the scheduler role (see [`Scheduler`](crate::Scheduler)). For a time
+    /// `worker` may take the scheduler role (see [`Scheduler`](palisade::Scheduler)). For a time
     /// zone or a catch-up policy, use [`App::schedule_with`]. A bad pattern makes every
     /// subcommand fail with the reason.
-    pub fn schedule(mut self, name: impl Into<String>, pattern: &str, job: crate::NewJob) -> Self {
+    pub fn schedule(
+        mut self,
+        name: impl Into<String>,
+        pattern: &str,
+        job: palisade::NewJob,
+    ) -> Self {
         self.schedules
-            .push(crate::Schedule::new(name, pattern, job));
+            .push(palisade::Schedule::new(name, pattern, job));
         self
     }
 
-    /// A recurring job built with [`Schedule`](crate::Schedule)'s options.
-    pub fn schedule_with(mut self, schedule: crate::Result<crate::Schedule>) -> Self {
+    /// A recurring job built with [`Schedule`](palisade::Schedule)'s options.
+    pub fn schedule_with(mut self, schedule: palisade::Result<palisade::Schedule>) -> Self {
         self.schedules.push(schedule);
         self
     }
@@ -400,7 +408,7 @@ impl App {
         } = self;
         // Checked before any subcommand runs, the user's own included: a bad schedule makes
         // every subcommand fail, not only the ones that use it.
-        let schedules = match schedules.into_iter().collect::<crate::Result<Vec<_>>>() {
+        let schedules = match schedules.into_iter().collect::<palisade::Result<Vec<_>>>() {
             Ok(schedules) => schedules,
             Err(e) => {
                 eprintln!("{name}: a schedule given in code is invalid: {e}");
@@ -516,7 +524,7 @@ impl App {
 /// Logs to stderr at `default` level unless `RUST_LOG` says otherwise; `json` writes one JSON
 /// object per line (for log shippers), with the fields of the spans it is in (an attempt's
 /// `trace_id`, `span_id`, job and fence). With the `otel` feature, spans also go out over OTLP
-/// when `otlp` or the standard variables ask for it ([`crate::otel::Export::from_env`]), at
+/// when `otlp` or the standard variables ask for it ([`palisade::otel::Export::from_env`]), at
 /// info and above whatever `RUST_LOG` says of the log. A second call (tests) keeps the first
 /// subscriber.
 fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
@@ -560,7 +568,7 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
 }
 
 #[cfg(feature = "otel")]
-type Export = crate::otel::Export;
+type Export = palisade::otel::Export;
 /// Without the `otel` feature nothing is exported.
 #[cfg(not(feature = "otel"))]
 type Export = std::convert::Infallible;
@@ -568,7 +576,7 @@ type Export = std::convert::Infallible;
 /// The exporter `--otlp-endpoint` and the `OTEL_*` variables ask for.
 #[cfg(feature = "otel")]
 fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
-    Ok(crate::otel::Export::from_env(otlp)?)
+    Ok(palisade::otel::Export::from_env(otlp)?)
 }
 
 /// Without the `otel` feature: a refusal for `--otlp-endpoint`, a warning for the variables
@@ -637,7 +645,7 @@ struct RedisArgs {
 
 impl RedisArgs {
     /// `--ca-file`, or the variable of its former name.
-    pub(super) fn ca_file(&self) -> Option<PathBuf> {
+    pub(crate) fn ca_file(&self) -> Option<PathBuf> {
         ca_file_or_env(self.ca_file.clone())
     }
 
@@ -669,14 +677,14 @@ impl RedisArgs {
     /// server that is there but not ready: loading its data, say).
     async fn reachable(&self, url: &str, what: &str) -> anyhow::Result<Target> {
         let pool = self.pool(url)?;
-        crate::store::redis::ping_until_ready(pool.clone(), STARTUP_PATIENCE)
+        palisade::store::redis::ping_until_ready(pool.clone(), STARTUP_PATIENCE)
             .await
             .with_context(|| format!("cannot reach {what} at {}", redacted(url)))?;
         Ok(pool)
     }
 
     async fn store(&self) -> anyhow::Result<(Target, Stores)> {
-        self.store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+        self.store_with(palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
             .await
     }
 
@@ -687,15 +695,15 @@ impl RedisArgs {
         configure: impl Fn(RedisLeaseStore) -> RedisLeaseStore,
     ) -> anyhow::Result<(Target, Stores)> {
         // Names first: a bad prefix is refused without waiting on a connection.
-        crate::store::redis::check_prefix(&self.prefix)?;
+        palisade::cli_support::check_prefix(&self.prefix)?;
         let target = self.reachable(&self.redis, "Redis").await?;
-        let generation = crate::store::redis::check_layout(
+        let generation = palisade::store::redis::check_layout(
             target.clone(),
             &self.prefix,
             usize::from(self.partitions),
         )
         .await?;
-        let store = crate::store::redis::coordinator(
+        let store = palisade::store::redis::coordinator(
             target.clone(),
             &self.prefix,
             usize::from(self.partitions),
@@ -710,7 +718,7 @@ impl RedisArgs {
 /// How long a command waits at start for a Redis or Postgres that is there but not ready
 /// (loading its data, starting up, a link dropping its first connections); a refused
 /// connection or a wrong setting fails at once.
-pub(super) const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A journal time (ms since the Unix epoch) in UTC, to the second; the raw number if it is
 /// not a date RFC 3339 can write (the journal is data anyone with Redis access can write).
@@ -743,7 +751,7 @@ async fn shutdown_signal() {
 }
 
 /// `--ca-file` as given, else the variable of its former name; an empty value is none.
-pub(super) fn ca_file_or_env(flag: Option<PathBuf>) -> Option<PathBuf> {
+pub(crate) fn ca_file_or_env(flag: Option<PathBuf>) -> Option<PathBuf> {
     flag.or_else(|| std::env::var_os("PALISADE_REDIS_CA_FILE").map(PathBuf::from))
         .filter(|path| !path.as_os_str().is_empty())
 }
@@ -751,7 +759,7 @@ pub(super) fn ca_file_or_env(flag: Option<PathBuf>) -> Option<PathBuf> {
 /// A `--redis` value: a Redis URL (or, with `cluster`, comma-separated ones), refused with one
 /// line otherwise — before a sink that defaults to it would take the blame. (Not a clap value
 /// parser: clap quotes a refused value whole, password and all.)
-pub(super) fn redis_url(text: &str, cluster: bool) -> Result<String, String> {
+pub(crate) fn redis_url(text: &str, cluster: bool) -> Result<String, String> {
     const SCHEMES: [&str; 6] = [
         "redis://",
         "rediss://",
@@ -780,12 +788,12 @@ pub(super) fn redis_url(text: &str, cluster: bool) -> Result<String, String> {
 /// One day, and one year: the longest a lease, drain or outbox lease (a day) and a delay,
 /// unique key or grace period (a year) may sensibly be. Longer is a typo (`--lease 1000y`
 /// was accepted, and its expiry printed as 31557599998.5 s).
-pub(super) const DAY: Duration = Duration::from_secs(24 * 3600);
-pub(super) const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const DAY: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A value parser for a duration flag (humantime: `300ms`, `30s`, `2h`) between `min` and
 /// `max`, refusing others with one line that gives the bounds.
-pub(super) fn duration_within(
+pub(crate) fn duration_within(
     min: Duration,
     max: Duration,
 ) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
@@ -815,7 +823,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// (`status` and the console's Queues page).
 pub(crate) fn kind_load(
     caps: Vec<(String, u32)>,
-    leases: &[crate::store::LeaseInfo],
+    leases: &[palisade::store::LeaseInfo],
 ) -> std::collections::BTreeMap<String, (Option<u32>, usize)> {
     let mut kinds = std::collections::BTreeMap::<String, (Option<u32>, usize)>::new();
     for (kind, cap) in caps {
@@ -832,7 +840,7 @@ mod tests {
     use super::*;
 
     fn app() -> App {
-        App::new(Registry::new().register("k", |_: crate::JobContext, _: ()| async { Ok(()) }))
+        App::new(Registry::new().register("k", |_: palisade::JobContext, _: ()| async { Ok(()) }))
             .sink("ledger")
     }
 

@@ -7,11 +7,11 @@ use anyhow::{bail, Context as _};
 use serde_json::json;
 
 use super::{runtime, RedisArgs};
-use crate::context::Registry;
-use crate::flow::StepEnd;
-use crate::ids::Scope;
-use crate::job::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
-use crate::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
+use palisade::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
+use palisade::Registry;
+use palisade::Scope;
+use palisade::StepEnd;
+use palisade::{Enqueued, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
 
 /// `enqueue`.
 #[derive(Clone, Debug, clap::Args)]
@@ -88,7 +88,7 @@ pub(super) struct EnqueueArgs {
     #[arg(long, value_parser = deadline)]
     deadline: Option<std::time::SystemTime>,
     /// Times the handler may snooze before the job is dead.
-    #[arg(long, default_value_t = crate::job::DEFAULT_MAX_SNOOZES)]
+    #[arg(long, default_value_t = palisade::DEFAULT_MAX_SNOOZES)]
     max_snoozes: u32,
     /// Debounces the job under KEY: while a job under KEY waits out its quiet period, this
     /// one replaces its payload and pushes its start to --quiet from now (but no later than
@@ -123,9 +123,9 @@ impl EnqueueArgs {
     /// The trace asked for: --traceparent (refused if invalid), else TRACEPARENT from the
     /// environment (an invalid one, set by something else, is ignored with a warning: the
     /// W3C rule for a receiver).
-    fn trace(&self) -> anyhow::Result<Option<crate::TraceContext>> {
+    fn trace(&self) -> anyhow::Result<Option<palisade::TraceContext>> {
         if let Some(traceparent) = &self.traceparent {
-            let trace = crate::TraceContext::from_w3c(traceparent, self.tracestate.as_deref())
+            let trace = palisade::TraceContext::from_w3c(traceparent, self.tracestate.as_deref())
                 .with_context(|| {
                     format!("--traceparent {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
                 })?;
@@ -135,7 +135,7 @@ impl EnqueueArgs {
             return Ok(None);
         };
         let state = std::env::var("TRACESTATE").ok();
-        let trace = crate::TraceContext::from_w3c(&traceparent, state.as_deref());
+        let trace = palisade::TraceContext::from_w3c(&traceparent, state.as_deref());
         if trace.is_none() {
             eprintln!("warning: TRACEPARENT={traceparent:?} is not a W3C traceparent; ignored");
         }
@@ -148,7 +148,7 @@ impl EnqueueArgs {
         &self,
         registry: &Registry,
         payload: &str,
-        trace: Option<&crate::TraceContext>,
+        trace: Option<&palisade::TraceContext>,
     ) -> anyhow::Result<NewJob> {
         registry.check(&self.kind, payload)?;
         let mut job = NewJob::raw(&self.kind, payload)
@@ -177,7 +177,7 @@ impl EnqueueArgs {
         }
         job = job.with_max_snoozes(self.max_snoozes);
         if let Some(id) = self.id {
-            job = job.with_id(crate::JobId::from(id));
+            job = job.with_id(palisade::JobId::from(id));
         }
         if let Some(trace) = trace {
             job = job.with_trace(trace.clone());
@@ -248,13 +248,13 @@ pub(super) fn enqueue(args: EnqueueArgs, registry: &Registry) -> anyhow::Result<
             // Each batch is all or nothing; say exactly how far a failure got.
             // With the same job ids on every retry (`enqueue_counted`): a lost reply cannot
             // add a line twice.
-            let added = crate::enqueue::enqueue_counted(
+            let added = palisade::cli_support::enqueue_counted(
                 &store,
                 batch.iter().map(|(_, job)| job.clone()).collect(),
             )
             .await
             .map_err(|e| {
-                let unknown = matches!(e, crate::Error::OutcomeUnknown(_));
+                let unknown = matches!(e, palisade::Error::OutcomeUnknown(_));
                 anyhow::Error::from(e).context(not_enqueued(&jobs, done, unknown))
             })?;
             for ((line, job), outcome) in batch.iter().zip(&added) {
@@ -612,7 +612,7 @@ pub(super) struct DeadArgs {
 
 /// `dead retry|purge` without `--queue` act on `default`: says so when other queues hold
 /// dead jobs (which `dead list` shows).
-async fn hint_other_dead(store: &crate::Stores) -> anyhow::Result<()> {
+async fn hint_other_dead(store: &palisade::Stores) -> anyhow::Result<()> {
     let mut others = Vec::new();
     for queue in store.queues().await? {
         if queue == "default" {
@@ -690,10 +690,10 @@ mod tests {
     /// listed beside the code's, as the one fired until this binary's workers start.
     #[test]
     fn schedule_list_shows_each_schedule_once_with_its_source() {
-        let job = || crate::NewJob::raw("k", "{}");
-        let code = crate::Schedule::new("nightly", "0 3 * * *", job()).unwrap();
-        let other = crate::Schedule::new("hourly", "0 * * * *", job()).unwrap();
-        let kept_only = crate::Schedule::new("weekly", "0 3 * * 1", job()).unwrap();
+        let job = || palisade::NewJob::raw("k", "{}");
+        let code = palisade::Schedule::new("nightly", "0 3 * * *", job()).unwrap();
+        let other = palisade::Schedule::new("hourly", "0 * * * *", job()).unwrap();
+        let kept_only = palisade::Schedule::new("weekly", "0 3 * * 1", job()).unwrap();
         let mut differs = other.spec().clone();
         differs.pattern = "30 * * * *".into();
         let rows = super::listed(
@@ -759,7 +759,7 @@ pub(super) fn set_paused(args: QueueArgs, paused: bool) -> anyhow::Result<()> {
 
 /// Says so on stderr when `queue` has never had a job (a typo, most often): the setting is
 /// kept anyway, for a queue about to be used.
-async fn warn_unknown_queue(store: &crate::Stores, queue: &str) -> anyhow::Result<()> {
+async fn warn_unknown_queue(store: &palisade::Stores, queue: &str) -> anyhow::Result<()> {
     if !store.queues().await?.iter().any(|q| q == queue) {
         eprintln!(
             "warning: queue {queue:?} has never had a job (known: {}); set anyway",
@@ -812,9 +812,9 @@ pub(super) fn forget(args: QueueArgs) -> anyhow::Result<()> {
 /// copy differs (an older binary's) or is missing, the code's is listed as not kept yet and
 /// the kept copy — the one fired until a worker of this binary starts — as well.
 fn listed(
-    declared: &[crate::Schedule],
-    kept: Vec<crate::ScheduleSpec>,
-) -> Vec<(crate::Schedule, &'static str)> {
+    declared: &[palisade::Schedule],
+    kept: Vec<palisade::ScheduleSpec>,
+) -> Vec<(palisade::Schedule, &'static str)> {
     let mut all: Vec<_> = declared
         .iter()
         .map(|s| {
@@ -838,7 +838,7 @@ fn listed(
         // Kept by an older version that let it in (a pattern that never fires): the
         // scheduler skips it, and the operator should hear of it.
         let name = spec.name.clone();
-        match crate::Schedule::try_from(spec) {
+        match palisade::Schedule::try_from(spec) {
             Ok(s) => all.push((s, source)),
             Err(e) => eprintln!("kept schedule {name:?} skipped (`schedule remove` it): {e}"),
         }
@@ -893,20 +893,20 @@ pub(super) struct ScheduleAddArgs {
     scope: Option<String>,
     /// Ticks missed for longer than --grace: none, last, or all:N (the latest N).
     #[arg(long, default_value = "last", value_parser = parse_catch_up)]
-    catch_up: crate::CatchUp,
+    catch_up: palisade::CatchUp,
     /// A tick late by at most this much still fires.
     #[arg(long, default_value = "60s", value_parser = super::duration_within(Duration::ZERO, super::YEAR))]
     grace: Duration,
 }
 
-fn parse_catch_up(s: &str) -> Result<crate::CatchUp, String> {
+fn parse_catch_up(s: &str) -> Result<palisade::CatchUp, String> {
     match s {
-        "none" => Ok(crate::CatchUp::None),
-        "last" => Ok(crate::CatchUp::Last),
+        "none" => Ok(palisade::CatchUp::None),
+        "last" => Ok(palisade::CatchUp::Last),
         _ => s
             .strip_prefix("all:")
             .and_then(|n| n.parse().ok())
-            .map(crate::CatchUp::All)
+            .map(palisade::CatchUp::All)
             .ok_or_else(|| format!("{s:?}: want none, last or all:N")),
     }
 }
@@ -915,7 +915,7 @@ fn parse_catch_up(s: &str) -> Result<crate::CatchUp, String> {
 pub(super) fn schedule(
     command: ScheduleCommand,
     registry: &Registry,
-    declared: &[crate::Schedule],
+    declared: &[palisade::Schedule],
 ) -> anyhow::Result<()> {
     match command {
         ScheduleCommand::Add(args) => {
@@ -924,7 +924,7 @@ pub(super) fn schedule(
             if let Some(scope) = &args.scope {
                 job = job.with_scope(scope.as_str());
             }
-            let schedule = crate::Schedule::new(&args.name, &args.pattern, job)?
+            let schedule = palisade::Schedule::new(&args.name, &args.pattern, job)?
                 .in_time_zone(&args.tz)?
                 .with_catch_up(args.catch_up)
                 .with_grace(args.grace);
@@ -1013,7 +1013,7 @@ pub(super) struct LimitArgs {
 
 /// Sets or lifts a queue's rate limit.
 pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
-    let limit = args.jobs.map(|jobs| crate::RateLimit {
+    let limit = args.jobs.map(|jobs| palisade::RateLimit {
         jobs,
         per: args.per,
     });
@@ -1050,13 +1050,13 @@ pub(super) struct CancelArgs {
 pub(super) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
-        let job = crate::JobId::from(args.job);
+        let job = palisade::JobId::from(args.job);
         let said = match store.cancel(job, &args.reason).await? {
-            crate::Cancelled::Removed => format!("job {job} cancelled: it was queued; now dead"),
-            crate::Cancelled::Revoked => format!(
+            palisade::Cancelled::Removed => format!("job {job} cancelled: it was queued; now dead"),
+            palisade::Cancelled::Revoked => format!(
                 "job {job} cancelled: its lease is revoked (its handler stops at its next renewal); now dead"
             ),
-            crate::Cancelled::Missing => bail!("job {job} is not queued or running"),
+            palisade::Cancelled::Missing => bail!("job {job} is not queued or running"),
         };
         print_lines(std::iter::once(said))
     })
@@ -1131,7 +1131,7 @@ pub(super) struct GroupArgs {
 }
 
 /// A group's line: its ready and running jobs, its limits, whether it is parked.
-pub(super) fn group_line(g: &crate::GroupStatus) -> String {
+pub(super) fn group_line(g: &palisade::GroupStatus) -> String {
     let mut line = format!("group {}: {} ready", g.group, g.ready);
     if let Some(cap) = g.limits.cap {
         line.push_str(&format!(", {} running (cap {cap})", g.running));
@@ -1173,7 +1173,7 @@ pub(super) fn group(args: GroupArgs) -> anyhow::Result<()> {
                 .per
                 .or(limits.rate.map(|r| r.per))
                 .unwrap_or(Duration::from_secs(1));
-            limits.rate = Some(crate::RateLimit { jobs, per });
+            limits.rate = Some(palisade::RateLimit { jobs, per });
         }
         if args.no_rate {
             limits.rate = None;
@@ -1207,7 +1207,7 @@ pub(super) fn partitions(args: PartitionsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         // (Not `store()`: that refuses a number of partitions other than the recorded one.)
         let target = args.redis.reachable(&args.redis.redis, "Redis").await?;
-        let epoch = crate::store::redis::move_layout(
+        let epoch = palisade::store::redis::move_layout(
             target,
             &args.redis.prefix,
             usize::from(args.from),

@@ -10,17 +10,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use crate::flow::{Flow, FlowState, OnDead, StepEnd};
-use crate::ids::{FlowId, JobId};
-use crate::job::{check_name, DeadJob, JobState, JobView, NewJob, QueueCounts};
-use crate::Registry;
+use palisade::cli_support::check_name;
+use palisade::Registry;
+use palisade::{DeadJob, JobState, JobView, NewJob, QueueCounts};
+use palisade::{Flow, FlowState, OnDead, StepEnd};
+use palisade::{FlowId, JobId};
 
 /// Most jobs one batch enqueue takes: one backend round trip, all or nothing.
 pub(crate) const MAX_BATCH: usize = 1_000;
 
 /// How long an `Idempotency-Key` stays taken after its job was enqueued (a retried request
-/// within it adds nothing), as Stripe keeps its keys: a day, [`crate::job::ID_RETENTION`].
-pub(crate) const IDEMPOTENCY_TTL: Duration = crate::job::ID_RETENTION;
+/// within it adds nothing), as Stripe keeps its keys: a day, [`palisade::ID_RETENTION`].
+pub(crate) const IDEMPOTENCY_TTL: Duration = palisade::ID_RETENTION;
 
 /// How long a `unique_key` stays taken when the request does not say (as `palisade enqueue
 /// --unique` does).
@@ -112,11 +113,11 @@ impl ApiError {
     }
 }
 
-impl From<crate::Error> for ApiError {
+impl From<palisade::Error> for ApiError {
     /// The library's error in its class: retryable ones are 503 with `retryable: true`;
     /// what the caller sent wrong is 422; the rest is the backend's failure (500).
-    fn from(e: crate::Error) -> Self {
-        use crate::Error as E;
+    fn from(e: palisade::Error) -> Self {
+        use palisade::Error as E;
         let (status, code) = match &e {
             E::InvalidJob(m) if m.starts_with("unknown job kind") => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "unknown_kind")
@@ -287,7 +288,7 @@ impl JobRequest {
             ))
         };
         // As `palisade enqueue` bounds --delay and --unique-ttl.
-        let year = crate::cli::YEAR.as_millis();
+        let year = crate::YEAR.as_millis();
         if u128::from(self.delay_ms) > year
             || self.unique_ttl_ms.is_some_and(|t| u128::from(t) > year)
         {
@@ -422,12 +423,12 @@ pub(crate) struct Enqueued {
     pub(crate) debounced: bool,
 }
 
-impl From<crate::Enqueued> for Enqueued {
-    fn from(e: crate::Enqueued) -> Self {
+impl From<palisade::Enqueued> for Enqueued {
+    fn from(e: palisade::Enqueued) -> Self {
         Self {
             id: e.id().to_string(),
-            created: matches!(e, crate::Enqueued::Added(_)),
-            debounced: matches!(e, crate::Enqueued::Debounced(_)),
+            created: matches!(e, palisade::Enqueued::Added(_)),
+            debounced: matches!(e, palisade::Enqueued::Debounced(_)),
         }
     }
 }
@@ -644,8 +645,8 @@ pub(crate) struct QueueStatus {
     oldest_ready_ms: Option<u64>,
 }
 
-impl From<crate::cli::ui::QueueRow> for QueueStatus {
-    fn from(row: crate::cli::ui::QueueRow) -> Self {
+impl From<crate::ui::QueueRow> for QueueStatus {
+    fn from(row: crate::ui::QueueRow) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
             name: row.name,
@@ -826,14 +827,14 @@ impl FlowRequest {
             (None, Some(id)) => id,
             (None, None) => FlowId::new(),
         };
-        if self.steps.is_empty() || self.steps.len() > crate::flow::MAX_FLOW_STEPS {
+        if self.steps.is_empty() || self.steps.len() > palisade::MAX_FLOW_STEPS {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_job",
                 format!(
                     "{} steps; a flow has 1 to {}",
                     self.steps.len(),
-                    crate::flow::MAX_FLOW_STEPS
+                    palisade::MAX_FLOW_STEPS
                 ),
             ));
         }
@@ -889,8 +890,8 @@ pub(crate) struct FlowView {
     ended: std::collections::HashMap<String, StepEnd>,
 }
 
-impl From<crate::flow::FlowStatus> for FlowView {
-    fn from(s: crate::flow::FlowStatus) -> Self {
+impl From<palisade::FlowStatus> for FlowView {
+    fn from(s: palisade::FlowStatus) -> Self {
         Self {
             id: s.id.to_string(),
             state: s.state,
@@ -1069,7 +1070,7 @@ mod tests {
         // The longest key taken still makes a valid unique key, batch index and all.
         let long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES);
         let key = idempotency_key(&long, Some(999)).unwrap();
-        crate::job::check_name("unique key", &key).unwrap();
+        palisade::cli_support::check_name("unique key", &key).unwrap();
         assert!(idempotency_key(&format!("{long}k"), None).is_err());
         assert_ne!(
             idempotency_key("abc", Some(0)).unwrap(),
@@ -1144,7 +1145,7 @@ mod tests {
     /// job: a unique key held a day or longer, or an id alone.
     #[test]
     fn outcome_unknown_is_retryable_only_for_an_idempotent_request() {
-        let lost = || ApiError::from(crate::Error::OutcomeUnknown("reply lost".into()));
+        let lost = || ApiError::from(palisade::Error::OutcomeUnknown("reply lost".into()));
         let cases = [
             (r#"{"kind":"mail","payload":{}}"#, false),
             (r#"{"kind":"mail","payload":{},"unique_key":"u"}"#, true),
@@ -1173,22 +1174,23 @@ mod tests {
             assert_eq!(e.message.contains("Idempotency-Key"), !safe, "{body}");
         }
         // Other errors keep their class.
-        let e = ApiError::from(crate::Error::Unavailable("down".into())).unless_idempotent(false);
+        let e =
+            ApiError::from(palisade::Error::Unavailable("down".into())).unless_idempotent(false);
         assert!(e.retryable);
     }
 
     #[test]
     fn retryable_errors_say_so() {
-        let e = ApiError::from(crate::Error::Unavailable("down".into()));
+        let e = ApiError::from(palisade::Error::Unavailable("down".into()));
         assert_eq!(e.parts(), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
         let response = e.into_response();
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        let e = ApiError::from(crate::Error::OutcomeUnknown("lost".into()));
+        let e = ApiError::from(palisade::Error::OutcomeUnknown("lost".into()));
         assert_eq!(e.parts().1, "outcome_unknown");
         // A server's misconfiguration is not the caller's fault.
-        let e = ApiError::from(crate::Error::Config("no TLS roots".into()));
+        let e = ApiError::from(palisade::Error::Config("no TLS roots".into()));
         assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
-        let e = ApiError::from(crate::Error::Backend("WRONGTYPE".into()));
+        let e = ApiError::from(palisade::Error::Backend("WRONGTYPE".into()));
         assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
     }
 }

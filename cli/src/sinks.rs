@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 
-use crate::store::postgres::PostgresSink;
-use crate::store::redis::redacted;
+use palisade::store::postgres::PostgresSink;
+use palisade::store::redis::redacted;
 
 /// The process's environment, its UTF-8 variables (what the sink lookups read).
 pub(super) fn environment() -> HashMap<String, String> {
@@ -92,7 +92,7 @@ pub(super) async fn postgres_sinks(
 ) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
     let mut sinks = Vec::new();
     for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
-        let url = &crate::store::postgres::tls::with_default_root(url, ca)?;
+        let url = &palisade::cli_support::with_default_root(url, ca)?;
         let sink = PostgresSink::connect_until_ready(url, super::STARTUP_PATIENCE)
             .await
             .with_context(|| format!("sink {name} at {}", redacted(url)))?;

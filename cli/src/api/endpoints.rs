@@ -20,9 +20,9 @@ use super::model::{
     QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
 };
 use super::Api;
-use crate::ids::{FlowId, JobId};
-use crate::job::check_name;
-use crate::store::{FlowStore, Inspect, QueueAdmin, RecordStore};
+use palisade::cli_support::check_name;
+use palisade::store::{FlowStore, Inspect, QueueAdmin, RecordStore};
+use palisade::{FlowId, JobId};
 
 /// The document's fixed parts: title, version, the bearer scheme, the shared error schema.
 #[derive(OpenApi)]
@@ -167,9 +167,9 @@ fn idempotency(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// The W3C trace context the request carries (`traceparent`, `tracestate`): the jobs it makes
 /// continue that trace. One that is not valid is ignored, as W3C Trace Context says.
-fn trace(headers: &HeaderMap) -> Option<crate::TraceContext> {
+fn trace(headers: &HeaderMap) -> Option<palisade::TraceContext> {
     let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    crate::TraceContext::from_w3c(text("traceparent")?, text("tracestate"))
+    palisade::TraceContext::from_w3c(text("traceparent")?, text("tracestate"))
 }
 
 fn job_id(id: &str) -> Result<JobId, ApiError> {
@@ -234,12 +234,12 @@ async fn enqueue(
     let idempotent = unique.is_some() || request.is_idempotent();
     let mut job = request.job(&api.registry, api.max_payload_bytes, unique)?;
     job.trace = trace(&headers);
-    let done: Enqueued = crate::enqueue::enqueue_counted(&api.store, vec![job])
+    let done: Enqueued = palisade::cli_support::enqueue_counted(&api.store, vec![job])
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?
         .into_iter()
         .next()
-        .ok_or_else(|| ApiError::from(crate::Error::Backend("enqueue answered no job".into())))?
+        .ok_or_else(|| ApiError::from(palisade::Error::Backend("enqueue answered no job".into())))?
         .into();
     let status = if done.created {
         StatusCode::CREATED
@@ -284,9 +284,9 @@ async fn enqueue_batch(
         job.trace = trace.clone();
         jobs.push(job);
     }
-    crate::job::validate_batch(&jobs, api.max_payload_bytes)?;
+    palisade::cli_support::validate_batch(&jobs, api.max_payload_bytes)?;
     let idempotent = key.is_some() || request.jobs.iter().all(JobRequest::is_idempotent);
-    let done = crate::enqueue::enqueue_counted(&api.store, jobs)
+    let done = palisade::cli_support::enqueue_counted(&api.store, jobs)
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
     Ok(Json(BatchEnqueued {
@@ -318,7 +318,7 @@ async fn job(
         None => store.result(id).await?,
     };
     let dead = match (&live, &result) {
-        (None, None) => crate::cli::ui::find_dead(store, id, q.queue.as_deref()).await?,
+        (None, None) => crate::ui::find_dead(store, id, q.queue.as_deref()).await?,
         _ => None,
     };
     let progress = store.progress(id).await?;
@@ -353,9 +353,9 @@ async fn cancel(
         .cancel(id, "cancelled through the HTTP API")
         .await?
     {
-        crate::Cancelled::Removed => CancelOutcome::Removed,
-        crate::Cancelled::Revoked => CancelOutcome::Revoked,
-        crate::Cancelled::Missing => {
+        palisade::Cancelled::Removed => CancelOutcome::Removed,
+        palisade::Cancelled::Revoked => CancelOutcome::Revoked,
+        palisade::Cancelled::Missing => {
             return Err(ApiError::not_found(format!(
                 "job {id} is not queued or running: nothing done"
             )))
@@ -368,7 +368,7 @@ async fn cancel(
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
     responses((status = 200, description = "Done", body = QueueList)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
-    let (rows, unreadable) = crate::cli::ui::queue_rows(&api.store).await?;
+    let (rows, unreadable) = crate::ui::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
         queues: rows.into_iter().map(QueueStatus::from).collect(),
         unreadable: unreadable
@@ -389,7 +389,7 @@ async fn queue(
 ) -> Result<Json<QueueStatus>, ApiError> {
     queue_name(&queue)?;
     let paused = api.store.paused().await?.contains(&queue);
-    let row = crate::cli::ui::queue_row(&api.store, queue, paused).await?;
+    let row = crate::ui::queue_row(&api.store, queue, paused).await?;
     Ok(Json(row.into()))
 }
 
@@ -470,7 +470,7 @@ async fn retry_dead(
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
     let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
     let limit = request.limit.map_or(dead, |n| n.min(dead));
-    let (retried, stopped) = crate::cli::ui::move_dead(&api.store, &queue, limit, true).await;
+    let (retried, stopped) = crate::ui::move_dead(&api.store, &queue, limit, true).await;
     if let Some(e) = stopped {
         // What moved stays moved: say how far it got.
         return Err(ApiError::from(e).within(&format!("after {retried} retried")));
@@ -500,7 +500,7 @@ async fn retry_dead_job(
         return Err(ApiError::not_found(format!(
             "dead job {id} is not among the newest {} dead letters of {queue}, or its id is \
              live again: nothing done",
-            crate::store::DEAD_JOB_SEARCH
+            palisade::store::DEAD_JOB_SEARCH
         )));
     }
     Ok(Json(Retried { retried: 1 }))
@@ -530,7 +530,7 @@ async fn create_flow(
     if let Some(trace) = trace(&headers) {
         flow.inherit_trace(&trace);
     }
-    let id = crate::Client::new(api.store.clone())
+    let id = palisade::Client::new(api.store.clone())
         .create_flow(&flow)
         .await
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
@@ -574,7 +574,7 @@ async fn cancel_flow(
 ) -> Result<Json<FlowCancelled>, ApiError> {
     let id = flow_id(&id)?;
     no_fields(&api, raw)?;
-    match crate::Client::new(api.store.clone())
+    match palisade::Client::new(api.store.clone())
         .cancel_flow(id)
         .await?
     {

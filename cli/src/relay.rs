@@ -11,11 +11,11 @@ use anyhow::{bail, Context as _};
 
 use super::sinks::{postgres_sinks, sink_urls};
 use super::RedisArgs;
-use crate::client::Client;
-use crate::metrics::Health;
-use crate::relay::{OutboxRelay, OutboxTarget, RelayConfig};
-use crate::store::postgres::PostgresSink;
-use crate::store::redis::redacted;
+use palisade::metrics::Health;
+use palisade::store::postgres::PostgresSink;
+use palisade::store::redis::redacted;
+use palisade::Client;
+use palisade::{OutboxRelay, OutboxTarget, RelayConfig};
 
 /// Where outbox entries go, and how hard to try.
 #[derive(Clone, Debug, clap::Args)]
@@ -124,7 +124,7 @@ fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
             let Some((name, url)) = flag.split_once('=') else {
                 bail!("--target {flag:?}: expected NAME=URL");
             };
-            crate::store::postgres::check_key_part("outbox target", name)?;
+            palisade::cli_support::check_key_part("outbox target", name)?;
             let known = url.starts_with("http://")
                 || url.starts_with("https://")
                 || url.strip_prefix("queue:").is_some_and(|q| !q.is_empty());
@@ -167,7 +167,7 @@ impl RelayArgs {
         for (name, url) in parse_targets(&self.targets)? {
             let target = match url.strip_prefix("queue:") {
                 Some(queue) => {
-                    crate::job::check_name("queue", queue)?;
+                    palisade::cli_support::check_name("queue", queue)?;
                     if client.is_none() {
                         let (_, store) = redis.store().await?;
                         client = Some(Client::new(store));
@@ -214,7 +214,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
     )?;
     let health = Health::new();
     if let Some(addr) = args.metrics {
-        crate::metrics::serve(addr, health.clone())
+        palisade::metrics::serve(addr, health.clone())
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
     System::new().block_on(async move {

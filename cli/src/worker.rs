@@ -8,23 +8,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::redis::Target;
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
+use palisade::store::redis::Target;
 
 use super::relay::RelayArgs;
 use super::sinks::{is_postgres, postgres_sinks, sink_urls};
 use super::{RedisArgs, STARTUP_PATIENCE};
-use crate::context::{Registry, Sinks};
-use crate::coordinator::Coordinator;
-use crate::metrics::Health;
-use crate::sink::FencedSink;
-use crate::store::epoch::{FileEpochSource, PostgresEpochSource};
-use crate::store::postgres::{PostgresFencedStore, PostgresSink};
-use crate::store::redis::{ping, redacted};
-use crate::store::{ControlStore, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
-use crate::worker::{Drain, Worker, WorkerConfig};
-use crate::RedisFencedStore;
+use palisade::metrics::Health;
+use palisade::store::epoch::{FileEpochSource, PostgresEpochSource};
+use palisade::store::postgres::{PostgresFencedStore, PostgresSink};
+use palisade::store::redis::{ping, redacted};
+use palisade::store::{ControlStore, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
+use palisade::Coordinator;
+use palisade::FencedSink;
+use palisade::RedisFencedStore;
+use palisade::{Drain, Worker, WorkerConfig};
+use palisade::{Registry, Sinks};
 
 /// `worker`.
 #[derive(Clone, Debug, clap::Args)]
@@ -112,7 +112,7 @@ fn parse_queue(s: &str) -> Result<(String, u32), String> {
         None => (s, 1),
     };
     let name = name.trim();
-    crate::job::check_name("queue", name).map_err(|e| e.to_string())?;
+    palisade::cli_support::check_name("queue", name).map_err(|e| e.to_string())?;
     Ok((name.to_owned(), weight))
 }
 
@@ -135,7 +135,7 @@ pub(super) fn run(
     args: WorkerArgs,
     registry: Registry,
     declared: &[String],
-    schedules: Vec<crate::Schedule>,
+    schedules: Vec<palisade::Schedule>,
 ) -> anyhow::Result<()> {
     let arbiters = check(&args, &registry)?;
     let sink_urls = sink_urls(
@@ -153,7 +153,7 @@ pub(super) fn run(
         ];
         if is_postgres(url) {
             // Its TLS settings are checked now, not after the coordinator is reached.
-            crate::store::postgres::tls::split_tls(url).with_context(|| format!("sink {name}"))?;
+            palisade::cli_support::check_tls(url).with_context(|| format!("sink {name}"))?;
         } else if !redis.iter().any(|s| url.starts_with(s)) {
             bail!(
                 "sink {name}: {} is not a redis://, rediss://, redis+sentinel:// or postgres:// URL",
@@ -168,18 +168,21 @@ pub(super) fn run(
     }
     let health = Health::new();
     if let Some(addr) = args.metrics {
-        crate::metrics::serve(addr, health.clone())
+        palisade::metrics::serve(addr, health.clone())
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
-    let name = args
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}", crate::worker::hostname(), std::process::id()));
+    let name = args.name.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            palisade::cli_support::hostname(),
+            std::process::id()
+        )
+    });
     System::new().block_on(async move {
         let epochs = epoch_source(&args).await?;
         let (pool, store) = args
             .redis
-            .store_with(crate::job::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
+            .store_with(palisade::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
                 let store = store.with_dead_retention(args.dead_retention);
                 match &epochs {
                     Some(source) => store.with_epoch_source(source.clone()),
@@ -202,7 +205,7 @@ pub(super) fn run(
                 .with_context(|| format!("keeping schedule {}", schedule.name()))?;
         }
         let _scheduler =
-            (!args.no_scheduler).then(|| crate::Scheduler::new(store.clone(), Vec::new()).start());
+            (!args.no_scheduler).then(|| palisade::Scheduler::new(store.clone(), Vec::new()).start());
         let coordinator = Coordinator::new(store)
             .with_reap_interval((args.lease / 4).min(Duration::from_secs(1)))
             // Only a process that exports metrics may take the sampler role.
@@ -261,9 +264,9 @@ fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
     if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
         bail!("--queues names {dup:?} twice (give it one weight instead)");
     }
-    crate::store::redis::check_prefix(&args.redis.prefix)?;
+    palisade::cli_support::check_prefix(&args.redis.prefix)?;
     if let Some(name) = &args.name {
-        crate::job::check_name("worker name", name)?;
+        palisade::cli_support::check_name("worker name", name)?;
     }
     if registry.kinds().next().is_none() {
         bail!("the registry has no job kinds: register a handler before running workers");
@@ -279,14 +282,13 @@ fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
 }
 
 /// The durable epoch source the flags name, if any.
-async fn epoch_source(args: &WorkerArgs) -> anyhow::Result<Option<Arc<dyn crate::EpochSource>>> {
-    let mut epochs: Option<Arc<dyn crate::EpochSource>> = None;
+async fn epoch_source(args: &WorkerArgs) -> anyhow::Result<Option<Arc<dyn palisade::EpochSource>>> {
+    let mut epochs: Option<Arc<dyn palisade::EpochSource>> = None;
     if let Some(path) = &args.epoch_file {
         epochs = Some(Arc::new(FileEpochSource::new(path)));
     }
     if let Some(url) = &args.epoch_postgres {
-        let url =
-            crate::store::postgres::tls::with_default_root(url, args.redis.ca_file().as_deref())?;
+        let url = palisade::cli_support::with_default_root(url, args.redis.ca_file().as_deref())?;
         let source =
             PostgresEpochSource::connect_until_ready(&url, &args.redis.prefix, STARTUP_PATIENCE)
                 .await

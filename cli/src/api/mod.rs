@@ -34,15 +34,15 @@ use axum::Router;
 use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
-use crate::job::DEFAULT_MAX_PAYLOAD_BYTES;
-use crate::store::Stores;
-use crate::Registry;
 use model::ApiError;
+use palisade::store::Stores;
+use palisade::Registry;
+use palisade::DEFAULT_MAX_PAYLOAD_BYTES;
 
-/// The largest request body read: a flow at its limit ([`crate::flow::MAX_FLOW_BYTES`]), or one
+/// The largest request body read: a flow at its limit ([`palisade::MAX_FLOW_BYTES`]), or one
 /// job at the payload limit if that is larger, with room for its JSON.
 pub(crate) fn body_limit(max_payload_bytes: usize) -> usize {
-    crate::flow::MAX_FLOW_BYTES
+    palisade::MAX_FLOW_BYTES
         .max(max_payload_bytes)
         .saturating_add(1024 * 1024)
 }
@@ -446,10 +446,10 @@ mod tests {
             api_token: token.map(str::to_owned),
             max_payload_bytes: 1024,
         };
-        let store = Stores::from(Arc::new(crate::MemoryLeaseStore::new()));
+        let store = Stores::from(Arc::new(palisade::MemoryLeaseStore::new()));
         let registry =
             Registry::new().register("mail", |_ctx, _p: serde_json::Value| async { Ok(()) });
-        let hosts = crate::cli::ui::allowed_hosts(listen, &[]);
+        let hosts = crate::ui::allowed_hosts(listen, &[]);
         router(store, registry, &flags, listen, hosts, false).unwrap()
     }
 
@@ -693,12 +693,12 @@ mod tests {
             let (_, doc) = endpoints::split();
             let listen: SocketAddr = LISTEN.parse().unwrap();
             let api = Arc::new(Api {
-                store: Stores::from(Arc::new(crate::MemoryLeaseStore::new())),
+                store: Stores::from(Arc::new(palisade::MemoryLeaseStore::new())),
                 registry: Registry::new(),
                 max_payload_bytes: 1,
                 authorization: None,
                 off: None,
-                hosts: crate::cli::ui::allowed_hosts(listen, &[]),
+                hosts: crate::ui::allowed_hosts(listen, &[]),
                 origins: Vec::new(),
                 openapi: String::new(),
                 documented: operations(&doc),
@@ -875,7 +875,7 @@ mod tests {
             assert_eq!(body, r#"{"retried":3}"#);
             // The body limit follows a payload limit above the flow limit.
             assert!(body_limit(64 << 20) > 64 << 20);
-            assert!(body_limit(1) > crate::flow::MAX_FLOW_BYTES);
+            assert!(body_limit(1) > palisade::MAX_FLOW_BYTES);
         });
     }
 
