@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use serde_json::json;
 
-use super::{runtime, RedisArgs};
+use super::{print_lines, runtime, RedisArgs};
 use palisade::store::{ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, RecordStore};
 use palisade::Registry;
 use palisade::Scope;
@@ -347,22 +347,6 @@ fn not_enqueued(jobs: &[(Option<usize>, NewJob)], done: usize, unknown: bool) ->
              before line {first} were (their ids are on stdout)"
         ),
         _ => "the job was not enqueued".into(),
-    }
-}
-
-/// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.
-pub(super) fn print_lines(lines: impl Iterator<Item = String>) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    for line in lines {
-        match writeln!(out, "{line}") {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            other => other?,
-        }
-    }
-    match out.flush() {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
     }
 }
 

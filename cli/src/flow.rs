@@ -2,8 +2,7 @@
 
 use anyhow::bail;
 
-use super::admin::print_lines;
-use super::{runtime, RedisArgs};
+use super::{print_lines, runtime, RedisArgs};
 use palisade::FlowId;
 use palisade::{FlowState, StepEnd};
 

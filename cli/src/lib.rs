@@ -32,6 +32,8 @@ mod flow;
 
 #[cfg(feature = "ui")]
 mod api;
+#[cfg(feature = "ui")]
+mod reads;
 mod relay;
 mod sinks;
 #[cfg(feature = "ui")]
@@ -833,6 +835,22 @@ pub(crate) fn kind_load(
         kinds.entry(lease.kind.clone()).or_default().1 += 1;
     }
     kinds
+}
+
+/// Prints one line each to stdout; a closed pipe ends the output quietly, like any Unix tool.
+pub(crate) fn print_lines(lines: impl Iterator<Item = String>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        match writeln!(out, "{line}") {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            other => other?,
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! - `mutation`: what a write changes ([`Mutation`]) and the pure all-or-nothing rule for
 //!   when a mutation list fits the data (Redis' own integer rules, exact `i64`).
 //! - `policy`: pure retry / stall decisions ([`RetryPolicy`]).
-//! - `job`: what users enqueue ([`NewJob`]) and handlers return ([`JobError`]).
+//! - `job`: what users enqueue ([`NewJob`]), a claim hands back ([`Job`]), handlers return
+//!   ([`JobError`]) and operators read ([`JobView`]); `enqueue`: the one enqueue path.
 //! - `store`: the coordinator traits by concern ([`LeaseStore`], [`Inspect`], [`QueueAdmin`],
 //!   [`ControlStore`], [`RecordStore`]; [`Stores`] is all of them) and [`FencedStore`]; `store::memory`,
 //!   `store::redis` (one Lua script per operation, `runtime/lua/`), `store::postgres`
@@ -26,21 +27,26 @@
 //!   messages beside their handlers; a notification lives with its sender (`renewal` sends
 //!   `LeaseLost` to the worker).
 //! - `client`: [`Client`], the producer's plain async handle (tokio only, no actors).
+//! - `flow` (rules), `flow_driver` (creating flows, moving them on): [`Flow`].
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`], [`PostgresHandle`]) and
 //!   the handler [`Registry`].
-//! - `metrics`: metric names and the Prometheus exporter (with `/healthz`, `/readyz`).
-//! - `trace`: the W3C trace context a job carries ([`TraceContext`]) and the spans around it;
-//!   `otel` (feature `otel`): their OTLP export.
-//! - `cli` (feature `cli`, on by default): [`cli::App`], a user's whole worker binary.
+//! - `metrics`: metric names and the Prometheus exporter (`exporter`: `/metrics`, `/healthz`,
+//!   `/readyz`).
+//! - `traceparent`: the W3C trace context a job carries ([`TraceContext`]); `trace`: the spans
+//!   around it; `otel` (feature `otel`): their OTLP export.
+//!
+//! A user's worker binary (`App`), the operator console and the HTTP API are the crate
+//! `palisade-cli`, built on this one. No file here imports, through others, a file that
+//! imports it (`.ci/cycles.py` checks).
 //!
 //! # Features
 //!
-//! All on by default: `redis` (`store::redis`, [`Client::connect`]), `postgres` (the
-//! Postgres sink, `OutboxRelay`, `PostgresEpochSource`), `cli` (`cli::App`; turns on both
-//! backends) and `ui` (the operator page, `palisade ui`). With none, the library is the
+//! On by default: `redis` (`store::redis`, [`Client::connect`]) and `postgres` (the
+//! Postgres sink, `OutboxRelay`, `PostgresEpochSource`). With none, the library is the
 //! embedded in-memory coordinator (`examples/embedded_only` runs it so); `otel` (off)
 //! exports every attempt, fenced write, enqueue and stall as OpenTelemetry spans over OTLP
-//! (`otel::Export`, docs/tracing.md); `testing` (off) exports `Freeze`, for tests.
+//! (`otel::Export`, docs/tracing.md); `openapi` (off) derives the HTTP API's schema on the
+//! types it sends (palisade-cli turns it on); `testing` (off) exports `Freeze`, for tests.
 //!
 //! # Defining a job
 //!

@@ -318,7 +318,7 @@ async fn job(
         None => store.result(id).await?,
     };
     let dead = match (&live, &result) {
-        (None, None) => crate::ui::find_dead(store, id, q.queue.as_deref()).await?,
+        (None, None) => crate::reads::find_dead(store, id, q.queue.as_deref()).await?,
         _ => None,
     };
     let progress = store.progress(id).await?;
@@ -368,7 +368,7 @@ async fn cancel(
 #[utoipa::path(get, path = "/api/v1/queues", tag = "queues",
     responses((status = 200, description = "Done", body = QueueList)))]
 async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError> {
-    let (rows, unreadable) = crate::ui::queue_rows(&api.store).await?;
+    let (rows, unreadable) = crate::reads::queue_rows(&api.store).await?;
     Ok(Json(QueueList {
         queues: rows.into_iter().map(QueueStatus::from).collect(),
         unreadable: unreadable
@@ -389,7 +389,7 @@ async fn queue(
 ) -> Result<Json<QueueStatus>, ApiError> {
     queue_name(&queue)?;
     let paused = api.store.paused().await?.contains(&queue);
-    let row = crate::ui::queue_row(&api.store, queue, paused).await?;
+    let row = crate::reads::queue_row(&api.store, queue, paused).await?;
     Ok(Json(row.into()))
 }
 
@@ -470,7 +470,7 @@ async fn retry_dead(
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
     let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
     let limit = request.limit.map_or(dead, |n| n.min(dead));
-    let (retried, stopped) = crate::ui::move_dead(&api.store, &queue, limit, true).await;
+    let (retried, stopped) = crate::reads::move_dead(&api.store, &queue, limit, true).await;
     if let Some(e) = stopped {
         // What moved stays moved: say how far it got.
         return Err(ApiError::from(e).within(&format!("after {retried} retried")));

@@ -416,7 +416,7 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {} (choose another with --listen)", args.listen))?;
         let bound = listener.local_addr()?;
-        let hosts = super::ui::allowed_hosts(bound, &args.public_hosts);
+        let hosts = crate::reads::allowed_hosts(bound, &args.public_hosts);
         let app = router(store, registry, &args.flags, bound, hosts, exposed)?
             .route("/healthz", get(|| async { "ok\n" }));
         println!(
@@ -449,7 +449,7 @@ mod tests {
         let store = Stores::from(Arc::new(palisade::MemoryLeaseStore::new()));
         let registry =
             Registry::new().register("mail", |_ctx, _p: serde_json::Value| async { Ok(()) });
-        let hosts = crate::ui::allowed_hosts(listen, &[]);
+        let hosts = crate::reads::allowed_hosts(listen, &[]);
         router(store, registry, &flags, listen, hosts, false).unwrap()
     }
 
@@ -698,7 +698,7 @@ mod tests {
                 max_payload_bytes: 1,
                 authorization: None,
                 off: None,
-                hosts: crate::ui::allowed_hosts(listen, &[]),
+                hosts: crate::reads::allowed_hosts(listen, &[]),
                 origins: Vec::new(),
                 openapi: String::new(),
                 documented: operations(&doc),

@@ -645,8 +645,8 @@ pub(crate) struct QueueStatus {
     oldest_ready_ms: Option<u64>,
 }
 
-impl From<crate::ui::QueueRow> for QueueStatus {
-    fn from(row: crate::ui::QueueRow) -> Self {
+impl From<crate::reads::QueueRow> for QueueStatus {
+    fn from(row: crate::reads::QueueRow) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
             name: row.name,

@@ -29,20 +29,15 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
+use crate::reads::{
+    allowed_hosts, dead_counts, find_dead, move_dead, newest_dead, queue_rows, DEAD_SCAN,
+};
 use pages::Frame;
-pub(super) use pages::QueueRow;
 use palisade::store::{
     ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
 };
 use palisade::{DeadJob, RateLimit};
 use palisade::{FlowId, JobId};
-
-/// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
-/// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
-const BULK_CHUNK: usize = 500;
-
-/// Dead letters a search or a job lookup reads per queue, newest first.
-pub(crate) const DEAD_SCAN: usize = 5_000;
 
 /// Most rows a table shows (`--rows`): a page stays small enough to read and render.
 const MAX_ROWS: usize = 1_000;
@@ -172,125 +167,6 @@ impl Ui {
             now_ms: u64::try_from(self.store.now_ms().await?).unwrap_or_default(),
         })
     }
-}
-
-/// Every queue with its counts, age of the next ready job, pause and rate limit; and the
-/// queues that cannot be read until repaired, with why (`Error::leaves_queue_out`).
-pub(super) async fn queue_rows(
-    store: &Stores,
-) -> palisade::Result<(Vec<QueueRow>, Vec<(String, String)>)> {
-    let paused = store.paused().await?;
-    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
-    for queue in store.queues().await? {
-        let is_paused = paused.contains(&queue);
-        match queue_row(store, queue.clone(), is_paused).await {
-            Ok(row) => rows.push(row),
-            Err(e) if e.leaves_queue_out(&queue, "queues") => {
-                unreadable.push((queue, e.to_string()))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((rows, unreadable))
-}
-
-/// One queue's counts, age of the next ready job and rate limit; `paused` as the caller read it.
-pub(super) async fn queue_row(
-    store: &Stores,
-    name: String,
-    paused: bool,
-) -> palisade::Result<QueueRow> {
-    Ok(QueueRow {
-        counts: store.counts(&name).await?,
-        oldest: store.oldest_ready(&name).await?,
-        paused,
-        limit: store.rate_limit(&name).await?,
-        name,
-    })
-}
-
-/// Retries (`retry`) or deletes at most `limit` of `queue`'s dead letters, oldest first, in
-/// calls of [`BULK_CHUNK`]: how many moved, and the error that stopped it early, if one did
-/// (what moved stays moved). Stops early, too, when the queue has none left.
-pub(super) async fn move_dead(
-    store: &Stores,
-    queue: &str,
-    limit: usize,
-    retry: bool,
-) -> (usize, Option<palisade::Error>) {
-    let mut moved = 0;
-    while moved < limit {
-        let chunk = BULK_CHUNK.min(limit - moved);
-        let n = if retry {
-            store.retry_dead(queue, chunk).await
-        } else {
-            store.purge_dead(queue, chunk).await
-        };
-        match n {
-            Ok(0) => break,
-            Ok(n) => moved += n,
-            Err(e) => return (moved, Some(e)),
-        }
-    }
-    (moved, None)
-}
-
-/// Queues that have dead jobs, with how many; and the queues that cannot be read until
-/// repaired, with why (`Error::leaves_queue_out`).
-async fn dead_counts(
-    store: &Stores,
-) -> palisade::Result<(Vec<(String, u64)>, Vec<(String, String)>)> {
-    let (mut out, mut unreadable) = (Vec::new(), Vec::new());
-    for queue in store.queues().await? {
-        let dead = match store.counts(&queue).await {
-            Ok(counts) => counts.dead,
-            Err(e) if e.leaves_queue_out(&queue, "queues") => {
-                unreadable.push((queue, e.to_string()));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if dead > 0 {
-            out.push((queue, dead));
-        }
-    }
-    Ok((out, unreadable))
-}
-
-/// The newest `n` dead jobs of `queue` (at most), newest first.
-async fn newest_dead(
-    store: &Stores,
-    queue: &str,
-    total: u64,
-    n: usize,
-) -> palisade::Result<Vec<DeadJob>> {
-    let total = usize::try_from(total).unwrap_or(usize::MAX);
-    let mut rows = store.dead_range(queue, total.saturating_sub(n), n).await?;
-    rows.reverse();
-    Ok(rows)
-}
-
-/// Dead job `id`, searched among every queue's newest [`DEAD_SCAN`] dead letters (among
-/// `only`'s, when the caller knows its queue).
-pub(super) async fn find_dead(
-    store: &Stores,
-    id: JobId,
-    only: Option<&str>,
-) -> palisade::Result<Option<DeadJob>> {
-    let queues = match only {
-        Some(queue) => vec![(queue.to_owned(), store.counts(queue).await?.dead)],
-        None => dead_counts(store).await?.0,
-    };
-    for (queue, n) in queues {
-        if let Some(d) = newest_dead(store, &queue, n, DEAD_SCAN)
-            .await?
-            .into_iter()
-            .find(|d| d.job.id == id)
-        {
-            return Ok(Some(d));
-        }
-    }
-    Ok(None)
 }
 
 /// A page, or the error that kept it from being read.
@@ -1021,29 +897,6 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
     response
 }
 
-/// The Host header values the page answers to: the listen address, localhost on its port,
-/// and the operator's `--public-host` names.
-pub(super) fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
-    let port = listen.port();
-    let mut hosts = vec![
-        listen.to_string(),
-        format!("localhost:{port}"),
-        format!("127.0.0.1:{port}"),
-        format!("[::1]:{port}"),
-    ];
-    if port == 80 {
-        // Browsers leave the default port out.
-        hosts.extend([
-            listen.ip().to_string(),
-            "localhost".into(),
-            "127.0.0.1".into(),
-            "[::1]".into(),
-        ]);
-    }
-    hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
-    hosts
-}
-
 /// Asks for basic auth when it is configured.
 async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
     if let Some(expected) = &ui.authorization {
@@ -1160,6 +1013,7 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reads::QueueRow;
 
     fn frame(msg: Option<&str>) -> Frame<'static> {
         Frame {

@@ -1,6 +1,7 @@
 //! The operator console's pages: pure functions from what was read to HTML (maud escapes
 //! every value). Nothing here reads the coordinator or the request.
 
+use crate::reads::QueueRow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use super::super::when;
 use palisade::store::{HistorySample, LeaseInfo, RejectionNote, WorkerBeat};
 use palisade::ScheduleSpec;
-use palisade::{DeadJob, JobState, JobView, QueueCounts, RateLimit};
+use palisade::{DeadJob, JobState, JobView, QueueCounts};
 use palisade::{FencingToken, FlowId, JobId};
 use palisade::{FlowStatus, StepEnd};
 
@@ -171,15 +172,6 @@ pub(crate) fn total(counts: &[QueueCounts]) -> QueueCounts {
         total += *c;
     }
     total
-}
-
-/// One queue's row on the dashboard and the queues page.
-pub(crate) struct QueueRow {
-    pub name: String,
-    pub counts: QueueCounts,
-    pub oldest: Option<Duration>,
-    pub paused: bool,
-    pub limit: Option<RateLimit>,
 }
 
 /// What the dashboard shows.
@@ -684,7 +676,7 @@ pub(crate) fn confirm(frame: &Frame, queue: &str, retry: bool, n: u64) -> Markup
             p.warn { (verb) " all " b { (n) } " dead job(s) of queue " (name(queue)) "? "
                 @if retry { "They become ready with fresh attempts." }
                 @else { "They are gone for good." }
-                " It runs in chunks of " (super::BULK_CHUNK) ", so Redis is never held long." }
+                " It runs in chunks of " (crate::reads::BULK_CHUNK) ", so Redis is never held long." }
             form method="post" action={ "/act/" (if retry { "dead-retry-all" } else { "dead-purge-all" }) } {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="queue" value=(queue);
@@ -887,7 +879,7 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                 pre #payload { (pretty(&job.payload)) }
             } @else if p.result.is_none() {
                 p.empty { "No live or dead job has this id (completed jobs are kept only as their result, \
-                           for a day; dead letters are searched among each queue's newest " (super::DEAD_SCAN) ")." }
+                           for a day; dead letters are searched among each queue's newest " (crate::reads::DEAD_SCAN) ")." }
             }
             @if let Some(l) = &p.lease {
                 h2 { "Lease" }
