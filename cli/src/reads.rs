@@ -9,7 +9,6 @@ use palisade::store::{Inspect, QueueAdmin, Stores};
 use palisade::{DeadJob, JobId, QueueCounts, RateLimit};
 
 /// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
-
 /// retry of 10,000 never holds Redis for long (one 10,000-job script took 345 ms).
 pub(crate) const BULK_CHUNK: usize = 500;
 
@@ -26,7 +25,6 @@ pub(crate) struct QueueRow {
 }
 
 /// Every queue with its counts, age of the next ready job, pause and rate limit; and the
-
 /// queues that cannot be read until repaired, with why (`Error::leaves_queue_out`).
 pub(crate) async fn queue_rows(
     store: &Stores,
@@ -62,9 +60,7 @@ pub(crate) async fn queue_row(
 }
 
 /// Retries (`retry`) or deletes at most `limit` of `queue`'s dead letters, oldest first, in
-
 /// calls of [`BULK_CHUNK`]: how many moved, and the error that stopped it early, if one did
-
 /// (what moved stays moved). Stops early, too, when the queue has none left.
 pub(crate) async fn move_dead(
     store: &Stores,
@@ -90,7 +86,6 @@ pub(crate) async fn move_dead(
 }
 
 /// Queues that have dead jobs, with how many; and the queues that cannot be read until
-
 /// repaired, with why (`Error::leaves_queue_out`).
 pub(crate) async fn dead_counts(
     store: &Stores,
@@ -126,7 +121,6 @@ pub(crate) async fn newest_dead(
 }
 
 /// Dead job `id`, searched among every queue's newest [`DEAD_SCAN`] dead letters (among
-
 /// `only`'s, when the caller knows its queue).
 pub(crate) async fn find_dead(
     store: &Stores,
@@ -150,7 +144,6 @@ pub(crate) async fn find_dead(
 }
 
 /// The Host header values the page answers to: the listen address, localhost on its port,
-
 /// and the operator's `--public-host` names.
 pub(crate) fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String> {
     let port = listen.port();

@@ -16,7 +16,7 @@ use crate::metrics as m;
 use crate::store::LeaseStore;
 
 /// Enqueues and counts the jobs added per queue in `palisade_jobs_enqueued_total`: the one
-/// enqueue path of [`Client`], the [`Coordinator`](crate::Coordinator) actor, the scheduler and
+/// enqueue path of [`Client`](crate::Client), the [`Coordinator`](crate::Coordinator) actor, the scheduler and
 /// `palisade enqueue`.
 ///
 /// Every job without an id gets one here, before the first attempt ([`NewJob::with_id`], kept

@@ -26,16 +26,16 @@ pub struct Job {
     pub attempt: u32,
     /// Expired leases so far.
     pub stalls: u32,
-    /// Times it snoozed so far ([`JobError::snooze`]).
+    /// Times it snoozed so far ([`JobError::snooze`](crate::JobError::snooze)).
     #[serde(default)]
     pub snoozes: u32,
     /// Snoozes allowed.
     #[serde(default = "default_max_snoozes")]
     pub max_snoozes: u32,
-    /// How long one attempt may run ([`NewJob::with_timeout`]); `None`: the kind's default.
+    /// How long one attempt may run ([`NewJob::with_timeout`](crate::NewJob::with_timeout)); `None`: the kind's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
-    /// Not started by then (Unix ms), it dies as expired ([`NewJob::with_deadline`]).
+    /// Not started by then (Unix ms), it dies as expired ([`NewJob::with_deadline`](crate::NewJob::with_deadline)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     /// Handler failures allowed.
@@ -57,7 +57,7 @@ pub struct Job {
         deserialize_with = "crate::traceparent::lenient"
     )]
     pub trace: Option<TraceContext>,
-    /// The group it shares claims with ([`NewJob::with_group`]).
+    /// The group it shares claims with ([`NewJob::with_group`](crate::NewJob::with_group)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }

@@ -23,7 +23,7 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
 /// Longest delay (ten years): keeps every deadline exact in milliseconds on every backend.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// How many times a job may snooze ([`JobError::snooze`]) unless it says otherwise
+/// How many times a job may snooze ([`JobError::snooze`](crate::JobError::snooze)) unless it says otherwise
 /// ([`NewJob::with_max_snoozes`]): a handler that snoozes for ever is noticed — its job dies
 /// with the count as its reason — instead of going round unseen.
 pub const DEFAULT_MAX_SNOOZES: u32 = 100;
@@ -121,7 +121,7 @@ pub struct NewJob {
     /// backend mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<JobId>,
-    /// The schedule tick it was enqueued for (set by the scheduler; see [`Job::tick`]).
+    /// The schedule tick it was enqueued for (set by the scheduler; see [`Job::tick`](crate::Job::tick)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick: Option<Tick>,
     /// The trace it continues: see [`NewJob::with_trace`].
@@ -383,7 +383,7 @@ impl NewJob {
         self
     }
 
-    /// Sets how many times the job may snooze ([`JobError::snooze`]) before it is dead
+    /// Sets how many times the job may snooze ([`JobError::snooze`](crate::JobError::snooze)) before it is dead
     /// ([`DEFAULT_MAX_SNOOZES`] unless set).
     pub fn with_max_snoozes(mut self, max_snoozes: u32) -> Self {
         self.max_snoozes = max_snoozes;

@@ -52,7 +52,7 @@ impl JobError {
 
     /// "Try again in `after`": the job waits that long and runs again without spending an
     /// attempt or counting as a failure (a downstream asked to wait, a resource is busy).
-    /// Its snooze count grows ([`Job::snoozes`]); a job that snoozes more than its
+    /// Its snooze count grows ([`Job::snoozes`](crate::Job::snoozes)); a job that snoozes more than its
     /// [`max_snoozes`](NewJob::with_max_snoozes) is dead with that as its reason. At most
     /// [`MAX_DELAY`].
     pub fn snooze(after: Duration) -> Self {
