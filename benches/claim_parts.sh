@@ -14,7 +14,7 @@ rm -rf "$out" && mkdir -p "$out"
 
 # The scripts: `common.lua` and a body (as scripts.rs joins them), the claim cut before each
 # anchor, and the two ends: a body that returns at once, and the helpers alone.
-python3 - "$here/../runtime/lua" "$out" <<'EOF'
+python3 - "$here/../redis/lua" "$out" <<'EOF'
 import sys
 lua, out = sys.argv[1], sys.argv[2]
 common, claim = open(lua + '/common.lua').read(), open(lua + '/claim.lua').read()

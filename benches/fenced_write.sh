@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions a private redis-server executes per fenced write (runtime/lua/fenced_write.lua),
+# Instructions a private redis-server executes per fenced write (redis/lua/fenced_write.lua),
 # and where they go: the script is called CALLS times with WRITES writes each (what the sink
 # sends as one batch), each write a default scope's only one — one HashIncr, a fresh scope,
 # a growing token — with the watermark two calls behind, so fences are queued and collected
@@ -68,7 +68,7 @@ sys.stdout.write(script)
 EOF
 
 for variant in "${variants[@]}"; do
-  python3 "$out/variant.py" "$here/../runtime/lua/fenced_write.lua" "$variant" >"$out/$variant.lua"
+  python3 "$out/variant.py" "$here/../redis/lua/fenced_write.lua" "$variant" >"$out/$variant.lua"
   dir="$out/$variant"
   mkdir -p "$dir"
   counted_redis "$port" "$dir"

@@ -18,9 +18,9 @@
 //!   ([`JobError`]) and operators read ([`JobView`]); `enqueue`: the one enqueue path.
 //! - `store`: the coordinator traits by concern ([`LeaseStore`], [`Inspect`], [`QueueAdmin`],
 //!   [`ControlStore`], [`RecordStore`]; [`Stores`] is all of them) and [`FencedStore`]; `store::memory`,
-//!   `store::redis` (one Lua script per operation, `runtime/lua/`), `store::postgres`
+//!   `store::redis` (one Lua script per operation, `redis/lua/`), `store::postgres`
 //!   ([`PostgresSink`]: fenced transactions on the user's own rows, the outbox, and
-//!   [`PostgresFencedStore`]; migrations in `runtime/sql/`) and `store::epoch` (durable
+//!   [`PostgresFencedStore`]; migrations in `postgres/sql/`) and `store::epoch` (durable
 //!   [`EpochSource`]s).
 //! - `coordinator`, `worker`, `renewal`, `sink`, `relay`: one actor each ([`Coordinator`],
 //!   [`Worker`], `Renewal` (internal: one per worker), [`FencedSink`], [`OutboxRelay`]),
@@ -74,38 +74,31 @@
 //! assert_eq!(registry.kinds().collect::<Vec<_>>(), ["deposit"]);
 //! ```
 
-mod admission;
 #[doc(hidden)]
 pub mod cli_support;
+// The core's modules, so the runtime's files name them as they did inside one crate.
+pub(crate) use palisade_core::{
+    admission, error, flow, group, ids, job, mutation, policy, repeats, schedule, traceparent,
+};
 mod client;
 mod context;
 mod coordinator;
 mod enqueue;
-mod error;
 mod exporter;
-mod flow;
 mod flow_driver;
-mod group;
 mod history;
-mod ids;
-mod job;
 mod linger;
 pub mod metrics;
-mod mutation;
 #[cfg(feature = "otel")]
 pub mod otel;
-mod policy;
 #[cfg(feature = "postgres")]
 mod relay;
 mod renewal;
-mod repeats;
 mod sampler;
-mod schedule;
 mod scheduler;
 mod sink;
 pub mod store;
 mod trace;
-mod traceparent;
 mod worker;
 
 pub use admission::{advance, decide, Admission, Fence, Rejection, ScopeFence};
@@ -137,10 +130,10 @@ pub use relay::{OutboxRelay, OutboxTarget, RelayConfig};
 pub use schedule::{CatchUp, Schedule, ScheduleSpec, TICK_KEY_TTL};
 pub use scheduler::Scheduler;
 pub use sink::{FencedSink, ReadFence, ReadValue, Write};
-#[cfg(feature = "postgres")]
-pub use store::epoch::PostgresEpochSource;
 pub use store::epoch::{EpochSource, FileEpochSource};
 pub use store::memory::{MemoryFencedStore, MemoryLeaseStore};
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresEpochSource;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{
     BoxError, Fenced, FencedTx, OutboxCounts, OutboxWriter, PostgresFencedStore, PostgresSink,

@@ -77,12 +77,7 @@ pub(crate) fn record_attempt(span: &Span, outcome: &Result<(), crate::job::JobEr
             span.record("palisade.outcome", "snoozed");
         }
         Err(e) => {
-            let outcome = match e {
-                crate::job::JobError::Retry { .. } => "retry",
-                crate::job::JobError::Fatal(_) => "fatal",
-                crate::job::JobError::Fenced(_) => "fenced",
-                crate::job::JobError::Snooze { .. } => "snoozed",
-            };
+            let outcome = e.outcome();
             span.record("palisade.outcome", outcome);
             span.record("otel.status_code", "error");
             span.record("otel.status_description", tracing::field::display(e));
@@ -157,10 +152,7 @@ pub(crate) fn record_write(span: &Span, admission: &crate::Result<Admission>) {
 
 /// The newest token a refusal names, if it names one.
 pub(crate) fn highest_token(r: &Rejection) -> Option<u64> {
-    match r {
-        Rejection::StaleToken { highest, .. } => Some(highest.as_u64()),
-        Rejection::TokenConflict { .. } | Rejection::Mutation { .. } => None,
-    }
+    r.highest_token()
 }
 
 /// The span of one enqueue call (`palisade.enqueue`, a messaging "send" span), whose context

@@ -1151,7 +1151,7 @@ fn lua_and_rust_keep_the_same_traces() {
         "{}\nlocal t = trace_of(cjson.decode(ARGV[1]))\n\
          if not t then return false end\n\
          return {{ t.traceparent, t.tracestate or '' }}",
-        include_str!("../lua/common.lua")
+        include_str!("../../redis/lua/common.lua")
     ));
     let config = ProptestConfig {
         cases: 2000,

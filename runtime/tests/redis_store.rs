@@ -200,8 +200,8 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
         .unwrap()
         .remove(0);
     let script = concat!(
-        include_str!("../lua/common.lua"),
-        include_str!("../lua/settle.lua")
+        include_str!("../../redis/lua/common.lua"),
+        include_str!("../../redis/lua/settle.lua")
     );
     let lease = c.lease.id.to_string();
     // Numbers Lua reads as whole but Redis' integer parser refuses (a result's PX, a delay)
@@ -263,8 +263,8 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
 fn an_enqueue_with_odd_numbers_writes_nothing() {
     let server = RedisServer::start();
     let script = concat!(
-        include_str!("../lua/common.lua"),
-        include_str!("../lua/enqueue.lua")
+        include_str!("../../redis/lua/common.lua"),
+        include_str!("../../redis/lua/enqueue.lua")
     );
     let id = "6f1c0000-0000-4000-8000-000000000001";
     //        id, queue, kind, scope, priority, delay, meta, unique key, ttl, debounce key,
@@ -1459,7 +1459,7 @@ async fn a_lease_is_current_only_while_its_expiry_is_known_and_ahead() {
         .expect("a claim keeps its marker at +inf");
     let dir = env!("CARGO_MANIFEST_DIR");
     let renew = ["common.lua", "renew.lua"]
-        .map(|f| std::fs::read_to_string(format!("{dir}/lua/{f}")).unwrap())
+        .map(|f| std::fs::read_to_string(format!("{dir}/../redis/lua/{f}")).unwrap())
         .concat();
     let lost = server.cli(&["EVAL", &renew, "1", "{ax}:", "10000", &marker, "0"]);
     assert_eq!(lost.as_deref(), Some(marker.as_str()), "not renewed");

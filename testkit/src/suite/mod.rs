@@ -42,7 +42,7 @@ async fn settle(store: &Stores, lease: LeaseId, s: Settlement) -> Result<()> {
 }
 
 /// Cases whose property a partitioned coordinator does not keep, by design
-/// (`runtime/src/store/partitioned.rs`): priority orders claims within a partition only;
+/// (`core/src/store/partitioned/mod.rs`): priority orders claims within a partition only;
 /// tokens of different scopes are ordered within a partition only; the watermark stays
 /// unpublished until every partition has one (the cancel case expects one after a revoke);
 /// rate limits and caps are split into shares of at least 1 each; a debounce key, like a

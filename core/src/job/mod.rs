@@ -1,0 +1,123 @@
+//! What users enqueue, what a claim hands back, what a handler returns, and the views read
+//! back, one file by role: `new` (a producer's [`NewJob`], the limits, [`Enqueued`]), `claimed`
+//! ([`Job`], [`Claim`]), `outcome` ([`JobError`], [`Settlement`], [`FollowUps`]) and `views`
+//! ([`QueueCounts`], [`DeadJob`], [`JobView`]). Flows name jobs and jobs name flows only through
+//! `claimed` and `outcome`, so `flow` builds on `new` alone.
+
+mod claimed;
+mod new;
+mod outcome;
+mod views;
+
+pub use claimed::{Claim, Job};
+#[doc(hidden)] // for the drivers and the runtime
+pub use new::{check_cap, default_max_snoozes, is_default_max_snoozes, whole_ms};
+pub use new::{check_name, validate_batch};
+pub use new::{
+    Cancelled, Debounce, Enqueued, NewJob, RateLimit, Tick, UniqueKey, DEBOUNCE_KEPT,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW,
+    ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS,
+    PRIORITY_RANGE, RESULT_RETENTION,
+};
+#[doc(hidden)] // the Redis store's record of a completion's follow-ups
+pub use outcome::FollowUpRecord;
+pub use outcome::{FollowUps, JobError, Settlement, Then};
+pub use views::{DeadJob, JobState, JobView, QueueCounts};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{JobId, Scope};
+    use std::time::Duration;
+
+    /// The printable-ASCII fast path ends where it must: every byte from ' ' to '~' passes,
+    /// and each ASCII control character (DEL included, just past '~') is still refused.
+    #[test]
+    fn names_pass_on_printable_ascii_and_control_characters_are_refused() {
+        let printable: String = (b' '..=b'~').map(char::from).collect();
+        assert!(check_name("queue", &printable).is_ok());
+        for b in (0u8..b' ').chain([0x7f]) {
+            let name = format!("a{}b", char::from(b));
+            let err = check_name("queue", &name).unwrap_err().to_string();
+            assert!(err.contains("control character"), "{b:#x}: {err}");
+        }
+        assert!(check_name("queue", "naïve-größe-東京").is_ok());
+    }
+
+    /// A right-to-left override (or any other invisible format character) in a queue, kind,
+    /// scope or unique key is refused: "invoice\u{202E}fdp." would show as another name.
+    #[test]
+    fn names_with_invisible_format_characters_are_refused() {
+        for c in [
+            '\u{202E}',
+            '\u{200B}',
+            '\u{2066}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{E0041}',
+        ] {
+            let name = format!("invoice{c}pdf");
+            let err = check_name("queue", &name).unwrap_err().to_string();
+            assert!(err.contains("invisible format character"), "{err}");
+            let job = |f: fn(NewJob, &str) -> NewJob| f(NewJob::raw("k", "{}"), &name);
+            for bad in [
+                job(|j, n| j.with_queue(n)),
+                job(|j, n| NewJob {
+                    kind: n.into(),
+                    ..j
+                }),
+                job(|j, n| j.with_scope(Scope::new(n))),
+                job(|j, n| j.with_unique_key(n, Duration::from_secs(1))),
+            ] {
+                assert!(bad.validate(DEFAULT_MAX_PAYLOAD_BYTES).is_err(), "{bad:?}");
+            }
+        }
+        // A tick's schedule is a name, and its instant one every record keeps exactly.
+        let ticked = |schedule: &str, at_ms: i64| {
+            let mut job = NewJob::raw("k", "{}");
+            job.tick = Some(Tick {
+                schedule: schedule.into(),
+                at_ms,
+            });
+            job.validate(DEFAULT_MAX_PAYLOAD_BYTES)
+        };
+        ticked("nightly", 1_790_000_000_000).unwrap();
+        for (schedule, at_ms) in [
+            ("", 0),
+            ("a\u{202E}b", 0),
+            ("n", -1),
+            ("n", MAX_TICK_MS),
+            ("n", i64::MAX),
+        ] {
+            assert!(ticked(schedule, at_ms).is_err(), "{schedule:?} {at_ms}");
+        }
+        // Letters of every script, and emoji, stay names.
+        for ok in ["файлы", "请求", "émission", "queue📦", "حساب"] {
+            check_name("queue", ok).unwrap();
+        }
+    }
+
+    /// The kept follow-up record reads back as written, in both shapes: jobs alone as the
+    /// array (the record of releases without flows), jobs and flows as the object.
+    #[test]
+    fn follow_up_records_read_back_in_both_shapes() {
+        let parent = JobId::new();
+        let jobs = vec![NewJob::raw("child", "1").with_id(JobId::new())];
+        let flows = vec![crate::flow::Flow::new().step("a", NewJob::raw("k", "null"))];
+        assert_eq!(FollowUpRecord::encode(&[], &[]).unwrap(), "");
+        let alone = FollowUpRecord::encode(&jobs, &[]).unwrap();
+        assert!(alone.starts_with('['), "{alone}");
+        let both = FollowUpRecord::encode(&jobs, &flows).unwrap();
+        for (json, flows) in [(alone, Vec::new()), (both, flows)] {
+            let record: FollowUpRecord = serde_json::from_str(&json).unwrap();
+            assert_eq!(
+                record.into_set(parent),
+                FollowUps {
+                    parent,
+                    jobs: jobs.clone(),
+                    flows,
+                }
+            );
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Pure lease-state decisions: what a handler outcome or a stall does to a job.
+//!
+//! Workers and stores only carry these decisions to storage, so every branch is unit-tested
+//! here without actors or clocks.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Job, JobError, Settlement};
+
+/// Exponential backoff with full jitter for handler retries.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Delay ceiling for the first retry.
+    pub base: Duration,
+    /// Upper bound on any delay.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before attempt `attempt + 1`, given a uniform `jitter` in `[0, 1)`.
+    ///
+    /// Full jitter (`rand(0, base * 2^(attempt-1))`) spreads a burst of failures instead of
+    /// re-synchronising them; a floor of half the ceiling keeps retries from firing instantly.
+    pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(32);
+        let ceiling = self.base.saturating_mul(1u32 << exp.min(31)).min(self.max);
+        ceiling.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+    }
+
+    /// How a job that ended with `outcome` settles.
+    pub fn settle(&self, job: &Job, outcome: &Result<(), JobError>, jitter: f64) -> Settlement {
+        match outcome {
+            Ok(()) => Settlement::completed(),
+            Err(JobError::Fatal(reason)) => Settlement::Dead {
+                reason: reason.clone(),
+            },
+            // A fenced-off writer is not the owner any more; the coordinator refuses this
+            // settlement for a stale lease. If it still believes the lease current (a token
+            // regression), it reseeds above the sink and runs the job again.
+            Err(JobError::Fenced(rejection)) => match rejection.highest() {
+                Some(highest) => Settlement::Fenced {
+                    highest,
+                    reason: rejection.to_string(),
+                },
+                // A mutation that does not fit is refused the same way every time: retrying
+                // cannot help, so the job is dead with the sink's reason.
+                None => Settlement::Dead {
+                    reason: rejection.to_string(),
+                },
+            },
+            Err(JobError::Snooze { after }) => {
+                if job.snoozes >= job.max_snoozes {
+                    Settlement::Dead {
+                        reason: format!(
+                            "snoozed {} times (max_snoozes = {}); asked again for {after:?}",
+                            job.snoozes, job.max_snoozes
+                        ),
+                    }
+                } else {
+                    Settlement::Snooze { delay: *after }
+                }
+            }
+            Err(JobError::Retry { after, reason }) => {
+                if job.attempt >= job.max_attempts {
+                    Settlement::Dead {
+                        reason: format!("{} attempts failed; last: {reason}", job.attempt),
+                    }
+                } else {
+                    Settlement::Retry {
+                        delay: after.unwrap_or_else(|| self.backoff(job.attempt, jitter)),
+                        reason: reason.clone(),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How an attempt claimed at `now_ms` (Unix ms, the claiming worker's clock) that must not
+/// start settles without running: dead as "expired" when the job's deadline passed
+/// ([`NewJob::with_deadline`](crate::job::NewJob::with_deadline)); `None` when it may run. Every
+/// attempt is judged, a retry too: none starts late.
+#[doc(hidden)]
+pub fn expired(job: &Job, now_ms: u64) -> Option<Settlement> {
+    let deadline = job.deadline_ms?;
+    (now_ms > deadline).then(|| {
+        // (Validated deadlines are below 10^14 ms: the year 5138, well inside chrono's range.)
+        let at = i64::try_from(deadline)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map_or_else(
+                || format!("{deadline} ms"),
+                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            );
+        Settlement::Dead {
+            reason: format!(
+                "expired: attempt {} not started by its deadline {at} (claimed {} ms after it)",
+                job.attempt,
+                now_ms - deadline
+            ),
+        }
+    })
+}
+
+/// The outcome of an attempt that ran past its timeout: retryable, whatever the handler
+/// returned once its token fired (its work is cut short, and its lease ends with the
+/// settlement), or `aborted` when it did not return within the grace period.
+#[doc(hidden)]
+pub fn timed_out(timeout: Duration, aborted: Option<Duration>) -> JobError {
+    match aborted {
+        None => JobError::retry(format!("timed out after {timeout:?}")),
+        Some(grace) => JobError::retry(format!(
+            "timed out after {timeout:?}; did not stop within {grace:?} of its cancellation and was aborted"
+        )),
+    }
+}
+
+/// What the reaper does with a job whose lease expired before it settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StallOutcome {
+    /// Claimable again; the next claim counts as a new attempt.
+    Requeue,
+    /// Too many stalls: dead with this reason.
+    Dead(String),
+}
+
+/// Decides a stall; `stalls` is the count *including* this one.
+pub(crate) fn on_stall(stalls: u32, max_stalls: u32) -> StallOutcome {
+    if stalls > max_stalls {
+        StallOutcome::Dead(format!(
+            "lease expired {stalls} times (max_stalls = {max_stalls})"
+        ))
+    } else {
+        StallOutcome::Requeue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{FencingToken, JobId, Scope};
+
+    fn job(attempt: u32, max_attempts: u32) -> Job {
+        Job {
+            id: JobId::new(),
+            queue: "q".into(),
+            kind: "k".into(),
+            payload: "{}".into(),
+            scope: Scope::new("s"),
+            attempt,
+            stalls: 0,
+            snoozes: 0,
+            max_snoozes: 2,
+            timeout: None,
+            deadline_ms: None,
+            max_attempts,
+            max_stalls: 1,
+            flow: None,
+            tick: None,
+            trace: None,
+            group: None,
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        assert_eq!(p.backoff(1, 1.0), Duration::from_millis(100));
+        assert_eq!(p.backoff(1, 0.0), Duration::from_millis(50));
+        assert_eq!(p.backoff(3, 1.0), Duration::from_millis(400));
+        assert_eq!(p.backoff(40, 1.0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn retry_until_attempts_run_out() {
+        let p = RetryPolicy::default();
+        let err = Err(JobError::retry("flaky"));
+        assert!(matches!(
+            p.settle(&job(1, 3), &err, 0.5),
+            Settlement::Retry { .. }
+        ));
+        match p.settle(&job(3, 3), &err, 0.5) {
+            Settlement::Dead { reason } => assert!(reason.contains("3 attempts"), "{reason}"),
+            other => panic!("expected dead, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explicit_delay_wins_and_fatal_is_dead() {
+        let p = RetryPolicy::default();
+        let after = Duration::from_secs(7);
+        let err = Err(JobError::Retry {
+            after: Some(after),
+            reason: "later".into(),
+        });
+        assert_eq!(
+            p.settle(&job(1, 3), &err, 0.0),
+            Settlement::Retry {
+                delay: after,
+                reason: "later".into()
+            }
+        );
+        assert_eq!(
+            p.settle(&job(1, 3), &Err(JobError::fatal("bad")), 0.0),
+            Settlement::Dead {
+                reason: "bad".into()
+            }
+        );
+        assert_eq!(p.settle(&job(1, 3), &Ok(()), 0.0), Settlement::completed());
+    }
+
+    #[test]
+    fn fenced_settles_with_the_sinks_highest_token() {
+        let p = RetryPolicy::default();
+        let rejection = crate::admission::Rejection::StaleToken {
+            presented: FencingToken::from_u64(1),
+            highest: FencingToken::from_u64(2),
+        };
+        assert!(matches!(
+            p.settle(&job(3, 3), &Err(JobError::Fenced(rejection)), 0.9),
+            Settlement::Fenced { highest, .. } if highest == FencingToken::from_u64(2)
+        ));
+    }
+
+    /// A snooze gives its attempt back even on the last attempt (it is no failure), until the
+    /// snoozes run out: then the job is dead with the count as its reason.
+    #[test]
+    fn snoozes_until_they_run_out() {
+        let p = RetryPolicy::default();
+        let snooze = Err(JobError::snooze(Duration::from_secs(3)));
+        let mut j = job(3, 3);
+        for snoozes in 0..2 {
+            j.snoozes = snoozes;
+            assert_eq!(
+                p.settle(&j, &snooze, 0.5),
+                Settlement::Snooze {
+                    delay: Duration::from_secs(3)
+                }
+            );
+        }
+        j.snoozes = 2;
+        match p.settle(&j, &snooze, 0.5) {
+            Settlement::Dead { reason } => {
+                assert!(
+                    reason.contains("snoozed 2 times (max_snoozes = 2)"),
+                    "{reason}"
+                )
+            }
+            other => panic!("expected dead, got {other:?}"),
+        }
+        // Longer than any delay is the longest delay.
+        assert_eq!(
+            JobError::snooze(Duration::MAX),
+            JobError::Snooze {
+                after: crate::job::MAX_DELAY
+            }
+        );
+    }
+
+    /// An attempt claimed after the deadline does not run (a retry neither); at the deadline
+    /// exactly, or without one, it does.
+    #[test]
+    fn attempts_after_the_deadline_expire() {
+        let mut j = job(2, 3);
+        assert_eq!(expired(&j, u64::MAX), None);
+        j.deadline_ms = Some(1_000);
+        assert_eq!(expired(&j, 999), None);
+        assert_eq!(expired(&j, 1_000), None);
+        match expired(&j, 1_250) {
+            Some(Settlement::Dead { reason }) => {
+                assert!(reason.starts_with("expired"), "{reason}");
+                assert!(reason.contains("1970-01-01T00:00:01.000Z"), "{reason}");
+                assert!(reason.contains("250 ms after"), "{reason}");
+            }
+            other => panic!("expected expired, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stalls_beyond_the_limit_are_dead() {
+        assert_eq!(on_stall(1, 1), StallOutcome::Requeue);
+        assert!(matches!(on_stall(2, 1), StallOutcome::Dead(_)));
+    }
+}

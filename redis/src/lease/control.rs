@@ -1,0 +1,304 @@
+//! The Redis coordinator's clock, roles, schedules and records.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Script};
+
+use super::RedisLeaseStore;
+use crate::connection::garbage;
+use crate::error::Result;
+use crate::ids::JobId;
+use crate::job::MAX_DELAY;
+use crate::schedule::ScheduleSpec;
+use crate::store::{
+    check_role_ttl, check_schedule, ControlStore, HistorySample, RecordStore, RejectionNote,
+    WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
+};
+
+/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
+/// generation record, ARGV name, ms and the caller's generation (refused, changing nothing,
+/// for another: `common.lua`, `wrong_layout`).
+static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
+         if cur == nil or tonumber(ARGV[2]) > cur then \
+           redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
+         return 0",
+    )
+});
+/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] the layout generation record, ARGV
+/// holder, ttl ms and the caller's generation (refused for another, as above); 1 if held.
+static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
+           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
+             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
+         local cur = redis.call('GET', KEYS[1]) \
+         if cur == false or cur == ARGV[1] then \
+           redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
+         return 0",
+    )
+});
+
+/// Registers a worker: KEYS[1] the base, ARGV name, beat JSON, ttl ms. Keeps
+/// `workers` (name -> "<ms, Redis clock> TAB <JSON>") and `workers:seen` (name -> expiry),
+/// and forgets up to 100 lapsed workers. Keys of another type are refused before any change.
+static BEAT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local w, seen = KEYS[1] .. 'workers', KEYS[1] .. 'workers:seen' \
+         local tw, ts = redis.call('TYPE', w).ok, redis.call('TYPE', seen).ok \
+         if (tw ~= 'none' and tw ~= 'hash') or (ts ~= 'none' and ts ~= 'zset') then \
+           return redis.error_reply('PALISADE_CORRUPT ' .. w .. ' or ' .. seen .. ' holds another type') end \
+         local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         for _, gone in ipairs(redis.call('ZRANGEBYSCORE', seen, '-inf', now, 'LIMIT', 0, 100)) do \
+           redis.call('HDEL', w, gone) redis.call('ZREM', seen, gone) end \
+         redis.call('HSET', w, ARGV[1], string.format('%d', now) .. '\t' .. ARGV[2]) \
+         redis.call('ZADD', seen, now + tonumber(ARGV[3]), ARGV[1]) \
+         return 0",
+    )
+});
+/// The live workers' records (see `BEAT`), by the Redis clock, at most 1,000. Read-only.
+static WORKERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local names = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'workers:seen', '(' .. now, '+inf', \
+           'LIMIT', 0, 1000) \
+         if #names == 0 then return {} end \
+         local out = {} \
+         for i, v in ipairs(redis.call('HMGET', KEYS[1] .. 'workers', unpack(names))) do \
+           if v then out[#out + 1] = v end end \
+         return out",
+    )
+});
+
+#[async_trait]
+impl ControlStore for RedisLeaseStore {
+    async fn now_ms(&self) -> Result<i64> {
+        let mut conn = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        check_role_ttl(ttl)?;
+        let mut conn = self.conn().await?;
+        let held: i64 = HOLD_ROLE
+            .key(format!("{}role:{role}", self.base))
+            .key(format!("{}layout", self.base))
+            .arg(holder)
+            .arg(ttl.as_millis() as u64)
+            .arg(self.generation)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(held == 1)
+    }
+
+    async fn beat(&self, beat: WorkerBeat, ttl: Duration) -> Result<()> {
+        crate::job::check_name("worker name", &beat.worker)?;
+        let json = serde_json::to_string(&beat).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        BEAT.key(&self.base)
+            .arg(&beat.worker)
+            .arg(json)
+            .arg(ttl.as_millis().clamp(1, MAX_DELAY.as_millis()) as u64)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerBeat>> {
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = WORKERS
+            .key(&self.base)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // A record that does not parse (a newer version's) does not hide the others.
+        let mut workers: Vec<WorkerBeat> = raw
+            .iter()
+            .filter_map(|r| {
+                let (seen, json) = r.split_once('\t')?;
+                let mut beat: WorkerBeat = serde_json::from_str(json).ok()?;
+                beat.seen_ms = seen.parse().ok()?;
+                Some(beat)
+            })
+            .collect();
+        workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+        Ok(workers)
+    }
+
+    async fn note_history(&self, sample: HistorySample) -> Result<()> {
+        self.push_newest("history", &[sample], HISTORY_SAMPLES)
+            .await
+    }
+
+    async fn history(&self, limit: usize) -> Result<Vec<HistorySample>> {
+        self.newest("history", limit, HISTORY_SAMPLES).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>> {
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("HVALS")
+            .arg(format!("{}schedules", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        // One record that does not parse (a newer version's, say) does not hide the others.
+        let mut specs: Vec<ScheduleSpec> = raw
+            .iter()
+            .filter_map(|r| match serde_json::from_str(r) {
+                Ok(spec) => Some(spec),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a kept schedule does not parse; skipped");
+                    None
+                }
+            })
+            .collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(specs)
+    }
+
+    async fn put_schedule(&self, spec: ScheduleSpec) -> Result<()> {
+        check_schedule(&spec)?;
+        let json = serde_json::to_string(&spec).map_err(garbage)?;
+        let mut conn = self.conn().await?;
+        redis::cmd("HSET")
+            .arg(format!("{}schedules", self.base))
+            .arg(&spec.name)
+            .arg(json)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        // The mark goes too: a schedule added again under this name starts from then.
+        let (removed, _): (u64, u64) = redis::pipe()
+            .atomic()
+            .hdel(format!("{}schedules", self.base), name)
+            .hdel(format!("{}schedule_marks", self.base), name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(removed > 0)
+    }
+
+    async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
+        let mut conn = self.conn().await?;
+        let mark: Option<i64> = redis::cmd("HGET")
+            .arg(format!("{}schedule_marks", self.base))
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(mark)
+    }
+
+    async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
+        let mut conn = self.conn().await?;
+        ADVANCE_SCHEDULE
+            .key(format!("{}schedule_marks", self.base))
+            .key(format!("{}layout", self.base))
+            .arg(name)
+            .arg(through)
+            .arg(self.generation)
+            .invoke_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+}
+
+#[async_trait]
+impl RecordStore for RedisLeaseStore {
+    async fn put_result(&self, job: JobId, json: String, ttl: Duration) -> Result<()> {
+        self.put_note("result", job, json, ttl).await
+    }
+
+    async fn result(&self, job: JobId) -> Result<Option<String>> {
+        self.note("result", job).await
+    }
+
+    async fn put_progress(&self, job: JobId, json: String) -> Result<()> {
+        self.put_note("progress", job, json, PROGRESS_RETENTION)
+            .await
+    }
+
+    async fn progress(&self, job: JobId) -> Result<Option<String>> {
+        self.note("progress", job).await
+    }
+
+    async fn note_rejections(&self, notes: Vec<RejectionNote>) -> Result<()> {
+        self.push_newest("rejections", &notes, REJECTION_JOURNAL)
+            .await
+    }
+
+    async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
+        self.newest("rejections", limit, REJECTION_JOURNAL).await
+    }
+}
+
+/// The bounded journals kept as JSON lists, newest first: the rejection journal and the
+/// console's history.
+impl RedisLeaseStore {
+    /// Pushes `entries` (the last one ends newest) onto list `name`, keeping its newest `cap`;
+    /// in one transaction.
+    async fn push_newest<T: serde::Serialize>(
+        &self,
+        name: &str,
+        entries: &[T],
+        cap: usize,
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let key = format!("{}{name}", self.base);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for entry in &entries[entries.len().saturating_sub(cap)..] {
+            let json = serde_json::to_string(entry).map_err(garbage)?;
+            pipe.lpush(&key, json).ignore();
+        }
+        pipe.ltrim(&key, 0, cap as isize - 1).ignore();
+        let mut conn = self.conn().await?;
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    /// The newest `limit` (at most `cap`) entries of list `name`; an entry that does not
+    /// parse (written by a newer version, say) is skipped.
+    async fn newest<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        limit: usize,
+        cap: usize,
+    ) -> Result<Vec<T>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}{name}", self.base))
+            .arg(0)
+            .arg(limit.min(cap) - 1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(raw
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect())
+    }
+}

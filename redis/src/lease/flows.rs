@@ -1,0 +1,563 @@
+//! The Redis store's flows (`hold.lua`, `release.lua`, `flow_home.lua`; the key layout is in
+//! `common.lua`).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Script};
+use serde::Serialize;
+
+use super::RedisLeaseStore;
+use crate::connection::{garbage, parse, round_trip};
+use crate::error::{Error, Result};
+use crate::flow::{
+    Edge, Flow, FlowState, FlowStatus, FlowStep, Release, ReleaseAction, Step, StepEnd, StepEnded,
+    FLOW_RETENTION,
+};
+use crate::ids::{FlowId, JobId, Scope};
+use crate::job::{NewJob, MAX_DELAY};
+use crate::scripts::{coordinator_script, script_count, Meta};
+use crate::store::FlowStore;
+
+static HOLD: LazyLock<Script> = coordinator_script!("hold.lua");
+static RELEASE: LazyLock<Script> = coordinator_script!("release.lua");
+static FLOW_HOME: LazyLock<Script> = coordinator_script!("flow_home.lua");
+/// Step ends, oldest first: KEYS[1] base, ARGV[1] most; triples of job id, record and when
+/// it ended (unix ms). Drops (and logs) a member that is no job id, which no pass could ever
+/// forget by one.
+static STEP_ENDS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if tonumber(ARGV[1]) < 1 then return {} end \
+         local ids = redis.call('ZRANGE', KEYS[1] .. 'stepends', 0, tonumber(ARGV[1]) - 1, 'WITHSCORES') \
+         local out = {} \
+         for i = 1, #ids, 2 do \
+           local id = ids[i] \
+           if string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then \
+             out[#out + 1] = id \
+             out[#out + 1] = redis.call('HGET', KEYS[1] .. 'stepend', id) or '' \
+             out[#out + 1] = ids[i + 1] \
+           else \
+             redis.log(redis.LOG_WARNING, 'palisade: flow step end ' .. id .. ' is no job id: dropped') \
+             redis.call('ZREM', KEYS[1] .. 'stepends', id) \
+           end \
+         end \
+         return out",
+    )
+});
+/// Flows with releases decided at least ARGV[1] ms ago, at most ARGV[2]; a member that is no
+/// flow id is dropped.
+static UNRELEASED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local ids = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'flows:out', '-inf', \
+           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2])) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           if string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then out[#out + 1] = id \
+           else redis.call('ZREM', KEYS[1] .. 'flows:out', id) end \
+         end \
+         return out",
+    )
+});
+/// Held jobs kept at least ARGV[1] ms, at most ARGV[2], oldest first: job id, flow tag,
+/// scope; a member that is no job id is dropped.
+static HELD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         local ids = redis.call('ZRANGEBYSCORE', KEYS[1] .. 'held', '-inf', \
+           now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2])) \
+         local out = {} \
+         for _, id in ipairs(ids) do \
+           if not string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') then \
+             redis.call('ZREM', KEYS[1] .. 'held', id) \
+             id = nil \
+           end \
+           local f = id and redis.pcall('HMGET', KEYS[1] .. 'job:' .. id, 'flow', 'scope') \
+           if type(f) == 'table' and not f.err then \
+             out[#out + 1] = id \
+             out[#out + 1] = f[1] or '' \
+             out[#out + 1] = f[2] or '' \
+           end \
+         end \
+         return out",
+    )
+});
+/// A flow's status: its step count, decided count, cancelled ("1" or "0"), then pairs of step
+/// and end. Read-only.
+static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
+         local steps = redis.call('HGET', F, 'steps') \
+         if not steps then return {} end \
+                  local out = { steps, tostring(redis.call('HLEN', F .. ':decided')), \
+           redis.call('HGET', F, 'cancelled') or '0' } \
+         local ends = redis.call('HGETALL', F .. ':ends') \
+         for _, v in ipairs(ends) do out[#out + 1] = v end \
+         return out",
+    )
+});
+
+/// `flow_home.lua`'s arguments for `steps` (of flow `flow`): their count, then per step its
+/// name, its record (`next` names only the steps among `steps` that run after it) and its
+/// number of dependencies.
+fn home_steps(flow: FlowId, steps: &[Step]) -> Result<Vec<String>> {
+    let mut next: std::collections::HashMap<&str, Vec<&str>> = Default::default();
+    for s in steps {
+        for Edge { step, .. } in &s.after {
+            next.entry(step.as_str()).or_default().push(&s.name);
+        }
+    }
+    let mut args = vec![steps.len().to_string()];
+    for s in steps {
+        let record = HomeStep {
+            job: crate::flow::step_job_id(flow, &s.name),
+            scope: s.job.scope.as_ref(),
+            after: s
+                .after
+                .iter()
+                .map(|e| (e.step.as_str(), e.on_dead))
+                .collect(),
+            next: next.remove(s.name.as_str()).unwrap_or_default(),
+        };
+        args.push(s.name.clone());
+        args.push(serde_json::to_string(&record).map_err(|e| Error::Payload(e.to_string()))?);
+        args.push(s.after.len().to_string());
+    }
+    Ok(args)
+}
+
+/// Keeps step results at a flow's home: KEYS[1] base, ARGV[1] flow id, then pairs of step and
+/// result. Only for a kept flow, each step's first result; a finished flow's results expire
+/// with it. Checks the key's type before its first write.
+static KEEP_RESULTS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
+         if redis.call('EXISTS', F) == 0 then return 0 end \
+         local R, S = F .. ':results', F .. ':steps' \
+         for _, k in ipairs({ R, S }) do \
+           local t = redis.call('TYPE', k).ok \
+           if t ~= 'none' and t ~= 'hash' then return redis.error_reply('PALISADE_CORRUPT ' .. k .. ' holds a ' .. t) end \
+         end \
+         for i = 2, #ARGV - 1, 2 do \
+           if redis.call('HEXISTS', S, ARGV[i]) == 1 then redis.call('HSETNX', R, ARGV[i], ARGV[i + 1]) end \
+         end \
+         local ttl = redis.call('PTTL', F) \
+         if ttl >= 0 then redis.call('PEXPIRE', R, math.max(ttl, 1)) end \
+         return 1",
+    )
+});
+
+/// Running flows: KEYS[1] base, ARGV[1] most to list. Forgets members whose flow is gone
+/// (forgotten, or written by a version that did not list its end) among the oldest
+/// max(ARGV[1], 100), then returns the count and pairs of flow id and creation time (ms),
+/// oldest first; a member that is no flow id is dropped.
+static RUNNING: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local key = KEYS[1] .. 'flows:running' \
+         local t = redis.call('TYPE', key).ok \
+         if t ~= 'zset' then return { 0 } end \
+         local most = tonumber(ARGV[1]) \
+         local oldest = redis.call('ZRANGE', key, 0, math.max(most, 100) - 1, 'WITHSCORES') \
+         local listed = {} \
+         for i = 1, #oldest, 2 do \
+           local id = oldest[i] \
+           if not string.match(id, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$') \
+             or redis.call('EXISTS', KEYS[1] .. 'flow:' .. id) == 0 then \
+             redis.call('ZREM', key, id) \
+           elseif #listed < most * 2 then \
+             listed[#listed + 1] = id \
+             listed[#listed + 1] = oldest[i + 1] \
+           end \
+         end \
+         local out = { redis.call('ZCARD', key) } \
+         for _, v in ipairs(listed) do out[#out + 1] = v end \
+         return out",
+    )
+});
+
+/// `flow_home.lua`'s answer.
+struct HomeReply {
+    kept: bool,
+    releases: Vec<Release>,
+    running: Vec<JobId>,
+}
+
+/// A step as the home keeps it (`flow:<id>:steps`).
+#[derive(Serialize)]
+struct HomeStep<'a> {
+    job: JobId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'a Scope>,
+    after: Vec<(&'a str, crate::flow::OnDead)>,
+    next: Vec<&'a str>,
+}
+
+impl RedisLeaseStore {
+    /// Runs `flow_home.lua` and decodes its releases.
+    async fn home(&self, flow: FlowId, op: &str, args: Vec<String>) -> Result<HomeReply> {
+        round_trip("flow");
+        let mut invocation = FLOW_HOME.key(&self.base);
+        invocation
+            .arg(op)
+            .arg(flow.to_string())
+            .arg(FLOW_RETENTION.as_millis() as u64)
+            .arg(args)
+            .arg(self.generation);
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let [kept, k, rest @ ..] = flat.as_slice() else {
+            return Err(garbage("short flow_home reply"));
+        };
+        let k: usize = parse(k)?;
+        if rest.len() < k {
+            return Err(garbage("short flow_home reply"));
+        }
+        let (running, rows) = rest.split_at(k);
+        let running = running
+            .iter()
+            .map(|id| Ok(JobId::from(parse::<uuid::Uuid>(id)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let releases = rows
+            .chunks_exact(4)
+            .map(|r| {
+                let action = match r[3].as_str() {
+                    "run" => ReleaseAction::Run,
+                    "skip" => ReleaseAction::Skip,
+                    other => match other.strip_prefix("fail:") {
+                        Some(why) => ReleaseAction::Fail(why.to_owned()),
+                        None => return Err(garbage(format_args!("bad decision {other:?}"))),
+                    },
+                };
+                Ok(Release {
+                    flow,
+                    step: r[0].clone(),
+                    job: JobId::from(parse::<uuid::Uuid>(&r[1])?),
+                    scope: (!r[2].is_empty()).then(|| Scope::new(r[2].clone())),
+                    action,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HomeReply {
+            kept: kept == "1",
+            releases,
+            running,
+        })
+    }
+}
+
+#[async_trait]
+impl FlowStore for RedisLeaseStore {
+    async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
+        let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
+        crate::job::validate_batch(&news, self.max_payload_bytes)?;
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        round_trip("hold");
+        let mut invocation = HOLD.key(&self.base);
+        invocation.arg(jobs.len());
+        for (job, step) in jobs {
+            let id = job.id.unwrap_or_else(JobId::new);
+            let tag = format!("{}\t{}", step.flow, step.step);
+            let delay = job.delay;
+            let meta = Meta {
+                flow: Some(step),
+                ..Meta::of(job)
+            };
+            let (encoded, scope) = meta.encoded()?;
+            invocation
+                .arg(id.to_string())
+                .arg(&meta.queue)
+                .arg(&meta.kind)
+                .arg(scope)
+                .arg(delay.as_millis() as u64)
+                .arg(encoded)
+                .arg(tag);
+        }
+        invocation.arg(self.generation);
+        let mut conn = self.conn().await?;
+        invocation
+            .invoke_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(())
+    }
+
+    async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>> {
+        if releases.is_empty() {
+            return Ok(Vec::new());
+        }
+        round_trip("release");
+        let mut invocation = RELEASE.key(&self.base);
+        invocation.arg(releases.len()).arg(self.dead_retention);
+        for r in releases {
+            let (action, reason) = match r.action {
+                ReleaseAction::Run => ("run", String::new()),
+                ReleaseAction::Fail(why) => ("fail", why),
+                ReleaseAction::Skip => ("skip", String::new()),
+            };
+            invocation.arg(r.job.to_string()).arg(action).arg(reason);
+        }
+        invocation.arg(self.generation);
+        let mut conn = self.conn().await?;
+        let left: Vec<String> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        left.iter()
+            .map(|id| Ok(JobId::from(parse::<uuid::Uuid>(id)?)))
+            .collect()
+    }
+
+    async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = STEP_ENDS
+            .key(&self.base)
+            .arg(script_count(max))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut ends = Vec::new();
+        for pair in flat.chunks_exact(3) {
+            let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
+            let at_ms = pair[2].parse::<f64>().unwrap_or(0.0) as u64;
+            // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON> TAB <result>"
+            // for a completion that added steps or kept a result (either may be empty).
+            let mut parts = pair[1].splitn(5, '\t');
+            let (flow, step, end) = (parts.next(), parts.next(), parts.next());
+            let added = parts.next().filter(|a| !a.is_empty());
+            let result = parts.next().filter(|r| !r.is_empty()).map(str::to_owned);
+            let decoded = (|| {
+                let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
+                // Added steps that do not decode (another program's record) are said and
+                // dropped; the end itself is still recorded, so the flow moves on.
+                let added: Vec<Step> = match added.map(serde_json::from_str) {
+                    Some(Ok(added)) => added,
+                    Some(Err(e)) => {
+                        tracing::error!(%job, error = %e, "steps added by a flow step do not decode; dropped");
+                        Vec::new()
+                    }
+                    None => Vec::new(),
+                };
+                Some((flow, step?.to_owned(), StepEnd::parse(end?)?, added))
+            })();
+            match decoded {
+                Some((flow, step, end, added)) => ends.push(StepEnded {
+                    job,
+                    flow,
+                    step,
+                    end,
+                    added,
+                    at_ms,
+                    result,
+                }),
+                // Another program's record (or one gone since it was listed): said, and
+                // forgotten with the others, so it cannot stop every later pass.
+                None => {
+                    tracing::error!(%job, record = %pair[1], "flow step end does not decode; forgetting it");
+                    ends.push(StepEnded {
+                        job,
+                        flow: FlowId::from(uuid::Uuid::nil()),
+                        step: String::new(),
+                        end: StepEnd::Dead,
+                        added: Vec::new(),
+                        at_ms,
+                        result: None,
+                    });
+                }
+            }
+        }
+        Ok(ends)
+    }
+
+    async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = jobs.iter().map(JobId::to_string).collect();
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .atomic()
+            .cmd("ZREM")
+            .arg(format!("{}stepends", self.base))
+            .arg(&ids)
+            .ignore()
+            .cmd("HDEL")
+            .arg(format!("{}stepend", self.base))
+            .arg(&ids)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
+        flow.validate(self.max_payload_bytes)?;
+        let args = home_steps(flow.id(), flow.steps())?;
+        let reply = self.home(flow.id(), "put", args).await?;
+        Ok((reply.kept, reply.releases))
+    }
+
+    async fn grow_flow(&self, flow: FlowId, step: &str, added: &[Step]) -> Result<()> {
+        if added.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec![step.to_owned()];
+        args.extend(home_steps(flow, added)?);
+        self.home(flow, "grow", args).await.map(drop)
+    }
+
+    async fn advance_flow(
+        &self,
+        flow: FlowId,
+        ended: &[(String, StepEnd)],
+        applied: &[String],
+    ) -> Result<Vec<Release>> {
+        let mut args = vec![ended.len().to_string()];
+        for (step, end) in ended {
+            args.push(step.clone());
+            args.push(end.as_str().to_owned());
+        }
+        args.push(applied.len().to_string());
+        args.extend(applied.iter().cloned());
+        Ok(self.home(flow, "advance", args).await?.releases)
+    }
+
+    async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {
+        if self.flow(flow).await?.is_none() {
+            return Ok(None);
+        }
+        let reply = self.home(flow, "cancel", Vec::new()).await?;
+        Ok(Some((reply.releases, reply.running)))
+    }
+
+    async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = HELD
+            .key(&self.base)
+            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+            .arg(script_count(max))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let mut held = Vec::new();
+        for row in flat.chunks_exact(3) {
+            let job = JobId::from(parse::<uuid::Uuid>(&row[0])?);
+            let Some((flow, step)) = row[1].split_once('\t') else {
+                continue; // (a record gone since it was listed)
+            };
+            held.push(Release {
+                flow: FlowId::from(parse::<uuid::Uuid>(flow)?),
+                step: step.to_owned(),
+                job,
+                scope: (!row[2].is_empty()).then(|| Scope::new(row[2].clone())),
+                action: ReleaseAction::Skip,
+            });
+        }
+        Ok(held)
+    }
+
+    async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
+        let mut conn = self.conn().await?;
+        let ids: Vec<String> = UNRELEASED
+            .key(&self.base)
+            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+            .arg(script_count(max))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        ids.iter()
+            .map(|id| Ok(FlowId::from(parse::<uuid::Uuid>(id)?)))
+            .collect()
+    }
+
+    async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
+        let mut conn = self.conn().await?;
+        let flat: Vec<String> = FLOW_STATUS
+            .key(&self.base)
+            .arg(id.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let [steps, decided, cancelled, rest @ ..] = flat.as_slice() else {
+            return Ok(None);
+        };
+        let steps: usize = parse(steps)?;
+        let mut ended = std::collections::HashMap::new();
+        for pair in rest.chunks_exact(2) {
+            let end = StepEnd::parse(&pair[1])
+                .ok_or_else(|| garbage(format_args!("bad step end {:?}", pair[1])))?;
+            ended.insert(pair[0].clone(), end);
+        }
+        let state = if cancelled == "1" {
+            FlowState::Cancelled
+        } else if ended.len() < steps {
+            FlowState::Running
+        } else if ended.values().all(|e| *e == StepEnd::Completed) {
+            FlowState::Succeeded
+        } else {
+            FlowState::Failed
+        };
+        Ok(Some(FlowStatus {
+            id,
+            state,
+            steps,
+            ended,
+            released: parse(decided)?,
+        }))
+    }
+
+    async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = KEEP_RESULTS.key(&self.base);
+        invocation.arg(flow.to_string());
+        for (step, json) in results {
+            invocation.arg(step).arg(json);
+        }
+        let mut conn = self.conn().await?;
+        invocation
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>> {
+        let mut conn = self.conn().await?;
+        redis::cmd("HGET")
+            .arg(format!("{}flow:{flow}:results", self.base))
+            .arg(step)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))
+    }
+
+    async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)> {
+        let mut conn = self.conn().await?;
+        // (The count comes back as an integer reply, which reads as a string too.)
+        let flat: Vec<String> = RUNNING
+            .key(&self.base)
+            .arg(max.min(1_000_000))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let Some((count, pairs)) = flat.split_first() else {
+            return Ok((0, Vec::new()));
+        };
+        let mut listed = Vec::new();
+        for pair in pairs.chunks_exact(2) {
+            let id = FlowId::from(parse::<uuid::Uuid>(&pair[0])?);
+            let created = pair[1].parse::<f64>().unwrap_or(0.0) as u64;
+            listed.push((id, created));
+        }
+        Ok((parse(count)?, listed))
+    }
+}
