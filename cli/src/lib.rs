@@ -375,7 +375,7 @@ impl App {
                         .help(
                             "Export traces over OTLP to this collector (a base URL, as \
                              OTEL_EXPORTER_OTLP_ENDPOINT; the protocol from \
-                             OTEL_EXPORTER_OTLP_PROTOCOL). Needs palisade's `otel` feature",
+                             OTEL_EXPORTER_OTLP_PROTOCOL). Needs palisade-cli's `otel` feature",
                         ),
                 ),
         );
@@ -587,8 +587,8 @@ fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
 fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
     if otlp.is_some() {
         anyhow::bail!(
-            "--otlp-endpoint: this binary was built without palisade's `otel` feature \
-             (add features = [\"otel\"] to its palisade dependency)"
+            "--otlp-endpoint: this binary was built without palisade-cli's `otel` feature \
+             (add features = [\"otel\"] to its palisade-cli dependency)"
         );
     }
     for var in [
@@ -597,8 +597,8 @@ fn export(otlp: Option<&str>) -> anyhow::Result<Option<Export>> {
     ] {
         if std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
             eprintln!(
-                "warning: {var} is set, but this binary was built without palisade's `otel` \
-                 feature: no traces are exported"
+                "warning: {var} is set, but this binary was built without palisade-cli's \
+                 `otel` feature: no traces are exported"
             );
         }
     }

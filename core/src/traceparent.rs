@@ -1,7 +1,7 @@
 //! The W3C trace context a job carries ([`TraceContext`]): the `traceparent` (and `tracestate`)
 //! of whoever enqueued it, kept in the job record through every retry, stall, release and
 //! dead-letter retry. Plain text and its rules, no feature needed; the spans around a job are
-//! `trace`'s, and their export `otel`'s.
+//! palisade's `trace`, and their export its `otel`.
 
 use serde::{Deserialize, Deserializer, Serialize};
 

@@ -1,5 +1,5 @@
 -- Palisade fenced sink, version 1. `{schema}` is the quoted schema name the user chose.
--- Applied once, in one transaction, under an advisory lock (see store/postgres/migrate.rs).
+-- Applied once, in one transaction, under an advisory lock (see postgres/src/migrate.rs).
 
 -- The newest generation accepted per scope. A row exists only while its token is at or above
 -- the low watermark (or has not been collected yet); `token` is NULL only inside the

@@ -8,7 +8,7 @@
 -- Returns  one array per claim: {job id, lease id, epoch, counter, meta, attempt, stalls,
 --          snoozes};
 --          none while the queue is paused ({prefix}:paused), at most the whole tokens of its
---          rate bucket when it is rate-limited. Grouped jobs rotate by group (group.rs: the
+--          rate bucket when it is rate-limited. Grouped jobs rotate by group (core/src/group.rs: the
 --          memory store runs the same rules; common.lua has the keys).
 -- Errors   "PALISADE_EPOCH ..." when the counters cannot be proven intact (fresh, flushed or
 --          restarted Redis, counter key lost, counter nearly exhausted): the client must move
@@ -176,12 +176,12 @@ if scored then
   table.sort(order, function(a, b) return c_num[a] < c_num[b] end)
 end
 
--- Groups (group.rs): the n + 16 groups served least recently over the kinds asked for, each
+-- Groups (core/src/group.rs): the n + 16 groups served least recently over the kinds asked for, each
 -- offering its share (`room`: within its cap and rate tokens; none parks it). Jobs without a
 -- group are one more lane, taken first in each round; candidates go round by round. Only
 -- groups with limits (`glimited`) have a record to read, so a lane costs one read of its set.
 local lanes = {} -- {turn, group, kind}
-local looked_at = n + 16 -- group.rs lanes_looked_at: room for the lanes a claim parks
+local looked_at = n + 16 -- core/src/group.rs lanes_looked_at: room for the lanes a claim parks
 local rotations = 0
 for _, kind in ipairs(kinds) do
   -- (A kind at its cap offers nothing: its groups would only fill the lanes.)

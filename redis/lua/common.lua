@@ -45,10 +45,10 @@
 --   then:<job id>         string an accepted completion's follow-up jobs (JSON), until the
 --                               coordinator enqueued them
 --   thens                 zset  job id -> when its follow-ups were kept (ms, Redis clock)
---   workers, workers:seen hash, zset  worker heartbeats (store/redis/lease/control.rs, not
+--   workers, workers:seen hash, zset  worker heartbeats (redis/src/lease/control.rs, not
 --                               read by these scripts): name -> "ms TAB JSON", name -> expiry
 --   history               list  the console's samples of the fleet's counts, newest first
--- Groups (NewJob::with_group; the rules in group.rs, which the memory store runs):
+-- Groups (NewJob::with_group; the rules in core/src/group.rs, which the memory store runs):
 --   job:<id> field group  the job's group
 --   g:<queue>\t<kind>\t<group> zset the group's ready jobs of one kind (scores as in the
 --                               kind's ready set, which holds none of them)
@@ -67,7 +67,7 @@
 --   glimited              zset  groups with a cap, a rate limit or a pause -> 0 (listed by name):
 --                               only they have a record a claim reads
 --   lease_job entry       an eighth field: the capped group its lease counts in
--- Flows (store/flows.rs). In a job's partition:
+-- Flows (core/src/store/flows.rs). In a job's partition:
 --   job:<id> field flow   "<flow id> TAB <step>" of a flow step's job (and field delay, ms)
 --   held                  zset  flow step jobs written and not released -> when written
 --   stepend               hash  job id -> "<flow id> TAB <step> TAB completed|dead": a flow
@@ -353,7 +353,7 @@ end
 -- The fields of group:<group> the rules read, in this order.
 local GROUP_FIELDS = { 'running', 'cap', 'jobs', 'per_ms', 'tokens', 'at', 'paused', 'parked' }
 
--- A group's rate bucket as of `now` (group.rs `refill`), or nil without a rate limit: `g` is
+-- A group's rate bucket as of `now` (core/src/group.rs `refill`), or nil without a rate limit: `g` is
 -- its GROUP_FIELDS. (A limit another program wrote oddly is no limit; a bucket that is not
 -- finite reads as full, counted from now.)
 local function group_tokens(g, now)
@@ -368,7 +368,7 @@ local function group_tokens(g, now)
   return math.min(jobs, before + math.max(0, now - at) * jobs / per)
 end
 
--- group.rs `room`, word for word: how many of a group's jobs a claim may take now, for a
+-- core/src/group.rs `room`, word for word: how many of a group's jobs a claim may take now, for a
 -- lane that offers at most `share`; 0 when it must leave the rotation, with the ms until its
 -- rate bucket holds a whole token (nil: until an operator or a lease's end lets it run).
 local function group_room(g, share, now)
@@ -676,12 +676,12 @@ local function bump(job, field, by)
 end
 
 -- How long a flow step's job that ended is remembered ("ended:<id>"), so that a creation of
--- its flow done again does not write it held again: a day, flow.rs' FLOW_RETENTION.
+-- its flow done again does not write it held again: a day, core/src/flow.rs' FLOW_RETENTION.
 local STEP_TOMBSTONE_MS = 86400000
 
 -- A flow step's job ended (`tag`: its record's "flow" field, "<flow id> TAB <step>";
 -- `end_`: completed or dead): kept in `stepend`/`stepends` until the flow's home recorded it
--- (store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
+-- (core/src/store/flows.rs). Runs after other writes, so it checks its own keys' types and, if another
 -- program wrote over them, says so in the Redis log instead of failing halfway.
 local function note_step_end(base, id, tag, end_, added, result)
   if not tag then
@@ -884,7 +884,7 @@ end
 
 
 -- A parked group comes back to every rotation it left, at the turn it had there, when
--- nothing holds it any more (group.rs `room` allows one job); still out of rate tokens, it is
+-- nothing holds it any more (core/src/group.rs `room` allows one job); still out of rate tokens, it is
 -- woken when it has one. Runs after writes: keys of another type are left alone (and said in
 -- the Redis log), so nothing here can fail.
 local function unpark(base, group, now)

@@ -26,7 +26,7 @@ local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local F = 13
-local DEBOUNCE_KEPT_MS = 86400000 -- job.rs, DEBOUNCE_KEPT
+local DEBOUNCE_KEPT_MS = 86400000 -- core/src/job/new.rs, DEBOUNCE_KEPT
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
 for i = 0, n - 1 do

@@ -1,5 +1,5 @@
--- flow_home.lua: a flow at its home (store/flows.rs): keeps it ("put") or records how steps
--- ended and decides what that unblocks ("advance"); the rule is flow.rs' `decide`, mirrored in
+-- flow_home.lua: a flow at its home (core/src/store/flows.rs): keeps it ("put") or records how steps
+-- ended and decides what that unblocks ("advance"); the rule is core/src/flow.rs' `decide`, mirrored in
 -- `decide_step` below. Every change is once-only: an end is recorded with HSETNX, a decision
 -- with HSETNX, and a dependency count goes down only when its dependency's end was recorded —
 -- so a repeated or replayed call changes nothing.
@@ -12,7 +12,7 @@
 --                   for put (full names; each runs after that step): added unless that
 --                   step's end is recorded or one of them is a step already; every step that
 --                   runs after that step then also runs after each of them, on the same kind
---                   of edge (flow.rs' `Home::grow`); in a cancelled flow they are decided
+--                   of edge (core/src/flow.rs' `Home::grow`); in a cancelled flow they are decided
 --                   "fail:flow cancelled" at once
 --          advance: ARGV[4] n, then n pairs (step, completed|dead|skipped), then m, then m
 --                   steps whose releases their partitions confirmed
@@ -75,7 +75,7 @@ local function step_of(name)
   return step
 end
 
--- flow.rs' `decide`: nil while a dependency has not ended; then fail on a fail edge whose step
+-- core/src/flow.rs' `decide`: nil while a dependency has not ended; then fail on a fail edge whose step
 -- did not complete (the first), else skip on such a skip edge, else run.
 local function decide_step(after)
   local ends = {}

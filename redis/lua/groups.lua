@@ -1,4 +1,4 @@
--- groups.lua: a group's limits set, a group read, a queue's top groups (group.rs; the keys
+-- groups.lua: a group's limits set, a group read, a queue's top groups (core/src/group.rs; the keys
 -- are in common.lua).
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  "set": ARGV[2] group, ARGV[3] cap ("" none), ARGV[4] rate jobs and ARGV[5] its

@@ -1,5 +1,5 @@
 -- hold.lua: writes flow steps' jobs held: known, never claimable until release.lua releases
--- them (store/flows.rs: written first, released last).
+-- them (core/src/store/flows.rs: written first, released last).
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  job count n, then 7 fields per job: id queue kind scope (empty: the job's default
 --          scope) delay_ms meta (JSON, as enqueue.lua's) flow ("<flow id> TAB <step>")

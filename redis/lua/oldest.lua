@@ -5,7 +5,7 @@
 --          job; -1 when nothing is ready. Read-only.
 -- Errors   "PALISADE_CORRUPT ..." naming a key of the queue that holds another type (another
 --          program writing under our prefix), rather than a bare WRONGTYPE, as counts.lua: the
---          views of every queue leave such a queue out and name the key (error.rs,
+--          views of every queue leave such a queue out and name the key (core/src/error.rs,
 --          leaves_queue_out). A job record of another type counts from now.
 local base, queue = KEYS[1], ARGV[1]
 local now = now_ms()

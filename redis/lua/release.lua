@@ -1,7 +1,7 @@
 -- release.lua: releases held flow step jobs (hold.lua) as their flow's home decided: ready
 -- (after the delay kept with them), dead with a reason, or forgotten. A job that is not held
 -- — released before, ended, never written — is left alone, so a release delivered twice does
--- nothing the second time (store/flows.rs).
+-- nothing the second time (core/src/store/flows.rs).
 -- KEYS[1]  base "{prefix}:"
 -- ARGV[1]  count n, ARGV[2] dead-letter records kept per queue, then 3 fields per release:
 --          job id, action ("run" | "fail" | "skip"), reason (for "fail")

@@ -59,7 +59,7 @@ type SlotWrites<'a> = (Option<u16>, Vec<(&'a FencedWrite, Option<String>)>);
 /// under `ledger:d:<key>`, and the sink's low watermark `ledger:watermark` with its
 /// collection queue `ledger:collect` (fences forgotten once the watermark passes them). A sink serves one coordinator
 /// (tokens of two coordinators are not comparable, and one's watermark would refuse the
-/// other's leases; `cli::App` gives every installation prefix its own sink prefix).
+/// other's leases; `palisade_cli::App` gives every installation prefix its own sink prefix).
 ///
 /// On a Redis Cluster each slot has its own watermark and collection queue
 /// (`ledger:{<slot tag>}:watermark`, `ledger:{<slot tag>}:collect`), a batch goes out as one

@@ -96,7 +96,7 @@ impl Coordinator {
     }
 
     /// Moves flows on: records the ends of their steps and releases what that unblocks
-    /// (`store/flows.rs`). One pass at a time; one asked for meanwhile runs after it.
+    /// (`core/src/store/flows.rs`). One pass at a time; one asked for meanwhile runs after it.
     fn advance_flows(&mut self, ctx: &mut Context<Self>) {
         if self.flowing {
             self.flow_again = true;

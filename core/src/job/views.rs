@@ -24,7 +24,7 @@ pub struct QueueCounts {
     pub completed: u64,
     /// Dead-lettered.
     pub dead: u64,
-    /// Cancelled by an operator or a program ([`QueueAdmin::cancel`](crate::store::QueueAdmin::cancel))
+    /// Cancelled by an operator or a program (`QueueAdmin::cancel`)
     /// since the queue was first used: a count that only grows (the jobs themselves are among
     /// the dead).
     pub cancelled: u64,

@@ -1,10 +1,10 @@
 //! [`FlowStore`]: what a flow needs of the coordinator's state, across partitions. The drivers
-//! that use it (creating a flow, moving flows on after their steps ended) are `flow_driver`.
+//! that use it (creating a flow, moving flows on after their steps ended) are palisade's `flow_driver`.
 //!
 //! A flow's steps are ordinary jobs kept in their own partitions (a named scope decides
 //! where), while the flow itself — its graph, which steps ended and how, which were released
 //! — lives in one partition, its *home*. No script can span both, so every step between them
-//! is idempotent and kept until done (the protocol: `flow_driver`'s module docs).
+//! is idempotent and kept until done (the protocol: the module docs of palisade's `flow_driver`).
 use std::time::Duration;
 
 use async_trait::async_trait;
