@@ -154,8 +154,8 @@ pub fn step_job_id(flow: FlowId, name: &str) -> JobId {
 /// A DAG of jobs, created all or nothing with `Client::create_flow`.
 ///
 /// ```
-/// use palisade::{Flow, NewJob, OnDead};
-/// # fn main() -> palisade::Result<()> {
+/// use palisade_core::{flow::{Flow, OnDead}, job::NewJob};
+/// # fn main() -> palisade_core::Result<()> {
 /// let flow = Flow::new()
 ///     .step("resize-1", NewJob::new("resize", &1)?)
 ///     .step("resize-2", NewJob::new("resize", &2)?)
