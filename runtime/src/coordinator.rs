@@ -2,7 +2,8 @@
 //! leases into stalls.
 //!
 //! Handlers return `ResponseFuture`s: they touch no actor state, so many claims, renewals and
-//! settlements from many workers overlap instead of queueing behind one another.
+//! settlements from many workers overlap instead of queueing behind one another. What an
+//! accepted settlement sets off (follow-ups, a flow pass) starts from the settlement here.
 
 use std::time::Duration;
 
@@ -84,7 +85,7 @@ impl Coordinator {
         self
     }
 
-    /// Delivers follow-up jobs no worker delivered (see [`FOLLOW_UP_GRACE`]), on the
+    /// Delivers follow-up jobs the fast path never delivered (see [`FOLLOW_UP_GRACE`]), on the
     /// reaper's tick but as its own task.
     fn sweep(&mut self, ctx: &mut Context<Self>) {
         if std::mem::replace(&mut self.sweeping, true) {
@@ -191,20 +192,6 @@ impl Actor for Coordinator {
     }
 }
 
-/// Asks for a flow pass now (a flow step's job ended): its step's end is kept already, so a
-/// message lost only waits for the reaper's tick.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct AdvanceFlows;
-
-impl Handler<AdvanceFlows> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, _: AdvanceFlows, ctx: &mut Self::Context) {
-        self.advance_flows(ctx);
-    }
-}
-
 /// Reads a flow step's result (a flow step reading what a step it runs after returned): as
 /// its flow's home keeps it, for as long as the flow; else the job's own result record (a
 /// step whose end the home has not recorded yet cannot have released the reader, but a
@@ -277,9 +264,94 @@ impl Handler<Enqueue> for Coordinator {
 #[rtype(result = "Exchanged")]
 pub(crate) struct Exchange {
     /// Finished jobs to complete, retry, dead-letter or release, each checked by lease id.
-    pub settlements: Vec<(LeaseId, Settlement)>,
+    pub settlements: Vec<Settle>,
     /// Jobs to claim after them.
     pub claim: Option<ClaimRequest>,
+}
+
+/// One finished job's settlement, with what the coordinator needs to start what it sets off.
+pub(crate) struct Settle {
+    pub lease: LeaseId,
+    /// The job (the parent of its follow-ups).
+    pub job: JobId,
+    /// The job is a flow step: its end, kept with the settlement, is for its flow.
+    pub flow_step: bool,
+    pub settlement: Settlement,
+}
+
+/// What an accepted settlement sets off: a flow pass (a flow step ended) and its follow-up
+/// jobs and flows. Both were kept with the settlement, so starting them here is the fast
+/// path; the reaper's tick (flows) and the follow-up sweep find what this never starts.
+struct SetsOff {
+    flow_step_ended: bool,
+    follow_ups: Option<FollowUps>,
+}
+
+impl SetsOff {
+    /// `None` for most settlements (nothing to set off), so a plain job costs nothing here.
+    fn of(s: &Settle) -> Option<Self> {
+        let follow_ups = match &s.settlement {
+            Settlement::Complete { then, .. }
+                if !then.jobs.is_empty() || !then.flows.is_empty() =>
+            {
+                Some(FollowUps {
+                    parent: s.job,
+                    jobs: then.jobs.clone(),
+                    flows: then.flows.clone(),
+                })
+            }
+            _ => None,
+        };
+        let flow_step_ended = s.flow_step
+            && matches!(
+                s.settlement,
+                Settlement::Complete { .. } | Settlement::Dead { .. }
+            );
+        (flow_step_ended || follow_ups.is_some()).then_some(Self {
+            flow_step_ended,
+            follow_ups,
+        })
+    }
+
+    /// Starts what the accepted ones of `sets_off` (by their settlement's position in
+    /// `results`) set off: each follow-up set as a task of its own (a slow one delays no
+    /// other, and none runs on the coordinator's thread), and one flow pass for all the flow
+    /// steps that ended (the coordinator runs one at a time).
+    fn start(
+        sets_off: Vec<(usize, SetsOff)>,
+        results: &[Result<()>],
+        store: &Stores,
+        coordinator: &Addr<Coordinator>,
+    ) {
+        let mut flow_step_ended = false;
+        for (i, what) in sets_off {
+            if !matches!(results.get(i), Some(Ok(()))) {
+                continue;
+            }
+            flow_step_ended |= what.flow_step_ended;
+            if let Some(set) = what.follow_ups {
+                let store = store.clone();
+                actix::spawn(async move { deliver_follow_ups(&store, set, "enqueued").await });
+            }
+        }
+        if flow_step_ended {
+            coordinator.do_send(FlowStepsEnded);
+        }
+    }
+}
+
+/// Asks for a flow pass now: a settlement that ended a flow step was accepted, its end kept
+/// with it, so a message lost only waits for the reaper's tick.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FlowStepsEnded;
+
+impl Handler<FlowStepsEnded> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: FlowStepsEnded, ctx: &mut Self::Context) {
+        self.advance_flows(ctx);
+    }
 }
 
 /// Each settlement's result and the low watermark after them, or why none was settled.
@@ -296,10 +368,20 @@ pub(crate) struct Exchanged {
 impl Handler<Exchange> for Coordinator {
     type Result = ResponseFuture<Exchanged>;
 
-    fn handle(&mut self, msg: Exchange, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Exchange, ctx: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
+        let Exchange { settlements, claim } = msg;
+        let sets_off: Vec<(usize, SetsOff)> = settlements
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| SetsOff::of(s).map(|what| (i, what)))
+            .collect();
+        let coordinator = (!sets_off.is_empty()).then(|| ctx.address());
+        let settlements: Vec<_> = settlements
+            .into_iter()
+            .map(|s| (s.lease, s.settlement))
+            .collect();
         Box::pin(async move {
-            let Exchange { settlements, claim } = msg;
             let (settled, claimed) = match &claim {
                 Some(c) if !settlements.is_empty() => {
                     let (settled, claimed) = store.settle_and_claim(settlements, c).await;
@@ -310,6 +392,9 @@ impl Handler<Exchange> for Coordinator {
             };
             if let (Some(c), Some(Ok(claims))) = (claim, &claimed) {
                 counter!(m::CLAIMS, "queue" => c.queue).increment(claims.len() as u64);
+            }
+            if let (Some(coordinator), Some(Ok(results))) = (coordinator, &settled) {
+                SetsOff::start(sets_off, results, &store, &coordinator);
             }
             Exchanged {
                 settled: settled.map(|r| r.map(|results| (results, store.watermark()))),
@@ -398,25 +483,9 @@ impl Handler<NoteRejections> for Coordinator {
 #[rtype(result = "()")]
 pub(crate) struct PutProgress(pub crate::ids::JobId, pub String);
 
-/// Enqueues an accepted completion's follow-up jobs and forgets them — the fast path, sent
-/// by the worker once the completion is answered. Best effort: what is not enqueued stays
-/// kept, and the sweep delivers it later.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct DeliverFollowUps(pub FollowUps);
-
-impl Handler<DeliverFollowUps> for Coordinator {
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, msg: DeliverFollowUps, _: &mut Self::Context) -> Self::Result {
-        let store = self.store.clone();
-        Box::pin(async move { deliver_follow_ups(&store, msg.0, "enqueued").await })
-    }
-}
-
-/// How long an accepted completion's follow-up jobs are left to their worker's delivery
-/// before the coordinator's sweep enqueues them (a worker killed right after its
-/// completion was accepted never delivers them).
+/// How long an accepted completion's follow-up jobs are left to the delivery its settlement
+/// started before the coordinator's sweep enqueues them (a process killed right after the
+/// completion was accepted, or a delivery that failed, never delivers them).
 pub const FOLLOW_UP_GRACE: Duration = Duration::from_secs(10);
 
 /// Follow-up sets one sweep delivers at most.

@@ -19,12 +19,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::context::{JobContext, Registry, RunState, Sinks};
-use crate::coordinator::{
-    AdvanceFlows, Coordinator, DeliverFollowUps, Exchange, Exchanged, NoteRejections, Settled,
-};
+use crate::coordinator::{Coordinator, Exchange, Exchanged, NoteRejections, Settle, Settled};
 use crate::error::{Error, Result};
 use crate::ids::LeaseId;
-use crate::job::{Claim, FollowUps, Job, JobError, Settlement};
+use crate::job::{Claim, Job, JobError, Settlement};
 use crate::linger::{Due, Linger};
 use crate::metrics as m;
 use crate::policy::RetryPolicy;
@@ -432,7 +430,12 @@ impl Worker {
         let request = self.coordinator.send(Exchange {
             settlements: batch
                 .iter()
-                .map(|p| (p.lease, p.settlement.clone()))
+                .map(|p| Settle {
+                    lease: p.lease,
+                    job: p.job.id,
+                    flow_step: p.job.flow.is_some(),
+                    settlement: p.settlement.clone(),
+                })
                 .collect(),
             claim,
         });
@@ -636,9 +639,9 @@ impl Worker {
         }
     }
 
-    /// A settlement batch's answer: forgets the leases, has accepted completions' follow-up
-    /// jobs enqueued, and keeps the batch for another try if the coordinator could not be
-    /// reached.
+    /// A settlement batch's answer: forgets the leases, notes refusals, and keeps the batch
+    /// for another try if the coordinator could not be reached. (Accepted completions'
+    /// follow-ups and flow passes the coordinator starts from the settlements themselves.)
     fn settled(&mut self, batch: Vec<Pending>, result: Settled, ctx: &mut Context<Self>) {
         self.batches_out -= 1;
         self.in_flight -= batch.len();
@@ -653,30 +656,8 @@ impl Worker {
                 for (p, result) in batch.iter().zip(results) {
                     p.metrics.settle_wait.record(p.finished.elapsed());
                     match result {
-                        Ok(()) => {
-                            if p.job.flow.is_some()
-                                && matches!(
-                                    p.settlement,
-                                    Settlement::Complete { .. } | Settlement::Dead { .. }
-                                )
-                            {
-                                // The step's end was kept with the settlement: telling its
-                                // flow now is the fast path; the reaper's tick finds it too.
-                                self.coordinator.do_send(AdvanceFlows);
-                            }
-                            if let Settlement::Complete { then, .. } = &p.settlement {
-                                if !then.jobs.is_empty() || !then.flows.is_empty() {
-                                    // Kept with the completion already: enqueueing them now
-                                    // is the fast path; the coordinator's sweep finds any
-                                    // this message never delivers.
-                                    self.coordinator.do_send(DeliverFollowUps(FollowUps {
-                                        parent: p.job.id,
-                                        jobs: then.jobs.clone(),
-                                        flows: then.flows.clone(),
-                                    }));
-                                }
-                            }
-                        }
+                        // Its follow-ups and flow pass the coordinator started.
+                        Ok(()) => {}
                         Err(e @ Error::LeaseNotCurrent(_)) => {
                             tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
                             counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone())

@@ -889,10 +889,10 @@ async fn a_stale_holders_follow_ups_never_appear() {
     );
 }
 
-/// Issue 25: follow-up jobs kept with an accepted completion that no worker delivered (killed
-/// right after it) are enqueued by the coordinator's sweep after the grace, once.
+/// Issue 25: follow-up jobs kept with an accepted completion that were never delivered (the
+/// process killed right after it) are enqueued by the coordinator's sweep after the grace, once.
 #[actix::test]
-async fn the_sweep_enqueues_follow_ups_no_worker_delivered() {
+async fn the_sweep_enqueues_follow_ups_never_delivered() {
     tokio::time::pause();
     let h = harness();
     h.enqueue(NewJob::raw("fan", "null")).await;

@@ -139,7 +139,8 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Follow-up jobs of accepted completions ([`Settlement::Complete`]'s `follow_ups`) kept
     /// for at least `older_than` and not forgotten yet, oldest first, at most `max` sets:
-    /// what a worker killed right after its completion was accepted never delivered.
+    /// what the delivery the settlement started never made (its process killed right after the
+    /// completion was accepted, or the enqueue failed).
     async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>>;
 
     /// Forgets job `parent`'s follow-up jobs (they were enqueued).
