@@ -38,9 +38,9 @@ pub const OUTBOX_RETRIED: &str = "palisade_outbox_retried_total";
 /// Outbox entries given up on after their last attempt (state `dead`). Labels: target.
 pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
 /// Follow-up jobs of accepted completions (`JobContext::follow_up`). Labels: outcome
-/// (`enqueued` by the delivery an accepted settlement starts, `swept` by the coordinator's sweep, `existing`: a
-/// second delivery that added nothing, `dropped`: refused for good by enqueue, logged with
-/// the reason).
+/// (`enqueued` by the delivery an accepted settlement starts, `swept` by the coordinator's
+/// sweep, `existing`: a second delivery that added nothing, `dropped`: refused for good by
+/// enqueue, logged with the reason).
 pub const FOLLOW_UPS: &str = "palisade_follow_ups_total";
 
 /// Ends of flow steps' jobs recorded at their flows' homes by the coordinator's flow pass.

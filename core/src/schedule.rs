@@ -268,9 +268,9 @@ impl Schedule {
     }
 
     /// This schedule's pattern, firing only in the years `year..=year + TICK_HORIZON_YEARS`.
-    /// croner looks for a date that never comes (30 February) day by day up to the year 5000
-    /// (~200 ms a search unoptimised), and a scheduler searches on every pass; past the
-    /// allowed years it steps a whole year at a time.
+    /// croner looks for a date that never comes (30 February) day by day up to the year 5000,
+    /// a slow search, and a scheduler searches on every pass; past the allowed years it steps
+    /// a whole year at a time.
     fn within_horizon(&self, year: i32) -> Cron {
         // croner's `component::ALL_BIT`, which it does not export.
         const ALL_BIT: u8 = 1;

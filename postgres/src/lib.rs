@@ -501,8 +501,9 @@ impl PostgresSink {
     /// statements, about a millisecond, so 8 connections carry thousands of transactions a
     /// second — more than one database server commits — while every worker process takes
     /// its share of the server's `max_connections` (100 by default, 3 of them reserved):
-    /// twelve processes fit. Against a 2-core server, 16 measured up to 15 % faster and 32
-    /// no faster (docs/performance.md); raise it for handlers that hold transactions long.
+    /// twelve processes fit. Against a 2-core server, 16 gained a little and 32 nothing
+    /// (docs/performance.md, settings the code cites); raise it for handlers that hold
+    /// transactions long.
     pub const DEFAULT_POOL_SIZE: usize = 8;
 
     /// Idempotency keys are kept this long unless configured otherwise.

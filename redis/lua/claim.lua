@@ -87,7 +87,7 @@ local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, tonumb
 -- are checked as they are known now; a promoted job's below.
 -- The keys of named scopes and of groups and rate limits are apart: a queue that does not use
 -- a feature has none of its keys, and one EXISTS tells that for all of them (unsafe_if_any)
--- where a TYPE each cost a claim a third of its commands.
+-- where a TYPE each cost a claim a command per key (docs/performance-log.md).
 local stats = base .. 'q:' .. queue .. ':stats'
 local want = { [base .. 'leases'] = 'zset', [base .. 'lease_job'] = 'hash',
   [base .. 'tokens:' .. epoch] = 'zset', [base .. 'token_epochs'] = 'zset',
@@ -147,7 +147,7 @@ else
 end
 -- Every ready entry is claimable but for a kind at its cap (or a stray entry), so n plus a
 -- little slack per kind is enough; a claim that meets more strays returns fewer jobs, never a
--- wrong one. (Each entry fetched is a Lua string to build: fetching 2n cost ~10% of a claim.)
+-- wrong one. (Each entry fetched is a Lua string to build: fetching 2n was a measurable cost.)
 -- Candidates as parallel arrays, not a table each: building one per entry was a visible
 -- share of a claim.
 -- Scores only where kinds are merged: Redis writes each with printf's "%.17g", about as
@@ -458,7 +458,7 @@ if #out > 0 then
   bulk('HSET', base .. 'lease_job', owners)
   -- The live tokens of one epoch: tens of leases, which Redis would keep as a listpack that
   -- every ZADD and ZREM scans (with partitions each set holds a partition's share, so they
-  -- cost 3 partitions 11 % more Redis instructions per job than 1). SKIPLIST turns it into a
+  -- made 3 partitions cost more per job than 1: docs/performance.md). SKIPLIST turns it into a
   -- skiplist, which Redis 7 keeps as members go (a reload turns it back; the next claim
   -- turns it again); it is removed at once, so no script of this version or an earlier one
   -- ever sees it (an earlier version's watermark would read it, alone, as the epoch's lowest

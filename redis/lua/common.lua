@@ -84,9 +84,9 @@
 --   flow:<id>:out         set   steps decided and not confirmed released yet
 --   flows:out             zset  flow id -> when its unconfirmed releases were decided
 --
--- Every argument a script passes to Redis costs about a microsecond, so the hot paths (enqueue,
--- claim, settle) touch few fields per job and do per-batch work (token counter, sorted sets,
--- counts) once per call.
+-- Every argument a script passes to Redis has a cost of its own (docs/performance.md, "Memory
+-- model"), so the hot paths (enqueue, claim, settle) touch few fields per job and do per-batch
+-- work (token counter, sorted sets, counts) once per call.
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
@@ -118,7 +118,7 @@ end
 -- A member `leases` carries, scored +inf (after every real entry, never due). Redis keeps a
 -- sorted set of up to 128 members of up to 64 bytes as a listpack, where every ZADD, ZREM and
 -- ZMSCORE scans the whole set: with the tens of leases a worker holds live that cost Redis
--- CPU on every claim and settlement, and it made 3 partitions cost 20 % more per job than 1
+-- CPU on every claim and settlement, and it made 3 partitions cost more per job than 1
 -- (each partition's sets stayed small). One member longer than 64 bytes keeps a set in its
 -- hash table and skiplist for good (docs/performance.md). Lease ids are UUIDs, so it is never
 -- mistaken for one, and every script reads `leases` by member or by due time only, so scripts
@@ -265,7 +265,7 @@ end
 -- nil for an entry with fewer fields (or none). Plain finds, not patterns: a settlement reads
 -- the job id, the epoch (twice) and the group of every lease it ends, and Lua's matcher walks
 -- an entry character by character (a pattern for a field an entry lacks, as the group mostly
--- is, backtracks through every one before it): docs/performance.md has what they cost.
+-- is, backtracks through every one before it): docs/performance-log.md has what they cost.
 local function field_of(entry, n)
   if not entry then
     return nil
@@ -397,7 +397,7 @@ end
 
 -- `a .. b`, made once per call: a settlement names the same few keys for every job of its
 -- batch, and a concatenation makes and hashes a new string each time where two table reads
--- find the one made before (docs/performance.md). (`joined(joined(a, b), c)` for three.)
+-- find the one made before (docs/performance-log.md). (`joined(joined(a, b), c)` for three.)
 local joins = {}
 local function joined(a, b)
   local by_a = joins[a]
@@ -983,8 +983,8 @@ local function epoch_intact(base)
     return nil
   end
   -- A plain search for this run's id line, not run_id()'s pattern match: every claim runs
-  -- this, and the match cost ~2.5 µs of a claim's ~20 µs fixed cost. (The id is 40 hex
-  -- digits followed by a line end, so a prefix of another id cannot match.)
+  -- this, and the match was a visible part of a claim's fixed cost (docs/performance-log.md).
+  -- (The id is 40 hex digits followed by a line end, so a prefix of another id cannot match.)
   if not string.find(redis.call('INFO', 'server'), 'run_id:' .. e[2] .. '\r\n', 1, true) then
     return nil
   end

@@ -73,8 +73,8 @@ local MAX_HIGH, MAX_LOW, MIN_LOW = 9223372036, 854775807, -854775808
 
 -- Redis' string2ll: "0", or an optional '-', a digit 1-9, then digits, within int64. Told
 -- without making the value: well_formed asks it of every increment, and the captures,
--- substrings and numbers of making it cost a write a few per cent of its instructions
--- (docs/performance.md).
+-- substrings and numbers of making it were instructions every write spent for nothing
+-- (docs/performance-log.md).
 local function is_int64(s)
   if s == '0' then
     return true

@@ -39,8 +39,8 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Look every lease up at once: its expiry and its job. Every script adds and removes a lease
 -- in `leases` and `lease_job` together, so when no lease has expired and both hold as many,
 -- they hold the same leases and one with an entry is current: its expiry need not be read.
--- (ZMSCORE's reply turns each score into text with printf: 4 % of a no-op job's Redis
--- instructions, docs/performance.md.) Otherwise, as a reaper that is behind leaves it, or
+-- (ZMSCORE's reply turns each score into text with printf, a cost on every lease:
+-- docs/performance-log.md.) Otherwise, as a reaper that is behind leaves it, or
 -- another program's writes, each lease's expiry is read.
 local all, expiries, jobs, entries, epochs, seconds = {}, {}, {}, {}, {}, {}
 for i = 0, count - 1 do
@@ -80,7 +80,7 @@ local memo = {}
 -- The verdicts of settlements of jobs without a named scope, by what decides their keys:
 -- the lease's epoch, the job's queue, the action (and, for one that parks the job, its kind
 -- and group). A batch is mostly such settlements, alike: building and checking their keys
--- once each cost a settlement a fifth of its instructions (docs/performance.md). A tree,
+-- once each was a large share of a settlement's instructions (docs/performance-log.md). A tree,
 -- part by part, not one string: parts another program wrote (a tab in a kind, a group of "")
 -- cannot run together, and an absent part (NONE) is not an empty one.
 local verdicts, NONE, VERDICT = {}, {}, {}
@@ -120,8 +120,8 @@ for i = 0, count - 1 do
       f = fields(job, 'queue', 'scope', 'capped', 'unique', 'unique_until', 'kind', 'flow', 'group')
     else
       -- A completion or a burial puts the job in no ready set: its kind and group are not
-      -- read, nor the end of a unique key it has none of (three fields fewer: ~1,700
-      -- instructions of a settlement's ~83,000, docs/performance.md). Same places as above.
+      -- read, nor the end of a unique key it has none of (three fields fewer a completion:
+      -- docs/performance-log.md). Same places as above.
       -- (A burial gives its unique key up in `bury`, which reads the end itself.)
       f = fields(job, 'queue', 'scope', 'capped', 'unique', 'flow')
       f[5], f[7] = nil, f[5]

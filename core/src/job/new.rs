@@ -70,8 +70,9 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
         )));
     }
     // Printable ASCII (every name of most installations: job ids, kinds, queues) holds no
-    // control or format character; the per-character category lookup below cost the embedded
-    // coordinator 9 % of its instructions per job (docs/performance.md).
+    // control or format character; the per-character category lookup below was a sizeable
+    // share of the embedded coordinator's instructions per job (docs/performance.md, settings
+    // the code cites).
     if name.bytes().all(|b| (b' '..=b'~').contains(&b)) {
         return Ok(());
     }

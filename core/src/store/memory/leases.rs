@@ -6,8 +6,8 @@
 //! the live leases finds it gone. Leases are granted in token order (tokens only grow) and
 //! nearly always in expiry order (one ttl per worker), so adding to either order is one
 //! comparison, and nothing is searched when a lease ends: two B-tree sets, each searched from
-//! its root on every grant and every end, were 1,200 of the embedded coordinator's 7,400
-//! instructions a job (docs/performance.md).
+//! its root on every grant and every end, were a sizeable share of the embedded
+//! coordinator's instructions a job (docs/performance.md, settings the code cites).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};

@@ -17,11 +17,11 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-// The store's maps are hashed with foldhash, not std's SipHash: SipHash was 28 % of the
-// embedded coordinator's instructions per job (docs/performance.md). foldhash is seeded per
-// process, but it does not claim to withstand a deliberate hash-flooding attack: the
-// embedded coordinator's keys (job ids, scopes, unique keys) come from the application's
-// own producers, not from strangers.
+// The store's maps are hashed with foldhash, not std's SipHash: SipHash was a large share of
+// the embedded coordinator's instructions per job (docs/performance.md, settings the code
+// cites). foldhash is seeded per process, but it does not claim to withstand a deliberate
+// hash-flooding attack: the embedded coordinator's keys (job ids, scopes, unique keys) come
+// from the application's own producers, not from strangers.
 use foldhash::{HashMap, HashSet, HashSetExt};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -447,7 +447,8 @@ impl LeaseState {
         // Only the kinds asked for (all when none are named): the first few of each kind's
         // ready set, merged in ready order — the same candidates the Redis script looks at.
         // (Kinds borrowed, not copied: a claim looks at 2n + 16 candidates a kind and takes
-        // at most n, and copying each one's kind was a tenth of the embedded claim's work.)
+        // at most n, and copying each one's kind was a visible part of the embedded claim's
+        // work: docs/performance-log.md.)
         let asked = |kind: &String| kinds.is_empty() || kinds.contains(kind);
         let mut ungrouped: Vec<(ReadyKey, &str)> = q
             .ready
@@ -867,8 +868,8 @@ impl LeaseState {
 /// `until` of its entry in the map. A sequence number orders keys of one time, so keys are
 /// never compared. A heap, not a B-tree: nearly every key lapses after every key already in
 /// (a batch's keys share their time, and each completion puts one in), and a heap takes that
-/// in one comparison where a B-tree searched from its root, about 850 instructions a
-/// completion.
+/// in one comparison where a B-tree searched from its root on every completion
+/// (docs/performance-log.md).
 #[derive(Debug, Default)]
 struct Expiries {
     heap: BinaryHeap<Reverse<(Instant, u64, String)>>,

@@ -228,7 +228,8 @@ impl PartitionedLeaseStore {
         // what it lacked from the partitions after it (work stealing). Not a share from
         // each: every script call has a fixed cost (pause, rate and cap checks, the epoch
         // check, the watermark at settle), and splitting each claim P ways multiplied the
-        // calls per job — +26 % Redis CPU per job with 3 partitions (docs/performance.md).
+        // calls per job, and the Redis CPU per job with them (docs/performance.md, settings
+        // the code cites).
         let ClaimRequest {
             queue,
             kinds,
