@@ -28,6 +28,7 @@ pub const FLOW_RETENTION: std::time::Duration = crate::job::RESULT_RETENTION;
 /// What a step does when a step it runs after died (or was skipped) instead of completing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnDead {
     /// The step fails too: it goes to its queue's dead letters with the reason, unrun.
     #[default]

@@ -43,6 +43,12 @@ pub const OUTBOX_DEAD: &str = "palisade_outbox_dead_total";
 /// enqueue, logged with the reason).
 pub const FOLLOW_UPS: &str = "palisade_follow_ups_total";
 
+/// Stored records a pass met and left in place because this release cannot read them: a
+/// later release's format during a rolling deploy, or another program's write. Each pass that
+/// meets one counts it again, so the rate stays above zero while any is left. Labels: kind
+/// (`follow_ups`, `step_ends`).
+pub const RECORDS_UNREADABLE: &str = "palisade_records_unreadable_total";
+
 /// Ends of flow steps' jobs recorded at their flows' homes by the coordinator's flow pass.
 /// Labels: end (`completed`, `dead`; a skipped step never ran: see the releases).
 pub const FLOW_STEPS: &str = "palisade_flow_steps_total";
@@ -129,6 +135,7 @@ pub const ALL: &[&str] = &[
     OUTBOX_RETRIED,
     OUTBOX_DEAD,
     FOLLOW_UPS,
+    RECORDS_UNREADABLE,
     FLOW_STEPS,
     FLOW_RELEASES,
     FLOW_STEPS_ADDED,
@@ -195,6 +202,10 @@ pub fn describe() {
     describe_gauge!(
         FLOWS_RUNNING,
         "Flows running, sampled by the worker holding the sampler role"
+    );
+    describe_counter!(
+        RECORDS_UNREADABLE,
+        "Stored records a pass left in place because this release cannot read them, counted by every pass that meets one"
     );
     describe_counter!(BACKEND_ERRORS, "Backend operations that failed");
     describe_counter!(

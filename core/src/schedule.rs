@@ -44,6 +44,7 @@ pub const TICK_HORIZON_YEARS: i32 = 10;
 /// What happens to ticks missed for longer than the grace period (an outage, every scheduler
 /// down): none are fired, only the latest, or the latest `n`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum CatchUp {
     /// Skip them.
     None,

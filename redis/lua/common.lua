@@ -22,7 +22,9 @@
 --                               died (jobs ever dead-lettered)
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
 --                               (id queue kind payload scope attempt stalls max_attempts
---                               max_stalls reason died: ms, Redis clock)
+--                               max_stalls reason died: ms, Redis clock; priority, and under
+--                               `kept` the meta fields `bury`'s release does not read, which
+--                               `revive` puts back)
 --   queues                set   every queue that has had a job
 --   head                  hash  named scope -> the one job of it that may be ready or leased
 --   wait:<scope>          zset  the scope's other ready jobs -> their ready score; the lowest
@@ -162,10 +164,11 @@ local function meta_of(raw)
   local ok, meta = pcall(cjson.decode, raw or '')
   if ok and type(meta) == 'table' and finite(meta.priority) and finite(meta.max_stalls)
     and finite(meta.max_attempts) and type(meta.kind) == 'string' then
-    return meta
+    return meta, true
   end
-  return { kind = '', payload = raw or '', priority = 0, max_attempts = 1, max_stalls = 0,
-    corrupt = true }
+  -- (The second value tells a record read from one made up: a field of a later release may
+  -- have any name, so no field can mark this one.)
+  return { kind = '', payload = raw or '', priority = 0, max_attempts = 1, max_stalls = 0 }, false
 end
 
 -- Checks a script makes before its first write (Redis does not roll a script back): every key
@@ -751,6 +754,40 @@ end
 local U32 = 4294967296 -- (exclusive bounds)
 local MS = 100000000000000 -- 10^14: deadlines and timeouts are validated below it
 
+-- The fields of a job's meta this release reads. `bury` keeps every other field in the dead
+-- record's `kept` and `revive` puts them back: a job a later release enqueued with fields of
+-- its own keeps them through a burial and a revival by this one (a rolling deploy runs both).
+-- What cjson cannot write back as it read it is the one limit, so a field a later release
+-- adds to meta holds strings, booleans, integers below 10^14 or tables of those, never an
+-- empty array (cjson writes it back as {}).
+local META_FIELDS = { kind = true, payload = true, queue = true, scope = true, priority = true,
+  max_attempts = true, max_stalls = true, flow = true, tick = true, trace = true,
+  max_snoozes = true, timeout_ms = true, deadline_ms = true, group = true }
+
+-- The fields of `t` (a decoded meta or a dead record's `kept`) this release does not read,
+-- or nil when there are none.
+local function unknown_fields(t)
+  local kept
+  if type(t) ~= 'table' then
+    return nil
+  end
+  for k, v in pairs(t) do
+    if type(k) == 'string' and not META_FIELDS[k] then
+      kept = kept or {}
+      kept[k] = v
+    end
+  end
+  return kept
+end
+
+-- A priority as Rust's i32 reads it, or 0 (a record an earlier version wrote has none).
+local function priority_of(p)
+  if finite(p) and p % 1 == 0 and p >= -2147483648 and p <= 2147483647 then
+    return p
+  end
+  return 0
+end
+
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
@@ -768,7 +805,7 @@ local function bury(base, id, reason, keep)
   if f[6] and redis.call('TYPE', base .. 'held').ok == 'zset' then
     redis.call('ZREM', base .. 'held', id) -- (a held step cancelled before its release)
   end
-  local meta = meta_of(f[1])
+  local meta, read = meta_of(f[1])
   local dead = base .. 'q:' .. f[2] .. ':dead'
   local record = { id = id, queue = f[2], kind = meta.kind, payload = meta.payload,
     scope = f[3] or ('job:' .. id), attempt = count_of(f[4]), stalls = count_of(f[5]),
@@ -776,11 +813,18 @@ local function bury(base, id, reason, keep)
     died = now_ms(), tick = tick_of(meta.tick), trace = trace_of(meta.trace),
     snoozes = count_of(f[7]), max_snoozes = whole(meta.max_snoozes, U32),
     timeout_ms = whole(meta.timeout_ms, MS), deadline_ms = whole(meta.deadline_ms, MS),
-    group = f[8] or nil }
+    group = f[8] or nil, priority = priority_of(meta.priority),
+    kept = read and unknown_fields(meta) or nil }
   local ok, json = pcall(cjson.encode, record)
+  if not ok and record.kept then
+    -- (Kept fields cjson cannot write back, such as a number it read as infinity: dropped,
+    -- the job's own payload kept.)
+    record.kept = nil
+    ok, json = pcall(cjson.encode, record)
+  end
   if not ok then
-    -- (A payload cjson cannot write back, such as a NaN inside it: kept as the raw meta.
-    -- The tick and trace are ones cjson can always write: tick_of, trace_of.)
+    -- (A payload cjson cannot write back: kept as the raw meta. The tick and trace are ones
+    -- cjson can always write: tick_of, trace_of.)
     record.payload = f[1] or ''
     json = cjson.encode(record)
   end
@@ -1024,11 +1068,16 @@ local function revive(base, raw, now)
   if unsafe(base, want, counted) then
     return false
   end
-  local encoded, meta = pcall(cjson.encode, { kind = d.kind, payload = d.payload,
-    queue = d.queue, scope = d.scope, priority = 0, max_attempts = d.max_attempts,
-    max_stalls = d.max_stalls, tick = tick_of(d.tick), trace = trace_of(d.trace),
-    max_snoozes = whole(d.max_snoozes, U32), timeout_ms = whole(d.timeout_ms, MS), group = group })
+  -- The fields this release does not read first, so that none of them can stand in for one
+  -- it does.
+  local fresh = unknown_fields(d.kept) or {}
+  fresh.kind, fresh.payload, fresh.queue, fresh.scope = d.kind, d.payload, d.queue, d.scope
+  fresh.priority, fresh.max_attempts = priority_of(d.priority), d.max_attempts
+  fresh.max_stalls, fresh.tick, fresh.trace = d.max_stalls, tick_of(d.tick), trace_of(d.trace)
+  fresh.max_snoozes, fresh.timeout_ms = whole(d.max_snoozes, U32), whole(d.timeout_ms, MS)
+  fresh.group = group
   -- (Fresh attempts, stalls and snoozes, and no deadline: an operator asked for it to run.)
+  local encoded, meta = pcall(cjson.encode, fresh)
   if not encoded then
     return false
   end

@@ -172,6 +172,7 @@ pub fn cluster_with_ca<S: AsRef<str>>(
 /// The Redis a store talks to: one server, through a connection [`Pool`], a [`Cluster`], or
 /// a master found through its [`Sentinel`]s.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Target {
     /// One Redis server (or a primary with replicas behind one address).
     Server(Pool),

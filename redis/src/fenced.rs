@@ -588,3 +588,25 @@ impl FencedStore for RedisFencedStore {
         }))
     }
 }
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    /// Pinned: the sink script compares tokens as strings, and a previous release's script
+    /// reads what this one stores (fences, journals). Never update the literals to make it
+    /// pass.
+    #[test]
+    fn tokens_travel_as_twenty_digit_zero_padded_decimals() {
+        assert_eq!(padded(FencingToken::ZERO), "00000000000000000000");
+        assert_eq!(padded(FencingToken::new(5, 7)), "00000005497558138887");
+        assert_eq!(
+            padded(FencingToken::from_u64(i64::MAX as u64)),
+            "09223372036854775807"
+        );
+        assert_eq!(
+            padded(FencingToken::from_u64(u64::MAX)),
+            "18446744073709551615"
+        );
+    }
+}

@@ -608,7 +608,7 @@ impl PostgresHandle {
         F: TransactionFn<R>,
     {
         check_key_part("transaction key", key)?;
-        self.run(format!("{}/tx/{key}", self.job), f).await
+        self.run(transaction_key(self.job, key), f).await
     }
 
     /// Records one effect for `target` in its own fenced transaction (inside a transaction,
@@ -625,7 +625,7 @@ impl PostgresHandle {
         let payload = serde_json::to_value(payload)
             .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
         let (target_name, push_key) = (target.to_owned(), key.to_owned());
-        let stored = format!("{}/outbox/{target}/{key}", self.job);
+        let stored = outbox_key(self.job, target, key);
         self.run(stored, move |tx| {
             Box::pin(async move {
                 tx.outbox(&target_name).push(&push_key, &payload).await?;
@@ -687,7 +687,7 @@ impl SinkHandle {
     /// whose writes differ between runs should name them with [`SinkHandle::write_keyed`].
     pub async fn write(&self, mutations: Vec<Mutation>) -> Result<Admission> {
         let seq = self.run.writes.fetch_add(1, Ordering::Relaxed);
-        let key = IdempotencyKey::new(format!("{}/{seq}", self.job));
+        let key = IdempotencyKey::new(write_key(self.job, seq));
         self.write_keyed(key, mutations).await
     }
 
@@ -874,4 +874,70 @@ fn follow_up_id(lease: crate::ids::LeaseId, index: usize) -> JobId {
         uuid::Uuid::from_u128(0x2c7d_41a9_8e3b_4f60_b1d2_93a4_e5f6_0718);
     let name = format!("{lease}\n{index}");
     uuid::Uuid::new_v5(&COMPLETION_FOLLOW_UPS, name.as_bytes()).into()
+}
+
+/// The idempotency key of a run's `seq`-th [`SinkHandle::write`]: `<job>/<seq>`, the same in
+/// every run and every release (a re-run's writes must find its earlier run's).
+fn write_key(job: JobId, seq: u32) -> String {
+    format!("{job}/{seq}")
+}
+
+/// The stored key of [`PostgresHandle::transaction`]`(key, ..)`: `<job>/tx/<key>`.
+#[cfg(feature = "postgres")]
+fn transaction_key(job: JobId, key: &str) -> String {
+    format!("{job}/tx/{key}")
+}
+
+/// The stored key of [`PostgresHandle::push_outbox`]`(target, key, ..)`:
+/// `<job>/outbox/<target>/<key>`.
+#[cfg(feature = "postgres")]
+fn outbox_key(job: JobId, target: &str, key: &str) -> String {
+    format!("{job}/outbox/{target}/{key}")
+}
+
+/// The identities above pinned to literal values: a previous release computes the same, so
+/// changing one re-applies writes and re-adds follow-ups during a rolling deploy. Never update
+/// a literal to make a test pass (see palisade-core's `tests/golden.rs`).
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    const JOB: &str = "00000000-0000-4000-8000-000000000001";
+
+    fn job() -> JobId {
+        JobId::from(uuid::Uuid::parse_str(JOB).unwrap())
+    }
+
+    #[test]
+    fn default_write_keys_are_job_slash_sequence() {
+        assert_eq!(write_key(job(), 0), format!("{JOB}/0"));
+        assert_eq!(write_key(job(), 12), format!("{JOB}/12"));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn transaction_and_outbox_keys_name_the_job() {
+        assert_eq!(transaction_key(job(), "pay"), format!("{JOB}/tx/pay"));
+        assert_eq!(
+            outbox_key(job(), "email", "receipt"),
+            format!("{JOB}/outbox/email/receipt")
+        );
+    }
+
+    /// Computed apart from this code: Python's `uuid.uuid5` over the namespace and
+    /// `"<lease>\n<index>"`.
+    #[test]
+    fn completion_follow_up_ids_are_uuid5_of_lease_and_index() {
+        let lease = crate::ids::LeaseId::from(
+            uuid::Uuid::parse_str("00000000-0000-4000-8000-000000000002").unwrap(),
+        );
+        assert_eq!(
+            follow_up_id(lease, 0).to_string(),
+            "f6188e38-7345-54ce-b09b-c1f7a0470673"
+        );
+        assert_eq!(
+            follow_up_id(lease, 1).to_string(),
+            "929bc3f7-043c-52fe-9a39-27ce5c47eb6e"
+        );
+    }
 }

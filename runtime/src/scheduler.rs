@@ -17,7 +17,6 @@ use std::time::Duration;
 use actix::prelude::*;
 use metrics::counter;
 
-use crate::job::Enqueued;
 use crate::metrics as m;
 use crate::schedule::{Schedule, TICK_HORIZON_YEARS};
 use crate::store::{ControlStore, Stores};
@@ -139,11 +138,10 @@ async fn fire(store: &Stores, schedule: &Schedule, now: i64) -> crate::Result<()
     for chunk in ticks.chunks(1000) {
         let jobs = chunk.iter().map(|t| schedule.job_for(*t)).collect();
         for done in crate::enqueue::enqueue_counted(store, jobs).await? {
-            let outcome = match done {
-                Enqueued::Added(_) => "enqueued",
-                Enqueued::Existing(_) => "existing",
-                // (A tick's job is not debounced: its unique key decides.)
-                Enqueued::Debounced(_) => "debounced",
+            // (A tick's job is not debounced: its unique key decides.)
+            let outcome = match done.as_str() {
+                "added" => "enqueued",
+                other => other,
             };
             counter!(m::SCHEDULE_TICKS, "schedule" => schedule.name().to_owned(), "outcome" => outcome)
                 .increment(1);

@@ -714,12 +714,7 @@ impl Coordinators {
                         // earlier job.
                         let answer = |side: &Side, e: Enqueued| match e {
                             Enqueued::Added(_) => None,
-                            Enqueued::Existing(id) => {
-                                Some(("existing", side.job_nos.get(&id).copied()))
-                            }
-                            Enqueued::Debounced(id) => {
-                                Some(("debounced", side.job_nos.get(&id).copied()))
-                            }
+                            other => Some((other.as_str(), side.job_nos.get(&other.id()).copied())),
                         };
                         same(
                             format_args!("step {s} enqueue of job {}", self.enqueued),

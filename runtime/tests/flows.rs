@@ -1122,6 +1122,79 @@ async fn a_corrupt_flow_stops_only_itself() {
     assert_eq!(stores.dead("plain", 10).await.unwrap().len(), 1);
 }
 
+/// Issue 55: records a process cannot read — a later release's format during a rolling
+/// deploy — are left in place, never delivered in part and forgotten (they used to be
+/// deleted: a follow-up record's jobs lost, a step end forgotten so its flow never
+/// finished). More of them than a sweep lists at once do not hold up the readable ones.
+#[actix::test]
+async fn records_a_release_cannot_read_are_left_in_place_and_passed() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let stores = palisade::store::redis::coordinator(pool, "later", 1, 0, 1 << 20, |s| s).unwrap();
+    let cli = |args: &[&str]| server.cli(args).unwrap();
+    // 150 follow-up records of a later format, the oldest, then one this release reads.
+    let later: Vec<String> = (0..150).map(|_| JobId::new().to_string()).collect();
+    for parent in &later {
+        let record = r#"{"v":2,"jobs":[],"waits":[{"name":"approval"}]}"#;
+        cli(&["SET", &format!("{{later}}:then:{parent}"), record]);
+        cli(&["ZADD", "{later}:thens", "0", parent]);
+    }
+    let (readable, child) = (JobId::new(), JobId::new());
+    let record = serde_json::to_string(&[job("child").with_id(child)]).unwrap();
+    cli(&["SET", &format!("{{later}}:then:{readable}"), &record]);
+    cli(&["ZADD", "{later}:thens", "1", &readable.to_string()]);
+    let due = stores.follow_ups(Duration::ZERO, 100).await.unwrap();
+    let parents: Vec<JobId> = due.iter().map(|s| s.parent).collect();
+    assert_eq!(
+        parents,
+        [readable],
+        "the readable set is found past the others"
+    );
+    // The coordinator's sweep delivers the readable one and leaves the others where they are.
+    let _coordinator = Coordinator::new(stores.clone())
+        .with_reap_interval(Duration::from_millis(50))
+        .start();
+    let mut left = String::new();
+    for _ in 0..300 {
+        left = cli(&["ZCARD", "{later}:thens"]);
+        if left == "150" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, "150", "the readable set was not delivered");
+    assert!(
+        stores.job(child).await.unwrap().is_some(),
+        "its job was enqueued"
+    );
+    for parent in &later {
+        let kept = cli(&["GET", &format!("{{later}}:then:{parent}")]);
+        assert!(kept.contains("approval"), "{parent}'s record was deleted");
+    }
+
+    // A step end with an end this release does not know, and one whose added steps it cannot
+    // decode: both stay where they are through the flow passes.
+    let flow = FlowId::new();
+    let ends = [
+        (JobId::new(), format!("{flow}\tcharge\tsuspended")),
+        (
+            JobId::new(),
+            format!("{flow}\tcharge\tcompleted\t{{\"steps_v2\":1}}"),
+        ),
+    ];
+    for (job, end) in &ends {
+        cli(&["HSET", "{later}:stepend", &job.to_string(), end]);
+        cli(&["ZADD", "{later}:stepends", "0", &job.to_string()]);
+    }
+    assert!(stores.step_ends(10).await.unwrap().is_empty());
+    pass(&stores).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (job, end) in &ends {
+        let kept = cli(&["HGET", "{later}:stepend", &job.to_string()]);
+        assert_eq!(&kept, end, "a step end was forgotten");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flows_on_a_cluster_with_three_partitions() {
     let cluster = tokio::task::spawn_blocking(palisade_testkit::RedisCluster::start)

@@ -1995,9 +1995,10 @@ async fn a_pipelined_pair_redoes_a_part_the_server_did_not_run() {
     assert_eq!((counts.completed, counts.leased), (2, 1));
 }
 
-/// Issue 25: a follow-up record another program wrote over is listed as an empty set (and
-/// logged), so the coordinator's sweep forgets it instead of failing on it every pass; a
-/// listed id that is not a job id fails the listing as garbage.
+/// Issue 25, changed by issue 55: a follow-up record another program wrote over (or a later
+/// release's) does not stop the sweep, and it is no longer forgotten: it is left where it is,
+/// unlisted, while the readable sets around it are listed. A member that is no job id does
+/// not fail the listing either.
 #[tokio::test]
 async fn a_follow_up_record_written_over_does_not_stop_the_sweep() {
     use palisade::{JobId, LeaseStore};
@@ -2005,14 +2006,16 @@ async fn a_follow_up_record_written_over_does_not_stop_the_sweep() {
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
     let store = RedisLeaseStore::new(pool, "fu");
-    let parent = JobId::new();
+    let (parent, readable) = (JobId::new(), JobId::new());
     server.cli(&["SET", &format!("{{fu}}:then:{parent}"), "not json"]);
     server.cli(&["ZADD", "{fu}:thens", "0", &parent.to_string()]);
-    let listed = store.follow_ups(Duration::ZERO, 10).await.unwrap();
+    server.cli(&["ZADD", "{fu}:thens", "0", "not-a-job"]);
+    server.cli(&["SET", &format!("{{fu}}:then:{readable}"), "[]"]);
+    server.cli(&["ZADD", "{fu}:thens", "1", &readable.to_string()]);
+    let listed = store.follow_ups(Duration::ZERO, 1).await.unwrap();
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].parent, parent);
-    assert!(listed[0].jobs.is_empty());
-    store.forget_follow_ups(parent).await.unwrap();
+    assert_eq!(listed[0].parent, readable);
+    store.forget_follow_ups(readable).await.unwrap();
     assert!(store
         .follow_ups(Duration::ZERO, 10)
         .await
@@ -2020,10 +2023,12 @@ async fn a_follow_up_record_written_over_does_not_stop_the_sweep() {
         .is_empty());
     assert_eq!(
         server
-            .cli(&["EXISTS", &format!("{{fu}}:then:{parent}")])
+            .cli(&["GET", &format!("{{fu}}:then:{parent}")])
             .as_deref(),
-        Some("0")
+        Some("not json"),
+        "the record was deleted"
     );
+    assert_eq!(server.cli(&["ZCARD", "{fu}:thens"]).as_deref(), Some("2"));
 }
 
 /// Issue 25: the follow-up list `thens` written over by another program (a type clash)
@@ -2381,4 +2386,66 @@ async fn a_claim_refuses_a_scope_or_group_key_written_over_while_the_others_are_
     }
     let got = store.claim("default", "w", 5, ttl).await.unwrap();
     assert_eq!(got.len(), 2, "{got:?}");
+}
+
+/// Issue 55: a job a later release enqueued carries meta fields this release does not know.
+/// Burying it and retrying it from the dead letters (both by this release, as in a rolling
+/// deploy) keeps them as they were; `bury` and `revive` used to copy only the fields they
+/// knew, erasing the later release's. The priority is kept too.
+#[tokio::test]
+async fn a_burial_and_a_revival_keep_the_meta_fields_of_a_later_release() {
+    use palisade::{LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("later");
+    let ids = store
+        .enqueue(vec![NewJob::raw("k", r#"{"n":1}"#).with_priority(3)])
+        .await
+        .unwrap();
+    let job = format!("{{later}}:job:{}", ids[0]);
+    let later =
+        serde_json::json!({"s": "text", "n": 12345678901234_u64, "on": true, "t": {"a": [1, 2]}});
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&server.cli(&["HGET", &job, "meta"]).unwrap()).unwrap();
+    meta["from_a_later_release"] = later.clone();
+    server
+        .cli(&["HSET", &job, "meta", &meta.to_string()])
+        .unwrap();
+
+    let c = store
+        .claim("default", "t", 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    store
+        .settle(vec![(
+            c.lease.id,
+            Settlement::Dead {
+                reason: "bad".into(),
+            },
+        )])
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let record: serde_json::Value = serde_json::from_str(
+        &server
+            .cli(&["LINDEX", "{later}:q:default:dead", "0"])
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["kept"]["from_a_later_release"], later, "{record}");
+    assert_eq!(record["priority"], 3, "{record}");
+
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 1);
+    let revived: serde_json::Value =
+        serde_json::from_str(&server.cli(&["HGET", &job, "meta"]).unwrap()).unwrap();
+    assert_eq!(revived["from_a_later_release"], later, "{revived}");
+    assert_eq!(revived["priority"], 3, "{revived}");
+    assert!(revived.get("kept").is_none(), "{revived}");
+    // And it still runs, read by this release.
+    let again = store
+        .claim("default", "t", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!((again.len(), again[0].job.attempt), (1, 1));
 }

@@ -1090,6 +1090,26 @@ mod tests {
         );
     }
 
+    /// Pinned: a request retried against the other release of a rolling deploy must find the
+    /// job or flow the first one made. The flow id was computed apart from this code
+    /// (Python's `uuid.uuid5` over the namespace and `"flow:<key>"`). Never update a literal to
+    /// make it pass.
+    #[test]
+    fn golden_idempotency_keys_and_flow_ids() {
+        assert_eq!(
+            idempotency_key("order-42", None).unwrap(),
+            "idem:one:order-42"
+        );
+        assert_eq!(
+            idempotency_key("order-42", Some(3)).unwrap(),
+            "idem:batch:3:order-42"
+        );
+        assert_eq!(
+            idempotent_flow_id("order-42").unwrap().to_string(),
+            "db002956-a8d5-56b2-ae6b-7fbeb213b4eb"
+        );
+    }
+
     #[test]
     fn a_flow_request_is_checked_whole() {
         let flow: FlowRequest = parse(

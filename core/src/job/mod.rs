@@ -109,9 +109,8 @@ mod tests {
         assert!(alone.starts_with('['), "{alone}");
         let both = FollowUpRecord::encode(&jobs, &flows).unwrap();
         for (json, flows) in [(alone, Vec::new()), (both, flows)] {
-            let record: FollowUpRecord = serde_json::from_str(&json).unwrap();
             assert_eq!(
-                record.into_set(parent),
+                FollowUpRecord::decode(parent, &json).unwrap(),
                 FollowUps {
                     parent,
                     jobs: jobs.clone(),
@@ -119,5 +118,34 @@ mod tests {
                 }
             );
         }
+    }
+
+    /// Issue 55: what a reader does with a record it may not fully understand. A field it
+    /// does not know in a version-1 record is skipped (version 1 promises nothing else); a
+    /// record of a later version, or of a shape it cannot read, is refused whole, so that the
+    /// caller leaves it for a process that reads it instead of delivering half of it.
+    #[test]
+    fn a_follow_up_record_of_a_later_format_is_refused_whole() {
+        let parent = JobId::new();
+        let job = NewJob::raw("child", "1").with_id(JobId::new());
+        let jobs = serde_json::to_string(&[&job]).unwrap();
+        // A version-1 object without flows (the jobs-only shape is the array, but a writer
+        // may send the object): read, flows empty.
+        let set = FollowUpRecord::decode(parent, &format!(r#"{{"jobs":{jobs},"note":1}}"#));
+        assert_eq!(set.unwrap().jobs, std::slice::from_ref(&job));
+        let set = FollowUpRecord::decode(parent, &format!(r#"{{"v":1,"jobs":{jobs}}}"#));
+        assert_eq!(set.unwrap().jobs, [job]);
+        for unreadable in [
+            format!(r#"{{"v":2,"jobs":{jobs},"waits":[]}}"#),
+            r#"{"v":2,"waits":[]}"#.to_owned(),
+            "not json".to_owned(),
+            r#"{"jobs":"nope"}"#.to_owned(),
+        ] {
+            let why = FollowUpRecord::decode(parent, &unreadable).unwrap_err();
+            assert!(!why.is_empty(), "{unreadable}");
+        }
+        let why = FollowUpRecord::decode(parent, r#"{"v":2,"jobs":[]}"#).unwrap_err();
+        assert!(why.contains("format version 2"), "{why}");
+        assert_eq!(FollowUpRecord::decode(parent, "").unwrap().jobs, []);
     }
 }

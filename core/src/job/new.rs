@@ -242,6 +242,7 @@ pub enum Cancelled {
 
 /// What enqueue did with one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Enqueued {
     /// A new job.
     Added(JobId),
@@ -257,6 +258,16 @@ impl Enqueued {
     pub fn id(self) -> JobId {
         match self {
             Self::Added(id) | Self::Existing(id) | Self::Debounced(id) => id,
+        }
+    }
+
+    /// What happened, as one word (`added`, `existing`, `debounced`): for a metric label or
+    /// a log line, so that code outside this crate need not match every variant.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added(_) => "added",
+            Self::Existing(_) => "existing",
+            Self::Debounced(_) => "debounced",
         }
     }
 }

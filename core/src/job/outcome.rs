@@ -179,6 +179,12 @@ pub struct FollowUps {
 
 /// A kept follow-up record as the stores write it: the jobs alone, as before flows could be
 /// started from a handler (so a record is read by either version), or jobs and flows.
+///
+/// The object form may carry `v`, its format version: absent means 1, which is what this
+/// release writes and the newest it reads. A later release that adds something a reader must
+/// not skip writes a higher `v`; a reader of an older release then leaves the record where it
+/// is for a process that reads it ([`FollowUpRecord::decode`]), never delivers half of it and
+/// forgets the rest.
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 #[doc(hidden)]
@@ -186,8 +192,19 @@ pub enum FollowUpRecord {
     Jobs(Vec<NewJob>),
     WithFlows {
         jobs: Vec<NewJob>,
+        #[serde(default)]
         flows: Vec<crate::flow::Flow>,
+        #[serde(default = "first_version")]
+        v: u32,
     },
+}
+
+/// The newest follow-up record format this release reads (and the one it writes).
+#[doc(hidden)]
+pub const FOLLOW_UP_RECORD_VERSION: u32 = 1;
+
+fn first_version() -> u32 {
+    1
 }
 
 impl FollowUpRecord {
@@ -207,20 +224,28 @@ impl FollowUpRecord {
         }
     }
 
-    /// The kept set of `parent`.
+    /// The kept set of `parent` from its stored record (`""`: a record gone since it was
+    /// listed, an empty set). `Err` names why the record cannot be read by this release: the
+    /// caller leaves it in place and says so, since it may be a later release's (see the
+    /// type's docs) and deleting it would lose its jobs.
     #[doc(hidden)]
-    pub fn into_set(self, parent: JobId) -> FollowUps {
-        match self {
-            FollowUpRecord::Jobs(jobs) => FollowUps {
-                parent,
-                jobs,
-                flows: Vec::new(),
+    pub fn decode(parent: JobId, record: &str) -> std::result::Result<FollowUps, String> {
+        let (jobs, flows) = match record {
+            "" => (Vec::new(), Vec::new()),
+            json => match serde_json::from_str(json).map_err(|e| e.to_string())? {
+                FollowUpRecord::Jobs(jobs) => (jobs, Vec::new()),
+                FollowUpRecord::WithFlows { v, .. } if v > FOLLOW_UP_RECORD_VERSION => {
+                    return Err(format!(
+                        "format version {v}, this release reads up to {FOLLOW_UP_RECORD_VERSION}"
+                    ))
+                }
+                FollowUpRecord::WithFlows { jobs, flows, .. } => (jobs, flows),
             },
-            FollowUpRecord::WithFlows { jobs, flows } => FollowUps {
-                parent,
-                jobs,
-                flows,
-            },
-        }
+        };
+        Ok(FollowUps {
+            parent,
+            jobs,
+            flows,
+        })
     }
 }

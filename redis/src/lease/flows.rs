@@ -316,64 +316,45 @@ impl FlowStore for RedisLeaseStore {
     }
 
     async fn step_ends(&self, max: usize) -> Result<Vec<StepEnded>> {
-        let mut conn = self.conn().await?;
-        let flat: Vec<String> = STEP_ENDS
-            .key(&self.base)
-            .arg(script_count(max))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        let mut ends = Vec::new();
-        for pair in flat.chunks_exact(3) {
-            let job = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
-            let at_ms = pair[2].parse::<f64>().unwrap_or(0.0) as u64;
-            // "<flow> TAB <step> TAB <end>", then "TAB <added steps as JSON> TAB <result>"
-            // for a completion that added steps or kept a result (either may be empty).
-            let mut parts = pair[1].splitn(5, '\t');
-            let (flow, step, end) = (parts.next(), parts.next(), parts.next());
-            let added = parts.next().filter(|a| !a.is_empty());
-            let result = parts.next().filter(|r| !r.is_empty()).map(str::to_owned);
-            let decoded = (|| {
-                let flow = FlowId::from(flow?.parse::<uuid::Uuid>().ok()?);
-                // Added steps that do not decode (another program's record) are said and
-                // dropped; the end itself is still recorded, so the flow moves on.
-                let added: Vec<Step> = match added.map(serde_json::from_str) {
-                    Some(Ok(added)) => added,
-                    Some(Err(e)) => {
-                        tracing::error!(%job, error = %e, "steps added by a flow step do not decode; dropped");
-                        Vec::new()
+        // As the follow-up sweep does: an end this release cannot read stays where it is for a
+        // process that can (its flow waits, said on every pass), never recorded in part, and
+        // a pass that meets some asks past them.
+        let mut asked = max;
+        loop {
+            let mut conn = self.conn().await?;
+            let flat: Vec<String> = STEP_ENDS
+                .key(&self.base)
+                .arg(script_count(asked))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.link.broken(e))?;
+            let mut ends = Vec::with_capacity(flat.len() / 3);
+            let mut unreadable = 0usize;
+            for triple in flat.chunks_exact(3) {
+                let job = JobId::from(parse::<uuid::Uuid>(&triple[0])?);
+                let at_ms = triple[2].parse::<f64>().unwrap_or(0.0) as u64;
+                match decode_step_end(job, &triple[1], at_ms) {
+                    Ok(end) => ends.push(end),
+                    Err(why) => {
+                        unreadable += 1;
+                        crate::repeats::warn_repeated!(%job, record = %triple[1], %why, "a flow step end this release cannot read; left in place for a process that can (its flow waits)");
                     }
-                    None => Vec::new(),
-                };
-                Some((flow, step?.to_owned(), StepEnd::parse(end?)?, added))
-            })();
-            match decoded {
-                Some((flow, step, end, added)) => ends.push(StepEnded {
-                    job,
-                    flow,
-                    step,
-                    end,
-                    added,
-                    at_ms,
-                    result,
-                }),
-                // Another program's record (or one gone since it was listed): said, and
-                // forgotten with the others, so it cannot stop every later pass.
-                None => {
-                    tracing::error!(%job, record = %pair[1], "flow step end does not decode; forgetting it");
-                    ends.push(StepEnded {
-                        job,
-                        flow: FlowId::from(uuid::Uuid::nil()),
-                        step: String::new(),
-                        end: StepEnd::Dead,
-                        added: Vec::new(),
-                        at_ms,
-                        result: None,
-                    });
                 }
             }
+            let listed = flat.len() / 3;
+            if unreadable == 0
+                || ends.len() >= max
+                || listed < asked
+                || asked >= super::MAX_UNREADABLE_PASSED
+            {
+                metrics::counter!(crate::metrics::RECORDS_UNREADABLE, "kind" => "step_ends")
+                    .increment(unreadable as u64);
+                ends.truncate(max);
+                return Ok(ends);
+            }
+            // The next listing starts from the oldest again: room for the unreadable ones met.
+            asked = (max + unreadable).min(super::MAX_UNREADABLE_PASSED);
         }
-        Ok(ends)
     }
 
     async fn forget_step_ends(&self, jobs: &[JobId]) -> Result<()> {
@@ -559,5 +540,87 @@ impl FlowStore for RedisLeaseStore {
             listed.push((id, created));
         }
         Ok((parse(count)?, listed))
+    }
+}
+
+/// One step end as `note_step_end` (common.lua) keeps it: "<flow> TAB <step> TAB <end>", then
+/// "TAB <added steps as JSON> TAB <result>" for a completion that added steps or kept a
+/// result (either may be empty). The result is the rest of the record, tabs and all (a
+/// result may hold any text), so nothing can follow it: a field a later release needs goes
+/// where a reader of this release fails on it, not where it would be read as result text.
+///
+/// `Err` says why this release cannot read it: an end it does not know, added steps it
+/// cannot decode, no flow id. The whole end is then left in place, never recorded without
+/// its added steps. An empty record (none kept under a listed job) is an end of no flow,
+/// which the pass forgets: there is nothing to keep.
+fn decode_step_end(job: JobId, record: &str, at_ms: u64) -> std::result::Result<StepEnded, String> {
+    if record.is_empty() {
+        return Ok(StepEnded {
+            job,
+            flow: FlowId::from(uuid::Uuid::nil()),
+            step: String::new(),
+            end: StepEnd::Dead,
+            added: Vec::new(),
+            at_ms,
+            result: None,
+        });
+    }
+    let mut parts = record.splitn(5, '\t');
+    let (flow, step, end) = (parts.next(), parts.next(), parts.next());
+    let added = parts.next().filter(|a| !a.is_empty());
+    let result = parts.next().filter(|r| !r.is_empty()).map(str::to_owned);
+    let flow = flow
+        .and_then(|f| f.parse::<uuid::Uuid>().ok())
+        .ok_or("no flow id")?;
+    let step = step.ok_or("no step name")?;
+    let end = end.ok_or("no end")?;
+    let end =
+        StepEnd::parse(end).ok_or_else(|| format!("an end this release does not know: {end:?}"))?;
+    let added: Vec<Step> = match added {
+        Some(json) => serde_json::from_str(json).map_err(|e| format!("added steps: {e}"))?,
+        None => Vec::new(),
+    };
+    Ok(StepEnded {
+        job,
+        flow: FlowId::from(flow),
+        step: step.to_owned(),
+        end,
+        added,
+        at_ms,
+        result,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 55: an end is read whole or left in place; a result keeps its tabs.
+    #[test]
+    fn a_step_end_is_read_whole_or_not_at_all() {
+        let (job, flow) = (JobId::new(), FlowId::new());
+        let end = decode_step_end(job, &format!("{flow}\tcharge\tcompleted"), 5).unwrap();
+        assert_eq!(
+            (end.flow, end.step.as_str(), end.end, end.at_ms),
+            (flow, "charge", StepEnd::Completed, 5)
+        );
+        let tabbed =
+            decode_step_end(job, &format!("{flow}\tcharge\tcompleted\t\t[1,\t2]"), 5).unwrap();
+        assert_eq!(tabbed.result.as_deref(), Some("[1,\t2]"));
+        for unreadable in [
+            format!("{flow}\tcharge\tcancelled"),
+            format!("{flow}\tcharge\tcompleted\tnot json"),
+            format!("{flow}\tcharge"),
+            "not-a-uuid\tcharge\tcompleted".to_owned(),
+        ] {
+            assert!(
+                decode_step_end(job, &unreadable, 5).is_err(),
+                "{unreadable}"
+            );
+        }
+        assert_eq!(
+            decode_step_end(job, "", 5).unwrap().flow,
+            FlowId::from(uuid::Uuid::nil())
+        );
     }
 }

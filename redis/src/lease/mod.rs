@@ -37,6 +37,10 @@ static CLAIM: LazyLock<Script> = coordinator_script!("claim.lua");
 static RENEW: LazyLock<Script> = coordinator_script!("renew.lua");
 static SETTLE: LazyLock<Script> = coordinator_script!("settle.lua");
 static REAP: LazyLock<Script> = coordinator_script!("reap.lua");
+/// The most records a follow-up sweep or a flow pass lists in one call when it meets records
+/// this release cannot read and asks past them (each is listed again by every pass).
+pub(crate) const MAX_UNREADABLE_PASSED: usize = 10_000;
+
 /// Lists accepted completions' follow-up jobs kept at least ARGV[1] ms (by the Redis clock),
 /// oldest first, at most ARGV[2]: KEYS[1] the base; returns parent id, jobs JSON ("" for a
 /// record gone meanwhile), ... Read-only.
@@ -624,30 +628,49 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
-        let mut conn = self.conn().await?;
-        let flat: Vec<String> = FOLLOW_UPS
-            .key(&self.base)
-            .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
-            .arg(script_count(max))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        flat.chunks_exact(2)
-            .map(|pair| {
-                let parent = JobId::from(parse::<uuid::Uuid>(&pair[0])?);
-                // A record gone since it was listed (delivered meanwhile) is an empty set; so
-                // is one another program wrote over, said loudly, so that it cannot stop every
-                // later sweep.
-                let record = match pair[1].as_str() {
-                    "" => FollowUpRecord::Jobs(Vec::new()),
-                    json => serde_json::from_str(json).unwrap_or_else(|e| {
-                        tracing::error!(%parent, error = %e, "follow-up record does not decode; forgetting it");
-                        FollowUpRecord::Jobs(Vec::new())
-                    }),
-                };
-                Ok(record.into_set(parent))
-            })
-            .collect()
+        // A record this release cannot read (a later release's format during a rolling
+        // deploy, or another program's write) stays where it is, for a process that reads it:
+        // never delivered in part and forgotten. Every pass lists it again, so a pass that
+        // meets some asks for as many more, and they never crowd out the sets it can deliver.
+        let mut asked = max;
+        loop {
+            let mut conn = self.conn().await?;
+            let flat: Vec<String> = FOLLOW_UPS
+                .key(&self.base)
+                .arg(older_than.as_millis().min(MAX_DELAY.as_millis()) as u64)
+                .arg(script_count(asked))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.link.broken(e))?;
+            let mut sets = Vec::with_capacity(flat.len() / 2);
+            let mut unreadable = 0usize;
+            for pair in flat.chunks_exact(2) {
+                // (A record gone since it was listed, delivered meanwhile, is "": an empty set.)
+                let decoded = parse::<uuid::Uuid>(&pair[0])
+                    .map_err(|e| e.to_string())
+                    .and_then(|id| FollowUpRecord::decode(JobId::from(id), &pair[1]));
+                match decoded {
+                    Ok(set) => sets.push(set),
+                    Err(why) => {
+                        unreadable += 1;
+                        crate::repeats::warn_repeated!(parent = %pair[0], %why, "a follow-up record this release cannot read; left in place for a process that can");
+                    }
+                }
+            }
+            let listed = flat.len() / 2;
+            if unreadable == 0
+                || sets.len() >= max
+                || listed < asked
+                || asked >= MAX_UNREADABLE_PASSED
+            {
+                metrics::counter!(crate::metrics::RECORDS_UNREADABLE, "kind" => "follow_ups")
+                    .increment(unreadable as u64);
+                sets.truncate(max);
+                return Ok(sets);
+            }
+            // The next listing starts from the oldest again: room for the unreadable ones met.
+            asked = (max + unreadable).min(MAX_UNREADABLE_PASSED);
+        }
     }
 
     async fn forget_follow_ups(&self, parent: JobId) -> Result<()> {

@@ -27,6 +27,7 @@ macro_rules! lease_cases {
             unique_keys_make_enqueue_idempotent,
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
+            a_retried_dead_letter_keeps_its_priority,
             a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl,
             settle_and_claim_settles_first,
             a_result_is_kept_with_its_completion,
@@ -937,6 +938,32 @@ pub async fn a_dead_job_is_not_revived_over_a_live_job_of_its_id(store: Stores) 
         c[0].job.payload, "\"second\"",
         "the live job kept its payload"
     );
+}
+
+/// Issue 55: a dead letter retried by an operator goes back with the priority it was
+/// enqueued with (both stores reset it to 0 before), ahead of plain jobs enqueued earlier.
+/// (One group for all three: it places them in one partition of a partitioned coordinator,
+/// where priority orders a partition's jobs; a scope would, but its jobs wait in turn.)
+pub async fn a_retried_dead_letter_keeps_its_priority(store: Stores) {
+    let q = "prio-revive";
+    // One kind for all three (a claim merges kinds' ready sets by their own rules).
+    let job = || job("k").with_queue(q).with_group("prio-revive");
+    let urgent = store.enqueue(vec![job().with_priority(7)]).await.unwrap()[0];
+    let c = store.claim(q, "suite", 1, TTL).await.unwrap().remove(0);
+    settle(
+        &store,
+        c.lease.id,
+        Settlement::Dead {
+            reason: "bad".into(),
+        },
+    )
+    .await
+    .unwrap();
+    store.enqueue(vec![job(), job()]).await.unwrap();
+    assert_eq!(store.retry_dead(q, 10).await.unwrap(), 1);
+    let first = store.claim(q, "suite", 1, TTL).await.unwrap();
+    assert_eq!(first[0].job.id, urgent, "the revived job lost its priority");
+    assert_eq!((first[0].job.attempt, first[0].job.stalls), (1, 0));
 }
 
 /// Issue 24: a worker's settlements and its next claim in one call (one round trip on Redis).

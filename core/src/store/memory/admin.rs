@@ -43,7 +43,7 @@ impl Inspect for MemoryLeaseStore {
         Ok(state
             .queues
             .get(queue)
-            .map(|q| q.dead.iter().take(limit).cloned().collect())
+            .map(|q| q.dead.iter().take(limit).map(|(d, _)| d.clone()).collect())
             .unwrap_or_default())
     }
 
@@ -52,7 +52,14 @@ impl Inspect for MemoryLeaseStore {
         Ok(state
             .queues
             .get(queue)
-            .map(|q| q.dead.iter().skip(skip).take(limit).cloned().collect())
+            .map(|q| {
+                q.dead
+                    .iter()
+                    .skip(skip)
+                    .take(limit)
+                    .map(|(d, _)| d.clone())
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
@@ -203,12 +210,12 @@ impl Inspect for MemoryLeaseStore {
 
 /// Where the newest dead letter of `job` is among the newest
 /// [`DEAD_JOB_SEARCH`](crate::store::DEAD_JOB_SEARCH), as the Redis store searches.
-fn newest_dead(dead: &std::collections::VecDeque<DeadJob>, job: JobId) -> Option<usize> {
+fn newest_dead(dead: &std::collections::VecDeque<(DeadJob, i32)>, job: JobId) -> Option<usize> {
     let from_end = dead
         .iter()
         .rev()
         .take(crate::store::DEAD_JOB_SEARCH)
-        .position(|d| d.job.id == job)?;
+        .position(|(d, _)| d.job.id == job)?;
     Some(dead.len() - 1 - from_end)
 }
 
@@ -287,26 +294,20 @@ impl QueueAdmin for MemoryLeaseStore {
         let mut state = lock(&self.state);
         let mut count = 0;
         while count < limit {
-            let Some(dead) = state.queues.get_mut(queue).and_then(|q| q.dead.pop_front()) else {
+            let Some((dead, priority)) =
+                state.queues.get_mut(queue).and_then(|q| q.dead.pop_front())
+            else {
                 break;
             };
             if state.jobs.contains_key(&dead.job.id) {
                 // Its id names a live job again (re-enqueued with that id): reviving it would
                 // write over that job. The record stays (at the end), as on Redis.
                 if let Some(q) = state.queues.get_mut(queue) {
-                    q.dead.push_back(dead);
+                    q.dead.push_back((dead, priority));
                 }
                 break;
             }
-            let DeadJob { mut job, .. } = dead;
-            let id = job.id;
-            job.attempt = 0;
-            job.stalls = 0;
-            // Fresh snoozes, and no deadline: an operator asked for it to run now.
-            job.snoozes = 0;
-            job.deadline_ms = None;
-            state.jobs.insert(id, super::StoredJob::new(job));
-            state.park(id, now, now);
+            state.revive(dead, priority, now);
             count += 1;
         }
         Ok(count)
@@ -325,16 +326,10 @@ impl QueueAdmin for MemoryLeaseStore {
         let Some(i) = newest_dead(&q.dead, job) else {
             return Ok(false);
         };
-        let Some(DeadJob { mut job, .. }) = q.dead.remove(i) else {
+        let Some((dead, priority)) = q.dead.remove(i) else {
             return Ok(false);
         };
-        let id = job.id;
-        job.attempt = 0;
-        job.stalls = 0;
-        job.snoozes = 0;
-        job.deadline_ms = None;
-        state.jobs.insert(id, super::StoredJob::new(job));
-        state.park(id, now, now);
+        state.revive(dead, priority, now);
         Ok(true)
     }
 

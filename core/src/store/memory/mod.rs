@@ -157,7 +157,8 @@ struct QueueState {
     leased: u64,
     waiting: u64,
     completed: u64,
-    dead: VecDeque<DeadJob>,
+    /// Dead letters, oldest first, each with the priority it had (a retry from here keeps it).
+    dead: VecDeque<(DeadJob, i32)>,
     /// Jobs cancelled (`cancel`), and dead-lettered, ever.
     cancelled: u64,
     died: u64,
@@ -838,6 +839,24 @@ impl LeaseState {
         }
     }
 
+    /// A dead letter back in its queue with fresh attempts, stalls and snoozes, no deadline
+    /// (an operator asked for it to run now) and the priority it had, as `revive` in
+    /// common.lua does. The caller has checked that its id names no live job.
+    fn revive(&mut self, dead: DeadJob, priority: i32, now: Instant) {
+        let DeadJob { mut job, .. } = dead;
+        let id = job.id;
+        job.attempt = 0;
+        job.stalls = 0;
+        job.snoozes = 0;
+        job.deadline_ms = None;
+        if priority != 0 {
+            let q = self.queues.entry(job.queue.clone()).or_default();
+            q.priority.insert(id, priority);
+        }
+        self.jobs.insert(id, StoredJob::new(job));
+        self.park(id, now, now);
+    }
+
     fn bury(&mut self, id: JobId, reason: String, retention: usize) {
         self.errors.remove(&id);
         self.release_unique(id);
@@ -847,16 +866,19 @@ impl LeaseState {
         if let Some(StoredJob { job, .. }) = self.jobs.remove(&id) {
             self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new(), None);
             let q = self.queues.entry(job.queue.clone()).or_default();
-            q.priority.remove(&id);
+            let priority = q.priority.remove(&id).unwrap_or_default();
             q.died += 1;
             // (A dead letter is a plain job again, as on Redis: retried, it runs outside
             // its flow, which recorded its end already.)
             let job = Job { flow: None, ..job };
-            q.dead.push_back(DeadJob {
-                job,
-                reason,
-                died_ms: Some(crate::store::unix_ms()),
-            });
+            q.dead.push_back((
+                DeadJob {
+                    job,
+                    reason,
+                    died_ms: Some(crate::store::unix_ms()),
+                },
+                priority,
+            ));
             while q.dead.len() > retention {
                 q.dead.pop_front();
             }
