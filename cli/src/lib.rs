@@ -155,8 +155,12 @@ impl Installation {
         };
         if sinks::is_postgres(url) {
             let ca = self.redis.ca_file();
-            let pg =
-                sinks::postgres_sinks(&[(name.to_owned(), url.clone())], ca.as_deref()).await?;
+            let pg = sinks::postgres_sinks(
+                &[(name.to_owned(), url.clone())],
+                ca.as_deref(),
+                Default::default(),
+            )
+            .await?;
             let (_, pg) = pg.into_iter().next().expect("one postgres:// sink");
             return Ok(std::sync::Arc::new(palisade::PostgresFencedStore::new(pg)));
         }
@@ -187,6 +191,8 @@ enum Builtin {
     /// List or retry the outbox entries of the postgres:// sinks.
     #[command(subcommand)]
     Outbox(relay::OutboxCommand),
+    /// Show (--plan) or apply (--apply) the schema migrations of the postgres:// sinks.
+    Migrate(sinks::MigrateArgs),
     /// List, add or remove recurring schedules (those kept in Redis; `list` also shows the
     /// ones this binary declares).
     #[command(subcommand)]
@@ -494,6 +500,7 @@ impl App {
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),
+            Builtin::Migrate(args) => sinks::migrate(args, &sinks),
             #[cfg(feature = "ui")]
             Builtin::Ui(args) => ui::run(args, registry),
             #[cfg(feature = "ui")]

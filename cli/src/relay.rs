@@ -90,7 +90,7 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         .build()?;
     rt.block_on(async {
         let ca = super::ca_file_or_env(args.ca_file.clone());
-        let sinks = postgres_sinks(&urls, ca.as_deref()).await?;
+        let sinks = postgres_sinks(&urls, ca.as_deref(), Default::default()).await?;
         if sinks.is_empty() {
             bail!(
                 "no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)"
@@ -218,7 +218,12 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
     System::new().block_on(async move {
-        let sinks = postgres_sinks(&sink_urls, args.redis.ca_file().as_deref()).await?;
+        let sinks = postgres_sinks(
+            &sink_urls,
+            args.redis.ca_file().as_deref(),
+            Default::default(),
+        )
+        .await?;
         let _relays = args.relay.start(&sinks, &args.redis).await?;
         health.set_ready(true);
         super::shutdown_signal().await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 
-use palisade::store::postgres::PostgresSink;
+use palisade::store::postgres::{MigrationPlan, Migrations, PostgresSink};
 use palisade::store::redis::redacted;
 
 /// The process's environment, its UTF-8 variables (what the sink lookups read).
@@ -89,16 +89,115 @@ pub(super) fn sink_urls(
 pub(super) async fn postgres_sinks(
     sink_urls: &[(String, String)],
     ca: Option<&std::path::Path>,
+    migrations: Migrations,
 ) -> anyhow::Result<Vec<(String, Arc<PostgresSink>)>> {
     let mut sinks = Vec::new();
     for (name, url) in sink_urls.iter().filter(|(_, url)| is_postgres(url)) {
         let url = &palisade::cli_support::with_default_root(url, ca)?;
-        let sink = PostgresSink::connect_until_ready(url, super::STARTUP_PATIENCE)
+        let sink = PostgresSink::connect_with(url, super::STARTUP_PATIENCE, migrations)
             .await
             .with_context(|| format!("sink {name} at {}", redacted(url)))?;
         sinks.push((name.clone(), Arc::new(sink)));
     }
     Ok(sinks)
+}
+
+/// `migrate`: the schema migrations of the postgres:// sinks, shown or applied.
+#[derive(Clone, Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("what").required(true))]
+pub(super) struct MigrateArgs {
+    /// Where a declared sink lives, `NAME=postgres://…` (repeatable; also
+    /// `PALISADE_SINK_<NAME>_URL`).
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
+    /// Print each sink's schema version and the migrations this binary would apply, with
+    /// their SQL; change nothing.
+    #[arg(long, group = "what")]
+    plan: bool,
+    /// Apply them (each once, under a lock; safe while workers run).
+    #[arg(long, group = "what")]
+    apply: bool,
+    /// PEM certificate authority for sinks with sslmode=verify-ca|verify-full and no
+    /// sslrootcert of their own.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PATH")]
+    ca_file: Option<std::path::PathBuf>,
+}
+
+/// Runs `migrate --plan` or `migrate --apply`.
+pub(super) fn migrate(args: MigrateArgs, declared: &[String]) -> anyhow::Result<()> {
+    let urls = sink_urls(declared, &args.sinks, &environment(), "")?;
+    let urls: Vec<_> = urls
+        .into_iter()
+        .filter(|(_, url)| is_postgres(url))
+        .collect();
+    if urls.is_empty() {
+        bail!("no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let ca = super::ca_file_or_env(args.ca_file.clone());
+        for (name, url) in &urls {
+            let url = &palisade::cli_support::with_default_root(url, ca.as_deref())?;
+            let at = || format!("sink {name} at {}", redacted(url));
+            if args.apply {
+                let done = palisade::store::postgres::migrate(url)
+                    .await
+                    .with_context(at)?;
+                println!("{}", applied_line(name, &done));
+            } else {
+                let plan = palisade::store::postgres::migration_plan(url)
+                    .await
+                    .with_context(at)?;
+                print!("{}", plan_text(name, &plan));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// What `migrate --plan` prints for one sink.
+fn plan_text(name: &str, plan: &MigrationPlan) -> String {
+    let mut text = format!(
+        "sink {name}: schema {} at version {}, this binary knows {}",
+        plan.schema, plan.current, plan.known
+    );
+    match (plan.newer_needs, plan.pending.is_empty()) {
+        (Some(needs), _) if needs <= plan.known => text.push_str(&format!(
+            "; newer, and binaries from version {needs} on run against it: nothing to apply\n"
+        )),
+        (Some(needs), _) => text.push_str(&format!(
+            "; newer, and only binaries from version {needs} on run against it: upgrade this one\n"
+        )),
+        (None, true) => text.push_str(": up to date\n"),
+        (None, false) => {
+            text.push_str(&format!(": {} to apply\n", plan.pending.len()));
+            for m in &plan.pending {
+                text.push_str(&format!(
+                    "-- version {} (binaries from version {} on run against it)\n{}\n",
+                    m.version,
+                    m.readers_from,
+                    m.sql.trim_end()
+                ));
+            }
+        }
+    }
+    text
+}
+
+/// What `migrate --apply` prints for one sink.
+fn applied_line(name: &str, done: &MigrationPlan) -> String {
+    match done.pending.last() {
+        Some(last) => format!(
+            "sink {name}: schema {} from version {} to {}",
+            done.schema, done.current, last.version
+        ),
+        None => format!(
+            "sink {name}: schema {} at version {}: nothing to apply",
+            done.schema, done.current
+        ),
+    }
 }
 
 pub(super) fn is_postgres(url: &str) -> bool {

@@ -17,6 +17,7 @@ use super::sinks::{is_postgres, postgres_sinks, sink_urls};
 use super::{RedisArgs, STARTUP_PATIENCE};
 use palisade::metrics::Health;
 use palisade::store::epoch::{FileEpochSource, PostgresEpochSource};
+use palisade::store::postgres::Migrations;
 use palisade::store::postgres::{PostgresFencedStore, PostgresSink};
 use palisade::store::redis::{ping, redacted};
 use palisade::store::{ControlStore, DEFAULT_DEAD_RETENTION, MAX_DEAD_RETENTION};
@@ -69,6 +70,11 @@ pub(super) struct WorkerArgs {
     /// binary's schedules and those kept in Redis).
     #[arg(long)]
     no_scheduler: bool,
+    /// Do not change the schema of the postgres:// sinks: refuse to start unless it already has
+    /// every migration this binary needs (`palisade migrate --plan`, then `--apply`, run them).
+    /// By default each worker applies what is missing at start.
+    #[arg(long)]
+    no_migrate: bool,
     /// Also run an outbox relay for every postgres:// sink in this process (see `relay`).
     #[arg(long)]
     relay: bool,
@@ -316,7 +322,12 @@ async fn connect_sinks(
     let mut pools: HashMap<String, Target> = HashMap::new();
     pools.insert(args.redis.redis.clone(), coordinator);
     let mut sinks = Sinks::new();
-    let postgres = postgres_sinks(sink_urls, args.redis.ca_file().as_deref()).await?;
+    let migrations = if args.no_migrate {
+        Migrations::Check
+    } else {
+        Migrations::Apply
+    };
+    let postgres = postgres_sinks(sink_urls, args.redis.ca_file().as_deref(), migrations).await?;
     for (sink, pg) in &postgres {
         let store = PostgresFencedStore::new(pg.clone());
         sinks = sinks

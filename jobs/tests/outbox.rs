@@ -241,3 +241,82 @@ fn operators_list_and_retry_dead_outbox_entries() {
     rt.block_on(client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
         .unwrap();
 }
+
+/// Issue 55: Postgres migrations an operator controls. A worker started with `--no-migrate`
+/// on a schema that lacks them refuses, exit code 2, naming the command; `migrate --plan`
+/// prints the SQL and changes nothing; `migrate --apply` applies it; then the worker starts.
+#[test]
+fn migrations_are_planned_and_applied_by_the_operator() {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let sink_flag = format!("ledger={base}?schema={schema}");
+    let palisade = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let redis = palisade_testkit::RedisServer::start();
+    let worker = [
+        "worker",
+        "--redis",
+        &redis.url(),
+        "--sink",
+        &sink_flag,
+        "--no-migrate",
+    ];
+    let refused = palisade(&worker);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(said.contains("palisade migrate --apply"), "{said}");
+
+    let plan = palisade(&["migrate", "--plan", "--sink", &sink_flag]);
+    assert!(plan.status.success());
+    let text = String::from_utf8(plan.stdout).unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "sink ledger: schema \"{schema}\" at version 0, this binary knows 2: 2 to apply"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("CREATE TABLE \"{schema}\".fence")),
+        "{text}"
+    );
+    assert!(
+        text.contains("-- version 2 (binaries from version 1 on run against it)"),
+        "{text}"
+    );
+    // Twice the same: the plan changed nothing.
+    let again = palisade(&["migrate", "--plan", "--sink", &sink_flag]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), text);
+
+    let applied = palisade(&["migrate", "--apply", "--sink", &sink_flag]);
+    let said = String::from_utf8(applied.stdout).unwrap();
+    assert_eq!(
+        said.trim(),
+        format!("sink ledger: schema \"{schema}\" from version 0 to 2")
+    );
+    let plan = palisade(&["migrate", "--plan", "--sink", &sink_flag]);
+    let text = String::from_utf8(plan.stdout).unwrap();
+    assert_eq!(
+        text.trim(),
+        format!("sink ledger: schema \"{schema}\" at version 2, this binary knows 2: up to date")
+    );
+    // Neither or both of --plan and --apply: a usage error.
+    assert_eq!(
+        palisade(&["migrate", "--sink", &sink_flag]).status.code(),
+        Some(2)
+    );
+
+    let mut args = worker.to_vec();
+    args.extend(["--name", "migrated"]);
+    let w = palisade_testkit::Process::worker(BIN, &args[1..], "warn");
+    w.terminate_cleanly();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt
+        .block_on(PostgresSink::connect(&format!("{base}?schema={schema}")))
+        .unwrap();
+    let client = rt.block_on(sink.pool().get()).unwrap();
+    rt.block_on(client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")))
+        .unwrap();
+}

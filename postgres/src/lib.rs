@@ -68,9 +68,44 @@ pub mod tls;
 
 pub use epoch::PostgresEpochSource;
 pub use fenced::PostgresFencedStore;
+pub use migrate::{MigrationPlan, PendingMigration};
 #[doc(hidden)] // the relay's
 pub use outbox::OutboxEntry;
 pub use outbox::{OutboxCounts, OutboxWriter};
+
+/// Whether connecting a [`PostgresSink`] brings its schema up to this build's version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Migrations {
+    /// Apply the migrations this build knows and the schema lacks (under a lock, each once),
+    /// as every worker does by default.
+    #[default]
+    Apply,
+    /// Apply nothing: refuse to connect unless the schema already has every migration this
+    /// build needs (an operator ran `palisade migrate --apply`, or [`migrate`]). For fleets
+    /// whose workers may not change the schema (`worker --no-migrate`).
+    Check,
+}
+
+/// Where the sink schema at `url` stands against this build: its version, the migrations
+/// [`migrate`] would apply with their SQL, and whether this build can run against it.
+/// Changes nothing.
+pub async fn migration_plan(url: &str) -> Result<MigrationPlan> {
+    let Extras { url, schema, .. } = split_schema(url)?;
+    let schema = checked_schema(&schema)?;
+    let pool = pool(&url, 1)?;
+    migrate::plan(&pool, &schema).await
+}
+
+/// Applies the migrations this build knows to the sink schema at `url` and returns the plan
+/// it carried out (what was pending is now applied). Fails, changing nothing, when the
+/// schema is newer than this build can run against.
+pub async fn migrate(url: &str) -> Result<MigrationPlan> {
+    let Extras { url, schema, .. } = split_schema(url)?;
+    let schema = checked_schema(&schema)?;
+    let pool = pool(&url, 1)?;
+    migrate::run(&pool, &schema).await
+}
 
 /// What a closure given to [`PostgresSink::transaction`] may fail with: its own error type or
 /// a `tokio_postgres::Error`, both through `?`.
@@ -521,6 +556,16 @@ impl PostgresSink {
     /// ready — starting up, out of connection slots, or a link that drops or leaves the first
     /// connections unanswered. A refused connection or a wrong setting still fails at once.
     pub async fn connect_until_ready(url: &str, patience: Duration) -> Result<Self> {
+        Self::connect_with(url, patience, Migrations::Apply).await
+    }
+
+    /// [`connect_until_ready`](Self::connect_until_ready), applying the schema's migrations
+    /// or only checking that they were applied ([`Migrations`]).
+    pub async fn connect_with(
+        url: &str,
+        patience: Duration,
+        migrations: Migrations,
+    ) -> Result<Self> {
         let Extras {
             url,
             schema,
@@ -538,8 +583,16 @@ impl PostgresSink {
             swept_ms: AtomicU64::new(0),
             collect_every: Self::DEFAULT_COLLECT_INTERVAL,
         };
-        when_ready(&sink.pool, patience, || {
-            migrate::run(&sink.pool, &sink.schema)
+        when_ready(&sink.pool, patience, || async {
+            match migrations {
+                // (It applies what was pending and refuses a schema it cannot run against.)
+                Migrations::Apply => migrate::run(&sink.pool, &sink.schema).await.map(drop),
+                Migrations::Check => match migrate::plan(&sink.pool, &sink.schema).await?.refusal()
+                {
+                    Some(why) => Err(Error::Config(why)),
+                    None => Ok(()),
+                },
+            }
         })
         .await?;
         Ok(sink)

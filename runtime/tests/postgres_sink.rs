@@ -414,6 +414,81 @@ async fn migrations_are_versioned_and_safe_to_run_from_many_hosts_at_once() {
     drop_postgres_schema(&sink).await;
 }
 
+/// Issue 55: migrations an operator controls, and builds side by side. A worker that may not
+/// migrate refuses a schema missing what it needs and names the command; the plan lists the
+/// SQL and changes nothing; after `migrate` the worker starts. A schema a newer build moved on
+/// by an added index (it says builds from version 1 run against it) still runs this build —
+/// a rollback or a rolling deploy — while one it changed beyond this build's reach is
+/// refused, changing nothing.
+#[tokio::test]
+async fn migrations_wait_for_the_operator_and_a_newer_schema_runs_older_builds_it_keeps() {
+    use palisade::store::postgres::{migrate, migration_plan, Migrations};
+    let (schema, url) = fresh_postgres_schema();
+    let check = |url: &str| {
+        let url = url.to_owned();
+        async move { PostgresSink::connect_with(&url, Duration::ZERO, Migrations::Check).await }
+    };
+    let e = check(&url).await.err().unwrap();
+    assert!(
+        matches!(&e, Error::Config(why) if why.contains("version 0") && why.contains("palisade migrate --apply")),
+        "{e}"
+    );
+    let plan = migration_plan(&url).await.unwrap();
+    assert_eq!((plan.current, plan.pending.len()), (0, 2), "{plan:?}");
+    assert!(plan.pending[0]
+        .sql
+        .contains(&format!("CREATE TABLE \"{schema}\".fence")));
+    assert_eq!(
+        plan.pending[1].readers_from, 1,
+        "an index keeps version-1 builds running"
+    );
+    // The plan changed nothing: the schema is still missing.
+    assert_eq!(migration_plan(&url).await.unwrap(), plan);
+    let done = migrate(&url).await.unwrap();
+    assert_eq!(done.pending.len(), 2);
+    let sink = check(&url).await.unwrap();
+    assert!(migration_plan(&url).await.unwrap().runs_as_is());
+
+    // A newer build's migration that keeps builds from version 1 running: this build runs.
+    rows(
+        &sink,
+        &format!("INSERT INTO {schema}.migrations (version, readers_from) VALUES (3, 1)"),
+    )
+    .await;
+    PostgresSink::connect(&url).await.unwrap();
+    check(&url).await.unwrap();
+    let plan = migration_plan(&url).await.unwrap();
+    assert_eq!((plan.current, plan.newer_needs), (3, Some(1)));
+    // One that needs builds from version 4 on: refused, and nothing recorded.
+    rows(
+        &sink,
+        &format!("INSERT INTO {schema}.migrations (version, readers_from) VALUES (4, 4)"),
+    )
+    .await;
+    for e in [
+        PostgresSink::connect(&url).await.err(),
+        check(&url).await.err(),
+    ] {
+        let e = e.unwrap();
+        assert!(
+            matches!(&e, Error::Config(why) if why.contains("version 4") && why.contains("upgrade")),
+            "{e}"
+        );
+    }
+    let versions = rows(&sink, &format!("SELECT version FROM {schema}.migrations")).await;
+    assert_eq!(versions.len(), 4);
+    // Versions an earlier build recorded without readers_from are filled in at the next start.
+    let unfilled = rows(
+        &sink,
+        &format!(
+            "SELECT version FROM {schema}.migrations WHERE version <= 2 AND readers_from IS NULL"
+        ),
+    )
+    .await;
+    assert!(unfilled.is_empty());
+    drop_postgres_schema(&sink).await;
+}
+
 /// The second target kind: an outbox entry becomes a Palisade job, so a job fences its
 /// follow-up jobs; an entry that is not a follow-up is dead with the reason, not retried.
 #[actix_rt::test]
