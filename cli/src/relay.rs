@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _};
 use super::sinks::{postgres_sinks, sink_urls};
 use super::RedisArgs;
 use palisade::metrics::Health;
-use palisade::store::postgres::PostgresSink;
+use palisade::store::postgres::{Migrations, PostgresSink};
 use palisade::store::redis::redacted;
 use palisade::Client;
 use palisade::{OutboxRelay, OutboxTarget, RelayConfig};
@@ -51,6 +51,10 @@ pub(super) struct RelayCommand {
     /// Serve /metrics, /healthz and /readyz on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Do not change the sinks' schema: refuse to start unless it has every migration this
+    /// binary needs (as `worker --no-migrate`).
+    #[arg(long)]
+    no_migrate: bool,
 }
 
 /// `outbox list|retry`: the outboxes of the postgres:// sinks.
@@ -90,7 +94,8 @@ pub(super) fn outbox(command: OutboxCommand, declared: &[String]) -> anyhow::Res
         .build()?;
     rt.block_on(async {
         let ca = super::ca_file_or_env(args.ca_file.clone());
-        let sinks = postgres_sinks(&urls, ca.as_deref(), Default::default()).await?;
+        // (A read, and a retry of entries: never a change to the schema behind the operator.)
+        let sinks = postgres_sinks(&urls, ca.as_deref(), Migrations::Check).await?;
         if sinks.is_empty() {
             bail!(
                 "no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)"
@@ -218,12 +223,12 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
     System::new().block_on(async move {
-        let sinks = postgres_sinks(
-            &sink_urls,
-            args.redis.ca_file().as_deref(),
-            Default::default(),
-        )
-        .await?;
+        let migrations = if args.no_migrate {
+            Migrations::Check
+        } else {
+            Migrations::Apply
+        };
+        let sinks = postgres_sinks(&sink_urls, args.redis.ca_file().as_deref(), migrations).await?;
         let _relays = args.relay.start(&sinks, &args.redis).await?;
         health.set_ready(true);
         super::shutdown_signal().await;

@@ -151,6 +151,9 @@ pub(super) fn migrate(args: MigrateArgs, declared: &[String]) -> anyhow::Result<
                     .await
                     .with_context(at)?;
                 print!("{}", plan_text(name, &plan));
+                if plan.newer_needs.is_some_and(|needs| needs > plan.known) {
+                    bail!("sink {name}: this binary cannot run against its schema");
+                }
             }
         }
         Ok(())
@@ -170,6 +173,8 @@ fn plan_text(name: &str, plan: &MigrationPlan) -> String {
         (Some(needs), _) => text.push_str(&format!(
             "; newer, and only binaries from version {needs} on run against it: upgrade this one\n"
         )),
+        (None, true) if plan.adds_readers_column => text
+            .push_str(": up to date; --apply gives its migrations table the readers_from column\n"),
         (None, true) => text.push_str(": up to date\n"),
         (None, false) => {
             text.push_str(&format!(": {} to apply\n", plan.pending.len()));

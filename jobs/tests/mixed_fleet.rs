@@ -37,11 +37,16 @@ fn previous() -> String {
     );
     let path = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     assert!(PathBuf::from(&path).is_file(), "{path} is no binary");
-    // Not this tree's binary under another name: the two must differ.
-    assert_ne!(
-        std::fs::read(&path).unwrap(),
-        std::fs::read(NEW).unwrap(),
-        "the previous release's binary is this tree's"
+    // Not this tree under another name: the previous release is another commit.
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(repo())
+        .output()
+        .expect("git runs");
+    let head = String::from_utf8(head.stdout).unwrap();
+    assert!(
+        !head.trim().is_empty() && !path.ends_with(head.trim()),
+        "release/previous names the commit under test ({head})"
     );
     path
 }
@@ -169,6 +174,12 @@ fn deposits_a_flow_and_ticks_come_out_exact_across_two_releases() {
         worker(NEW, &redis, &sink, "new-c"),
         worker(NEW, &redis, &sink, "new-d"),
     ];
+    // Which of `workers` run the previous release, and the jobs completed by workers gone
+    // since (read just before each went), [new, old].
+    let mut old_ones = vec![true, true, false, false];
+    let mut gone = [0u64; 2];
+    let completions =
+        |w: &Process| w.counter("palisade_jobs_finished_total", &[("outcome", "completed")]);
     let started = Instant::now();
     // Deposits from both releases' producers, and a fanned-out report flow (its split step
     // adds 200 parts with its completion) from this tree's client.
@@ -204,19 +215,35 @@ fn deposits_a_flow_and_ticks_come_out_exact_across_two_releases() {
     workers[0].signal("-CONT");
     wait_for("250 jobs", Duration::from_secs(60), || completed() >= 250);
     // An old worker killed mid-job, its host rolled forward to this release.
+    gone[1] += completions(&workers[1]);
     workers[1].signal("-KILL");
     workers[1] = worker(NEW, &redis, &sink, "new-b");
+    old_ones[1] = false;
     // A new worker drained and its host rolled back to the previous release.
     let rolled_back = std::mem::replace(&mut workers[3], worker(&old, &redis, &sink, "old-d"));
+    old_ones[3] = true;
+    gone[0] += completions(&rolled_back);
     rolled_back.terminate_cleanly();
     // The scheduler's holder killed, whichever release it runs.
     wait_for("450 jobs", Duration::from_secs(60), || completed() >= 450);
-    let holder = scheduler_pid(&redis).expect("a scheduler holds the role");
-    if let Some(i) = workers.iter().position(|w| w.pid() == holder) {
-        let bin = if i % 2 == 0 { NEW } else { &old };
-        workers[i].signal("-KILL");
-        workers[i] = worker(bin, &redis, &sink, "scheduler-replaced");
-    }
+    // (The role may still name a worker killed above until its lease lapses.)
+    let mut holder = None;
+    wait_for(
+        "a live worker to hold the scheduler role",
+        Duration::from_secs(15),
+        || {
+            let pid = scheduler_pid(&redis);
+            holder = workers.iter().position(|w| Some(w.pid()) == pid);
+            holder.is_some()
+        },
+    );
+    let i = holder.unwrap();
+    // Replaced by the other release's worker: the role moves across releases.
+    let replacement = if old_ones[i] { NEW } else { old.as_str() };
+    gone[old_ones[i] as usize] += completions(&workers[i]);
+    workers[i].signal("-KILL");
+    workers[i] = worker(replacement, &redis, &sink, "scheduler-replaced");
+    old_ones[i] = !old_ones[i];
 
     wait_for("the flow to finish", Duration::from_secs(120), || {
         rt.block_on(client.flow(id))
@@ -269,6 +296,19 @@ fn deposits_a_flow_and_ticks_come_out_exact_across_two_releases() {
             pair[0]
         );
     }
+    // Workers of both releases did work of their own (the fleet was mixed).
+    let done_by = |old_release: bool| -> u64 {
+        (workers.iter().zip(&old_ones))
+            .filter(|(_, o)| **o == old_release)
+            .map(|(w, _)| completions(w))
+            .sum::<u64>()
+            + gone[old_release as usize]
+    };
+    let (by_old, by_new) = (done_by(true), done_by(false));
+    assert!(
+        by_old > 0 && by_new > 0,
+        "jobs completed by old workers {by_old}, by new ones {by_new}"
+    );
     // Both releases' readers agree on the counts, and nothing is dead or pending.
     let (c_new, c_old) = (counts(NEW, &redis), counts(&old, &redis));
     assert_eq!(c_new["completed"], c_old["completed"]);

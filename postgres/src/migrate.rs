@@ -59,6 +59,9 @@ pub struct MigrationPlan {
     /// For a schema newer than this build: the oldest version a build must know to run
     /// against it (this build runs when it is at most `known`).
     pub newer_needs: Option<i32>,
+    /// Whether applying also gives the schema's `migrations` table its `readers_from` column
+    /// (a schema a build from before it kept), which needs the table's owner.
+    pub adds_readers_column: bool,
 }
 
 /// One migration a [`MigrationPlan`] would apply.
@@ -102,19 +105,56 @@ impl MigrationPlan {
     }
 }
 
+/// The SQL that tells whether `schema`'s migrations table exists and has its
+/// `readers_from` column (two booleans).
+fn bookkeeping_query(schema: &str) -> String {
+    // The name as a literal for to_regclass: the quoted identifier, its quotes doubled.
+    let table = format!("{schema}.migrations").replace('\'', "''");
+    format!(
+        "SELECT to_regclass('{table}') IS NOT NULL,
+                EXISTS (SELECT 1 FROM pg_attribute
+                        WHERE attrelid = to_regclass('{table}')
+                          AND attname = 'readers_from' AND NOT attisdropped)"
+    )
+}
+
+/// Whether the migrations table exists, and whether it has its `readers_from` column.
+async fn bookkeeping_state(
+    tx: &deadpool_postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(bool, bool)> {
+    let row = tx
+        .query_one(&bookkeeping_query(schema), &[])
+        .await
+        .map_err(postgres_error)?;
+    Ok((row.get(0), row.get(1)))
+}
+
 /// The migrations table and its `readers_from` column (added by builds that keep it; a
-/// version recorded without one is read as needing builds of its own version).
+/// version recorded without one is read as needing builds of its own version). Changed only
+/// when missing: a start with nothing to do takes no lock on the table and needs no right a
+/// previous release's start did not (altering a table needs its owner).
 async fn bookkeeping(tx: &deadpool_postgres::Transaction<'_>, schema: &str) -> Result<()> {
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.migrations (
-             version int PRIMARY KEY,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         );
-         ALTER TABLE {schema}.migrations ADD COLUMN IF NOT EXISTS readers_from int;"
-    ))
-    .await
-    .map_err(postgres_error)
+    let (exists, has_readers) = bookkeeping_state(tx, schema).await?;
+    if !exists {
+        tx.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema};
+             CREATE TABLE IF NOT EXISTS {schema}.migrations (
+                 version int PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             );"
+        ))
+        .await
+        .map_err(postgres_error)?;
+    }
+    if !has_readers {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.migrations ADD COLUMN IF NOT EXISTS readers_from int;"
+        ))
+        .await
+        .map_err(postgres_error)?;
+    }
+    Ok(())
 }
 
 /// The plan for a schema whose bookkeeping reads `current` and, for versions above this
@@ -134,36 +174,35 @@ fn plan_for(schema: &str, current: i32, newer_needs: Option<i32>) -> MigrationPl
             })
             .collect(),
         newer_needs: (current > newest()).then(|| newer_needs.unwrap_or(current)),
+        adds_readers_column: false,
     }
 }
 
 /// Reads where `schema` (quoted) stands, changing nothing.
 pub(super) async fn plan(pool: &deadpool_postgres::Pool, schema: &str) -> Result<MigrationPlan> {
-    let client = pool.get().await.map_err(pool_error)?;
-    // The name as a literal for to_regclass: the quoted identifier, its quotes doubled.
-    let table = format!("{schema}.migrations").replace('\'', "''");
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT to_regclass('{table}') IS NOT NULL,
-                        EXISTS (SELECT 1 FROM pg_attribute
-                                WHERE attrelid = to_regclass('{table}')
-                                  AND attname = 'readers_from' AND NOT attisdropped)"
-            ),
-            &[],
-        )
+    let mut client = pool.get().await.map_err(pool_error)?;
+    // One snapshot for both reads (REPEATABLE READ, read only): a newer binary migrating
+    // meanwhile is seen wholly or not at all.
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
         .await
         .map_err(postgres_error)?;
-    let (exists, has_readers): (bool, bool) = (row.get(0), row.get(1));
+    let (exists, has_readers) = bookkeeping_state(&tx, schema).await?;
     if !exists {
-        return Ok(plan_for(schema, 0, None));
+        return Ok(MigrationPlan {
+            adds_readers_column: true,
+            ..plan_for(schema, 0, None)
+        });
     }
     let needs = if has_readers {
         "coalesce(readers_from, version)"
     } else {
         "version"
     };
-    let row = client
+    let row = tx
         .query_one(
             &format!(
                 "SELECT coalesce(max(version), 0),
@@ -174,7 +213,10 @@ pub(super) async fn plan(pool: &deadpool_postgres::Pool, schema: &str) -> Result
         )
         .await
         .map_err(postgres_error)?;
-    Ok(plan_for(schema, row.get(0), row.get(1)))
+    Ok(MigrationPlan {
+        adds_readers_column: !has_readers,
+        ..plan_for(schema, row.get(0), row.get(1))
+    })
 }
 
 /// Brings `schema` (quoted) to the newest version this build knows, unless it is newer; fails
@@ -227,13 +269,21 @@ pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<
             "applied Postgres sink migration"
         );
     }
-    // Versions an earlier build applied without saying which builds they keep running.
-    for m in MIGRATIONS.iter().filter(|m| m.version <= plan.current) {
+    // Versions an earlier build applied without saying which builds they keep running: filled
+    // in once (an UPDATE needs a right a start with nothing to do should not).
+    let unfilled: Vec<i32> = tx
+        .query(
+            &format!("SELECT version FROM {schema}.migrations WHERE readers_from IS NULL"),
+            &[],
+        )
+        .await
+        .map_err(postgres_error)?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for m in MIGRATIONS.iter().filter(|m| unfilled.contains(&m.version)) {
         tx.execute(
-            &format!(
-                "UPDATE {schema}.migrations SET readers_from = $2
-                 WHERE version = $1 AND readers_from IS NULL"
-            ),
+            &format!("UPDATE {schema}.migrations SET readers_from = $2 WHERE version = $1"),
             &[&m.version, &m.readers_from],
         )
         .await

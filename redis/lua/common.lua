@@ -715,7 +715,7 @@ end
 local function tick_of(t)
   if type(t) == 'table' and type(t.schedule) == 'string' and finite(t.at_ms) and t.at_ms >= 0
     and t.at_ms < 1e14 and t.at_ms % 1 == 0 then
-    return { schedule = t.schedule, at_ms = t.at_ms }
+    return { schedule = t.schedule, at_ms = t.at_ms + 0 } -- (-0 as 0, as in priority_of)
   end
   return nil
 end
@@ -746,7 +746,7 @@ end
 -- client could not read back.
 local function whole(x, max)
   if finite(x) and x >= 0 and x < max and x % 1 == 0 then
-    return x
+    return x + 0 -- (-0 as 0, as in priority_of)
   end
   return nil
 end
@@ -783,7 +783,7 @@ end
 -- A priority as Rust's i32 reads it, or 0 (a record an earlier version wrote has none).
 local function priority_of(p)
   if finite(p) and p % 1 == 0 and p >= -2147483648 and p <= 2147483647 then
-    return p
+    return p + 0 -- (-0 as 0: cjson writes -0, which Rust reads as a float, not an i32)
   end
   return 0
 end
@@ -1072,8 +1072,8 @@ local function revive(base, raw, now)
   -- it does.
   local fresh = unknown_fields(d.kept) or {}
   fresh.kind, fresh.payload, fresh.queue, fresh.scope = d.kind, d.payload, d.queue, d.scope
-  fresh.priority, fresh.max_attempts = priority_of(d.priority), d.max_attempts
-  fresh.max_stalls, fresh.tick, fresh.trace = d.max_stalls, tick_of(d.tick), trace_of(d.trace)
+  fresh.priority, fresh.max_attempts = priority_of(d.priority), d.max_attempts + 0
+  fresh.max_stalls, fresh.tick, fresh.trace = d.max_stalls + 0, tick_of(d.tick), trace_of(d.trace)
   fresh.max_snoozes, fresh.timeout_ms = whole(d.max_snoozes, U32), whole(d.timeout_ms, MS)
   fresh.group = group
   -- (Fresh attempts, stalls and snoozes, and no deadline: an operator asked for it to run.)

@@ -2388,13 +2388,25 @@ async fn a_claim_refuses_a_scope_or_group_key_written_over_while_the_others_are_
     assert_eq!(got.len(), 2, "{got:?}");
 }
 
+/// Claims the next job of the default queue and settles it dead.
+async fn bury_the_next(store: &RedisLeaseStore) {
+    use palisade::{LeaseStore, Settlement};
+    let ttl = std::time::Duration::from_secs(30);
+    let c = store.claim("default", "t", 1, ttl).await.unwrap().remove(0);
+    let dead = Settlement::Dead {
+        reason: "bad".into(),
+    };
+    let settled = store.settle(vec![(c.lease.id, dead)]).await.unwrap();
+    settled.into_iter().next().unwrap().unwrap();
+}
+
 /// Issue 55: a job a later release enqueued carries meta fields this release does not know.
 /// Burying it and retrying it from the dead letters (both by this release, as in a rolling
 /// deploy) keeps them as they were; `bury` and `revive` used to copy only the fields they
 /// knew, erasing the later release's. The priority is kept too.
 #[tokio::test]
 async fn a_burial_and_a_revival_keep_the_meta_fields_of_a_later_release() {
-    use palisade::{LeaseStore, NewJob, Settlement};
+    use palisade::{LeaseStore, NewJob};
     use std::time::Duration;
     let (store, server) = private_coordinator("later");
     let ids = store
@@ -2411,22 +2423,7 @@ async fn a_burial_and_a_revival_keep_the_meta_fields_of_a_later_release() {
         .cli(&["HSET", &job, "meta", &meta.to_string()])
         .unwrap();
 
-    let c = store
-        .claim("default", "t", 1, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .remove(0);
-    store
-        .settle(vec![(
-            c.lease.id,
-            Settlement::Dead {
-                reason: "bad".into(),
-            },
-        )])
-        .await
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    bury_the_next(&store).await;
     let record: serde_json::Value = serde_json::from_str(
         &server
             .cli(&["LINDEX", "{later}:q:default:dead", "0"])
@@ -2448,4 +2445,36 @@ async fn a_burial_and_a_revival_keep_the_meta_fields_of_a_later_release() {
         .await
         .unwrap();
     assert_eq!((again.len(), again[0].job.attempt), (1, 1));
+}
+
+/// Found by the attack review of issue 55: a dead record whose numbers are `-0` (JSON allows
+/// it; another program, or a later release, may write it) was revived with `-0` in the job's
+/// meta, which Rust reads as a float: every claim of the job failed to decode it. Revived,
+/// the job is claimable and reads as written.
+#[tokio::test]
+async fn a_dead_record_with_negative_zeros_revives_into_a_job_that_reads() {
+    use palisade::{LeaseStore, NewJob};
+    use std::time::Duration;
+    let (store, server) = private_coordinator("negzero");
+    let ttl = Duration::from_secs(30);
+    store
+        .enqueue(vec![NewJob::raw("k", "1").with_priority(2)])
+        .await
+        .unwrap();
+    bury_the_next(&store).await;
+    let dead = "{negzero}:q:default:dead";
+    let mut record: serde_json::Value =
+        serde_json::from_str(&server.cli(&["LINDEX", dead, "0"]).unwrap()).unwrap();
+    record["max_snoozes"] = 7.into();
+    let text = record
+        .to_string()
+        .replace("\"priority\":2", "\"priority\":-0")
+        .replace("\"max_stalls\":3", "\"max_stalls\":-0")
+        .replace("\"max_snoozes\":7", "\"max_snoozes\":-0");
+    assert!(text.matches(":-0").count() == 3, "{text}");
+    server.cli(&["LSET", dead, "0", &text]).unwrap();
+    assert_eq!(store.retry_dead("default", 10).await.unwrap(), 1);
+    let again = store.claim("default", "t", 1, ttl).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].job.max_stalls, again[0].job.max_snoozes), (0, 0));
 }
