@@ -38,6 +38,7 @@ mod relay;
 mod sinks;
 #[cfg(feature = "ui")]
 mod ui;
+mod upgrade;
 mod worker;
 
 use std::ffi::OsString;
@@ -206,6 +207,9 @@ enum Builtin {
     Cap(admin::CapArgs),
     /// Show a group (`NewJob::with_group`), or change its cap, rate limit or pause.
     Group(admin::GroupArgs),
+    /// Show, check or finalize the installation's format level across a rolling deploy.
+    #[command(subcommand)]
+    Upgrade(upgrade::UpgradeCommand),
     /// Move to another number of coordinator partitions without lowering any scope's tokens
     /// (run with every worker stopped and the old layout drained).
     Partitions(admin::PartitionsArgs),
@@ -242,7 +246,12 @@ impl App {
             schedules: Vec::new(),
             name,
             about: "Fenced job workers built on Palisade.".into(),
-            version: format!("(palisade {})", env!("CARGO_PKG_VERSION")),
+            version: format!(
+                "(palisade {}, format levels {}..={})",
+                env!("CARGO_PKG_VERSION"),
+                palisade::format::LEVELS.start(),
+                palisade::format::LEVELS.end()
+            ),
             extra: Vec::new(),
         }
     }
@@ -510,6 +519,7 @@ impl App {
             Builtin::Group(args) => admin::group(args),
             Builtin::Forget(args) => admin::forget(args),
             Builtin::Partitions(args) => admin::partitions(args),
+            Builtin::Upgrade(command) => upgrade::upgrade(command, &sinks),
             Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Flow(command) => flow::flow(command),
             Builtin::Pause(args) => admin::set_paused(args, true),

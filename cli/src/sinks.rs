@@ -125,11 +125,7 @@ pub(super) struct MigrateArgs {
 
 /// Runs `migrate --plan` or `migrate --apply`.
 pub(super) fn migrate(args: MigrateArgs, declared: &[String]) -> anyhow::Result<()> {
-    let urls = sink_urls(declared, &args.sinks, &environment(), "")?;
-    let urls: Vec<_> = urls
-        .into_iter()
-        .filter(|(_, url)| is_postgres(url))
-        .collect();
+    let urls = postgres_urls(declared, &args.sinks)?;
     if urls.is_empty() {
         bail!("no postgres:// sink given (--sink NAME=postgres://… or PALISADE_SINK_<NAME>_URL)");
     }
@@ -158,6 +154,34 @@ pub(super) fn migrate(args: MigrateArgs, declared: &[String]) -> anyhow::Result<
         }
         Ok(())
     })
+}
+
+/// The postgres:// sinks among those declared, by name, with their URLs.
+fn postgres_urls(declared: &[String], flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let urls = sink_urls(declared, flags, &environment(), "")?;
+    Ok(urls
+        .into_iter()
+        .filter(|(_, url)| is_postgres(url))
+        .collect())
+}
+
+/// One line per postgres:// sink: its schema version and what this binary makes of it (the
+/// first line `migrate --plan` prints), for `upgrade plan`.
+pub(super) async fn schema_lines(
+    declared: &[String],
+    flags: &[String],
+    ca: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for (name, url) in postgres_urls(declared, flags)? {
+        let url = &palisade::cli_support::with_default_root(&url, ca)?;
+        let plan = palisade::store::postgres::migration_plan(url)
+            .await
+            .with_context(|| format!("sink {name} at {}", redacted(url)))?;
+        let text = plan_text(&name, &plan);
+        lines.push(text.lines().next().unwrap_or_default().to_owned());
+    }
+    Ok(lines)
 }
 
 /// What `migrate --plan` prints for one sink.

@@ -64,6 +64,13 @@ pub enum Error {
     /// with the installation's `--partitions`.
     #[error("layout moved: {0}")]
     Layout(String),
+    /// Refused because the installation's format level ([`crate::format`]) is outside the
+    /// window this build reads and writes: `palisade upgrade finalize` moved it on (or a
+    /// release too new for this one wrote it). Nothing was changed. Retryable like
+    /// [`Error::Layout`] — the worker keeps its settlement, another process takes its jobs
+    /// over — but for good until the process runs a release that reads the level.
+    #[error("format level: {0}")]
+    Format(String),
     /// An actor the operation needed has stopped (shutdown in progress).
     #[error("actor mailbox closed: {0}")]
     Mailbox(#[from] actix::MailboxError),
@@ -75,7 +82,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Layout(_) | Self::Mailbox(_)
+            Self::Unavailable(_)
+                | Self::OutcomeUnknown(_)
+                | Self::Layout(_)
+                | Self::Format(_)
+                | Self::Mailbox(_)
         )
     }
 }

@@ -23,6 +23,7 @@
 pub mod admission;
 pub mod error;
 pub mod flow;
+pub mod format;
 pub mod group;
 pub mod ids;
 pub mod job;

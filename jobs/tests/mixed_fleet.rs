@@ -4,8 +4,11 @@
 //! commands act on what the other wrote. Old workers are SIGSTOPped past their lease and
 //! kill -9'd, and new ones reap them; a host is rolled forward and another rolled back; the
 //! scheduler role moves between releases. Balances are exact, no stale write is applied,
-//! nothing is lost or left behind, every tick fires once. Not here yet: Postgres sinks and
-//! migrations, and a format level to finalize (issue 55 builds neither so far).
+//! nothing is lost or left behind, every tick fires once. Mid-deploy `upgrade check` passes
+//! (the old workers' heartbeats carry no window: read as level 1) and `upgrade finalize`
+//! records level 1 while the flow still runs on both releases. Not here yet: Postgres sinks
+//! and migrations (jobs/tests/outbox.rs runs an older schema's reader alone), and a level
+//! above 1 (none exists: jobs/tests/upgrade.rs sets one by hand against this build).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -226,6 +229,15 @@ fn deposits_a_flow_and_ticks_come_out_exact_across_two_releases() {
     rolled_back.terminate_cleanly();
     // The scheduler's holder killed, whichever release it runs.
     wait_for("450 jobs", Duration::from_secs(60), || completed() >= 450);
+    // Mid-deploy, both releases live: the window holds, and level 1 is finalized (recorded)
+    // while the flow goes on.
+    let check = run(NEW, &redis, &["upgrade", "check"]);
+    assert!(
+        check.contains("every live worker process reads levels 1 to 1"),
+        "{check}"
+    );
+    let said = run(NEW, &redis, &["upgrade", "finalize"]);
+    assert!(said.contains("format level 1 recorded"), "{said}");
     // (The role may still name a worker killed above until its lease lapses.)
     let mut holder = None;
     wait_for(

@@ -144,6 +144,7 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
                 running: 1,
                 started_ms: 1_790_000_000_000,
                 seen_ms: 0,
+                formats: None,
             },
             Duration::from_secs(600),
         )

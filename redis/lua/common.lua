@@ -92,6 +92,34 @@
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in ready scores
 
+-- The format levels this build reads and writes (core/src/format.rs, `LEVELS`; a test holds
+-- the two together). `palisade upgrade finalize` records an installation's level under every
+-- base of its layout (`format`; absent: level 1, release 0.1.0's format), and moves of the
+-- layout carry it. A process whose window leaves the level out — a release too old to read
+-- the records the installation may now hold — is refused before any change by every script
+-- that checks the layout generation (one GET in the same script: no extra command).
+local FORMAT_LOWEST, FORMAT_HIGHEST = 1, 1
+
+local function wrong_format(base)
+  local level = redis.pcall('GET', base .. 'format')
+  if level == false then
+    return nil
+  end
+  local n = nil
+  if type(level) == 'string' and string.match(level, '^%d+$') and #level <= 9 then
+    n = tonumber(level)
+  else
+    level = '(unreadable)'
+  end
+  if n == nil or n < FORMAT_LOWEST or n > FORMAT_HIGHEST then
+    return redis.error_reply('PALISADE_FORMAT this process reads and writes format levels '
+      .. FORMAT_LOWEST .. ' to ' .. FORMAT_HIGHEST .. ', the installation is at level ' .. level
+      .. ' (' .. base .. 'format; `palisade upgrade plan`): run a release that reads it;'
+      .. ' nothing was changed')
+  end
+  return nil
+end
+
 -- The layout generation. `palisade partitions` moves an installation to another number of
 -- partitions and bumps its generation, writing the new one to `layout` under every base of the
 -- old layout and of the new one (absent: generation 0). A process that started before (it
@@ -99,7 +127,8 @@ local PRIORITY_SPAN = 1099511627776 -- 2^40: priority dominates enqueue order in
 -- generation: every script that claims, enqueues, renews, settles, reaps, cancels or retries
 -- takes the caller's generation as its LAST argument and refuses to act on a base of another
 -- generation — so an old-layout worker cannot run, or enqueue a schedule tick into, a layout
--- that is no longer the installation's. Checked before anything else, so nothing changes.
+-- that is no longer the installation's. Checked before anything else, so nothing changes; the
+-- format level (above) is checked with it.
 local function wrong_layout(base)
   local mine = ARGV[#ARGV]
   local theirs = redis.pcall('GET', base .. 'layout')
@@ -114,7 +143,7 @@ local function wrong_layout(base)
       .. ' (moved by `palisade partitions`): restart it with the installation\'s --partitions;'
       .. ' nothing was changed')
   end
-  return nil
+  return wrong_format(base)
 end
 
 -- A member `leases` carries, scored +inf (after every real entry, never due). Redis keeps a

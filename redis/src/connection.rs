@@ -360,6 +360,13 @@ fn classify(e: &redis::RedisError) -> Error {
             e.detail().unwrap_or_default()
         ));
     }
+    // A process whose build cannot read the installation's format level (`wrong_format`).
+    if e.code() == Some("PALISADE_FORMAT") {
+        return Error::Format(format!(
+            "PALISADE_FORMAT {}",
+            e.detail().unwrap_or_default()
+        ));
+    }
     let transient_code = matches!(
         e.code(),
         Some(

@@ -159,7 +159,120 @@ pub async fn check_layout(
              with --partitions {recorded}, or move with `partitions --from {recorded} --to {partitions}`"
         )));
     }
+    // Refused at start, as every script refuses later: a build that cannot read the level.
+    let level = format_level(target, prefix, partitions, generation).await?;
+    if !crate::format::LEVELS.contains(&level) {
+        return Err(crate::Error::Config(format!(
+            "PALISADE_FORMAT the coordinator {prefix:?} is at format level {level}; this binary \
+             reads and writes levels {}..={}: run a release that reads it (`palisade upgrade plan`)",
+            crate::format::LEVELS.start(),
+            crate::format::LEVELS.end()
+        )));
+    }
     Ok(generation)
+}
+
+/// Where each base of a layout records the installation's format level (`common.lua`,
+/// `wrong_format`).
+fn format_key(base: &str) -> String {
+    format!("{{{base}}}:format")
+}
+
+/// The format level of the coordinator under `prefix` in `partitions` partitions and layout
+/// `generation` ([`crate::format`]): the highest recorded under its bases (a finalize that
+/// died part-way has recorded the new level under some of them), [`FIRST`] where none is.
+/// A record that is not a level is an error naming its key.
+///
+/// [`FIRST`]: crate::format::FIRST
+pub async fn format_level(
+    target: impl Into<Target>,
+    prefix: &str,
+    partitions: usize,
+    generation: u64,
+) -> crate::Result<u32> {
+    let recorded = recorded_level(&target.into(), prefix, partitions, generation).await?;
+    Ok(recorded.unwrap_or(crate::format::FIRST))
+}
+
+/// The highest format level recorded under the layout's bases, if any is.
+async fn recorded_level(
+    target: &Target,
+    prefix: &str,
+    partitions: usize,
+    generation: u64,
+) -> crate::Result<Option<u32>> {
+    let mut level = None;
+    for base in layout_prefixes(prefix, partitions, generation) {
+        let key = format_key(&base);
+        let Some(recorded) = layout_command(target, &key, &["GET"]).await? else {
+            continue;
+        };
+        let at = crate::format::parse_level(Some(&recorded))
+            .map_err(|why| crate::Error::Backend(format!("{key}: {why}")))?;
+        level = level.max(Some(at));
+    }
+    Ok(level)
+}
+
+/// What an installation records of itself, read without changing anything (for `palisade
+/// upgrade plan`, which must work where this build may not run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Installation {
+    /// Its number of partitions (1 if never recorded).
+    pub partitions: usize,
+    /// Its layout generation.
+    pub generation: u64,
+    /// Its format level, if one was recorded (absent: [`crate::format::FIRST`]).
+    pub format: Option<u32>,
+}
+
+/// Reads the installation under `prefix` ([`Installation`]), changing nothing.
+pub async fn installation(target: impl Into<Target>, prefix: &str) -> crate::Result<Installation> {
+    check_prefix(prefix)?;
+    let target = target.into();
+    let (recorded, generation) = records(&target, prefix).await?;
+    let partitions = match recorded.as_str() {
+        "" => 1,
+        text => text.parse().map_err(|_| {
+            crate::Error::Backend(format!(
+                "the partitions record {} holds {text:?}, not a number",
+                layout_key(prefix)
+            ))
+        })?,
+    };
+    let format = recorded_level(&target, prefix, partitions, generation).await?;
+    Ok(Installation {
+        partitions,
+        generation,
+        format,
+    })
+}
+
+/// Records format level `to` under every base of the coordinator under `prefix` (in
+/// `partitions` partitions, as recorded), one run at a time with layout moves (the same
+/// lock), after [`crate::format::decide_finalize`] allowed it for the live workers the caller
+/// read. Refused, changing nothing, when `to` is below the recorded level or outside this
+/// build's window. Returns the level it found. A run that dies part-way is finished by
+/// running it again (readers take the highest level recorded under any base).
+pub async fn finalize_format(
+    target: impl Into<Target>,
+    prefix: &str,
+    partitions: usize,
+    to: u32,
+) -> crate::Result<u32> {
+    let target = target.into();
+    let work = async {
+        let generation = check_layout(target.clone(), prefix, partitions).await?;
+        let was = format_level(target.clone(), prefix, partitions, generation).await?;
+        crate::format::decide_finalize(was, to, &[])
+            .map_err(|refused| crate::Error::Config(refused.to_string()))?;
+        for base in layout_prefixes(prefix, partitions, generation) {
+            layout_command(&target, &format_key(&base), &["SET", &to.to_string()]).await?;
+        }
+        Ok(was)
+    };
+    locked(&target, prefix, "upgrade finalize", work).await
 }
 
 /// The recorded number of partitions (as stored) and layout generation, read together.
@@ -232,29 +345,46 @@ pub async fn move_layout(
             "the coordinator {prefix:?} already runs in {from} partition(s): nothing to move"
         )));
     }
+    locked(
+        &target,
+        prefix,
+        "partitions",
+        move_locked(&target, prefix, from, to, configure),
+    )
+    .await
+}
+
+/// Runs `work` holding the installation's layout lock, which one `partitions` move or
+/// `upgrade finalize` holds at a time (a second is refused while one holds it): held for at
+/// most a minute (either is a few dozen commands), so a run that died does not block the
+/// rerun that finishes its work for long.
+async fn locked<T>(
+    target: &Target,
+    prefix: &str,
+    what: &str,
+    work: impl std::future::Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
     let token = uuid::Uuid::new_v4().to_string();
     let holder = format!(
-        "{token} pid {} since {}",
+        "{token} `{what}` pid {} since {}",
         std::process::id(),
         crate::store::unix_ms()
     );
-    // Held for at most a minute (a move is a few dozen commands): a run that died must not
-    // block the rerun that finishes its work for long.
     let taken = layout_command(
-        &target,
+        target,
         &lock_key(prefix),
         &["SET", &holder, "NX", "PX", "60000"],
     )
     .await?;
     if taken.is_none() {
-        let other = layout_command(&target, &lock_key(prefix), &["GET"]).await?;
+        let other = layout_command(target, &lock_key(prefix), &["GET"]).await?;
         return Err(crate::Error::Config(format!(
-            "another `partitions` run is moving the coordinator {prefix:?} ({}); wait for it \
-             to finish (its lock expires after a minute)",
+            "another `partitions` run is moving the coordinator {prefix:?}, or an `upgrade \
+             finalize` runs ({}); wait for it to finish (its lock expires after a minute)",
             other.unwrap_or_default()
         )));
     }
-    let moved = move_locked(&target, prefix, from, to, configure).await;
+    let done = work.await;
     // Released only if still ours (compare and delete in one step).
     let release = deadpool_redis::redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end \
@@ -268,7 +398,7 @@ pub async fn move_layout(
             .invoke_async(&mut conn)
             .await;
     }
-    moved
+    done
 }
 
 async fn move_locked(
@@ -307,6 +437,11 @@ async fn move_locked(
         Ok::<_, crate::Error>(())
     };
     let old_bases = layout_prefixes(prefix, from, was);
+    // The new bases start at the installation's format level (a move never lowers it).
+    let level = format_level(target.clone(), prefix, from, was).await?;
+    for base in layout_prefixes(prefix, to, next) {
+        layout_command(target, &format_key(&base), &["SET", &level.to_string()]).await?;
+    }
     // The new layout's bases are new (`layout_prefixes`): only processes of the next
     // generation may act there. The old ones are retired — a value no process holds — so a
     // process of the old generation, paused through all of this, is refused from now on.
@@ -382,6 +517,18 @@ fn derived_from(prefix: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scripts refuse what the Rust side refuses: one window of format levels in both.
+    #[test]
+    fn the_scripts_and_the_build_read_one_window_of_format_levels() {
+        let common = include_str!("../lua/common.lua");
+        let declared = format!(
+            "local FORMAT_LOWEST, FORMAT_HIGHEST = {}, {}\n",
+            crate::format::LEVELS.start(),
+            crate::format::LEVELS.end()
+        );
+        assert!(common.contains(&declared), "common.lua lacks {declared:?}");
+    }
 
     #[test]
     fn prefixes_follow_the_name_rules() {

@@ -130,6 +130,11 @@ pub use traceparent::TraceContext;
 pub use worker::Freeze;
 pub use worker::{Drain, Worker, WorkerConfig};
 
+/// The installation's format level: the window of stored-record shapes this build reads and
+/// writes, and the rule `palisade upgrade finalize` follows (docs/operations.md, "Rolling
+/// deploys").
+pub use palisade_core::format;
+
 /// Every limit a job, flow, name or payload is held to, and how long things are kept: the
 /// numbers the rest of the API's docs refer to.
 pub mod limits {

@@ -735,6 +735,7 @@ impl Worker {
             running: self.running.len(),
             started_ms: self.started_ms,
             seen_ms: 0,
+            formats: Some([*crate::format::LEVELS.start(), *crate::format::LEVELS.end()]),
         };
         self.coordinator
             .do_send(crate::coordinator::Beat(beat, Self::BEAT_EVERY * 3));

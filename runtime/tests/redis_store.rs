@@ -649,6 +649,129 @@ async fn complete_one(store: &dyn palisade::LeaseStore) {
         .unwrap();
 }
 
+/// Every operation of `store` that acts (each script that checks the layout generation and
+/// format level), expected to fail: the errors, by operation.
+async fn every_acting_call(
+    old: &RedisLeaseStore,
+    ttl: std::time::Duration,
+) -> Vec<(&'static str, palisade::Error)> {
+    use palisade::{ControlStore, LeaseStore, NewJob, QueueAdmin, Settlement};
+    let job = NewJob::raw("k", "null");
+    let lease = palisade::LeaseId::new();
+    vec![
+        ("enqueue", old.enqueue(vec![job.clone()]).await.unwrap_err()),
+        (
+            "claim",
+            old.claim("default", "w", 1, ttl).await.unwrap_err(),
+        ),
+        ("renew", old.renew(&[lease], ttl).await.unwrap_err()),
+        (
+            "settle",
+            old.settle(vec![(lease, Settlement::completed())])
+                .await
+                .unwrap_err(),
+        ),
+        ("reap", old.reap(10).await.unwrap_err()),
+        (
+            "cancel",
+            old.cancel(palisade::JobId::new(), "x").await.unwrap_err(),
+        ),
+        (
+            "retry_dead",
+            old.retry_dead("default", 1).await.unwrap_err(),
+        ),
+        (
+            "purge_dead",
+            old.purge_dead("default", 1).await.unwrap_err(),
+        ),
+        (
+            "hold_role",
+            old.hold_role("scheduler", "me", ttl).await.unwrap_err(),
+        ),
+        (
+            "advance_schedule",
+            old.advance_schedule("tick", 1).await.unwrap_err(),
+        ),
+    ]
+}
+
+/// Issue 55: an installation at a format level outside this build's window (a later
+/// release's `upgrade finalize` moved it on, or a record no level reads) refuses every acting
+/// call of this build before any change (`Error::Format`, `PALISADE_FORMAT`), and a process
+/// starting is refused. Finalize records the level under every base, never to a level the
+/// build does not know, one run at a time with layout moves; a move carries the level.
+#[tokio::test]
+async fn a_build_that_cannot_read_the_format_level_is_refused_before_any_change() {
+    use palisade::store::redis::{check_layout, finalize_format, format_level, move_layout};
+    use palisade::{Error, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let ttl = Duration::from_secs(30);
+    assert_eq!(check_layout(&pool, "fm", 1).await.unwrap(), 0);
+    let store = RedisLeaseStore::new(pool.clone(), "fm");
+    store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    let held = store.claim("default", "w", 1, ttl).await.unwrap().remove(0);
+    // Never recorded: level 1. Finalizing level 1 records it; level 2 is not this build's.
+    assert_eq!(format_level(&pool, "fm", 1, 0).await.unwrap(), 1);
+    assert_eq!(finalize_format(&pool, "fm", 1, 1).await.unwrap(), 1);
+    assert_eq!(server.cli(&["GET", "{fm}:format"]).as_deref(), Some("1"));
+    let unknown = finalize_format(&pool, "fm", 1, 2).await;
+    assert!(
+        matches!(&unknown, Err(Error::Config(why)) if why.contains("not 2")),
+        "{unknown:?}"
+    );
+    server.cli(&["SET", "{fm}:moving", "a `partitions` run"]);
+    let refused = finalize_format(&pool, "fm", 1, 1).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(why)) if why.contains("upgrade finalize")),
+        "{refused:?}"
+    );
+    server.cli(&["DEL", "{fm}:moving"]);
+    store.renew(&[held.lease.id], ttl).await.unwrap();
+
+    for level in ["2", "0", "1.5", "x", "99999999999"] {
+        server.cli(&["SET", "{fm}:format", level]);
+        let before = snapshot(&server);
+        for (op, e) in every_acting_call(&store, ttl).await {
+            assert!(
+                matches!(&e, Error::Format(why) if why.contains("PALISADE_FORMAT")),
+                "level {level:?}, {op}: {e}"
+            );
+            assert!(e.is_retryable(), "{op}: {e}");
+        }
+        let held_settle = store
+            .settle(vec![(held.lease.id, Settlement::completed())])
+            .await;
+        assert!(
+            matches!(held_settle, Err(Error::Format(_))),
+            "{held_settle:?}"
+        );
+        assert_eq!(
+            snapshot(&server),
+            before,
+            "level {level:?}: nothing changed"
+        );
+        // A process starting now is refused too, saying why.
+        let start = check_layout(&pool, "fm", 1).await;
+        assert!(start.is_err(), "level {level:?}: {start:?}");
+    }
+    // Back at a level it reads, the held lease settles: nothing was lost meanwhile.
+    server.cli(&["SET", "{fm}:format", "1"]);
+    let settled = store
+        .settle(vec![(held.lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    settled.into_iter().next().unwrap().unwrap();
+    // A move records the level under the new layout's bases.
+    move_layout(&pool, "fm", 1, 2, |s| s).await.unwrap();
+    for base in palisade::store::redis::layout_prefixes("fm", 2, 1) {
+        let key = format!("{{{base}}}:format");
+        assert_eq!(server.cli(&["GET", &key]).as_deref(), Some("1"), "{key}");
+    }
+    assert_eq!(format_level(&pool, "fm", 2, 1).await.unwrap(), 1);
+}
+
 /// Issue 20.3: `palisade partitions` used to exit 0 while a worker of the installation still
 /// ran, and that worker kept firing the old layout's copy of a schedule (ticks enqueued twice).
 /// A paused worker looks exactly like a dead one, so the guard is a layout generation every
@@ -659,7 +782,7 @@ async fn complete_one(store: &dyn palisade::LeaseStore) {
 #[tokio::test]
 async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     use palisade::store::redis::{check_layout, coordinator, move_layout};
-    use palisade::{Error, LeaseStore, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES};
+    use palisade::{Error, LeaseStore, NewJob, DEFAULT_MAX_PAYLOAD_BYTES};
     use std::time::Duration;
     let server = RedisServer::start();
     let pool = palisade::store::redis::pool(&server.url()).unwrap();
@@ -715,42 +838,7 @@ async fn a_process_of_an_old_layout_is_refused_and_moves_are_serialised() {
     );
     let before = snapshot(&server);
     let job = NewJob::raw("k", "null");
-    let lease = palisade::LeaseId::new();
-    let refusals: Vec<(&str, Error)> = vec![
-        ("enqueue", old.enqueue(vec![job.clone()]).await.unwrap_err()),
-        (
-            "claim",
-            old.claim("default", "w", 1, ttl).await.unwrap_err(),
-        ),
-        ("renew", old.renew(&[lease], ttl).await.unwrap_err()),
-        (
-            "settle",
-            old.settle(vec![(lease, Settlement::completed())])
-                .await
-                .unwrap_err(),
-        ),
-        ("reap", old.reap(10).await.unwrap_err()),
-        (
-            "cancel",
-            old.cancel(palisade::JobId::new(), "x").await.unwrap_err(),
-        ),
-        (
-            "retry_dead",
-            old.retry_dead("default", 1).await.unwrap_err(),
-        ),
-        (
-            "purge_dead",
-            old.purge_dead("default", 1).await.unwrap_err(),
-        ),
-        (
-            "hold_role",
-            old.hold_role("scheduler", "me", ttl).await.unwrap_err(),
-        ),
-        (
-            "advance_schedule",
-            old.advance_schedule("tick", 1).await.unwrap_err(),
-        ),
-    ];
+    let refusals = every_acting_call(&old, ttl).await;
     for (op, e) in &refusals {
         assert!(layout(e), "{op}: {e}");
     }

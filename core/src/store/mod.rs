@@ -286,6 +286,10 @@ pub struct WorkerBeat {
     /// store).
     #[serde(default)]
     pub seen_ms: u64,
+    /// The format levels it reads and writes (`[lowest, highest]`, [`crate::format`]); absent
+    /// from a worker of a commit before release 0.1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formats: Option<[u32; 2]>,
 }
 
 /// What jobs and sinks leave behind for people to read, kept for a bounded time or count: job

@@ -17,28 +17,41 @@ use crate::store::{
     WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
 };
 
-/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] the layout
-/// generation record, ARGV name, ms and the caller's generation (refused, changing nothing,
-/// for another: `common.lua`, `wrong_layout`).
-static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// The guard of the two scripts below, the rule of `common.lua`'s `wrong_layout` and
+/// `wrong_format`: KEYS[2] the layout generation record, KEYS[3] the format level record,
+/// ARGV[3] the caller's generation; refused, changing nothing, for another generation or a
+/// level outside this build's window.
+fn guarded(body: &str) -> Script {
+    let (low, high) = (crate::format::LEVELS.start(), crate::format::LEVELS.end());
+    Script::new(&format!(
         "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
            return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
              .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
-         local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
+         local f = redis.call('GET', KEYS[3]) \
+         if f and not (string.match(f, '^%d+$') and #f <= 9 \
+             and tonumber(f) >= {low} and tonumber(f) <= {high}) then \
+           return redis.error_reply('PALISADE_FORMAT this process reads and writes format \
+             levels {low} to {high}, the installation is at level ' .. f .. ': run a release \
+             that reads it; nothing was changed') end \
+         {body}"
+    ))
+}
+
+/// Raises a schedule's mark, never lowers it: KEYS[1] the marks hash, KEYS[2] and KEYS[3]
+/// and ARGV[3] as [`guarded`] takes them, ARGV name, ms.
+static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
+    guarded(
+        "local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') \
          if cur == nil or tonumber(ARGV[2]) > cur then \
            redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
          return 0",
     )
 });
-/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] the layout generation record, ARGV
-/// holder, ttl ms and the caller's generation (refused for another, as above); 1 if held.
+/// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] and KEYS[3] and ARGV[3] as
+/// [`guarded`] takes them, ARGV holder, ttl ms; 1 if held.
 static HOLD_ROLE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
-           return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
-             .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
-         local cur = redis.call('GET', KEYS[1]) \
+    guarded(
+        "local cur = redis.call('GET', KEYS[1]) \
          if cur == false or cur == ARGV[1] then \
            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end \
          return 0",
@@ -95,6 +108,7 @@ impl ControlStore for RedisLeaseStore {
         let held: i64 = HOLD_ROLE
             .key(format!("{}role:{role}", self.base))
             .key(format!("{}layout", self.base))
+            .key(format!("{}format", self.base))
             .arg(holder)
             .arg(ttl.as_millis() as u64)
             .arg(self.generation)
@@ -211,6 +225,7 @@ impl ControlStore for RedisLeaseStore {
         ADVANCE_SCHEDULE
             .key(format!("{}schedule_marks", self.base))
             .key(format!("{}layout", self.base))
+            .key(format!("{}format", self.base))
             .arg(name)
             .arg(through)
             .arg(self.generation)
