@@ -166,20 +166,23 @@ fn postgres_urls(declared: &[String], flags: &[String]) -> anyhow::Result<Vec<(S
 }
 
 /// One line per postgres:// sink: its schema version and what this binary makes of it (the
-/// first line `migrate --plan` prints), for `upgrade plan`.
+/// first line `migrate --plan` prints), or why it could not be read, for `upgrade plan`.
 pub(super) async fn schema_lines(
     declared: &[String],
     flags: &[String],
     ca: Option<&std::path::Path>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Vec<anyhow::Result<String>>> {
     let mut lines = Vec::new();
     for (name, url) in postgres_urls(declared, flags)? {
-        let url = &palisade::cli_support::with_default_root(&url, ca)?;
-        let plan = palisade::store::postgres::migration_plan(url)
-            .await
-            .with_context(|| format!("sink {name} at {}", redacted(url)))?;
-        let text = plan_text(&name, &plan);
-        lines.push(text.lines().next().unwrap_or_default().to_owned());
+        let line = async {
+            let url = &palisade::cli_support::with_default_root(&url, ca)?;
+            let plan = palisade::store::postgres::migration_plan(url)
+                .await
+                .with_context(|| format!("sink {name} at {}", redacted(url)))?;
+            let text = plan_text(&name, &plan);
+            Ok(text.lines().next().unwrap_or_default().to_owned())
+        };
+        lines.push(line.await);
     }
     Ok(lines)
 }

@@ -7,7 +7,7 @@ use std::ops::RangeInclusive;
 use anyhow::{bail, Context as _};
 use clap::Subcommand;
 
-use palisade::format::{self, Finalize, LEVELS};
+use palisade::format::{self, LEVELS};
 use palisade::store::redis::Installation;
 use palisade::store::{ControlStore, WorkerBeat};
 
@@ -63,8 +63,8 @@ pub(super) fn upgrade(command: UpgradeCommand, declared: &[String]) -> anyhow::R
                 let report = report(&args, declared).await?;
                 let outside = report.outside.len();
                 print_lines(report.lines.into_iter())?;
-                if !report.readable {
-                    bail!("this binary cannot run against the installation's format level");
+                if let Some(problem) = report.problems.first() {
+                    bail!("{problem}");
                 }
                 if outside > 0 {
                     bail!("{outside} live worker process(es) outside the window");
@@ -79,47 +79,65 @@ pub(super) fn upgrade(command: UpgradeCommand, declared: &[String]) -> anyhow::R
 /// What `plan` prints, and what `check` decides on.
 struct Report {
     lines: Vec<String>,
-    /// Whether this binary reads the installation's level.
-    readable: bool,
+    /// What makes `check` fail, besides workers outside the window: this binary cannot read
+    /// the level, a finalize did not finish, nothing records the installation, a sink's
+    /// schema could not be read.
+    problems: Vec<String>,
     /// The live workers outside the window (the current level to finalize's target).
     outside: Vec<String>,
 }
 
 async fn report(args: &UpgradeArgs, declared: &[String]) -> anyhow::Result<Report> {
     let (installation, live) = read(&args.redis).await?;
-    let current = installation.format.unwrap_or(format::FIRST);
+    let current = installation.format();
     let target = current.max(*LEVELS.end());
-    let mut lines = vec![
-        format!(
-            "coordinator {:?}: {} partition(s), layout generation {}, format level {current}{}",
-            args.redis.prefix,
-            installation.partitions,
-            installation.generation,
-            match installation.format {
-                Some(_) => "",
-                None => " (never recorded: release 0.1.0's format)",
-            }
-        ),
-        format!(
-            "this binary: palisade {}, reads and writes format levels {}",
-            env!("CARGO_PKG_VERSION"),
-            window(&LEVELS)
-        ),
-    ];
-    let readable = LEVELS.contains(&current);
-    lines.push(match (readable, target > current) {
-        (false, _) => {
-            format!("this binary cannot run against level {current}: run a release that reads it")
+    let mut problems = Vec::new();
+    let mut lines = vec![format!(
+        "coordinator {:?}: {} partition(s), layout generation {}, format level {current}{}",
+        args.redis.prefix,
+        installation.partitions,
+        installation.generation,
+        match installation.recorded() {
+            true => "",
+            false => " (never recorded: release 0.1.0's format)",
         }
+    )];
+    if !installation.exists {
+        problems.push(format!(
+            "nothing records an installation under the prefix {:?}: check --prefix",
+            args.redis.prefix
+        ));
+    }
+    if installation.lagging() > 0 {
+        problems.push(format!(
+            "a finalize did not finish: {} of {} bases are below level {current}; run \
+             `upgrade finalize --to {current}` again",
+            installation.lagging(),
+            installation.levels.len()
+        ));
+    }
+    lines.push(format!(
+        "this binary: palisade {}, reads and writes format levels {}",
+        env!("CARGO_PKG_VERSION"),
+        window(&LEVELS)
+    ));
+    let readable = LEVELS.contains(&current);
+    if !readable {
+        problems.push(format!(
+            "this binary cannot run against level {current}: run a release that reads it"
+        ));
+    }
+    lines.push(match (readable, target > current) {
+        (false, _) => "finalize: not with this binary (see the problem below)".to_owned(),
         (true, true) => format!(
             "finalize would move the installation to level {target}: from then on, processes \
              reading only levels below it are refused"
         ),
         (true, false) => format!(
             "finalize has nothing to raise: this binary knows no level above {current}{}",
-            match installation.format {
-                Some(_) => "",
-                None => " (it would record the level)",
+            match installation.recorded() {
+                true => "",
+                false => " (it would record the level)",
             }
         ),
     });
@@ -161,12 +179,21 @@ async fn report(args: &UpgradeArgs, declared: &[String]) -> anyhow::Result<Repor
             outside.len()
         )
     });
-    lines.extend(
-        super::sinks::schema_lines(declared, &args.sinks, args.redis.ca_file().as_deref()).await?,
-    );
+    let ca = args.redis.ca_file();
+    for line in super::sinks::schema_lines(declared, &args.sinks, ca.as_deref()).await? {
+        match line {
+            Ok(line) => lines.push(line),
+            Err(e) => {
+                let line = format!("{e:#}");
+                lines.push(line.clone());
+                problems.push(line);
+            }
+        }
+    }
+    lines.extend(problems.iter().map(|p| format!("problem: {p}")));
     Ok(Report {
         lines,
-        readable,
+        problems,
         outside,
     })
 }
@@ -191,28 +218,30 @@ async fn read(redis: &RedisArgs) -> anyhow::Result<(Installation, Vec<WorkerBeat
 }
 
 async fn finalize(args: FinalizeArgs) -> anyhow::Result<()> {
-    let (installation, live) = read(&args.redis).await?;
-    let current = installation.format.unwrap_or(format::FIRST);
-    let to = args.to.unwrap_or(*LEVELS.end());
-    let decided = format::decide_finalize(current, to, &live)?;
+    palisade::cli_support::check_prefix(&args.redis.prefix)?;
     let target = args.redis.reachable(&args.redis.redis, "Redis").await?;
-    let was = palisade::store::redis::finalize_format(
-        target,
-        &args.redis.prefix,
-        usize::from(args.redis.partitions),
-        to,
-    )
-    .await
-    .with_context(|| format!("finalize --to {to}"))?;
-    let line = match decided {
-        Finalize::Raise(..) => format!(
-            "format level {was} -> {to}: processes reading only levels below {to} are refused \
-             from now on"
-        ),
-        Finalize::AlreadyAt(_) if installation.format.is_none() => {
-            format!("format level {to} recorded (it was implied): nothing else changed")
-        }
-        Finalize::AlreadyAt(_) => format!("already at format level {to}: nothing changed"),
+    let to = args.to.unwrap_or(*LEVELS.end());
+    // (The rule, the live workers and the installation are read under the layout lock.)
+    let done = palisade::store::redis::finalize_format(target, &args.redis.prefix, to)
+        .await
+        .with_context(|| format!("finalize --to {to}"))?;
+    let (before, level) = (&done.before, done.level);
+    let line = if before.format() < level {
+        format!(
+            "format level {} -> {level}: processes reading only levels below {level} are refused \
+             from now on",
+            before.format()
+        )
+    } else if before.lagging() > 0 {
+        format!(
+            "format level {level} now recorded under every base ({} of {} were behind)",
+            before.lagging(),
+            before.levels.len()
+        )
+    } else if !before.recorded() {
+        format!("format level {level} recorded (it was implied): nothing else changed")
+    } else {
+        format!("already at format level {level}: nothing changed")
     };
     print_lines(std::iter::once(line))
 }

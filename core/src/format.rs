@@ -2,9 +2,10 @@
 //!
 //! In the spirit of Kafka's `metadata.version`: every build reads and writes a window of
 //! levels ([`LEVELS`]); an installation is at one level (recorded beside each coordinator
-//! base's layout generation, absent = [`FIRST`]). A process refuses to act, before any change,
-//! on an installation whose level is outside its window (`PALISADE_FORMAT`, checked by the same
-//! scripts that check the layout generation). A release that brings a new record shape raises
+//! base's layout generation, absent = [`FIRST`]). A process is refused, before any change, by
+//! every script that acts on jobs, flows, groups, roles and schedule marks when the level is
+//! outside its window (`PALISADE_FORMAT`, checked by the same scripts that check the layout
+//! generation; docs/operations.md lists what is not guarded). A release that brings a new record shape raises
 //! its window's top and writes the shape only once the operator has *finalized* the new level
 //! (`palisade upgrade finalize`), which is refused while a live process could not read it. So
 //! during a rolling deploy old and new processes share the old level, and a rollback before
@@ -56,7 +57,7 @@ pub enum FinalizeRefused {
         /// The level asked for.
         to: u32,
     },
-    /// Live workers that could not read the new level (each as `name on host (pid N): 1..=1`).
+    /// Live workers that could not read the new level (each as [`describe`] says it).
     #[error("live workers cannot read format level {to}: {}; upgrade or stop them first", outside.join(", "))]
     Outside {
         /// The level asked for.
@@ -118,13 +119,15 @@ pub fn describe(beat: &WorkerBeat) -> String {
 }
 
 /// An installation's level as recorded (`None`: never recorded, so [`FIRST`]); a record that is
-/// not a plain decimal is an error naming it, never read as some level.
+/// not 1 to 9 decimal digits is an error naming it, never read as some level. The scripts'
+/// guards (`common.lua`, `wrong_format`) read by the same rule.
 pub fn parse_level(recorded: Option<&str>) -> Result<u32, String> {
     match recorded {
         None => Ok(FIRST),
-        Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text
-            .parse()
-            .map_err(|_| format!("format level {text:?} out of range")),
+        Some(text) if (1..=9).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit()) => {
+            text.parse()
+                .map_err(|_| format!("format level {text:?} out of range"))
+        }
         Some(text) => Err(format!("format level record holds {text:?}, not a level")),
     }
 }
@@ -187,7 +190,19 @@ mod tests {
     fn a_level_record_is_a_plain_decimal_or_an_error() {
         assert_eq!(parse_level(None), Ok(FIRST));
         assert_eq!(parse_level(Some("2")), Ok(2));
-        for bad in ["", "-1", "1.0", "1e0", " 1", "99999999999", "x"] {
+        assert_eq!(parse_level(Some("000000001")), Ok(1));
+        for bad in [
+            "",
+            "-1",
+            "1.0",
+            "1e0",
+            " 1",
+            "+1",
+            "0000000001",
+            "99999999999",
+            "x",
+            "１",
+        ] {
             assert!(parse_level(Some(bad)).is_err(), "{bad:?}");
         }
     }

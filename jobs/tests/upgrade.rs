@@ -53,6 +53,11 @@ fn upgrade_plans_checks_and_finalizes_and_a_worker_waits_out_a_level_it_cannot_r
         "{plan}"
     );
     run(&redis, &["upgrade", "check"]);
+    // A mistyped prefix is no installation: check fails, finalize creates nothing.
+    let (_, err) = fails(&redis, &["upgrade", "check", "--prefix", "palisdae"]);
+    assert!(err.contains("check --prefix"), "{err}");
+    fails(&redis, &["upgrade", "finalize", "--prefix", "palisdae"]);
+    assert_eq!(redis.cli(&["KEYS", "{palisdae}*"]).as_deref(), Some(""));
 
     // A worker of a later release that reads only level 2 (as its heartbeat says): check
     // names it, and finalize is refused, recording nothing.

@@ -16,8 +16,10 @@
 --          "top": the queue's groups with the most ready jobs (ties by name), a row each, its
 --          ready jobs in that queue. A row: {group, ready, running, cap, jobs, per_ms,
 --          paused, parked} ("" for what is not set).
--- Errors   "set": "PALISADE_CORRUPT ..." (before anything) when the group's record holds
---          another type. The reads: none (a key of another type reads as empty).
+-- Errors   "set": "PALISADE_LAYOUT ..." or "PALISADE_FORMAT ..." (before anything) for a
+--          caller of another layout generation or outside the format level (ARGV[7], the
+--          last, is the caller's generation: common.lua, wrong_layout); "PALISADE_CORRUPT ..."
+--          (before anything) when the group's record holds another type. The reads: none (a key of another type reads as empty).
 local base, action = KEYS[1], ARGV[1]
 local now = now_ms()
 
@@ -33,6 +35,12 @@ local function depth(queue, group)
 end
 
 if action == 'set' then
+  -- (It rewrites the group's lease entries: refused, like every script that acts, for a
+  -- process of another layout generation or outside the format level.)
+  local refused = wrong_layout(base)
+  if refused then
+    return refused
+  end
   local group = ARGV[2]
   local key = base .. 'group:' .. group
   local wrong = mistyped({ [key] = 'hash', [base .. 'glimited'] = 'zset',

@@ -190,28 +190,39 @@ pub async fn format_level(
     partitions: usize,
     generation: u64,
 ) -> crate::Result<u32> {
-    let recorded = recorded_level(&target.into(), prefix, partitions, generation).await?;
-    Ok(recorded.unwrap_or(crate::format::FIRST))
+    let levels = recorded_levels(&target.into(), prefix, partitions, generation).await?;
+    Ok(highest(&levels))
 }
 
-/// The highest format level recorded under the layout's bases, if any is.
-async fn recorded_level(
+/// The highest of the levels recorded under a layout's bases ([`FIRST`] where none is).
+///
+/// [`FIRST`]: crate::format::FIRST
+fn highest(levels: &[Option<u32>]) -> u32 {
+    let at = |l: &Option<u32>| l.unwrap_or(crate::format::FIRST);
+    levels.iter().map(at).max().unwrap_or(crate::format::FIRST)
+}
+
+/// The format level recorded under each of the layout's bases, in layout order (`None`: none).
+async fn recorded_levels(
     target: &Target,
     prefix: &str,
     partitions: usize,
     generation: u64,
-) -> crate::Result<Option<u32>> {
-    let mut level = None;
+) -> crate::Result<Vec<Option<u32>>> {
+    let mut levels = Vec::new();
     for base in layout_prefixes(prefix, partitions, generation) {
         let key = format_key(&base);
-        let Some(recorded) = layout_command(target, &key, &["GET"]).await? else {
-            continue;
+        let named = |why: String| crate::Error::Backend(format!("{key}: {why}"));
+        let recorded = layout_command(target, &key, &["GET"])
+            .await
+            .map_err(|e| named(e.to_string()))?;
+        let level = match recorded {
+            None => None,
+            Some(text) => Some(crate::format::parse_level(Some(&text)).map_err(named)?),
         };
-        let at = crate::format::parse_level(Some(&recorded))
-            .map_err(|why| crate::Error::Backend(format!("{key}: {why}")))?;
-        level = level.max(Some(at));
+        levels.push(level);
     }
-    Ok(level)
+    Ok(levels)
 }
 
 /// What an installation records of itself, read without changing anything (for `palisade
@@ -219,12 +230,35 @@ async fn recorded_level(
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Installation {
+    /// Whether anything records it (its number of partitions): false for a prefix never used.
+    pub exists: bool,
     /// Its number of partitions (1 if never recorded).
     pub partitions: usize,
     /// Its layout generation.
     pub generation: u64,
-    /// Its format level, if one was recorded (absent: [`crate::format::FIRST`]).
-    pub format: Option<u32>,
+    /// The format level recorded under each base of its layout (`None`: none recorded).
+    pub levels: Vec<Option<u32>>,
+}
+
+impl Installation {
+    /// Its format level: the highest recorded under any base ([`crate::format::FIRST`] where
+    /// none is).
+    pub fn format(&self) -> u32 {
+        highest(&self.levels)
+    }
+
+    /// Whether a level was ever recorded (by `palisade upgrade finalize`).
+    pub fn recorded(&self) -> bool {
+        self.levels.iter().any(Option::is_some)
+    }
+
+    /// The bases still below [`Installation::format`]: a finalize that did not finish (run it
+    /// again); 0 when every base agrees.
+    pub fn lagging(&self) -> usize {
+        let top = self.format();
+        let below = |l: &&Option<u32>| l.unwrap_or(crate::format::FIRST) < top;
+        self.levels.iter().filter(below).count()
+    }
 }
 
 /// Reads the installation under `prefix` ([`Installation`]), changing nothing.
@@ -234,43 +268,112 @@ pub async fn installation(target: impl Into<Target>, prefix: &str) -> crate::Res
     let (recorded, generation) = records(&target, prefix).await?;
     let partitions = match recorded.as_str() {
         "" => 1,
-        text => text.parse().map_err(|_| {
-            crate::Error::Backend(format!(
-                "the partitions record {} holds {text:?}, not a number",
-                layout_key(prefix)
-            ))
-        })?,
+        text => text
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_PARTITIONS).contains(n))
+            .ok_or_else(|| {
+                crate::Error::Backend(format!(
+                    "the partitions record {} holds {text:?}, not a number of partitions \
+                     (1..={MAX_PARTITIONS})",
+                    layout_key(prefix)
+                ))
+            })?,
     };
-    let format = recorded_level(&target, prefix, partitions, generation).await?;
+    let levels = recorded_levels(&target, prefix, partitions, generation).await?;
     Ok(Installation {
+        exists: !recorded.is_empty(),
         partitions,
         generation,
-        format,
+        levels,
     })
 }
 
-/// Records format level `to` under every base of the coordinator under `prefix` (in
-/// `partitions` partitions, as recorded), one run at a time with layout moves (the same
-/// lock), after [`crate::format::decide_finalize`] allowed it for the live workers the caller
-/// read. Refused, changing nothing, when `to` is below the recorded level or outside this
-/// build's window. Returns the level it found. A run that dies part-way is finished by
-/// running it again (readers take the highest level recorded under any base).
+/// The most partitions a layout has (`palisade partitions` takes 1..=256).
+const MAX_PARTITIONS: usize = 256;
+
+/// Records `ARGV[2]` as the format level of one base: KEYS[1] its layout stamp, KEYS[2] its
+/// level record, ARGV[1] the generation the caller read. Refused, changing nothing, when the
+/// layout moved since (the stamp is another generation, or retired), when the base is at a
+/// higher level (never lowered: a finalize that slept past its lock and woke after a later
+/// one), or when the record is not a level (never written over).
+static FINALIZE_BASE: std::sync::LazyLock<deadpool_redis::redis::Script> =
+    std::sync::LazyLock::new(|| {
+        deadpool_redis::redis::Script::new(
+            "local stamp = redis.pcall('GET', KEYS[1]) \
+             if stamp == false then stamp = '0' end \
+             if stamp ~= ARGV[1] then \
+               return redis.error_reply('PALISADE_LAYOUT the layout moved while finalizing (' \
+                 .. KEYS[1] .. ' is no longer generation ' .. ARGV[1] .. '): run it again; \
+                 nothing was changed there') end \
+             local cur = redis.pcall('GET', KEYS[2]) \
+             if cur ~= false then \
+               if type(cur) ~= 'string' or not string.match(cur, '^%d+$') or #cur > 9 then \
+                 return redis.error_reply('PALISADE_FORMAT ' .. KEYS[2] .. ' holds no level; \
+                   nothing was changed') end \
+               if tonumber(cur) > tonumber(ARGV[2]) then \
+                 return redis.error_reply('PALISADE_FORMAT ' .. KEYS[2] .. ' is at level ' .. cur \
+                   .. ', above ' .. ARGV[2] .. ': a level is never lowered') end \
+             end \
+             redis.call('SET', KEYS[2], ARGV[2]) \
+             return 0",
+        )
+    });
+
+/// What [`finalize_format`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finalized {
+    /// The installation as it read it, before any change.
+    pub before: Installation,
+    /// The level now recorded under every base.
+    pub level: u32,
+}
+
+/// Records format level `to` under every base of the coordinator under `prefix`, one run at a
+/// time with layout moves (the same lock). Inside the lock it reads the installation and the
+/// live workers' heartbeats and follows [`crate::format::decide_finalize`]: refused, changing
+/// nothing, for a level this build does not know, below the installation's, or outside a live
+/// worker's window, and for a prefix nothing records. Each base's level is written by a script
+/// that refuses a base whose layout moved meanwhile or that is at a higher level. A run that
+/// dies part-way is finished by running it again ([`Installation::lagging`] tells).
 pub async fn finalize_format(
     target: impl Into<Target>,
     prefix: &str,
-    partitions: usize,
     to: u32,
-) -> crate::Result<u32> {
+) -> crate::Result<Finalized> {
     let target = target.into();
     let work = async {
-        let generation = check_layout(target.clone(), prefix, partitions).await?;
-        let was = format_level(target.clone(), prefix, partitions, generation).await?;
-        crate::format::decide_finalize(was, to, &[])
-            .map_err(|refused| crate::Error::Config(refused.to_string()))?;
-        for base in layout_prefixes(prefix, partitions, generation) {
-            layout_command(&target, &format_key(&base), &["SET", &to.to_string()]).await?;
+        let before = installation(target.clone(), prefix).await?;
+        if !before.exists {
+            return Err(crate::Error::Config(format!(
+                "nothing records an installation under the prefix {prefix:?}: check --prefix"
+            )));
         }
-        Ok(was)
+        let store = coordinator(
+            target.clone(),
+            prefix,
+            before.partitions,
+            before.generation,
+            crate::job::DEFAULT_MAX_PAYLOAD_BYTES,
+            |s| s,
+        )?;
+        let live = crate::store::ControlStore::workers(&store).await?;
+        crate::format::decide_finalize(before.format(), to, &live)
+            .map_err(|refused| crate::Error::Config(refused.to_string()))?;
+        let link = connection::Link::new(target.clone());
+        let mut conn = link.get().await?;
+        for base in layout_prefixes(prefix, before.partitions, before.generation) {
+            FINALIZE_BASE
+                .key(format!("{{{base}}}:layout"))
+                .key(format_key(&base))
+                .arg(before.generation)
+                .arg(to)
+                .invoke_async::<()>(&mut conn)
+                .await
+                .map_err(|e| link.broken(e))?;
+        }
+        Ok(Finalized { before, level: to })
     };
     locked(&target, prefix, "upgrade finalize", work).await
 }
@@ -437,16 +540,17 @@ async fn move_locked(
         Ok::<_, crate::Error>(())
     };
     let old_bases = layout_prefixes(prefix, from, was);
-    // The new bases start at the installation's format level (a move never lowers it).
-    let level = format_level(target.clone(), prefix, from, was).await?;
-    for base in layout_prefixes(prefix, to, next) {
-        layout_command(target, &format_key(&base), &["SET", &level.to_string()]).await?;
-    }
     // The new layout's bases are new (`layout_prefixes`): only processes of the next
     // generation may act there. The old ones are retired — a value no process holds — so a
     // process of the old generation, paused through all of this, is refused from now on.
     stamp(layout_prefixes(prefix, to, next), next.to_string()).await?;
     stamp(old_bases.clone(), format!("retired:{next}")).await?;
+    // The new bases start at the installation's format level (a move never lowers it), read
+    // once the old bases are retired: a finalize still writing them is refused from then on.
+    let level = format_level(target.clone(), prefix, from, was).await?;
+    for base in layout_prefixes(prefix, to, next) {
+        layout_command(target, &format_key(&base), &["SET", &level.to_string()]).await?;
+    }
     let epoch = match crate::store::partitioned::migrate(&old, &new).await {
         Ok(epoch) => epoch,
         Err(e) => {

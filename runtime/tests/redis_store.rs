@@ -692,6 +692,12 @@ async fn every_acting_call(
             "advance_schedule",
             old.advance_schedule("tick", 1).await.unwrap_err(),
         ),
+        (
+            "set_group_limits",
+            old.set_group_limits("g", palisade::GroupLimits::default())
+                .await
+                .unwrap_err(),
+        ),
     ]
 }
 
@@ -714,15 +720,23 @@ async fn a_build_that_cannot_read_the_format_level_is_refused_before_any_change(
     let held = store.claim("default", "w", 1, ttl).await.unwrap().remove(0);
     // Never recorded: level 1. Finalizing level 1 records it; level 2 is not this build's.
     assert_eq!(format_level(&pool, "fm", 1, 0).await.unwrap(), 1);
-    assert_eq!(finalize_format(&pool, "fm", 1, 1).await.unwrap(), 1);
+    let done = finalize_format(&pool, "fm", 1).await.unwrap();
+    assert_eq!((done.before.recorded(), done.level), (false, 1));
     assert_eq!(server.cli(&["GET", "{fm}:format"]).as_deref(), Some("1"));
-    let unknown = finalize_format(&pool, "fm", 1, 2).await;
+    let unknown = finalize_format(&pool, "fm", 2).await;
     assert!(
         matches!(&unknown, Err(Error::Config(why)) if why.contains("not 2")),
         "{unknown:?}"
     );
+    // A prefix nothing records is refused, and nothing is created for it.
+    let typo = finalize_format(&pool, "fn", 1).await;
+    assert!(
+        matches!(&typo, Err(Error::Config(why)) if why.contains("check --prefix")),
+        "{typo:?}"
+    );
+    assert_eq!(server.cli(&["KEYS", "{fn}*"]).as_deref(), Some(""));
     server.cli(&["SET", "{fm}:moving", "a `partitions` run"]);
-    let refused = finalize_format(&pool, "fm", 1, 1).await;
+    let refused = finalize_format(&pool, "fm", 1).await;
     assert!(
         matches!(&refused, Err(Error::Config(why)) if why.contains("upgrade finalize")),
         "{refused:?}"
@@ -765,11 +779,36 @@ async fn a_build_that_cannot_read_the_format_level_is_refused_before_any_change(
     settled.into_iter().next().unwrap().unwrap();
     // A move records the level under the new layout's bases.
     move_layout(&pool, "fm", 1, 2, |s| s).await.unwrap();
-    for base in palisade::store::redis::layout_prefixes("fm", 2, 1) {
+    let bases = palisade::store::redis::layout_prefixes("fm", 2, 1);
+    for base in &bases {
         let key = format!("{{{base}}}:format");
         assert_eq!(server.cli(&["GET", &key]).as_deref(), Some("1"), "{key}");
     }
     assert_eq!(format_level(&pool, "fm", 2, 1).await.unwrap(), 1);
+    // A finalize that died part-way (one base without its record) shows as lagging, and a
+    // rerun completes it.
+    let read = |p| palisade::store::redis::installation(pool.clone(), p);
+    assert_eq!(read("fm").await.unwrap().lagging(), 0);
+    server.cli(&["SET", &format!("{{{}}}:format", bases[0]), "0"]);
+    let half = read("fm").await.unwrap();
+    assert_eq!((half.format(), half.lagging(), half.partitions), (1, 1, 2));
+    let done = finalize_format(&pool, "fm", 1).await.unwrap();
+    assert_eq!(done.before.lagging(), 1);
+    assert_eq!(read("fm").await.unwrap().lagging(), 0);
+    // Never lowered: an installation a later release moved to level 5 refuses this build's
+    // finalize to 1, changing nothing; a record that is no level is never written over.
+    server.cli(&["SET", &format!("{{{}}}:format", bases[1]), "5"]);
+    let before = snapshot(&server);
+    let lower = finalize_format(&pool, "fm", 1).await;
+    assert!(
+        matches!(&lower, Err(Error::Config(why)) if why.contains("never lowered")),
+        "{lower:?}"
+    );
+    server.cli(&["SET", &format!("{{{}}}:format", bases[1]), "x"]);
+    assert!(read("fm").await.is_err());
+    assert!(finalize_format(&pool, "fm", 1).await.is_err());
+    server.cli(&["SET", &format!("{{{}}}:format", bases[1]), "5"]);
+    assert_eq!(snapshot(&server), before, "nothing changed");
 }
 
 /// Issue 20.3: `palisade partitions` used to exit 0 while a worker of the installation still
@@ -2565,4 +2604,62 @@ async fn a_dead_record_with_negative_zeros_revives_into_a_job_that_reads() {
     let again = store.claim("default", "t", 1, ttl).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].job.max_stalls, again[0].job.max_snoozes), (0, 0));
+}
+
+/// Issue 55, the attack review: the format level is read by the scripts' guard (`common.lua`,
+/// `wrong_format`; `control.rs`, `guarded`) and by Rust (`format::parse_level`, at start-up and
+/// in `upgrade plan`). They must agree on every record, or `plan` says one thing while every
+/// script does another. Both run on the same inputs: a table of edge cases and random strings
+/// over digits, signs, spaces, dots and letters.
+#[tokio::test]
+async fn the_scripts_and_rust_read_a_format_level_record_alike() {
+    use palisade::{ControlStore, Error, LeaseStore, NewJob};
+    use rand::{Rng, SeedableRng};
+    let (store, server) = private_coordinator("lv");
+    let mut inputs: Vec<String> = [
+        "1",
+        "01",
+        "000000001",
+        "0000000001",
+        "0",
+        "2",
+        "1 ",
+        " 1",
+        "+1",
+        "-1",
+        "1.0",
+        "1e0",
+        "0x1",
+        "4294967297",
+        "99999999999999999999",
+        "１",
+        "",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(55);
+    let alphabet = b"0000111122 +-.ex";
+    for _ in 0..200 {
+        let len = rng.random_range(0..12);
+        let text = (0..len)
+            .map(|_| alphabet[rng.random_range(0..alphabet.len())] as char)
+            .collect();
+        inputs.push(text);
+    }
+    for input in inputs {
+        server.cli(&["SET", "{lv}:format", &input]);
+        let rust = palisade::format::parse_level(Some(&input))
+            .is_ok_and(|level| palisade::format::LEVELS.contains(&level));
+        let enqueued = store.enqueue(vec![NewJob::raw("k", "null")]).await;
+        let role = (store.hold_role("r", "me", std::time::Duration::from_secs(5))).await;
+        for (what, answer) in [("enqueue", enqueued.map(drop)), ("role", role.map(drop))] {
+            match answer {
+                Ok(()) => assert!(rust, "{what}: the script took {input:?}, Rust refuses it"),
+                Err(Error::Format(_)) => {
+                    assert!(!rust, "{what}: the script refused {input:?}, Rust takes it")
+                }
+                Err(e) => panic!("{what} {input:?}: {e}"),
+            }
+        }
+    }
 }

@@ -530,6 +530,7 @@ impl QueueAdmin for RedisLeaseStore {
             .arg(text(limits.rate.map(|r| u64::from(r.jobs))))
             .arg(text(limits.rate.map(|r| r.per.as_millis() as u64)))
             .arg(if limits.paused { "1" } else { "" })
+            .arg(self.generation)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;

@@ -27,7 +27,8 @@ fn guarded(body: &str) -> Script {
         "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[3] then \
            return redis.error_reply('PALISADE_LAYOUT this process runs layout generation ' \
              .. ARGV[3] .. ', not the installation\\'s: restart it; nothing was changed') end \
-         local f = redis.call('GET', KEYS[3]) \
+         local f = redis.pcall('GET', KEYS[3]) \
+         if type(f) ~= 'string' and f ~= false then f = '(unreadable)' end \
          if f and not (string.match(f, '^%d+$') and #f <= 9 \
              and tonumber(f) >= {low} and tonumber(f) <= {high}) then \
            return redis.error_reply('PALISADE_FORMAT this process reads and writes format \
