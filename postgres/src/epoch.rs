@@ -1,6 +1,7 @@
 //! [`PostgresEpochSource`]: the coordinator's epoch kept in a Postgres row.
 
 use async_trait::async_trait;
+use tokio_postgres::types::Type;
 
 use crate::postgres_error;
 use palisade_core::error::{Error, Result};
@@ -31,7 +32,8 @@ impl PostgresEpochSource {
         name: &str,
         patience: std::time::Duration,
     ) -> Result<Self> {
-        let pool = crate::pool(url, 2)?;
+        // (Its statements go out unnamed whatever the URL's `pooler` says.)
+        let (pool, _) = crate::pool(url, 2)?;
         let source = Self {
             pool,
             name: name.to_owned(),
@@ -70,12 +72,12 @@ impl EpochSource for PostgresEpochSource {
         let row = self
             .client()
             .await?
-            .query_one(
+            .query_typed_one(
                 "INSERT INTO palisade_epochs (name, epoch) VALUES ($1, GREATEST(1, $2::BIGINT))
                  ON CONFLICT (name) DO UPDATE
                      SET epoch = GREATEST(palisade_epochs.epoch + 1, EXCLUDED.epoch)
                  RETURNING epoch",
-                &[&self.name, &i64::from(at_least)],
+                &[(&self.name, Type::TEXT), (&i64::from(at_least), Type::INT8)],
             )
             .await
             .map_err(postgres_error)?;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio_postgres::types::Type;
 
 use crate::admission::{Admission, Fence};
 use crate::error::{Error, Result};
@@ -59,12 +60,13 @@ pub(super) async fn apply(
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    let lock = tx
-        .prepare_cached(&sink.sql.lock_data)
+    let locked = sink
+        .protocol
+        .query(tx, &sink.sql.lock_data, &[(&keys, Type::TEXT_ARRAY)])
         .await
         .map_err(postgres_error)?;
     let mut data = HashMap::new();
-    for row in tx.query(&lock, &[&keys]).await.map_err(postgres_error)? {
+    for row in locked {
         let key: String = row.get(0);
         if let Some(json) = row.get::<_, Option<serde_json::Value>>(1) {
             let value: Value = serde_json::from_value(json).map_err(|e| {
@@ -80,11 +82,9 @@ pub(super) async fn apply(
         .iter()
         .map(|k| serde_json::to_value(&data[k]).expect("a Value is JSON"))
         .collect::<Vec<_>>();
-    let write = tx
-        .prepare_cached(&sink.sql.write_data)
-        .await
-        .map_err(postgres_error)?;
-    tx.execute(&write, &[&keys, &values])
+    let params: [crate::Param; 2] = [(&keys, Type::TEXT_ARRAY), (&values, Type::JSONB_ARRAY)];
+    sink.protocol
+        .execute(tx, &sink.sql.write_data, &params)
         .await
         .map_err(postgres_error)?;
     Ok(Ok(()))
@@ -126,7 +126,7 @@ impl FencedStore for PostgresFencedStore {
     async fn read(&self, key: &str) -> Result<Option<Value>> {
         let client = self.sink.client().await?;
         let row = client
-            .query_opt(&self.sink.sql.read_data, &[&key])
+            .query_typed_opt(&self.sink.sql.read_data, &[(&key, Type::TEXT)])
             .await
             .map_err(postgres_error)?;
         row.map(|row| {

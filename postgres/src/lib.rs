@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use crate::admission::{self, Admission, Fence, Rejection};
@@ -63,8 +63,11 @@ mod epoch;
 mod fenced;
 mod migrate;
 pub mod outbox;
+mod protocol;
 #[doc(hidden)] // palisade-cli's flag checks
 pub mod tls;
+
+use protocol::{Param, Protocol};
 
 pub use epoch::PostgresEpochSource;
 pub use fenced::PostgresFencedStore;
@@ -93,7 +96,7 @@ pub enum Migrations {
 pub async fn migration_plan(url: &str) -> Result<MigrationPlan> {
     let Extras { url, schema, .. } = split_schema(url)?;
     let schema = checked_schema(&schema)?;
-    let pool = pool(&url, 1)?;
+    let (pool, _) = pool(&url, 1)?;
     migrate::plan(&pool, &schema).await
 }
 
@@ -103,7 +106,7 @@ pub async fn migration_plan(url: &str) -> Result<MigrationPlan> {
 pub async fn migrate(url: &str) -> Result<MigrationPlan> {
     let Extras { url, schema, .. } = split_schema(url)?;
     let schema = checked_schema(&schema)?;
-    let pool = pool(&url, 1)?;
+    let (pool, _) = pool(&url, 1)?;
     migrate::run(&pool, &schema).await
 }
 
@@ -162,6 +165,8 @@ impl<R> Fenced<R> {
 /// [`PostgresFencedStore`] over the same schema serves `ctx.sink(..)` `Mutation` writes.
 pub struct PostgresSink {
     pool: deadpool_postgres::Pool,
+    /// How its hot statements reach the server (`?pooler=`).
+    protocol: Protocol,
     schema: String,
     sql: Statements,
     retention: Duration,
@@ -239,8 +244,9 @@ fn checked_schema(name: &str) -> Result<String> {
 
 /// A pool for `url` (`postgres://…`, TLS by its `sslmode` and `sslrootcert`: see the `tls`
 /// module), checked for syntax only; connections open lazily.
-pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool> {
-    let (url, tls) = tls::split_tls(url)?;
+pub(crate) fn pool(url: &str, max_size: usize) -> Result<(deadpool_postgres::Pool, Protocol)> {
+    let (url, protocol) = split_pooler(url)?;
+    let (url, tls) = tls::split_tls(&url)?;
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| Error::Config(format!("invalid Postgres URL: {e}")))?;
@@ -262,8 +268,10 @@ pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool
     // A process paused inside a fenced transaction holds its scope's fence row lock; the
     // server ends such a transaction after a minute idle, so the next holder does not wait
     // forever (unless the URL sets its own value).
+    // (A transaction pooler takes no session options: PgBouncer refuses the connection unless
+    // told to ignore them, and its own idle_transaction_timeout does this job there.)
     let options = config.get_options().unwrap_or_default().to_owned();
-    if !options.contains("idle_in_transaction_session_timeout") {
+    if !options.contains("idle_in_transaction_session_timeout") && protocol == Protocol::Cached {
         config.options(format!("{options} -c idle_in_transaction_session_timeout=60000").trim());
     }
     let manager_config = deadpool_postgres::ManagerConfig {
@@ -275,13 +283,34 @@ pub(crate) fn pool(url: &str, max_size: usize) -> Result<deadpool_postgres::Pool
             deadpool_postgres::Manager::from_config(config, tokio_postgres::NoTls, manager_config)
         }
     };
-    deadpool_postgres::Pool::builder(manager)
+    let pool = deadpool_postgres::Pool::builder(manager)
         .max_size(max_size)
         .wait_timeout(Some(Duration::from_secs(30)))
         .create_timeout(Some(Duration::from_secs(10)))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
-        .map_err(|e| Error::Config(format!("postgres pool: {e}")))
+        .map_err(|e| Error::Config(format!("postgres pool: {e}")))?;
+    Ok((pool, protocol))
+}
+
+/// Takes the `pooler` parameter (`protocol`) out of `url`, which libpq does not know.
+fn split_pooler(url: &str) -> Result<(String, Protocol)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), Protocol::default()));
+    };
+    let mut protocol = Protocol::default();
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.strip_prefix("pooler=") {
+            Some(value) => protocol = Protocol::parse(value)?,
+            None => rest.push(pair),
+        }
+    }
+    let url = match rest.is_empty() {
+        true => base.to_owned(),
+        false => format!("{base}?{}", rest.join("&")),
+    };
+    Ok((url, protocol))
 }
 
 /// Runs a start-up `step` (bringing a schema up, creating a table) against the server behind
@@ -376,7 +405,10 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
         Some(db) => {
             let code = db.code().code();
             let message = format!("postgres {code}: {}", db.message());
-            if transient_sqlstate(code) {
+            if pooler_sqlstate(code, db.message()) {
+                warn_of_a_pooler(&message);
+                Error::Unavailable(format!("{message} ({POOLER_HINT})"))
+            } else if transient_sqlstate(code) {
                 Error::Unavailable(message)
             } else {
                 Error::Backend(message)
@@ -387,6 +419,38 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
         }
         None => Error::Backend(format!("postgres: {}", crate::error::chain(&e))),
     }
+}
+
+/// What an error a transaction-mode pooler causes adds to its message.
+const POOLER_HINT: &str = "a connection pooler in transaction mode in front of Postgres? \
+    say so in the sink's URL (pooler=transaction) so that Palisade's statements go out \
+    unnamed, and keep your own prepared statements inside the transaction (docs/postgres.md, \
+    \"Behind a pooler\")";
+
+/// Whether a server error is one a transaction-mode pooler (PgBouncer's `pool_mode =
+/// transaction` before 1.21's `max_prepared_statements`) causes: a named prepared statement
+/// that the server connection the pooler handed over does not have (26000), already has from
+/// another client (42P05), or has with other parameters (08P01, "bind message supplies").
+/// Such an error says nothing about the job: it is retried (`Error::Unavailable`), never a
+/// dead letter for a job that would succeed on another connection, and named once in the log
+/// with the fix.
+fn pooler_sqlstate(code: &str, message: &str) -> bool {
+    match code {
+        "26000" | "42P05" => message.contains("prepared statement"),
+        "08P01" => message.contains("prepared statement"),
+        _ => false,
+    }
+}
+
+/// Logs, once per process, that the errors look like a transaction-mode pooler's.
+fn warn_of_a_pooler(first: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            error = first,
+            "postgres: {POOLER_HINT}; such errors are retried"
+        );
+    });
 }
 
 /// Whether a server error's SQLSTATE says "try again later": 08 connection, 40
@@ -572,8 +636,10 @@ impl PostgresSink {
             pool_size,
         } = split_schema(url)?;
         let schema = checked_schema(&schema)?;
+        let (pool, protocol) = pool(&url, pool_size)?;
         let sink = Self {
-            pool: pool(&url, pool_size)?,
+            pool,
+            protocol,
             sql: Statements::new(&schema),
             schema,
             retention: Self::DEFAULT_KEY_RETENTION,
@@ -675,14 +741,24 @@ impl PostgresSink {
         };
         let budget = i64::try_from(budget).unwrap_or(i64::MAX);
         let retention_ms = sql_millis(self.retention);
-        let statement = client
-            .prepare_cached(&self.sql.collect)
-            .await
-            .map_err(postgres_error)?;
-        client
-            .query_one(&statement, &[&w_sql, &budget, &retention_ms])
-            .await
-            .map_err(postgres_error)?;
+        let params: [Param; 3] = [
+            (&w_sql, Type::INT8),
+            (&budget, Type::INT8),
+            (&retention_ms, Type::FLOAT8),
+        ];
+        match self.protocol {
+            Protocol::Cached => {
+                let statement = client
+                    .prepare_cached(&self.sql.collect)
+                    .await
+                    .map_err(postgres_error)?;
+                client
+                    .query_one(&statement, &protocol::values(&params))
+                    .await
+            }
+            Protocol::Unnamed => client.query_typed_one(&self.sql.collect, &params).await,
+        }
+        .map_err(postgres_error)?;
         self.published.fetch_max(w, Ordering::Relaxed);
         Ok(())
     }
@@ -700,22 +776,35 @@ impl PostgresSink {
         key: &str,
         fence: Fence,
     ) -> Result<Facts> {
-        let lock = tx
-            .prepare_cached(&self.sql.lock_fence)
-            .await
-            .map_err(postgres_error)?;
-        let facts = tx
-            .prepare_cached(&self.sql.facts)
-            .await
-            .map_err(postgres_error)?;
+        let p = self.protocol;
+        let lock = p.prepare(tx, &self.sql.lock_fence).await;
+        let facts = p.prepare(tx, &self.sql.facts).await;
+        let (lock, facts) = (
+            lock.map_err(postgres_error)?,
+            facts.map_err(postgres_error)?,
+        );
         let token = bigint(fence.token)?;
-        let lock_args: [&(dyn ToSql + Sync); 1] = [&scope];
-        let facts_args: [&(dyn ToSql + Sync); 4] = [&scope, &key, &token, fence.lease.as_uuid()];
+        let lease = fence.lease.as_uuid();
+        let lock_args: [Param; 1] = [(&scope, Type::TEXT)];
+        let facts_args: [Param; 4] = [
+            (&scope, Type::TEXT),
+            (&key, Type::TEXT),
+            (&token, Type::INT8),
+            (lease, Type::UUID),
+        ];
         // try_join polls them in this order, and each sends its request on its first poll.
-        let (locked, row) = futures_util::try_join!(
-            tx.query_one(&lock, &lock_args),
-            tx.query_one(&facts, &facts_args),
-        )
+        let (lock_values, facts_values) =
+            (protocol::values(&lock_args), protocol::values(&facts_args));
+        let (locked, row) = match (lock, facts) {
+            (Some(lock), Some(facts)) => futures_util::try_join!(
+                tx.query_one(&lock, &lock_values),
+                tx.query_one(&facts, &facts_values),
+            ),
+            _ => futures_util::try_join!(
+                tx.query_typed_one(&self.sql.lock_fence, &lock_args),
+                tx.query_typed_one(&self.sql.facts, &facts_args),
+            ),
+        }
         .map_err(postgres_error)?;
         let token: Option<i64> = locked.get(0);
         let lease: Option<Uuid> = locked.get(1);
@@ -763,7 +852,7 @@ impl PostgresSink {
         result: Option<serde_json::Value>,
         xid: i64,
     ) -> Ended {
-        let statement = match tx.prepare_cached(&self.sql.record).await {
+        let statement = match self.protocol.prepare(&tx, &self.sql.record).await {
             Ok(statement) => statement,
             Err(e) => return Ended::RolledBack(postgres_error(e)),
         };
@@ -783,12 +872,24 @@ impl PostgresSink {
             Ok(token) => token,
             Err(e) => return Ended::RolledBack(e),
         };
-        let args: [&(dyn ToSql + Sync); 5] = [&scope, &key, &token, &result, &xid];
+        let args: [Param; 5] = [
+            (&scope, Type::TEXT),
+            (&key, Type::TEXT),
+            (&token, Type::INT8),
+            (&result, Type::JSONB),
+            (&xid, Type::INT8),
+        ];
+        let record = async {
+            match &statement {
+                Some(statement) => tx.execute(statement, &protocol::values(&args)).await,
+                None => tx.execute_typed(&self.sql.record, &args).await,
+            }
+        };
         // Three messages, one round trip. BEGIN is its own query, so it runs even after a
         // failed COMMIT (the guard's ROLLBACK then ends it quietly), and its own failure is
         // not taken for the COMMIT's.
         let (recorded, committed, _) = futures_util::join!(
-            tx.execute(&statement, &args),
+            record,
             tx.batch_execute("COMMIT"),
             tx.batch_execute("BEGIN"),
         );
@@ -860,7 +961,7 @@ impl PostgresSink {
     /// have ended it with a COMMIT or ROLLBACK of its own). A failed query counts as open: the
     /// rollback that follows then decides.
     async fn still_open(&self, tx: &deadpool_postgres::Transaction<'_>, xid: i64) -> bool {
-        match tx.query_one("SELECT txid_current()", &[]).await {
+        match tx.query_typed_one("SELECT txid_current()", &[]).await {
             Ok(row) => row.get::<_, i64>(0) == xid,
             Err(_) => true,
         }
@@ -1015,7 +1116,7 @@ impl PostgresSink {
     pub async fn highest(&self, scope: &Scope) -> Result<Option<Fence>> {
         let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.highest, &[&scope.as_str()])
+            .query_typed_opt(&self.sql.highest, &[(&scope.as_str(), Type::TEXT)])
             .await
             .map_err(postgres_error)?;
         Ok(row.and_then(|row| {
@@ -1124,8 +1225,12 @@ fn closure_error(e: BoxError) -> Error {
 
 /// The transaction a fenced closure runs on: everything of
 /// [`deadpool_postgres::Transaction`] (through `Deref`: `execute`, `query`,
-/// `prepare_cached`, …) plus [`FencedTx::outbox`], which records an effect in the same
-/// transaction.
+/// `query_typed`, …) plus [`FencedTx::outbox`], which records an effect in the same
+/// transaction. Behind a pooler in transaction mode (`pooler=transaction`), `query` and
+/// `execute` with SQL text work (the statement is prepared, run and closed inside the
+/// transaction) and `query_typed`/`execute_typed` save two round trips; `prepare_cached`
+/// does not (its statement outlives the transaction, on a server connection the pooler gives
+/// to others).
 pub struct FencedTx<'t> {
     tx: deadpool_postgres::Transaction<'t>,
     sink: &'t PostgresSink,
@@ -1208,6 +1313,47 @@ pub(crate) async fn write_mutations(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 56: the errors PgBouncer 1.18 in transaction mode gave a shop crate's jobs (100
+    /// dead-lettered as "backend error") are the pooler's, retried; the same codes for other
+    /// reasons are not.
+    #[test]
+    fn a_transaction_pooler_s_errors_are_retried_and_named() {
+        for (code, message) in [
+            ("26000", "prepared statement \"s12\" does not exist"),
+            ("42P05", "prepared statement \"s3\" already exists"),
+            (
+                "08P01",
+                "bind message supplies 2 parameters, but prepared statement \"s116\" requires 1",
+            ),
+        ] {
+            assert!(pooler_sqlstate(code, message), "{code}");
+        }
+        assert!(!pooler_sqlstate("26000", "invalid statement name"));
+        assert!(!pooler_sqlstate("42P01", "relation \"x\" does not exist"));
+        assert!(POOLER_HINT.contains("Behind a pooler"));
+    }
+
+    #[test]
+    fn the_pooler_parameter_is_taken_out_of_the_url() {
+        let (url, protocol) =
+            split_pooler("postgres://u@h/db?sslmode=disable&pooler=transaction&x=1").unwrap();
+        assert_eq!(
+            (url.as_str(), protocol),
+            ("postgres://u@h/db?sslmode=disable&x=1", Protocol::Unnamed)
+        );
+        let (url, protocol) = split_pooler("postgres://u@h/db?pooler=session").unwrap();
+        assert_eq!(
+            (url.as_str(), protocol),
+            ("postgres://u@h/db", Protocol::Cached)
+        );
+        let (_, protocol) = split_pooler("postgres://u@h/db").unwrap();
+        assert_eq!(protocol, Protocol::Cached);
+        assert!(matches!(
+            split_pooler("postgres://u@h/db?pooler=true"),
+            Err(Error::Config(_))
+        ));
+    }
 
     #[test]
     fn sqlstates_are_classified_by_what_to_do() {

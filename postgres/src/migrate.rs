@@ -10,6 +10,8 @@
 //! newer schema at all. An operator can apply migrations before the workers start
 //! (`palisade migrate --plan | --apply`, workers with `--no-migrate`).
 
+use tokio_postgres::types::Type;
+
 use crate::error::{Error, Result};
 
 use super::{pool_error, postgres_error};
@@ -124,7 +126,7 @@ async fn bookkeeping_state(
     schema: &str,
 ) -> Result<(bool, bool)> {
     let row = tx
-        .query_one(&bookkeeping_query(schema), &[])
+        .query_typed_one(&bookkeeping_query(schema), &[])
         .await
         .map_err(postgres_error)?;
     Ok((row.get(0), row.get(1)))
@@ -203,13 +205,13 @@ pub(super) async fn plan(pool: &deadpool_postgres::Pool, schema: &str) -> Result
         "version"
     };
     let row = tx
-        .query_one(
+        .query_typed_one(
             &format!(
                 "SELECT coalesce(max(version), 0),
                         max({needs}) FILTER (WHERE version > $1)
                  FROM {schema}.migrations"
             ),
-            &[&newest()],
+            &[(&newest(), Type::INT4)],
         )
         .await
         .map_err(postgres_error)?;
@@ -224,21 +226,21 @@ pub(super) async fn plan(pool: &deadpool_postgres::Pool, schema: &str) -> Result
 pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<MigrationPlan> {
     let mut client = pool.get().await.map_err(pool_error)?;
     let tx = super::begin(&mut client).await?;
-    tx.execute(
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock(hashtext($1))",
-        &[&format!("palisade migrations {schema}")],
+        &[(&format!("palisade migrations {schema}"), Type::TEXT)],
     )
     .await
     .map_err(postgres_error)?;
     bookkeeping(&tx, schema).await?;
     let row = tx
-        .query_one(
+        .query_typed_one(
             &format!(
                 "SELECT coalesce(max(version), 0),
                         max(coalesce(readers_from, version)) FILTER (WHERE version > $1)
                  FROM {schema}.migrations"
             ),
-            &[&newest()],
+            &[(&newest(), Type::INT4)],
         )
         .await
         .map_err(postgres_error)?;
@@ -257,9 +259,9 @@ pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<
     }
     for m in &plan.pending {
         tx.batch_execute(&m.sql).await.map_err(postgres_error)?;
-        tx.execute(
+        tx.execute_typed(
             &format!("INSERT INTO {schema}.migrations (version, readers_from) VALUES ($1, $2)"),
-            &[&m.version, &m.readers_from],
+            &[(&m.version, Type::INT4), (&m.readers_from, Type::INT4)],
         )
         .await
         .map_err(postgres_error)?;
@@ -272,7 +274,7 @@ pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<
     // Versions an earlier build applied without saying which builds they keep running: filled
     // in once (an UPDATE needs a right a start with nothing to do should not).
     let unfilled: Vec<i32> = tx
-        .query(
+        .query_typed(
             &format!("SELECT version FROM {schema}.migrations WHERE readers_from IS NULL"),
             &[],
         )
@@ -282,9 +284,9 @@ pub(super) async fn run(pool: &deadpool_postgres::Pool, schema: &str) -> Result<
         .map(|row| row.get(0))
         .collect();
     for m in MIGRATIONS.iter().filter(|m| unfilled.contains(&m.version)) {
-        tx.execute(
+        tx.execute_typed(
             &format!("UPDATE {schema}.migrations SET readers_from = $2 WHERE version = $1"),
-            &[&m.version, &m.readers_from],
+            &[(&m.version, Type::INT4), (&m.readers_from, Type::INT4)],
         )
         .await
         .map_err(postgres_error)?;

@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::Type;
+
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -41,22 +43,17 @@ impl<'a> OutboxWriter<'a> {
         let payload = serde_json::to_value(payload)
             .map_err(|e| Error::Payload(format!("outbox payload: {e}")))?;
         let key = format!("{}/{key}", self.tx.key);
-        let statement = self
-            .tx
-            .prepare_cached(&self.tx.sink.sql.push_outbox)
-            .await
-            .map_err(postgres_error)?;
-        self.tx
-            .execute(
-                &statement,
-                &[
-                    &self.target,
-                    &self.tx.scope.as_str(),
-                    &key,
-                    &bigint(self.tx.token)?,
-                    &payload,
-                ],
-            )
+        let token = bigint(self.tx.token)?;
+        let params: [crate::Param; 5] = [
+            (&self.target, Type::TEXT),
+            (&self.tx.scope.as_str(), Type::TEXT),
+            (&key, Type::TEXT),
+            (&token, Type::INT8),
+            (&payload, Type::JSONB),
+        ];
+        let sink = &self.tx.sink;
+        sink.protocol
+            .execute(self.tx, &sink.sql.push_outbox, &params)
             .await
             .map_err(postgres_error)?;
         Ok(())
@@ -115,7 +112,7 @@ impl PostgresSink {
         let client = self.client().await?;
         let lease = Uuid::new_v4();
         let rows = client
-            .query(
+            .query_typed(
                 &format!(
                     "UPDATE {s}.outbox o SET lease = $1, attempts = o.attempts + 1, \
                          leased_until = now() + $2 * interval '1 millisecond' \
@@ -127,10 +124,10 @@ impl PostgresSink {
                      RETURNING o.id, o.target, o.scope, o.key, o.payload, o.attempts"
                 ),
                 &[
-                    &lease,
-                    &super::sql_millis(ttl),
-                    &targets,
-                    &i64::try_from(n).unwrap_or(i64::MAX),
+                    (&lease, Type::UUID),
+                    (&super::sql_millis(ttl), Type::FLOAT8),
+                    (&targets, Type::TEXT_ARRAY),
+                    (&i64::try_from(n).unwrap_or(i64::MAX), Type::INT8),
                 ],
             )
             .await
@@ -158,13 +155,13 @@ impl PostgresSink {
         let s = &self.schema;
         let client = self.client().await?;
         let n = client
-            .execute(
+            .execute_typed(
                 &format!(
                     "UPDATE {s}.outbox SET state = 'delivered', delivered_at = now(), \
                          leased_until = NULL, last_error = NULL \
                      WHERE id = $1 AND lease = $2 AND state = 'pending'"
                 ),
-                &[&entry.id, &entry.lease],
+                &[(&entry.id, Type::INT8), (&entry.lease, Type::UUID)],
             )
             .await
             .map_err(postgres_error)?;
@@ -183,7 +180,7 @@ impl PostgresSink {
         let client = self.client().await?;
         let retry_ms = retry_in.map(super::sql_millis);
         let n = client
-            .execute(
+            .execute_typed(
                 &format!(
                     "UPDATE {s}.outbox SET last_error = $3, leased_until = NULL, \
                          state = CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE state END, \
@@ -191,7 +188,12 @@ impl PostgresSink {
                              ELSE now() + $4::float8 * interval '1 millisecond' END \
                      WHERE id = $1 AND lease = $2 AND state = 'pending'"
                 ),
-                &[&entry.id, &entry.lease, &error, &retry_ms],
+                &[
+                    (&entry.id, Type::INT8),
+                    (&entry.lease, Type::UUID),
+                    (&error, Type::TEXT),
+                    (&retry_ms, Type::FLOAT8),
+                ],
             )
             .await
             .map_err(postgres_error)?;
@@ -207,12 +209,12 @@ impl PostgresSink {
         let s = &self.schema;
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_typed(
                 &format!(
                     "SELECT id, target, scope || '/' || key, attempts, coalesce(last_error, '') \
                      FROM {s}.outbox WHERE state = 'dead' ORDER BY id LIMIT $1"
                 ),
-                &[&i64::try_from(limit).unwrap_or(i64::MAX)],
+                &[(&i64::try_from(limit).unwrap_or(i64::MAX), Type::INT8)],
             )
             .await
             .map_err(postgres_error)?;
@@ -228,14 +230,14 @@ impl PostgresSink {
         let s = &self.schema;
         let client = self.client().await?;
         client
-            .execute(
+            .execute_typed(
                 &format!(
                     "UPDATE {s}.outbox SET state = 'pending', attempts = 0, \
                          next_attempt_at = now(), leased_until = NULL \
                      WHERE id IN (SELECT id FROM {s}.outbox WHERE state = 'dead' \
                          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)"
                 ),
-                &[&i64::try_from(limit).unwrap_or(i64::MAX)],
+                &[(&i64::try_from(limit).unwrap_or(i64::MAX), Type::INT8)],
             )
             .await
             .map_err(postgres_error)
@@ -248,7 +250,7 @@ impl PostgresSink {
         let s = &self.schema;
         let client = self.client().await?;
         client
-            .execute(
+            .execute_typed(
                 &format!(
                     "DELETE FROM {s}.outbox WHERE id IN (SELECT id FROM {s}.outbox \
                      WHERE state = 'delivered' \
@@ -256,8 +258,8 @@ impl PostgresSink {
                      ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
                 ),
                 &[
-                    &super::sql_millis(retention),
-                    &i64::try_from(limit).unwrap_or(i64::MAX),
+                    (&super::sql_millis(retention), Type::FLOAT8),
+                    (&i64::try_from(limit).unwrap_or(i64::MAX), Type::INT8),
                 ],
             )
             .await
@@ -269,7 +271,7 @@ impl PostgresSink {
         let s = &self.schema;
         let client = self.pool.get().await.map_err(pool_error)?;
         let rows = client
-            .query(
+            .query_typed(
                 &format!("SELECT state, count(*) FROM {s}.outbox GROUP BY state"),
                 &[],
             )

@@ -28,6 +28,29 @@ async fn fenced_store() -> (Arc<dyn FencedStore>, ()) {
 }
 
 fenced_store_suite!(fenced_store());
+fenced_store_suite!(list);
+
+/// Issue 56: the conformance suite, each case in a schema of its own, through a private PgBouncer in
+/// transaction mode (`pooler=transaction`): its mutation writes (the data lock and write),
+/// fences, keys and collection go out unnamed and hold as they do on a direct connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_holds_through_a_transaction_pooler() {
+    // (The sink's SQL names its schema; the pooler's search_path serves no one here.)
+    let bouncer = palisade_testkit::PgBouncer::start("public");
+    for (name, case) in fenced_store_cases() {
+        // A schema of the case's own, as the direct-connection tests get.
+        let (schema, _) = fresh_postgres_schema();
+        let sink = Arc::new(
+            PostgresSink::connect(&bouncer.sink_url(&schema))
+                .await
+                .unwrap()
+                .with_collect_interval(Duration::ZERO),
+        );
+        let store: Arc<dyn FencedStore> = Arc::new(PostgresFencedStore::new(sink.clone()));
+        case(store, format!("{name}:{}:", LeaseId::new())).await;
+        drop_postgres_schema(&sink).await;
+    }
+}
 
 fn fence(token: u64) -> Fence {
     Fence {

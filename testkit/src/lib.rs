@@ -39,6 +39,6 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::Process;
 pub use proxy::{FaultProxy, LinkFaults, ProxyStats};
 pub use servers::{
-    drop_postgres_schema, fresh_postgres_schema, postgres_url, PostgresTls, RedisCluster,
-    RedisSentinels, RedisServer,
+    drop_postgres_schema, fresh_postgres_schema, postgres_url, PgBouncer, PostgresTls,
+    RedisCluster, RedisSentinels, RedisServer,
 };

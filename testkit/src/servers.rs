@@ -818,3 +818,107 @@ impl Drop for PostgresTls {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private PgBouncer in front of the machine's PostgreSQL ([`postgres_url`]'s host and
+/// database), in transaction mode (`pool_mode = transaction`: each transaction may get another
+/// server connection, as behind most managed poolers), stopped by pid when dropped. `.ci/run`
+/// installs `pgbouncer` where it is missing.
+pub struct PgBouncer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl PgBouncer {
+    /// Starts one whose server connections run `SET search_path TO <search_path>` when
+    /// opened (a startup `options` parameter does not pass a transaction pooler), with
+    /// `idle_transaction_timeout` so a client paused inside a transaction loses it, as the
+    /// server's `idle_in_transaction_session_timeout` does without a pooler.
+    pub fn start(search_path: &str) -> Self {
+        let bin = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("pgbouncer is installed (.ci/run installs it with apt-get)");
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("palisade-pgbouncer-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let upstream = postgres_url();
+        let host_port = upstream
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or("127.0.0.1:5432");
+        let (host, server_port) = host_port.split_once(':').unwrap_or((host_port, "5432"));
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        let ini = format!(
+            "[databases]\n\
+             test = host={host} port={server_port} dbname=test user=postgres \
+             connect_query='SET search_path TO {search_path}'\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             auth_type = trust\n\
+             auth_file = {users}\n\
+             pool_mode = transaction\n\
+             default_pool_size = 4\n\
+             max_client_conn = 200\n\
+             idle_transaction_timeout = 10\n\
+             unix_socket_dir =\n\
+             ignore_startup_parameters = extra_float_digits\n",
+            users = dir.join("users.txt").display(),
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
+        let mut command = Command::new(bin);
+        // (PgBouncer refuses to run as root; the machine's postgres user reads the files.)
+        if is_root() {
+            let _ = Command::new("chown")
+                .args(["-R", "postgres", dir.to_str().unwrap()])
+                .status();
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{bin} runs: {e}"));
+        let bouncer = Self { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer never listened on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bouncer
+    }
+
+    /// A sink URL through it: schema `schema`, statements for a transaction pooler.
+    pub fn sink_url(&self, schema: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/test?sslmode=disable&schema={schema}&pooler=transaction",
+            self.port
+        )
+    }
+}
+
+/// Whether this process runs as root (uid 0, from /proc: no libc call).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -65,16 +65,48 @@ fn psql(sql: &str) -> String {
 
 #[test]
 fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
-    let redis = RedisServer::start();
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
     let base = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     // The sink's tables and the user's `invoice` table in one schema of this test's own.
     let sink = format!("{base}?schema={schema}&options=-csearch_path%3D{schema}");
-    invoice(&redis, &["setup", "--database", &sink, "--invoices", "10"]);
+    the_stale_holder_is_refused(&schema, &sink);
+}
+
+/// Issue 56: the same through a private PgBouncer in transaction mode, as most managed
+/// Postgres offerings run one (the sink URL says `pooler=transaction`). On the code before
+/// issue 56 the sink's cached named statements met other clients' server connections: jobs
+/// dead-lettered with `26000 prepared statement "s…" does not exist` and the relay failed.
+#[test]
+fn through_a_transaction_pooler_the_stale_holder_is_refused_and_nothing_is_lost() {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let bouncer = palisade_testkit::PgBouncer::start(&schema);
+    the_stale_holder_is_refused(&schema, &bouncer.sink_url(&schema));
+}
+
+/// Invoices the scenario sets up; all but the contended one are settled at once afterwards.
+const INVOICES: i64 = 300;
+
+/// Worker A holds invoice 7 and is SIGSTOPped past its lease; B settles it and its relay
+/// sends the receipt; A wakes and is refused. Paid once, by B's token; one receipt recorded
+/// and sent. Then both workers settle the other invoices at once (their pools sharing the
+/// server connections behind a pooler): every invoice paid once, a receipt each, sent once,
+/// nothing dead.
+fn the_stale_holder_is_refused(schema: &str, sink: &str) {
+    let redis = RedisServer::start();
+    invoice(
+        &redis,
+        &[
+            "setup",
+            "--database",
+            sink,
+            "--invoices",
+            &INVOICES.to_string(),
+        ],
+    );
     let (receipts, keys) = receiver();
 
-    let a = worker(&redis, &sink, receipts, "A");
+    let a = worker(&redis, sink, receipts, "A");
     // A holds it long enough to be stopped mid-hold: with 1.5 s, a slow `status` call on a
     // loaded machine (a fresh clone's CI) saw A holding only as it finished, A settled on its
     // own, and no stale write was left to refuse.
@@ -92,7 +124,7 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
     });
     a.signal("-STOP");
     let stopped = Instant::now();
-    let b = worker(&redis, &sink, receipts, "B");
+    let b = worker(&redis, sink, receipts, "B");
     wait_for(
         "B to settle and its relay to send the receipt",
         Duration::from_secs(30),
@@ -147,6 +179,47 @@ fn a_paused_worker_cannot_settle_the_invoice_again_or_send_a_second_receipt() {
         b.counter("palisade_outbox_delivered_total", &[])
             + a.counter("palisade_outbox_delivered_total", &[]),
         1
+    );
+
+    // Load: the other invoices at once, from both workers.
+    let jobs: String = (1..=INVOICES)
+        .filter(|i| *i != 7)
+        .map(|i| format!("{{\"invoice\":{i}}}\n"))
+        .collect();
+    let args = [
+        "enqueue",
+        invoice::SETTLE,
+        "--stdin",
+        "--scope",
+        "invoice:{invoice}",
+    ];
+    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &jobs);
+    wait_for("every receipt sent", Duration::from_secs(90), || {
+        keys.lock().unwrap().len() >= INVOICES as usize
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let paid = psql(&format!(
+        "SELECT count(*) FILTER (WHERE paid_at IS NOT NULL) FROM {schema}.invoice"
+    ));
+    assert_eq!(paid, INVOICES.to_string(), "every invoice paid");
+    let outbox = psql(&format!(
+        "SELECT count(*), count(*) FILTER (WHERE state = 'delivered') FROM {schema}.outbox"
+    ));
+    assert_eq!(
+        outbox,
+        format!("{INVOICES}|{INVOICES}"),
+        "a receipt each, delivered"
+    );
+    let mut sent = keys.lock().unwrap().clone();
+    sent.sort();
+    sent.dedup();
+    assert_eq!(sent.len(), INVOICES as usize, "each receipt sent once");
+    let status = invoice(&redis, &["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["queues"]["default"]["dead"], 0, "{status}");
+    assert_eq!(
+        status["queues"]["default"]["completed"], INVOICES,
+        "{status}"
     );
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
