@@ -61,9 +61,9 @@ pub(super) struct WorkerArgs {
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Where a declared fenced sink lives: `NAME=URL` (repeatable), `redis://`, `rediss://`
-    /// or `postgres://…[?schema=NAME&pool_size=N]` (default schema `palisade`, 8 connections).
-    /// Also
-    /// `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
+    /// or `postgres://…[?schema=NAME&pool_size=N&pooler=transaction]` (default schema
+    /// `palisade`, 8 connections; `pooler=transaction` behind PgBouncer or a pooler like it in
+    /// transaction mode). Also `PALISADE_SINK_<NAME>_URL`; default: the coordinator's Redis.
     #[arg(long = "sink", value_name = "NAME=URL")]
     sinks: Vec<String>,
     /// Do not take the scheduler role (by default every worker may: one at a time fires the

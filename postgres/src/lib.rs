@@ -421,6 +421,11 @@ pub(crate) fn postgres_error(e: tokio_postgres::Error) -> Error {
     }
 }
 
+/// How long the server lets a transaction sit idle: a paused process's fenced transaction
+/// ends then, and with it the lock the scope's next holder waits on. Set for the session
+/// (startup `options`) on a direct connection, per transaction behind a transaction pooler.
+const IDLE_TIMEOUT_LOCAL: &str = "SET LOCAL idle_in_transaction_session_timeout = 60000";
+
 /// What an error a transaction-mode pooler causes adds to its message.
 const POOLER_HINT: &str = "a connection pooler in transaction mode in front of Postgres? \
     say so in the sink's URL (pooler=transaction) so that Palisade's statements go out \
@@ -435,11 +440,21 @@ const POOLER_HINT: &str = "a connection pooler in transaction mode in front of P
 /// dead letter for a job that would succeed on another connection, and named once in the log
 /// with the fix.
 fn pooler_sqlstate(code: &str, message: &str) -> bool {
-    match code {
-        "26000" | "42P05" => message.contains("prepared statement"),
-        "08P01" => message.contains("prepared statement"),
-        _ => false,
-    }
+    matches!(code, "26000" | "42P05" | "08P01") && names_a_driver_statement(message)
+}
+
+/// Whether `message` names one of tokio-postgres' own prepared statements (`"s<digits>"`, one
+/// counter per process): a user's own `PREPARE p` or `EXECUTE p`, or the unnamed statement
+/// (`""`), is the user's error and keeps its class.
+fn names_a_driver_statement(message: &str) -> bool {
+    message
+        .split("prepared statement \"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name))
+        .any(|name| {
+            name.strip_prefix('s')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
 }
 
 /// Logs, once per process, that the errors look like a transaction-mode pooler's.
@@ -800,10 +815,16 @@ impl PostgresSink {
                 tx.query_one(&lock, &lock_values),
                 tx.query_one(&facts, &facts_values),
             ),
+            // Behind a transaction pooler the connection carries no session option, so the
+            // transaction sets the server's idle timeout itself (SET LOCAL: it ends with the
+            // transaction), sent ahead of the lock in the same round trip: a process paused
+            // in the closure loses the transaction, and the scope's next holder its wait.
             _ => futures_util::try_join!(
+                tx.batch_execute(IDLE_TIMEOUT_LOCAL),
                 tx.query_typed_one(&self.sql.lock_fence, &lock_args),
                 tx.query_typed_one(&self.sql.facts, &facts_args),
-            ),
+            )
+            .map(|(_, locked, row)| (locked, row)),
         }
         .map_err(postgres_error)?;
         let token: Option<i64> = locked.get(0);
@@ -1228,9 +1249,10 @@ fn closure_error(e: BoxError) -> Error {
 /// `query_typed`, …) plus [`FencedTx::outbox`], which records an effect in the same
 /// transaction. Behind a pooler in transaction mode (`pooler=transaction`), `query` and
 /// `execute` with SQL text work (the statement is prepared, run and closed inside the
-/// transaction) and `query_typed`/`execute_typed` save two round trips; `prepare_cached`
-/// does not (its statement outlives the transaction, on a server connection the pooler gives
-/// to others).
+/// transaction; columns of types the driver does not know, such as your enums, are not
+/// covered: their type lookups are cached past the transaction) and
+/// `query_typed`/`execute_typed` save a round trip; `prepare_cached` does not (its statement
+/// outlives the transaction, on a server connection the pooler gives to others).
 pub struct FencedTx<'t> {
     tx: deadpool_postgres::Transaction<'t>,
     sink: &'t PostgresSink,
@@ -1330,6 +1352,23 @@ mod tests {
             assert!(pooler_sqlstate(code, message), "{code}");
         }
         assert!(!pooler_sqlstate("26000", "invalid statement name"));
+        // A user's own statements, and the unnamed one, are the user's errors.
+        assert!(!pooler_sqlstate(
+            "26000",
+            "prepared statement \"my_stmt\" does not exist"
+        ));
+        assert!(!pooler_sqlstate(
+            "42P05",
+            "prepared statement \"p\" already exists"
+        ));
+        assert!(!pooler_sqlstate(
+            "08P01",
+            "bind message supplies 1 parameters, but prepared statement \"\" requires 2"
+        ));
+        assert!(!pooler_sqlstate(
+            "26000",
+            "prepared statement \"s\" does not exist"
+        ));
         assert!(!pooler_sqlstate("42P01", "relation \"x\" does not exist"));
         assert!(POOLER_HINT.contains("Behind a pooler"));
     }

@@ -5,8 +5,8 @@
 //! statements go out unnamed, with their parameters' types, in one message with their
 //! execution (tokio-postgres' `query_typed`: one round trip, nothing left on the connection).
 //! Statements run once per call (migrations, the relay's, the epoch source's) go out so in
-//! every mode, saving the prepare and close round trips; the hot ones are otherwise prepared
-//! once per connection and cached.
+//! every mode, saving the prepare round trip; the hot ones are otherwise prepared once per
+//! connection and cached.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};

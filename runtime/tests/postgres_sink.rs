@@ -50,6 +50,50 @@ async fn the_conformance_suite_holds_through_a_transaction_pooler() {
         case(store, format!("{name}:{}:", LeaseId::new())).await;
         drop_postgres_schema(&sink).await;
     }
+    // A fenced transaction behind the pooler ends after a minute idle, as on a direct
+    // connection (set per transaction there: a transaction pooler takes no session option),
+    // so a paused holder does not keep its scope's lock for good.
+    let (schema, _) = fresh_postgres_schema();
+    let pooled = PostgresSink::connect(&bouncer.sink_url(&schema))
+        .await
+        .unwrap();
+    let direct = sink().await;
+    for sink in [&pooled, &*direct] {
+        assert_eq!(idle_timeout_in_a_fenced_transaction(sink).await, "1min");
+    }
+    // And nothing of it stays for the next transaction on the connection.
+    let client = pooled.pool().get().await.unwrap();
+    let after = client
+        .query_typed_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .unwrap();
+    assert_eq!(after.get::<_, String>(0), "0");
+    drop(client);
+    drop_postgres_schema(&pooled).await;
+    drop_postgres_schema(&direct).await;
+}
+
+/// `idle_in_transaction_session_timeout` as a fenced transaction on `sink` sees it.
+async fn idle_timeout_in_a_fenced_transaction(sink: &PostgresSink) -> String {
+    let outcome: Result<Fenced<String>> = sink
+        .transaction(
+            &Scope::new("idle"),
+            fence(1),
+            &IdempotencyKey::new("k"),
+            |tx| {
+                Box::pin(async move {
+                    let row = tx
+                        .query_typed_one("SHOW idle_in_transaction_session_timeout", &[])
+                        .await?;
+                    Ok(row.get::<_, String>(0))
+                })
+            },
+        )
+        .await;
+    match outcome {
+        Ok(Fenced::Applied(shown)) => shown,
+        other => panic!("{other:?}"),
+    }
 }
 
 fn fence(token: u64) -> Fence {

@@ -214,6 +214,14 @@ fn the_stale_holder_is_refused(schema: &str, sink: &str) {
     sent.sort();
     sent.dedup();
     assert_eq!(sent.len(), INVOICES as usize, "each receipt sent once");
+    // Not one attempt failed on the way (a pooler's errors are retried: an outcome alone
+    // would hide them).
+    for (name, worker) in [("A", &a), ("B", &b)] {
+        for outcome in ["retried", "dead", "timed_out"] {
+            let n = worker.counter("palisade_jobs_finished_total", &[("outcome", outcome)]);
+            assert_eq!(n, 0, "worker {name}: {n} attempts {outcome}");
+        }
+    }
     let status = invoice(&redis, &["status", "--json"]);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["queues"]["default"]["dead"], 0, "{status}");
