@@ -61,7 +61,7 @@ pub(super) fn upgrade(command: UpgradeCommand, declared: &[String]) -> anyhow::R
             }
             UpgradeCommand::Check(args) => {
                 let report = report(&args, declared).await?;
-                let outside = report.outside.len();
+                let outside = report.outside;
                 print_lines(report.lines.into_iter())?;
                 if let Some(problem) = report.problems.first() {
                     bail!("{problem}");
@@ -83,8 +83,9 @@ struct Report {
     /// the level, a finalize did not finish, nothing records the installation, a sink's
     /// schema could not be read.
     problems: Vec<String>,
-    /// The live workers outside the window (the current level to finalize's target).
-    outside: Vec<String>,
+    /// How many live worker processes are outside the window (the current level to
+    /// finalize's target).
+    outside: usize,
 }
 
 async fn report(args: &UpgradeArgs, declared: &[String]) -> anyhow::Result<Report> {
@@ -153,13 +154,11 @@ async fn report(args: &UpgradeArgs, declared: &[String]) -> anyhow::Result<Repor
         }
     }
     lines.push(format!("live worker processes: {}", processes.len()));
-    let mut outside = Vec::new();
+    let mut outside = 0;
     for (beat, workers) in processes {
         let theirs = format::window_of(beat);
         let fits = theirs.contains(&current) && theirs.contains(&target);
-        if !fits {
-            outside.push(beat.worker.clone());
-        }
+        outside += usize::from(!fits);
         lines.push(format!(
             "  {}{}{}",
             format::describe(beat),
@@ -170,13 +169,12 @@ async fn report(args: &UpgradeArgs, declared: &[String]) -> anyhow::Result<Repor
             if fits { "" } else { "  <- outside the window" }
         ));
     }
-    lines.push(if outside.is_empty() {
+    lines.push(if outside == 0 {
         format!("every live worker process reads levels {current} to {target}")
     } else {
         format!(
-            "{} live worker process(es) cannot read every level from {current} to {target}: \
-             upgrade or stop them first",
-            outside.len()
+            "{outside} live worker process(es) cannot read every level from {current} to \
+             {target}: upgrade or stop them first"
         )
     });
     let ca = args.redis.ca_file();

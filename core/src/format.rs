@@ -34,15 +34,6 @@ pub fn window_of(beat: &WorkerBeat) -> RangeInclusive<u32> {
     }
 }
 
-/// What finalizing `to` would do to an installation at `current`, given its live workers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Finalize {
-    /// Already there: nothing changes (the level is recorded if it was only implied).
-    AlreadyAt(u32),
-    /// The installation may move from the first level to the second.
-    Raise(u32, u32),
-}
-
 /// Why a finalize is refused, changing nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FinalizeRefused {
@@ -69,11 +60,7 @@ pub enum FinalizeRefused {
 
 /// The rule for `palisade upgrade finalize`: `to` must be a level this build knows, not below
 /// `current`, and inside the window of every live worker.
-pub fn decide_finalize(
-    current: u32,
-    to: u32,
-    live: &[WorkerBeat],
-) -> Result<Finalize, FinalizeRefused> {
+pub fn decide_finalize(current: u32, to: u32, live: &[WorkerBeat]) -> Result<(), FinalizeRefused> {
     if !LEVELS.contains(&to) {
         return Err(FinalizeRefused::Unknown(to));
     }
@@ -84,11 +71,7 @@ pub fn decide_finalize(
     if !outside.is_empty() {
         return Err(FinalizeRefused::Outside { to, outside });
     }
-    Ok(if to == current {
-        Finalize::AlreadyAt(current)
-    } else {
-        Finalize::Raise(current, to)
-    })
+    Ok(())
 }
 
 /// The live workers whose window leaves out `level`, described for an operator.
@@ -166,7 +149,7 @@ mod tests {
         );
         assert_eq!(
             decide_finalize(FIRST, FIRST, &[beat("a", Some([FIRST, top]))]),
-            Ok(Finalize::AlreadyAt(FIRST))
+            Ok(())
         );
         // A level above the build's own is never "lowered" to by a newer one: refused as lower.
         let above = decide_finalize(top + 1, top, &[]);

@@ -271,12 +271,13 @@ pub async fn installation(target: impl Into<Target>, prefix: &str) -> crate::Res
         text => text
             .parse()
             .ok()
-            .filter(|n| (1..=MAX_PARTITIONS).contains(n))
+            .filter(|n| (1..=crate::store::partitioned::MAX_PARTITIONS).contains(n))
             .ok_or_else(|| {
                 crate::Error::Backend(format!(
                     "the partitions record {} holds {text:?}, not a number of partitions \
-                     (1..={MAX_PARTITIONS})",
-                    layout_key(prefix)
+                     (1..={})",
+                    layout_key(prefix),
+                    crate::store::partitioned::MAX_PARTITIONS
                 ))
             })?,
     };
@@ -288,9 +289,6 @@ pub async fn installation(target: impl Into<Target>, prefix: &str) -> crate::Res
         levels,
     })
 }
-
-/// The most partitions a layout has (`palisade partitions` takes 1..=256).
-const MAX_PARTITIONS: usize = 256;
 
 /// Records `ARGV[2]` as the format level of one base: KEYS[1] its layout stamp, KEYS[2] its
 /// level record, ARGV[1] the generation the caller read. Refused, changing nothing, when the
