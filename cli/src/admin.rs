@@ -44,8 +44,8 @@ pub(super) struct EnqueueArgs {
     /// Higher runs first (-4096..=4096).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
-    /// Handler failures allowed before the job is dead.
-    #[arg(long, default_value_t = 5)]
+    /// Attempts before the job is dead (the worker's `--retry-base/--retry-max` space them).
+    #[arg(long, default_value_t = palisade::limits::DEFAULT_MAX_ATTEMPTS, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
     max_attempts: u32,
     /// Expired leases (stalls) allowed before the job is dead.
     #[arg(long, default_value_t = 3)]

@@ -754,17 +754,40 @@ pub(crate) fn when(at_ms: u64) -> String {
 
 /// Resolves at the first SIGTERM or SIGINT: when a long-running subcommand stops.
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    Signals::listen().recv().await
+}
+
+/// SIGTERM and SIGINT, listened for from the moment this is made: a signal that arrives while
+/// a process is still starting is kept and answered once it has started (a drain), instead of
+/// killing it by the default action.
+pub(crate) struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Installs the handlers now (inside a tokio runtime).
+    pub(crate) fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            term: signal(SignalKind::terminate()).ok(),
+            interrupt: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+
+    /// The next SIGTERM or SIGINT (forever, when neither handler could be installed).
+    pub(crate) async fn recv(&mut self) {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-        // No SIGTERM handler could be installed: SIGINT still stops us.
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            () = next(&mut self.term) => {}
+            () = next(&mut self.interrupt) => {}
         }
     }
 }

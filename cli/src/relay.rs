@@ -223,6 +223,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
             .with_context(|| format!("serving /metrics on {addr}"))?;
     }
     System::new().block_on(async move {
+        let mut signals = super::Signals::listen();
         let migrations = if args.no_migrate {
             Migrations::Check
         } else {
@@ -231,7 +232,7 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
         let sinks = postgres_sinks(&sink_urls, args.redis.ca_file().as_deref(), migrations).await?;
         let _relays = args.relay.start(&sinks, &args.redis).await?;
         health.set_ready(true);
-        super::shutdown_signal().await;
+        signals.recv().await;
         // Entries being delivered now keep their lease until it runs out, then another relay
         // (or this one, restarted) delivers them again: at least once, nothing lost.
         tracing::info!("signal received; relay stopping");

@@ -56,6 +56,14 @@ pub(super) struct WorkerArgs {
     /// Worker name shown in `status` (default: host-pid; `/N` is appended per arbiter).
     #[arg(long)]
     name: Option<String>,
+    /// First retry's delay ceiling: a failed attempt waits a random time in the upper half of
+    /// `base * 2^(attempt-1)`, capped by `--retry-max`. Kinds the binary gave their own policy
+    /// keep it. With the defaults a job's 20 attempts span 16.5 to 33 hours.
+    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), super::DAY))]
+    retry_base: Duration,
+    /// Longest delay between two attempts (at least `--retry-base`).
+    #[arg(long, default_value = "6h", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
+    retry_max: Duration,
     /// Serve /metrics (Prometheus), /healthz (alive) and /readyz (Redis reachable, not
     /// draining) on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
@@ -173,9 +181,12 @@ pub(super) fn run(
         bail!("--target only matters with --relay (or use the `relay` command)");
     }
     let health = Health::new();
+    // (Its own runtime cannot start inside the System's; the signal handlers are installed
+    // first thing inside, microseconds after /healthz starts answering.)
     if let Some(addr) = args.metrics {
         palisade::metrics::serve(addr, health.clone())
             .with_context(|| format!("serving /metrics on {addr}"))?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     }
     let name = args.name.clone().unwrap_or_else(|| {
         format!(
@@ -185,6 +196,8 @@ pub(super) fn run(
         )
     });
     System::new().block_on(async move {
+        // Before anything slow: a SIGTERM while starting drains once started, never kills.
+        let mut signals = super::Signals::listen();
         let epochs = epoch_source(&args).await?;
         let (pool, store) = args
             .redis
@@ -224,7 +237,7 @@ pub(super) fn run(
         let draining = Arc::new(AtomicBool::new(false));
         watch_readiness(&backends, health.clone(), draining.clone());
 
-        super::shutdown_signal().await;
+        signals.recv().await;
         draining.store(true, Ordering::Relaxed);
         health.set_ready(false);
         tracing::info!(worker = %name, deadline = ?args.drain, "signal received; draining (a second signal releases running jobs and exits now)");
@@ -238,6 +251,7 @@ pub(super) fn run(
             // operator asking to cut the drain short.
             () = async {
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                // A fresh listener: one made now does not hear the signals of that second.
                 super::shutdown_signal().await
             } => {
                 tracing::warn!(worker = %name, "second signal: releasing running jobs and exiting now");
@@ -265,6 +279,9 @@ fn check(args: &WorkerArgs, registry: &Registry) -> anyhow::Result<usize> {
     }
     if args.linger > args.lease / 10 {
         bail!("--linger must be at most a tenth of --lease");
+    }
+    if args.retry_max < args.retry_base {
+        bail!("--retry-max must be at least --retry-base");
     }
     let mut seen = std::collections::HashSet::new();
     if let Some((dup, _)) = args.queues.iter().find(|(q, _)| !seen.insert(q.clone())) {
@@ -374,6 +391,10 @@ fn start_workers(
             batch: args.concurrency,
             lease_ttl: args.lease,
             linger: args.linger,
+            retry: palisade::RetryPolicy {
+                base: args.retry_base,
+                max: args.retry_max,
+            },
             poll_interval: Duration::from_millis(20),
             ..WorkerConfig::new(if arbiters == 1 {
                 name.to_owned()

@@ -9,7 +9,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{Job, JobError, Settlement};
 
-/// Exponential backoff with full jitter for handler retries.
+/// Exponential backoff for handler retries, each delay drawn from the upper half of its
+/// ceiling ("equal jitter").
+///
+/// The default (1 s doubling to 6 h) with the default [`DEFAULT_MAX_ATTEMPTS`](crate::job::DEFAULT_MAX_ATTEMPTS)
+/// (20) retries a failing job for 16½ to 33 hours: the first five retries span 15 to 31 s, so a
+/// blip of seconds (a restarting Redis, a deploy of the service a handler calls) costs a few
+/// attempts and no dead letter, and an outage of a night still leaves the job to run in the
+/// morning. A job that must not wait that long says so with
+/// [`NewJob::with_max_attempts`](crate::job::NewJob::with_max_attempts), a kind with
+/// `Registry::with_retry`, a worker with `WorkerConfig::retry` (`palisade worker
+/// --retry-base/--retry-max`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     /// Delay ceiling for the first retry.
@@ -21,17 +31,58 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            base: Duration::from_millis(200),
-            max: Duration::from_secs(300),
+            base: Self::DEFAULT_BASE,
+            max: Self::DEFAULT_MAX,
         }
     }
 }
 
 impl RetryPolicy {
+    /// The default [`RetryPolicy::base`].
+    pub const DEFAULT_BASE: Duration = Duration::from_secs(1);
+    /// The default [`RetryPolicy::max`].
+    pub const DEFAULT_MAX: Duration = Duration::from_secs(6 * 3600);
+
+    /// Refuses a policy that cannot be meant: a zero base (retries at once, a hot loop against
+    /// whatever is failing), a ceiling below the base, or one past the longest delay a store
+    /// keeps ([`MAX_DELAY`](crate::job::MAX_DELAY)). `what` names it in the error.
+    pub fn validate(&self, what: &str) -> Result<(), String> {
+        if self.base < Duration::from_millis(1) {
+            return Err(format!("{what}: retry base must be at least 1ms"));
+        }
+        if self.max < self.base {
+            return Err(format!(
+                "{what}: retry max {:?} is below its base {:?}",
+                self.max, self.base
+            ));
+        }
+        if self.max > crate::job::MAX_DELAY {
+            return Err(format!(
+                "{what}: retry max {:?} is past the longest delay {:?}",
+                self.max,
+                crate::job::MAX_DELAY
+            ));
+        }
+        Ok(())
+    }
+
+    /// The shortest and longest time from a job's first failure to its last attempt's
+    /// start, when each of its `attempts` fails (the sum of the delays at their lowest and
+    /// highest jitter).
+    pub fn span(&self, attempts: u32) -> (Duration, Duration) {
+        let (mut low, mut high) = (Duration::ZERO, Duration::ZERO);
+        for attempt in 1..attempts {
+            low = low.saturating_add(self.backoff(attempt, 0.0));
+            high = high.saturating_add(self.backoff(attempt, 1.0));
+        }
+        (low, high)
+    }
+
     /// Delay before attempt `attempt + 1`, given a uniform `jitter` in `[0, 1)`.
     ///
-    /// Full jitter (`rand(0, base * 2^(attempt-1))`) spreads a burst of failures instead of
-    /// re-synchronising them; a floor of half the ceiling keeps retries from firing instantly.
+    /// Jitter (`rand(ceiling / 2, ceiling)`, `ceiling = min(base * 2^(attempt-1), max)`)
+    /// spreads a burst of failures instead of re-synchronising them; the floor of half the
+    /// ceiling keeps a retry from firing at once.
     pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
         let exp = attempt.saturating_sub(1).min(32);
         let ceiling = self.base.saturating_mul(1u32 << exp.min(31)).min(self.max);
@@ -183,6 +234,36 @@ mod tests {
         assert_eq!(p.backoff(1, 0.0), Duration::from_millis(50));
         assert_eq!(p.backoff(3, 1.0), Duration::from_millis(400));
         assert_eq!(p.backoff(40, 1.0), Duration::from_secs(1));
+    }
+
+    /// The defaults ride out an outage of seconds without using up a job's attempts, and
+    /// give up after about a day (the figures the policy's docs state).
+    #[test]
+    fn the_default_retries_span_about_a_day() {
+        let p = RetryPolicy::default();
+        let (low, high) = p.span(6);
+        assert_eq!((low.as_secs(), high.as_secs()), (15, 31));
+        let (low, high) = p.span(crate::job::DEFAULT_MAX_ATTEMPTS);
+        assert_eq!((low.as_secs() / 3600, high.as_secs() / 3600), (16, 33));
+        assert!(p.validate("default").is_ok());
+    }
+
+    #[test]
+    fn nonsense_policies_are_refused() {
+        let p = |base, max| RetryPolicy { base, max };
+        assert!(p(Duration::ZERO, Duration::from_secs(1))
+            .validate("w")
+            .is_err());
+        assert!(p(Duration::from_secs(2), Duration::from_secs(1))
+            .validate("w")
+            .is_err());
+        let e = p(Duration::from_secs(1), Duration::MAX)
+            .validate("kind \"x\"")
+            .unwrap_err();
+        assert!(e.starts_with("kind \"x\": retry max"), "{e}");
+        assert!(p(Duration::from_millis(1), Duration::from_millis(1))
+            .validate("w")
+            .is_ok());
     }
 
     #[test]

@@ -227,6 +227,73 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
     }
 }
 
+/// Issue 57: the retry defaults ride out an outage. The sink's Redis goes away for 10 s in
+/// the middle of 500 deposits: every deposit that reaches it then fails and is retried with
+/// the worker's default backoff (no retry flag given) and the job's default attempts; when it
+/// is back, every one completes. None is dead, every balance is exact, and the failures did
+/// happen (retries counted). With the 0.1.0 defaults (200 ms doubling, 5 attempts: given as
+/// flags below, they fail the test) the deposits running then were dead within 3 s.
+#[test]
+fn a_ten_second_sink_outage_dead_letters_nothing_with_the_default_retries() {
+    let redis = RedisServer::start();
+    // (AOF, fsynced on every write: the sink's fences and applied keys survive its restart.)
+    let mut sink = RedisServer::start_with_aof();
+    let old_defaults = std::env::var_os("PALISADE_TEST_OLD_RETRY_DEFAULTS").is_some();
+    let extra: &[&str] = if old_defaults {
+        &["--retry-base", "200ms", "--retry-max", "5m"]
+    } else {
+        &[]
+    };
+    let workers = [
+        worker_with(&redis, &sink, "A", "5s", extra),
+        worker_with(&redis, &sink, "B", "5s", extra),
+    ];
+    let mut expected = [0i64; 20];
+    let mut lines = String::new();
+    for i in 0..500u32 {
+        let (account, cents) = (i % 20, i64::from(i % 7 + 1));
+        expected[account as usize] += cents;
+        lines.push_str(&format!(
+            r#"{{"account":{account},"cents":{cents},"hold_ms":40}}"#
+        ));
+        lines.push('\n');
+    }
+    let mut args = vec![
+        "enqueue",
+        "ledger.deposit",
+        "--stdin",
+        "--scope",
+        "account:{account}",
+    ];
+    if old_defaults {
+        args.extend(["--max-attempts", "5"]);
+    }
+    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines);
+    wait_for("some deposits", Duration::from_secs(60), || {
+        counts(&redis)["completed"].as_u64().unwrap_or(0) >= 60
+    });
+    sink.stop();
+    std::thread::sleep(Duration::from_secs(10));
+    sink.restart();
+    wait_for("every deposit to end", Duration::from_secs(120), || {
+        let c = counts(&redis);
+        c["completed"].as_u64().unwrap_or(0) + c["dead"].as_u64().unwrap_or(0) == 500
+    });
+    let c = counts(&redis);
+    assert_eq!(c["dead"].as_u64(), Some(0), "dead letters: {c}");
+    for (account, want) in expected.iter().enumerate() {
+        assert_eq!(balance(&sink, account as u32), *want, "account {account}");
+    }
+    let retried: u64 = workers
+        .iter()
+        .map(|w| w.counter("palisade_jobs_finished_total", &[("outcome", "retried")]))
+        .sum();
+    assert!(retried > 0, "the outage failed no attempt");
+    for w in workers {
+        w.terminate_cleanly();
+    }
+}
+
 /// Issue 7, case 8: three rolling restarts with jobs in flight. Each old worker gets SIGTERM
 /// while its handlers are mid-job; at the drain deadline it releases them (no attempt, no
 /// stall). Jobs allow no stall at all (`--max-stalls 0`: one stall would kill them) and the

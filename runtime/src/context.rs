@@ -740,6 +740,7 @@ type PayloadCheck = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 pub struct Registry {
     handlers: HashMap<String, (ErasedHandler, PayloadCheck)>,
     timeouts: HashMap<String, Duration>,
+    retries: HashMap<String, crate::RetryPolicy>,
 }
 
 impl Registry {
@@ -807,6 +808,22 @@ impl Registry {
         self
     }
 
+    /// Backs off retries of `kind` by `policy` instead of the worker's
+    /// ([`WorkerConfig::retry`](crate::WorkerConfig::retry)): a kind that calls a rate-limited
+    /// API waits longer, one whose failures are local retries sooner. How many attempts a job
+    /// gets is the job's own ([`NewJob::with_max_attempts`](crate::NewJob::with_max_attempts)).
+    /// A worker refuses a registry whose policy [`RetryPolicy::validate`](crate::RetryPolicy::validate)
+    /// refuses.
+    pub fn with_retry(mut self, kind: impl Into<String>, policy: crate::RetryPolicy) -> Self {
+        self.retries.insert(kind.into(), policy);
+        self
+    }
+
+    /// The backoff for retries of `kind`: its own, else `fallback` (the worker's).
+    pub(crate) fn retry_of(&self, kind: &str, fallback: crate::RetryPolicy) -> crate::RetryPolicy {
+        self.retries.get(kind).copied().unwrap_or(fallback)
+    }
+
     pub(crate) fn get(&self, kind: &str) -> Option<&ErasedHandler> {
         self.handlers.get(kind).map(|(handler, _)| handler)
     }
@@ -820,6 +837,16 @@ impl Registry {
     /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's), each of a kind with
     /// a handler (a timeout for another is a typo).
     pub(crate) fn validate(&self) -> Result<()> {
+        for (kind, policy) in &self.retries {
+            if !self.handlers.contains_key(kind) {
+                return Err(Error::Config(format!(
+                    "a retry policy is set for kind {kind:?}, which has no handler"
+                )));
+            }
+            policy
+                .validate(&format!("kind {kind:?}"))
+                .map_err(Error::Config)?;
+        }
         for (kind, timeout) in &self.timeouts {
             if !self.handlers.contains_key(kind) {
                 return Err(Error::Config(format!(

@@ -108,6 +108,9 @@ impl WorkerConfig {
         if self.poll_interval.is_zero() {
             return bad("poll_interval must be positive");
         }
+        if let Err(e) = self.retry.validate("retry") {
+            return bad(&e);
+        }
         // A settlement lingers while its lease is renewed; a linger near the lease would be a
         // misconfiguration (it exists to share round trips, which takes milliseconds).
         if self.linger > self.lease_ttl / 10 {
@@ -840,10 +843,11 @@ impl Handler<JobFinished> for Worker {
         let (job, span, metrics) = (running.job, running.span, running.metrics);
         self.journal(&running.run);
         running.run.flush_progress();
-        let mut settlement = self
-            .config
-            .retry
-            .settle(&job, &msg.outcome, rand::random::<f64>());
+        let mut settlement = self.registry.retry_of(&job.kind, self.config.retry).settle(
+            &job,
+            &msg.outcome,
+            rand::random::<f64>(),
+        );
         // The result and the follow-up jobs go with the completion, in the same atomic step:
         // an accepted completion has them, a refused one (the lease is no longer current)
         // leaves none. Follow-ups are taken whatever the outcome, so none can be asked for

@@ -216,7 +216,7 @@ pub(crate) struct JobRequest {
     /// Not claimable before this many milliseconds have passed.
     #[serde(default)]
     delay_ms: u64,
-    /// Handler failures allowed before the job is dead (default 5).
+    /// Attempts before the job is dead (default 20: with the default backoff, about a day).
     #[schema(minimum = 1)]
     max_attempts: Option<u32>,
     /// Expired leases (stalls) allowed before the job is dead (default 3).

@@ -28,6 +28,10 @@ pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// with the count as its reason — instead of going round unseen.
 pub const DEFAULT_MAX_SNOOZES: u32 = 100;
 
+/// Attempts a job gets unless it sets its own ([`NewJob::with_max_attempts`]): with the
+/// default [`RetryPolicy`](crate::policy::RetryPolicy), retries over about a day.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
+
 /// `d` in whole milliseconds, as every backend keeps it (Redis scripts count in ms): so a
 /// duration means the same on memory and on Redis.
 pub fn whole_ms(d: Duration) -> Duration {
@@ -289,7 +293,7 @@ impl NewJob {
             scope: None,
             priority: 0,
             delay: Duration::ZERO,
-            max_attempts: 5,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_stalls: 3,
             unique: None,
             id: None,
