@@ -571,27 +571,75 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
 /// `dead list|retry|purge`.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub(super) enum DeadCommand {
-    /// Print dead-lettered jobs with their reasons, one JSON object per line, oldest first
-    /// (queue by queue).
-    List(DeadArgs),
-    /// Move dead-lettered jobs back to ready with fresh attempts, oldest first.
+    /// Print dead-lettered jobs with their reasons, one JSON object per line, newest first
+    /// (queue by queue), a page at a time (`--page`).
+    List(DeadListArgs),
+    /// Move every dead-lettered job the filters take back to ready with fresh attempts,
+    /// oldest first, in short steps; prints the total (and a progress bar on a terminal).
     Retry(DeadArgs),
-    /// Delete dead-lettered jobs for good, oldest first (workers also keep at most
-    /// `--dead-retention` per queue).
+    /// Delete every dead-lettered job the filters take for good, oldest first (workers also
+    /// keep at most `--dead-retention` per queue).
     Purge(DeadArgs),
 }
 
-/// Arguments of `dead`.
+/// Arguments of `dead list`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct DeadListArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Queue (without it: every queue).
+    #[arg(long)]
+    queue: Option<String>,
+    #[command(flatten)]
+    filter: DeadFilterArgs,
+    /// Jobs per page (per queue).
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    limit: usize,
+    /// Page to print, 1 the newest.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    page: usize,
+}
+
+/// Arguments of `dead retry|purge`.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct DeadArgs {
     #[command(flatten)]
     redis: RedisArgs,
-    /// Queue (`list` without it: every queue; `retry` and `purge` without it: `default`).
+    /// Queue (without it: `default`).
     #[arg(long)]
     queue: Option<String>,
-    /// Most jobs to list (per queue), retry or purge.
-    #[arg(long, default_value_t = 100)]
-    limit: usize,
+    #[command(flatten)]
+    filter: DeadFilterArgs,
+    /// Most jobs to retry or delete (default: every one the filters take).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    limit: Option<u64>,
+}
+
+/// Which dead letters a `dead` command takes: every condition given must hold.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct DeadFilterArgs {
+    /// Only jobs of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Only jobs whose reason contains this text (as written, case and all).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Only jobs that died longer ago than this, e.g. 1h or 7d (by this host's clock).
+    #[arg(long, value_name = "AGE", value_parser = super::duration_within(Duration::ZERO, super::YEAR))]
+    older_than: Option<Duration>,
+}
+
+impl DeadFilterArgs {
+    fn filter(&self) -> palisade::DeadFilter {
+        palisade::DeadFilter {
+            kind: self.kind.clone(),
+            reason: self.reason.clone(),
+            died_before_ms: self.older_than.map(|age| {
+                palisade::store::unix_ms()
+                    .saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+            }),
+        }
+    }
 }
 
 /// `dead retry|purge` without `--queue` act on `default`: says so when other queues hold
@@ -618,6 +666,37 @@ async fn hint_other_dead(store: &palisade::Stores) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Dead letters `dead list` reads per call while it filters.
+const LIST_STEP: usize = 1_000;
+
+/// Page `page` (1: the newest) of `queue`'s dead letters that `filter` takes, newest first.
+async fn dead_page(
+    store: &palisade::Stores,
+    queue: &str,
+    filter: &palisade::DeadFilter,
+    per_page: usize,
+    page: usize,
+) -> palisade::Result<Vec<palisade::DeadJob>> {
+    let skip = per_page.saturating_mul(page - 1);
+    let total = usize::try_from(store.counts(queue).await?.dead).unwrap_or(usize::MAX);
+    let (mut taken, mut out) = (0usize, Vec::new());
+    // From the newest end backwards, a step at a time, until the page is full.
+    let mut end = total;
+    while end > 0 && out.len() < per_page {
+        let start = end.saturating_sub(LIST_STEP);
+        let mut rows = store.dead_range(queue, start, end - start).await?;
+        rows.reverse();
+        for dead in rows.into_iter().filter(|d| filter.matches(d)) {
+            if taken >= skip && out.len() < per_page {
+                out.push(dead);
+            }
+            taken += 1;
+        }
+        end = start;
+    }
+    Ok(out)
+}
+
 /// Runs `dead ...`.
 pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
     runtime()?.block_on(async {
@@ -628,11 +707,13 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
                     Some(queue) => (vec![queue], false),
                     None => (store.queues().await?, true),
                 };
+                let filter = args.filter.filter();
                 let mut lines = Vec::new();
                 for queue in queues {
                     // (Every queue's: one whose dead list another program wrote over is left
                     // out with a warning naming the key. A queue asked for by name fails.)
-                    let dead = match store.dead(&queue, args.limit).await {
+                    let dead = match dead_page(&store, &queue, &filter, args.limit, args.page).await
+                    {
                         Ok(dead) => dead,
                         Err(e) if every && e.leaves_queue_out(&queue, "status") => continue,
                         Err(e) => return Err(e.into()),
@@ -643,27 +724,75 @@ pub(super) fn dead(command: DeadCommand) -> anyhow::Result<()> {
                 }
                 print_lines(lines.into_iter())?;
             }
-            DeadCommand::Retry(args) => {
-                let (_, store) = args.redis.store().await?;
-                let queue = args.queue.as_deref().unwrap_or("default");
-                let moved = store.retry_dead(queue, args.limit).await?;
-                println!("{moved} jobs moved back to {queue}");
-                if args.queue.is_none() {
-                    hint_other_dead(&store).await?;
-                }
-            }
-            DeadCommand::Purge(args) => {
-                let (_, store) = args.redis.store().await?;
-                let queue = args.queue.as_deref().unwrap_or("default");
-                let purged = store.purge_dead(queue, args.limit).await?;
-                println!("{purged} dead jobs of {queue} deleted");
-                if args.queue.is_none() {
-                    hint_other_dead(&store).await?;
-                }
-            }
+            DeadCommand::Retry(args) => sweep(args, palisade::DeadAction::Retry).await?,
+            DeadCommand::Purge(args) => sweep(args, palisade::DeadAction::Purge).await?,
         }
         anyhow::Ok(())
     })
+}
+
+/// `dead retry|purge`: the whole set the filters take, with a progress bar on a terminal and
+/// the totals at the end (also when a step fails: what was done stays done).
+async fn sweep(args: DeadArgs, action: palisade::DeadAction) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let (_, store) = args.redis.store().await?;
+    let queue = args.queue.as_deref().unwrap_or("default");
+    palisade::cli_support::check_name("queue", queue)?;
+    let filter = args.filter.filter();
+    let dead = store.counts(queue).await?.dead;
+    let bar = if std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::new(dead)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} read, {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let (verb, done_word) = match action {
+        palisade::DeadAction::Retry => ("retry", "retried"),
+        palisade::DeadAction::Purge => ("purge", "deleted"),
+    };
+    let last = std::sync::Mutex::new(palisade::DeadSweep::default());
+    let result = store
+        .dead_where(
+            queue,
+            &filter,
+            action,
+            args.limit.unwrap_or(u64::MAX),
+            &|s| {
+                bar.set_position(s.scanned);
+                bar.set_message(format!("{} {done_word}", s.done));
+                *last
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+            },
+        )
+        .await;
+    bar.finish_and_clear();
+    let s = *last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let kept = if s.kept > 0 {
+        format!(
+            "; {} matched but stay dead (their ids name live jobs again, or their records cannot be revived)",
+            s.kept
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{} jobs {done_word} of queue {queue} ({} dead letters read){kept}",
+        s.done, s.scanned
+    );
+    if let Err(e) = result {
+        return Err(anyhow::Error::from(e)
+            .context(format!("dead {verb} stopped after {} {done_word}", s.done)));
+    }
+    if args.queue.is_none() {
+        hint_other_dead(&store).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

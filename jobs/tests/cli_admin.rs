@@ -440,3 +440,116 @@ fn groups_from_the_command_line() {
         counts(&redis)["completed"] == 3
     });
 }
+
+/// Issue 57: `dead retry` takes every dead letter the filters take in one command (it
+/// stopped at 100, silently), says how many, and `dead list` pages newest first.
+#[test]
+fn a_thousand_dead_letters_go_back_in_one_command() {
+    use palisade::{LeaseStore, RedisLeaseStore};
+    let redis = RedisServer::start();
+    // 1,000 dead letters in `mass`: kinds a and b in turn, every fourth one timed out.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let died: Vec<String> = rt.block_on(async {
+        let store = RedisLeaseStore::new(
+            palisade::store::redis::pool(&redis.url()).unwrap(),
+            "palisade",
+        );
+        let jobs = (0..1000).map(|i| {
+            palisade::NewJob::raw(if i % 2 == 0 { "a" } else { "b" }, "null").with_queue("mass")
+        });
+        store.enqueue(jobs.collect()).await.unwrap();
+        let mut died = Vec::new();
+        while died.len() < 1000 {
+            let claims = store
+                .claim("mass", "seed", 250, Duration::from_secs(600))
+                .await
+                .unwrap();
+            let dead = claims.iter().map(|c| {
+                let reason = if died.len() % 4 == 0 {
+                    "smtp timeout"
+                } else {
+                    "no template"
+                };
+                died.push(c.job.id.to_string());
+                (
+                    c.lease.id,
+                    palisade::Settlement::Dead {
+                        reason: reason.into(),
+                    },
+                )
+            });
+            let dead: Vec<_> = dead.collect();
+            assert!(store.settle(dead).await.unwrap().iter().all(Result::is_ok));
+        }
+        died
+    });
+    let counts = |redis: &RedisServer| -> Value {
+        let status: Value = serde_json::from_str(&ok(redis, &["status", "--json"])).unwrap();
+        status["queues"]["mass"].clone()
+    };
+    // Newest first, a page at a time.
+    let page: Vec<Value> = ok(
+        &redis,
+        &[
+            "dead", "list", "--queue", "mass", "--limit", "10", "--page", "2",
+        ],
+    )
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    let ids: Vec<&str> = page
+        .iter()
+        .map(|d| d["job"]["id"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = died
+        .iter()
+        .rev()
+        .skip(10)
+        .take(10)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ids, want);
+    // None died an hour ago; the timed-out ones of kind a (every fourth death is a timeout;
+    // the kinds alternate in claim order, so count them from the list).
+    assert_eq!(
+        ok(
+            &redis,
+            &["dead", "purge", "--queue", "mass", "--older-than", "1h"]
+        )
+        .trim(),
+        "0 jobs deleted of queue mass (1000 dead letters read)"
+    );
+    let listed = ok(
+        &redis,
+        &[
+            "dead", "list", "--queue", "mass", "--kind", "a", "--reason", "timeout", "--limit",
+            "1000",
+        ],
+    );
+    let timed_out_a = listed.lines().count();
+    assert!(timed_out_a > 0);
+    assert_eq!(
+        ok(
+            &redis,
+            &["dead", "retry", "--queue", "mass", "--kind", "a", "--reason", "timeout"]
+        )
+        .trim(),
+        format!("{timed_out_a} jobs retried of queue mass (1000 dead letters read)")
+    );
+    assert_eq!(counts(&redis)["ready"], timed_out_a);
+    // The rest, in one command.
+    let rest = 1000 - timed_out_a;
+    assert_eq!(
+        ok(&redis, &["dead", "retry", "--queue", "mass"]).trim(),
+        format!("{rest} jobs retried of queue mass ({rest} dead letters read)")
+    );
+    let c = counts(&redis);
+    assert_eq!(
+        (c["ready"].as_u64(), c["dead"].as_u64()),
+        (Some(1000), Some(0)),
+        "{c}"
+    );
+}

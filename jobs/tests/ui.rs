@@ -46,7 +46,7 @@ fn ui(redis: &RedisServer, port: u16, extra: &[&str]) -> Reaped {
 }
 
 /// Known state. In `default`: two ready jobs, one running under a long lease, one dead with a
-/// reason, one delayed an hour and one waiting an hour for its retry. In `bulk`: three dead
+/// reason, one delayed an hour and one waiting an hour for its retry. In `bulk`: [`BULK`] dead
 /// jobs. One fence rejection in the journal, one worker heartbeat, one kept schedule and one
 /// running flow (its first step ready in `flows`).
 struct Seeded {
@@ -57,6 +57,9 @@ struct Seeded {
     running: JobId,
     bulk: Vec<JobId>,
 }
+
+/// Dead letters of queue `bulk`.
+const BULK: usize = 1_000;
 
 async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
     let job = |to: &str| NewJob::raw("email.send", format!("{{\"to\":\"{to}\"}}"));
@@ -96,30 +99,26 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         .enqueue(vec![job("later@x").with_delay(Duration::from_secs(3600))])
         .await
         .unwrap()[0];
-    let bulk_jobs: Vec<NewJob> = (0..3)
+    // (1,000, so that the confirmed bulk retry below is the whole-set retry.)
+    let bulk_jobs: Vec<NewJob> = (0..BULK)
         .map(|i| NewJob::raw("report.build", format!("{{\"n\":{i}}}")).with_queue("bulk"))
         .collect();
-    let bulk = store.enqueue(bulk_jobs).await.unwrap();
-    let claims = store
-        .claim("bulk", "host-1/0", 3, Duration::from_secs(600))
-        .await
-        .unwrap();
-    store
-        .settle(
-            claims
-                .iter()
-                .map(|c| {
-                    (
-                        c.lease.id,
-                        Settlement::Dead {
-                            reason: "no template".into(),
-                        },
-                    )
-                })
-                .collect(),
-        )
-        .await
-        .unwrap();
+    store.enqueue(bulk_jobs).await.unwrap();
+    let mut bulk = Vec::new();
+    while bulk.len() < BULK {
+        let claims = store
+            .claim("bulk", "host-1/0", 250, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let dead = claims.iter().map(|c| {
+            let reason = "no template".to_owned();
+            (c.lease.id, Settlement::Dead { reason })
+        });
+        let settled = store.settle(dead.collect()).await.unwrap();
+        assert!(settled.iter().all(Result::is_ok), "{settled:?}");
+        // In the order they died: the last is the newest dead letter.
+        bulk.extend(claims.iter().map(|c| c.job.id));
+    }
     store
         .note_rejections(vec![RejectionNote {
             at_ms: 1_790_000_000_000,
@@ -322,7 +321,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         ("#total-ready", "3"),   // two ready in default, the flow's first step
         ("#total-delayed", "2"), // the delayed job and the retry
         ("#total-leased", "1"),
-        ("#total-dead", "4"),
+        ("#total-dead", "1001"), // one in default, BULK in bulk
         ("#total-workers", "1"),
         ("#total-flows", "1"),
     ] {
@@ -339,7 +338,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     assert_eq!(cell(&c, "default", "delayed").await, "2");
     assert_eq!(cell(&c, "default", "leased").await, "1");
     assert_eq!(cell(&c, "default", "dead").await, "1");
-    assert_eq!(cell(&c, "bulk", "dead").await, "3");
+    assert_eq!(cell(&c, "bulk", "dead").await, BULK.to_string());
     assert_eq!(
         text(&c, "tr[data-kind='email.send'] td[data-state='running']").await,
         "1"
@@ -397,9 +396,10 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     assert_eq!(store.counts("default").await.unwrap().dead, 0);
     assert!(store.job(s.dead).await.unwrap().is_some(), "live again");
     visit(&c, ui_port, "/dead?queue=bulk", "dead-bulk").await;
-    let msg = press(&c, &format!("delete-{}", s.bulk[0])).await;
-    assert_eq!(msg, format!("Deleted dead job {}.", s.bulk[0]));
-    assert_eq!(store.counts("bulk").await.unwrap().dead, 2);
+    let newest = s.bulk[BULK - 1];
+    let msg = press(&c, &format!("delete-{newest}")).await;
+    assert_eq!(msg, format!("Deleted dead job {newest}."));
+    assert_eq!(store.counts("bulk").await.unwrap().dead, BULK as u64 - 1);
 
     // A confirmed bulk retry: the link asks first; the form carries the number confirmed.
     c.find(Locator::Id("retry-all"))
@@ -422,15 +422,15 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     }
     assert_eq!(
         store.counts("bulk").await.unwrap().dead,
-        2,
+        BULK as u64 - 1,
         "not before the confirmation"
     );
     assert_eq!(
         press(&c, "confirm").await,
-        "Retried 2 dead job(s) of queue bulk."
+        format!("Retried {} dead job(s) of queue bulk.", BULK - 1)
     );
     let bulk = store.counts("bulk").await.unwrap();
-    assert_eq!((bulk.dead, bulk.ready), (0, 2));
+    assert_eq!((bulk.dead, bulk.ready), (0, BULK as u64 - 1));
 
     // Flows, schedules, rejections and a job's own page.
     visit(&c, ui_port, "/flows", "flows").await;

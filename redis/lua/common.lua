@@ -1072,7 +1072,9 @@ end
 -- (nothing changed) for a record we did not write, whose id names a live job again (reviving
 -- it would write over that job), whose keys another program wrote over, or which cjson cannot
 -- write back (NaN or 1e999 in it). Checks everything before its first write.
-local function revive(base, raw, now)
+-- A dead-letter record `raw` decoded, when it reads as one bury wrote (what revive and
+-- dead_where.lua take); nil for anything else.
+local function dead_record(raw)
   local ok, d = pcall(cjson.decode, raw)
   if not ok or type(d) ~= 'table' or type(d.id) ~= 'string' or type(d.queue) ~= 'string'
     or type(d.scope) ~= 'string' or type(d.kind) ~= 'string' or type(d.payload) ~= 'string'
@@ -1081,6 +1083,14 @@ local function revive(base, raw, now)
       and d.max_attempts <= 4294967295)
     or not (finite(d.max_stalls) and d.max_stalls >= 0 and d.max_stalls % 1 == 0
       and d.max_stalls <= 4294967295) then
+    return nil
+  end
+  return d
+end
+
+local function revive(base, raw, now)
+  local d = dead_record(raw)
+  if not d then
     -- Not a record we wrote: revived, a claim could not read it back.
     return false
   end

@@ -110,7 +110,8 @@ pub use flow::{Flow, FlowState, FlowStatus, OnDead, Step, StepEnd};
 pub use group::{GroupLimits, GroupStatus};
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Cancelled, DeadJob, Enqueued, Job, JobError, JobState, JobView, NewJob, QueueCounts, RateLimit,
+    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, Enqueued, Job, JobError, JobState,
+    JobView, NewJob, QueueCounts, RateLimit,
 };
 pub use mutation::{Mutation, Value};
 pub use policy::RetryPolicy;

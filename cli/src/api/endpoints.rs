@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
     CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
-    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, Paused, QueueList,
+    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, Paused, Purged, QueueList,
     QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
 };
 use super::Api;
@@ -123,6 +123,7 @@ fn routes() -> OpenApiRouter<Arc<Api>> {
         .routes(routes!(resume))
         .routes(routes!(dead))
         .routes(routes!(retry_dead))
+        .routes(routes!(purge_dead))
         .routes(routes!(retry_dead_job))
         .routes(routes!(create_flow))
         .routes(routes!(flow))
@@ -453,8 +454,9 @@ async fn dead(
     }))
 }
 
-/// Move a queue's dead letters back to it, oldest first, in chunks of 500 (each one short
-/// script): at most `limit`, by default the number it holds now.
+/// Move a queue's dead letters that the filters take back to it, oldest first, in short
+/// steps (each one script over at most 1,000 records): at most `limit`, by default every one
+/// it holds now.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
     request_body = RetryRequest,
@@ -464,19 +466,64 @@ async fn retry_dead(
     Path(queue): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Retried>, ApiError> {
-    queue_name(&queue)?;
-    let request: RetryRequest = parse(&body(&api, raw)?)?;
+    let sweep = sweep_dead(&api, &queue, raw, palisade::DeadAction::Retry).await?;
+    tracing::info!(queue = %queue, retried = sweep.done, "api: dead letters retried");
+    Ok(Json(Retried {
+        retried: usize::try_from(sweep.done).unwrap_or(usize::MAX),
+        read: Some(sweep.scanned),
+        kept: Some(sweep.kept),
+    }))
+}
+
+/// Delete a queue's dead letters that the filters take for good, oldest first, as `retry`
+/// takes them.
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/purge", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    request_body = RetryRequest,
+    responses((status = 200, description = "Done", body = Purged)))]
+async fn purge_dead(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Purged>, ApiError> {
+    let sweep = sweep_dead(&api, &queue, raw, palisade::DeadAction::Purge).await?;
+    tracing::info!(queue = %queue, purged = sweep.done, "api: dead letters deleted");
+    Ok(Json(Purged {
+        purged: sweep.done,
+        read: sweep.scanned,
+    }))
+}
+
+/// A whole-set retry or purge as a request asks it.
+async fn sweep_dead(
+    api: &Api,
+    queue: &str,
+    raw: Result<Bytes, BytesRejection>,
+    action: palisade::DeadAction,
+) -> Result<palisade::DeadSweep, ApiError> {
+    queue_name(queue)?;
+    let request: RetryRequest = parse(&body(api, raw)?)?;
+    let filter = request.filter().map_err(ApiError::invalid)?;
     // At most what the queue holds now: jobs that die again meanwhile wait for the next call
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
-    let dead = usize::try_from(api.store.counts(&queue).await?.dead).unwrap_or(usize::MAX);
-    let limit = request.limit.map_or(dead, |n| n.min(dead));
-    let (retried, stopped) = crate::reads::move_dead(&api.store, &queue, limit, true).await;
-    if let Some(e) = stopped {
+    let dead = api.store.counts(queue).await?.dead;
+    let limit = request.limit.map_or(dead, |n| (n as u64).min(dead));
+    let last = std::sync::Mutex::new(palisade::DeadSweep::default());
+    let done = api
+        .store
+        .dead_where(queue, &filter, action, limit, &|s| {
+            *last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+        })
+        .await;
+    done.map_err(|e| {
         // What moved stays moved: say how far it got.
-        return Err(ApiError::from(e).within(&format!("after {retried} retried")));
-    }
-    tracing::info!(queue = %queue, retried, "api: dead letters retried");
-    Ok(Json(Retried { retried }))
+        let s = *last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ApiError::from(e).within(&format!("after {} done", s.done))
+    })
 }
 
 /// Move one dead letter back to its queue (found among the queue's newest 5,000).
@@ -503,7 +550,11 @@ async fn retry_dead_job(
             palisade::store::DEAD_JOB_SEARCH
         )));
     }
-    Ok(Json(Retried { retried: 1 }))
+    Ok(Json(Retried {
+        retried: 1,
+        read: None,
+        kept: None,
+    }))
 }
 
 /// Create a flow all or nothing: no step runs before the whole flow exists. Creating the same

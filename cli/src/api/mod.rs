@@ -872,7 +872,24 @@ mod tests {
                 .unwrap();
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::OK, "{body}");
-            assert_eq!(body, r#"{"retried":3}"#);
+            assert_eq!(body, r#"{"retried":3,"read":3,"kept":0}"#);
+            // Filters: none of kind "other"; a purge of what is left takes nothing.
+            let r = post("/api/v1/queues/default/dead/purge")
+                .header(header::CONTENT_TYPE, json)
+                .body(Body::from(
+                    r#"{"kind":"other","reason":"x","older_than_ms":1}"#,
+                ))
+                .unwrap();
+            let (status, body) = send(&app, r).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, r#"{"purged":0,"read":0}"#)
+            );
+            let r = post("/api/v1/queues/default/dead/purge")
+                .header(header::CONTENT_TYPE, json)
+                .body(Body::from(r#"{"older_than_ms":999999999999999}"#))
+                .unwrap();
+            assert_eq!(send(&app, r).await.0, StatusCode::BAD_REQUEST);
             // The body limit follows a payload limit above the flow limit.
             assert!(body_limit(64 << 20) > 64 << 20);
             assert!(body_limit(1) > palisade::MAX_FLOW_BYTES);

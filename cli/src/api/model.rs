@@ -743,18 +743,59 @@ pub(crate) struct DeadQuery {
     pub(crate) offset: Option<usize>,
 }
 
-/// How many dead letters to retry.
+/// Which dead letters to retry or delete, and how many: every condition given must hold.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RetryRequest {
     /// At most this many, oldest first (default: every one the queue holds now).
     pub(crate) limit: Option<usize>,
+    /// Only jobs of this kind.
+    pub(crate) kind: Option<String>,
+    /// Only jobs whose reason contains this text (as written, case and all).
+    pub(crate) reason: Option<String>,
+    /// Only jobs that died at least this many milliseconds ago.
+    #[schema(maximum = 315_360_000_000_u64)]
+    pub(crate) older_than_ms: Option<u64>,
+}
+
+impl RetryRequest {
+    /// The filter it asks for (ages by this host's clock).
+    pub(crate) fn filter(&self) -> Result<palisade::DeadFilter, String> {
+        if self.older_than_ms.is_some_and(|ms| ms > 315_360_000_000) {
+            return Err("older_than_ms: at most ten years (315360000000)".into());
+        }
+        if let Some(kind) = &self.kind {
+            palisade::cli_support::check_name("kind", kind).map_err(|e| e.to_string())?;
+        }
+        Ok(palisade::DeadFilter {
+            kind: self.kind.clone(),
+            reason: self.reason.clone().filter(|r| !r.is_empty()),
+            died_before_ms: self
+                .older_than_ms
+                .map(|age| palisade::store::unix_ms().saturating_sub(age)),
+        })
+    }
 }
 
 /// Dead letters moved back to their queue.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Retried {
     pub(crate) retried: usize,
+    /// Dead letters read to find them (absent from a one-job retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) read: Option<u64>,
+    /// Taken by the filter but left dead: their ids name live jobs again, or their records
+    /// cannot be revived.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kept: Option<u64>,
+}
+
+/// Dead letters deleted for good.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Purged {
+    pub(crate) purged: u64,
+    /// Dead letters read to find them.
+    pub(crate) read: u64,
 }
 
 /// One dependency of a flow step.

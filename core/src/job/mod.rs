@@ -22,7 +22,7 @@ pub use new::{
 #[doc(hidden)] // the Redis store's record of a completion's follow-ups
 pub use outcome::FollowUpRecord;
 pub use outcome::{FollowUps, JobError, Settlement, Then};
-pub use views::{DeadJob, JobState, JobView, QueueCounts};
+pub use views::{DeadAction, DeadFilter, DeadJob, DeadSweep, JobState, JobView, QueueCounts};
 
 #[cfg(test)]
 mod tests {

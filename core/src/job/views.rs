@@ -102,3 +102,55 @@ pub struct JobView {
     /// Why its last attempt failed, when that attempt was retried.
     pub last_error: Option<String>,
 }
+
+/// Which dead letters a whole-set retry or purge takes ([`QueueAdmin::dead_where`](crate::store::QueueAdmin::dead_where)):
+/// every condition given must hold; the default takes every dead letter of the queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadFilter {
+    /// Only jobs of this kind (an empty one: any).
+    pub kind: Option<String>,
+    /// Only jobs whose reason contains this text, as written (case and all).
+    pub reason: Option<String>,
+    /// Only jobs that died before this time (Unix ms, the coordinator's clock). A record an
+    /// earlier version kept, without a time of death, is never taken by an age.
+    pub died_before_ms: Option<u64>,
+}
+
+impl DeadFilter {
+    /// Whether `dead` is one this filter takes (the rule `dead_where.lua` applies on Redis,
+    /// checked against this one by a differential test).
+    pub fn matches(&self, dead: &DeadJob) -> bool {
+        self.kind
+            .as_deref()
+            .is_none_or(|kind| kind.is_empty() || dead.job.kind == kind)
+            && self
+                .reason
+                .as_ref()
+                .is_none_or(|text| dead.reason.contains(text.as_str()))
+            && self
+                .died_before_ms
+                .is_none_or(|before| dead.died_ms.is_some_and(|died| died < before))
+    }
+}
+
+/// What a whole-set operation does with the dead letters it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadAction {
+    /// Back to ready with fresh attempts and stalls.
+    Retry,
+    /// Deleted for good.
+    Purge,
+}
+
+/// How far a whole-set operation got ([`QueueAdmin::dead_where`](crate::store::QueueAdmin::dead_where)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadSweep {
+    /// Dead letters read so far.
+    pub scanned: u64,
+    /// Retried or purged.
+    pub done: u64,
+    /// Taken by the filter but left where they are: a retry whose id names a live job again,
+    /// or whose record a claim could not read back.
+    pub kept: u64,
+}

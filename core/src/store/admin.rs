@@ -12,7 +12,12 @@ use super::{LeaseInfo, Stores};
 use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, JobView, QueueCounts, RateLimit};
+use crate::job::{
+    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts, RateLimit,
+};
+
+/// Called by [`QueueAdmin::dead_where`] with the totals so far, after each bounded step.
+pub type SweepProgress<'a> = &'a (dyn Fn(DeadSweep) + Send + Sync);
 
 /// Read-only views of the queues, for operators and the depth sampler: counts, dead letters,
 /// live leases, the age of the next job. Never changes anything.
@@ -80,6 +85,22 @@ pub trait QueueAdmin: Send + Sync + 'static {
 
     /// Deletes up to `limit` dead-lettered jobs of `queue`, oldest first; returns how many.
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize>;
+
+    /// Retries or purges (`action`) every dead letter of `queue` that `filter` takes, oldest
+    /// first, until `limit` are done or the list's end is read: a whole-set operation in
+    /// bounded steps (on Redis each a short script over at most 1,000 records), with
+    /// `progress` told the totals after each. What a step did stays done if a later one
+    /// fails. A record that does not read as one this release wrote is never taken, whatever
+    /// the filter (never delete what you cannot decode); dead letters added while it runs may
+    /// or may not be taken. Across partitions: each in turn, the totals added up.
+    async fn dead_where(
+        &self,
+        queue: &str,
+        filter: &DeadFilter,
+        action: DeadAction,
+        limit: u64,
+        progress: SweepProgress<'_>,
+    ) -> Result<DeadSweep>;
 
     /// Moves the dead-lettered job `job` of `queue` back to ready with fresh attempts; `false`
     /// (nothing changed) if no record of it is among the queue's newest
@@ -179,6 +200,18 @@ impl QueueAdmin for Stores {
     }
     async fn purge_dead(&self, queue: &str, limit: usize) -> Result<usize> {
         self.admin.purge_dead(queue, limit).await
+    }
+    async fn dead_where(
+        &self,
+        queue: &str,
+        filter: &DeadFilter,
+        action: DeadAction,
+        limit: u64,
+        progress: SweepProgress<'_>,
+    ) -> Result<DeadSweep> {
+        self.admin
+            .dead_where(queue, filter, action, limit, progress)
+            .await
     }
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
         self.admin.retry_dead_job(queue, job).await

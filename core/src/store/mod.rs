@@ -20,7 +20,7 @@ mod admin;
 pub mod epoch;
 pub mod flows;
 
-pub use admin::{Inspect, QueueAdmin};
+pub use admin::{Inspect, QueueAdmin, SweepProgress};
 pub use flows::FlowStore;
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.

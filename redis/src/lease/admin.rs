@@ -14,9 +14,12 @@ use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::LeaseId;
 use crate::ids::{JobId, Scope};
-use crate::job::{Cancelled, DeadJob, Job, JobState, JobView, QueueCounts, RateLimit};
+use crate::job::{
+    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, Job, JobState, JobView, QueueCounts,
+    RateLimit,
+};
 use crate::scripts::{coordinator_script, decode_lease_row, decode_watermark, script_count, Meta};
-use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 
 static COUNTS: LazyLock<Script> = coordinator_script!("counts.lua");
 static LEASES: LazyLock<Script> = coordinator_script!("leases.lua");
@@ -25,6 +28,11 @@ static CANCEL: LazyLock<Script> = coordinator_script!("cancel.lua");
 static RETRY_DEAD: LazyLock<Script> = coordinator_script!("retry_dead.lua");
 static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 static DEAD_JOB: LazyLock<Script> = coordinator_script!("dead_job.lua");
+static DEAD_WHERE: LazyLock<Script> = coordinator_script!("dead_where.lua");
+
+/// Dead letters `dead_where.lua` reads per call: a call stays a short script (a
+/// millisecond or so), whatever the retention.
+const SWEEP_STEP: u64 = 1_000;
 static RUN_NOW: LazyLock<Script> = coordinator_script!("run_now.lua");
 static FORGET_QUEUE: LazyLock<Script> = coordinator_script!("forget_queue.lua");
 static VIEW: LazyLock<Script> = coordinator_script!("view.lua");
@@ -387,6 +395,55 @@ impl QueueAdmin for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))
+    }
+
+    async fn dead_where(
+        &self,
+        queue: &str,
+        filter: &DeadFilter,
+        action: DeadAction,
+        limit: u64,
+        progress: SweepProgress<'_>,
+    ) -> Result<DeadSweep> {
+        crate::job::check_name("queue", queue)?;
+        let action = match action {
+            DeadAction::Retry => "retry",
+            DeadAction::Purge => "purge",
+        };
+        let mut sweep = DeadSweep::default();
+        let mut from: i64 = 0;
+        while sweep.done < limit && from >= 0 {
+            let mut conn = self.conn().await?;
+            let [done, kept, read, next]: [i64; 4] = DEAD_WHERE
+                .key(&self.base)
+                .arg(queue)
+                .arg(action)
+                .arg(from)
+                .arg(SWEEP_STEP)
+                // (Lua numbers are doubles: a limit past 2^53 is no limit.)
+                .arg((limit - sweep.done).min(1 << 53))
+                .arg(filter.kind.as_deref().unwrap_or(""))
+                .arg(filter.reason.as_deref().unwrap_or(""))
+                .arg(
+                    filter
+                        .died_before_ms
+                        .map(|ms| ms.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(self.generation)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.link.broken(e))?;
+            let count = |n: i64| {
+                u64::try_from(n).map_err(|_| garbage(format_args!("dead_where.lua answered {n}")))
+            };
+            sweep.done += count(done)?;
+            sweep.kept += count(kept)?;
+            sweep.scanned += count(read)?;
+            from = next;
+            progress(sweep);
+        }
+        Ok(sweep)
     }
 
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {

@@ -16,6 +16,7 @@ macro_rules! queue_cases {
             single_jobs_seen_and_acted_on_one_by_one,
             only_an_unused_queue_is_forgotten,
             a_tick_travels_with_its_job,
+            dead_letters_are_retried_and_purged_whole_by_filter,
         );
     };
 }
@@ -515,4 +516,130 @@ pub async fn a_tick_travels_with_its_job(store: Stores) {
         again.iter().any(|c| c.job.tick == Some(tick.clone())),
         "kept through a retry"
     );
+}
+
+/// `dead_where`: a whole-set retry or purge takes exactly what its filter takes (kind, reason
+/// text, age), stops at its limit, tells its progress, and leaves every other dead letter.
+pub async fn dead_letters_are_retried_and_purged_whole_by_filter(store: Stores) {
+    // 30 dead jobs, 10 of each kind k0, k1, k2: half of each kind timed out, half had bad
+    // input.
+    let jobs: Vec<NewJob> = (0..30)
+        .map(|i| job(&format!("k{}", i % 3)).with_queue("dq"))
+        .collect();
+    store.enqueue(jobs).await.unwrap();
+    let claims = store.claim("dq", "suite", 30, TTL).await.unwrap();
+    assert_eq!(claims.len(), 30);
+    let mut kinds = std::collections::HashMap::new();
+    for c in &claims {
+        let even = kinds.entry(c.job.kind.clone()).or_insert(0usize);
+        let reason = if *even % 2 == 0 {
+            "timeout after 5s"
+        } else {
+            "bad input: 100% wrong"
+        };
+        *even += 1;
+        settle(
+            &store,
+            c.lease.id,
+            Settlement::Dead {
+                reason: reason.into(),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let dead = |store: Stores| async move { store.counts("dq").await.unwrap().dead };
+    assert_eq!(dead(store.clone()).await, 30);
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let last = std::sync::Mutex::new(DeadSweep::default());
+    let seen = |s: DeadSweep| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *last.lock().unwrap() = s;
+    };
+
+    // Nothing died before 1970: an age takes none.
+    let ancient = DeadFilter {
+        died_before_ms: Some(1),
+        ..DeadFilter::default()
+    };
+    let sweep = store
+        .dead_where("dq", &ancient, DeadAction::Purge, u64::MAX, &seen)
+        .await
+        .unwrap();
+    assert_eq!((sweep.done, sweep.scanned), (0, 30));
+
+    // k1's timed-out jobs (5 of its 10), retried: claimable again with fresh attempts.
+    let timed_out = DeadFilter {
+        kind: Some("k1".into()),
+        reason: Some("timeout".into()),
+        died_before_ms: Some(palisade::store::unix_ms() + 60_000),
+    };
+    let sweep = store
+        .dead_where("dq", &timed_out, DeadAction::Retry, u64::MAX, &seen)
+        .await
+        .unwrap();
+    assert_eq!((sweep.done, sweep.kept), (5, 0), "{sweep:?}");
+    assert_eq!(
+        *last.lock().unwrap(),
+        sweep,
+        "the last progress is the result"
+    );
+    assert!(calls.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    assert_eq!(dead(store.clone()).await, 25);
+    let back = store.claim("dq", "suite", 30, TTL).await.unwrap();
+    assert_eq!(back.len(), 5);
+    assert!(back
+        .iter()
+        .all(|c| c.job.kind == "k1" && c.job.attempt == 1));
+
+    // A reason text is matched as written: '%' is no pattern. At most 4 of 15 purged.
+    let bad = DeadFilter {
+        reason: Some("100% wrong".into()),
+        ..DeadFilter::default()
+    };
+    let sweep = store
+        .dead_where("dq", &bad, DeadAction::Purge, 4, &seen)
+        .await
+        .unwrap();
+    assert_eq!(sweep.done, 4);
+    assert_eq!(dead(store.clone()).await, 21);
+    let left = store.dead_range("dq", 0, 100).await.unwrap();
+    assert_eq!(left.iter().filter(|d| bad.matches(d)).count(), 11);
+    // An empty kind is any kind; the rest of the bad-input ones go, the timeouts stay.
+    let rest = DeadFilter {
+        kind: Some(String::new()),
+        ..bad.clone()
+    };
+    let sweep = store
+        .dead_where("dq", &rest, DeadAction::Purge, u64::MAX, &seen)
+        .await
+        .unwrap();
+    assert_eq!(sweep.done, 11);
+    let left = store.dead_range("dq", 0, 100).await.unwrap();
+    assert_eq!(left.len(), 10);
+    assert!(left.iter().all(|d| d.reason.starts_with("timeout")));
+    // Everything else, retried; a queue with none, or unknown, does nothing.
+    let sweep = store
+        .dead_where(
+            "dq",
+            &DeadFilter::default(),
+            DeadAction::Retry,
+            u64::MAX,
+            &seen,
+        )
+        .await
+        .unwrap();
+    assert_eq!(sweep.done, 10);
+    assert_eq!(dead(store.clone()).await, 0);
+    let none = store
+        .dead_where(
+            "nothing-here",
+            &DeadFilter::default(),
+            DeadAction::Retry,
+            u64::MAX,
+            &seen,
+        )
+        .await
+        .unwrap();
+    assert_eq!(none, DeadSweep::default());
 }

@@ -9,8 +9,11 @@ use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, JobState, JobView, QueueCounts, RateLimit};
-use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+use crate::job::{
+    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobState, JobView, QueueCounts,
+    RateLimit,
+};
+use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 
 #[async_trait]
 impl Inspect for MemoryLeaseStore {
@@ -311,6 +314,63 @@ impl QueueAdmin for MemoryLeaseStore {
             count += 1;
         }
         Ok(count)
+    }
+
+    async fn dead_where(
+        &self,
+        queue: &str,
+        filter: &DeadFilter,
+        action: DeadAction,
+        limit: u64,
+        progress: SweepProgress<'_>,
+    ) -> Result<DeadSweep> {
+        let now = Instant::now();
+        let mut sweep = DeadSweep::default();
+        {
+            let mut state = lock(&self.state);
+            let records = state
+                .queues
+                .get_mut(queue)
+                .map(|q| std::mem::take(&mut q.dead))
+                .unwrap_or_default();
+            let mut left = std::collections::VecDeque::with_capacity(records.len());
+            let mut revived = Vec::new();
+            let mut ids = std::collections::HashSet::new();
+            for (dead, priority) in records {
+                if sweep.done >= limit {
+                    left.push_back((dead, priority));
+                    continue;
+                }
+                sweep.scanned += 1;
+                if !filter.matches(&dead) {
+                    left.push_back((dead, priority));
+                    continue;
+                }
+                match action {
+                    DeadAction::Purge => sweep.done += 1,
+                    // Its id names a live job again (or an older record of it was just
+                    // revived): it stays, as on Redis.
+                    DeadAction::Retry
+                        if state.jobs.contains_key(&dead.job.id) || !ids.insert(dead.job.id) =>
+                    {
+                        sweep.kept += 1;
+                        left.push_back((dead, priority));
+                    }
+                    DeadAction::Retry => {
+                        sweep.done += 1;
+                        revived.push((dead, priority));
+                    }
+                }
+            }
+            if let Some(q) = state.queues.get_mut(queue) {
+                q.dead = left;
+            }
+            for (dead, priority) in revived {
+                state.revive(dead, priority, now);
+            }
+        }
+        progress(sweep);
+        Ok(sweep)
     }
 
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {

@@ -10,8 +10,10 @@ use super::{shares, PartitionedLeaseStore};
 use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
-use crate::job::{Cancelled, DeadJob, JobView, QueueCounts, RateLimit};
-use crate::store::{Inspect, LeaseInfo, QueueAdmin};
+use crate::job::{
+    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts, RateLimit,
+};
+use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 
 // The partitioned layout: each operation fans out over the partitions.
 #[async_trait]
@@ -144,6 +146,35 @@ impl QueueAdmin for PartitionedLeaseStore {
             part.purge_dead(queue, left).await
         })
         .await
+    }
+
+    async fn dead_where(
+        &self,
+        queue: &str,
+        filter: &DeadFilter,
+        action: DeadAction,
+        limit: u64,
+        progress: SweepProgress<'_>,
+    ) -> Result<DeadSweep> {
+        let mut total = DeadSweep::default();
+        for part in &self.parts {
+            if total.done >= limit {
+                break;
+            }
+            let before = total;
+            let add = |s: DeadSweep| DeadSweep {
+                scanned: before.scanned + s.scanned,
+                done: before.done + s.done,
+                kept: before.kept + s.kept,
+            };
+            let step = part
+                .dead_where(queue, filter, action, limit - total.done, &|s| {
+                    progress(add(s))
+                })
+                .await?;
+            total = add(step);
+        }
+        Ok(total)
     }
 
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
