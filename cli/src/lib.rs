@@ -222,6 +222,10 @@ enum Builtin {
     /// Forget a queue that holds no job (it leaves `status`, the page and the metrics until a
     /// job is enqueued to it again); refused while it holds one.
     Forget(admin::QueueArgs),
+    /// Show where the installation keeps each sink (recorded by the first worker to use it;
+    /// a worker whose sink URL points elsewhere is refused), or forget one to move it.
+    #[command(subcommand)]
+    Sinks(sinks::SinksCommand),
     /// Serve the operator console (queues, workers, delayed and dead jobs, flows, schedules,
     /// fence rejections, a page per job) on 127.0.0.1:8080 until SIGTERM / SIGINT.
     #[cfg(feature = "ui")]
@@ -518,6 +522,7 @@ impl App {
             Builtin::Cap(args) => admin::cap(args, &registry),
             Builtin::Group(args) => admin::group(args),
             Builtin::Forget(args) => admin::forget(args),
+            Builtin::Sinks(command) => sinks::sinks(command),
             Builtin::Partitions(args) => admin::partitions(args),
             Builtin::Upgrade(command) => upgrade::upgrade(command, &sinks),
             Builtin::Cancel(args) => admin::cancel(args),

@@ -232,6 +232,143 @@ fn applied_line(name: &str, done: &MigrationPlan) -> String {
     }
 }
 
+/// Where a sink URL points, without credentials or connection options, for people to read
+/// (which store a sink is, its identity, is what workers compare).
+///
+/// - `redis://host:port/db` (port 6379 and db 0 filled in; the hosts of a cluster sorted);
+/// - `redis+sentinel://<master>/db` (the sentinels are how it is found, not where it is);
+/// - `postgres://host:port/database?schema=<schema>` (port 5432, schema `palisade`).
+pub(super) fn location(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let scheme = scheme.to_ascii_lowercase();
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    // Each comma-separated part is a URL of its own in a cluster's list; a sentinel's and a
+    // Postgres URL's hosts are one list before the path.
+    let parts: Vec<&str> = rest.split(',').collect();
+    let host_of = |part: &str| {
+        let part = part.split_once("://").map_or(part, |(_, r)| r);
+        let authority = part.split('/').next().unwrap_or_default();
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        host.to_ascii_lowercase()
+    };
+    let with_port = |host: String, port: u16| {
+        // (An IPv6 literal in brackets keeps its colons: only one after `]` is a port.)
+        let has_port = host.rsplit_once(':').is_some_and(|(h, p)| {
+            p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']'))
+        });
+        if has_port || host.is_empty() {
+            host
+        } else {
+            format!("{host}:{port}")
+        }
+    };
+    let path = parts
+        .last()
+        .and_then(|last| {
+            let last = last.split_once("://").map_or(*last, |(_, r)| r);
+            last.split_once('/').map(|(_, path)| path.to_owned())
+        })
+        .unwrap_or_default();
+    match scheme.as_str() {
+        "redis+sentinel" | "rediss+sentinel" => {
+            let mut path = path.trim_end_matches('/').to_owned();
+            if !path.contains('/') {
+                path.push_str("/0");
+            }
+            format!("redis+sentinel://{path}")
+        }
+        "postgres" | "postgresql" => {
+            let mut hosts: Vec<String> =
+                parts.iter().map(|p| with_port(host_of(p), 5432)).collect();
+            hosts.sort();
+            let schema = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("schema="))
+                .unwrap_or("palisade");
+            format!("postgres://{}/{path}?schema={schema}", hosts.join(","))
+        }
+        _ => {
+            let mut hosts: Vec<String> =
+                parts.iter().map(|p| with_port(host_of(p), 6379)).collect();
+            hosts.sort();
+            hosts.dedup();
+            let db = if path.is_empty() { "0" } else { path.as_str() };
+            format!("redis://{}/{db}", hosts.join(","))
+        }
+    }
+}
+
+/// `sinks list|forget`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum SinksCommand {
+    /// Print each sink's recorded identity and location, one `NAME IDENTITY LOCATION` line
+    /// per sink.
+    List(super::RedisArgs),
+    /// Forget where sink NAME lives: run with every worker stopped, when moving it on purpose
+    /// (the next worker to start records its own URL's location).
+    Forget {
+        #[command(flatten)]
+        redis: super::RedisArgs,
+        /// The sink.
+        name: String,
+    },
+}
+
+/// Runs `sinks ...`.
+pub(super) fn sinks(command: SinksCommand) -> anyhow::Result<()> {
+    super::runtime()?.block_on(async {
+        match command {
+            SinksCommand::List(redis) => {
+                let target = redis.reachable(&redis.redis, "Redis").await?;
+                let all = palisade::store::redis::sink_locations(&target, &redis.prefix).await?;
+                if all.is_empty() {
+                    eprintln!(
+                        "no sink location recorded yet (a worker records its sinks' at start)"
+                    );
+                }
+                // (Each record is "<identity> <location>".)
+                super::print_lines(all.into_iter().map(|(name, at)| format!("{name} {at}")))?;
+            }
+            SinksCommand::Forget { redis, name } => {
+                let target = redis.reachable(&redis.redis, "Redis").await?;
+                if palisade::store::redis::forget_sink(&target, &redis.prefix, &name).await? {
+                    println!(
+                        "sink {name}: location forgotten; the next worker to start records its own"
+                    );
+                } else {
+                    println!("sink {name}: no location was recorded");
+                }
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// Refuses to start when a sink is another store than the one the installation recorded (the
+/// first worker to use a sink records which it is): one line naming both. `identities` holds
+/// each sink's name, what its store says it is, and its URL.
+pub(super) async fn check_identities(
+    coordinator: &palisade::store::redis::Target,
+    prefix: &str,
+    identities: &[(String, String, String)],
+) -> anyhow::Result<()> {
+    for (name, identity, url) in identities {
+        let here = location(url);
+        if let Some(recorded) =
+            palisade::store::redis::record_sink(coordinator, prefix, name, identity, &here).await?
+        {
+            let (theirs, at) = recorded.split_once(' ').unwrap_or((recorded.as_str(), "?"));
+            bail!(
+                "sink {name}: this worker's is {here} ({identity}), the installation's is {at} \
+                 ({theirs}): one sink in two places splits its fence; fix --sink or {var}, or, \
+                 to move it on purpose, stop every worker and run `palisade sinks forget {name}`",
+                var = sink_var(name)
+            );
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
@@ -239,6 +376,49 @@ pub(super) fn is_postgres(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One place however it is reached; another place whatever it shares.
+    #[test]
+    fn a_location_is_where_a_url_points() {
+        let same = [
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379/0"),
+            (
+                "rediss://:pw@Cache.Example:6379/0",
+                "redis://cache.example:6379/0",
+            ),
+            ("redis://user:p@ss@h", "redis://h:6379/0"),
+            ("redis://h/3", "redis://h:6379/3"),
+            ("redis://b:7001,redis://a:7000", "redis://a:7000,b:7001/0"),
+            ("redis://[::1]:6380", "redis://[::1]:6380/0"),
+            ("redis://[::1]", "redis://[::1]:6379/0"),
+            (
+                "redis+sentinel://s1,s2:26380/mymaster",
+                "redis+sentinel://mymaster/0",
+            ),
+            (
+                "rediss+sentinel://u:p@s9/mymaster/2",
+                "redis+sentinel://mymaster/2",
+            ),
+            (
+                "postgres://app:secret@DB:5432/shop?pool_size=4&pooler=transaction",
+                "postgres://db:5432/shop?schema=palisade",
+            ),
+            (
+                "postgresql://db/shop?sslmode=require&schema=ledger",
+                "postgres://db:5432/shop?schema=ledger",
+            ),
+        ];
+        for (url, want) in same {
+            assert_eq!(location(url), want, "{url}");
+        }
+        assert_ne!(location("redis://h/1"), location("redis://h/2"));
+        assert_ne!(location("redis://h:6379"), location("redis://h:6380"));
+        assert_ne!(
+            location("postgres://h/a?schema=x"),
+            location("postgres://h/a")
+        );
+        assert_ne!(location("postgres://h/a"), location("redis://h"));
+    }
 
     #[test]
     fn sinks_are_configured_by_flag_then_env_then_default() {

@@ -209,7 +209,11 @@ pub(super) fn run(
                 }
             })
             .await?;
+        let coordinator = pool.clone();
         let backends = connect_sinks(&args, &sink_urls, pool).await?;
+        // Before any job runs: one sink in two places splits its fence.
+        super::sinks::check_identities(&coordinator, &args.redis.prefix, &backends.identities)
+            .await?;
         let _relays = if args.relay {
             args.relay_args.start(&backends.postgres, &args.redis).await?
         } else {
@@ -328,6 +332,8 @@ struct Backends {
     pools: HashMap<String, Target>,
     postgres: Vec<(String, Arc<PostgresSink>)>,
     sinks: Sinks,
+    /// Each sink's name, what its store says it is, and its URL.
+    identities: Vec<(String, String, String)>,
 }
 
 /// Connects every sink (a Postgres one both as `ctx.sink` and `ctx.postgres`).
@@ -345,7 +351,22 @@ async fn connect_sinks(
         Migrations::Apply
     };
     let postgres = postgres_sinks(sink_urls, args.redis.ca_file().as_deref(), migrations).await?;
+    let mut identities = Vec::new();
+    let url_of = |sink: &str| {
+        let found = sink_urls.iter().find(|(name, _)| name == sink);
+        found.map(|(_, url)| url.clone()).unwrap_or_default()
+    };
     for (sink, pg) in &postgres {
+        // A role that may not read the cluster's identifier: the URL's place stands in.
+        let identity = match pg
+            .identity()
+            .await
+            .with_context(|| format!("sink {sink}"))?
+        {
+            Some(identity) => identity,
+            None => super::sinks::location(&url_of(sink)),
+        };
+        identities.push((sink.clone(), identity, url_of(sink)));
         let store = PostgresFencedStore::new(pg.clone());
         sinks = sinks
             .with(
@@ -361,6 +382,11 @@ async fn connect_sinks(
         }
         let store =
             RedisFencedStore::new(pools[url].clone(), &format!("{}-{sink}", args.redis.prefix));
+        let identity = store
+            .identity()
+            .await
+            .with_context(|| format!("sink {sink}"))?;
+        identities.push((sink.clone(), identity, url.clone()));
         sinks = sinks.with(
             sink.clone(),
             FencedSink::new(sink.clone(), Arc::new(store)).start(),
@@ -370,6 +396,7 @@ async fn connect_sinks(
         pools,
         postgres,
         sinks,
+        identities,
     })
 }
 

@@ -553,3 +553,77 @@ fn a_thousand_dead_letters_go_back_in_one_command() {
         "{c}"
     );
 }
+
+/// Issue 57: the first worker records where each sink lives; a worker whose sink URL points
+/// elsewhere (a Postgres database where the fleet uses the coordinator's Redis) is refused
+/// at start with one line naming both, before it runs a job. The same Redis written another
+/// way is the same sink (a store is known by the id it keeps, so a proxy in front of it is
+/// too: `processes.rs` runs workers through fault proxies beside direct ones).
+#[test]
+fn a_worker_with_a_sink_somewhere_else_is_refused() {
+    let redis = RedisServer::start();
+    let first = worker(&redis);
+    wait_for("the first worker", Duration::from_secs(20), || {
+        ok(&redis, &["sinks", "list"]).contains("ledger redis:")
+    });
+    let listed = ok(&redis, &["sinks", "list"]);
+    let port = redis
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    assert!(
+        listed.starts_with("ledger redis:")
+            && listed.ends_with(&format!(" redis://127.0.0.1:{port}/0\n")),
+        "{listed}"
+    );
+
+    let postgres = "postgres://postgres@127.0.0.1:5432/test?schema=palisade_elsewhere";
+    let out = run(
+        &redis,
+        &[
+            "worker",
+            "--arbiters",
+            "1",
+            "--sink",
+            &format!("ledger={postgres}"),
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let refusal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("sink ledger"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{stderr}");
+    assert!(
+        refusal[0].contains("postgres://127.0.0.1:5432/test?schema=palisade_elsewhere")
+            && refusal[0].contains(&format!("redis://127.0.0.1:{port}/0"))
+            && refusal[0].contains("palisade sinks forget ledger"),
+        "{stderr}"
+    );
+
+    // The same Redis with its db spelled out: the same place; the worker starts.
+    let same = format!("ledger=redis://127.0.0.1:{port}/0");
+    let args = [
+        "worker",
+        "--redis",
+        &redis.url(),
+        "--arbiters",
+        "1",
+        "--sink",
+        &same,
+    ];
+    let second = Process::spawn(BIN, &args, "warn");
+    wait_for("the second worker", Duration::from_secs(20), || {
+        let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+        status["workers"].as_array().unwrap().len() == 2
+    });
+    drop((first, second));
+    // Forgotten (to move it on purpose), the next worker records its own.
+    assert!(ok(&redis, &["sinks", "forget", "ledger"]).contains("location forgotten"));
+    assert!(!ok(&redis, &["sinks", "list"]).contains("ledger"));
+}

@@ -712,6 +712,35 @@ impl PostgresSink {
             .fetch_max(watermark.as_u64(), Ordering::Relaxed);
     }
 
+    /// Which database and schema this is, however it is reached (direct, through a pooler,
+    /// by another host name): `postgres:<system identifier>/<database>/<schema>`, the
+    /// server's cluster identifier from `pg_control_system()`; `None` where the role may not
+    /// read it. Workers compare it to find one sink configured in two places.
+    pub async fn identity(&self) -> Result<Option<String>> {
+        let client = self.client().await?;
+        // (One statement, no parameters: a text query, fine behind any pooler.)
+        let rows = match client
+            .simple_query(
+                "SELECT (SELECT system_identifier FROM pg_control_system())::text || '/' \
+                 || current_database()",
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(postgres_error(e)),
+        };
+        let at = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        });
+        Ok(at.map(|at| format!("postgres:{at}/{}", self.schema)))
+    }
+
     /// One round trip (`SELECT 1`), for readiness probes.
     pub async fn ping(&self) -> Result<()> {
         let client = self.client().await?;

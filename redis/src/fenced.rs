@@ -100,6 +100,27 @@ impl RedisFencedStore {
         }
     }
 
+    /// Which sink this is, however it is reached (direct, through a proxy, by another host
+    /// name): `redis:<uuid>`, a random id the first caller keeps in the sink's Redis
+    /// (`{<prefix>}:sink-id`, never expiring). Workers compare it to find one sink configured
+    /// in two places. A Redis that lost its data has a new one.
+    pub async fn identity(&self) -> Result<String> {
+        let key = format!("{{{}}}:sink-id", self.prefix);
+        let mut conn = self.link.get().await?;
+        let (id,): (String,) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(uuid::Uuid::new_v4().to_string())
+            .arg("NX")
+            .ignore()
+            .cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(format!("redis:{id}"))
+    }
+
     /// Bounds the idempotency record per scope: keys older than `retention`, and all but the
     /// newest `max_keys`, are forgotten (a repeat of such a write after that would apply
     /// again). Keys are kept across tokens, so a re-run under a newer token is still a

@@ -589,6 +589,78 @@ async fn layout_command(
     cmd.query_async(&mut conn).await.map_err(|e| link.broken(e))
 }
 
+/// The hash of where an installation's sinks live: sink name -> location.
+fn sinks_key(prefix: &str) -> String {
+    format!("{{{prefix}}}:sinks")
+}
+
+/// Records that sink `name` of the installation under `prefix` is the store `identity` (what
+/// the store says it is: `RedisFencedStore::identity`, `PostgresSink::identity`), reached at
+/// `location` (for people to read), unless one is recorded already: `None` when this
+/// identity is (now or before), `Some("<identity> <location>")` of the record when another
+/// is. Two workers with one sink in two places would keep two fences, each with its own
+/// highest token: the caller refuses to start on `Some`.
+pub async fn record_sink(
+    target: impl Into<Target>,
+    prefix: &str,
+    name: &str,
+    identity: &str,
+    location: &str,
+) -> crate::Result<Option<String>> {
+    let target = target.into();
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    // (HSETNX then HGET: whichever worker was first, every one reads the same record.)
+    let (_, recorded): (i64, Option<String>) = deadpool_redis::redis::pipe()
+        .cmd("HSETNX")
+        .arg(sinks_key(prefix))
+        .arg(name)
+        .arg(format!("{identity} {location}"))
+        .cmd("HGET")
+        .arg(sinks_key(prefix))
+        .arg(name)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| link.broken(e))?;
+    Ok(recorded.filter(|recorded| recorded.split(' ').next() != Some(identity)))
+}
+
+/// Every sink location the installation under `prefix` recorded, by name.
+pub async fn sink_locations(
+    target: impl Into<Target>,
+    prefix: &str,
+) -> crate::Result<Vec<(String, String)>> {
+    let target = target.into();
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    let mut all: Vec<(String, String)> = deadpool_redis::redis::cmd("HGETALL")
+        .arg(sinks_key(prefix))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| link.broken(e))?;
+    all.sort();
+    Ok(all)
+}
+
+/// Forgets where sink `name` lives (to move it on purpose, every worker stopped): the next
+/// worker to start records its own. `false` if none was recorded.
+pub async fn forget_sink(
+    target: impl Into<Target>,
+    prefix: &str,
+    name: &str,
+) -> crate::Result<bool> {
+    let target = target.into();
+    let link = connection::Link::new(target.clone());
+    let mut conn = link.get().await?;
+    let removed: i64 = deadpool_redis::redis::cmd("HDEL")
+        .arg(sinks_key(prefix))
+        .arg(name)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| link.broken(e))?;
+    Ok(removed == 1)
+}
+
 /// An installation's prefix: a name by the usual rules (not empty, at most `MAX_NAME_BYTES`, no
 /// control characters) and without braces (the coordinator puts its keys in `{<prefix>}`: a
 /// brace of the prefix's own changes the hash tag, and puts every partition in one slot).
