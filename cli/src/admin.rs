@@ -619,12 +619,13 @@ pub(super) struct DeadArgs {
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct DeadFilterArgs {
     /// Only jobs of this kind.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     kind: Option<String>,
     /// Only jobs whose reason contains this text (as written, case and all).
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     reason: Option<String>,
-    /// Only jobs that died longer ago than this, e.g. 1h or 7d (by this host's clock).
+    /// Only jobs that died longer ago than this, e.g. 1h or 7d (this host's clock against the
+    /// coordinator's time of death).
     #[arg(long, value_name = "AGE", value_parser = super::duration_within(Duration::ZERO, super::YEAR))]
     older_than: Option<Duration>,
 }
@@ -740,6 +741,9 @@ async fn sweep(args: DeadArgs, action: palisade::DeadAction) -> anyhow::Result<(
     palisade::cli_support::check_name("queue", queue)?;
     let filter = args.filter.filter();
     let dead = store.counts(queue).await?.dead;
+    // At most what the queue holds now: a job that dies again at once while this runs waits
+    // for the next command instead of being retried again and again by this one.
+    let limit = args.limit.unwrap_or(u64::MAX).min(dead);
     let bar = if std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(dead)
     } else {
@@ -755,19 +759,13 @@ async fn sweep(args: DeadArgs, action: palisade::DeadAction) -> anyhow::Result<(
     };
     let last = std::sync::Mutex::new(palisade::DeadSweep::default());
     let result = store
-        .dead_where(
-            queue,
-            &filter,
-            action,
-            args.limit.unwrap_or(u64::MAX),
-            &|s| {
-                bar.set_position(s.scanned);
-                bar.set_message(format!("{} {done_word}", s.done));
-                *last
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
-            },
-        )
+        .dead_where(queue, &filter, action, limit, &|s| {
+            bar.set_position(s.scanned);
+            bar.set_message(format!("{} {done_word}", s.done));
+            *last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+        })
         .await;
     bar.finish_and_clear();
     let s = *last

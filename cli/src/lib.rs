@@ -774,9 +774,14 @@ impl Signals {
     /// Installs the handlers now (inside a tokio runtime).
     pub(crate) fn listen() -> Self {
         use tokio::signal::unix::{signal, SignalKind};
+        let install = |kind: SignalKind, what: &str| {
+            signal(kind)
+                .inspect_err(|e| tracing::warn!(error = %e, "no {what} handler: {what} stops this process at once"))
+                .ok()
+        };
         Self {
-            term: signal(SignalKind::terminate()).ok(),
-            interrupt: signal(SignalKind::interrupt()).ok(),
+            term: install(SignalKind::terminate(), "SIGTERM"),
+            interrupt: install(SignalKind::interrupt(), "SIGINT"),
         }
     }
 

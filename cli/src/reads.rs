@@ -1,5 +1,5 @@
-//! What the operator console and the HTTP API both read and do the same way: queue rows, dead
-//! letters found and moved in chunks, and the Host names a server answers to. Shared here so
+//! What the operator console and the HTTP API both read the same way: queue rows, dead
+//! letters found, and the Host names a server answers to. Shared here so
 //! neither imports the other's module.
 
 use std::net::SocketAddr;
@@ -7,10 +7,6 @@ use std::time::Duration;
 
 use palisade::store::{Inspect, QueueAdmin, Stores};
 use palisade::{DeadJob, JobId, QueueCounts, RateLimit};
-
-/// Dead jobs a bulk action moves per call: each call is one short Redis script, so a bulk
-/// retry of 10,000 never holds Redis for long, as one script over all of them would.
-pub(crate) const BULK_CHUNK: usize = 500;
 
 /// Dead letters a search or a job lookup reads per queue, newest first.
 pub(crate) const DEAD_SCAN: usize = 5_000;
@@ -57,32 +53,6 @@ pub(crate) async fn queue_row(
         limit: store.rate_limit(&name).await?,
         name,
     })
-}
-
-/// Retries (`retry`) or deletes at most `limit` of `queue`'s dead letters, oldest first, in
-/// calls of [`BULK_CHUNK`]: how many moved, and the error that stopped it early, if one did
-/// (what moved stays moved). Stops early, too, when the queue has none left.
-pub(crate) async fn move_dead(
-    store: &Stores,
-    queue: &str,
-    limit: usize,
-    retry: bool,
-) -> (usize, Option<palisade::Error>) {
-    let mut moved = 0;
-    while moved < limit {
-        let chunk = BULK_CHUNK.min(limit - moved);
-        let n = if retry {
-            store.retry_dead(queue, chunk).await
-        } else {
-            store.purge_dead(queue, chunk).await
-        };
-        match n {
-            Ok(0) => break,
-            Ok(n) => moved += n,
-            Err(e) => return (moved, Some(e)),
-        }
-    }
-    (moved, None)
 }
 
 /// Queues that have dead jobs, with how many; and the queues that cannot be read until

@@ -196,28 +196,39 @@ pub(super) fn run(
         )
     });
     System::new().block_on(async move {
-        // Before anything slow: a SIGTERM while starting drains once started, never kills.
+        // Before anything slow: a SIGTERM or Ctrl-C while the backends are reached (each may
+        // be waited for up to a minute) stops the process before it claims anything.
         let mut signals = super::Signals::listen();
-        let epochs = epoch_source(&args).await?;
-        let (pool, store) = args
-            .redis
-            .store_with(palisade::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
-                let store = store.with_dead_retention(args.dead_retention);
-                match &epochs {
-                    Some(source) => store.with_epoch_source(source.clone()),
-                    None => store,
-                }
-            })
-            .await?;
-        let coordinator = pool.clone();
-        let backends = connect_sinks(&args, &sink_urls, pool).await?;
-        // Before any job runs: one sink in two places splits its fence.
-        super::sinks::check_identities(&coordinator, &args.redis.prefix, &backends.identities)
-            .await?;
-        let _relays = if args.relay {
-            args.relay_args.start(&backends.postgres, &args.redis).await?
-        } else {
-            Vec::new()
+        let connect = async {
+            let epochs = epoch_source(&args).await?;
+            let (pool, store) = args
+                .redis
+                .store_with(palisade::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
+                    let store = store.with_dead_retention(args.dead_retention);
+                    match &epochs {
+                        Some(source) => store.with_epoch_source(source.clone()),
+                        None => store,
+                    }
+                })
+                .await?;
+            let coordinator = pool.clone();
+            let backends = connect_sinks(&args, &sink_urls, pool).await?;
+            // Before any job runs: one sink in two places splits its fence.
+            super::sinks::check_identities(&coordinator, &args.redis.prefix, &backends.identities)
+                .await?;
+            let relays = if args.relay {
+                args.relay_args.start(&backends.postgres, &args.redis).await?
+            } else {
+                Vec::new()
+            };
+            anyhow::Ok((store, backends, relays))
+        };
+        let (store, backends, _relays) = tokio::select! {
+            connected = connect => connected?,
+            () = signals.recv() => {
+                tracing::info!(worker = %name, "signal received while starting; exiting before claiming any job");
+                return anyhow::Ok(());
+            }
         };
         // This binary's schedules are kept in the coordinator, so that whichever worker holds
         // the scheduler role — of this binary or another — fires them.

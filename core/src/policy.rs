@@ -71,10 +71,15 @@ impl RetryPolicy {
     /// highest jitter).
     pub fn span(&self, attempts: u32) -> (Duration, Duration) {
         let (mut low, mut high) = (Duration::ZERO, Duration::ZERO);
-        for attempt in 1..attempts {
+        // Past attempt 33 every delay is the same (the exponent stops growing): counted once
+        // and multiplied, so any count is quick.
+        for attempt in 1..attempts.min(34) {
             low = low.saturating_add(self.backoff(attempt, 0.0));
             high = high.saturating_add(self.backoff(attempt, 1.0));
         }
+        let rest = attempts.saturating_sub(34);
+        low = low.saturating_add(self.backoff(34, 0.0).saturating_mul(rest));
+        high = high.saturating_add(self.backoff(34, 1.0).saturating_mul(rest));
         (low, high)
     }
 
@@ -86,7 +91,14 @@ impl RetryPolicy {
     pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
         let exp = attempt.saturating_sub(1).min(32);
         let ceiling = self.base.saturating_mul(1u32 << exp.min(31)).min(self.max);
-        ceiling.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+        // (NaN is no jitter; a product that rounds past what a Duration holds is the ceiling.)
+        let jitter = if jitter.is_nan() {
+            0.0
+        } else {
+            jitter.clamp(0.0, 1.0)
+        };
+        let delay = Duration::try_from_secs_f64(ceiling.as_secs_f64() * (0.5 + 0.5 * jitter));
+        delay.map_or(ceiling, |d| d.min(ceiling))
     }
 
     /// How a job that ended with `outcome` settles.

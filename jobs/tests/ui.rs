@@ -462,6 +462,39 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         "one attempt so far"
     );
     assert_eq!(text(&c, "#last-error").await, "smtp timeout");
+
+    // Issue 57: at a phone's width no page scrolls sideways (a wide table scrolls in its own
+    // box; the nav and the search wrap).
+    c.set_window_size(420, 900).await.unwrap();
+    let flow = format!("/flow/{}", s.flow);
+    let job = format!("/job/{}", s.retry);
+    let pages = [
+        ("/", "dashboard"),
+        ("/queues", "queues"),
+        ("/busy", "busy"),
+        ("/delayed", "delayed"),
+        ("/dead?queue=default", "dead"),
+        ("/flows", "flows"),
+        (flow.as_str(), "flow"),
+        ("/schedules", "schedules"),
+        ("/rejections", "rejections"),
+        (job.as_str(), "job"),
+    ];
+    for (path, name) in pages {
+        visit(&c, ui_port, path, &format!("{name}-420")).await;
+        let widths = c
+            .execute(
+                "return [document.documentElement.scrollWidth, window.innerWidth]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let (scroll, inner) = (widths[0].as_u64().unwrap(), widths[1].as_u64().unwrap());
+        assert!(
+            scroll <= 420 && scroll <= inner,
+            "{path} scrolls sideways at 420 px: {scroll} px wide in a {inner} px window"
+        );
+    }
     c.close().await.unwrap();
 
     // A form from elsewhere (no valid token, or a foreign origin) changes nothing.

@@ -455,7 +455,7 @@ async fn dead(
 }
 
 /// Move a queue's dead letters that the filters take back to it, oldest first, in short
-/// steps (each one script over at most 1,000 records): at most `limit`, by default every one
+/// steps (each one script over at most 250 records): at most `limit`, by default every one
 /// it holds now.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),

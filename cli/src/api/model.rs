@@ -752,8 +752,10 @@ pub(crate) struct RetryRequest {
     /// Only jobs of this kind.
     pub(crate) kind: Option<String>,
     /// Only jobs whose reason contains this text (as written, case and all).
+    #[schema(min_length = 1)]
     pub(crate) reason: Option<String>,
-    /// Only jobs that died at least this many milliseconds ago.
+    /// Only jobs that died at least this many milliseconds ago (by this server's clock,
+    /// against the coordinator's time of death).
     #[schema(maximum = 315_360_000_000_u64)]
     pub(crate) older_than_ms: Option<u64>,
 }
@@ -767,9 +769,13 @@ impl RetryRequest {
         if let Some(kind) = &self.kind {
             palisade::cli_support::check_name("kind", kind).map_err(|e| e.to_string())?;
         }
+        // (An empty text would take every dead letter: leave the field out for that.)
+        if self.reason.as_deref() == Some("") {
+            return Err("reason: an empty text takes every dead letter; leave it out".into());
+        }
         Ok(palisade::DeadFilter {
             kind: self.kind.clone(),
-            reason: self.reason.clone().filter(|r| !r.is_empty()),
+            reason: self.reason.clone(),
             died_before_ms: self
                 .older_than_ms
                 .map(|age| palisade::store::unix_ms().saturating_sub(age)),

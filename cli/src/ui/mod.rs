@@ -29,9 +29,7 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
-use crate::reads::{
-    allowed_hosts, dead_counts, find_dead, move_dead, newest_dead, queue_rows, DEAD_SCAN,
-};
+use crate::reads::{allowed_hosts, dead_counts, find_dead, newest_dead, queue_rows, DEAD_SCAN};
 use pages::Frame;
 use palisade::store::{
     ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
@@ -813,16 +811,44 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                     "Nothing done: the number confirmed is not a whole number.".to_owned()
                 })?;
             let retry = op == "dead-retry-all";
-            let (moved, stopped) = move_dead(store, queue, expected, retry).await;
-            if let Some(e) = stopped {
+            let action = if retry {
+                palisade::DeadAction::Retry
+            } else {
+                palisade::DeadAction::Purge
+            };
+            // Every one up to the number confirmed, past any whose id is live again (kept
+            // dead, and said so).
+            let last = std::sync::Mutex::new(palisade::DeadSweep::default());
+            let done = store
+                .dead_where(
+                    queue,
+                    &palisade::DeadFilter::default(),
+                    action,
+                    expected as u64,
+                    &|s| {
+                        *last
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+                    },
+                )
+                .await;
+            let s = *last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = done {
                 return Ok(Some((
-                    format!("Stopped after {moved} job(s): {e}"),
+                    format!("Stopped after {} job(s): {e}", s.done),
                     dead_page(queue),
                 )));
             }
             let verb = if retry { "Retried" } else { "Deleted" };
+            let kept = if s.kept > 0 {
+                format!(" {} stay dead: their ids name live jobs again.", s.kept)
+            } else {
+                String::new()
+            };
             (
-                format!("{verb} {moved} dead job(s) of queue {queue}."),
+                format!("{verb} {} dead job(s) of queue {queue}.{kept}", s.done),
                 dead_page(queue),
             )
         }

@@ -64,7 +64,13 @@ white-space:nowrap;vertical-align:bottom}.cards{display:flex;flex-wrap:wrap;gap:
 .card b{display:block;font-size:1.5em;font-variant-numeric:tabular-nums}\
 .meta{color:#555}pre{background:#f6f6f6;padding:.5em;overflow:auto;max-height:24em}\
 .pages a{margin-right:.5em}input[type=number]{width:6em}figure.chart{margin:.4em 1em .4em 0}.charts{display:flex;flex-wrap:wrap}\
-figcaption{font-size:.9em;margin-bottom:.2em}";
+figcaption{font-size:.9em;margin-bottom:.2em}\
+table{display:block;max-width:100%;overflow-x:auto}nav{display:flex;flex-wrap:wrap;gap:.2em}\
+header form{max-width:100%}input[type=search]{max-width:100%;box-sizing:border-box}\
+p,li,.msg,.warn{overflow-wrap:anywhere}figure.chart svg{max-width:100%;height:auto}\
+@media (max-width:640px){header{padding:.5em .6em}main{padding:0 .6em 1.5em}\
+header form{margin-left:0;width:100%}input[type=search]{width:100%}\
+figure.chart{margin:.4em 0}}";
 
 /// A duration as an operator reads it: `850ms`, `12.3s`, `4m 10s`, `2h 5m`.
 pub(crate) fn age(d: Duration) -> String {
@@ -135,6 +141,7 @@ pub(crate) fn layout(frame: &Frame, body: Markup) -> Markup {
         html lang="en" {
             head {
                 meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (frame.title) " · Palisade" }
                 style { (PreEscaped(STYLE)) }
             }
@@ -676,7 +683,7 @@ pub(crate) fn confirm(frame: &Frame, queue: &str, retry: bool, n: u64) -> Markup
             p.warn { (verb) " all " b { (n) } " dead job(s) of queue " (name(queue)) "? "
                 @if retry { "They become ready with fresh attempts." }
                 @else { "They are gone for good." }
-                " It runs in chunks of " (crate::reads::BULK_CHUNK) ", so Redis is never held long." }
+                " It runs in short steps (one script over at most 250 dead letters each), so Redis is never held long." }
             form method="post" action={ "/act/" (if retry { "dead-retry-all" } else { "dead-purge-all" }) } {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="queue" value=(queue);

@@ -111,8 +111,9 @@ pub struct DeadFilter {
     pub kind: Option<String>,
     /// Only jobs whose reason contains this text, as written (case and all).
     pub reason: Option<String>,
-    /// Only jobs that died before this time (Unix ms, the coordinator's clock). A record an
-    /// earlier version kept, without a time of death, is never taken by an age.
+    /// Only jobs that died before this time (Unix ms; times of death are the coordinator's
+    /// clock). A record an earlier version kept, without a time of death, is never taken by
+    /// an age.
     pub died_before_ms: Option<u64>,
 }
 

@@ -88,11 +88,13 @@ pub trait QueueAdmin: Send + Sync + 'static {
 
     /// Retries or purges (`action`) every dead letter of `queue` that `filter` takes, oldest
     /// first, until `limit` are done or the list's end is read: a whole-set operation in
-    /// bounded steps (on Redis each a short script over at most 1,000 records), with
+    /// bounded steps (on Redis each a short script over at most 250 records), with
     /// `progress` told the totals after each. What a step did stays done if a later one
-    /// fails. A record that does not read as one this release wrote is never taken, whatever
-    /// the filter (never delete what you cannot decode); dead letters added while it runs may
-    /// or may not be taken. Across partitions: each in turn, the totals added up.
+    /// fails. A record this release cannot decode is never taken, whatever the filter (never
+    /// delete what you cannot decode); dead letters added while it runs may or may not be
+    /// taken; records removed ahead of it between steps (a trim at the retention) make it
+    /// go on from the last record it left, never pass one over. Across partitions: each in
+    /// turn, the totals added up.
     async fn dead_where(
         &self,
         queue: &str,

@@ -30,9 +30,10 @@ static PURGE_DEAD: LazyLock<Script> = coordinator_script!("purge_dead.lua");
 static DEAD_JOB: LazyLock<Script> = coordinator_script!("dead_job.lua");
 static DEAD_WHERE: LazyLock<Script> = coordinator_script!("dead_where.lua");
 
-/// Dead letters `dead_where.lua` reads per call: a call stays a short script (a
-/// millisecond or so), whatever the retention.
-const SWEEP_STEP: u64 = 1_000;
+/// Dead letters `dead_where.lua` reads per call: a call stays a short script whatever the
+/// retention (a millisecond or so for records of a few KiB; each record is decoded, so
+/// payloads near the 256 KiB limit make it tens of milliseconds).
+const SWEEP_STEP: u64 = 250;
 static RUN_NOW: LazyLock<Script> = coordinator_script!("run_now.lua");
 static FORGET_QUEUE: LazyLock<Script> = coordinator_script!("forget_queue.lua");
 static VIEW: LazyLock<Script> = coordinator_script!("view.lua");
@@ -411,10 +412,10 @@ impl QueueAdmin for RedisLeaseStore {
             DeadAction::Purge => "purge",
         };
         let mut sweep = DeadSweep::default();
-        let mut from: i64 = 0;
+        let (mut from, mut anchor): (i64, String) = (0, String::new());
         while sweep.done < limit && from >= 0 {
             let mut conn = self.conn().await?;
-            let [done, kept, read, next]: [i64; 4] = DEAD_WHERE
+            let (done, kept, read, next, last): (i64, i64, i64, i64, String) = DEAD_WHERE
                 .key(&self.base)
                 .arg(queue)
                 .arg(action)
@@ -430,10 +431,12 @@ impl QueueAdmin for RedisLeaseStore {
                         .map(|ms| ms.to_string())
                         .unwrap_or_default(),
                 )
+                .arg(&anchor)
                 .arg(self.generation)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(|e| self.link.broken(e))?;
+            anchor = last;
             let count = |n: i64| {
                 u64::try_from(n).map_err(|_| garbage(format_args!("dead_where.lua answered {n}")))
             };

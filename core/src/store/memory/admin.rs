@@ -324,6 +324,7 @@ impl QueueAdmin for MemoryLeaseStore {
         limit: u64,
         progress: SweepProgress<'_>,
     ) -> Result<DeadSweep> {
+        crate::job::check_name("queue", queue)?;
         let now = Instant::now();
         let mut sweep = DeadSweep::default();
         {
