@@ -145,6 +145,13 @@ fn parse_targets(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 impl RelayArgs {
+    /// The names of the `--target`s given (those that parse).
+    pub(super) fn target_names(&self) -> Vec<String> {
+        parse_targets(&self.targets)
+            .map(|all| all.into_iter().map(|(name, _)| name).collect())
+            .unwrap_or_default()
+    }
+
     /// Whether any `--target` was given.
     pub(super) fn has_targets(&self) -> bool {
         !self.targets.is_empty()
@@ -221,6 +228,11 @@ pub(super) fn run(args: RelayCommand, declared: &[String]) -> anyhow::Result<()>
     if let Some(addr) = args.metrics {
         palisade::metrics::serve(addr, health.clone())
             .with_context(|| format!("serving /metrics on {addr}"))?;
+        palisade::metrics::start_at_zero(&palisade::metrics::Expected {
+            targets: args.relay.target_names(),
+            ..palisade::metrics::Expected::default()
+        });
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     }
     System::new().block_on(async move {
         let mut signals = super::Signals::listen();

@@ -186,7 +186,17 @@ pub(super) fn run(
     if let Some(addr) = args.metrics {
         palisade::metrics::serve(addr, health.clone())
             .with_context(|| format!("serving /metrics on {addr}"))?;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        palisade::metrics::start_at_zero(&palisade::metrics::Expected {
+            queues: args.queues.iter().map(|(q, _)| q.clone()).collect(),
+            kinds: registry.kinds().map(str::to_owned).collect(),
+            sinks: sink_urls.iter().map(|(name, _)| name.clone()).collect(),
+            targets: if args.relay {
+                args.relay_args.target_names()
+            } else {
+                Vec::new()
+            },
+            schedules: schedules.iter().map(|s| s.name().to_owned()).collect(),
+        });
     }
     let name = args.name.clone().unwrap_or_else(|| {
         format!(
@@ -246,7 +256,7 @@ pub(super) fn run(
             .with_sample_interval(args.metrics.map(|_| Duration::from_secs(5)))
             .start();
         let workers = start_workers(&args, &name, arbiters, &coordinator, &registry, &backends.sinks)?;
-        tracing::info!(worker = %name, arbiters, redis = %redacted(&args.redis.redis), queues = ?args.queues, sinks = ?sink_urls.iter().map(|(n, u)| format!("{n}={}", redacted(u))).collect::<Vec<_>>(), "worker started");
+        tracing::info!(worker = %name, arbiters, redis = %redacted(&args.redis.redis), metrics = ?args.metrics, queues = ?args.queues, sinks = ?sink_urls.iter().map(|(n, u)| format!("{n}={}", redacted(u))).collect::<Vec<_>>(), "worker started");
 
         // Ready while every backend answers and we are not draining.
         let draining = Arc::new(AtomicBool::new(false));

@@ -99,6 +99,15 @@ pub const GROUPS_SAMPLED: usize = 10;
 /// cancel`, the operator page), whichever process cancelled them: the coordinator counts them
 /// and the sampler exports its count, so the series is the fleet's, once. Labels: queue.
 pub const JOBS_CANCELLED: &str = "palisade_jobs_cancelled_total";
+/// Jobs enqueued to a queue, whichever process enqueued them (the HTTP API, a producer, the
+/// CLI, the scheduler): the coordinator counts them and the sampler exports its count, so a
+/// worker's scrape shows the fleet's enqueues once ([`JOBS_ENQUEUED`] counts a producer's own,
+/// in its process). Follow-ups and flow steps are not counted. Labels: queue.
+pub const QUEUE_ENQUEUED: &str = "palisade_queue_enqueued_total";
+/// Stalls reaped in a queue, whichever process's reaper took them: the coordinator counts
+/// them and the sampler exports its count ([`STALLS`] counts a reaper's own, by outcome, in
+/// its process, which may export no metrics). Labels: queue.
+pub const QUEUE_STALLS: &str = "palisade_queue_stalls_total";
 /// From sending the claim that granted a lease to its handler starting. Labels: queue.
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
 /// From a handler returning to the coordinator answering its settlement: the worker's
@@ -147,6 +156,8 @@ pub const ALL: &[&str] = &[
     QUEUE_PAUSED,
     GROUP_READY,
     JOBS_CANCELLED,
+    QUEUE_ENQUEUED,
+    QUEUE_STALLS,
     CLAIM_TO_START,
     SETTLE_WAIT,
     RENEWAL_DURATION,
@@ -229,6 +240,14 @@ pub fn describe() {
     describe_counter!(
         JOBS_CANCELLED,
         "Jobs cancelled in a queue, as the coordinator counts them (sampled)"
+    );
+    describe_counter!(
+        QUEUE_ENQUEUED,
+        "Jobs enqueued to a queue by any process, as the coordinator counts them (sampled)"
+    );
+    describe_counter!(
+        QUEUE_STALLS,
+        "Stalls reaped in a queue by any process, as the coordinator counts them (sampled)"
     );
     describe_histogram!(
         CLAIM_TO_START,

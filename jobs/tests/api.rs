@@ -299,3 +299,98 @@ fn the_console_serves_the_api_without_its_basic_auth() {
         );
     }
 }
+
+/// Issue 57: every metric family the Grafana dashboard queries is in a live worker's
+/// `/metrics` (the one holding the sampler role) when jobs and a flow were enqueued through
+/// the API only: enqueues and stalls counted by the coordinator and exported by the sampler,
+/// every other counter registered at 0 from the start.
+#[test]
+fn a_worker_scrape_has_every_family_the_dashboard_queries() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // The ledger in Postgres, with an outbox relay in the worker: the dashboard's outbox
+    // panels read the relay's counters.
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let postgres = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let ledger = format!("ledger={postgres}?schema={schema}");
+    let args = [
+        "--redis",
+        &url,
+        "--queues",
+        "default",
+        "--lease",
+        "900ms",
+        "--sink",
+        &ledger,
+        "--relay",
+        "--target",
+        "receipts=queue:default",
+    ];
+    let worker = Process::worker(BIN, &args, "warn");
+    let [port] = free_ports();
+    let _api = serve("api", &redis, port, &["--api-token", TOKEN]);
+    let base = format!("http://127.0.0.1:{port}/api/v1");
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let post = |path: &str, body: &str| {
+        let url = format!("{base}{path}");
+        let args = [
+            "-X",
+            "POST",
+            "-H",
+            &bearer,
+            "-H",
+            "Content-Type: application/json",
+        ];
+        curl(&[&args[..], &["-d", body, &url]].concat())
+    };
+    for i in 0..5 {
+        // (Long enough to be renewed once: renewal latency has a sample.)
+        let job = format!(r#"{{"kind":"email.send","payload":{{"to":"m{i}@x","millis":700}}}}"#);
+        assert_eq!(post("/jobs", &job).0, 201);
+    }
+    // A grouped job in a queue no worker claims: its group stays ready for the sampler.
+    let parked = r#"{"kind":"email.send","queue":"parked","group":"tenant-1","payload":{"to":"p@x","millis":1}}"#;
+    assert_eq!(post("/jobs", parked).0, 201);
+    let flow = r#"{"steps":[{"name":"a","job":{"kind":"email.send","payload":{"to":"f@x","millis":1}},"after":[]}]}"#;
+    assert_eq!(post("/flows", flow).0, 201);
+
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dashboards/grafana/palisade.json"
+    ))
+    .unwrap();
+    let mut wanted = palisade_testkit::referenced_metrics(&dashboard);
+    wanted.sort();
+    wanted.dedup();
+    let missing = |text: &str| -> Vec<String> {
+        wanted
+            .iter()
+            .filter(|name| !text.lines().any(|l| l.starts_with(name.as_str())))
+            .cloned()
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let absent = missing(&worker.metrics().unwrap_or_default());
+        if absent.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "absent from the worker's scrape: {absent:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The enqueues are the fleet's, counted once, though none was made by the worker.
+    let text = worker.metrics().unwrap();
+    let enqueued = palisade::metrics::sample_sum(&text, "palisade_queue_enqueued_total", &[]);
+    assert_eq!(
+        enqueued, 6,
+        "the 5 jobs and the parked one (a flow's steps are counted as flows)\n{text}"
+    );
+    drop(worker);
+    let _ = Command::new("psql")
+        .args([&postgres, "-qc", &format!("DROP SCHEMA {schema} CASCADE")])
+        .output();
+}

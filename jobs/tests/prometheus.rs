@@ -2,7 +2,7 @@
 //! alert rules are valid and reference only metrics Palisade exports.
 
 use palisade_testkit::process::run_with_stdin;
-use palisade_testkit::{free_ports, http_get, wait_for, Process, RedisServer};
+use palisade_testkit::{free_ports, http_get, referenced_metrics, wait_for, Process, RedisServer};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,20 +22,6 @@ impl Drop for Reaped {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn referenced_metrics(text: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("palisade_") {
-        let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        names.push(tail[..end].to_string());
-        rest = &tail[end..];
-    }
-    names
 }
 
 #[test]

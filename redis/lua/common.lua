@@ -19,7 +19,8 @@
 --   q:<queue>:kinds       set   kinds that have had a ready set in the queue
 --   q:<queue>:delayed     zset  job id -> not-before time (ms, Redis clock)
 --   q:<queue>:stats       hash  leased, waiting, completed, cancelled (jobs cancel.lua cancelled),
---                               died (jobs ever dead-lettered)
+--                               died (jobs ever dead-lettered), enqueued (jobs enqueue.lua
+--                               ever added), stalled (stalls reap.lua ever reaped)
 --   q:<queue>:dead        list  JSON dead-letter records, oldest first, trimmed to retention
 --                               (id queue kind payload scope attempt stalls max_attempts
 --                               max_stalls reason died: ms, Redis clock; priority, and under

@@ -227,7 +227,7 @@ for i = 0, n - 1 do
       redis.call('HSET', base .. 'job:' .. id, 'unique', ARGV[o + 8],
         'unique_until', now + tonumber(ARGV[o + 9]))
     end
-    queues[queue] = true
+    queues[queue] = (queues[queue] or 0) + 1
     kinds[queue .. '\t' .. kind] = true
   end
 end
@@ -238,8 +238,16 @@ for key, entries in pairs(grouped) do
   local queue, kind, group = string.match(key, '^([^\t]*)\t([^\t]*)\t(.*)$')
   ready_grouped(base, queue, kind, group, entries)
 end
-for queue in pairs(queues) do
+for queue, added in pairs(queues) do
   redis.call('SADD', base .. 'queues', queue)
+  -- Jobs ever enqueued to the queue, whoever enqueued them, for the sampler to export.
+  -- Counted only where it can be (pcall): a stats hash written over must not fail the
+  -- enqueue after its jobs are in.
+  local stats = base .. 'q:' .. queue .. ':stats'
+  local before = redis.pcall('HGET', stats, 'enqueued')
+  if type(before) ~= 'table' and countable(before) then
+    redis.pcall('HINCRBY', stats, 'enqueued', added)
+  end
 end
 for pair in pairs(kinds) do
   local queue, kind = string.match(pair, '^(.*)\t(.*)$')

@@ -49,6 +49,13 @@ while done < max and looked < 10 * max do
         if queue then
           local job = base .. 'job:' .. id
           local stalls = bump(job, 'stalls', 1)
+          -- Stalls ever reaped in the queue, whichever process reaped them, for the sampler
+          -- to export (pcall: a stats hash written over must not fail the reap halfway).
+          local stats = base .. 'q:' .. queue .. ':stats'
+          local before = redis.pcall('HGET', stats, 'stalled')
+          if type(before) ~= 'table' and countable(before) then
+            redis.pcall('HINCRBY', stats, 'stalled', 1)
+          end
           local meta = meta_of(redis.call('HGET', job, 'meta'))
           local max_stalls = meta.max_stalls
           local trace = trace_of(meta.trace) or {}

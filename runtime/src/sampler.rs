@@ -128,6 +128,8 @@ async fn sample_queue(
     // The coordinator's own count, set as is: every sampler in turn reports the same
     // fleet-wide total, which only grows.
     metrics::counter!(m::JOBS_CANCELLED, "queue" => queue.to_owned()).absolute(counts.cancelled);
+    metrics::counter!(m::QUEUE_ENQUEUED, "queue" => queue.to_owned()).absolute(counts.enqueued);
+    metrics::counter!(m::QUEUE_STALLS, "queue" => queue.to_owned()).absolute(counts.stalled);
     if let Some(paused) = paused {
         let is_paused = paused.iter().any(|p| p == queue);
         gauge!(m::QUEUE_PAUSED, "queue" => queue.to_owned()).set(f64::from(u8::from(is_paused)));

@@ -42,3 +42,19 @@ pub use servers::{
     drop_postgres_schema, fresh_postgres_schema, postgres_url, PgBouncer, PostgresTls,
     RedisCluster, RedisSentinels, RedisServer,
 };
+
+/// Every `palisade_…` metric name `text` (a dashboard, an alert rule file) mentions, in order,
+/// with repeats.
+pub fn referenced_metrics(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("palisade_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}

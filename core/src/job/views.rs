@@ -31,6 +31,12 @@ pub struct QueueCounts {
     /// Dead-lettered since the queue was first used, however they died (a count that only
     /// grows: `dead` is the ones still kept).
     pub died: u64,
+    /// Enqueued since the queue was first used, by whatever process (a count that only grows;
+    /// follow-ups and flow steps are not counted; zero where a release before 0.2 kept it).
+    pub enqueued: u64,
+    /// Stalls reaped since the queue was first used, by whatever process (a count that only
+    /// grows).
+    pub stalled: u64,
 }
 
 impl std::ops::AddAssign for QueueCounts {
@@ -45,6 +51,8 @@ impl std::ops::AddAssign for QueueCounts {
         self.dead = self.dead.saturating_add(c.dead);
         self.cancelled = self.cancelled.saturating_add(c.cancelled);
         self.died = self.died.saturating_add(c.died);
+        self.enqueued = self.enqueued.saturating_add(c.enqueued);
+        self.stalled = self.stalled.saturating_add(c.stalled);
     }
 }
 

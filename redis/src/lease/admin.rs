@@ -159,7 +159,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
 impl Inspect for RedisLeaseStore {
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
         let mut conn = self.conn().await?;
-        let [ready, waiting, delayed, leased, completed, dead, cancelled, died]: [u64; 8] = COUNTS
+        let [ready, waiting, delayed, leased, completed, dead, cancelled, died, enqueued, stalled]: [u64; 10] = COUNTS
             .key(&self.base)
             .arg(queue)
             .invoke_async(&mut conn)
@@ -174,6 +174,8 @@ impl Inspect for RedisLeaseStore {
             dead,
             cancelled,
             died,
+            enqueued,
+            stalled,
         })
     }
 

@@ -36,6 +36,8 @@ impl Inspect for MemoryLeaseStore {
                     dead: q.dead.len() as u64,
                     cancelled: q.cancelled,
                     died: q.died,
+                    enqueued: q.enqueued,
+                    stalled: q.stalled,
                 }
             })
             .unwrap_or_default())

@@ -159,9 +159,11 @@ struct QueueState {
     completed: u64,
     /// Dead letters, oldest first, each with the priority it had (a retry from here keeps it).
     dead: VecDeque<(DeadJob, i32)>,
-    /// Jobs cancelled (`cancel`), and dead-lettered, ever.
+    /// Jobs cancelled (`cancel`), dead-lettered, enqueued, and stalls, ever.
     cancelled: u64,
     died: u64,
+    enqueued: u64,
+    stalled: u64,
     /// Ready jobs of groups and the groups' rotations (`groups.rs`).
     grouped: groups::Grouped,
 }
@@ -1033,8 +1035,10 @@ impl LeaseStore for MemoryLeaseStore {
                     continue;
                 }
             }
+            let queue = new.queue.clone();
             let (delay, unique) = state.insert_job(id, new, None);
             state.park(id, now + delay, now);
+            state.queues.entry(queue).or_default().enqueued += 1;
             if let Some(unique) = unique {
                 state.unique.insert(unique.key.clone(), (id, None));
                 state.job_unique.insert(id, (unique.key, now + unique.ttl));
@@ -1226,7 +1230,9 @@ impl LeaseStore for MemoryLeaseStore {
             };
             job.stalls += 1;
             let (queue, job_trace) = (job.queue.clone(), job.trace.clone());
-            let dead = match on_stall(job.stalls, job.max_stalls) {
+            let outcome = on_stall(job.stalls, job.max_stalls);
+            state.queues.entry(queue.clone()).or_default().stalled += 1;
+            let dead = match outcome {
                 StallOutcome::Requeue => {
                     state.park(id, now, now);
                     false
