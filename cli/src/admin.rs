@@ -568,6 +568,33 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Arguments of `kinds`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct KindsArgs {
+    /// One JSON object per kind (`{"kind": ..., "example": ...}`) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Lists the registry's kinds, sorted, each with its example payload when it has one.
+pub(super) fn kinds(args: KindsArgs, registry: &Registry) -> anyhow::Result<()> {
+    let mut kinds: Vec<&str> = registry.kinds().collect();
+    kinds.sort_unstable();
+    let lines = kinds.into_iter().map(|kind| {
+        let example = registry.example(kind);
+        if args.json {
+            let example = example.and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok());
+            json!({ "kind": kind, "example": example }).to_string()
+        } else {
+            match example {
+                Some(example) => format!("{kind}  {example}"),
+                None => kind.to_owned(),
+            }
+        }
+    });
+    print_lines(lines)
+}
+
 /// `dead list|retry|purge`.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub(super) enum DeadCommand {

@@ -184,6 +184,9 @@ enum Builtin {
     Enqueue(admin::EnqueueArgs),
     /// Show queue counts, live leases with their age, and a scope's newest token.
     Status(admin::StatusArgs),
+    /// List the job kinds this binary handles, each with an example payload to copy (what
+    /// `enqueue` and the API's `kind` and `payload` take).
+    Kinds(admin::KindsArgs),
     /// List, retry or purge dead-lettered jobs.
     #[command(subcommand)]
     Dead(admin::DeadCommand),
@@ -510,6 +513,7 @@ impl App {
             Builtin::Schedule(command) => admin::schedule(command, &registry, &schedules),
             Builtin::Enqueue(args) => admin::enqueue(args, &registry),
             Builtin::Status(args) => admin::status(args),
+            Builtin::Kinds(args) => admin::kinds(args, &registry),
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),

@@ -298,4 +298,10 @@ pub fn registry() -> Registry {
         .register_with_result(REPORT_TOTAL, report_total)
         .register(REPORT_ANNOUNCE, report_announce)
         .register_with_result(REPORT_SPLIT, report_split)
+        .with_example(DEPOSIT, r#"{"account":42,"cents":250}"#)
+        .with_example(SEND_EMAIL, r#"{"to":"ops@example.com","millis":10}"#)
+        .with_example(REPORT_PART, r#"{"n":1}"#)
+        .with_example(REPORT_TOTAL, "null")
+        .with_example(REPORT_ANNOUNCE, "null")
+        .with_example(REPORT_SPLIT, r#"{"parts":3}"#)
 }

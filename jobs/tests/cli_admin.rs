@@ -627,3 +627,92 @@ fn a_worker_with_a_sink_somewhere_else_is_refused() {
     assert!(ok(&redis, &["sinks", "forget", "ledger"]).contains("location forgotten"));
     assert!(!ok(&redis, &["sinks", "list"]).contains("ledger"));
 }
+
+/// Splits a shell command line as the guides write them: words, `'…'` quoted, and `[…]`
+/// optional parts left out.
+fn words(line: &str) -> Vec<String> {
+    let (mut out, mut word, mut quoted, mut optional) = (Vec::new(), String::new(), false, 0);
+    for c in line.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            '[' if !quoted => optional += 1,
+            ']' if !quoted => optional -= 1,
+            ' ' if !quoted => {
+                if !word.is_empty() && optional == 0 {
+                    out.push(std::mem::take(&mut word));
+                }
+                word.clear();
+            }
+            _ if optional == 0 => word.push(c),
+            _ => {}
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// Issue 57: what the guides tell an operator to run works with the binary the README builds:
+/// every `palisade enqueue` line of README.md and docs/*.md, and every kind and payload of an
+/// HTTP example body, is one this binary takes; `palisade kinds` lists each kind with an
+/// example that enqueues.
+#[test]
+fn the_guides_commands_work_with_the_binary_the_readme_builds() {
+    let redis = RedisServer::start();
+    let kinds: Vec<Value> = ok(&redis, &["kinds", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(kinds.len() >= 6, "{kinds:?}");
+    for k in &kinds {
+        let example = k["example"].to_string();
+        ok(&redis, &["enqueue", k["kind"].as_str().unwrap(), &example]);
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut guides = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            guides.push(path.display().to_string());
+        }
+    }
+    let (mut commands, mut bodies) = (0, 0);
+    for guide in &guides {
+        let text = std::fs::read_to_string(guide).unwrap();
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("palisade enqueue ") {
+                let rest = rest.split(" #").next().unwrap();
+                let mut args = vec!["enqueue".to_owned()];
+                args.extend(words(rest));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let out = run(&redis, &args, "");
+                assert!(
+                    out.status.success(),
+                    "{guide}: `{line}`: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                commands += 1;
+            }
+            // An HTTP body in a curl example: its kind and payload enqueue.
+            if let Some(body) = line.strip_prefix("-d '").and_then(|b| b.strip_suffix('\'')) {
+                let body: Value = serde_json::from_str(body).unwrap();
+                if let Some(kind) = body["kind"].as_str() {
+                    let payload = body["payload"].to_string();
+                    let out = run(&redis, &["enqueue", kind, &payload], "");
+                    assert!(
+                        out.status.success(),
+                        "{guide}: body {body}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    bodies += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        commands >= 2 && bodies >= 2,
+        "{commands} commands, {bodies} bodies"
+    );
+}

@@ -741,6 +741,7 @@ pub struct Registry {
     handlers: HashMap<String, (ErasedHandler, PayloadCheck)>,
     timeouts: HashMap<String, Duration>,
     retries: HashMap<String, crate::RetryPolicy>,
+    examples: HashMap<String, String>,
 }
 
 impl Registry {
@@ -819,6 +820,19 @@ impl Registry {
         self
     }
 
+    /// Gives `kind` an example payload (JSON text) for people: `palisade kinds` prints it, the
+    /// HTTP API's and the CLI's users copy it. A worker refuses a registry whose example does
+    /// not decode as its kind's payload, so an example cannot drift from the type.
+    pub fn with_example(mut self, kind: impl Into<String>, payload: impl Into<String>) -> Self {
+        self.examples.insert(kind.into(), payload.into());
+        self
+    }
+
+    /// `kind`'s example payload ([`Registry::with_example`]), if it has one.
+    pub fn example(&self, kind: &str) -> Option<&str> {
+        self.examples.get(kind).map(String::as_str)
+    }
+
     /// The backoff for retries of `kind`: its own, else `fallback` (the worker's).
     pub(crate) fn retry_of(&self, kind: &str, fallback: crate::RetryPolicy) -> crate::RetryPolicy {
         self.retries.get(kind).copied().unwrap_or(fallback)
@@ -837,6 +851,10 @@ impl Registry {
     /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's), each of a kind with
     /// a handler (a timeout for another is a typo).
     pub(crate) fn validate(&self) -> Result<()> {
+        for (kind, example) in &self.examples {
+            self.check(kind, example)
+                .map_err(|e| Error::Config(format!("the example payload of kind {kind:?}: {e}")))?;
+        }
         for (kind, policy) in &self.retries {
             if !self.handlers.contains_key(kind) {
                 return Err(Error::Config(format!(
@@ -966,5 +984,40 @@ mod golden {
             follow_up_id(lease, 1).to_string(),
             "929bc3f7-043c-52fe-9a39-27ce5c47eb6e"
         );
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Mail {
+        #[allow(dead_code)]
+        to: String,
+    }
+
+    fn registry() -> Registry {
+        Registry::new().register("mail", |_ctx: JobContext, _m: Mail| async { Ok(()) })
+    }
+
+    /// An example that no longer decodes (the payload type changed) is refused, as are a
+    /// retry policy that cannot be meant and one for a kind without a handler.
+    #[test]
+    fn examples_and_retry_policies_are_checked() {
+        let good = registry().with_example("mail", r#"{"to":"a@x"}"#);
+        assert!(good.validate().is_ok());
+        assert_eq!(good.example("mail"), Some(r#"{"to":"a@x"}"#));
+        let stale = registry().with_example("mail", r#"{"recipient":"a@x"}"#);
+        let e = stale.validate().unwrap_err().to_string();
+        assert!(e.contains("example payload of kind \"mail\""), "{e}");
+        let zero = crate::RetryPolicy {
+            base: Duration::ZERO,
+            max: Duration::from_secs(1),
+        };
+        assert!(registry().with_retry("mail", zero).validate().is_err());
+        let typo = registry().with_retry("mial", crate::RetryPolicy::default());
+        let e = typo.validate().unwrap_err().to_string();
+        assert!(e.contains("\"mial\", which has no handler"), "{e}");
     }
 }
