@@ -436,6 +436,10 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         if args.json {
             let json = json!({
                 "queues": queues.iter().map(|(q, c)| (q.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
+                // Live worker processes (arbiters) whose heartbeat lists each queue.
+                "claimed_by": queues.iter().map(|(q, _)| {
+                    (q.clone(), json!(workers.iter().filter(|w| w.queues.contains(q)).count()))
+                }).collect::<serde_json::Map<_, _>>(),
                 "kinds": kinds.iter().map(|(k, (cap, running))| (k.clone(), json!({
                     "cap": cap, "running": running,
                 }))).collect::<serde_json::Map<_, _>>(),
@@ -476,6 +480,9 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         for (queue, c) in &queues {
             let mut mark = if paused.contains(queue) { "  (paused)".to_owned() } else { String::new() };
+            if c.ready + c.waiting > 0 && !workers.iter().any(|w| w.queues.contains(queue)) {
+                mark.push_str("  (no live worker claims it)");
+            }
             if let Some(l) = limits.get(queue) {
                 mark.push_str(&format!("  (limit {} per {})", l.jobs, humantime::format_duration(l.per)));
             }

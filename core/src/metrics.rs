@@ -108,6 +108,17 @@ pub const QUEUE_ENQUEUED: &str = "palisade_queue_enqueued_total";
 /// them and the sampler exports its count ([`STALLS`] counts a reaper's own, by outcome, in
 /// its process, which may export no metrics). Labels: queue.
 pub const QUEUE_STALLS: &str = "palisade_queue_stalls_total";
+/// Live worker processes (arbiters) whose heartbeat lists the queue, sampled with
+/// [`QUEUE_DEPTH`] for every queue (0: nobody claims it; `PalisadeQueueUnclaimed` fires when
+/// it holds ready jobs). Labels: queue.
+pub const QUEUE_WORKERS: &str = "palisade_queue_workers";
+/// How late a kept schedule's next tick is (0 while none is due): a running scheduler keeps it
+/// near 0; it grows while no process holds the scheduler role (`PalisadeScheduleStopped`).
+/// Sampled with [`QUEUE_DEPTH`]. Labels: schedule.
+pub const SCHEDULE_OVERDUE: &str = "palisade_schedule_overdue_seconds";
+/// Age of the oldest running flow (0: none runs), sampled with [`FLOWS_RUNNING`]
+/// (`PalisadeFlowStuck`).
+pub const FLOW_OLDEST_AGE: &str = "palisade_flow_oldest_running_age_seconds";
 /// From sending the claim that granted a lease to its handler starting. Labels: queue.
 pub const CLAIM_TO_START: &str = "palisade_claim_to_start_seconds";
 /// From a handler returning to the coordinator answering its settlement: the worker's
@@ -158,6 +169,9 @@ pub const ALL: &[&str] = &[
     JOBS_CANCELLED,
     QUEUE_ENQUEUED,
     QUEUE_STALLS,
+    QUEUE_WORKERS,
+    SCHEDULE_OVERDUE,
+    FLOW_OLDEST_AGE,
     CLAIM_TO_START,
     SETTLE_WAIT,
     RENEWAL_DURATION,
@@ -248,6 +262,20 @@ pub fn describe() {
     describe_counter!(
         QUEUE_STALLS,
         "Stalls reaped in a queue by any process, as the coordinator counts them (sampled)"
+    );
+    describe_gauge!(
+        QUEUE_WORKERS,
+        "Live worker processes whose heartbeat lists the queue (sampled)"
+    );
+    describe_gauge!(
+        SCHEDULE_OVERDUE,
+        Unit::Seconds,
+        "How late a kept schedule's next tick is, 0 while none is due (sampled)"
+    );
+    describe_gauge!(
+        FLOW_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest running flow, 0 when none runs (sampled)"
     );
     describe_histogram!(
         CLAIM_TO_START,

@@ -327,6 +327,21 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
         "--target",
         "receipts=queue:default",
     ];
+    // A schedule ticking every second (its panels read the scheduler's and sampler's series).
+    let added = Command::new(BIN)
+        .args([
+            "schedule",
+            "add",
+            "--redis",
+            &url,
+            "tick",
+            "* * * * * *",
+            "email.send",
+        ])
+        .arg(r#"{"to":"t@x","millis":1}"#)
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
     let worker = Process::worker(BIN, &args, "warn");
     let [port] = free_ports();
     let _api = serve("api", &redis, port, &["--api-token", TOKEN]);
@@ -382,13 +397,25 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    // The enqueues are the fleet's, counted once, though none was made by the worker.
+    // The enqueues are the fleet's, counted once, though none was made by the worker (the
+    // schedule's ticks are enqueues too: the 5 jobs make at least 5 in default; a flow's
+    // steps are not counted).
     let text = worker.metrics().unwrap();
-    let enqueued = palisade::metrics::sample_sum(&text, "palisade_queue_enqueued_total", &[]);
-    assert_eq!(
-        enqueued, 6,
-        "the 5 jobs and the parked one (a flow's steps are counted as flows)\n{text}"
+    let enqueued = |queue| {
+        palisade::metrics::sample_sum(&text, "palisade_queue_enqueued_total", &[("queue", queue)])
+    };
+    assert_eq!(enqueued("parked"), 1, "{text}");
+    assert!(enqueued("default") >= 5, "{text}");
+    // The queue nobody claims reads 0 workers, the worker's own more.
+    assert!(
+        text.contains("palisade_queue_workers{queue=\"parked\"} 0"),
+        "{text}"
     );
+    // (One beat per arbiter: this worker runs one per core.)
+    let workers = text
+        .lines()
+        .find_map(|l| l.strip_prefix("palisade_queue_workers{queue=\"default\"} "));
+    assert!(workers.is_some_and(|n| n != "0"), "{text}");
     drop(worker);
     let _ = Command::new("psql")
         .args([&postgres, "-qc", &format!("DROP SCHEMA {schema} CASCADE")])

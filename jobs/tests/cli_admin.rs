@@ -552,6 +552,12 @@ fn a_thousand_dead_letters_go_back_in_one_command() {
         (Some(1000), Some(0)),
         "{c}"
     );
+    // Nobody claims mass: status says so, in text and in JSON.
+    let text = ok(&redis, &["status"]);
+    let row = text.lines().find(|l| l.starts_with("mass ")).unwrap();
+    assert!(row.ends_with("(no live worker claims it)"), "{row}");
+    let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
+    assert_eq!(status["claimed_by"]["mass"], 0, "{status}");
 }
 
 /// Issue 57: the first worker records where each sink lives; a worker whose sink URL points

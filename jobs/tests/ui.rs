@@ -329,6 +329,12 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         assert!(shown.starts_with(n), "{card}: {shown}");
     }
     assert!(text(&c, "#rejections").await.contains("account:42"));
+    // The flow's first step waits in queue flows, which the one live worker does not list.
+    let attention = text(&c, "#attention").await;
+    assert!(
+        attention.contains("flows: no live worker claims it"),
+        "{attention}"
+    );
     let completed = text(&c, "#chart-completed").await;
     assert!(completed.contains("highest 50.0 jobs/min"), "{completed}");
 

@@ -60,10 +60,17 @@ impl Sampler {
                     Some(admin) => Some(admin.paused().await?),
                     None => None,
                 };
-                sample(&*store, paused.as_deref()).await?;
+                let workers = roles.workers().await?;
+                sample(&*store, paused.as_deref(), &workers).await?;
+                sample_schedules(&*roles).await?;
                 if let Some(flows) = flows {
-                    let (running, _) = flows.running_flows(0).await?;
+                    let (running, oldest) = flows.running_flows(1).await?;
                     gauge!(m::FLOWS_RUNNING).set(running as f64);
+                    let now = crate::store::unix_ms();
+                    let age = oldest
+                        .first()
+                        .map_or(0, |(_, created)| now.saturating_sub(*created));
+                    gauge!(m::FLOW_OLDEST_AGE).set(age as f64 / 1000.0);
                 }
             }
             Ok::<(), crate::Error>(())
@@ -96,12 +103,38 @@ impl Sampler {
 /// fails for good (a key of it another program wrote over: a permanent error) is said and
 /// passed over, so the other queues' depths stay current; a backend that is down ends the
 /// pass, to be tried again next tick.
-async fn sample(store: &dyn Inspect, paused: Option<&[String]>) -> crate::Result<()> {
+async fn sample(
+    store: &dyn Inspect,
+    paused: Option<&[String]>,
+    workers: &[crate::store::WorkerBeat],
+) -> crate::Result<()> {
     for queue in store.queues().await? {
+        let claimed_by = workers.iter().filter(|w| w.queues.contains(&queue)).count();
+        gauge!(m::QUEUE_WORKERS, "queue" => queue.clone()).set(claimed_by as f64);
         match sample_queue(store, &queue, paused).await {
             Err(e) if e.leaves_queue_out(&queue, "sample") => {}
             other => other?,
         }
+    }
+    Ok(())
+}
+
+/// How late each kept schedule's next tick is, by this process's clock: the tick after the
+/// instant its scheduler handled it through (none yet: not late).
+async fn sample_schedules(roles: &dyn ControlStore) -> crate::Result<()> {
+    let now = i64::try_from(crate::store::unix_ms()).unwrap_or(i64::MAX);
+    for spec in roles.schedules().await? {
+        let name = spec.name.clone();
+        let Ok(schedule) = crate::Schedule::try_from(spec) else {
+            continue; // (the scheduler warns about it)
+        };
+        let late = match roles.schedule_mark(&name).await? {
+            Some(mark) => schedule
+                .next_tick(mark)
+                .map_or(0, |next| now.saturating_sub(next).max(0)),
+            None => 0,
+        };
+        gauge!(m::SCHEDULE_OVERDUE, "schedule" => name).set(late as f64 / 1000.0);
     }
     Ok(())
 }

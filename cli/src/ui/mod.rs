@@ -201,10 +201,18 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
     let page = async {
         let frame = ui.frame("/", "Dashboard".into(), "/", q.as_deref()).await?;
         let (queues, unreadable) = queue_rows(&ui.store).await?;
+        let beats = ui.store.workers().await?;
+        let unclaimed = queues
+            .iter()
+            .filter(|q| q.counts.ready + q.counts.waiting > 0)
+            .filter(|q| !beats.iter().any(|w| w.queues.contains(&q.name)))
+            .map(|q| q.name.clone())
+            .collect();
         let d = pages::Dashboard {
             queues,
             unreadable,
-            workers: ui.store.workers().await?.len(),
+            workers: beats.len(),
+            unclaimed,
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
             rejections: ui
@@ -1272,6 +1280,7 @@ mod tests {
                 queues: Vec::new(),
                 unreadable: Vec::new(),
                 workers: 0,
+                unclaimed: Vec::new(),
                 leases: 0,
                 flows_running: 0,
                 rejections: rejections.to_vec(),

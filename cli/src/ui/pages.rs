@@ -187,6 +187,8 @@ pub(crate) struct Dashboard {
     /// Queues left out until repaired, with why (a key another program wrote over).
     pub unreadable: Vec<(String, String)>,
     pub workers: usize,
+    /// Queues with ready jobs that no live worker's heartbeat lists.
+    pub unclaimed: Vec<String>,
     pub leases: usize,
     pub flows_running: u64,
     /// The newest rejections (the journal's), newest first: the latest are listed, all are
@@ -323,9 +325,13 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
                 }
             }
             h2 { "Needs a look" }
-            @if stuck.is_empty() { p.empty { "Every queue with ready work is moving (nothing has waited a minute) and none is paused." } }
+            @if stuck.is_empty() && d.unclaimed.is_empty() { p.empty { "Every queue with ready work is moving (nothing has waited a minute) and none is paused." } }
             @else {
                 ul #attention {
+                    @for q in &d.unclaimed {
+                        li.unclaimed { a href={ "/queues#q-" (enc(q)) } { (name(q)) } ": "
+                            b { "no live worker claims it" } " (no worker's --queues lists it)" }
+                    }
                     @for q in &stuck {
                         li { a href={ "/queues#q-" (enc(&q.name)) } { (name(&q.name)) } ": "
                             @if q.paused { "paused" @if q.counts.ready > 0 { ", " (q.counts.ready) " ready" } }
