@@ -1033,7 +1033,8 @@ pub(super) struct ScheduleAddArgs {
     /// Queue.
     #[arg(long, default_value = "default")]
     queue: String,
-    /// Protected scope of each tick's job (default: the job's own).
+    /// Protected scope of each tick's job (default: the job's own); `{field}` is filled from
+    /// the payload, as in `enqueue --scope`.
     #[arg(long)]
     scope: Option<String>,
     /// Ticks missed for longer than --grace: none, last, or all:N (the latest N).
@@ -1066,8 +1067,10 @@ pub(super) fn schedule(
         ScheduleCommand::Add(args) => {
             registry.check(&args.kind, &args.json)?;
             let mut job = NewJob::raw(&args.kind, &args.json).with_queue(&args.queue);
-            if let Some(scope) = &args.scope {
-                job = job.with_scope(scope.as_str());
+            if let Some(template) = &args.scope {
+                // `{field}` from the payload, as `enqueue --scope` fills it (every tick's
+                // payload is the same, so it is filled once, here).
+                job = job.with_scope(fill(template, &args.json)?);
             }
             let schedule = palisade::Schedule::new(&args.name, &args.pattern, job)?
                 .in_time_zone(&args.tz)?
@@ -1145,37 +1148,74 @@ pub(super) struct LimitArgs {
     redis: RedisArgs,
     /// The queue.
     queue: String,
-    /// Claims allowed per --per, shared by every worker (also the largest burst).
-    #[arg(long, required_unless_present = "off", conflicts_with = "off")]
-    jobs: Option<u32>,
+    /// Claims allowed per --per, shared by every worker (also the largest burst), or `off` to
+    /// lift the limit. Without it: print the queue's limit.
+    #[arg(long, value_name = "N|off", value_parser = setting)]
+    jobs: Option<Setting>,
     /// The period, e.g. 1s or 1m.
     #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
     per: Duration,
-    /// Lift the queue's limit.
-    #[arg(long)]
+    /// Lift the queue's limit (as `--jobs off`).
+    #[arg(long, hide = true, conflicts_with = "jobs")]
     off: bool,
 }
 
-/// Sets or lifts a queue's rate limit.
+/// A number, or `off`: what every cap and limit flag takes (`cap --running`, `limit --jobs`,
+/// `group --cap` and `--jobs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Setting {
+    /// Lift it.
+    Off,
+    /// Set it to this.
+    To(u32),
+}
+
+fn setting(text: &str) -> Result<Setting, String> {
+    match text.trim() {
+        "off" => Ok(Setting::Off),
+        n => n
+            .parse()
+            .map(Setting::To)
+            .map_err(|_| format!("{text:?}: a whole number (0 to 4294967295), or off")),
+    }
+}
+
+/// What a setting flag and its older `--off`-style alias ask: `None` to leave it, `Some(None)`
+/// to lift it, `Some(Some(n))` to set it.
+fn asked(value: Option<Setting>, off: bool) -> Option<Option<u32>> {
+    match (value, off) {
+        (Some(Setting::To(n)), _) => Some(Some(n)),
+        (Some(Setting::Off), _) | (None, true) => Some(None),
+        (None, false) => None,
+    }
+}
+
+fn limit_line(queue: &str, limit: Option<palisade::RateLimit>) -> String {
+    match limit {
+        Some(l) => format!(
+            "queue {queue}: at most {} jobs per {}",
+            l.jobs,
+            humantime::format_duration(l.per)
+        ),
+        None => format!("queue {queue}: no rate limit"),
+    }
+}
+
+/// Sets, lifts or shows a queue's rate limit.
 pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
-    let limit = args.jobs.map(|jobs| palisade::RateLimit {
-        jobs,
-        per: args.per,
-    });
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
+        let Some(asked) = asked(args.jobs, args.off) else {
+            let now = store.rate_limit(&args.queue).await?;
+            return print_lines(std::iter::once(limit_line(&args.queue, now)));
+        };
+        let limit = asked.map(|jobs| palisade::RateLimit {
+            jobs,
+            per: args.per,
+        });
         warn_unknown_queue(&store, &args.queue).await?;
         store.set_rate_limit(&args.queue, limit).await?;
-        let said = match limit {
-            Some(l) => format!(
-                "queue {}: at most {} jobs per {}",
-                args.queue,
-                l.jobs,
-                humantime::format_duration(l.per)
-            ),
-            None => format!("queue {}: no rate limit", args.queue),
-        };
-        print_lines(std::iter::once(said))
+        print_lines(std::iter::once(limit_line(&args.queue, limit)))
     })
 }
 
@@ -1214,11 +1254,12 @@ pub(super) struct CapArgs {
     redis: RedisArgs,
     /// The job kind.
     kind: String,
-    /// Most jobs of the kind running at once across every worker.
-    #[arg(long, required_unless_present = "off", conflicts_with = "off")]
-    running: Option<u32>,
-    /// Lift the kind's cap.
-    #[arg(long)]
+    /// Most jobs of the kind running at once across every worker, or `off` to lift the cap.
+    /// Without it: print the kind's cap.
+    #[arg(long, value_name = "N|off", value_parser = setting)]
+    running: Option<Setting>,
+    /// Lift the kind's cap (as `--running off`).
+    #[arg(long, hide = true, conflicts_with = "running")]
     off: bool,
 }
 
@@ -1236,8 +1277,14 @@ pub(super) fn cap(args: CapArgs, registry: &Registry) -> anyhow::Result<()> {
     }
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
-        store.set_concurrency_cap(&args.kind, args.running).await?;
-        let said = match args.running {
+        let cap = match asked(args.running, args.off) {
+            Some(cap) => {
+                store.set_concurrency_cap(&args.kind, cap).await?;
+                cap
+            }
+            None => store.concurrency_cap(&args.kind).await?,
+        };
+        let said = match cap {
             Some(n) => format!("kind {}: at most {n} running at once", args.kind),
             None => format!("kind {}: no concurrency cap", args.kind),
         };
@@ -1252,20 +1299,22 @@ pub(super) struct GroupArgs {
     redis: RedisArgs,
     /// The group.
     group: String,
-    /// Most of its jobs running at once across every worker, queue and kind.
-    #[arg(long, conflicts_with = "no_cap")]
-    cap: Option<u32>,
-    /// Lift its cap.
-    #[arg(long)]
+    /// Most of its jobs running at once across every worker, queue and kind, or `off` to lift
+    /// its cap.
+    #[arg(long, value_name = "N|off", value_parser = setting, conflicts_with = "no_cap")]
+    cap: Option<Setting>,
+    /// Lift its cap (as `--cap off`).
+    #[arg(long, hide = true)]
     no_cap: bool,
-    /// Starts allowed per --per, shared by every worker (also the largest burst).
-    #[arg(long, conflicts_with = "no_rate")]
-    jobs: Option<u32>,
+    /// Starts allowed per --per, shared by every worker (also the largest burst), or `off` to
+    /// lift its rate limit.
+    #[arg(long, value_name = "N|off", value_parser = setting, conflicts_with = "no_rate")]
+    jobs: Option<Setting>,
     /// The rate limit's period, e.g. 1s or 1m (default: the group's period, else 1s).
     #[arg(long, conflicts_with = "no_rate", value_parser = super::duration_within(Duration::from_millis(1), Duration::from_secs(86_400)))]
     per: Option<Duration>,
-    /// Lift its rate limit.
-    #[arg(long)]
+    /// Lift its rate limit (as `--jobs off`).
+    #[arg(long, hide = true)]
     no_rate: bool,
     /// Start none of its jobs until --resume (they stay ready; other groups run).
     #[arg(long, conflicts_with = "resume")]
@@ -1303,15 +1352,19 @@ pub(super) fn group(args: GroupArgs) -> anyhow::Result<()> {
         let (_, store) = args.redis.store().await?;
         let mut limits = store.group(&args.group).await?.limits;
         let was = limits;
-        if let Some(cap) = args.cap {
-            limits.cap = Some(cap);
+        let cap = asked(args.cap, args.no_cap);
+        if let Some(cap) = cap {
+            limits.cap = cap;
         }
-        if args.no_cap {
-            limits.cap = None;
-        }
-        if args.jobs.is_some() || args.per.is_some() {
+        let rate = asked(args.jobs, args.no_rate);
+        if rate == Some(None) {
+            if args.per.is_some() {
+                bail!("--per with the rate limit lifted: give --jobs a number");
+            }
+            limits.rate = None;
+        } else if rate.is_some() || args.per.is_some() {
             // One of the two changes; the other is kept.
-            let Some(jobs) = args.jobs.or(limits.rate.map(|r| r.jobs)) else {
+            let Some(jobs) = rate.flatten().or(limits.rate.map(|r| r.jobs)) else {
                 bail!("group {} has no rate limit: --per needs --jobs", args.group);
             };
             let per = args
@@ -1320,11 +1373,8 @@ pub(super) fn group(args: GroupArgs) -> anyhow::Result<()> {
                 .unwrap_or(Duration::from_secs(1));
             limits.rate = Some(palisade::RateLimit { jobs, per });
         }
-        if args.no_rate {
-            limits.rate = None;
-        }
         limits.paused = (limits.paused || args.pause) && !args.resume;
-        if limits != was || args.cap.is_some() {
+        if limits != was || cap.flatten().is_some() {
             // (Set again with the same cap, its running jobs are counted afresh.)
             store.set_group_limits(&args.group, limits).await?;
         }

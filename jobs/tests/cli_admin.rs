@@ -354,7 +354,8 @@ fn operator_commands_warn_count_span_queues_and_forget() {
 }
 
 /// Every worker process registers itself: `status` lists a running `palisade worker` with its
-/// pid, queues and concurrency from its heartbeat, and drops it once it is gone.
+/// pid, queues and concurrency from its heartbeat, and drops it once it is gone (at once when
+/// it drained, after three missed beats when it was killed).
 #[test]
 fn status_lists_live_worker_processes_from_their_heartbeats() {
     let redis = RedisServer::start();
@@ -377,6 +378,19 @@ fn status_lists_live_worker_processes_from_their_heartbeats() {
     wait_for("the beat to lapse", Duration::from_secs(40), || {
         !workers().iter().any(|w| w["pid"] == pid)
     });
+    // A worker that drains (SIGTERM) leaves at once: its last beat lapses as it is written.
+    let drained = worker(&redis);
+    let pid: u32 = drained.pid().parse().unwrap();
+    wait_for("the second worker's heartbeat", Duration::from_secs(30), || {
+        workers().iter().any(|w| w["pid"] == pid)
+    });
+    let stopped = std::time::Instant::now();
+    drained.terminate();
+    assert!(
+        !workers().iter().any(|w| w["pid"] == pid),
+        "a drained worker is still listed {:?} after its SIGTERM",
+        stopped.elapsed()
+    );
 }
 
 /// Groups from the command line: `enqueue --group` (a field of the payload filling it),
@@ -721,4 +735,84 @@ fn the_guides_commands_work_with_the_binary_the_readme_builds() {
         commands >= 2 && bodies >= 2,
         "{commands} commands, {bodies} bodies"
     );
+}
+
+/// Issue 57: one way to lift a cap or a limit (`off` as the value, the older `--off`,
+/// `--no-cap` and `--no-rate` still taken), `cap KIND` / `limit QUEUE` alone print the current
+/// setting, and a schedule's scope is filled like an enqueue's.
+#[test]
+fn caps_and_limits_are_set_shown_and_lifted_one_way() {
+    let redis = RedisServer::start();
+    let line = |args: &[&str]| ok(&redis, args).trim().to_owned();
+    assert_eq!(
+        line(&["cap", "email.send"]),
+        "kind email.send: no concurrency cap"
+    );
+    line(&["cap", "email.send", "--running", "3"]);
+    assert_eq!(
+        line(&["cap", "email.send"]),
+        "kind email.send: at most 3 running at once"
+    );
+    line(&["cap", "email.send", "--running", "off"]);
+    assert_eq!(
+        line(&["cap", "email.send"]),
+        "kind email.send: no concurrency cap"
+    );
+    line(&["cap", "email.send", "--running", "2"]);
+    line(&["cap", "email.send", "--off"]);
+    assert_eq!(
+        line(&["cap", "email.send"]),
+        "kind email.send: no concurrency cap"
+    );
+
+    line(&["limit", "default", "--jobs", "5", "--per", "1m"]);
+    assert_eq!(
+        line(&["limit", "default"]),
+        "queue default: at most 5 jobs per 1m"
+    );
+    line(&["limit", "default", "--jobs", "off"]);
+    assert_eq!(line(&["limit", "default"]), "queue default: no rate limit");
+
+    let shown = line(&["group", "acme", "--cap", "4", "--jobs", "10", "--per", "1s"]);
+    assert!(
+        shown.contains("cap 4") && shown.contains("10 per 1s"),
+        "{shown}"
+    );
+    let shown = line(&["group", "acme", "--cap", "off", "--jobs", "off"]);
+    assert!(
+        !shown.contains("cap 4") && !shown.contains("per"),
+        "{shown}"
+    );
+    let shown = line(&["group", "acme", "--cap", "4", "--jobs", "10"]);
+    assert!(shown.contains("cap 4"), "{shown}");
+    let shown = line(&["group", "acme", "--no-cap", "--no-rate"]);
+    assert!(
+        !shown.contains("cap 4") && !shown.contains("per"),
+        "{shown}"
+    );
+
+    let out = run(&redis, &["cap", "email.send", "--running", "lots"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a whole number"));
+
+    // A schedule's scope fills `{field}` from its payload, as enqueue's does (it was kept
+    // with the braces in it): a field the payload lacks is refused.
+    let add = |scope: &str| {
+        let payload = r#"{"to":"ops@example.com","millis":1}"#;
+        let args = [
+            "schedule",
+            "add",
+            "n",
+            "0 3 * * *",
+            "email.send",
+            payload,
+            "--scope",
+            scope,
+        ];
+        run(&redis, &args, "")
+    };
+    assert!(add("mail:{to}").status.success());
+    let refused = add("mail:{nope}");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no scalar field \"nope\""));
 }

@@ -704,11 +704,22 @@ impl Worker {
         let idle = self.running.is_empty() && self.pending.is_empty() && self.in_flight == 0;
         if idle && self.claims_out == 0 {
             if let Some(done) = self.drain.take() {
-                let _ = done.send(Drained {
-                    released: self.released,
-                    unsettled: 0,
-                });
-                ctx.stop();
+                // Its heartbeat leaves with it: a last beat that lapses at once, so `status`
+                // and the console stop listing a worker that drained (instead of for three
+                // beats). Bounded: a coordinator that does not answer costs the drain a second.
+                let farewell = self.coordinator.send(crate::coordinator::Beat(
+                    self.heartbeat(),
+                    Duration::from_millis(1),
+                ));
+                let farewell = tokio::time::timeout(Duration::from_secs(1), farewell);
+                let released = self.released;
+                ctx.wait(farewell.into_actor(self).map(move |_, _, ctx| {
+                    let _ = done.send(Drained {
+                        released,
+                        unsettled: 0,
+                    });
+                    ctx.stop();
+                }));
             }
         }
     }
@@ -728,7 +739,14 @@ impl Worker {
     const EXCHANGES_OUT: usize = 2;
 
     fn beat(&mut self) {
-        let beat = crate::store::WorkerBeat {
+        let beat = self.heartbeat();
+        self.coordinator
+            .do_send(crate::coordinator::Beat(beat, Self::BEAT_EVERY * 3));
+    }
+
+    /// What this worker tells the coordinator of itself.
+    fn heartbeat(&self) -> crate::store::WorkerBeat {
+        crate::store::WorkerBeat {
             worker: self.config.name.clone(),
             host: hostname(),
             pid: std::process::id(),
@@ -739,9 +757,7 @@ impl Worker {
             started_ms: self.started_ms,
             seen_ms: 0,
             formats: Some([*crate::format::LEVELS.start(), *crate::format::LEVELS.end()]),
-        };
-        self.coordinator
-            .do_send(crate::coordinator::Beat(beat, Self::BEAT_EVERY * 3));
+        }
     }
 }
 
