@@ -581,7 +581,9 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
     let fmt = if json {
         fmt.json().boxed()
     } else {
-        fmt.boxed()
+        // One short line per event: its own fields, not every field of the spans around it
+        // (an attempt's span holds a dozen trace attributes; JSON lines keep them all).
+        fmt.event_format(ShortLine).boxed()
     };
     let export = export(otlp)?;
     #[cfg(feature = "otel")]
@@ -593,6 +595,29 @@ fn init_logging(default: &str, json: bool, otlp: Option<&str>) -> anyhow::Result
         .with(otel)
         .try_init();
     Ok(export)
+}
+
+/// The text log's line: time, level, target, the message and the event's own fields.
+struct ShortLine;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for ShortLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::fmt::time::FormatTime as _;
+        tracing_subscriber::fmt::time::SystemTime.format_time(&mut writer)?;
+        let meta = event.metadata();
+        write!(writer, " {:>5} {}: ", meta.level(), meta.target())?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }
 
 #[cfg(feature = "otel")]

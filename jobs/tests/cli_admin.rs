@@ -381,9 +381,11 @@ fn status_lists_live_worker_processes_from_their_heartbeats() {
     // A worker that drains (SIGTERM) leaves at once: its last beat lapses as it is written.
     let drained = worker(&redis);
     let pid: u32 = drained.pid().parse().unwrap();
-    wait_for("the second worker's heartbeat", Duration::from_secs(30), || {
-        workers().iter().any(|w| w["pid"] == pid)
-    });
+    wait_for(
+        "the second worker's heartbeat",
+        Duration::from_secs(30),
+        || workers().iter().any(|w| w["pid"] == pid),
+    );
     let stopped = std::time::Instant::now();
     drained.terminate();
     assert!(

@@ -1412,3 +1412,51 @@ fn a_worker_started_while_redis_loads_its_data_waits_for_it() {
     assert_eq!(balance(&sink, 3), 125);
     patient.terminate_cleanly();
 }
+
+/// Issue 57: a running job cancelled by an operator is logged as what happened — its lease
+/// gone, its handler stopped, nothing settled — and never as a retry; the lines are short.
+#[test]
+fn a_cancelled_running_job_is_logged_as_cancelled_not_retried() {
+    let (redis, sink) = (RedisServer::start(), RedisServer::start());
+    let log = std::env::temp_dir().join(format!("palisade-cancel-{}.log", uuid::Uuid::new_v4()));
+    let ledger = format!("ledger={}", sink.url());
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--sink",
+        &ledger,
+        "--lease",
+        "1s",
+        "--arbiters",
+        "1",
+    ];
+    let w = Process::worker_logging(BIN, &args, "info", &[], &log);
+    let id = palisade(
+        &redis,
+        &["enqueue", "email.send", r#"{"to":"a@x","millis":20000}"#],
+    );
+    let id = id.trim().to_owned();
+    wait_for("the job to run", Duration::from_secs(20), || {
+        counts(&redis)["leased"] == 1
+    });
+    palisade(&redis, &["cancel", &id]);
+    wait_for("the handler to stop", Duration::from_secs(20), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("nothing settled by this worker"))
+    });
+    w.terminate_cleanly();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        text.contains("or the job was cancelled); stopping its handler"),
+        "{text}"
+    );
+    assert!(!text.contains("will be retried"), "{text}");
+    assert_eq!(counts(&redis)["cancelled"], 1);
+    for line in text.lines() {
+        assert!(
+            line.len() < 400,
+            "a log line of {} characters: {line}",
+            line.len()
+        );
+    }
+}

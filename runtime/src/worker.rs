@@ -28,7 +28,7 @@ use crate::metrics as m;
 use crate::policy::RetryPolicy;
 #[cfg(feature = "testing")]
 use crate::renewal::SuspendRenewals;
-use crate::renewal::{ForgetLeases, LeaseLost, Renewal, TrackLeases};
+use crate::renewal::{ForgetLeases, LeaseLost, LossReason, Renewal, TrackLeases};
 use crate::store::ClaimRequest;
 
 /// How a worker runs.
@@ -158,6 +158,9 @@ struct Running {
     run: Arc<RunState>,
     /// The attempt's span (`palisade.job`): what the worker notes about the run goes in it.
     span: tracing::Span,
+    /// Its lease was lost (expired and reaped, or the job cancelled): whatever it returns
+    /// settles nothing, and is logged as that, not as a retry or a death.
+    lost: bool,
 }
 
 struct Pending {
@@ -580,6 +583,7 @@ impl Worker {
                 started: Instant::now(),
                 run: state,
                 span: span.clone(),
+                lost: false,
             },
         );
         let worker = ctx.address();
@@ -662,7 +666,7 @@ impl Worker {
                         // Its follow-ups and flow pass the coordinator started.
                         Ok(()) => {}
                         Err(e @ Error::LeaseNotCurrent(_)) => {
-                            tracing::warn!(lease = %p.lease, error = %e, "settlement refused: another lease owns the job now");
+                            tracing::warn!(lease = %p.lease, job = %p.job.id, error = %e, "settlement refused: the lease is no longer current (the job was cancelled, or it expired and was reaped)");
                             counter!(m::SETTLEMENTS_REFUSED, "queue" => p.job.queue.clone())
                                 .increment(1);
                         }
@@ -761,6 +765,30 @@ impl Worker {
     }
 }
 
+/// The one log line of a settlement a worker sends (a completion at debug level).
+fn log_settlement(span: &tracing::Span, job: &Job, settlement: &Settlement) {
+    match &settlement {
+        Settlement::Complete { .. } => {
+            tracing::debug!(parent: span, job = %job.id, kind = %job.kind, "job completed")
+        }
+        Settlement::Retry { delay, reason } => {
+            tracing::info!(parent: span, job = %job.id, kind = %job.kind, attempt = job.attempt, ?delay, %reason, "job will be retried")
+        }
+        Settlement::Dead { reason } => {
+            tracing::warn!(parent: span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
+        }
+        Settlement::Fenced { reason, .. } => {
+            tracing::warn!(parent: span, job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
+        }
+        Settlement::Release => {
+            tracing::info!(parent: span, job = %job.id, kind = %job.kind, "job released unfinished")
+        }
+        Settlement::Snooze { delay } => {
+            tracing::debug!(parent: span, job = %job.id, kind = %job.kind, snoozes = job.snoozes + 1, ?delay, "job snoozed")
+        }
+    }
+}
+
 /// This host's name (Linux), or "worker".
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -798,8 +826,13 @@ impl Handler<LeaseLost> for Worker {
     type Result = ();
 
     fn handle(&mut self, msg: LeaseLost, _: &mut Self::Context) {
-        if let Some(running) = self.running.get(&msg.lease) {
-            tracing::warn!(parent: &running.span, worker = %self.config.name, job = %running.job.id, lease = %msg.lease, reason = ?msg.reason, "lease lost; cancelling handler");
+        if let Some(running) = self.running.get_mut(&msg.lease) {
+            let why = match msg.reason {
+                LossReason::Expired => "the coordinator no longer holds it: it expired and was reaped, or the job was cancelled",
+                LossReason::Unconfirmed => "no renewal was confirmed before it expired",
+            };
+            tracing::warn!(parent: &running.span, job = %running.job.id, lease = %msg.lease, "lease lost ({why}); stopping its handler");
+            running.lost = true;
             running.cancel.cancel();
         }
     }
@@ -874,30 +907,21 @@ impl Handler<JobFinished> for Worker {
             *then = asked;
         }
         let outcome = if msg.timed_out {
-            tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, outcome = ?msg.outcome, "job timed out");
+            let returned = match &msg.outcome {
+                Ok(()) => "returned".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %returned, "job timed out");
             Outcome::TimedOut
         } else {
             Outcome::of(&settlement)
         };
-        match &settlement {
-            Settlement::Complete { .. } => {
-                tracing::debug!(parent: &span, job = %job.id, kind = %job.kind, "job completed")
-            }
-            Settlement::Retry { delay, reason } => {
-                tracing::info!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, ?delay, %reason, "job will be retried")
-            }
-            Settlement::Dead { reason } => {
-                tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, attempt = job.attempt, %reason, "job dead-lettered")
-            }
-            Settlement::Fenced { reason, .. } => {
-                tracing::warn!(parent: &span, job = %job.id, kind = %job.kind, %reason, "fenced off by a sink")
-            }
-            Settlement::Release => {
-                tracing::info!(parent: &span, job = %job.id, kind = %job.kind, "job released unfinished")
-            }
-            Settlement::Snooze { delay } => {
-                tracing::debug!(parent: &span, job = %job.id, kind = %job.kind, snoozes = job.snoozes + 1, ?delay, "job snoozed")
-            }
+        if running.lost {
+            // (Its settlement goes to a coordinator that refuses it: nothing is retried or
+            // dead-lettered by this worker, whatever the handler returned.)
+            tracing::info!(parent: &span, job = %job.id, kind = %job.kind, "handler stopped after its lease was lost; nothing settled by this worker");
+        } else {
+            log_settlement(&span, &job, &settlement);
         }
         metrics
             .duration
