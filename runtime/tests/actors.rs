@@ -229,6 +229,9 @@ async fn stale_holder_is_fenced_off_at_the_sink_and_the_coordinator() {
         counts,
         QueueCounts {
             completed: 1,
+            // Enqueued once; stalled once (A's lease expired while it was paused).
+            enqueued: 1,
+            stalled: 1,
             ..QueueCounts::default()
         },
         "{job}"

@@ -197,6 +197,9 @@ async fn stale_holder_is_refused(s: Setup) {
         counts,
         QueueCounts {
             completed: 1,
+            // Enqueued once; stalled once (A's lease expired while it was paused).
+            enqueued: 1,
+            stalled: 1,
             ..QueueCounts::default()
         }
     );
