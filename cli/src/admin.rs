@@ -1152,9 +1152,9 @@ pub(super) struct LimitArgs {
     /// lift the limit. Without it: print the queue's limit.
     #[arg(long, value_name = "N|off", value_parser = setting)]
     jobs: Option<Setting>,
-    /// The period, e.g. 1s or 1m.
-    #[arg(long, default_value = "1s", value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
-    per: Duration,
+    /// The period, e.g. 1s or 1m (default 1s; only with `--jobs N`).
+    #[arg(long, value_parser = super::duration_within(Duration::from_millis(1), super::YEAR))]
+    per: Option<Duration>,
     /// Lift the queue's limit (as `--jobs off`).
     #[arg(long, hide = true, conflicts_with = "jobs")]
     off: bool,
@@ -1205,13 +1205,17 @@ fn limit_line(queue: &str, limit: Option<palisade::RateLimit>) -> String {
 pub(super) fn limit(args: LimitArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
-        let Some(asked) = asked(args.jobs, args.off) else {
+        let asked = asked(args.jobs, args.off);
+        if args.per.is_some() && !matches!(asked, Some(Some(_))) {
+            bail!("--per goes with --jobs N (the number of claims per period)");
+        }
+        let Some(asked) = asked else {
             let now = store.rate_limit(&args.queue).await?;
             return print_lines(std::iter::once(limit_line(&args.queue, now)));
         };
         let limit = asked.map(|jobs| palisade::RateLimit {
             jobs,
-            per: args.per,
+            per: args.per.unwrap_or(Duration::from_secs(1)),
         });
         warn_unknown_queue(&store, &args.queue).await?;
         store.set_rate_limit(&args.queue, limit).await?;

@@ -611,9 +611,12 @@ where
         mut writer: tracing_subscriber::fmt::format::Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
+        use tracing_log::NormalizeEvent as _;
         use tracing_subscriber::fmt::time::FormatTime as _;
         tracing_subscriber::fmt::time::SystemTime.format_time(&mut writer)?;
-        let meta = event.metadata();
+        // (A `log` record's own target and level, not the bridge's.)
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
         write!(writer, " {:>5} {}: ", meta.level(), meta.target())?;
         ctx.field_format().format_fields(writer.by_ref(), event)?;
         writeln!(writer)

@@ -311,6 +311,10 @@ pub(super) enum SinksCommand {
         redis: super::RedisArgs,
         /// The sink.
         name: String,
+        /// Forget it though workers are live (each keeps writing where its own URL points;
+        /// the next to start records its own).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -329,8 +333,18 @@ pub(super) fn sinks(command: SinksCommand) -> anyhow::Result<()> {
                 // (Each record is "<identity> <location>".)
                 super::print_lines(all.into_iter().map(|(name, at)| format!("{name} {at}")))?;
             }
-            SinksCommand::Forget { redis, name } => {
-                let target = redis.reachable(&redis.redis, "Redis").await?;
+            SinksCommand::Forget { redis, name, force } => {
+                let (target, store) = redis.store().await?;
+                // A live worker could be the one with the wrong URL: were it to restart now,
+                // it would record its own place, the split this record exists to prevent.
+                let live = palisade::store::ControlStore::workers(&store).await?;
+                if !live.is_empty() && !force {
+                    bail!(
+                        "{} workers are live (`palisade status` lists them): stop every worker \
+                         before moving sink {name}, or add --force",
+                        live.len()
+                    );
+                }
                 if palisade::store::redis::forget_sink(&target, &redis.prefix, &name).await? {
                     println!(
                         "sink {name}: location forgotten; the next worker to start records its own"

@@ -102,7 +102,7 @@ pub const JOBS_CANCELLED: &str = "palisade_jobs_cancelled_total";
 /// Jobs enqueued to a queue, whichever process enqueued them (the HTTP API, a producer, the
 /// CLI, the scheduler): the coordinator counts them and the sampler exports its count, so a
 /// worker's scrape shows the fleet's enqueues once ([`JOBS_ENQUEUED`] counts a producer's own,
-/// in its process). Follow-ups and flow steps are not counted. Labels: queue.
+/// in its process). Follow-up jobs are counted; flow steps are not. Labels: queue.
 pub const QUEUE_ENQUEUED: &str = "palisade_queue_enqueued_total";
 /// Stalls reaped in a queue, whichever process's reaper took them: the coordinator counts
 /// them and the sampler exports its count ([`STALLS`] counts a reaper's own, by outcome, in

@@ -644,9 +644,14 @@ fn a_worker_with_a_sink_somewhere_else_is_refused() {
         let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
         status["workers"].as_array().unwrap().len() == 2
     });
+    // Not forgotten while workers are live (one of them could be the misconfigured one);
+    // forced (to move it on purpose), the next worker records its own.
+    let refused = run(&redis, &["sinks", "forget", "ledger"], "");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("workers are live"));
     drop((first, second));
-    // Forgotten (to move it on purpose), the next worker records its own.
-    assert!(ok(&redis, &["sinks", "forget", "ledger"]).contains("location forgotten"));
+    let forgotten = ok(&redis, &["sinks", "forget", "ledger", "--force"]);
+    assert!(forgotten.contains("location forgotten"), "{forgotten}");
     assert!(!ok(&redis, &["sinks", "list"]).contains("ledger"));
 }
 
@@ -774,6 +779,10 @@ fn caps_and_limits_are_set_shown_and_lifted_one_way() {
     );
     line(&["limit", "default", "--jobs", "off"]);
     assert_eq!(line(&["limit", "default"]), "queue default: no rate limit");
+    // A period alone would be ignored: refused.
+    let out = run(&redis, &["limit", "default", "--per", "5s"], "");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--per goes with --jobs N"));
 
     let shown = line(&["group", "acme", "--cap", "4", "--jobs", "10", "--per", "1s"]);
     assert!(

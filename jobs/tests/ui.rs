@@ -128,6 +128,9 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
             reason: "stale_token".into(),
             detail: "stale token 71: the sink already accepted 73".into(),
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+            job: Some(ids[0]),
+            lease: Some(palisade::LeaseId::new()),
+            worker: Some("host-1/0".into()),
         }])
         .await
         .unwrap();
@@ -451,6 +454,19 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         "{schedules}"
     );
     visit(&c, ui_port, "/rejections", "rejections").await;
+    // A rejection row links the job that wrote and the worker that ran it.
+    let job_link = c
+        .find(Locator::Css("#rejections td.job a"))
+        .await
+        .unwrap()
+        .attr("href")
+        .await
+        .unwrap();
+    assert_eq!(
+        job_link.as_deref(),
+        Some(format!("/job/{}", s.running).as_str())
+    );
+    assert!(text(&c, "#rejections td.worker").await.contains("host-1/0"));
     let rejections = text(&c, "#rejections").await;
     for shown in [
         "account:42",

@@ -713,32 +713,49 @@ impl PostgresSink {
     }
 
     /// Which database and schema this is, however it is reached (direct, through a pooler,
-    /// by another host name): `postgres:<system identifier>/<database>/<schema>`, the
-    /// server's cluster identifier from `pg_control_system()`; `None` where the role may not
-    /// read it. Workers compare it to find one sink configured in two places.
+    /// by another host name): `postgres:<system identifier>/<database>/<schema>` (the
+    /// server's cluster identifier from `pg_control_system()`; database and schema with every
+    /// byte but letters, digits, `_`, `-` and `.` written `%XX`, so the identity holds no
+    /// space). `None` where the server refuses to say (a role without the right, a service
+    /// without the function). Workers compare it to find one sink configured in two places.
+    /// A `pg_upgrade` or a restore into a new cluster changes it: a move, as the docs say.
     pub async fn identity(&self) -> Result<Option<String>> {
         let client = self.client().await?;
         // (One statement, no parameters: a text query, fine behind any pooler.)
         let rows = match client
             .simple_query(
-                "SELECT (SELECT system_identifier FROM pg_control_system())::text || '/' \
-                 || current_database()",
+                "SELECT (SELECT system_identifier FROM pg_control_system())::text, \
+                 current_database()",
             )
             .await
         {
             Ok(rows) => rows,
-            Err(e)
-                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
-            {
-                return Ok(None);
-            }
+            // The server answered, and refused: it will not say who it is.
+            Err(e) if e.as_db_error().is_some() => return Ok(None),
             Err(e) => return Err(postgres_error(e)),
         };
-        let at = rows.iter().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        let encode = |text: &str| {
+            text.bytes()
+                .map(|b| match b {
+                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => {
+                        char::from(b).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect::<String>()
+        };
+        let row = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some((row.get(0)?, row.get(1)?)),
             _ => None,
         });
-        Ok(at.map(|at| format!("postgres:{at}/{}", self.schema)))
+        Ok(row.map(|(system, database): (&str, &str)| {
+            format!(
+                "postgres:{}/{}/{}",
+                encode(system),
+                encode(database),
+                encode(&self.schema)
+            )
+        }))
     }
 
     /// One round trip (`SELECT 1`), for readiness probes.

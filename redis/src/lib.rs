@@ -622,7 +622,13 @@ pub async fn record_sink(
         .query_async(&mut conn)
         .await
         .map_err(|e| link.broken(e))?;
-    Ok(recorded.filter(|recorded| recorded.split(' ').next() != Some(identity)))
+    // (Identities hold no space; the location, after the first, may.)
+    let same = |recorded: &str| {
+        recorded
+            .strip_prefix(identity)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+    };
+    Ok(recorded.filter(|recorded| !same(recorded)))
 }
 
 /// Every sink location the installation under `prefix` recorded, by name.

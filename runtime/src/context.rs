@@ -99,6 +99,8 @@ pub(crate) struct RunState {
     /// The trace the run is in (its attempt span's context where one is exported): its
     /// follow-up jobs and flows continue it, its rejection notes name it.
     trace: Option<crate::traceparent::TraceContext>,
+    /// The worker running it, for its rejection notes.
+    worker: String,
 }
 
 /// What a run asked to set going with its completion, its bytes of JSON so far, and whether
@@ -122,9 +124,11 @@ impl RunState {
         job: crate::ids::JobId,
         coordinator: Addr<crate::Coordinator>,
         trace: Option<crate::traceparent::TraceContext>,
+        worker: String,
     ) -> Self {
         Self {
             trace,
+            worker,
             writes: AtomicU32::new(0),
             rejections: std::sync::Mutex::default(),
             result: std::sync::Mutex::default(),
@@ -225,6 +229,9 @@ impl RunState {
                 reason: rejection.reason().to_owned(),
                 detail: rejection.to_string(),
                 trace_id,
+                job: self.progress.as_ref().map(|(job, _)| *job),
+                lease: Some(lease.id),
+                worker: Some(self.worker.clone()),
             };
             let mut notes = self
                 .rejections

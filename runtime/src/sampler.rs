@@ -62,11 +62,17 @@ impl Sampler {
                 };
                 let workers = roles.workers().await?;
                 sample(&*store, paused.as_deref(), &workers).await?;
-                sample_schedules(&*roles).await?;
+                // Ages by the coordinator's clock, which marks and creation times are in (a
+                // sampler host whose clock runs ahead must not read schedules as late).
+                let now = roles.now_ms().await?;
+                // (Each part on its own: one that fails leaves the others current.)
+                if let Err(e) = sample_schedules(&*roles, now).await {
+                    tracing::debug!(error = %e, "schedule sample failed; next tick tries again");
+                }
                 if let Some(flows) = flows {
                     let (running, oldest) = flows.running_flows(1).await?;
                     gauge!(m::FLOWS_RUNNING).set(running as f64);
-                    let now = crate::store::unix_ms();
+                    let now = u64::try_from(now).unwrap_or(0);
                     let age = oldest
                         .first()
                         .map_or(0, |(_, created)| now.saturating_sub(*created));
@@ -119,10 +125,10 @@ async fn sample(
     Ok(())
 }
 
-/// How late each kept schedule's next tick is, by this process's clock: the tick after the
-/// instant its scheduler handled it through (none yet: not late).
-async fn sample_schedules(roles: &dyn ControlStore) -> crate::Result<()> {
-    let now = i64::try_from(crate::store::unix_ms()).unwrap_or(i64::MAX);
+/// How late each kept schedule's next tick is at `now` (the coordinator's clock): the tick
+/// after the instant its scheduler handled it through (never handled: not late; a schedule
+/// no scheduler ever saw cannot be told from a new one).
+async fn sample_schedules(roles: &dyn ControlStore, now: i64) -> crate::Result<()> {
     for spec in roles.schedules().await? {
         let name = spec.name.clone();
         let Ok(schedule) = crate::Schedule::try_from(spec) else {

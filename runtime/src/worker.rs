@@ -557,7 +557,12 @@ impl Worker {
         let timeout = self.registry.timeout_of(&job);
         let grace = self.config.timeout_grace;
         let trace = crate::trace::attempt_context(&span, &job);
-        let state = Arc::new(RunState::new(job.id, self.coordinator.clone(), trace));
+        let state = Arc::new(RunState::new(
+            job.id,
+            self.coordinator.clone(),
+            trace,
+            self.config.name.clone(),
+        ));
         let run = match self.registry.get(&job.kind) {
             Some(handler) => {
                 let jctx = JobContext::new(

@@ -1073,6 +1073,8 @@ mod tests {
             reason: "stale_token".into(),
             detail: "<script>alert(1)</script>".into(),
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+            worker: Some("<w>".into()),
+            ..Default::default()
         };
         let forged = palisade::store::RejectionNote {
             trace_id: Some("\"><script>x</script>".into()),
@@ -1261,7 +1263,7 @@ mod tests {
             token: 1,
             reason: "stale_token".into(),
             detail: String::new(),
-            trace_id: None,
+            ..Default::default()
         };
         let rejections = [note(1_000_000 + 30_000), note(1_000_000 + 90_000), note(1)];
         let [done, died, refused, waiting] = pages::series(&history, &rejections);

@@ -787,7 +787,8 @@ fn rejection_table(rows: &[RejectionNote], frame: &Frame) -> Markup {
         @if rows.is_empty() { p.empty { "None recorded." } }
         @else {
             table #rejections {
-                tr { th { "when" } th { "sink" } th { "scope" } th { "token presented" } th { "reason" } th { "detail" } th { "trace" } }
+                tr { th { "when" } th { "sink" } th { "scope" } th { "token presented" } th { "reason" } th { "detail" }
+                     th { "job" } th { "lease" } th { "worker" } th { "trace" } }
                 @for r in rows {
                     tr {
                         td { (ago(r.at_ms, frame.now_ms)) }
@@ -796,6 +797,11 @@ fn rejection_table(rows: &[RejectionNote], frame: &Frame) -> Markup {
                         td.n { (token(r.token)) }
                         td { (r.reason) }
                         td { (clip(&r.detail, 300)) }
+                        // (Absent in a note an earlier version wrote.)
+                        td.job { @if let Some(job) = r.job { (job_link(job)) } }
+                        td.lease { @if let Some(lease) = r.lease { code title=(lease) { (clip(&lease.to_string(), 8)) } } }
+                        td.worker { @if let Some(worker) = &r.worker {
+                            a href={ "/busy#w-" (enc(worker)) } { (name(worker)) } } }
                         td { (trace_link(r.trace_id.as_deref(), frame.trace_url)) }
                     }
                 }

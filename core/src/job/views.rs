@@ -32,7 +32,7 @@ pub struct QueueCounts {
     /// grows: `dead` is the ones still kept).
     pub died: u64,
     /// Enqueued since the queue was first used, by whatever process (a count that only grows;
-    /// follow-ups and flow steps are not counted; zero where a release before 0.2 kept it).
+    /// follow-up jobs are counted, flow steps are not; zero where a release before 0.2 kept it).
     pub enqueued: u64,
     /// Stalls reaped since the queue was first used, by whatever process (a count that only
     /// grows).

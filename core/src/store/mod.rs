@@ -637,7 +637,7 @@ pub fn check_role_ttl(ttl: Duration) -> Result<()> {
 pub const REJECTION_JOURNAL: usize = 1000;
 
 /// A fence rejection a worker met, as the journal keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejectionNote {
     /// When (ms since the Unix epoch, the worker's clock).
     pub at_ms: u64,
@@ -655,6 +655,16 @@ pub struct RejectionNote {
     /// backend; absent in a note an earlier version wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// The job whose run wrote, its lease and the worker that ran it (absent in a note an
+    /// earlier version wrote): what the console links a rejection to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::ids::JobId>,
+    /// See `job`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crate::ids::LeaseId>,
+    /// See `job`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
 }
 
 /// Checks a schedule before it is kept (the same check on every backend).

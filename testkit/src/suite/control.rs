@@ -77,6 +77,9 @@ pub async fn operator_views_oldest_ready_role_and_journal(store: Stores) {
         detail: format!("stale token {i}"),
         // Kept as written, present or not.
         trace_id: (i % 2 == 1).then(|| format!("{i:032x}")),
+        job: i.is_multiple_of(2).then(JobId::new),
+        lease: i.is_multiple_of(3).then(LeaseId::new),
+        worker: i.is_multiple_of(2).then(|| format!("w{i}")),
     };
     assert!(store.rejections(10).await.unwrap().is_empty());
     store.note_rejections(vec![note(1), note(2)]).await.unwrap();
