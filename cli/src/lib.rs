@@ -795,8 +795,8 @@ async fn shutdown_signal() {
 }
 
 /// SIGTERM and SIGINT, listened for from the moment this is made: a signal that arrives while
-/// a process is still starting is kept and answered once it has started (a drain), instead of
-/// killing it by the default action.
+/// a process is still starting is heard (the worker and the relay then stop before they claim
+/// anything) instead of killing it by the default action.
 pub(crate) struct Signals {
     term: Option<tokio::signal::unix::Signal>,
     interrupt: Option<tokio::signal::unix::Signal>,

@@ -134,24 +134,27 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         }])
         .await
         .unwrap();
-    store
-        .beat(
-            WorkerBeat {
-                worker: "host-1/0".into(),
-                host: "host-1".into(),
-                pid: 4242,
-                version: "0.1.0".into(),
-                queues: vec!["default".into(), "bulk".into()],
-                concurrency: 16,
-                running: 1,
-                started_ms: 1_790_000_000_000,
-                seen_ms: 0,
-                formats: None,
-            },
-            Duration::from_secs(600),
-        )
-        .await
-        .unwrap();
+    // One process with two arbiters: two beats, one row on the Busy page.
+    for (arbiter, running) in [(0, 1), (1, 2)] {
+        store
+            .beat(
+                WorkerBeat {
+                    worker: format!("host-1/{arbiter}"),
+                    host: "host-1".into(),
+                    pid: 4242,
+                    version: "0.1.0".into(),
+                    queues: vec!["default".into(), "bulk".into()],
+                    concurrency: 16,
+                    running,
+                    started_ms: 1_790_000_000_000,
+                    seen_ms: 0,
+                    formats: None,
+                },
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap();
+    }
     let spec = Schedule::new(
         "nightly-report",
         "0 3 * * *",
@@ -332,6 +335,18 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         assert!(shown.starts_with(n), "{card}: {shown}");
     }
     assert!(text(&c, "#rejections").await.contains("account:42"));
+    // A part of an id finds the job (here a dead letter); text that is no id says what the box
+    // takes instead of a bare error.
+    let part = s.dead.to_string()[..8].to_owned();
+    visit(&c, ui_port, &format!("/job?id={part}"), "search").await;
+    let found = text(&c, "#search").await;
+    assert!(
+        found.contains(&s.dead.to_string()) && found.contains("dead"),
+        "{found}"
+    );
+    visit(&c, ui_port, "/job?id=invoice-7", "search-help").await;
+    assert!(text(&c, "#search-help").await.contains("whole job id"));
+    visit(&c, ui_port, "/", "dashboard").await;
     // The flow's first step waits in queue flows, which the one live worker does not list.
     let attention = text(&c, "#attention").await;
     assert!(
@@ -364,9 +379,14 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     visit(&c, ui_port, "/busy", "busy").await;
     let workers = text(&c, "#workers").await;
     assert!(
-        workers.contains("host-1") && workers.contains("4242") && workers.contains("1 / 16"),
+        workers.contains("host-1") && workers.contains("4242") && workers.contains("3 / 32"),
         "{workers}"
     );
+    let rows = c
+        .find_all(Locator::Css("#workers tr[data-pid]"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "one process, one row: {workers}");
     let leases = text(&c, "#leases").await;
     assert!(
         leases.contains("email.send") && leases.contains("default"),

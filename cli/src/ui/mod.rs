@@ -211,7 +211,14 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
         let d = pages::Dashboard {
             queues,
             unreadable,
-            workers: beats.len(),
+            // Processes (each arbiter of one beats on its own).
+            workers: {
+                let mut processes: Vec<(&str, u32)> =
+                    beats.iter().map(|w| (w.host.as_str(), w.pid)).collect();
+                processes.sort_unstable();
+                processes.dedup();
+                processes.len()
+            },
             unclaimed,
             leases: ui.store.leases(LEASE_SCAN).await?.len(),
             flows_running: ui.store.running_flows(0).await?.0,
@@ -547,12 +554,46 @@ struct FindQuery {
     id: String,
 }
 
-/// `GET /job?id=…`: the search box in the header.
-async fn find_job(Query(f): Query<FindQuery>) -> Response {
-    match f.id.trim().parse::<uuid::Uuid>() {
-        Ok(id) => Redirect::to(&format!("/job/{id}")).into_response(),
-        Err(_) => (StatusCode::BAD_REQUEST, "not a job id (a UUID)\n").into_response(),
+/// `GET /job?id=…`: the search box in the header. A whole id opens the job's page; anything
+/// else gets a page that says what the box takes and lists the running jobs and the newest
+/// dead letters whose ids contain the text.
+async fn find_job(
+    State(ui): State<Arc<Ui>>,
+    Query(f): Query<FindQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let text = f.id.trim().to_ascii_lowercase();
+    if let Ok(id) = text.parse::<uuid::Uuid>() {
+        return Redirect::to(&format!("/job/{id}")).into_response();
     }
+    let page = async {
+        let frame = ui
+            .frame("", "Find a job".into(), "/job", q.as_deref())
+            .await?;
+        let mut found = Vec::new();
+        // (A few characters would match everything: at least four, hex digits and dashes.)
+        let searchable =
+            text.len() >= 4 && text.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+        if searchable {
+            for l in ui.store.leases(LEASE_SCAN).await? {
+                if l.job.to_string().contains(&text) {
+                    found.push((l.job, "running", l.queue));
+                }
+            }
+            for (queue, n) in dead_counts(&ui.store).await?.0 {
+                for d in newest_dead(&ui.store, &queue, n, DEAD_SCAN).await? {
+                    if d.job.id.to_string().contains(&text) {
+                        found.push((d.job.id, "dead", queue.clone()));
+                    }
+                }
+            }
+        }
+        found.truncate(ui.rows);
+        Ok(pages::search(&frame, &text, searchable, &found))
+    };
+    let mut response = respond(page.await, false);
+    *response.status_mut() = StatusCode::BAD_REQUEST;
+    response
 }
 
 async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> Response {

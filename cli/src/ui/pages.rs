@@ -254,11 +254,19 @@ fn chart(
     let span = to.saturating_sub(from).max(1) as f64;
     // One minute's width, at least a pixel.
     let bar = (W * 60_000.0 / span).max(1.0);
+    // Axis labels: the value scale on the left, the window's ends below (UTC, hh:mm).
+    // ("2026-12-06T03:40:12Z" → "03:40".)
+    let clock = |ms: u64| when(ms).get(11..16).unwrap_or_default().to_owned();
     html! {
         figure.chart id=(id) {
             figcaption { b { (title) } " — highest " (format!("{max:.1}")) " " (unit) }
-            svg width="720" height="60" viewBox="0 0 720 60" role="img" aria-label=(title) {
+            svg width="720" height="76" viewBox="0 0 720 76" role="img" aria-label=(title) {
                 rect x="0" y="0" width="720" height="60" fill="#f6f7fb" {}
+                line x1="0" y1="60" x2="720" y2="60" stroke="#999" {}
+                text.axis x="2" y="10" font-size="10" fill="#555" { (format!("{max:.1}")) " " (unit) }
+                text.axis x="2" y="58" font-size="10" fill="#555" { "0" }
+                text.axis x="0" y="73" font-size="10" fill="#555" { (clock(from)) " UTC" }
+                text.axis x="720" y="73" font-size="10" fill="#555" text-anchor="end" { (clock(to)) }
                 @for (at, v) in points {
                     @let h = if max > 0.0 { (v / max * (H - 2.0)).max(if *v > 0.0 { 1.0 } else { 0.0 }) } else { 0.0 };
                     @let x = (at.saturating_sub(from) as f64 / span * W - bar).max(0.0);
@@ -305,7 +313,7 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
                 (card("dead", t.dead, "total-dead"))
                 (card("completed", t.completed, "total-completed"))
                 (card("cancelled", t.cancelled, "total-cancelled"))
-                (card("workers", d.workers as u64, "total-workers"))
+                (card("worker processes", d.workers as u64, "total-workers"))
                 (card("flows running", d.flows_running, "total-flows"))
             }
             h2 { "The last hours" }
@@ -314,7 +322,10 @@ pub(crate) fn dashboard(frame: &Frame, d: &Dashboard) -> Markup {
                            (the history role); the charts start after two." }
             } @else {
                 @let [done, died, refused, waiting] = series(&d.history, &d.rejections);
-                @let window = (frame.now_ms.saturating_sub(6 * 3_600_000), frame.now_ms);
+                // Six hours, or since the first sample of a newer install (its bars fill the
+                // chart instead of its last pixels).
+                @let first = d.history[0].at_ms.saturating_sub(60_000);
+                @let window = (frame.now_ms.saturating_sub(6 * 3_600_000).max(first), frame.now_ms);
                 p.meta { "The last six hours, one bar a minute (the coordinator keeps a day of samples; \
                           the first here is from " (when(d.history[0].at_ms)) ")." }
                 div.charts {
@@ -480,6 +491,21 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
     )
 }
 
+/// Worker beats grouped by process (host and pid), in the order their first beat is listed.
+fn processes(workers: &[WorkerBeat]) -> Vec<Vec<&WorkerBeat>> {
+    let mut out: Vec<Vec<&WorkerBeat>> = Vec::new();
+    for w in workers {
+        match out
+            .iter_mut()
+            .find(|p| p[0].host == w.host && p[0].pid == w.pid)
+        {
+            Some(p) => p.push(w),
+            None => out.push(vec![w]),
+        }
+    }
+    out
+}
+
 pub(crate) fn busy(
     frame: &Frame,
     workers: &[WorkerBeat],
@@ -493,19 +519,26 @@ pub(crate) fn busy(
                       display only: a paused worker's jobs are fenced, not trusted to its beat." }
             @if workers.is_empty() { p.empty { "No worker has reported in the last 15 s." } }
             @else {
+                p.meta { "One row per process: its arbiters (threads, each a worker of its own) \
+                          together. A process that drained leaves at once; one killed, after its \
+                          beats lapse." }
                 table #workers {
-                    tr { th { "worker" } th { "host" } th { "pid" } th { "version" } th { "queues" }
-                         th { "running" } th { "started" } th { "last beat" } }
-                    @for w in workers {
-                        tr data-worker=(w.worker) {
-                            td { (name(&w.worker)) }
-                            td { (name(&w.host)) }
-                            td.n { (w.pid) }
-                            td { (w.version) }
-                            td { (name(&w.queues.join(", "))) }
-                            td.n { (w.running) " / " (w.concurrency) }
-                            td { (ago(w.started_ms, frame.now_ms)) }
-                            td { (ago(w.seen_ms, frame.now_ms)) }
+                    tr { th { "process" } th { "host" } th { "pid" } th { "version" } th { "queues" }
+                         th { "running" } th { "arbiters" } th { "started" } th { "last beat" } }
+                    @for p in processes(workers) {
+                        @let first = p[0];
+                        tr data-worker=(first.worker) data-pid=(first.pid) {
+                            td { @for w in &p { span id={ "w-" (w.worker) } {} }
+                                 (name(first.worker.rsplit_once('/').map_or(first.worker.as_str(), |(n, _)| n))) }
+                            td { (name(&first.host)) }
+                            td.n { (first.pid) }
+                            td { (first.version) }
+                            td { (name(&first.queues.join(", "))) }
+                            td.n { (p.iter().map(|w| w.running).sum::<usize>()) " / "
+                                   (p.iter().map(|w| w.concurrency).sum::<usize>()) }
+                            td.n { (p.len()) }
+                            td { (ago(first.started_ms, frame.now_ms)) }
+                            td { (ago(p.iter().map(|w| w.seen_ms).max().unwrap_or(0), frame.now_ms)) }
                         }
                     }
                 }
@@ -823,6 +856,38 @@ fn trace_link(trace_id: Option<&str>, url: Option<&str>) -> Markup {
             None => code { (clip(id, 40)) },
         }
     }
+}
+
+/// What the search box found for a text that is not a whole job id.
+pub(crate) fn search(
+    frame: &Frame,
+    text: &str,
+    searched: bool,
+    found: &[(JobId, &str, String)],
+) -> Markup {
+    layout(
+        frame,
+        html! {
+            p #search-help { "The box takes a whole job id: 32 hex digits in groups of 8-4-4-4-12, as \
+                   every table here prints it (" code { "2f1c9a3e-…" } "). " code { (clip(text, 80)) }
+                   " is not one." }
+            @if !searched {
+                p.empty { "Give at least four hex digits of an id to look for it among the running \
+                           jobs and the newest " (crate::reads::DEAD_SCAN) " dead letters of each queue." }
+            } @else if found.is_empty() {
+                p.empty #search-none { "No running job and none of the newest " (crate::reads::DEAD_SCAN)
+                    " dead letters of any queue has an id containing it. A job waiting or delayed is \
+                    found by its whole id only (its queue's page lists the delayed ones)." }
+            } @else {
+                table #search {
+                    tr { th { "job" } th { "where" } th { "queue" } }
+                    @for (id, state, queue) in found {
+                        tr { td { (job_link(*id)) } td { (state) } td { (name(queue)) } }
+                    }
+                }
+            }
+        },
+    )
 }
 
 pub(crate) fn rejections(frame: &Frame, rows: &[RejectionNote]) -> Markup {
