@@ -465,14 +465,31 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     visit(&c, ui_port, "/flows", "flows").await;
     assert_eq!(text(&c, "#flows-running").await, "1");
     assert!(text(&c, "#flows").await.contains(&s.flow.to_string()));
+    // Its row counts its steps: two, one released, none ended, two waiting to end.
+    let row = text(&c, &format!("#flows tr[data-flow='{}']", s.flow)).await;
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells[cells.len() - 6..],
+        ["2", "1", "0", "0", "0", "2"],
+        "{row}"
+    );
     visit(&c, ui_port, &format!("/flow/{}", s.flow), "flow").await;
     assert_eq!(text(&c, "#flow-state").await, "running");
+    let msg = press(&c, "flow-cancel").await;
+    assert!(
+        msg.starts_with(&format!("Flow {} cancelled", s.flow)),
+        "{msg}"
+    );
+    assert_eq!(text(&c, "#flow-state").await, "cancelled");
     visit(&c, ui_port, "/schedules", "schedules").await;
     let schedules = text(&c, "#schedules").await;
     assert!(
         schedules.contains("nightly-report") && schedules.contains("0 3 * * *"),
         "{schedules}"
     );
+    let msg = press(&c, "remove-nightly-report").await;
+    assert!(msg.starts_with("Schedule nightly-report removed"), "{msg}");
+    assert!(store.schedules().await.unwrap().is_empty());
     visit(&c, ui_port, "/rejections", "rejections").await;
     // A rejection row links the job that wrote and the worker that ran it.
     let job_link = c

@@ -473,7 +473,12 @@ async fn flows(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             .frame("/flows", "Flows".into(), "/flows", q.as_deref())
             .await?;
         let (running, listed) = ui.store.running_flows(ui.rows).await?;
-        Ok(pages::flows(&frame, running, &listed))
+        // Each listed flow's steps as its home keeps them (a bounded read: one per row).
+        let mut rows = Vec::with_capacity(listed.len());
+        for (id, created) in listed {
+            rows.push((id, created, ui.store.flow(id).await?));
+        }
+        Ok(pages::flows(&frame, running, &rows))
     };
     respond(page.await, is_live(q.as_deref()))
 }
@@ -642,6 +647,7 @@ struct ActionForm {
     per: Option<String>,
     cap: Option<String>,
     schedule: Option<String>,
+    flow: Option<String>,
     expected: Option<String>,
     confirm: Option<String>,
     back: Option<String>,
@@ -922,6 +928,37 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                 format!("Enqueued job {id} of schedule {name}."),
                 "/schedules".to_owned(),
             )
+        }
+        "schedule-remove" => {
+            let name = field(&form.schedule, "the schedule")?;
+            let removed = store.remove_schedule(name).await.map_err(failed)?;
+            let msg = if removed {
+                format!(
+                    "Schedule {name} removed: it fires no more (a worker whose binary declares \
+                     it in code keeps it again when it starts)."
+                )
+            } else {
+                format!("Nothing done: no kept schedule is named {name}.")
+            };
+            (msg, "/schedules".to_owned())
+        }
+        "flow-cancel" => {
+            let flow = field(&form.flow, "the flow")?;
+            let Ok(id) = flow.parse::<uuid::Uuid>().map(FlowId::from) else {
+                return Err("Nothing done: that is not a flow id.".into());
+            };
+            let msg = match palisade::Client::new(store.clone())
+                .cancel_flow(id)
+                .await
+                .map_err(failed)?
+            {
+                Some(stopped) => format!(
+                    "Flow {id} cancelled: its steps not decided yet are dead unrun; {stopped} \
+                     running step job(s) cancelled."
+                ),
+                None => format!("Nothing done: flow {id} is not kept (never created, or finished and forgotten)."),
+            };
+            (msg, format!("/flow/{id}"))
         }
         _ => return Ok(None),
     };

@@ -735,7 +735,11 @@ pub(crate) fn confirm(frame: &Frame, queue: &str, retry: bool, n: u64) -> Markup
     )
 }
 
-pub(crate) fn flows(frame: &Frame, running: u64, listed: &[(FlowId, u64)]) -> Markup {
+pub(crate) fn flows(
+    frame: &Frame,
+    running: u64,
+    listed: &[(FlowId, u64, Option<FlowStatus>)],
+) -> Markup {
     layout(
         frame,
         html! {
@@ -743,9 +747,19 @@ pub(crate) fn flows(frame: &Frame, running: u64, listed: &[(FlowId, u64)]) -> Ma
             @if listed.is_empty() { p.empty { "No flow is running." } }
             @else {
                 table #flows {
-                    tr { th { "flow" } th { "created" } }
-                    @for (id, created) in listed {
-                        tr { td { a href={ "/flow/" (id) } { code { (id) } } } td { (ago(*created, frame.now_ms)) } }
+                    tr { th { "flow" } th { "created" } th { "steps" } th { "released" } th { "completed" }
+                         th { "dead" } th { "skipped" } th { "waiting" } }
+                    @for (id, created, status) in listed {
+                        tr data-flow=(id) {
+                            td { a href={ "/flow/" (id) } { code { (id) } } }
+                            td { (ago(*created, frame.now_ms)) }
+                            @if let Some(s) = status {
+                                @let ended = s.count(StepEnd::Completed) + s.count(StepEnd::Dead) + s.count(StepEnd::Skipped);
+                                td.n { (s.steps) } td.n { (s.released) } td.n { (s.count(StepEnd::Completed)) }
+                                td.n { (s.count(StepEnd::Dead)) } td.n { (s.count(StepEnd::Skipped)) }
+                                td.n { (s.steps.saturating_sub(ended)) }
+                            } @else { td colspan="6" { "not kept here" } }
+                        }
                     }
                 }
             }
@@ -763,6 +777,11 @@ pub(crate) fn flow(frame: &Frame, status: &FlowStatus) -> Markup {
                 (status.steps) " step(s), " (status.released) " released, "
                 (status.count(StepEnd::Completed)) " completed, " (status.count(StepEnd::Dead)) " dead, "
                 (status.count(StepEnd::Skipped)) " skipped." }
+            @if status.state == palisade::FlowState::Running {
+                (action(frame.csrf, "flow-cancel", &[("flow", &status.id.to_string())], "Cancel this flow", "flow-cancel"))
+                p.meta { "Cancelling decides every step not decided yet as dead unrun and cancels the \
+                          step jobs running now; steps that ended keep their end." }
+            }
             @if !ended.is_empty() {
                 table #steps {
                     tr { th { "step" } th { "ended" } th { "job" } }
@@ -805,11 +824,13 @@ pub(crate) fn schedules(
                             td { (name(&spec.job.queue)) }
                             td { (at(*mark)) }
                             td { (at(*next)) }
-                            td { (action(csrf, "enqueue-now", &[("schedule", &spec.name)], "Enqueue now", &format!("enqueue-{}", spec.name))) }
+                            td { (action(csrf, "enqueue-now", &[("schedule", &spec.name)], "Enqueue now", &format!("enqueue-{}", spec.name)))
+                                 (action(csrf, "schedule-remove", &[("schedule", &spec.name)], "Remove", &format!("remove-{}", spec.name))) }
                         }
                     }
                 }
-                p.meta { "Enqueue now adds one job of the schedule outside its ticks; the ticks go on as before." }
+                p.meta { "Enqueue now adds one job of the schedule outside its ticks; the ticks go on as before. \
+                          Remove stops it (a worker whose binary declares it in code keeps it again at start)." }
             }
         },
     )
