@@ -1417,6 +1417,7 @@ mod tests {
             per: Some("2".into()),
             cap: None,
             schedule: None,
+            flow: None,
             expected: None,
             confirm: None,
             back: None,
