@@ -575,6 +575,120 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Arguments of `jobs`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct JobsArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The queue.
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Which jobs: `ready` (claimable now, next first; a group's are counted by `group`, not
+    /// listed) or `delayed` (waiting for a delay or a retry, soonest due first).
+    #[arg(long, default_value = "ready", value_parser = ["ready", "delayed"])]
+    state: String,
+    /// Most jobs listed.
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    limit: usize,
+}
+
+/// Lists a queue's ready or delayed jobs.
+pub(super) fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        palisade::cli_support::check_name("queue", &args.queue)?;
+        let views = if args.state == "ready" {
+            store.ready(&args.queue, args.limit).await?
+        } else {
+            store.delayed(&args.queue, args.limit).await?
+        };
+        let lines = views.into_iter().map(|v| {
+            json!({
+                "id": v.job.id, "kind": v.job.kind, "scope": v.job.scope, "state": v.state,
+                "attempt": v.job.attempt, "max_attempts": v.job.max_attempts,
+                "due_in_ms": v.due_in.map(|d| d.as_millis() as u64),
+                "last_error": v.last_error, "payload": v.job.payload,
+            })
+            .to_string()
+        });
+        print_lines(lines)
+    })
+}
+
+/// Arguments of `clear`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct ClearArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The queue.
+    queue: String,
+    /// Do it (without: say how many jobs it would cancel).
+    #[arg(long)]
+    yes: bool,
+    /// Kept with each job's dead-letter record.
+    #[arg(long, default_value = "queue cleared by an operator")]
+    reason: String,
+}
+
+/// Jobs `clear` lists and cancels per round.
+const CLEAR_STEP: usize = 500;
+
+/// Cancels every ready and delayed job of a queue (at most as many as it held when it
+/// started: jobs enqueued meanwhile stay), in rounds; prints the total.
+pub(super) fn clear(args: ClearArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        palisade::cli_support::check_name("queue", &args.queue)?;
+        let before = store.counts(&args.queue).await?;
+        let at_most = before.ready + before.delayed;
+        if !args.yes {
+            println!(
+                "queue {}: {} ready and {} delayed jobs would be cancelled (to the dead \
+                 letters); run again with --yes",
+                args.queue, before.ready, before.delayed
+            );
+            return Ok(());
+        }
+        let mut cancelled = 0u64;
+        while cancelled < at_most {
+            let mut round: Vec<palisade::JobId> = store
+                .ready(&args.queue, CLEAR_STEP)
+                .await?
+                .into_iter()
+                .chain(store.delayed(&args.queue, CLEAR_STEP).await?)
+                .map(|v| v.job.id)
+                .collect();
+            round.truncate(usize::try_from(at_most - cancelled).unwrap_or(usize::MAX));
+            if round.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for id in round {
+                // (A job claimed meanwhile is revoked and dead-lettered too: cancel's rule.)
+                if store.cancel(id, &args.reason).await? != palisade::Cancelled::Missing {
+                    cancelled += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let after = store.counts(&args.queue).await?;
+        let mut said = format!("queue {}: {cancelled} jobs cancelled", args.queue);
+        let left = after.ready + after.delayed + after.waiting;
+        if left > 0 {
+            said.push_str(&format!(
+                "; {left} left ({} ready — of groups, or enqueued meanwhile —, {} delayed, {} \
+                 waiting behind their scope)",
+                after.ready, after.delayed, after.waiting
+            ));
+        }
+        println!("{said}");
+        Ok(())
+    })
+}
+
 /// Arguments of `kinds`.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct KindsArgs {

@@ -184,6 +184,11 @@ enum Builtin {
     Enqueue(admin::EnqueueArgs),
     /// Show queue counts, live leases with their age, and a scope's newest token.
     Status(admin::StatusArgs),
+    /// List a queue's ready or delayed jobs, one JSON object per line (next to run first).
+    Jobs(admin::JobsArgs),
+    /// Clear a queue: cancel every ready and delayed job of it (each goes to the dead letters
+    /// with the reason, where `dead retry` brings it back); asks for --yes.
+    Clear(admin::ClearArgs),
     /// List the job kinds this binary handles, each with an example payload to copy (what
     /// `enqueue` and the API's `kind` and `payload` take).
     Kinds(admin::KindsArgs),
@@ -514,6 +519,8 @@ impl App {
             Builtin::Enqueue(args) => admin::enqueue(args, &registry),
             Builtin::Status(args) => admin::status(args),
             Builtin::Kinds(args) => admin::kinds(args, &registry),
+            Builtin::Jobs(args) => admin::jobs(args),
+            Builtin::Clear(args) => admin::clear(args),
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),
             Builtin::Outbox(command) => relay::outbox(command, &sinks),

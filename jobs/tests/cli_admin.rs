@@ -827,3 +827,92 @@ fn caps_and_limits_are_set_shown_and_lifted_one_way() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("no scalar field \"nope\""));
 }
+
+/// Issue 57: a queue nobody consumes can be seen and cleared: `jobs` lists its ready and
+/// delayed jobs (next first), `clear` says what it would do, then with `--yes` cancels every
+/// one (to the dead letters, where `dead retry` brings them back) and counts them.
+#[test]
+fn a_queue_is_listed_and_cleared_whole() {
+    let redis = RedisServer::start();
+    let mut lines = String::new();
+    for n in 0..1200 {
+        lines.push_str(&format!(r#"{{"to":"u{n}@example.com","millis":1}}"#));
+        lines.push('\n');
+    }
+    let out = run(
+        &redis,
+        &["enqueue", "email.send", "--stdin", "--queue", "backlog"],
+        &lines,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let later = r#"{"to":"later@example.com","millis":1}"#;
+    for _ in 0..3 {
+        ok(
+            &redis,
+            &[
+                "enqueue",
+                "email.send",
+                later,
+                "--queue",
+                "backlog",
+                "--delay",
+                "1h",
+            ],
+        );
+    }
+    let listed: Vec<Value> = ok(&redis, &["jobs", "--queue", "backlog", "--limit", "5"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 5);
+    assert!(listed
+        .iter()
+        .all(|j| j["state"] == "ready" && j["kind"] == "email.send"));
+    assert!(
+        listed[0]["payload"]
+            .as_str()
+            .unwrap()
+            .contains("u0@example.com"),
+        "{listed:?}"
+    );
+    let delayed = ok(
+        &redis,
+        &["jobs", "--queue", "backlog", "--state", "delayed"],
+    );
+    assert_eq!(delayed.lines().count(), 3);
+
+    let asked = ok(&redis, &["clear", "backlog"]);
+    assert!(
+        asked.contains("1200 ready and 3 delayed jobs would be cancelled"),
+        "{asked}"
+    );
+    assert_eq!(
+        counts_of(&redis, "backlog")["ready"],
+        1200,
+        "nothing before --yes"
+    );
+    let done = ok(&redis, &["clear", "backlog", "--yes"]);
+    assert_eq!(done.trim(), "queue backlog: 1203 jobs cancelled");
+    let c = counts_of(&redis, "backlog");
+    assert_eq!(
+        (
+            c["ready"].as_u64(),
+            c["delayed"].as_u64(),
+            c["dead"].as_u64()
+        ),
+        (Some(0), Some(0), Some(1203)),
+        "{c}"
+    );
+    assert_eq!(c["cancelled"], 1203);
+    let back = ok(&redis, &["dead", "retry", "--queue", "backlog"]);
+    assert!(back.starts_with("1203 jobs retried"), "{back}");
+}
+
+fn counts_of(redis: &RedisServer, queue: &str) -> Value {
+    let status: Value = serde_json::from_str(&ok(redis, &["status", "--json"])).unwrap();
+    status["queues"][queue].clone()
+}

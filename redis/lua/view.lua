@@ -1,11 +1,13 @@
 -- view.lua: live jobs and where they are, for operators (read-only).
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  "job" (ARGV[2] a job id) or "delayed" (ARGV[2] a queue, ARGV[3] most jobs)
+-- ARGV[1]  "job" (ARGV[2] a job id), "delayed" or "ready" (ARGV[2] a queue, ARGV[3] most
+--          jobs)
 -- Returns  one array per job: {id, meta JSON, queue, attempt, stalls, state, due in ms ("" if
 --          not delayed), lease id ("" if not leased), the reason its last attempt was retried
 --          ("" if none), snoozes}; state is ready, waiting, delayed,
 --          leased, held or unplaced. "job" returns at most one (none for a job that is not
---          live); "delayed" the queue's delayed jobs, soonest due first.
+--          live); "delayed" the queue's delayed jobs, soonest due first; "ready" its ready jobs
+--          of no group, next to be claimed first (by their ready score, across its kinds).
 -- Errors   none: a key of another type reads as empty
 local base = KEYS[1]
 local now = now_ms()
@@ -45,6 +47,29 @@ end
 local out = {}
 if ARGV[1] == 'job' then
   out[1] = view(ARGV[2])
+elseif ARGV[1] == 'ready' then
+  local n = tonumber(ARGV[3])
+  local kinds = redis.pcall('SMEMBERS', base .. 'q:' .. ARGV[2] .. ':kinds')
+  local all = {}
+  if type(kinds) == 'table' and not kinds.err then
+    for _, kind in ipairs(kinds) do
+      local got = redis.pcall('ZRANGE', ready_key(base, ARGV[2], kind), 0, n - 1, 'WITHSCORES')
+      if type(got) == 'table' and not got.err then
+        for i = 1, #got, 2 do
+          all[#all + 1] = { tonumber(got[i + 1]) or 0, got[i] }
+        end
+      end
+    end
+  end
+  table.sort(all, function(a, b)
+    if a[1] ~= b[1] then
+      return a[1] < b[1]
+    end
+    return a[2] < b[2]
+  end)
+  for i = 1, math.min(n, #all) do
+    out[#out + 1] = view(all[i][2])
+  end
 else
   local ids = redis.pcall('ZRANGE', base .. 'q:' .. ARGV[2] .. ':delayed', 0,
     tonumber(ARGV[3]) - 1)

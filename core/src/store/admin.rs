@@ -37,6 +37,11 @@ pub trait Inspect: Send + Sync + 'static {
     /// at most `limit`.
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>>;
 
+    /// Ready jobs of one queue that belong to no group, next to be claimed first, at most
+    /// `limit` (a group's ready jobs are counted by [`Inspect::group`], not listed). Across
+    /// partitions: one partition's after another, each in its claim order.
+    async fn ready(&self, queue: &str, limit: usize) -> Result<Vec<JobView>>;
+
     /// A live job (neither completed nor dead) and where it is, or `None`.
     async fn job(&self, job: JobId) -> Result<Option<JobView>>;
 
@@ -165,6 +170,9 @@ impl Inspect for Stores {
     }
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
         self.inspect.delayed(queue, limit).await
+    }
+    async fn ready(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        self.inspect.ready(queue, limit).await
     }
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
         self.inspect.job(job).await

@@ -215,28 +215,11 @@ impl Inspect for RedisLeaseStore {
     }
 
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.conn().await?;
-        let rows: Vec<Vec<String>> = VIEW
-            .key(&self.base)
-            .arg("delayed")
-            .arg(queue)
-            .arg(script_count(limit))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.link.broken(e))?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|row| match decode_view(row) {
-                Ok(view) => Some(view),
-                Err(e) => {
-                    tracing::warn!(queue, error = %e, "a delayed job's record does not read; skipped");
-                    None
-                }
-            })
-            .collect())
+        self.listed("delayed", queue, limit).await
+    }
+
+    async fn ready(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        self.listed("ready", queue, limit).await
     }
 
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
@@ -321,6 +304,32 @@ impl Inspect for RedisLeaseStore {
 }
 
 impl RedisLeaseStore {
+    /// `view.lua`'s list of a queue's `what` ("delayed" or "ready") jobs, at most `limit`.
+    async fn listed(&self, what: &str, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = VIEW
+            .key(&self.base)
+            .arg(what)
+            .arg(queue)
+            .arg(script_count(limit))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| match decode_view(row) {
+                Ok(view) => Some(view),
+                Err(e) => {
+                    tracing::warn!(queue, error = %e, "a {what} job's record does not read; skipped");
+                    None
+                }
+            })
+            .collect())
+    }
+
     /// `dead_job.lua`: `action` is `retry` or `purge`.
     async fn dead_job(&self, queue: &str, job: JobId, action: &str) -> Result<bool> {
         crate::job::check_name("queue", queue)?;

@@ -62,6 +62,8 @@ pub const NOT_FOR_PARTITIONS: &[&str] = &[
     // A claim rotates over the groups of the partition it takes from (each group lives in
     // one), so a big group's share is its partition's, not the whole layout's.
     "claims_rotate_over_groups_whatever_their_backlog",
+    // Listed one partition after another (priority orders claims within a partition only).
+    "ready_jobs_are_listed_in_claim_order",
 ];
 
 /// Runs named cases `parallel` at a time, each as its own task, and fails with the name and

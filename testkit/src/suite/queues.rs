@@ -17,6 +17,7 @@ macro_rules! queue_cases {
             only_an_unused_queue_is_forgotten,
             a_tick_travels_with_its_job,
             dead_letters_are_retried_and_purged_whole_by_filter,
+            ready_jobs_are_listed_in_claim_order,
         );
     };
 }
@@ -642,4 +643,45 @@ pub async fn dead_letters_are_retried_and_purged_whole_by_filter(store: Stores) 
         .await
         .unwrap();
     assert_eq!(none, DeadSweep::default());
+}
+
+/// `ready`: a queue's ready jobs of every kind, higher priority first then oldest, bounded;
+/// neither a delayed nor a running job is listed, nor another queue's.
+pub async fn ready_jobs_are_listed_in_claim_order(store: Stores) {
+    let ids: Vec<JobId> = store
+        .enqueue(vec![
+            job("a").with_queue("rq"),
+            job("b").with_queue("rq").with_priority(5),
+            job("a").with_queue("rq"),
+            job("b")
+                .with_queue("rq")
+                .with_delay(Duration::from_secs(3600)),
+            job("a").with_queue("other"),
+        ])
+        .await
+        .unwrap();
+    let listed: Vec<JobId> = store
+        .ready("rq", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| {
+            assert_eq!(v.state, JobState::Ready);
+            v.job.id
+        })
+        .collect();
+    assert_eq!(listed, [ids[1], ids[0], ids[2]]);
+    assert_eq!(store.ready("rq", 2).await.unwrap().len(), 2);
+    assert!(store.ready("nothing-here", 10).await.unwrap().is_empty());
+    // Claimed, it is no longer ready.
+    let claimed = store.claim("rq", "suite", 1, TTL).await.unwrap();
+    assert_eq!(claimed[0].job.id, ids[1]);
+    let left: Vec<JobId> = store
+        .ready("rq", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.job.id)
+        .collect();
+    assert_eq!(left, [ids[0], ids[2]]);
 }

@@ -89,6 +89,33 @@ impl Inspect for MemoryLeaseStore {
             .collect())
     }
 
+    async fn ready(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        let state = lock(&self.state);
+        let Some(q) = state.queues.get(queue) else {
+            return Ok(Vec::new());
+        };
+        // Every kind's first `limit`, merged in claim order (priority, then arrival).
+        let mut keys: Vec<_> = q
+            .ready
+            .values()
+            .flat_map(|set| set.iter().take(limit))
+            .collect();
+        keys.sort_unstable();
+        Ok(keys
+            .into_iter()
+            .filter_map(|(_, _, id)| {
+                Some(JobView {
+                    job: state.jobs.get(id)?.job.clone(),
+                    state: JobState::Ready,
+                    due_in: None,
+                    lease: None,
+                    last_error: state.errors.get(id).cloned(),
+                })
+            })
+            .take(limit)
+            .collect())
+    }
+
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
         let now = Instant::now();
         let state = lock(&self.state);

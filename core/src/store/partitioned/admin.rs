@@ -58,6 +58,17 @@ impl Inspect for PartitionedLeaseStore {
         Ok(all)
     }
 
+    async fn ready(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
+        // (Each partition's in its claim order, one partition after another: the layout
+        // claims from them in turn, so no order across them is the claim order.)
+        let all = self
+            .on_all(|part| async move { part.ready(queue, limit).await })
+            .await?;
+        let mut all = all.concat();
+        all.truncate(limit);
+        Ok(all)
+    }
+
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
         let all = self
             .on_all(|part| async move { part.job(job).await })
