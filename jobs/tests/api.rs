@@ -367,6 +367,24 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
     // A grouped job in a queue no worker claims: its group stays ready for the sampler.
     let parked = r#"{"kind":"email.send","queue":"parked","group":"tenant-1","payload":{"to":"p@x","millis":1}}"#;
     assert_eq!(post("/jobs", parked).0, 201);
+    // The queue nobody claims lists its ready job of no group (a group's are counted, not
+    // listed).
+    let loose = r#"{"kind":"email.send","queue":"parked","payload":{"to":"l@x","millis":1}}"#;
+    assert_eq!(post("/jobs", loose).0, 201);
+    let (code, listed) = curl(&["-H", &bearer, &format!("{base}/queues/parked/jobs")]);
+    assert_eq!(code, 200, "{listed}");
+    let jobs = listed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{listed}");
+    assert_eq!(
+        (jobs[0]["state"].as_str(), jobs[0]["queue"].as_str()),
+        (Some("ready"), Some("parked"))
+    );
+    let (code, _) = curl(&[
+        "-H",
+        &bearer,
+        &format!("{base}/queues/parked/jobs?state=done"),
+    ]);
+    assert_eq!(code, 400);
     let flow = r#"{"steps":[{"name":"a","job":{"kind":"email.send","payload":{"to":"f@x","millis":1}},"after":[]}]}"#;
     assert_eq!(post("/flows", flow).0, 201);
 
@@ -404,7 +422,7 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
     let enqueued = |queue| {
         palisade::metrics::sample_sum(&text, "palisade_queue_enqueued_total", &[("queue", queue)])
     };
-    assert_eq!(enqueued("parked"), 1, "{text}");
+    assert_eq!(enqueued("parked"), 2, "{text}");
     assert!(enqueued("default") >= 5, "{text}");
     // The queue nobody claims reads 0 workers, the worker's own more.
     assert!(

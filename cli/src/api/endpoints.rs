@@ -16,8 +16,8 @@ use utoipa_axum::routes;
 use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
     CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
-    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, Paused, Purged, QueueList,
-    QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
+    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, JobsPage, JobsQuery,
+    Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
 };
 use super::Api;
 use palisade::cli_support::check_name;
@@ -122,6 +122,7 @@ fn routes() -> OpenApiRouter<Arc<Api>> {
         .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(dead))
+        .routes(routes!(queue_jobs))
         .routes(routes!(retry_dead))
         .routes(routes!(purge_dead))
         .routes(routes!(retry_dead_job))
@@ -427,6 +428,35 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
     api.store.set_paused(&queue, paused).await?;
     tracing::info!(queue = %queue, paused, "api: queue paused or resumed");
     Ok(Json(Paused { queue, paused }))
+}
+
+/// A queue's ready jobs (next to be claimed first; a group's are not listed) or its delayed
+/// ones (soonest due first).
+#[utoipa::path(get, path = "/api/v1/queues/{queue}/jobs", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name"), JobsQuery),
+    responses((status = 200, description = "Done", body = JobsPage)))]
+async fn queue_jobs(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+    query: Result<Query<JobsQuery>, QueryRejection>,
+) -> Result<Json<JobsPage>, ApiError> {
+    queue_name(&queue)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(50).min(super::MAX_ROWS);
+    let views = match q.state.as_deref().unwrap_or("ready") {
+        "ready" => api.store.ready(&queue, limit).await?,
+        "delayed" => api.store.delayed(&queue, limit).await?,
+        other => {
+            return Err(ApiError::invalid(format!(
+                "state {other:?}: ready or delayed"
+            )))
+        }
+    };
+    let jobs = views
+        .into_iter()
+        .filter_map(|v| JobStatus::of(v.job.id, Some(v), None, None, None))
+        .collect();
+    Ok(Json(JobsPage { jobs }))
 }
 
 /// A page of a queue's dead letters, newest first.

@@ -723,6 +723,24 @@ pub(crate) struct DeadPage {
     pub(crate) jobs: Vec<DeadEntry>,
 }
 
+/// Which of a queue's live jobs to list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct JobsQuery {
+    /// `ready` (claimable now, next first; a group's are not listed) or `delayed` (soonest
+    /// due first). Default `ready`.
+    pub(crate) state: Option<String>,
+    /// Most jobs answered (default 50, at most 1,000).
+    pub(crate) limit: Option<usize>,
+}
+
+/// A queue's ready or delayed jobs.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct JobsPage {
+    pub(crate) jobs: Vec<JobStatus>,
+}
+
 /// Where to look for a job that is not live.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
