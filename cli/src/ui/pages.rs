@@ -244,7 +244,9 @@ fn chart(
     points: &[(u64, f64)],
     (from, to): (u64, u64),
 ) -> Markup {
-    const W: f64 = 720.0;
+    // The plot's left gutter (the value scale), its width and height.
+    const G: f64 = 56.0;
+    const W: f64 = 720.0 - G;
     const H: f64 = 60.0;
     let points: Vec<&(u64, f64)> = points
         .iter()
@@ -261,15 +263,17 @@ fn chart(
         figure.chart id=(id) {
             figcaption { b { (title) } " — highest " (format!("{max:.1}")) " " (unit) }
             svg width="720" height="76" viewBox="0 0 720 76" role="img" aria-label=(title) {
-                rect x="0" y="0" width="720" height="60" fill="#f6f7fb" {}
-                line x1="0" y1="60" x2="720" y2="60" stroke="#999" {}
-                text.axis x="2" y="10" font-size="10" fill="#555" { (format!("{max:.1}")) " " (unit) }
-                text.axis x="2" y="58" font-size="10" fill="#555" { "0" }
-                text.axis x="0" y="73" font-size="10" fill="#555" { (clock(from)) " UTC" }
+                // The value scale in a gutter on the left; the window's ends below.
+                rect x=(G) y="0" width=(W) height="60" fill="#f6f7fb" {}
+                line x1=(G) y1="60" x2="720" y2="60" stroke="#999" {}
+                text.axis x=(G - 4.0) y="10" font-size="10" fill="#555" text-anchor="end" { (format!("{max:.1}")) }
+                text.axis x=(G - 4.0) y="22" font-size="9" fill="#777" text-anchor="end" { (unit) }
+                text.axis x=(G - 4.0) y="60" font-size="10" fill="#555" text-anchor="end" { "0" }
+                text.axis x=(G) y="73" font-size="10" fill="#555" { (clock(from)) " UTC" }
                 text.axis x="720" y="73" font-size="10" fill="#555" text-anchor="end" { (clock(to)) }
                 @for (at, v) in points {
                     @let h = if max > 0.0 { (v / max * (H - 2.0)).max(if *v > 0.0 { 1.0 } else { 0.0 }) } else { 0.0 };
-                    @let x = (at.saturating_sub(from) as f64 / span * W - bar).max(0.0);
+                    @let x = G + (at.saturating_sub(from) as f64 / span * W - bar).max(0.0);
                     rect x=(format!("{x:.2}")) y=(format!("{:.2}", H - h))
                         width=(format!("{:.2}", (bar - 0.3).max(0.7))) height=(format!("{h:.2}")) fill="#4f5d75" {
                         title { (format!("{v:.1}")) " " (unit) " — " (when(*at)) }
