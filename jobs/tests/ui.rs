@@ -515,6 +515,10 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     }
     visit(&c, ui_port, &format!("/job/{}", s.retry), "job").await;
     assert_eq!(text(&c, "#job-state").await, "delayed");
+    // A retry says when its next attempt is, as a time (it waits an hour).
+    let due_at = text(&c, "#due-at").await;
+    assert!(due_at.ends_with('Z') && due_at.contains('T'), "{due_at}");
+    assert!(text(&c, "main").await.contains("next attempt in 59m"));
     assert!(text(&c, "#payload").await.contains("d@x"));
     assert!(
         text(&c, "#job").await.contains("1 of"),

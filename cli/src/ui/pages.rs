@@ -964,7 +964,10 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
         frame,
         html! {
             p { "State " b #job-state { (state) }
-                @if let Some(due) = p.live.as_ref().and_then(|v| v.due_in) { ", due in " (age(due)) } }
+                @if let Some(due) = p.live.as_ref().and_then(|v| v.due_in) {
+                    @let at = frame.now_ms.saturating_add(u64::try_from(due.as_millis()).unwrap_or(u64::MAX));
+                    @let next = if p.live.as_ref().is_some_and(|v| v.job.attempt > 0) { "next attempt" } else { "due" };
+                    ", " (next) " in " (age(due)) " (" span #due-at { (when(at)) } ")" } }
             @if let Some(job) = job {
                 table #job {
                     tr { th { "queue" } td { (name(&job.queue)) } }
