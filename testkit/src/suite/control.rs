@@ -77,8 +77,12 @@ pub async fn operator_views_oldest_ready_role_and_journal(store: Stores) {
         detail: format!("stale token {i}"),
         // Kept as written, present or not.
         trace_id: (i % 2 == 1).then(|| format!("{i:032x}")),
-        job: i.is_multiple_of(2).then(JobId::new),
-        lease: i.is_multiple_of(3).then(LeaseId::new),
+        job: i
+            .is_multiple_of(2)
+            .then(|| JobId::from(uuid::Uuid::from_u128(u128::from(i)))),
+        lease: i
+            .is_multiple_of(3)
+            .then(|| LeaseId::from(uuid::Uuid::from_u128(u128::from(i) << 64))),
         worker: i.is_multiple_of(2).then(|| format!("w{i}")),
     };
     assert!(store.rejections(10).await.unwrap().is_empty());
