@@ -227,6 +227,50 @@ fn redis_outage_under_load_loses_nothing_and_applies_nothing_twice() {
     }
 }
 
+/// Enqueues 500 deposits over 20 accounts (`extra`: more `enqueue` flags) to `coordinator`
+/// (`None`: `down` is the coordinator too), lets 60 complete, stops `down` for 10 s, and
+/// waits up to `within` for every deposit to end; each account's expected balance.
+fn deposits_across_an_outage(
+    down: &mut RedisServer,
+    coordinator: Option<&RedisServer>,
+    extra: &[&str],
+    within: Duration,
+) -> [i64; 20] {
+    let mut expected = [0i64; 20];
+    let mut lines = String::new();
+    for i in 0..500u32 {
+        let (account, cents) = (i % 20, i64::from(i % 7 + 1));
+        expected[account as usize] += cents;
+        lines.push_str(&format!(
+            r#"{{"account":{account},"cents":{cents},"hold_ms":40}}"#
+        ));
+        lines.push('\n');
+    }
+    let mut args = vec![
+        "enqueue",
+        "ledger.deposit",
+        "--stdin",
+        "--scope",
+        "account:{account}",
+    ];
+    args.extend(extra);
+    let url = coordinator.map_or_else(|| down.url(), RedisServer::url);
+    palisade_testkit::process::run_with_stdin(BIN, &url, &args, &lines);
+    let completed = |down: &RedisServer| {
+        let c = counts(coordinator.unwrap_or(down));
+        let n = |state: &str| c[state].as_u64().unwrap_or(0);
+        (n("completed"), n("completed") + n("dead"))
+    };
+    wait_for("some deposits", Duration::from_secs(60), || {
+        completed(down).0 >= 60
+    });
+    down.stop();
+    std::thread::sleep(Duration::from_secs(10));
+    down.restart();
+    wait_for("every deposit to end", within, || completed(down).1 == 500);
+    expected
+}
+
 /// Issue 57: the retry defaults ride out an outage. The sink's Redis goes away for 10 s in
 /// the middle of 500 deposits: every deposit that reaches it then fails and is retried with
 /// the worker's default backoff (no retry flag given) and the job's default attempts; when it
@@ -248,37 +292,17 @@ fn a_ten_second_sink_outage_dead_letters_nothing_with_the_default_retries() {
         worker_with(&redis, &sink, "A", "5s", extra),
         worker_with(&redis, &sink, "B", "5s", extra),
     ];
-    let mut expected = [0i64; 20];
-    let mut lines = String::new();
-    for i in 0..500u32 {
-        let (account, cents) = (i % 20, i64::from(i % 7 + 1));
-        expected[account as usize] += cents;
-        lines.push_str(&format!(
-            r#"{{"account":{account},"cents":{cents},"hold_ms":40}}"#
-        ));
-        lines.push('\n');
-    }
-    let mut args = vec![
-        "enqueue",
-        "ledger.deposit",
-        "--stdin",
-        "--scope",
-        "account:{account}",
-    ];
-    if old_defaults {
-        args.extend(["--max-attempts", "5"]);
-    }
-    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines);
-    wait_for("some deposits", Duration::from_secs(60), || {
-        counts(&redis)["completed"].as_u64().unwrap_or(0) >= 60
-    });
-    sink.stop();
-    std::thread::sleep(Duration::from_secs(10));
-    sink.restart();
-    wait_for("every deposit to end", Duration::from_secs(120), || {
-        let c = counts(&redis);
-        c["completed"].as_u64().unwrap_or(0) + c["dead"].as_u64().unwrap_or(0) == 500
-    });
+    let max_attempts: &[&str] = if old_defaults {
+        &["--max-attempts", "5"]
+    } else {
+        &[]
+    };
+    let expected = deposits_across_an_outage(
+        &mut sink,
+        Some(&redis),
+        max_attempts,
+        Duration::from_secs(120),
+    );
     let c = counts(&redis);
     assert_eq!(c["dead"].as_u64(), Some(0), "dead letters: {c}");
     for (account, want) in expected.iter().enumerate() {
@@ -306,34 +330,7 @@ fn a_ten_second_outage_of_the_one_redis_dead_letters_nothing() {
         worker_at(&redis.url(), &redis.url(), "A", "5s", &[]),
         worker_at(&redis.url(), &redis.url(), "B", "5s", &[]),
     ];
-    let mut expected = [0i64; 20];
-    let mut lines = String::new();
-    for i in 0..500u32 {
-        let (account, cents) = (i % 20, i64::from(i % 7 + 1));
-        expected[account as usize] += cents;
-        lines.push_str(&format!(
-            r#"{{"account":{account},"cents":{cents},"hold_ms":40}}"#
-        ));
-        lines.push('\n');
-    }
-    let args = [
-        "enqueue",
-        "ledger.deposit",
-        "--stdin",
-        "--scope",
-        "account:{account}",
-    ];
-    palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines);
-    wait_for("some deposits", Duration::from_secs(60), || {
-        counts(&redis)["completed"].as_u64().unwrap_or(0) >= 60
-    });
-    redis.stop();
-    std::thread::sleep(Duration::from_secs(10));
-    redis.restart();
-    wait_for("every deposit to end", Duration::from_secs(150), || {
-        let c = counts(&redis);
-        c["completed"].as_u64().unwrap_or(0) + c["dead"].as_u64().unwrap_or(0) == 500
-    });
+    let expected = deposits_across_an_outage(&mut redis, None, &[], Duration::from_secs(150));
     let c = counts(&redis);
     assert_eq!(c["dead"].as_u64(), Some(0), "dead letters: {c}");
     for (account, want) in expected.iter().enumerate() {
