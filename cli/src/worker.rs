@@ -113,6 +113,14 @@ pub(super) struct WorkerArgs {
     /// Dead-lettered jobs kept per queue; the oldest go first (see `dead purge`).
     #[arg(long, default_value_t = DEFAULT_DEAD_RETENTION, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DEAD_RETENTION as u64))]
     dead_retention: usize,
+    /// How long a completed job is kept to be found by id (`job ID`, the API, the console's
+    /// job page), with its times and attempts; `0s` keeps none. Give every worker the same:
+    /// each applies its own to the jobs it completes.
+    #[arg(long, default_value = "1d", value_parser = super::duration_within(Duration::ZERO, 365 * super::DAY))]
+    keep_completed: Duration,
+    /// At most this many completed jobs kept (the oldest go first); 0 keeps none.
+    #[arg(long, default_value_t = palisade::CompletedRetention::default().max, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=palisade::limits::MAX_COMPLETED_KEPT as u64))]
+    keep_completed_max: usize,
 }
 
 /// `name` or `name:weight` (weight 1..=100); spaces around either are ignored.
@@ -214,7 +222,12 @@ pub(super) fn run(
             let (pool, store) = args
                 .redis
                 .store_with(palisade::DEFAULT_MAX_PAYLOAD_BYTES, |store| {
-                    let store = store.with_dead_retention(args.dead_retention);
+                    let store = store
+                        .with_dead_retention(args.dead_retention)
+                        .with_completed_retention(palisade::CompletedRetention {
+                            keep: args.keep_completed,
+                            max: args.keep_completed_max,
+                        });
                     match &epochs {
                         Some(source) => store.with_epoch_source(source.clone()),
                         None => store,

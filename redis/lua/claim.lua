@@ -336,7 +336,7 @@ for _, c in ipairs(order) do
       local token = fmt(counter)
       -- (A first attempt, the common claim, needs no number made.)
       local attempt = f[3] and fmt(count_of(f[3]) + 1) or '1'
-      redis.call('HSET', job, 'attempt', attempt, 'lease', lease)
+      redis.call('HSET', job, 'attempt', attempt, 'lease', lease, 'start', now)
       local capped = room[kind] and kind
       if room[kind] then
         room[kind] = room[kind] - 1

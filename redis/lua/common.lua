@@ -669,6 +669,72 @@ local function park(base, id, at, now)
   end
 end
 
+-- A job record's attempt history ('tries'): a JSON array of [attempt, started ms (0:
+-- unknown), ended ms, outcome, error], oldest first, for the job page and the records a
+-- completion or a burial keeps; 'ntries' counts its entries. An attempt that ends is appended
+-- (`note_try`); the history keeps the newest MAX_TRIES (JobDetails::attempts,
+-- MAX_ATTEMPTS_KEPT in Rust), each error clipped to TRY_ERROR_BYTES, so a record stays small
+-- whatever a handler's errors say. The attempt running now is not in it: its start is the
+-- record's 'start' (claim.lua).
+local MAX_TRIES, TRY_ERROR_BYTES = 32, 480
+
+-- `s` cut to at most `n` bytes on a UTF-8 character boundary, marked with "..." (an error is a
+-- Rust string: a cut inside a character would make the history unreadable).
+local function clip(s, n)
+  if #s <= n then
+    return s
+  end
+  local cut = n
+  while cut > 0 and string.byte(s, cut + 1) >= 0x80 and string.byte(s, cut + 1) < 0xC0 do
+    cut = cut - 1
+  end
+  return string.sub(s, 1, cut) .. '...'
+end
+
+-- Appends the attempt of job record `job` that ended `now` with `outcome` (and `err`) to its
+-- history. Its number and start come from the record. A history another program wrote (not
+-- an array of ours) is left as it is: never rewritten from what cannot be read.
+local function note_try(job, outcome, now, err)
+  local f = fields(job, 'attempt', 'start', 'tries', 'ntries')
+  local tries, n = f[3], count_of(f[4])
+  if tries and (string.sub(tries, 1, 1) ~= '[' or string.sub(tries, -1) ~= ']') then
+    return
+  end
+  local entry = '[' .. fmt(count_of(f[1])) .. ',' .. fmt(count_of(f[2])) .. ',' .. fmt(now)
+    .. ',"' .. outcome .. '",' .. cjson.encode(clip(err or '', TRY_ERROR_BYTES)) .. ']'
+  if not tries or tries == '[]' then
+    tries, n = '[' .. entry .. ']', 1
+  else
+    tries, n = string.sub(tries, 1, -2) .. ',' .. entry .. ']', n + 1
+  end
+  if n > MAX_TRIES then
+    -- The oldest go: re-read as entries (ours, so they read back), the newest kept.
+    local ok, all = pcall(cjson.decode, tries)
+    if not ok or type(all) ~= 'table' then
+      return
+    end
+    local kept = {}
+    for i = math.max(1, #all - MAX_TRIES + 1), #all do
+      kept[#kept + 1] = cjson.encode(all[i])
+    end
+    tries, n = '[' .. table.concat(kept, ',') .. ']', #kept
+  end
+  redis.call('HSET', job, 'tries', tries, 'ntries', n)
+end
+
+-- The history `tries` holds, decoded, for a record that keeps it as JSON (a burial's); nil
+-- for none or one that does not read as an array.
+local function tries_of(tries)
+  if type(tries) ~= 'string' then
+    return nil
+  end
+  local ok, all = pcall(cjson.decode, tries)
+  if ok and type(all) == 'table' and #all > 0 then
+    return all
+  end
+  return nil
+end
+
 -- A job that is done (completed or dead) gives its unique key up: the key stays held until
 -- the ttl given at enqueue ends, then goes. A key some other job holds now is left alone.
 -- (`now`: the caller's clock reading, if it has one: a settlement of many jobs reads TIME
@@ -821,7 +887,8 @@ end
 local function bury(base, id, reason, keep)
   local job = base .. 'job:' .. id
   release_unique(base, id)
-  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow', 'snoozes', 'group')
+  local f = fields(job, 'meta', 'queue', 'scope', 'attempt', 'stalls', 'flow', 'snoozes', 'group',
+    'tries', 'enq')
   if not f[2] then
     return -- (no readable record: callers check first)
   end
@@ -844,6 +911,7 @@ local function bury(base, id, reason, keep)
     snoozes = count_of(f[7]), max_snoozes = whole(meta.max_snoozes, U32),
     timeout_ms = whole(meta.timeout_ms, MS), deadline_ms = whole(meta.deadline_ms, MS),
     group = f[8] or nil, priority = priority_of(meta.priority),
+    attempts = tries_of(f[9]), enqueued = count_of(f[10]) > 0 and count_of(f[10]) or nil,
     kept = read and unknown_fields(meta) or nil }
   local ok, json = pcall(cjson.encode, record)
   if not ok and record.kept then
@@ -1121,7 +1189,8 @@ local function revive(base, raw, now)
   if not encoded then
     return false
   end
-  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0)
+  redis.call('HSET', job, 'meta', meta, 'queue', d.queue, 'kind', d.kind, 'attempt', 0, 'stalls', 0,
+    'enq', now)
   if d.scope ~= 'job:' .. d.id then
     redis.call('HSET', job, 'scope', d.scope)
   end

@@ -180,10 +180,10 @@ for i = 0, n - 1 do
     if scope == '' then
       scope = nil
       redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-        'at', at)
+        'at', at, 'enq', now)
     else
       redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-        'scope', scope, 'at', at)
+        'scope', scope, 'at', at, 'enq', now)
     end
     local score = last - n + i + 1 - priority * PRIORITY_SPAN
     if delay > 0 then

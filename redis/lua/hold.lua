@@ -33,10 +33,10 @@ for i = 0, n - 1 do
   if redis.call('EXISTS', job, base .. 'ended:' .. id) == 0 then
     if scope == '' then
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
+        'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'enq', now)
     else
       redis.call('HSET', job, 'meta', ARGV[o + 6], 'queue', queue, 'kind', kind,
-        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5])
+        'scope', scope, 'flow', ARGV[o + 7], 'delay', ARGV[o + 5], 'enq', now)
     end
     redis.call('ZADD', base .. 'held', now, id)
     redis.call('SADD', base .. 'queues', queue)

@@ -48,6 +48,7 @@ while done < max and looked < 10 * max do
         local queue = release(base, lease, id, entry)
         if queue then
           local job = base .. 'job:' .. id
+          note_try(job, 'stalled', now, '')
           local stalls = bump(job, 'stalls', 1)
           -- Stalls ever reaped in the queue, whichever process reaped them, for the sampler
           -- to export (pcall: a stats hash written over must not fail the reap halfway).

@@ -1,6 +1,8 @@
 -- settle.lua: completes, retries, dead-letters or reseeds finished jobs, each checked by lease.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, then 6 fields per settlement:
+-- ARGV[1]  count, ARGV[2] dead-letter records kept per queue, ARGV[3] how long a completed
+--          job's record is kept (ms; 0: not kept, deleted as before), ARGV[4] most completed
+--          records kept (the oldest go first), then 6 fields per settlement:
 --          lease id, action, arg, reason, follow-ups (a completion's follow-up jobs and flows
 --          as JSON, kept at "then:<job id>" and listed in the zset "thens" by the time kept,
 --          until the coordinator enqueued them; "" for none), added steps (the steps a flow
@@ -35,6 +37,17 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- Completed jobs' records: kept (renamed to "done:<id>", listed in the zset "done" by when
+-- they completed) for keep_ms, at most keep_max of them. Arguments that are not the decimals
+-- our client sends keep none (the completions themselves go through).
+local keep_ms, keep_max = 0, 0
+if string.match(ARGV[3] or '', '^%d+$') and #ARGV[3] <= 15
+    and string.match(ARGV[4] or '', '^%d+$') and #ARGV[4] <= 15 then
+  keep_ms, keep_max = tonumber(ARGV[3]), tonumber(ARGV[4])
+end
+if keep_max == 0 then
+  keep_ms = 0
+end
 
 -- Look every lease up at once: its expiry and its job. Every script adds and removes a lease
 -- in `leases` and `lease_job` together, so when no lease has expired and both hold as many,
@@ -44,7 +57,7 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- another program's writes, each lease's expiry is read.
 local all, expiries, jobs, entries, epochs, seconds = {}, {}, {}, {}, {}, {}
 for i = 0, count - 1 do
-  all[#all + 1] = ARGV[3 + i * 6]
+  all[#all + 1] = ARGV[5 + i * 6]
 end
 -- (A claim keeps SKIPLIST in `leases` at +inf: the count is of finite expiries.)
 local leases = base .. 'leases'
@@ -98,9 +111,9 @@ end
 -- An argument list that does not fit its count (from another client) has every settlement
 -- refused: a field read at the wrong place — a reason or follow-ups past the end — would be
 -- written.
-local fits = #ARGV == 3 + count * 6
+local fits = #ARGV == 5 + count * 6
 for i = 0, count - 1 do
-  local o = 2 + i * 6
+  local o = 4 + i * 6
   local lease, action, arg = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local expiry, id = expiries[i + 1], jobs[i + 1]
   if not id or not (all_current or (expiry and tonumber(expiry) > now)) or settled[lease] then
@@ -154,6 +167,9 @@ for i = 0, count - 1 do
       if thens then
         want[base .. 'thens'] = 'zset'
       end
+      if action == 'complete' and keep_ms > 0 then
+        want[base .. 'done'] = 'zset'
+      end
       wrong = unsafe(base, want, counted, memo) or false
       if alike then
         alike[VERDICT] = wrong
@@ -169,10 +185,10 @@ for i = 0, count - 1 do
   end
 end
 
-local released, finished, leased, completed = {}, {}, {}, {}
+local released, finished, leased, completed, kept = {}, {}, {}, {}, {}
 local by_epoch = {} -- settled leases by their token's epoch, untracked in bulk below
 for _, i in ipairs(current) do
-  local o = 2 + i * 6
+  local o = 4 + i * 6
   local lease, action, arg, reason = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local follow_ups, added = ARGV[o + 5], ARGV[o + 6]
   local id = jobs[i + 1]
@@ -212,18 +228,33 @@ for _, i in ipairs(current) do
       release_unique_key(base, id, f[4], f[5], now)
       note_step_end(base, id, f[7], 'completed', added, arg ~= '0' and reason or '')
       leave(base, id, f[2])
-      finished[#finished + 1] = job
+      if keep_ms > 0 then
+        -- Kept for operators under another name, out of every live job's way: the record as
+        -- it ran (its 'start' and 'tries' the attempts), with when it completed.
+        local done = base .. 'done:' .. id
+        redis.call('RENAME', job, done)
+        redis.call('HSET', done, 'fin', now)
+        redis.call('PEXPIRE', done, keep_ms)
+        kept[#kept + 1] = now
+        kept[#kept + 1] = id
+      else
+        finished[#finished + 1] = job
+      end
       completed[queue] = (completed[queue] or 0) + 1
     elseif action == 'retry' then
       -- The failure it retries after, for operators (`view.lua`); the next one overwrites it.
       redis.call('HSET', job, 'error', reason)
+      note_try(job, 'retried', now, reason)
       park(base, id, now + tonumber(arg), now)
     elseif action == 'dead' then
+      note_try(job, 'died', now, reason)
       bury(base, id, reason, keep)
     elseif action == 'release' then
+      note_try(job, 'released', now, '')
       bump(job, 'attempt', -1)
       park(base, id, now, now)
     elseif action == 'snooze' then
+      note_try(job, 'snoozed', now, '')
       -- Not a failure: the attempt is given back, the snooze counted (a claim reads it).
       bump(job, 'attempt', -1)
       bump(job, 'snoozes', 1)
@@ -243,6 +274,7 @@ for _, i in ipairs(current) do
       if (tonumber(e[2] or '0') or 0) < floor then
         redis.call('HSET', base .. 'epoch', 'floor', floor)
       end
+      note_try(job, 'released', now, 'a sink held a newer token: the coordinator moved above it')
       bump(job, 'attempt', -1)
       park(base, id, now, now)
       result = 'reseeded:' .. fmt(cur)
@@ -259,6 +291,27 @@ for epoch, leases in pairs(by_epoch) do
 end
 for i = 1, #finished, 500 do
   redis.call('DEL', unpack(finished, i, math.min(i + 499, #finished)))
+end
+if #kept > 0 then
+  local done = base .. 'done'
+  bulk('ZADD', done, kept)
+  -- The list follows the records' own expiry, and holds at most keep_max: the oldest
+  -- records beyond it go with their entries.
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. fmt(now - keep_ms))
+  -- (Its entries are no older than its records: once no completion came for keep_ms, both
+  -- are gone.)
+  redis.call('PEXPIRE', done, keep_ms)
+  local over = redis.call('ZCARD', done) - keep_max
+  if over > 0 then
+    local gone = redis.call('ZRANGE', done, 0, over - 1)
+    redis.call('ZREMRANGEBYRANK', done, 0, over - 1)
+    for i = 1, #gone do
+      gone[i] = base .. 'done:' .. gone[i]
+    end
+    for i = 1, #gone, 500 do
+      redis.call('DEL', unpack(gone, i, math.min(i + 499, #gone)))
+    end
+  end
 end
 for queue, count in pairs(leased) do
   local stats = base .. 'q:' .. queue .. ':stats'

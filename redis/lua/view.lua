@@ -1,13 +1,17 @@
--- view.lua: live jobs and where they are, for operators (read-only).
+-- view.lua: live jobs and where they are, and completed jobs kept, for operators (read-only).
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  "job" (ARGV[2] a job id), "delayed" or "ready" (ARGV[2] a queue, ARGV[3] most
---          jobs)
+-- ARGV[1]  "job" or "done" (ARGV[2] a job id), "delayed" or "ready" (ARGV[2] a queue, ARGV[3]
+--          most jobs)
 -- Returns  one array per job: {id, meta JSON, queue, attempt, stalls, state, due in ms ("" if
 --          not delayed), lease id ("" if not leased), the reason its last attempt was retried
---          ("" if none), snoozes}; state is ready, waiting, delayed,
+--          ("" if none), snoozes, enqueued at (ms, "" if unknown), its attempt's start (ms, ""
+--          if unknown or never claimed), its attempt history (settle.lua's 'tries', "" if none),
+--          completed at (ms, "" unless completed), its result ("" if none)}; state is ready,
+--          waiting, delayed, completed,
 --          leased, held or unplaced. "job" returns at most one (none for a job that is not
 --          live); "delayed" the queue's delayed jobs, soonest due first; "ready" its ready jobs
---          of no group, next to be claimed first (by their ready score, across its kinds).
+--          of no group, next to be claimed first (by their ready score, across its kinds); "done" the
+--          completed job's kept record (settle.lua), at most one.
 -- Errors   none: a key of another type reads as empty
 local base = KEYS[1]
 local now = now_ms()
@@ -17,10 +21,11 @@ local function zscore(key, member)
 end
 local function view(id)
   local f = fields(base .. 'job:' .. id, 'meta', 'queue', 'kind', 'scope', 'attempt', 'stalls',
-    'lease', 'error', 'snoozes', 'group')
+    'lease', 'error', 'snoozes', 'group', 'enq', 'start', 'tries')
   if not f[1] or not f[2] then
     return nil
   end
+  local extra = { f[11] or '', f[12] or '', f[13] or '', '', '' }
   local state, due, lease = 'unplaced', '', ''
   local entry = f[7] and redis.pcall('HGET', base .. 'lease_job', f[7])
   local at = zscore(base .. 'q:' .. f[2] .. ':delayed', id)
@@ -42,11 +47,25 @@ local function view(id)
     state = 'waiting'
   end
   return { id, f[1], f[2], fmt(count_of(f[5])), fmt(count_of(f[6])), state, due, lease,
-    f[8] or '', fmt(count_of(f[9])) }
+    f[8] or '', fmt(count_of(f[9])), unpack(extra) }
+end
+-- A completed job's kept record (settle.lua renamed it), with its result if one is kept.
+local function done(id)
+  local f = fields(base .. 'done:' .. id, 'meta', 'queue', 'attempt', 'stalls', 'error',
+    'snoozes', 'enq', 'start', 'tries', 'fin')
+  if not f[1] or not f[2] or not f[10] then
+    return nil
+  end
+  local result = redis.pcall('GET', base .. 'result:' .. id)
+  return { id, f[1], f[2], fmt(count_of(f[3])), fmt(count_of(f[4])), 'completed', '', '',
+    f[5] or '', fmt(count_of(f[6])), f[7] or '', f[8] or '', f[9] or '', f[10],
+    type(result) == 'string' and result or '' }
 end
 local out = {}
 if ARGV[1] == 'job' then
   out[1] = view(ARGV[2])
+elseif ARGV[1] == 'done' then
+  out[1] = done(ARGV[2])
 elseif ARGV[1] == 'ready' then
   local n = tonumber(ARGV[3])
   local kinds = redis.pcall('SMEMBERS', base .. 'q:' .. ARGV[2] .. ':kinds')

@@ -110,8 +110,9 @@ pub use flow::{Flow, FlowState, FlowStatus, OnDead, Step, StepEnd};
 pub use group::{GroupLimits, GroupStatus};
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
-    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, Enqueued, Job, JobError, JobState,
-    JobView, NewJob, QueueCounts, RateLimit,
+    Attempt, AttemptOutcome, Cancelled, CompletedJob, CompletedRetention, DeadAction, DeadFilter,
+    DeadJob, DeadSweep, Enqueued, Job, JobDetails, JobError, JobState, JobView, NewJob,
+    QueueCounts, RateLimit,
 };
 pub use mutation::{Mutation, Value};
 pub use policy::RetryPolicy;
@@ -144,7 +145,8 @@ pub mod limits {
     pub use crate::flow::{FLOW_RETENTION, MAX_FLOW_BYTES, MAX_FLOW_STEPS};
     pub use crate::job::{
         DEBOUNCE_KEPT, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES,
-        ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS,
+        ENQUEUE_RETRY_FOR, ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_ATTEMPTS_KEPT,
+        MAX_ATTEMPT_ERROR_BYTES, MAX_COMPLETED_KEPT, MAX_DELAY, MAX_FOLLOW_UPS,
         MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS, PRIORITY_RANGE, RESULT_RETENTION,
     };
     pub use crate::schedule::TICK_KEY_TTL;
@@ -160,6 +162,7 @@ pub mod rules {
         added_step_name, check_added, decide as decide_step, step_job_id, Decision, Edge, FlowStep,
         Release, ReleaseAction, StepEnded,
     };
+    pub use crate::job::clip_error;
     pub use crate::mutation::redis_integer;
 }
 

@@ -530,6 +530,17 @@ fn new_job(no: usize, spec: &JobSpec) -> NewJob {
     }
 }
 
+/// A record's attempts without their times: number, outcome, error.
+type Attempts = Vec<(u32, AttemptOutcome, Option<String>)>;
+
+fn attempts(details: &JobDetails) -> Attempts {
+    details
+        .attempts
+        .iter()
+        .map(|a| (a.number, a.outcome, a.error.clone()))
+        .collect()
+}
+
 /// A job with its id (and a default scope's id) replaced by the enqueue position.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct JobView {
@@ -659,10 +670,20 @@ impl Side {
         }
     }
 
-    fn dead(&self, dead: &[DeadJob]) -> Vec<(JobView, String)> {
+    fn dead(&self, dead: &[DeadJob]) -> Vec<(JobView, String, Attempts)> {
         dead.iter()
-            .map(|d| (self.job(&d.job), d.reason.clone()))
+            .map(|d| (self.job(&d.job), d.reason.clone(), attempts(&d.details)))
             .collect()
+    }
+
+    /// A completed job's record, without its times (each backend keeps its own clock).
+    fn completed(&self, done: &CompletedJob) -> (JobView, i32, Attempts, Option<String>) {
+        (
+            self.job(&done.job),
+            done.details.priority,
+            attempts(&done.details),
+            done.result.clone(),
+        )
     }
 }
 
@@ -1041,6 +1062,33 @@ impl Coordinators {
                 mem.store.result(m).await.as_ref(),
                 red.store.result(r).await.as_ref(),
             )?;
+            same(
+                format_args!("completed record of job#{no}"),
+                mem.store
+                    .completed(m)
+                    .await
+                    .as_ref()
+                    .map(|d| d.as_ref().map(|d| mem.completed(d))),
+                red.store
+                    .completed(r)
+                    .await
+                    .as_ref()
+                    .map(|d| d.as_ref().map(|d| red.completed(d))),
+            )?;
+            // A live job's attempts so far, likewise.
+            same(
+                format_args!("attempts of live job#{no}"),
+                mem.store
+                    .job(m)
+                    .await
+                    .as_ref()
+                    .map(|v| v.as_ref().map(|v| attempts(&v.details))),
+                red.store
+                    .job(r)
+                    .await
+                    .as_ref()
+                    .map(|v| v.as_ref().map(|v| attempts(&v.details))),
+            )?;
         }
         for (name, sm, sr) in scopes {
             let m = mem.store.highest_token(&sm).await;
@@ -1262,6 +1310,7 @@ fn lua_and_rust_take_the_same_dead_letters() {
                     },
                     reason: reason.clone(),
                     died_ms: *died,
+                    details: JobDetails::default(),
                 };
                 !filter.matches(&dead)
             })

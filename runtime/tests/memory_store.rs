@@ -35,6 +35,18 @@ async fn sink_state_stays_bounded_by_live_scopes() {
     );
 }
 
+/// Completed jobs are kept to the store's retention: a count, a time, or none.
+#[tokio::test]
+async fn completed_records_keep_to_their_retention() {
+    use palisade_testkit::suite::{
+        completed_records_keep_to_their_retention as check, short_completed_retention,
+    };
+    let short = MemoryLeaseStore::new().with_completed_retention(short_completed_retention());
+    check(Arc::new(short).into(), false).await;
+    let off = MemoryLeaseStore::new().with_completed_retention(palisade::CompletedRetention::off());
+    check(Arc::new(off).into(), true).await;
+}
+
 lease_store_suite!(list);
 
 fn three_partitions() -> (Stores, Vec<Stores>) {

@@ -35,6 +35,27 @@ async fn fenced_store() -> (Arc<dyn palisade::FencedStore>, RedisServer) {
 lease_store_suite!(lease_store());
 fenced_store_suite!(fenced_store());
 
+/// Completed jobs are kept to the store's retention (a count, a time, or none), and what goes
+/// leaves no key behind.
+#[tokio::test]
+async fn completed_records_keep_to_their_retention() {
+    use palisade_testkit::suite::{
+        completed_records_keep_to_their_retention as check, short_completed_retention,
+    };
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let short = RedisLeaseStore::new(pool.clone(), "short")
+        .with_completed_retention(short_completed_retention());
+    check(Arc::new(short).into(), false).await;
+    let off = RedisLeaseStore::new(pool, "off")
+        .with_completed_retention(palisade::CompletedRetention::off());
+    check(Arc::new(off).into(), true).await;
+    let keys = server.cli(&["KEYS", "*done*"]).unwrap();
+    assert!(keys.trim().is_empty(), "left behind: {keys}");
+    let keys = server.cli(&["KEYS", "{off}:job:*"]).unwrap();
+    assert!(keys.trim().is_empty(), "left behind: {keys}");
+}
+
 /// Issue 7, case 7 (Redis): one claim makes a bounded number of due delayed jobs ready (it
 /// used to promote 1,000 at once, blocking Redis to hand out one job), the rest follow with
 /// later claims; dead letters are trimmed to the retention.

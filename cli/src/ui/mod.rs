@@ -1266,6 +1266,7 @@ mod tests {
             },
             reason: "r".into(),
             died_ms: None,
+            details: Default::default(),
         };
         let paged = pages::DeadView {
             queues: vec![("q".into(), 2)],

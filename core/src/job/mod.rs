@@ -22,7 +22,11 @@ pub use new::{
 #[doc(hidden)] // the Redis store's record of a completion's follow-ups
 pub use outcome::FollowUpRecord;
 pub use outcome::{FollowUps, JobError, Settlement, Then};
-pub use views::{DeadAction, DeadFilter, DeadJob, DeadSweep, JobState, JobView, QueueCounts};
+pub use views::{
+    clip_error, Attempt, AttemptOutcome, CompletedJob, CompletedRetention, DeadAction, DeadFilter,
+    DeadJob, DeadSweep, JobDetails, JobState, JobView, QueueCounts, MAX_ATTEMPTS_KEPT,
+    MAX_ATTEMPT_ERROR_BYTES, MAX_COMPLETED_KEPT,
+};
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,8 @@ use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
 use crate::job::{
-    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts, RateLimit,
+    Cancelled, CompletedJob, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts,
+    RateLimit,
 };
 
 /// Called by [`QueueAdmin::dead_where`] with the totals so far, after each bounded step.
@@ -44,6 +45,10 @@ pub trait Inspect: Send + Sync + 'static {
 
     /// A live job (neither completed nor dead) and where it is, or `None`.
     async fn job(&self, job: JobId) -> Result<Option<JobView>>;
+
+    /// A completed job while its record is kept ([`CompletedRetention`](crate::job::CompletedRetention):
+    /// the store's, a day's by default), or `None`. Across partitions: the one that holds it.
+    async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>>;
 
     /// Every queue that has ever had a job or a rate limit.
     async fn queues(&self) -> Result<Vec<String>>;
@@ -176,6 +181,9 @@ impl Inspect for Stores {
     }
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
         self.inspect.job(job).await
+    }
+    async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>> {
+        self.inspect.completed(job).await
     }
     async fn queues(&self) -> Result<Vec<String>> {
         self.inspect.queues().await

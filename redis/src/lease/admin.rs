@@ -15,8 +15,8 @@ use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::LeaseId;
 use crate::ids::{JobId, Scope};
 use crate::job::{
-    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, Job, JobState, JobView, QueueCounts,
-    RateLimit,
+    Attempt, AttemptOutcome, Cancelled, CompletedJob, DeadAction, DeadFilter, DeadJob, DeadSweep,
+    Job, JobDetails, JobState, JobView, QueueCounts, RateLimit, MAX_ATTEMPTS_KEPT,
 };
 use crate::scripts::{coordinator_script, decode_lease_row, decode_watermark, script_count, Meta};
 use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
@@ -94,6 +94,13 @@ struct DeadRecord {
     deadline_ms: Option<u64>,
     #[serde(default)]
     group: Option<String>,
+    #[serde(default)]
+    priority: i32,
+    /// When it was enqueued and its attempts (absent in a record an earlier version wrote).
+    #[serde(default)]
+    enqueued: Option<u64>,
+    #[serde(default)]
+    attempts: Option<serde_json::Value>,
 }
 
 impl DeadRecord {
@@ -121,16 +128,37 @@ impl DeadRecord {
             },
             reason: r.reason,
             died_ms: r.died,
+            details: JobDetails {
+                priority: r.priority,
+                enqueued_ms: r.enqueued,
+                // (Its last attempt's start is the start of the attempt it died of.)
+                started_ms: None,
+                attempts: r
+                    .attempts
+                    .map(|a| JobDetails::attempts_from_json(&a.to_string()))
+                    .unwrap_or_default(),
+            },
         })
     }
 }
 
 /// One row of `view.lua`: `{id, meta, queue, attempt, stalls, state, due in ms, lease,
-/// error, snoozes}`.
-fn decode_view(row: Vec<String>) -> Result<JobView> {
-    let [id, meta, queue, attempt, stalls, state, due, lease, error, snoozes] =
-        <[String; 10]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
+/// error, snoozes, enqueued, started, tries, completed, result}`, as a view and, for a
+/// completed job's record, when it completed and its result.
+fn decode_row(row: Vec<String>) -> Result<(JobView, Option<u64>, Option<String>)> {
+    let [id, meta, queue, attempt, stalls, state, due, lease, error, snoozes, enqueued, started, tries, completed, result] =
+        <[String; 15]>::try_from(row).map_err(|r| garbage(format_args!("bad view row {r:?}")))?;
     let meta: Meta = serde_json::from_str(&meta).map_err(garbage)?;
+    // (Times another program wrote that do not read are unknown, not the row's failure.)
+    let ms = |text: &str| text.parse::<u64>().ok().filter(|&ms| ms > 0);
+    let details = JobDetails {
+        priority: meta.priority,
+        enqueued_ms: ms(&enqueued),
+        started_ms: ms(&started),
+        attempts: JobDetails::attempts_from_json(&tries),
+    };
+    let completed = ms(&completed);
+    let result = (!result.is_empty()).then_some(result);
     let id = JobId::from(parse::<uuid::Uuid>(&id)?);
     let state = match state.as_str() {
         "ready" => JobState::Ready,
@@ -142,7 +170,7 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
     };
     let count = |text: &str| parse::<u64>(text).map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     let counts = [count(&attempt)?, count(&stalls)?, count(&snoozes)?];
-    Ok(JobView {
+    let view = JobView {
         job: meta.into_job(id, queue, counts),
         state,
         due_in: (!due.is_empty())
@@ -152,6 +180,38 @@ fn decode_view(row: Vec<String>) -> Result<JobView> {
             .then(|| parse::<uuid::Uuid>(&lease).map(LeaseId::from))
             .transpose()?,
         last_error: (!error.is_empty()).then_some(error),
+        details,
+    };
+    Ok((view, completed, result))
+}
+
+fn decode_view(row: Vec<String>) -> Result<JobView> {
+    decode_row(row).map(|(view, ..)| view)
+}
+
+/// A `view.lua` "done" row as the completed job it keeps: its last attempt, the one that
+/// completed, is the record's current one (settle.lua keeps no entry for it).
+fn decode_completed(row: Vec<String>) -> Result<CompletedJob> {
+    let (view, completed, result) = decode_row(row)?;
+    let completed_ms =
+        completed.ok_or_else(|| garbage(format_args!("a completed record without its time")))?;
+    let mut details = view.details;
+    details.attempts.push(Attempt {
+        number: view.job.attempt,
+        started_ms: details.started_ms,
+        ended_ms: completed_ms,
+        outcome: AttemptOutcome::Completed,
+        error: None,
+    });
+    if details.attempts.len() > MAX_ATTEMPTS_KEPT {
+        let extra = details.attempts.len() - MAX_ATTEMPTS_KEPT;
+        details.attempts.drain(..extra);
+    }
+    Ok(CompletedJob {
+        job: view.job,
+        completed_ms,
+        details,
+        result,
     })
 }
 
@@ -232,6 +292,18 @@ impl Inspect for RedisLeaseStore {
             .await
             .map_err(|e| self.link.broken(e))?;
         rows.into_iter().next().map(decode_view).transpose()
+    }
+
+    async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>> {
+        let mut conn = self.conn().await?;
+        let rows: Vec<Vec<String>> = VIEW
+            .key(&self.base)
+            .arg("done")
+            .arg(job.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        rows.into_iter().next().map(decode_completed).transpose()
     }
 
     async fn queues(&self) -> Result<Vec<String>> {

@@ -23,8 +23,8 @@ use super::scripts::{
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, LeaseId, Scope};
 use crate::job::{
-    Claim, Enqueued, FollowUpRecord, FollowUps, NewJob, Settlement, DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_DELAY,
+    Claim, CompletedRetention, Enqueued, FollowUpRecord, FollowUps, NewJob, Settlement,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
 };
 use crate::store::epoch::EpochSource;
 use crate::store::{
@@ -88,6 +88,7 @@ pub struct RedisLeaseStore {
     epochs: Option<Arc<dyn EpochSource>>,
     max_payload_bytes: usize,
     dead_retention: usize,
+    completed_retention: CompletedRetention,
     /// The low watermark from the latest settle reply (0 before any).
     watermark: Arc<AtomicU64>,
     /// Replicas every enqueue waits for, and how long; and the connection that waits (WAIT
@@ -130,6 +131,7 @@ impl RedisLeaseStore {
             epochs: None,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             dead_retention: DEFAULT_DEAD_RETENTION,
+            completed_retention: CompletedRetention::default(),
             watermark: Arc::default(),
             durable: None,
             generation: 0,
@@ -183,6 +185,15 @@ impl RedisLeaseStore {
         self
     }
 
+    /// Keeps completed jobs to be looked up by id ([`Inspect::completed`](crate::store::Inspect::completed)) as `retention`
+    /// says (by default a day's, at most 10,000; [`CompletedRetention::off`] deletes each
+    /// record at completion). Each worker's settlements apply its own: give every worker the
+    /// same. A kept record costs its job's size in Redis memory for that long.
+    pub fn with_completed_retention(mut self, retention: CompletedRetention) -> Self {
+        self.completed_retention = retention.clamped();
+        self
+    }
+
     async fn conn(&self) -> Result<Conn> {
         self.link.get().await
     }
@@ -224,7 +235,12 @@ impl RedisLeaseStore {
         settlements: &[(LeaseId, Settlement)],
     ) -> redis::ScriptInvocation<'static> {
         let mut invocation = SETTLE.key(&self.base);
-        invocation.arg(settlements.len()).arg(self.dead_retention);
+        let kept = self.completed_retention;
+        invocation
+            .arg(settlements.len())
+            .arg(self.dead_retention)
+            .arg(kept.keep.as_millis() as u64)
+            .arg(kept.max);
         for (lease, settlement) in settlements {
             // A completion's follow-up jobs and flows, kept with it until enqueued, and the
             // steps it adds to its flow, kept with its step's end ("": none).

@@ -18,6 +18,7 @@ macro_rules! queue_cases {
             a_tick_travels_with_its_job,
             dead_letters_are_retried_and_purged_whole_by_filter,
             ready_jobs_are_listed_in_claim_order,
+            completed_jobs_are_kept_with_their_times_and_attempts,
         );
     };
 }
@@ -684,4 +685,187 @@ pub async fn ready_jobs_are_listed_in_claim_order(store: Stores) {
         .map(|v| v.job.id)
         .collect();
     assert_eq!(left, [ids[0], ids[2]]);
+}
+
+/// A completed job is found by id (`Inspect::completed`) with its kind, queue, priority, times
+/// and every attempt (the failed one with its error, clipped on a character boundary), and its
+/// result; a live job's view and a dead letter carry the attempts so far. An unknown id is
+/// `None`.
+pub async fn completed_jobs_are_kept_with_their_times_and_attempts(store: Stores) {
+    let before = palisade::store::unix_ms();
+    let enqueued = store
+        .enqueue(vec![
+            job("keep").with_queue("cq").with_priority(3),
+            job("die").with_queue("cq"),
+        ])
+        .await
+        .unwrap();
+    let (id, doomed) = (enqueued[0], enqueued[1]);
+    assert_eq!(
+        store.completed(id).await.unwrap(),
+        None,
+        "not completed yet"
+    );
+    let live = store.job(id).await.unwrap().expect("live");
+    assert_eq!(live.details.priority, 3);
+    let at = live.details.enqueued_ms.expect("its enqueue time");
+    assert!(at + 5_000 >= before, "enqueued at {at}, before {before}");
+    assert_eq!(
+        (live.details.started_ms, live.details.attempts.len()),
+        (None, 0)
+    );
+
+    // A first attempt fails with a long error of multi-byte characters: kept clipped.
+    let long = "é".repeat(400);
+    let claims = store.claim("cq", "suite", 2, TTL).await.unwrap();
+    assert_eq!(claims.len(), 2);
+    let of = |id: JobId| claims.iter().find(|c| c.job.id == id).unwrap().lease.id;
+    let results = store
+        .settle(vec![
+            (
+                of(id),
+                Settlement::Retry {
+                    delay: Duration::ZERO,
+                    reason: long.clone(),
+                },
+            ),
+            (
+                of(doomed),
+                Settlement::Dead {
+                    reason: "bad input".into(),
+                },
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let live = store.job(id).await.unwrap().expect("retried, live");
+    let [first] = live.details.attempts.as_slice() else {
+        panic!("one attempt ended: {:?}", live.details.attempts);
+    };
+    assert_eq!((first.number, first.outcome), (1, AttemptOutcome::Retried));
+    let error = first.error.as_deref().unwrap();
+    assert_eq!(error, palisade::rules::clip_error(&long));
+    assert!(error.len() <= palisade::limits::MAX_ATTEMPT_ERROR_BYTES + 3);
+    assert!(error.ends_with("...") && error.starts_with("éé"));
+    let started = first.started_ms.expect("its start");
+    assert!(started >= at && first.ended_ms >= started);
+
+    let dead = store.dead("cq", 10).await.unwrap();
+    let [dead] = dead.as_slice() else {
+        panic!("one dead letter: {dead:?}")
+    };
+    let attempts = &dead.details.attempts;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0].outcome, AttemptOutcome::Died);
+    assert_eq!(attempts[0].error.as_deref(), Some("bad input"));
+    assert!(dead.details.enqueued_ms.is_some());
+
+    // The second attempt completes with a result.
+    let again = store.claim("cq", "suite", 1, TTL).await.unwrap().remove(0);
+    assert_eq!((again.job.id, again.job.attempt), (id, 2));
+    settle(
+        &store,
+        again.lease.id,
+        Settlement::Complete {
+            result: Some(r#"{"sum":42}"#.into()),
+            then: palisade::Then::default(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.job(id).await.unwrap(), None, "no longer live");
+    let done = store.completed(id).await.unwrap().expect("kept");
+    assert_eq!(
+        (
+            done.job.kind.as_str(),
+            done.job.queue.as_str(),
+            done.job.attempt
+        ),
+        ("keep", "cq", 2)
+    );
+    assert_eq!(done.details.priority, 3);
+    assert_eq!(done.details.enqueued_ms, Some(at));
+    assert_eq!(done.result.as_deref(), Some(r#"{"sum":42}"#));
+    let outcomes: Vec<_> = done
+        .details
+        .attempts
+        .iter()
+        .map(|a| (a.number, a.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(1, AttemptOutcome::Retried), (2, AttemptOutcome::Completed)]
+    );
+    let last = &done.details.attempts[1];
+    assert!(last.started_ms.unwrap() >= started);
+    assert_eq!(last.ended_ms, done.completed_ms);
+    assert!(done.completed_ms >= at);
+    assert_eq!(store.counts("cq").await.unwrap().completed, 1);
+    // Neither an unknown id nor a dead one is a completed job.
+    assert_eq!(store.completed(JobId::new()).await.unwrap(), None);
+    assert_eq!(store.completed(doomed).await.unwrap(), None);
+}
+
+/// The retention [`completed_records_keep_to_their_retention`] expects its store built with.
+pub fn short_completed_retention() -> CompletedRetention {
+    CompletedRetention {
+        keep: Duration::from_millis(600),
+        max: 3,
+    }
+}
+
+/// A store built with [`short_completed_retention`] keeps the newest 3 completed jobs (the
+/// oldest go first, within one batch too) and none of them past 600 ms; one built with
+/// [`CompletedRetention::off`] (`kept_none`) keeps none. Not a `lease_store_suite!` case: its
+/// store needs the retention set.
+pub async fn completed_records_keep_to_their_retention(store: Stores, kept_none: bool) {
+    let ids = store
+        .enqueue((0..5).map(|_| job("r").with_queue("rq")).collect())
+        .await
+        .unwrap();
+    let claims = store.claim("rq", "suite", 5, TTL).await.unwrap();
+    assert_eq!(claims.len(), 5);
+    // Completed in enqueue order within one batch: the first two are the oldest.
+    let order: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let c = claims.iter().find(|c| c.job.id == *id).unwrap();
+            (c.lease.id, Settlement::completed())
+        })
+        .collect();
+    let results = store.settle(order).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let mut kept = Vec::new();
+    for id in &ids {
+        kept.push(store.completed(*id).await.unwrap().is_some());
+    }
+    if kept_none {
+        assert_eq!(kept, [false; 5]);
+        return;
+    }
+    // (Within one batch the order of equal completion times is the batch's, on Redis by
+    // id: which 3 of the 5 stay may differ, how many may not.)
+    assert_eq!(kept.iter().filter(|k| **k).count(), 3, "{kept:?}");
+    // One more completion pushes one more out.
+    let more = store
+        .enqueue(vec![job("r").with_queue("rq")])
+        .await
+        .unwrap();
+    let c = store.claim("rq", "suite", 1, TTL).await.unwrap().remove(0);
+    settle(&store, c.lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    assert!(store.completed(more[0]).await.unwrap().is_some());
+    let mut left = 0;
+    for id in &ids {
+        left += usize::from(store.completed(*id).await.unwrap().is_some());
+    }
+    assert_eq!(left, 2);
+    // Past the time, none.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(store.completed(more[0]).await.unwrap().is_none());
+    for id in &ids {
+        assert!(store.completed(*id).await.unwrap().is_none());
+    }
 }

@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
 use crate::job::{
-    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobState, JobView, QueueCounts,
-    RateLimit,
+    Cancelled, CompletedJob, DeadAction, DeadFilter, DeadJob, DeadSweep, JobState, JobView,
+    QueueCounts, RateLimit,
 };
 use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 
@@ -83,6 +83,7 @@ impl Inspect for MemoryLeaseStore {
                     due_in: Some(at.saturating_duration_since(now)),
                     lease: None,
                     last_error: state.errors.get(id).cloned(),
+                    details: state.jobs.get(id)?.details.clone(),
                 })
             })
             .take(limit)
@@ -110,6 +111,7 @@ impl Inspect for MemoryLeaseStore {
                     due_in: None,
                     lease: None,
                     last_error: state.errors.get(id).cloned(),
+                    details: state.jobs.get(id)?.details.clone(),
                 })
             })
             .take(limit)
@@ -128,6 +130,7 @@ impl Inspect for MemoryLeaseStore {
             due_in: None,
             lease: None,
             last_error: state.errors.get(&job).cloned(),
+            details: record.details.clone(),
         };
         let q = state.queues.get(&record.queue);
         if let Some((lease, _)) = state.leases.iter().find(|(_, r)| r.job == job) {
@@ -150,6 +153,18 @@ impl Inspect for MemoryLeaseStore {
             view.state = JobState::Waiting;
         }
         Ok(Some(view))
+    }
+
+    async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        state.forget_completed(self.completed_retention, now);
+        let Some((_, done)) = state.completed.get(&job) else {
+            return Ok(None);
+        };
+        let mut done = done.clone();
+        done.result = state.note(job, true);
+        Ok(Some(done))
     }
 
     async fn queues(&self) -> Result<Vec<String>> {

@@ -32,8 +32,9 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::ids::{FencingToken, JobId, Lease, LeaseId, Scope};
 use crate::job::{
-    Claim, DeadJob, Enqueued, FollowUps, Job, NewJob, RateLimit, Settlement, Then, DEBOUNCE_KEPT,
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY,
+    clip_error, Attempt, AttemptOutcome, Claim, CompletedJob, CompletedRetention, DeadJob,
+    Enqueued, FollowUps, Job, JobDetails, NewJob, RateLimit, Settlement, Then, DEBOUNCE_KEPT,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_ATTEMPTS_KEPT, MAX_DELAY,
 };
 use crate::policy::{on_stall, StallOutcome};
 use crate::schedule::ScheduleSpec;
@@ -65,6 +66,7 @@ pub struct MemoryLeaseStore {
     state: Mutex<LeaseState>,
     max_payload_bytes: usize,
     dead_retention: usize,
+    completed_retention: CompletedRetention,
 }
 
 #[derive(Debug, Default)]
@@ -143,6 +145,10 @@ struct LeaseState {
     /// Flows kept here (their home), with when their releases were last decided while some
     /// are unconfirmed, and when they finished.
     flows: HashMap<crate::ids::FlowId, flows::KeptFlow>,
+    /// Completed jobs kept (`CompletedRetention`), each with the number of its entry in
+    /// `completed_order`: their ids by when they completed, oldest first.
+    completed: HashMap<JobId, (u64, CompletedJob)>,
+    completed_order: VecDeque<(Instant, u64, JobId)>,
 }
 
 type ReadyKey = (Reverse<i32>, u64, JobId);
@@ -198,12 +204,39 @@ struct ScopeState {
 struct StoredJob {
     job: Job,
     shared: bool,
+    /// Its priority, times and ended attempts (`view.lua`'s fields on Redis).
+    details: JobDetails,
 }
 
 impl StoredJob {
-    fn new(job: Job) -> Self {
+    fn new(job: Job, priority: i32) -> Self {
         let shared = job.scope.job().is_none();
-        Self { job, shared }
+        let details = JobDetails {
+            priority,
+            enqueued_ms: Some(crate::store::unix_ms()),
+            ..JobDetails::default()
+        };
+        Self {
+            job,
+            shared,
+            details,
+        }
+    }
+
+    /// Its attempt that ended now with `outcome`, kept in its history (the newest
+    /// [`MAX_ATTEMPTS_KEPT`], as `note_try` in common.lua keeps them).
+    fn note_try(&mut self, outcome: AttemptOutcome, error: &str) {
+        let attempts = &mut self.details.attempts;
+        attempts.push(Attempt {
+            number: self.job.attempt,
+            started_ms: self.details.started_ms,
+            ended_ms: crate::store::unix_ms(),
+            outcome,
+            error: (!error.is_empty()).then(|| clip_error(error)),
+        });
+        if attempts.len() > MAX_ATTEMPTS_KEPT {
+            attempts.drain(..attempts.len() - MAX_ATTEMPTS_KEPT);
+        }
     }
 }
 
@@ -258,6 +291,7 @@ impl MemoryLeaseStore {
             }),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             dead_retention: DEFAULT_DEAD_RETENTION,
+            completed_retention: CompletedRetention::default(),
         }
     }
 
@@ -271,6 +305,13 @@ impl MemoryLeaseStore {
     /// queue; the oldest go first.
     pub fn with_dead_retention(mut self, max: usize) -> Self {
         self.dead_retention = max.clamp(1, MAX_DEAD_RETENTION);
+        self
+    }
+
+    /// Keeps completed jobs to be looked up by id ([`Inspect::completed`](crate::store::Inspect::completed))
+    /// as `retention` says (by default a day's, at most 10,000).
+    pub fn with_completed_retention(mut self, retention: CompletedRetention) -> Self {
+        self.completed_retention = retention.clamped();
         self
     }
 }
@@ -602,6 +643,7 @@ impl LeaseState {
         q.leased += 1;
         let job = self.jobs.get_mut(&id).expect("picked job exists");
         job.attempt += 1;
+        job.details.started_ms = Some(crate::store::unix_ms());
         Claim {
             job: job.clone(),
             lease: Lease {
@@ -801,7 +843,7 @@ impl LeaseState {
         };
         let queue = self.queues.entry(job.queue.clone()).or_default();
         queue.priority.insert(id, new.priority);
-        self.jobs.insert(id, StoredJob::new(job));
+        self.jobs.insert(id, StoredJob::new(job, new.priority));
         (new.delay, new.unique)
     }
 
@@ -820,6 +862,7 @@ impl LeaseState {
         job.deadline_ms = new.deadline_ms;
         job.tick = new.tick;
         job.trace = new.trace;
+        job.details.priority = new.priority;
         let q = self.queues.entry(new.queue).or_default();
         q.priority.insert(id, new.priority);
         q.delayed.remove(&place);
@@ -827,17 +870,57 @@ impl LeaseState {
         self.ready_at.insert(id, start);
     }
 
-    /// Completes `id`; a flow step's end carries the steps its completion `added`.
-    fn complete(&mut self, id: JobId, added: Vec<crate::flow::Step>, result: Option<&str>) {
+    /// Completes `id`; a flow step's end carries the steps its completion `added`. Its
+    /// record is kept as `retention` says.
+    fn complete(
+        &mut self,
+        id: JobId,
+        added: Vec<crate::flow::Step>,
+        result: Option<&str>,
+        retention: CompletedRetention,
+        now: Instant,
+    ) {
         self.errors.remove(&id);
         self.release_unique(id);
         self.leave(id);
         self.ready_at.remove(&id);
-        if let Some(StoredJob { job, .. }) = self.jobs.remove(&id) {
+        if let Some(StoredJob { job, details, .. }) = self.jobs.remove(&id) {
             self.step_ended(&job, crate::flow::StepEnd::Completed, added, result);
-            let q = self.queues.entry(job.queue).or_default();
+            let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.remove(&id);
             q.completed += 1;
+            if retention.is_on() {
+                let done = CompletedJob {
+                    job,
+                    completed_ms: crate::store::unix_ms(),
+                    details,
+                    result: None, // (read from the result note: it has its own retention)
+                };
+                let seq = self.next_seq();
+                self.completed.insert(id, (seq, done));
+                self.completed_order.push_back((now, seq, id));
+                self.forget_completed(retention, now);
+            }
+        }
+    }
+
+    /// Completed records past `retention`: the oldest beyond its count, and those older
+    /// than its time. (A job completed twice, run again under a producer-chosen id, is in
+    /// the order twice: its older entry goes without its newer record.)
+    fn forget_completed(&mut self, retention: CompletedRetention, now: Instant) {
+        while let Some(&(at, seq, id)) = self.completed_order.front() {
+            let expired = now.saturating_duration_since(at) >= retention.keep;
+            if !expired && self.completed_order.len() <= retention.max {
+                break;
+            }
+            self.completed_order.pop_front();
+            if self
+                .completed
+                .get(&id)
+                .is_some_and(|(kept, _)| *kept == seq)
+            {
+                self.completed.remove(&id);
+            }
         }
     }
 
@@ -855,7 +938,7 @@ impl LeaseState {
             let q = self.queues.entry(job.queue.clone()).or_default();
             q.priority.insert(id, priority);
         }
-        self.jobs.insert(id, StoredJob::new(job));
+        self.jobs.insert(id, StoredJob::new(job, priority));
         self.park(id, now, now);
     }
 
@@ -865,7 +948,7 @@ impl LeaseState {
         self.leave(id);
         self.ready_at.remove(&id);
         self.held.remove(&id);
-        if let Some(StoredJob { job, .. }) = self.jobs.remove(&id) {
+        if let Some(StoredJob { job, details, .. }) = self.jobs.remove(&id) {
             self.step_ended(&job, crate::flow::StepEnd::Dead, Vec::new(), None);
             let q = self.queues.entry(job.queue.clone()).or_default();
             let priority = q.priority.remove(&id).unwrap_or_default();
@@ -878,6 +961,7 @@ impl LeaseState {
                     job,
                     reason,
                     died_ms: Some(crate::store::unix_ms()),
+                    details,
                 },
                 priority,
             ));
@@ -1131,7 +1215,10 @@ impl LeaseStore for MemoryLeaseStore {
             match settlement {
                 Settlement::Complete { result, then } => {
                     let Then { jobs, flows, steps } = then;
-                    state.complete(id, steps, result.as_deref());
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(AttemptOutcome::Completed, "");
+                    }
+                    state.complete(id, steps, result.as_deref(), self.completed_retention, now);
                     if let Some(json) = result {
                         state.put_note(id, true, json, crate::job::RESULT_RETENTION);
                     }
@@ -1141,6 +1228,9 @@ impl LeaseStore for MemoryLeaseStore {
                 }
                 Settlement::Retry { delay, reason } => {
                     // (Redis reads an empty reason back as none.)
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(AttemptOutcome::Retried, &reason);
+                    }
                     if reason.is_empty() {
                         state.errors.remove(&id);
                     } else {
@@ -1148,9 +1238,15 @@ impl LeaseStore for MemoryLeaseStore {
                     }
                     state.park(id, now + delay.min(MAX_DELAY), now)
                 }
-                Settlement::Dead { reason } => state.bury(id, reason, self.dead_retention),
+                Settlement::Dead { reason } => {
+                    if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(AttemptOutcome::Died, &reason);
+                    }
+                    state.bury(id, reason, self.dead_retention)
+                }
                 Settlement::Release => {
                     if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(AttemptOutcome::Released, "");
                         job.attempt = job.attempt.saturating_sub(1);
                     }
                     state.park(id, now, now);
@@ -1158,6 +1254,7 @@ impl LeaseStore for MemoryLeaseStore {
                 Settlement::Snooze { delay } => {
                     // Not a failure: the attempt is given back, the snooze counted.
                     if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(AttemptOutcome::Snoozed, "");
                         job.attempt = job.attempt.saturating_sub(1);
                         job.snoozes = job.snoozes.saturating_add(1);
                     }
@@ -1174,6 +1271,10 @@ impl LeaseStore for MemoryLeaseStore {
                     }
                     // Not the job's fault: the attempt does not count.
                     if let Some(job) = state.jobs.get_mut(&id) {
+                        job.note_try(
+                            AttemptOutcome::Released,
+                            "a sink held a newer token: the coordinator moved above it",
+                        );
                         job.attempt = job.attempt.saturating_sub(1);
                     }
                     state.park(id, now, now);
@@ -1228,6 +1329,7 @@ impl LeaseStore for MemoryLeaseStore {
             let Some(job) = state.jobs.get_mut(&id) else {
                 continue;
             };
+            job.note_try(AttemptOutcome::Stalled, "");
             job.stalls += 1;
             let (queue, job_trace) = (job.queue.clone(), job.trace.clone());
             let outcome = on_stall(job.stalls, job.max_stalls);

@@ -11,7 +11,8 @@ use crate::error::Result;
 use crate::group::{GroupLimits, GroupStatus};
 use crate::ids::JobId;
 use crate::job::{
-    Cancelled, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts, RateLimit,
+    Cancelled, CompletedJob, DeadAction, DeadFilter, DeadJob, DeadSweep, JobView, QueueCounts,
+    RateLimit,
 };
 use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 
@@ -72,6 +73,13 @@ impl Inspect for PartitionedLeaseStore {
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
         let all = self
             .on_all(|part| async move { part.job(job).await })
+            .await?;
+        Ok(all.into_iter().flatten().next())
+    }
+
+    async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>> {
+        let all = self
+            .on_all(|part| async move { part.completed(job).await })
             .await?;
         Ok(all.into_iter().flatten().next())
     }
