@@ -615,6 +615,63 @@ pub(super) fn jobs(args: JobsArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Arguments of `job`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct JobArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The job's id.
+    id: String,
+    /// Its queue, if known: a dead job is then searched among that queue's dead letters only
+    /// (else among every queue's newest 5,000).
+    #[arg(long)]
+    queue: Option<String>,
+}
+
+/// Shows one job wherever the coordinator still knows it (exit code 2, one line, if nowhere).
+pub(super) fn job(args: JobArgs) -> anyhow::Result<()> {
+    use crate::reads::Found;
+    let id: palisade::JobId = args
+        .id
+        .trim()
+        .parse::<uuid::Uuid>()
+        .map(palisade::JobId::from)
+        .map_err(|e| anyhow::anyhow!("{:?} is not a job id: {e}", args.id))?;
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        if let Some(queue) = &args.queue {
+            palisade::cli_support::check_name("queue", queue)?;
+        }
+        let found = crate::reads::find_job(&store, id, args.queue.as_deref()).await?;
+        let progress = store.progress(id).await?;
+        let out = match found {
+            Some(Found::Live(v)) => json!({
+                "id": id, "state": v.state, "job": v.job, "details": v.details,
+                "due_in_ms": v.due_in.map(|d| d.as_millis() as u64), "lease": v.lease,
+                "last_error": v.last_error, "progress": progress,
+            }),
+            Some(Found::Completed(c)) => json!({
+                "id": id, "state": "completed", "job": c.job, "details": c.details,
+                "completed_ms": c.completed_ms, "result": c.result, "progress": progress,
+            }),
+            Some(Found::Dead(d)) => json!({
+                "id": id, "state": "dead", "job": d.job, "details": d.details,
+                "reason": d.reason, "died_ms": d.died_ms, "progress": progress,
+            }),
+            Some(Found::Result(r)) => json!({
+                "id": id, "state": "completed", "result": r, "progress": progress,
+                "note": "its record is no longer kept, only its result",
+            }),
+            None => anyhow::bail!(
+                "no live, completed or dead job has id {id} (completed jobs are kept for the \
+                 workers' --keep-completed, a day by default)"
+            ),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        Ok(())
+    })
+}
+
 /// Arguments of `clear`.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct ClearArgs {

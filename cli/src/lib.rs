@@ -32,7 +32,8 @@ mod flow;
 
 #[cfg(feature = "ui")]
 mod api;
-#[cfg(feature = "ui")]
+// (`job` reads through it too; without the console, the rest of it is unused.)
+#[cfg_attr(not(feature = "ui"), allow(dead_code))]
 mod reads;
 mod relay;
 mod sinks;
@@ -186,6 +187,9 @@ enum Builtin {
     Status(admin::StatusArgs),
     /// List a queue's ready or delayed jobs, one JSON object per line (next to run first).
     Jobs(admin::JobsArgs),
+    /// Show one job by id, as JSON: queued or running, completed (kept a day by default:
+    /// `worker --keep-completed`) or dead, with its times and each attempt's outcome and error.
+    Job(admin::JobArgs),
     /// Clear a queue: cancel every ready and delayed job of it (each goes to the dead letters
     /// with the reason, where `dead retry` brings it back); asks for --yes.
     Clear(admin::ClearArgs),
@@ -520,6 +524,7 @@ impl App {
             Builtin::Status(args) => admin::status(args),
             Builtin::Kinds(args) => admin::kinds(args, &registry),
             Builtin::Jobs(args) => admin::jobs(args),
+            Builtin::Job(args) => admin::job(args),
             Builtin::Clear(args) => admin::clear(args),
             Builtin::Dead(command) => admin::dead(command),
             Builtin::Relay(args) => relay::run(args, &sinks),

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use palisade::store::{Inspect, QueueAdmin, Stores};
+use palisade::store::{Inspect, QueueAdmin, RecordStore, Stores};
 use palisade::{DeadJob, JobId, QueueCounts, RateLimit};
 
 /// Dead letters a search or a job lookup reads per queue, newest first.
@@ -111,6 +111,37 @@ pub(crate) async fn find_dead(
         }
     }
     Ok(None)
+}
+
+/// Where a job looked up by id was found ([`find_job`]).
+pub(crate) enum Found {
+    /// Queued or running.
+    Live(palisade::JobView),
+    /// Among the dead letters.
+    Dead(DeadJob),
+    /// Completed, its record kept.
+    Completed(palisade::CompletedJob),
+    /// Completed, its record gone (or never kept) but its result kept.
+    Result(String),
+}
+
+/// Job `id` wherever the coordinator still knows it: live, else completed, else dead (among
+/// the newest [`DEAD_SCAN`] dead letters of `only`, or of every queue), else only its result.
+pub(crate) async fn find_job(
+    store: &Stores,
+    id: JobId,
+    only: Option<&str>,
+) -> palisade::Result<Option<Found>> {
+    if let Some(view) = store.job(id).await? {
+        return Ok(Some(Found::Live(view)));
+    }
+    if let Some(done) = store.completed(id).await? {
+        return Ok(Some(Found::Completed(done)));
+    }
+    if let Some(dead) = find_dead(store, id, only).await? {
+        return Ok(Some(Found::Dead(dead)));
+    }
+    Ok(store.result(id).await?.map(Found::Result))
 }
 
 /// The Host header values the page answers to: the listen address, localhost on its port,

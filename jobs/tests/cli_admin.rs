@@ -165,6 +165,46 @@ fn a_unique_enqueue_repeated_after_its_job_completed_adds_nothing_by_default() {
     // A webhook delivered twice, the second time after the first job ran.
     let (first, _) = enqueue(&["--unique", "hook:1"]);
     completed(1);
+    // `job` finds it completed, with when and how each attempt went.
+    let shown: Value = serde_json::from_str(&ok(&redis, &["job", &first])).unwrap();
+    assert_eq!(
+        (
+            &shown["state"],
+            &shown["job"]["kind"],
+            &shown["job"]["queue"]
+        ),
+        (
+            &Value::from("completed"),
+            &Value::from("email.send"),
+            &Value::from("default")
+        ),
+        "{shown:#}"
+    );
+    let attempts = shown["details"]["attempts"].as_array().unwrap();
+    let last = attempts.last().unwrap();
+    assert_eq!(last["outcome"], "completed", "{shown:#}");
+    assert_eq!(last["ended_ms"], shown["completed_ms"], "{shown:#}");
+    let enqueued = shown["details"]["enqueued_ms"].as_u64().unwrap();
+    assert!(
+        enqueued <= last["started_ms"].as_u64().unwrap(),
+        "{shown:#}"
+    );
+    // An id it does not know, and text that is no id: one line each, exit 2.
+    for (id, says) in [
+        (
+            "6f1c3a4e-0000-4000-8000-000000000000",
+            "no live, completed or dead job",
+        ),
+        ("hook:1", "is not a job id"),
+    ] {
+        let out = run(&redis, &["job", id], "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.trim().lines().count() == 1,
+            "{stderr}"
+        );
+    }
     let (again, note) = enqueue(&["--unique", "hook:1"]);
     assert_eq!(again, first, "{note}");
     assert!(note.contains("holds its unique key"), "{note}");

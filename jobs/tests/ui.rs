@@ -56,6 +56,8 @@ struct Seeded {
     retry: JobId,
     running: JobId,
     bulk: Vec<JobId>,
+    /// Completed on its second attempt (the first retried), its record kept.
+    completed: JobId,
 }
 
 /// Dead letters of queue `bulk`.
@@ -182,6 +184,26 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         };
         store.note_history(sample).await.unwrap();
     }
+    // A job of queue `kept` that failed once ("flaky upstream") and then completed.
+    let completed = store
+        .enqueue(vec![job("f@x").with_queue("kept").with_priority(5)])
+        .await
+        .unwrap()[0];
+    for settlement in [
+        Settlement::Retry {
+            delay: Duration::ZERO,
+            reason: "flaky upstream".into(),
+        },
+        Settlement::completed(),
+    ] {
+        let c = store
+            .claim("kept", "host-1/0", 1, Duration::from_secs(600))
+            .await
+            .unwrap()
+            .remove(0);
+        let settled = store.settle(vec![(c.lease.id, settlement)]).await.unwrap();
+        assert!(settled.iter().all(Result::is_ok), "{settled:?}");
+    }
     let client = Producer::connect(&redis.url(), "palisade").await.unwrap();
     let flow = Flow::chain([
         NewJob::raw("step.one", "{}").with_queue("flows"),
@@ -195,6 +217,7 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         retry: ids[3],
         running: ids[0],
         bulk,
+        completed,
     }
 }
 
@@ -525,12 +548,37 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         "one attempt so far"
     );
     assert_eq!(text(&c, "#last-error").await, "smtp timeout");
+    let attempts = text(&c, "#attempts").await;
+    assert!(
+        attempts.contains("retried") && attempts.contains("smtp timeout"),
+        "{attempts}"
+    );
+
+    // Issue 57: a completed job is found by id, with its times and each attempt.
+    visit(
+        &c,
+        ui_port,
+        &format!("/job/{}", s.completed),
+        "job-completed",
+    )
+    .await;
+    assert_eq!(text(&c, "#job-state").await, "completed");
+    assert_eq!(text(&c, "#priority").await, "5");
+    for time in ["#enqueued-at", "#completed-at"] {
+        let at = text(&c, time).await;
+        assert!(at.contains('T') && at.contains("Z ("), "{time}: {at}");
+    }
+    let attempts = text(&c, "#attempts").await;
+    for shown in ["retried", "flaky upstream", "completed"] {
+        assert!(attempts.contains(shown), "{shown} not in {attempts}");
+    }
 
     // Issue 57: at a phone's width no page scrolls sideways (a wide table scrolls in its own
     // box; the nav and the search wrap).
     c.set_window_size(420, 900).await.unwrap();
     let flow = format!("/flow/{}", s.flow);
     let job = format!("/job/{}", s.retry);
+    let completed = format!("/job/{}", s.completed);
     let pages = [
         ("/", "dashboard"),
         ("/queues", "queues"),
@@ -542,6 +590,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         ("/schedules", "schedules"),
         ("/rejections", "rejections"),
         (job.as_str(), "job"),
+        (completed.as_str(), "job-completed"),
     ];
     for (path, name) in pages {
         visit(&c, ui_port, path, &format!("{name}-420")).await;

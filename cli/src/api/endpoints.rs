@@ -296,15 +296,16 @@ async fn enqueue_batch(
     }))
 }
 
-/// A job's state, and its result and progress. A completed job is known by its result (kept
-/// a day, for kinds registered with one); a dead one is found among its queue's newest 5,000
-/// dead letters (every queue's, unless `queue` names it: a poller that knows the queue
-/// should say it, the search reads those records).
+/// A job's state, times, attempts, result and progress. A completed job is kept for the
+/// workers' `--keep-completed` (a day, at most 10,000, by default), and after that known by its
+/// result alone (kept a day, for kinds registered with one); a dead one is found among its
+/// queue's newest 5,000 dead letters (every queue's, unless `queue` names it: a poller that
+/// knows the queue should say it, the search reads those records).
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs",
     params(("id" = String, Path, description = "The job's id"), JobQuery),
     responses(
         (status = 200, description = "Done", body = JobStatus),
-        (status = 404, description = "No live, dead or completed job has this id", body = ErrorBody),
+        (status = 404, description = "No live, completed or dead job has this id", body = ErrorBody),
     ))]
 async fn job(
     State(api): State<Arc<Api>>,
@@ -314,24 +315,14 @@ async fn job(
     let id = job_id(&id)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let store = &api.store;
-    let live = store.job(id).await?;
-    let result = match live {
-        Some(_) => None,
-        None => store.result(id).await?,
-    };
-    let dead = match (&live, &result) {
-        (None, None) => crate::reads::find_dead(store, id, q.queue.as_deref()).await?,
-        _ => None,
+    let Some(found) = crate::reads::find_job(store, id, q.queue.as_deref()).await? else {
+        return Err(ApiError::not_found(format!(
+            "no live, completed or dead job has id {id} (a completed job is kept for the \
+             workers' --keep-completed, a day by default)"
+        )));
     };
     let progress = store.progress(id).await?;
-    JobStatus::of(id, live, dead, result, progress)
-        .map(Json)
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "no live or dead job has id {id} (a completed job is kept only as its result, \
-                 for a day, and only if its kind returns one)"
-            ))
-        })
+    Ok(Json(JobStatus::of(id, found, progress)))
 }
 
 /// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked, so its
@@ -454,7 +445,7 @@ async fn queue_jobs(
     };
     let jobs = views
         .into_iter()
-        .filter_map(|v| JobStatus::of(v.job.id, Some(v), None, None, None))
+        .map(|v| JobStatus::of(v.job.id, crate::reads::Found::Live(v), None))
         .collect();
     Ok(Json(JobsPage { jobs }))
 }

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+use crate::reads::Found;
 use palisade::cli_support::check_name;
 use palisade::Registry;
-use palisade::{DeadJob, JobState, JobView, NewJob, QueueCounts};
+use palisade::{DeadJob, JobState, NewJob, QueueCounts};
 use palisade::{Flow, FlowState, OnDead, StepEnd};
 use palisade::{FlowId, JobId};
 
@@ -457,8 +458,23 @@ pub(crate) enum StateName {
     Unplaced,
     /// Among the dead letters (`dead_reason`).
     Dead,
-    /// Completed, with its result kept (`result` or `result_error`).
+    /// Completed: its record kept (`completed_ms`, `attempts`), or only its result
+    /// (`result` or `result_error`).
     Completed,
+}
+
+/// One ended attempt of a job.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AttemptStatus {
+    /// Its number (1 for the first).
+    number: u32,
+    /// When it started (Unix ms), if known.
+    started_ms: Option<u64>,
+    /// When it ended (Unix ms).
+    ended_ms: u64,
+    outcome: palisade::AttemptOutcome,
+    /// Why, for a failure (clipped to 480 bytes).
+    error: Option<String>,
 }
 
 impl From<JobState> for StateName {
@@ -480,7 +496,7 @@ pub(crate) struct JobStatus {
     #[schema(value_type = String, format = Uuid)]
     id: String,
     state: StateName,
-    /// Absent for a completed job (only its result is kept).
+    /// Absent for a completed job whose record is no longer kept (only its result is).
     queue: Option<String>,
     kind: Option<String>,
     scope: Option<String>,
@@ -516,6 +532,16 @@ pub(crate) struct JobStatus {
     flow: Option<String>,
     /// Its step's name in that flow.
     step: Option<String>,
+    /// Higher runs first.
+    priority: Option<i32>,
+    /// When it was enqueued (Unix ms; absent for a record an earlier version kept).
+    enqueued_ms: Option<u64>,
+    /// When its latest attempt started (Unix ms).
+    started_ms: Option<u64>,
+    /// When it completed (Unix ms).
+    completed_ms: Option<u64>,
+    /// Its attempts that ended, oldest first (the newest 32).
+    attempts: Vec<AttemptStatus>,
 }
 
 /// `text` as JSON when it is JSON (a payload or result as kept), else as a JSON string: a
@@ -528,15 +554,8 @@ fn json_or_text(text: &str) -> Box<RawValue> {
 }
 
 impl JobStatus {
-    /// The job's status from what the coordinator keeps: `live` (queued or running), else
-    /// `dead`, else its `result`; `None` if none of them knows it.
-    pub(crate) fn of(
-        id: JobId,
-        live: Option<JobView>,
-        dead: Option<DeadJob>,
-        result: Option<String>,
-        progress: Option<String>,
-    ) -> Option<Self> {
+    /// The job's status from where the coordinator keeps it ([`Found`]).
+    pub(crate) fn of(id: JobId, found: Found, progress: Option<String>) -> Self {
         let mut status = Self {
             id: id.to_string(),
             state: StateName::Completed,
@@ -558,38 +577,53 @@ impl JobStatus {
             progress: progress.as_deref().map(json_or_text),
             flow: None,
             step: None,
+            priority: None,
+            enqueued_ms: None,
+            started_ms: None,
+            completed_ms: None,
+            attempts: Vec::new(),
         };
-        let job = match (live, dead) {
-            (Some(view), _) => {
+        let (job, details) = match found {
+            Found::Live(view) => {
                 status.state = view.state.into();
                 status.due_in_ms = view
                     .due_in
                     .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
                 status.last_error = view.last_error;
-                view.job
+                (view.job, view.details)
             }
-            (None, Some(dead)) => {
+            Found::Dead(dead) => {
                 status.state = StateName::Dead;
                 status.dead_reason = Some(dead.reason);
                 status.died_ms = dead.died_ms;
-                dead.job
+                (dead.job, dead.details)
             }
-            (None, None) => {
-                let envelope = result?;
-                #[derive(Deserialize)]
-                #[serde(rename_all = "lowercase")]
-                enum Kept {
-                    Ok(Box<RawValue>),
-                    Error(String),
+            Found::Completed(done) => {
+                status.completed_ms = Some(done.completed_ms);
+                if let Some(envelope) = &done.result {
+                    status.keep_result(envelope);
                 }
-                match serde_json::from_str::<Kept>(&envelope) {
-                    Ok(Kept::Ok(value)) => status.result = Some(value),
-                    Ok(Kept::Error(why)) => status.result_error = Some(why),
-                    Err(e) => status.result_error = Some(format!("the kept result: {e}")),
-                }
-                return Some(status);
+                (done.job, done.details)
+            }
+            Found::Result(envelope) => {
+                status.keep_result(&envelope);
+                return status;
             }
         };
+        status.priority = Some(details.priority);
+        status.enqueued_ms = details.enqueued_ms;
+        status.started_ms = details.started_ms;
+        status.attempts = details
+            .attempts
+            .into_iter()
+            .map(|a| AttemptStatus {
+                number: a.number,
+                started_ms: a.started_ms,
+                ended_ms: a.ended_ms,
+                outcome: a.outcome,
+                error: a.error,
+            })
+            .collect();
         status.queue = Some(job.queue);
         status.kind = Some(job.kind);
         status.scope = Some(job.scope.to_string());
@@ -603,7 +637,22 @@ impl JobStatus {
             status.flow = Some(step.flow.to_string());
             status.step = Some(step.step);
         }
-        Some(status)
+        status
+    }
+
+    /// A completion's kept result envelope (`{"ok": value}` or `{"error": why}`).
+    fn keep_result(&mut self, envelope: &str) {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        enum Kept {
+            Ok(Box<RawValue>),
+            Error(String),
+        }
+        match serde_json::from_str::<Kept>(envelope) {
+            Ok(Kept::Ok(value)) => self.result = Some(value),
+            Ok(Kept::Error(why)) => self.result_error = Some(why),
+            Err(e) => self.result_error = Some(format!("the kept result: {e}")),
+        }
     }
 }
 
@@ -1210,12 +1259,9 @@ mod tests {
     fn a_status_shows_json_as_json_and_anything_else_as_text() {
         let s = JobStatus::of(
             JobId::new(),
-            None,
-            None,
-            Some(r#"{"ok":{"total":12345678901234567890123}}"#.into()),
+            Found::Result(r#"{"ok":{"total":12345678901234567890123}}"#.into()),
             Some("not json".into()),
-        )
-        .unwrap();
+        );
         let text = serde_json::to_string(&s).unwrap();
         assert!(
             text.contains(r#""result":{"total":12345678901234567890123}"#),
@@ -1223,7 +1269,6 @@ mod tests {
         );
         assert!(text.contains(r#""progress":"not json""#), "{text}");
         assert!(text.contains(r#""state":"completed""#), "{text}");
-        assert!(JobStatus::of(JobId::new(), None, None, None, None).is_none());
     }
 
     /// An enqueue whose outcome is unknown is retryable only when a resend cannot add a second

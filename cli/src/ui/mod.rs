@@ -619,15 +619,20 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
                 .find(|l| l.lease == lease),
             None => None,
         };
-        let dead = match live {
+        let completed = match live {
             Some(_) => None,
-            None => find_dead(&ui.store, id, None).await?,
+            None => ui.store.completed(id).await?,
+        };
+        let dead = match (&live, &completed) {
+            (None, None) => find_dead(&ui.store, id, None).await?,
+            _ => None,
         };
         let p = pages::JobPage {
             id,
             live,
             lease,
             dead,
+            completed,
             result: ui.store.result(id).await?,
             progress: ui.store.progress(id).await?,
         };

@@ -934,6 +934,7 @@ pub(crate) struct JobPage {
     pub live: Option<JobView>,
     pub lease: Option<LeaseInfo>,
     pub dead: Option<DeadJob>,
+    pub completed: Option<palisade::CompletedJob>,
     pub result: Option<String>,
     pub progress: Option<String>,
 }
@@ -953,9 +954,17 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
         .live
         .as_ref()
         .map(|v| &v.job)
+        .or(p.completed.as_ref().map(|c| &c.job))
         .or(p.dead.as_ref().map(|d| &d.job));
+    let details = p
+        .live
+        .as_ref()
+        .map(|v| &v.details)
+        .or(p.completed.as_ref().map(|c| &c.details))
+        .or(p.dead.as_ref().map(|d| &d.details));
     let state = match (&p.live, &p.dead) {
         (Some(v), _) => format!("{:?}", v.state).to_lowercase(),
+        _ if p.completed.is_some() => "completed".into(),
         (None, Some(_)) => "dead".into(),
         (None, None) if p.result.is_some() => "completed".into(),
         (None, None) => "not found".into(),
@@ -973,6 +982,19 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                     tr { th { "queue" } td { (name(&job.queue)) } }
                     tr { th { "kind" } td { (name(&job.kind)) } }
                     tr { th { "scope" } td { (name(job.scope.as_str())) } }
+                    @if let Some(d) = details { tr { th { "priority" } td #priority { (d.priority) } } }
+                    @if let Some(ms) = details.and_then(|d| d.enqueued_ms) {
+                        tr { th { "enqueued" } td #enqueued-at { (when(ms)) " (" (ago(ms, frame.now_ms)) ")" } }
+                    }
+                    @if let (Some(ms), Some(_)) = (details.and_then(|d| d.started_ms), p.live.as_ref()) {
+                        tr { th { "attempt started" } td #started-at { (when(ms)) " (" (ago(ms, frame.now_ms)) ")" } }
+                    }
+                    @if let Some(c) = &p.completed {
+                        tr { th { "completed" } td #completed-at { (when(c.completed_ms)) " (" (ago(c.completed_ms, frame.now_ms)) ")" } }
+                    }
+                    @if let Some(ms) = p.dead.as_ref().and_then(|d| d.died_ms) {
+                        tr { th { "died" } td #died-at { (when(ms)) " (" (ago(ms, frame.now_ms)) ")" } }
+                    }
                     tr { th { "attempts" } td { (job.attempt) " of " (job.max_attempts) } }
                     tr { th { "stalls" } td { (job.stalls) " of " (job.max_stalls) " allowed" } }
                     tr { th { "snoozes" } td { (job.snoozes) " of " (job.max_snoozes) " allowed" } }
@@ -990,8 +1012,25 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                 h2 { "Payload" }
                 pre #payload { (pretty(&job.payload)) }
             } @else if p.result.is_none() {
-                p.empty { "No live or dead job has this id (completed jobs are kept only as their result, \
-                           for a day; dead letters are searched among each queue's newest " (crate::reads::DEAD_SCAN) ")." }
+                p.empty { "No live, completed or dead job has this id (completed jobs are kept for the \
+                           workers' --keep-completed, a day by default; dead letters are searched among each \
+                           queue's newest " (crate::reads::DEAD_SCAN) ")." }
+            }
+            @if let Some(d) = details.filter(|d| !d.attempts.is_empty()) {
+                h2 { "Attempts" }
+                table #attempts {
+                    tr { th { "#" } th { "started" } th { "took" } th { "outcome" } th { "error" } }
+                    @for a in &d.attempts {
+                        tr {
+                            td { (a.number) }
+                            td { @if let Some(ms) = a.started_ms { (when(ms)) } @else { "?" } }
+                            td { @if let Some(ms) = a.started_ms { (age(Duration::from_millis(a.ended_ms.saturating_sub(ms)))) } }
+                            td.outcome { (a.outcome.as_str()) }
+                            td { @if let Some(e) = &a.error { span.warn { (e) } } }
+                        }
+                    }
+                }
+                p.meta { "Each ended attempt, oldest first (the newest " (palisade::limits::MAX_ATTEMPTS_KEPT) " are kept, each error clipped)." }
             }
             @if let Some(l) = &p.lease {
                 h2 { "Lease" }
@@ -1025,7 +1064,7 @@ pub(crate) fn job(frame: &Frame, p: &JobPage) -> Markup {
                     (action(csrf, "dead-retry", &[("queue", &d.job.queue), ("job", &id)], "Retry", "retry"))
                     (action(csrf, "dead-delete", &[("queue", &d.job.queue), ("job", &id)], "Delete", "delete"))
                 }
-                @if p.live.is_none() && p.dead.is_none() { span.empty { "None: the job is not live or dead." } }
+                @if p.live.is_none() && p.dead.is_none() { span.empty { "None: the job is not queued, running or dead." } }
             }
             p.meta { "The console shows a job's current lease; the lease and token of each earlier \
                       attempt are not kept (the fence journal on " a href="/rejections" { "Fence rejections" }

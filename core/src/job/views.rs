@@ -137,6 +137,7 @@ pub struct Attempt {
 
 /// How an attempt ended ([`Attempt::outcome`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum AttemptOutcome {
     /// It succeeded.

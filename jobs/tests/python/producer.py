@@ -126,6 +126,14 @@ def main():
             check(status in (200, 404), f"job {job_id}: {status} {job}")
             if status == 200 and job["state"] == "completed":
                 check(job["result"] == n, f"job {job_id} of n={n} returned {job['result']}")
+                # Its record kept: what it was, when, and each attempt.
+                check(job["queue"] == "polyglot" and job["kind"] == "report.part"
+                      and job["payload"] == {"n": n}, f"completed record: {job}")
+                attempts = job["attempts"]
+                check(attempts and attempts[-1]["outcome"] == "completed"
+                      and attempts[-1]["ended_ms"] == job["completed_ms"]
+                      and job["enqueued_ms"] <= attempts[-1]["started_ms"] <= job["completed_ms"],
+                      f"completed times: {job}")
                 del pending[job_id]
             elif status == 200:
                 check(job["state"] in ("ready", "waiting", "leased", "delayed"),
