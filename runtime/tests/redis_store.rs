@@ -247,7 +247,7 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
     for (action, arg) in odd {
         let out = server
             .cli(&[
-                "EVAL", script, "1", "{odd}:", "1", "5", &lease, action, arg, "why",
+                "EVAL", script, "1", "{odd}:", "1", "5", "0", "0", &lease, action, arg, "why",
                 "",  // no follow-up jobs
                 "",  // no added flow steps
                 "0", // the layout generation
@@ -258,7 +258,7 @@ async fn scripts_never_fail_halfway_on_odd_config_or_records() {
     // A list too short for its count: the reason and follow-ups would be read past the end.
     let out = server
         .cli(&[
-            "EVAL", script, "1", "{odd}:", "1", "5", &lease, "complete", "0", "0",
+            "EVAL", script, "1", "{odd}:", "1", "5", "0", "0", &lease, "complete", "0", "0",
         ])
         .unwrap();
     assert_eq!(out.lines().next(), Some("invalid"), "a short list");
