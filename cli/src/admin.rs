@@ -687,9 +687,6 @@ pub(super) struct ClearArgs {
     reason: String,
 }
 
-/// Jobs `clear` lists and cancels per round.
-const CLEAR_STEP: usize = 500;
-
 /// Cancels every ready and delayed job of a queue (at most as many as it held when it
 /// started: jobs enqueued meanwhile stay), in rounds; prints the total.
 pub(super) fn clear(args: ClearArgs) -> anyhow::Result<()> {
@@ -706,31 +703,8 @@ pub(super) fn clear(args: ClearArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        let mut cancelled = 0u64;
-        while cancelled < at_most {
-            let mut round: Vec<palisade::JobId> = store
-                .ready(&args.queue, CLEAR_STEP)
-                .await?
-                .into_iter()
-                .chain(store.delayed(&args.queue, CLEAR_STEP).await?)
-                .map(|v| v.job.id)
-                .collect();
-            round.truncate(usize::try_from(at_most - cancelled).unwrap_or(usize::MAX));
-            if round.is_empty() {
-                break;
-            }
-            let mut progressed = false;
-            for id in round {
-                // (A job claimed meanwhile is revoked and dead-lettered too: cancel's rule.)
-                if store.cancel(id, &args.reason).await? != palisade::Cancelled::Missing {
-                    cancelled += 1;
-                    progressed = true;
-                }
-            }
-            if !progressed {
-                break;
-            }
-        }
+        let cancelled =
+            crate::reads::clear_queue(&store, &args.queue, &args.reason, at_most).await?;
         let after = store.counts(&args.queue).await?;
         let mut said = format!("queue {}: {cancelled} jobs cancelled", args.queue);
         let left = after.ready + after.delayed + after.waiting;

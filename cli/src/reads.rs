@@ -113,6 +113,47 @@ pub(crate) async fn find_dead(
     Ok(None)
 }
 
+/// Jobs [`clear_queue`] lists and cancels per round.
+const CLEAR_STEP: usize = 500;
+
+/// Cancels the ready and delayed jobs of `queue` (each to the dead letters with `reason`, so
+/// `dead retry` brings it back), in rounds of 500, at most `at_most` (what the operator was
+/// shown: jobs enqueued meanwhile stay). A job of a group is neither listed nor cancelled.
+/// Returns how many were cancelled.
+pub(crate) async fn clear_queue(
+    store: &Stores,
+    queue: &str,
+    reason: &str,
+    at_most: u64,
+) -> palisade::Result<u64> {
+    let mut cancelled = 0u64;
+    while cancelled < at_most {
+        let mut round: Vec<JobId> = store
+            .ready(queue, CLEAR_STEP)
+            .await?
+            .into_iter()
+            .chain(store.delayed(queue, CLEAR_STEP).await?)
+            .map(|v| v.job.id)
+            .collect();
+        round.truncate(usize::try_from(at_most - cancelled).unwrap_or(usize::MAX));
+        if round.is_empty() {
+            break;
+        }
+        let mut progressed = false;
+        for id in round {
+            // (A job claimed meanwhile is revoked and dead-lettered too: cancel's rule.)
+            if store.cancel(id, reason).await? != palisade::Cancelled::Missing {
+                cancelled += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    Ok(cancelled)
+}
+
 /// Where a job looked up by id was found ([`find_job`]).
 pub(crate) enum Found {
     /// Queued or running.

@@ -434,6 +434,27 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
         .lines()
         .find_map(|l| l.strip_prefix("palisade_queue_workers{queue=\"default\"} "));
     assert!(workers.is_some_and(|n| n != "0"), "{text}");
+    // Clearing the queue nobody claims: its listed job goes to the dead letters with the
+    // reason; the group's job stays (never listed, so never cleared) and is counted as left.
+    assert_eq!(post("/queues/parked/clear", r#"{"reason":""}"#).0, 400);
+    let (code, cleared) = post(
+        "/queues/parked/clear",
+        r#"{"reason":"nobody claims parked"}"#,
+    );
+    assert_eq!(code, 200, "{cleared}");
+    assert_eq!(
+        (cleared["cancelled"].as_u64(), cleared["ready"].as_u64()),
+        (Some(1), Some(1)),
+        "{cleared}"
+    );
+    let (_, listed) = curl(&["-H", &bearer, &format!("{base}/queues/parked/jobs")]);
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(0), "{listed}");
+    let (_, dead) = curl(&["-H", &bearer, &format!("{base}/queues/parked/dead")]);
+    assert_eq!(
+        dead["jobs"][0]["reason"].as_str(),
+        Some("nobody claims parked"),
+        "{dead}"
+    );
     drop(worker);
     let _ = Command::new("psql")
         .args([&postgres, "-qc", &format!("DROP SCHEMA {schema} CASCADE")])

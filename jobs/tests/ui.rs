@@ -280,6 +280,21 @@ async fn visit(c: &Client, port: u16, path: &str, name: &str) {
     }
 }
 
+/// Follows the link `link`, waits for the element `#id` of the page it leads to, and saves a
+/// screenshot as `console-<name>.png` as `visit` does.
+async fn follow(c: &Client, link: Locator<'_>, id: &str, name: &str) {
+    c.find(link).await.unwrap().click().await.unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id} after a link: {e}"));
+    if let Ok(dir) = std::env::var("PALISADE_UI_SCREENSHOTS") {
+        let png = c.screenshot().await.unwrap();
+        std::fs::write(format!("{dir}/console-{name}.png"), png).unwrap();
+    }
+}
+
 /// Presses the button `id` and waits for the page that says what happened.
 async fn press(c: &Client, id: &str) -> String {
     // The page before the click may show a message of its own (the previous action's):
@@ -454,24 +469,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     assert_eq!(store.counts("bulk").await.unwrap().dead, BULK as u64 - 1);
 
     // A confirmed bulk retry: the link asks first; the form carries the number confirmed.
-    c.find(Locator::Id("retry-all"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .at_most(Duration::from_secs(10))
-        .for_element(Locator::Id("confirm"))
-        .await
-        .unwrap();
-    if let Ok(dir) = std::env::var("PALISADE_UI_SCREENSHOTS") {
-        std::fs::write(
-            format!("{dir}/console-confirm.png"),
-            c.screenshot().await.unwrap(),
-        )
-        .unwrap();
-    }
+    follow(&c, Locator::Id("retry-all"), "confirm", "confirm").await;
     assert_eq!(
         store.counts("bulk").await.unwrap().dead,
         BULK as u64 - 1,
@@ -483,6 +481,44 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     );
     let bulk = store.counts("bulk").await.unwrap();
     assert_eq!((bulk.dead, bulk.ready), (0, BULK as u64 - 1));
+
+    // Issue 57: a queue's ready jobs listed (the Queues page links its count); one deleted,
+    // then the queue cleared through its confirm page, which names the number.
+    visit(&c, ui_port, "/queues", "queues").await;
+    let count = Locator::Css("tr[data-queue='bulk'] td[data-state='ready'] a");
+    follow(&c, count, "ready", "ready").await;
+    let first = c
+        .find(Locator::Css("#ready tr[data-job]"))
+        .await
+        .unwrap()
+        .attr("data-job")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(text(&c, "#ready").await.contains("report.build"));
+    assert_eq!(
+        press(&c, &format!("delete-{first}")).await,
+        format!("Job {first} cancelled: it is among the dead letters.")
+    );
+    assert_eq!(store.counts("bulk").await.unwrap().ready, BULK as u64 - 2);
+    follow(&c, Locator::Id("clear"), "confirm", "confirm-clear").await;
+    assert!(text(&c, "main")
+        .await
+        .contains(&format!("Cancel all {}", BULK - 2)));
+    assert_eq!(
+        store.counts("bulk").await.unwrap().ready,
+        BULK as u64 - 2,
+        "not before"
+    );
+    assert_eq!(
+        press(&c, "confirm").await,
+        format!(
+            "Cancelled {} job(s) of queue bulk: they are among its dead letters.",
+            BULK - 2
+        )
+    );
+    let bulk = store.counts("bulk").await.unwrap();
+    assert_eq!((bulk.dead, bulk.ready), (BULK as u64 - 1, 0));
 
     // Flows, schedules, rejections and a job's own page.
     visit(&c, ui_port, "/flows", "flows").await;
@@ -584,6 +620,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         ("/queues", "queues"),
         ("/busy", "busy"),
         ("/delayed", "delayed"),
+        ("/ready?queue=default", "ready"),
         ("/dead?queue=default", "dead"),
         ("/flows", "flows"),
         (flow.as_str(), "flow"),

@@ -15,9 +15,10 @@ use utoipa_axum::routes;
 
 use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
-    CancelOutcome, CancelResult, DeadPage, DeadQuery, Empty, Enqueued, ErrorBody, FlowCancelled,
-    FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus, JobsPage, JobsQuery,
-    Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest, UnreadableQueue, MAX_BATCH,
+    CancelOutcome, CancelResult, ClearRequest, Cleared, DeadPage, DeadQuery, Empty, Enqueued,
+    ErrorBody, FlowCancelled, FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus,
+    JobsPage, JobsQuery, Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest,
+    UnreadableQueue, MAX_BATCH,
 };
 use super::Api;
 use palisade::cli_support::check_name;
@@ -123,6 +124,7 @@ fn routes() -> OpenApiRouter<Arc<Api>> {
         .routes(routes!(resume))
         .routes(routes!(dead))
         .routes(routes!(queue_jobs))
+        .routes(routes!(clear_queue))
         .routes(routes!(retry_dead))
         .routes(routes!(purge_dead))
         .routes(routes!(retry_dead_job))
@@ -419,6 +421,48 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
     api.store.set_paused(&queue, paused).await?;
     tracing::info!(queue = %queue, paused, "api: queue paused or resumed");
     Ok(Json(Paused { queue, paused }))
+}
+
+/// Clear a queue: cancel every ready and delayed job it holds now (each goes to the dead
+/// letters with the reason, where a dead-letter retry brings it back); a group's ready jobs and
+/// jobs waiting behind their scope stay, and are counted in the answer.
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/clear", tag = "queues",
+    params(("queue" = String, Path, description = "The queue's name")),
+    request_body(content = Option<ClearRequest>, content_type = "application/json", description = "`{}`, `{\"reason\": ...}` or nothing; the Content-Type is required"),
+    responses((status = 200, description = "Done", body = Cleared)))]
+async fn clear_queue(
+    State(api): State<Arc<Api>>,
+    Path(queue): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Cleared>, ApiError> {
+    queue_name(&queue)?;
+    let raw = body(&api, raw)?;
+    let request: ClearRequest = if raw.is_empty() {
+        ClearRequest::default()
+    } else {
+        parse(&raw)?
+    };
+    let reason = match request.reason {
+        Some(r) if r.trim().is_empty() || r.len() > 1000 => {
+            return Err(ApiError::invalid(
+                "reason: 1 to 1000 bytes, not only spaces",
+            ))
+        }
+        Some(r) => r,
+        None => "queue cleared through the HTTP API".to_owned(),
+    };
+    let before = api.store.counts(&queue).await?;
+    let cancelled =
+        crate::reads::clear_queue(&api.store, &queue, &reason, before.ready + before.delayed)
+            .await?;
+    let after = api.store.counts(&queue).await?;
+    tracing::info!(queue = %queue, cancelled, "api: queue cleared");
+    Ok(Json(Cleared {
+        cancelled,
+        ready: after.ready,
+        delayed: after.delayed,
+        waiting: after.waiting,
+    }))
 }
 
 /// A queue's ready jobs (next to be claimed first; a group's are not listed) or its delayed

@@ -863,6 +863,28 @@ pub(crate) struct Retried {
     pub(crate) kept: Option<u64>,
 }
 
+/// What to clear of a queue.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClearRequest {
+    /// Kept with each cancelled job's dead-letter record (default: "queue cleared through the
+    /// HTTP API").
+    #[schema(min_length = 1, max_length = 1000)]
+    pub(crate) reason: Option<String>,
+}
+
+/// A cleared queue: how many jobs were cancelled, and what is left.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Cleared {
+    /// Ready and delayed jobs cancelled (each among the dead letters with the reason).
+    pub(crate) cancelled: u64,
+    /// Ready jobs left: of groups (never listed, so never cleared) or enqueued meanwhile.
+    pub(crate) ready: u64,
+    pub(crate) delayed: u64,
+    /// Jobs waiting behind their scope's running job.
+    pub(crate) waiting: u64,
+}
+
 /// Dead letters deleted for good.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Purged {

@@ -304,6 +304,29 @@ struct ListQuery {
     retries: Option<String>,
 }
 
+impl Ui {
+    /// Every readable queue with the count `count` picks (one broken queue is left out, not
+    /// the page), and the queue to show: `chosen`, or the first with a non-zero count.
+    async fn tabs(
+        &self,
+        chosen: Option<&str>,
+        count: impl Fn(&palisade::QueueCounts) -> u64,
+    ) -> palisade::Result<(Vec<(String, u64)>, Option<String>)> {
+        let mut queues = Vec::new();
+        for queue in self.store.queues().await? {
+            match self.store.counts(&queue).await {
+                Ok(counts) => queues.push((queue, count(&counts))),
+                Err(e) if e.leaves_queue_out(&queue, "queues") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let queue = chosen
+            .map(str::to_owned)
+            .or_else(|| queues.iter().find(|(_, n)| *n > 0).map(|(q, _)| q.clone()));
+        Ok((queues, queue))
+    }
+}
+
 async fn delayed(
     State(ui): State<Arc<Ui>>,
     Query(lq): Query<ListQuery>,
@@ -318,19 +341,7 @@ async fn delayed(
                 q.as_deref(),
             )
             .await?;
-        let mut queues = Vec::new();
-        for queue in ui.store.queues().await? {
-            match ui.store.counts(&queue).await {
-                Ok(counts) => queues.push((queue, counts.delayed)),
-                Err(e) if e.leaves_queue_out(&queue, "queues") => {}
-                Err(e) => return Err(e),
-            }
-        }
-        // The first queue with delayed jobs, when none is chosen.
-        let queue = lq
-            .queue
-            .clone()
-            .or_else(|| queues.iter().find(|(_, n)| *n > 0).map(|(q, _)| q.clone()));
+        let (queues, queue) = ui.tabs(lq.queue.as_deref(), |c| c.delayed).await?;
         let retries_only = lq.retries.is_some();
         let mut jobs = match &queue {
             Some(queue) => {
@@ -356,6 +367,55 @@ async fn delayed(
         ))
     };
     respond(page.await, is_live(q.as_deref()))
+}
+
+async fn ready(
+    State(ui): State<Arc<Ui>>,
+    Query(lq): Query<ListQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let page = async {
+        let frame = ui
+            .frame("/ready", "Ready jobs".into(), "/ready", q.as_deref())
+            .await?;
+        let (queues, queue) = ui.tabs(lq.queue.as_deref(), |c| c.ready).await?;
+        let jobs = match &queue {
+            Some(queue) => ui.store.ready(queue, ui.rows).await?,
+            None => Vec::new(),
+        };
+        Ok(pages::ready(&frame, &queues, queue.as_deref(), &jobs))
+    };
+    respond(page.await, is_live(q.as_deref()))
+}
+
+#[derive(Deserialize)]
+struct ClearQuery {
+    queue: String,
+}
+
+async fn confirm_clear(
+    State(ui): State<Arc<Ui>>,
+    Query(cq): Query<ClearQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let page = async {
+        let frame = ui
+            .frame(
+                "/ready",
+                "Clear a queue".into(),
+                "/clear/confirm",
+                q.as_deref(),
+            )
+            .await?;
+        let counts = ui.store.counts(&cq.queue).await?;
+        Ok(pages::confirm_clear(
+            &frame,
+            &cq.queue,
+            counts.ready,
+            counts.delayed,
+        ))
+    };
+    respond(page.await, false)
 }
 
 async fn dead(
@@ -912,6 +972,34 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                 dead_page(queue),
             )
         }
+        "queue-clear" => {
+            let queue = field(&form.queue, "the queue")?;
+            if form.confirm.as_deref() != Some("yes") {
+                return Err("Nothing done: clearing a queue needs its confirmation.".into());
+            }
+            // At most the number the operator confirmed: jobs enqueued meanwhile stay.
+            let expected: u64 = field(&form.expected, "the number confirmed")?
+                .trim()
+                .parse()
+                .map_err(|_| {
+                    "Nothing done: the number confirmed is not a whole number.".to_owned()
+                })?;
+            let cancelled = crate::reads::clear_queue(
+                store,
+                queue,
+                "queue cleared through the console",
+                expected,
+            )
+            .await
+            .map_err(failed)?;
+            tracing::info!(queue, cancelled, "console: queue cleared");
+            (
+                format!(
+                    "Cancelled {cancelled} job(s) of queue {queue}: they are among its dead letters."
+                ),
+                format!("/ready?queue={}", pages::enc(queue)),
+            )
+        }
         "enqueue-now" => {
             let name = field(&form.schedule, "the schedule")?;
             let Some(spec) = store
@@ -978,6 +1066,7 @@ fn back_to(form: &ActionForm, job: JobId) -> String {
             let retries = if back == "retries" { "&retries=1" } else { "" };
             format!("/delayed?queue={}{retries}", pages::enc(queue))
         }
+        (Some("ready"), Some(queue)) => format!("/ready?queue={}", pages::enc(queue)),
         _ => format!("/job/{job}"),
     }
 }
@@ -1040,6 +1129,8 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/", get(dashboard))
         .route("/queues", get(queues))
         .route("/busy", get(busy))
+        .route("/ready", get(ready))
+        .route("/clear/confirm", get(confirm_clear))
         .route("/delayed", get(delayed))
         .route("/dead", get(dead))
         .route("/dead/confirm", get(confirm))

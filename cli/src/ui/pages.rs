@@ -40,6 +40,7 @@ const NAV: &[(&str, &str)] = &[
     ("/", "Dashboard"),
     ("/queues", "Queues"),
     ("/busy", "Busy"),
+    ("/ready", "Ready"),
     ("/delayed", "Delayed"),
     ("/dead", "Dead"),
     ("/flows", "Flows"),
@@ -390,7 +391,7 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
                         @let c = &q.counts;
                         tr id={ "q-" (enc(&q.name)) } data-queue=(q.name) {
                             td { (name(&q.name)) @if q.paused { " " em.paused { "(paused)" } } }
-                            td.n data-state="ready" { (c.ready) }
+                            td.n data-state="ready" { a href={ "/ready?queue=" (enc(&q.name)) } { (c.ready) } }
                             td.n data-state="waiting" { (c.waiting) }
                             td.n data-state="delayed" { a href={ "/delayed?queue=" (enc(&q.name)) } { (c.delayed) } }
                             td.n data-state="leased" { (c.leased) }
@@ -630,6 +631,72 @@ pub(crate) fn delayed(
                               can still be retried from there." }
                 }
             } @else { p.empty { "Choose a queue." } }
+        },
+    )
+}
+
+/// A queue's ready jobs, next to be claimed first, each with how long it has waited; and
+/// the way to clear the queue.
+pub(crate) fn ready(
+    frame: &Frame,
+    queues: &[(String, u64)],
+    queue: Option<&str>,
+    jobs: &[JobView],
+) -> Markup {
+    let csrf = frame.csrf;
+    layout(
+        frame,
+        html! {
+            (queue_tabs("/ready", queues, queue))
+            @if let Some(queue) = queue {
+                @if jobs.is_empty() { p.empty { "Nothing is ready here (a group's ready jobs are counted on the Queues page, not listed)." } }
+                @else {
+                    table #ready {
+                        tr { th { "waiting" } th { "job" } th { "kind" } th { "priority" } th { "attempts" } th { "payload" } th { "" } }
+                        @for v in jobs {
+                            tr data-job=(v.job.id) {
+                                td.n { @if let Some(ms) = v.details.enqueued_ms { (ago(ms, frame.now_ms)) } }
+                                td { (job_link(v.job.id)) }
+                                td { (name(&v.job.kind)) }
+                                td.n { (v.details.priority) }
+                                td.n { (v.job.attempt) " / " (v.job.max_attempts) }
+                                td { code { (clip(&v.job.payload, 160)) } }
+                                td { (action(csrf, "cancel", &[("job", &v.job.id.to_string()), ("queue", queue), ("back", "ready")], "Delete", &format!("delete-{}", v.job.id))) }
+                            }
+                        }
+                    }
+                    @let counted = queues.iter().find(|(q, _)| q == queue).map_or(0, |(_, n)| *n);
+                    p.meta { "Next to be claimed first: " (jobs.len()) " shown of " (counted) " counted ready \
+                              (a group's ready jobs, and delayed jobs due but not yet moved, are counted, not \
+                              listed here). Delete cancels the job: it goes to the dead letters with the reason, \
+                              so it can still be retried from there." }
+                }
+                p { a #clear href={ "/clear/confirm?queue=" (enc(queue)) } { "Clear this queue…" }
+                    " (cancel every ready and delayed job, after a confirmation page that names the number)" }
+            } @else { p.empty { "Choose a queue." } }
+        },
+    )
+}
+
+/// Asks before clearing `queue` of its `ready` and `delayed` jobs.
+pub(crate) fn confirm_clear(frame: &Frame, queue: &str, ready: u64, delayed: u64) -> Markup {
+    let csrf = frame.csrf;
+    let n = ready + delayed;
+    layout(
+        frame,
+        html! {
+            p.warn { "Cancel all " b { (n) } " job(s) of queue " (name(queue)) " (" (ready) " ready, "
+                (delayed) " delayed)? Each goes to the dead letters with the reason \"queue cleared \
+                through the console\", where a retry brings it back. A group's ready jobs and jobs \
+                waiting behind their scope stay." }
+            form method="post" action="/act/queue-clear" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="queue" value=(queue);
+                input type="hidden" name="expected" value=(n);
+                input type="hidden" name="confirm" value="yes";
+                button #confirm type="submit" { "Cancel " (n) " job(s)" }
+            }
+            a href={ "/ready?queue=" (enc(queue)) } { "Back" }
         },
     )
 }
