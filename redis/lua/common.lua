@@ -715,7 +715,12 @@ local function note_try(job, outcome, now, err)
     end
     local kept = {}
     for i = math.max(1, #all - MAX_TRIES + 1), #all do
-      kept[#kept + 1] = cjson.encode(all[i])
+      -- (pcall: an entry another program wrote that cjson cannot write back, such as a
+      -- number it read as infinity, is dropped rather than failing the script halfway.)
+      local fine, entry = pcall(cjson.encode, all[i])
+      if fine then
+        kept[#kept + 1] = entry
+      end
     end
     tries, n = '[' .. table.concat(kept, ',') .. ']', #kept
   end
@@ -729,8 +734,20 @@ local function tries_of(tries)
     return nil
   end
   local ok, all = pcall(cjson.decode, tries)
-  if ok and type(all) == 'table' and #all > 0 then
-    return all
+  if not ok or type(all) ~= 'table' then
+    return nil
+  end
+  -- Only entries of our shape, which cjson can write back (another program's, or a number
+  -- read as infinity, would fail the burial's encode after its first write).
+  local good = {}
+  for _, e in ipairs(all) do
+    if type(e) == 'table' and #e == 5 and finite(e[1]) and finite(e[2]) and finite(e[3])
+        and type(e[4]) == 'string' and type(e[5]) == 'string' then
+      good[#good + 1] = e
+    end
+  end
+  if #good > 0 then
+    return good
   end
   return nil
 end
@@ -922,7 +939,7 @@ local function bury(base, id, reason, keep)
   end
   if not ok then
     -- (A payload cjson cannot write back: kept as the raw meta. The tick and trace are ones
-    -- cjson can always write: tick_of, trace_of.)
+    -- cjson can always write: tick_of, trace_of; the attempts are checked by tries_of.)
     record.payload = f[1] or ''
     json = cjson.encode(record)
   end
@@ -930,6 +947,12 @@ local function bury(base, id, reason, keep)
   redis.call('LTRIM', dead, -keep, -1)
   leave(base, id, f[3])
   redis.call('DEL', job)
+  -- An earlier run's completed record under this id is older than this death: a lookup by
+  -- id finds the newest end (the reads look for a completed record before a dead letter).
+  redis.call('DEL', base .. 'done:' .. id)
+  if redis.call('TYPE', base .. 'done').ok == 'zset' then
+    redis.call('ZREM', base .. 'done', id)
+  end
 end
 
 -- Leases of one epoch are no longer live: their tokens leave the watermark's reckoning.

@@ -41,12 +41,23 @@ local count, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- they completed) for keep_ms, at most keep_max of them. Arguments that are not the decimals
 -- our client sends keep none (the completions themselves go through).
 local keep_ms, keep_max = 0, 0
+local EVICT_STEP = 1000
 if string.match(ARGV[3] or '', '^%d+$') and #ARGV[3] <= 15
     and string.match(ARGV[4] or '', '^%d+$') and #ARGV[4] <= 15 then
   keep_ms, keep_max = tonumber(ARGV[3]), tonumber(ARGV[4])
 end
 if keep_max == 0 then
   keep_ms = 0
+end
+-- A "done" key another program wrote as another type: completions go through, none kept
+-- (refusing them would wedge every completion on a key no job needs).
+if keep_ms > 0 then
+  local t = redis.call('TYPE', base .. 'done').ok
+  if t ~= 'zset' and t ~= 'none' then
+    keep_ms = 0
+    redis.log(redis.LOG_WARNING, 'palisade: ' .. base .. 'done is a ' .. t
+      .. ', not a zset: completed jobs are not kept until it is repaired')
+  end
 end
 
 -- Look every lease up at once: its expiry and its job. Every script adds and removes a lease
@@ -167,9 +178,6 @@ for i = 0, count - 1 do
       if thens then
         want[base .. 'thens'] = 'zset'
       end
-      if action == 'complete' and keep_ms > 0 then
-        want[base .. 'done'] = 'zset'
-      end
       wrong = unsafe(base, want, counted, memo) or false
       if alike then
         alike[VERDICT] = wrong
@@ -228,7 +236,8 @@ for _, i in ipairs(current) do
       release_unique_key(base, id, f[4], f[5], now)
       note_step_end(base, id, f[7], 'completed', added, arg ~= '0' and reason or '')
       leave(base, id, f[2])
-      if keep_ms > 0 then
+      -- (EXISTS: a job two current leases completed in one batch was renamed by the first.)
+      if keep_ms > 0 and redis.call('EXISTS', job) == 1 then
         -- Kept for operators under another name, out of every live job's way: the record as
         -- it ran (its 'start' and 'tries' the attempts), with when it completed.
         local done = base .. 'done:' .. id
@@ -301,7 +310,9 @@ if #kept > 0 then
   -- (Its entries are no older than its records: once no completion came for keep_ms, both
   -- are gone.)
   redis.call('PEXPIRE', done, keep_ms)
-  local over = redis.call('ZCARD', done) - keep_max
+  -- At most EVICT_STEP records go per call (a lowered maximum would otherwise delete
+  -- millions in one script, blocking Redis): each later completion takes the next step.
+  local over = math.min(redis.call('ZCARD', done) - keep_max, EVICT_STEP)
   if over > 0 then
     local gone = redis.call('ZRANGE', done, 0, over - 1)
     redis.call('ZREMRANGEBYRANK', done, 0, over - 1)

@@ -56,6 +56,139 @@ async fn completed_records_keep_to_their_retention() {
     assert!(keys.trim().is_empty(), "left behind: {keys}");
 }
 
+/// Found by the attack on issue 57's completed records: an attempt history another program
+/// wrote (a number cjson reads as infinity, entries of another shape) fails no settlement or
+/// reap after its first write; a `done` key of another type keeps no record but fails no
+/// completion; a maximum lowered by far evicts a bounded step per completion, not all at once.
+#[tokio::test]
+async fn odd_attempt_histories_and_done_keys_fail_nothing_halfway() {
+    use palisade::{CompletedRetention, LeaseStore, NewJob, Settlement};
+    use std::time::Duration;
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool.clone(), "h");
+    let claim = |ttl| {
+        let store = &store;
+        async move { store.claim("default", "t", 1, ttl).await.unwrap().remove(0) }
+    };
+    let odd = [
+        ("[1e999]", "32"),
+        (
+            "[[1,2,3,\"x\",\"y\"],1e999,{\"a\":1},[1e999,2,3,\"x\",\"y\"]]",
+            "40",
+        ),
+        (
+            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+            "33",
+        ),
+    ];
+    for (tries, n) in odd {
+        let ids = store
+            .enqueue(vec![NewJob::raw("odd", "null").with_max_attempts(2)])
+            .await
+            .unwrap();
+        let key = format!("{{h}}:job:{}", ids[0]);
+        let put = || {
+            server
+                .cli(&["HSET", &key, "tries", tries, "ntries", n])
+                .unwrap();
+        };
+        // A retry (note_try trims past 32), then a death (bury decodes the history).
+        put();
+        let c = claim(Duration::from_secs(30)).await;
+        let retry = Settlement::Retry {
+            delay: Duration::ZERO,
+            reason: "r".into(),
+        };
+        let out = store.settle(vec![(c.lease.id, retry)]).await.unwrap();
+        assert!(out[0].is_ok(), "{tries}: {out:?}");
+        put();
+        let c = claim(Duration::from_secs(30)).await;
+        let dead = Settlement::Dead { reason: "d".into() };
+        let out = store.settle(vec![(c.lease.id, dead)]).await.unwrap();
+        assert!(out[0].is_ok(), "{tries}: {out:?}");
+        let letters = store.dead("default", 100).await.unwrap();
+        assert_eq!(letters.len(), 1, "{tries}: buried");
+        // A stall found by the reaper.
+        store
+            .enqueue(vec![NewJob::raw("odd", "null").with_max_stalls(0)])
+            .await
+            .unwrap();
+        let c = claim(Duration::from_millis(1)).await;
+        server
+            .cli(&[
+                "HSET",
+                &format!("{{h}}:job:{}", c.job.id),
+                "tries",
+                tries,
+                "ntries",
+                n,
+            ])
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let reaped = store.reap(10).await.unwrap();
+        assert_eq!(reaped.len(), 1, "{tries}: reaped");
+        assert!(
+            store.job(c.job.id).await.unwrap().is_none(),
+            "{tries}: dead"
+        );
+        assert_eq!(store.dead("default", 100).await.unwrap().len(), 2);
+        store.purge_dead("default", 100).await.unwrap();
+    }
+
+    // A "done" written over: completions go through, none kept.
+    server.cli(&["SET", "{h}:done", "x"]).unwrap();
+    let ids = store.enqueue(vec![NewJob::raw("k", "null")]).await.unwrap();
+    let c = claim(Duration::from_secs(30)).await;
+    let out = store
+        .settle(vec![(c.lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    assert!(out[0].is_ok(), "{out:?}");
+    assert!(store.completed(ids[0]).await.unwrap().is_none());
+    assert_eq!(store.counts("default").await.unwrap().completed, 1);
+    server.cli(&["DEL", "{h}:done"]).unwrap();
+
+    // 2,000 kept, then a worker keeping 10 completes one: 1,000 go, not 1,991 in one script.
+    let many = |max| {
+        RedisLeaseStore::new(pool.clone(), "many").with_completed_retention(CompletedRetention {
+            keep: Duration::from_secs(600),
+            max,
+        })
+    };
+    let wide = many(2_000);
+    for _ in 0..4 {
+        wide.enqueue((0..500).map(|_| NewJob::raw("m", "null")).collect())
+            .await
+            .unwrap();
+        let claims = wide
+            .claim("default", "t", 500, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let done = claims.iter().map(|c| (c.lease.id, Settlement::completed()));
+        let out = wide.settle(done.collect()).await.unwrap();
+        assert!(out.iter().all(Result::is_ok));
+    }
+    assert_eq!(server.cli(&["ZCARD", "{many}:done"]), Some("2000".into()));
+    let narrow = many(10);
+    narrow
+        .enqueue(vec![NewJob::raw("m", "null")])
+        .await
+        .unwrap();
+    let c = narrow
+        .claim("default", "t", 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    narrow
+        .settle(vec![(c.lease.id, Settlement::completed())])
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["ZCARD", "{many}:done"]), Some("1001".into()));
+    let records = server.cli(&["EVAL", "return #redis.call('KEYS', '{many}:done:*')", "0"]);
+    assert_eq!(records, Some("1001".into()), "each entry's record, no more");
+}
+
 /// Issue 7, case 7 (Redis): one claim makes a bounded number of due delayed jobs ready (it
 /// used to promote 1,000 at once, blocking Redis to hand out one job), the rest follow with
 /// later claims; dead letters are trimmed to the retention.

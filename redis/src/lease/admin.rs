@@ -303,7 +303,19 @@ impl Inspect for RedisLeaseStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
-        rows.into_iter().next().map(decode_completed).transpose()
+        // A kept record that does not read (another program's, or written over) is an
+        // operator's aid, not the job: absent, with a warning, so a lookup goes on to the
+        // dead letters and results instead of failing.
+        Ok(rows
+            .into_iter()
+            .next()
+            .and_then(|row| match decode_completed(row) {
+                Ok(done) => Some(done),
+                Err(e) => {
+                    tracing::warn!(%job, error = %e, "a completed job's record does not read: left out");
+                    None
+                }
+            }))
     }
 
     async fn queues(&self) -> Result<Vec<String>> {

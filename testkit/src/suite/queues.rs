@@ -868,4 +868,34 @@ pub async fn completed_records_keep_to_their_retention(store: Stores, kept_none:
     for id in &ids {
         assert!(store.completed(*id).await.unwrap().is_none());
     }
+    // A producer-chosen id run again after it completed, and dead this time: its id finds
+    // the dead letter, the newest end, not the earlier completion.
+    let id = JobId::new();
+    let again = || {
+        job("again")
+            .with_queue("rq")
+            .with_id_for(id, Duration::from_millis(1))
+    };
+    for dies in [false, true] {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(store.enqueue(vec![again()]).await.unwrap(), [id]);
+        let c = store.claim("rq", "suite", 1, TTL).await.unwrap().remove(0);
+        assert_eq!(c.job.id, id, "enqueued again");
+        let end = if dies {
+            Settlement::Dead {
+                reason: "second run died".into(),
+            }
+        } else {
+            Settlement::completed()
+        };
+        settle(&store, c.lease.id, end).await.unwrap();
+    }
+    assert!(
+        store.completed(id).await.unwrap().is_none(),
+        "an older completion hides the newer death"
+    );
+    let dead = store.dead("rq", 10).await.unwrap();
+    assert!(dead
+        .iter()
+        .any(|d| d.job.id == id && d.reason == "second run died"));
 }

@@ -890,9 +890,14 @@ impl LeaseState {
             q.priority.remove(&id);
             q.completed += 1;
             if retention.is_on() {
+                // (The completing attempt's end, one clock reading for both.)
+                let completed_ms = match details.attempts.last() {
+                    Some(a) if matches!(a.outcome, AttemptOutcome::Completed) => a.ended_ms,
+                    _ => crate::store::unix_ms(),
+                };
                 let done = CompletedJob {
                     job,
-                    completed_ms: crate::store::unix_ms(),
+                    completed_ms,
                     details,
                     result: None, // (read from the result note: it has its own retention)
                 };
@@ -906,11 +911,12 @@ impl LeaseState {
 
     /// Completed records past `retention`: the oldest beyond its count, and those older
     /// than its time. (A job completed twice, run again under a producer-chosen id, is in
-    /// the order twice: its older entry goes without its newer record.)
+    /// the order twice, as is one that died after: an entry whose record is gone or newer
+    /// goes without it, and only records count against the maximum, as on Redis.)
     fn forget_completed(&mut self, retention: CompletedRetention, now: Instant) {
         while let Some(&(at, seq, id)) = self.completed_order.front() {
             let expired = now.saturating_duration_since(at) >= retention.keep;
-            if !expired && self.completed_order.len() <= retention.max {
+            if !expired && self.completed.len() <= retention.max {
                 break;
             }
             self.completed_order.pop_front();
@@ -943,6 +949,9 @@ impl LeaseState {
     }
 
     fn bury(&mut self, id: JobId, reason: String, retention: usize) {
+        // (An earlier run's completed record under this id is older than this death: a
+        // lookup by id finds the newest end, as on Redis.)
+        self.completed.remove(&id);
         self.errors.remove(&id);
         self.release_unique(id);
         self.leave(id);
