@@ -108,6 +108,10 @@ pub const QUEUE_ENQUEUED: &str = "palisade_queue_enqueued_total";
 /// them and the sampler exports its count ([`STALLS`] counts a reaper's own, by outcome, in
 /// its process, which may export no metrics). Labels: queue.
 pub const QUEUE_STALLS: &str = "palisade_queue_stalls_total";
+/// Flows created, whichever process created them (the HTTP API, a producer, a job's
+/// follow-ups): the coordinator counts each flow once, where it keeps it, and the sampler
+/// exports its count ([`FLOWS_CREATED`] counts a producer's own, in its process).
+pub const FLOWS_KEPT: &str = "palisade_flows_kept_total";
 /// Live worker processes (arbiters) whose heartbeat lists the queue, sampled with
 /// [`QUEUE_DEPTH`] for every queue (0: nobody claims it; `PalisadeQueueUnclaimed` fires when
 /// it holds ready jobs). Labels: queue.
@@ -169,6 +173,7 @@ pub const ALL: &[&str] = &[
     JOBS_CANCELLED,
     QUEUE_ENQUEUED,
     QUEUE_STALLS,
+    FLOWS_KEPT,
     QUEUE_WORKERS,
     SCHEDULE_OVERDUE,
     FLOW_OLDEST_AGE,
@@ -262,6 +267,10 @@ pub fn describe() {
     describe_counter!(
         QUEUE_STALLS,
         "Stalls reaped in a queue by any process, as the coordinator counts them (sampled)"
+    );
+    describe_counter!(
+        FLOWS_KEPT,
+        "Flows created by any process, as the coordinator counts them (sampled)"
     );
     describe_gauge!(
         QUEUE_WORKERS,

@@ -115,6 +115,12 @@ if op == 'put' and not exists then
     redis.call('ZADD', RUNNING, now, fid)
   end
   kept = '1'
+  -- Flows ever kept here, whoever created them, for the sampler. Counted only where it can
+  -- be (pcall): a stats hash written over must not fail the creation halfway.
+  local before = redis.pcall('HGET', base .. 'flow_stats', 'created')
+  if type(before) ~= 'table' and countable(before) then
+    redis.pcall('HINCRBY', base .. 'flow_stats', 'created', 1)
+  end
   for i = 0, n - 1 do
     local o = 4 + i * 3
     local name, deps = ARGV[o + 1], ARGV[o + 3]

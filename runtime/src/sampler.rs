@@ -77,6 +77,10 @@ impl Sampler {
                         .first()
                         .map_or(0, |(_, created)| now.saturating_sub(*created));
                     gauge!(m::FLOW_OLDEST_AGE).set(age as f64 / 1000.0);
+                    // The coordinator's own count, set as is (as the queues' enqueues).
+                    if let Some(created) = flows.flows_created().await? {
+                        metrics::counter!(m::FLOWS_KEPT).absolute(created);
+                    }
                 }
             }
             Ok::<(), crate::Error>(())

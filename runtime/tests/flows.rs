@@ -60,7 +60,11 @@ async fn diamond(stores: &Stores) {
         .step_after("b", job("k"), &["a"])
         .step_after("c", job("k").with_scope("shared-scope"), &["a"])
         .step_after("d", job("k"), &["b", "c"]);
+    let before = stores.flows_created().await.unwrap().unwrap();
     let id = client.create_flow(&flow).await.unwrap();
+    // Counted once where it is kept, a creation done again not at all.
+    assert_eq!(client.create_flow(&flow).await.unwrap(), id);
+    assert_eq!(stores.flows_created().await.unwrap(), Some(before + 1));
     let status = client.flow(id).await.unwrap().unwrap();
     assert_eq!(
         (status.state, status.steps, status.released),

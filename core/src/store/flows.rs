@@ -92,4 +92,11 @@ pub trait FlowStore: Send + Sync + 'static {
     /// How many flows kept here are running (not every step ended), and the `max` created
     /// first: each id with its creation time (unix ms), oldest first.
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(FlowId, u64)>)>;
+
+    /// How many flows were ever kept here, whoever created them (each counted once, by the
+    /// home that kept it): the sampler exports it, so a flow created by a producer or the API
+    /// shows on every sampling worker's scrape. `None` for a store that does not count them.
+    async fn flows_created(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }

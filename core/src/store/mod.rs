@@ -559,6 +559,9 @@ impl FlowStore for Stores {
     async fn running_flows(&self, max: usize) -> Result<(u64, Vec<(crate::ids::FlowId, u64)>)> {
         self.flows.running_flows(max).await
     }
+    async fn flows_created(&self) -> Result<Option<u64>> {
+        self.flows.flows_created().await
+    }
     async fn keep_results(
         &self,
         flow: crate::ids::FlowId,

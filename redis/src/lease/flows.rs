@@ -541,6 +541,17 @@ impl FlowStore for RedisLeaseStore {
         }
         Ok((parse(count)?, listed))
     }
+
+    async fn flows_created(&self) -> Result<Option<u64>> {
+        let mut conn = self.conn().await?;
+        let n: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}flow_stats", self.base))
+            .arg("created")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        n.map_or(Ok(Some(0)), |n| parse(&n).map(Some))
+    }
 }
 
 /// One step end as `note_step_end` (common.lua) keeps it: "<flow> TAB <step> TAB <end>", then

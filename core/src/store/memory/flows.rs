@@ -154,6 +154,7 @@ impl FlowStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         state.forget_finished_flows(now);
         let new = !state.flows.contains_key(&flow.id());
+        state.flows_created += u64::from(new);
         let kept = state.flows.entry(flow.id()).or_insert_with(|| KeptFlow {
             home: Home::new(flow),
             created_ms: crate::store::unix_ms(),
@@ -272,5 +273,9 @@ impl FlowStore for MemoryLeaseStore {
         let count = running.len() as u64;
         let listed = running.into_iter().take(max).map(|(at, id)| (id, at));
         Ok((count, listed.collect()))
+    }
+
+    async fn flows_created(&self) -> Result<Option<u64>> {
+        Ok(Some(lock(&self.state).flows_created))
     }
 }

@@ -145,6 +145,8 @@ struct LeaseState {
     /// Flows kept here (their home), with when their releases were last decided while some
     /// are unconfirmed, and when they finished.
     flows: HashMap<crate::ids::FlowId, flows::KeptFlow>,
+    /// Flows ever kept here (`FlowStore::flows_created`).
+    flows_created: u64,
     /// Completed jobs kept (`CompletedRetention`), each with the number of its entry in
     /// `completed_order`: their ids by when they completed, oldest first.
     completed: HashMap<JobId, (u64, CompletedJob)>,

@@ -1009,6 +1009,13 @@ impl FlowStore for PartitionedLeaseStore {
         listed.truncate(max);
         Ok((count, listed))
     }
+
+    async fn flows_created(&self) -> Result<Option<u64>> {
+        let all = self
+            .on_all(|part| async move { part.flows_created().await })
+            .await?;
+        Ok(all.into_iter().flatten().reduce(|a, b| a + b))
+    }
 }
 
 impl From<PartitionedLeaseStore> for Stores {
