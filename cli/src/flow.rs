@@ -3,8 +3,9 @@
 use anyhow::bail;
 
 use super::{print_lines, runtime, RedisArgs};
+use palisade::store::FlowStore;
 use palisade::FlowId;
-use palisade::{FlowState, StepEnd};
+use palisade::{FlowState, StepEnd, StepState};
 
 /// `flow`.
 #[derive(Clone, Debug, clap::Subcommand)]
@@ -34,13 +35,17 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
         match command {
             FlowCommand::Show { redis, flow, json } => {
                 let (_, store) = redis.store().await?;
-                let client = palisade::Client::new(store);
+                let client = palisade::Client::new(store.clone());
                 let id = FlowId::from(flow);
                 let Some(status) = client.flow(id).await? else {
                     bail!("flow {id} is not kept (never created, or finished and forgotten)");
                 };
+                let steps = store.flow_steps(id).await?;
                 if json {
-                    return print_lines(std::iter::once(serde_json::to_string(&status)?));
+                    // The status as before, with each step in run order (`step_list`).
+                    let mut out = serde_json::to_value(&status)?;
+                    out["step_list"] = serde_json::to_value(&steps)?;
+                    return print_lines(std::iter::once(out.to_string()));
                 }
                 let state = match status.state {
                     FlowState::Running => "running",
@@ -54,15 +59,21 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
                     status.released,
                     ends_line(&status),
                 );
-                // The steps that did not complete, by name (the completed ones are counted).
-                let mut missed: Vec<_> = status
-                    .ended
-                    .iter()
-                    .filter(|(_, e)| **e != StepEnd::Completed)
-                    .map(|(step, end)| format!("  {step}: {}", end.as_str()))
-                    .collect();
-                missed.sort();
-                print_lines(std::iter::once(head).chain(missed))
+                // Each step in run order: where it is, what it runs after, its job.
+                let rows = steps.iter().enumerate().map(|(i, s)| {
+                    let state = match s.state {
+                        StepState::Waiting => "waiting",
+                        StepState::Released => "released",
+                        StepState::Ended(end) => end.as_str(),
+                    };
+                    let after = if s.after.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" after {}", s.after.join(", "))
+                    };
+                    format!("  {:>3}. {}: {state}{after} (job {})", i + 1, s.name, s.job)
+                });
+                print_lines(std::iter::once(head).chain(rows))
             }
             FlowCommand::Cancel { redis, flow } => {
                 let (_, store) = redis.store().await?;

@@ -517,6 +517,55 @@ pub enum FlowState {
     Cancelled,
 }
 
+/// Where one step of a kept flow is ([`StepStatus`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    /// Not decided: a step it runs after has not ended.
+    Waiting,
+    /// Decided and handed to its job's partition (to run, or to end unrun), not ended yet:
+    /// its job is ready, delayed or running.
+    Released,
+    /// Ended.
+    Ended(StepEnd),
+}
+
+/// One step of a kept flow as its home sees it, for operators
+/// ([`FlowStore::flow_steps`](crate::store::FlowStore::flow_steps)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepStatus {
+    /// The step's name.
+    pub name: String,
+    /// Its job ([`step_job_id`]).
+    pub job: JobId,
+    /// The steps it runs after (none for a root).
+    pub after: Vec<String>,
+    /// Where it is.
+    pub state: StepState,
+}
+
+/// `steps` in the order they can run: each after every step it runs after, and among those
+/// free at once, by name (a flow's steps are a DAG; a dependency it does not list, or a
+/// cycle another program wrote, puts the steps it holds up last, by name).
+pub fn in_run_order(mut steps: Vec<StepStatus>) -> Vec<StepStatus> {
+    steps.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut placed: std::collections::HashSet<String> = Default::default();
+    let mut ordered = Vec::with_capacity(steps.len());
+    while !steps.is_empty() {
+        let (free, held): (Vec<_>, Vec<_>) = steps
+            .into_iter()
+            .partition(|s| s.after.iter().all(|a| placed.contains(a)));
+        if free.is_empty() {
+            ordered.extend(held);
+            break;
+        }
+        placed.extend(free.iter().map(|s| s.name.clone()));
+        ordered.extend(free);
+        steps = held;
+    }
+    ordered
+}
+
 /// A flow as the coordinator keeps it: its state and each step's outcome so far.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowStatus {
@@ -836,6 +885,21 @@ impl Home {
         running.into_iter().map(|(_, job)| job).collect()
     }
 
+    /// Every step with where it is, in run order.
+    pub(crate) fn step_statuses(&self) -> Vec<StepStatus> {
+        let steps = self.steps.iter().map(|(name, step)| StepStatus {
+            name: name.clone(),
+            job: step.job,
+            after: step.after.iter().map(|e| e.step.clone()).collect(),
+            state: match (self.ends.get(name), self.decided.contains_key(name)) {
+                (Some(end), _) => StepState::Ended(*end),
+                (None, true) => StepState::Released,
+                (None, false) => StepState::Waiting,
+            },
+        });
+        in_run_order(steps.collect())
+    }
+
     pub(crate) fn status(&self) -> FlowStatus {
         let state = if self.cancelled {
             FlowState::Cancelled
@@ -862,6 +926,36 @@ mod tests {
 
     fn job() -> NewJob {
         NewJob::raw("k", "{}")
+    }
+
+    #[test]
+    fn steps_come_in_run_order_and_a_cycle_goes_last() {
+        let step = |name: &str, after: &[&str]| StepStatus {
+            name: name.into(),
+            job: JobId::new(),
+            after: after.iter().map(|s| s.to_string()).collect(),
+            state: StepState::Waiting,
+        };
+        let names = |steps: Vec<StepStatus>| -> Vec<String> {
+            in_run_order(steps).into_iter().map(|s| s.name).collect()
+        };
+        // A diamond given backwards, and a second root.
+        let diamond = vec![
+            step("d", &["b", "c"]),
+            step("c", &["a"]),
+            step("b", &["a"]),
+            step("z", &[]),
+            step("a", &[]),
+        ];
+        assert_eq!(names(diamond), ["a", "z", "b", "c", "d"]);
+        // A step after one the flow does not list, and two waiting on each other: last.
+        let odd = vec![
+            step("y", &["x"]),
+            step("x", &["y"]),
+            step("m", &["gone"]),
+            step("a", &[]),
+        ];
+        assert_eq!(names(odd), ["a", "m", "x", "y"]);
     }
 
     #[test]

@@ -424,10 +424,14 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
     };
     assert_eq!(enqueued("parked"), 2, "{text}");
     // So is the flow the API created, on the worker's scrape (by its sampler's next pass).
-    wait_for("the API's flow on the worker's scrape", Duration::from_secs(30), || {
-        let text = worker.metrics().unwrap_or_default();
-        palisade::metrics::sample_sum(&text, "palisade_flows_kept_total", &[]) == 1
-    });
+    wait_for(
+        "the API's flow on the worker's scrape",
+        Duration::from_secs(30),
+        || {
+            let text = worker.metrics().unwrap_or_default();
+            palisade::metrics::sample_sum(&text, "palisade_flows_kept_total", &[]) == 1
+        },
+    );
     assert!(enqueued("default") >= 5, "{text}");
     // The queue nobody claims reads 0 workers, the worker's own more.
     assert!(

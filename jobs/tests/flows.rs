@@ -148,6 +148,11 @@ fn a_thousand_part_report_adds_up_through_a_pause_a_kill_and_a_redis_restart() {
     );
     let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(shown["state"], "succeeded", "{shown}");
+    let list = shown["step_list"].as_array().unwrap();
+    assert!(
+        !list.is_empty() && list.iter().all(|s| s["state"]["ended"] == "completed"),
+        "{shown}"
+    );
     let recorded: u64 = [&a, &c, &b2]
         .iter()
         .map(|w| w.counter("palisade_flow_steps_total", &[("end", "completed")]))
@@ -290,6 +295,17 @@ fn the_cli_shows_and_cancels_a_flow() {
     });
     let shown = palisade(&["flow", "show", &id]);
     assert!(shown.contains("running; 22 steps, 20 released"), "{shown}");
+    // Each step in run order: the 20 parts released, the two after them waiting.
+    let rows: Vec<&str> = shown.lines().skip(1).collect();
+    assert_eq!(rows.len(), 22, "{shown}");
+    assert!(
+        rows[..20].iter().all(|r| r.contains(": released")),
+        "{shown}"
+    );
+    assert!(
+        rows[20..].iter().all(|r| r.contains(": waiting after")),
+        "{shown}"
+    );
     // The sampler (one per fleet; this worker holds its role) counts it every 5 s.
     wait_for("the running flows gauge", Duration::from_secs(20), || {
         w.counter("palisade_flows_running", &[]) == 1

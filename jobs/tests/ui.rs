@@ -534,6 +534,21 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     );
     visit(&c, ui_port, &format!("/flow/{}", s.flow), "flow").await;
     assert_eq!(text(&c, "#flow-state").await, "running");
+    // Each step in run order with where it is: the first released, the second waiting on it.
+    let states = c
+        .find_all(Locator::Css("#steps tr[data-step]"))
+        .await
+        .unwrap();
+    let mut shown = Vec::new();
+    for row in states {
+        shown.push(row.attr("data-state").await.unwrap().unwrap_or_default());
+    }
+    assert_eq!(
+        shown,
+        ["released", "waiting"],
+        "{}",
+        text(&c, "#steps").await
+    );
     let msg = press(&c, "flow-cancel").await;
     assert!(
         msg.starts_with(&format!("Flow {} cancelled", s.flow)),

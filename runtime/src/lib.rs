@@ -106,7 +106,7 @@ pub use context::PostgresHandle;
 pub use context::{JobContext, Registry, SinkHandle, Sinks};
 pub use coordinator::{Coordinator, CountJobs, Enqueue, ListDead};
 pub use error::{Error, Result};
-pub use flow::{Flow, FlowState, FlowStatus, OnDead, Step, StepEnd};
+pub use flow::{Flow, FlowState, FlowStatus, OnDead, Step, StepEnd, StepState, StepStatus};
 pub use group::{GroupLimits, GroupStatus};
 pub use ids::{FencingToken, FlowId, IdempotencyKey, JobId, Lease, LeaseId, Scope};
 pub use job::{
@@ -159,8 +159,8 @@ pub mod limits {
 pub mod rules {
     pub use crate::admission::{advance, decide, Fence, ScopeFence};
     pub use crate::flow::{
-        added_step_name, check_added, decide as decide_step, step_job_id, Decision, Edge, FlowStep,
-        Release, ReleaseAction, StepEnded,
+        added_step_name, check_added, decide as decide_step, in_run_order, step_job_id, Decision,
+        Edge, FlowStep, Release, ReleaseAction, StepEnded,
     };
     pub use crate::job::clip_error;
     pub use crate::mutation::redis_integer;

@@ -70,6 +70,26 @@ async fn diamond(stores: &Stores) {
         (status.state, status.steps, status.released),
         (FlowState::Running, 4, 1)
     );
+    // Each step where it is, in run order, with what it runs after (for operators' pages).
+    let steps = |list: Vec<StepStatus>| -> Vec<(String, StepState, Vec<String>)> {
+        list.into_iter()
+            .map(|s| {
+                assert_eq!(s.job, flow.job_id(&s.name));
+                (s.name, s.state, s.after)
+            })
+            .collect()
+    };
+    let (w, r) = (StepState::Waiting, StepState::Released);
+    let after = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        steps(stores.flow_steps(id).await.unwrap()),
+        [
+            ("a".into(), r, after(&[])),
+            ("b".into(), w, after(&["a"])),
+            ("c".into(), w, after(&["a"])),
+            ("d".into(), w, after(&["b", "c"])),
+        ]
+    );
     let (running, ids) = stores.running_flows(100).await.unwrap();
     assert!(
         running >= 1 && ids.iter().any(|(f, _)| *f == id),
@@ -123,6 +143,16 @@ async fn diamond(stores: &Stores) {
         .unwrap();
     assert_eq!(done.state, FlowState::Succeeded);
     assert_eq!(done.count(StepEnd::Completed), 4);
+    let ended = StepState::Ended(StepEnd::Completed);
+    let states: Vec<StepState> = stores
+        .flow_steps(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.state)
+        .collect();
+    assert_eq!(states, [ended; 4]);
+    assert!(stores.flow_steps(FlowId::new()).await.unwrap().is_empty());
     let (_, ids) = stores.running_flows(100).await.unwrap();
     assert!(
         !ids.iter().any(|(f, _)| *f == id),

@@ -656,7 +656,7 @@ async fn create_flow(
     ))
 }
 
-/// A flow's state and how each ended step ended.
+/// A flow's state, how each ended step ended, and every step in run order with where it is.
 #[utoipa::path(get, path = "/api/v1/flows/{id}", tag = "flows",
     params(("id" = String, Path, description = "The flow's id")),
     responses(
@@ -669,7 +669,10 @@ async fn flow(
 ) -> Result<Json<FlowView>, ApiError> {
     let id = flow_id(&id)?;
     match api.store.flow(id).await? {
-        Some(status) => Ok(Json(status.into())),
+        Some(status) => {
+            let steps = api.store.flow_steps(id).await?;
+            Ok(Json(FlowView::of(status, steps)))
+        }
         None => Err(flow_not_kept(id)),
     }
 }

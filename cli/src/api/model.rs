@@ -1024,16 +1024,47 @@ pub(crate) struct FlowView {
     /// How each step that ended ended (`completed`, `dead`, `skipped`), by step name.
     #[schema(value_type = std::collections::HashMap<String, String>)]
     ended: std::collections::HashMap<String, StepEnd>,
+    /// Every step in run order (each after the steps it runs after) with where it is.
+    step_list: Vec<FlowStepView>,
 }
 
-impl From<palisade::FlowStatus> for FlowView {
-    fn from(s: palisade::FlowStatus) -> Self {
+/// One step of a flow.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct FlowStepView {
+    name: String,
+    /// Its job (`GET /api/v1/jobs/{id}`).
+    #[schema(value_type = String, format = Uuid)]
+    job: String,
+    /// The steps it runs after.
+    after: Vec<String>,
+    /// `waiting` (a step it runs after has not ended), `released` (its job is ready, delayed
+    /// or running), or how it ended: `completed`, `dead`, `skipped`.
+    #[schema(example = "released")]
+    state: String,
+}
+
+impl FlowView {
+    pub(crate) fn of(s: palisade::FlowStatus, steps: Vec<palisade::StepStatus>) -> Self {
+        let step_list = steps
+            .into_iter()
+            .map(|st| FlowStepView {
+                state: match st.state {
+                    palisade::StepState::Waiting => "waiting".into(),
+                    palisade::StepState::Released => "released".into(),
+                    palisade::StepState::Ended(end) => end.as_str().into(),
+                },
+                name: st.name,
+                job: st.job.to_string(),
+                after: st.after,
+            })
+            .collect();
         Self {
             id: s.id.to_string(),
             state: s.state,
             steps: s.steps,
             released: s.released,
             ended: s.ended,
+            step_list,
         }
     }
 }

@@ -561,7 +561,10 @@ async fn flow(
             )
             .await?;
         match ui.store.flow(id).await? {
-            Some(status) => Ok(Some(pages::flow(&frame, &status))),
+            Some(status) => {
+                let steps = ui.store.flow_steps(id).await?;
+                Ok(Some(pages::flow(&frame, &status, &steps)))
+            }
             None => Ok(None),
         }
     };

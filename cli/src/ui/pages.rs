@@ -12,7 +12,7 @@ use palisade::store::{HistorySample, LeaseInfo, RejectionNote, WorkerBeat};
 use palisade::ScheduleSpec;
 use palisade::{DeadJob, JobState, JobView, QueueCounts};
 use palisade::{FencingToken, FlowId, JobId};
-use palisade::{FlowStatus, StepEnd};
+use palisade::{FlowStatus, StepEnd, StepState, StepStatus};
 
 /// What every page shows around its body.
 pub(crate) struct Frame<'a> {
@@ -838,9 +838,13 @@ pub(crate) fn flows(
     )
 }
 
-pub(crate) fn flow(frame: &Frame, status: &FlowStatus) -> Markup {
-    let mut ended: Vec<(&String, &StepEnd)> = status.ended.iter().collect();
-    ended.sort_by_key(|(step, _)| *step);
+/// A flow: its state, and each step in run order with where it is.
+pub(crate) fn flow(frame: &Frame, status: &FlowStatus, steps: &[StepStatus]) -> Markup {
+    let state = |s: StepState| match s {
+        StepState::Waiting => "waiting",
+        StepState::Released => "released",
+        StepState::Ended(end) => end.as_str(),
+    };
     layout(
         frame,
         html! {
@@ -853,14 +857,26 @@ pub(crate) fn flow(frame: &Frame, status: &FlowStatus) -> Markup {
                 p.meta { "Cancelling decides every step not decided yet as dead unrun and cancels the \
                           step jobs running now; steps that ended keep their end." }
             }
-            @if !ended.is_empty() {
+            @if !steps.is_empty() {
                 table #steps {
-                    tr { th { "step" } th { "ended" } th { "job" } }
-                    @for (step, end) in ended {
-                        tr { td { (name(step)) } td { (format!("{end:?}").to_lowercase()) }
-                             td { (job_link(palisade::step_job_id(status.id, step))) } }
+                    tr { th { "#" } th { "step" } th { "state" } th { "runs after" } th { "job" } }
+                    @for (i, s) in steps.iter().enumerate() {
+                        tr data-step=(s.name) data-state=(state(s.state)) {
+                            td.n { (i + 1) }
+                            td { (name(&s.name)) }
+                            td.state { (state(s.state)) }
+                            td { @if s.after.is_empty() { "-" } @else {
+                                @for (j, a) in s.after.iter().enumerate() {
+                                    @if j > 0 { ", " } (name(a))
+                                }
+                            } }
+                            td { (job_link(s.job)) }
+                        }
                     }
                 }
+                p.meta { "In run order: each step after the steps it runs after. Waiting: a step it \
+                          runs after has not ended; released: its job is ready, delayed or running \
+                          (its page says which)." }
             }
         },
     )

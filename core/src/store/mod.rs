@@ -562,6 +562,9 @@ impl FlowStore for Stores {
     async fn flows_created(&self) -> Result<Option<u64>> {
         self.flows.flows_created().await
     }
+    async fn flow_steps(&self, id: crate::ids::FlowId) -> Result<Vec<crate::flow::StepStatus>> {
+        self.flows.flow_steps(id).await
+    }
     async fn keep_results(
         &self,
         flow: crate::ids::FlowId,

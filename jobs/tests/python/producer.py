@@ -148,6 +148,9 @@ def main():
         time.sleep(0.2)
     check(f["state"] == "succeeded" and f["ended"] == {"a": "completed", "b": "completed"},
           f"flow: {f}")
+    # Every step in run order with where it is: b runs after a.
+    check([(s["name"], s["state"], s["after"]) for s in f["step_list"]]
+          == [("a", "completed", []), ("b", "completed", ["a"])], f"flow steps: {f}")
     status, q = api("GET", "/api/v1/queues/polyglot")
     check(q["counts"]["completed"] == 20 and q["counts"]["ready"] == 0, f"counts: {q}")
     print(f"producer: ok ({len(ids)} jobs and a flow; used {len(USED)} operations)")

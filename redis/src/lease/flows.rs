@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Script};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::RedisLeaseStore;
 use crate::connection::{garbage, parse, round_trip};
@@ -99,6 +99,27 @@ static FLOW_STATUS: LazyLock<Script> = LazyLock::new(|| {
          return out",
     )
 });
+
+/// A flow's steps for operators: KEYS[1] base, ARGV[1] flow id; three lists: the steps hash
+/// (name, record), the ends hash (name, end) and the decided steps' names; nothing for a flow
+/// not kept. Read-only.
+static FLOW_STEPS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local F = KEYS[1] .. 'flow:' .. ARGV[1] \
+         if redis.call('EXISTS', F) == 0 then return {} end \
+         return { redis.call('HGETALL', F .. ':steps'), redis.call('HGETALL', F .. ':ends'), \
+                  redis.call('HKEYS', F .. ':decided') }",
+    )
+});
+
+/// A step record as `flow_home.lua` keeps it, read for operators (fields a later release adds
+/// are passed over).
+#[derive(Deserialize)]
+struct KeptStep {
+    job: JobId,
+    #[serde(default)]
+    after: Vec<(String, serde_json::Value)>,
+}
 
 /// `flow_home.lua`'s arguments for `steps` (of flow `flow`): their count, then per step its
 /// name, its record (`next` names only the steps among `steps` that run after it) and its
@@ -540,6 +561,44 @@ impl FlowStore for RedisLeaseStore {
             listed.push((id, created));
         }
         Ok((parse(count)?, listed))
+    }
+
+    async fn flow_steps(&self, id: FlowId) -> Result<Vec<crate::flow::StepStatus>> {
+        use crate::flow::{StepState, StepStatus};
+        let mut conn = self.conn().await?;
+        let lists: Vec<Vec<String>> = FLOW_STEPS
+            .key(&self.base)
+            .arg(id.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        let [steps, ends, decided] = <[Vec<String>; 3]>::try_from(lists).unwrap_or_default();
+        let ends: std::collections::HashMap<&str, &str> = ends
+            .chunks_exact(2)
+            .map(|p| (p[0].as_str(), p[1].as_str()))
+            .collect();
+        let mut listed = Vec::new();
+        for pair in steps.chunks_exact(2) {
+            let (name, record) = (&pair[0], &pair[1]);
+            // (A record this release cannot read is listed as unreadable, not the page's
+            // failure: its job is the step's by name.)
+            let (job, after) = match serde_json::from_str::<KeptStep>(record) {
+                Ok(k) => (k.job, k.after.into_iter().map(|(s, _)| s).collect()),
+                Err(_) => (crate::flow::step_job_id(id, name), Vec::new()),
+            };
+            let state = match ends.get(name.as_str()).copied().map(StepEnd::parse) {
+                Some(Some(end)) => StepState::Ended(end),
+                _ if decided.contains(name) => StepState::Released,
+                _ => StepState::Waiting,
+            };
+            listed.push(StepStatus {
+                name: name.clone(),
+                job,
+                after,
+                state,
+            });
+        }
+        Ok(crate::flow::in_run_order(listed))
     }
 
     async fn flows_created(&self) -> Result<Option<u64>> {

@@ -275,6 +275,15 @@ impl FlowStore for MemoryLeaseStore {
         Ok((count, listed.collect()))
     }
 
+    async fn flow_steps(&self, id: FlowId) -> Result<Vec<crate::flow::StepStatus>> {
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        Ok(state
+            .kept_flow(id, now)
+            .map(|f| f.home.step_statuses())
+            .unwrap_or_default())
+    }
+
     async fn flows_created(&self) -> Result<Option<u64>> {
         Ok(Some(lock(&self.state).flows_created))
     }

@@ -1010,6 +1010,10 @@ impl FlowStore for PartitionedLeaseStore {
         Ok((count, listed))
     }
 
+    async fn flow_steps(&self, id: crate::ids::FlowId) -> Result<Vec<crate::flow::StepStatus>> {
+        self.home(id).flow_steps(id).await
+    }
+
     async fn flows_created(&self) -> Result<Option<u64>> {
         let all = self
             .on_all(|part| async move { part.flows_created().await })
