@@ -1157,6 +1157,21 @@ pub(super) enum ScheduleCommand {
         /// Its name.
         name: String,
     },
+    /// Pause a schedule (kept, or this binary's own): its ticks are skipped, not saved up,
+    /// until it is resumed.
+    Pause {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// Its name.
+        name: String,
+    },
+    /// Resume a paused schedule: it fires from its next tick on.
+    Resume {
+        #[command(flatten)]
+        redis: RedisArgs,
+        /// Its name.
+        name: String,
+    },
 }
 
 /// `schedule add`.
@@ -1202,7 +1217,7 @@ fn parse_catch_up(s: &str) -> Result<palisade::CatchUp, String> {
     }
 }
 
-/// Runs `schedule list|add|remove`.
+/// Runs `schedule list|add|remove|pause|resume`.
 pub(super) fn schedule(
     command: ScheduleCommand,
     registry: &Registry,
@@ -1245,9 +1260,12 @@ pub(super) fn schedule(
             }
             print_lines(std::iter::once(format!("schedule {name} removed")))
         }),
+        ScheduleCommand::Pause { redis, name } => pause_schedule(redis, &name, true, declared),
+        ScheduleCommand::Resume { redis, name } => pause_schedule(redis, &name, false, declared),
         ScheduleCommand::List { redis, json } => runtime()?.block_on(async {
             let (_, store) = redis.store().await?;
             let now = store.now_ms().await?;
+            let paused = store.paused_schedules().await?;
             let mut rows = Vec::new();
             let kept = store.schedules().await?;
             let all = listed(declared, kept);
@@ -1265,7 +1283,8 @@ pub(super) fn schedule(
                 let out: Vec<serde_json::Value> = rows
                     .iter()
                     .map(|(s, source, mark, next)| {
-                        json!({"schedule": s.spec(), "source": source, "handled_through_ms": mark, "next_ms": next})
+                        let paused = paused.iter().any(|p| p == s.name());
+                        json!({"schedule": s.spec(), "source": source, "handled_through_ms": mark, "next_ms": next, "paused": paused})
                     })
                     .collect();
                 return print_lines(std::iter::once(serde_json::Value::from(out).to_string()));
@@ -1276,14 +1295,47 @@ pub(super) fn schedule(
             )];
             for (s, source, mark, next) in &rows {
                 let spec = s.spec();
+                let next = if paused.iter().any(|p| p == s.name()) {
+                    "paused".to_owned()
+                } else {
+                    when(*next)
+                };
                 out.push(format!(
                     "{:<24} {:<20} {:<16} {:<11} {:<22} {:<22} {}",
-                    spec.name, spec.pattern, spec.time_zone, source, when(*mark), when(*next), spec.job.kind
+                    spec.name, spec.pattern, spec.time_zone, source, when(*mark), next, spec.job.kind
                 ));
             }
             print_lines(out.into_iter())
         }),
     }
+}
+
+/// `schedule pause|resume NAME`.
+fn pause_schedule(
+    redis: RedisArgs,
+    name: &str,
+    pause: bool,
+    declared: &[palisade::Schedule],
+) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let (_, store) = redis.store().await?;
+        let known = declared.iter().any(|d| d.name() == name)
+            || store.schedules().await?.iter().any(|s| s.name == name);
+        // (Resuming a name no longer known still clears it: it may have been removed from the
+        // code while paused.)
+        if pause && !known {
+            bail!("no schedule named {name:?} (this binary's or kept)");
+        }
+        let said = match (pause, store.pause_schedule(name, pause).await?) {
+            (true, true) => {
+                format!("schedule {name} paused: its ticks are skipped until it is resumed")
+            }
+            (true, false) => format!("schedule {name} was paused already"),
+            (false, true) => format!("schedule {name} resumed: it fires from its next tick"),
+            (false, false) => format!("schedule {name} was not paused"),
+        };
+        print_lines(std::iter::once(said))
+    })
 }
 
 /// `limit`.

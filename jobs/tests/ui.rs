@@ -561,6 +561,15 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         schedules.contains("nightly-report") && schedules.contains("0 3 * * *"),
         "{schedules}"
     );
+    let msg = press(&c, "pause-nightly-report").await;
+    assert!(msg.starts_with("Schedule nightly-report paused"), "{msg}");
+    assert_eq!(store.paused_schedules().await.unwrap(), ["nightly-report"]);
+    assert!(text(&c, "tr[data-schedule='nightly-report']")
+        .await
+        .contains("(paused)"));
+    let msg = press(&c, "resume-nightly-report").await;
+    assert!(msg.starts_with("Schedule nightly-report resumed"), "{msg}");
+    assert!(store.paused_schedules().await.unwrap().is_empty());
     let msg = press(&c, "remove-nightly-report").await;
     assert!(msg.starts_with("Schedule nightly-report removed"), "{msg}");
     assert!(store.schedules().await.unwrap().is_empty());

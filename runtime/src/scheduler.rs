@@ -95,9 +95,11 @@ impl Scheduler {
                 }
             }
             let now = store.now_ms().await?;
+            let paused = store.paused_schedules().await?;
             // One schedule failing (its job refused, say) does not hold up the others.
             for schedule in &all {
-                if let Err(e) = fire(&store, schedule, now).await {
+                let is_paused = paused.iter().any(|p| p == schedule.name());
+                if let Err(e) = fire(&store, schedule, now, is_paused).await {
                     tracing::warn!(schedule = schedule.name(), error = %e, "schedule not fired; next pass tries again");
                     counter!(m::BACKEND_ERRORS, "op" => "schedule").increment(1);
                 }
@@ -131,10 +133,21 @@ impl Scheduler {
 
 /// Enqueues `schedule`'s due ticks, then raises its mark (a crash in between re-fires the
 /// same ticks next time, which their unique keys turn away). Writes nothing when nothing is
-/// due.
-async fn fire(store: &Stores, schedule: &Schedule, now: i64) -> crate::Result<()> {
+/// due. A `paused` schedule's due ticks are skipped (counted as `paused`) and its mark
+/// raised all the same, so resuming it does not fire the ticks of the pause.
+async fn fire(store: &Stores, schedule: &Schedule, now: i64, paused: bool) -> crate::Result<()> {
     let mark = store.schedule_mark(schedule.name()).await?;
     let (ticks, through) = schedule.due(mark, now);
+    if paused {
+        if !ticks.is_empty() {
+            counter!(m::SCHEDULE_TICKS, "schedule" => schedule.name().to_owned(), "outcome" => "paused")
+                .increment(ticks.len() as u64);
+        }
+        if mark.is_none() || !ticks.is_empty() {
+            store.advance_schedule(schedule.name(), through).await?;
+        }
+        return Ok(());
+    }
     for chunk in ticks.chunks(1000) {
         let jobs = chunk.iter().map(|t| schedule.job_for(*t)).collect();
         for done in crate::enqueue::enqueue_counted(store, jobs).await? {

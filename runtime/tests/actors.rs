@@ -994,6 +994,69 @@ async fn two_schedulers_fire_each_tick_once() {
     );
 }
 
+/// A paused schedule (a code one and a kept one) fires nothing, though its mark moves on;
+/// resumed, it fires from its next tick and not the ticks of the pause.
+#[actix::test]
+async fn a_paused_schedule_skips_its_ticks_and_resumes_without_a_backlog() {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let every_second = |name: &str, queue: &str| {
+        let job = NewJob::raw("report", "null").with_queue(queue);
+        // (Catch up everything: a resumed schedule must still not fire the pause's ticks.)
+        Schedule::new(name, "* * * * * *", job)
+            .unwrap()
+            .with_catch_up(palisade::CatchUp::All(100))
+    };
+    let kept = every_second("kept", "kept");
+    store.put_schedule(kept.spec().clone()).await.unwrap();
+    assert!(store.pause_schedule("code", true).await.unwrap());
+    assert!(store.pause_schedule("kept", true).await.unwrap());
+    assert!(
+        !store.pause_schedule("kept", true).await.unwrap(),
+        "already"
+    );
+    assert_eq!(store.paused_schedules().await.unwrap(), ["code", "kept"]);
+    let started = store.now_ms().await.unwrap();
+    let _s = Scheduler::new(store.clone(), vec![every_second("code", "code")])
+        .with_interval(Duration::from_millis(20))
+        .start();
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    for queue in ["code", "kept"] {
+        assert_eq!(
+            store.counts(queue).await.unwrap().ready,
+            0,
+            "{queue} paused"
+        );
+        let mark = store.schedule_mark(queue).await.unwrap().unwrap();
+        assert!(
+            mark >= started - 1000,
+            "{queue}: the mark moves on while paused"
+        );
+    }
+    let resumed = store.now_ms().await.unwrap();
+    assert!(store.pause_schedule("code", false).await.unwrap());
+    assert!(store.pause_schedule("kept", false).await.unwrap());
+    assert!(store.paused_schedules().await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for queue in ["code", "kept"] {
+        let claims = store
+            .claim(queue, "w", 100, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(!claims.is_empty(), "{queue} fires again once resumed");
+        for c in &claims {
+            let at = c.job.tick.as_ref().unwrap().at_ms;
+            assert!(
+                at > resumed - 1000,
+                "{queue}: a tick of the pause fired ({at} < {resumed})"
+            );
+        }
+    }
+    // Removing a kept schedule forgets its pause too.
+    store.pause_schedule("kept", true).await.unwrap();
+    store.remove_schedule("kept").await.unwrap();
+    assert!(store.paused_schedules().await.unwrap().is_empty());
+}
+
 /// A handler's result comes back through `Client::wait`; its progress is visible while it
 /// runs; a result too large to keep is a clear error, not a silent loss.
 #[actix::test]

@@ -189,6 +189,26 @@ async fn odd_attempt_histories_and_done_keys_fail_nothing_halfway() {
     assert_eq!(records, Some("1001".into()), "each entry's record, no more");
 }
 
+/// Pausing a schedule on Redis: by name (a code schedule's too), listed sorted, idempotent,
+/// forgotten with a removed kept schedule.
+#[tokio::test]
+async fn schedules_pause_and_resume_by_name() {
+    let server = RedisServer::start();
+    let pool = palisade::store::redis::pool(&server.url()).unwrap();
+    let store = RedisLeaseStore::new(pool, "sp");
+    let kept =
+        palisade::Schedule::new("kept", "0 3 * * *", palisade::NewJob::raw("r", "null")).unwrap();
+    store.put_schedule(kept.spec().clone()).await.unwrap();
+    assert!(store.pause_schedule("zeta", true).await.unwrap());
+    assert!(store.pause_schedule("kept", true).await.unwrap());
+    assert!(!store.pause_schedule("kept", true).await.unwrap());
+    assert_eq!(store.paused_schedules().await.unwrap(), ["kept", "zeta"]);
+    assert!(store.pause_schedule("zeta", false).await.unwrap());
+    assert!(!store.pause_schedule("zeta", false).await.unwrap());
+    assert!(store.remove_schedule("kept").await.unwrap());
+    assert!(store.paused_schedules().await.unwrap().is_empty());
+}
+
 /// Issue 7, case 7 (Redis): one claim makes a bounded number of due delayed jobs ready (it
 /// used to promote 1,000 at once, blocking Redis to hand out one job), the rest follow with
 /// later claims; dead letters are trimmed to the retention.

@@ -594,7 +594,8 @@ async fn schedules(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
                 .and_then(|s| s.next_fired(mark, now));
             rows.push((spec, mark, next));
         }
-        Ok(pages::schedules(&frame, &rows))
+        let paused = ui.store.paused_schedules().await?;
+        Ok(pages::schedules(&frame, &rows, &paused))
     };
     respond(page.await, is_live(q.as_deref()))
 }
@@ -1036,6 +1037,21 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             } else {
                 format!("Nothing done: no kept schedule is named {name}.")
             };
+            (msg, "/schedules".to_owned())
+        }
+        "schedule-pause" | "schedule-resume" => {
+            let name = field(&form.schedule, "the schedule")?;
+            let pause = op == "schedule-pause";
+            let changed = store.pause_schedule(name, pause).await.map_err(failed)?;
+            let msg = match (pause, changed) {
+                (true, true) => format!(
+                    "Schedule {name} paused: its ticks are skipped, not saved up, until it is resumed."
+                ),
+                (false, true) => format!("Schedule {name} resumed: it fires from its next tick."),
+                (true, false) => format!("Nothing done: schedule {name} was paused already."),
+                (false, false) => format!("Nothing done: schedule {name} was not paused."),
+            };
+            tracing::info!(schedule = name, pause, "console: schedule pause set");
             (msg, "/schedules".to_owned())
         }
         "flow-cancel" => {

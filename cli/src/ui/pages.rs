@@ -886,6 +886,7 @@ pub(crate) fn flow(frame: &Frame, status: &FlowStatus, steps: &[StepStatus]) -> 
 pub(crate) fn schedules(
     frame: &Frame,
     rows: &[(ScheduleSpec, Option<i64>, Option<i64>)],
+    paused: &[String],
 ) -> Markup {
     let csrf = frame.csrf;
     let at = |ms: Option<i64>| match ms.and_then(|ms| u64::try_from(ms).ok()) {
@@ -903,15 +904,21 @@ pub(crate) fn schedules(
                     tr { th { "name" } th { "pattern" } th { "time zone" } th { "kind" } th { "queue" }
                          th { "handled through" } th { "next tick" } th { "" } }
                     @for (spec, mark, next) in rows {
+                        @let is_paused = paused.contains(&spec.name);
                         tr data-schedule=(spec.name) {
-                            td { (name(&spec.name)) }
+                            td { (name(&spec.name)) @if is_paused { " " em.paused { "(paused)" } } }
                             td { code { (spec.pattern) } }
                             td { (spec.time_zone) }
                             td { (name(&spec.job.kind)) }
                             td { (name(&spec.job.queue)) }
                             td { (at(*mark)) }
-                            td { (at(*next)) }
+                            td { @if is_paused { "paused" } @else { (at(*next)) } }
                             td { (action(csrf, "enqueue-now", &[("schedule", &spec.name)], "Enqueue now", &format!("enqueue-{}", spec.name)))
+                                 @if is_paused {
+                                     (action(csrf, "schedule-resume", &[("schedule", &spec.name)], "Resume", &format!("resume-{}", spec.name)))
+                                 } @else {
+                                     (action(csrf, "schedule-pause", &[("schedule", &spec.name)], "Pause", &format!("pause-{}", spec.name)))
+                                 }
                                  (action(csrf, "schedule-remove", &[("schedule", &spec.name)], "Remove", &format!("remove-{}", spec.name))) }
                         }
                     }

@@ -222,6 +222,15 @@ pub trait ControlStore: Send + Sync + 'static {
     /// Removes a kept schedule; `true` if there was one.
     async fn remove_schedule(&self, name: &str) -> Result<bool>;
 
+    /// Pauses schedule `name` (a kept one or a worker binary's own: by name) or resumes it;
+    /// `true` if that changed anything. A paused schedule's ticks are skipped, not saved up:
+    /// the scheduler raises its mark without enqueueing, so a resumed schedule fires from its
+    /// next tick on.
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool>;
+
+    /// The names of paused schedules, sorted.
+    async fn paused_schedules(&self) -> Result<Vec<String>>;
+
     /// The instant schedule `name` has been handled through (ms), if it ever fired.
     async fn schedule_mark(&self, name: &str) -> Result<Option<i64>>;
 
@@ -502,6 +511,12 @@ impl ControlStore for Stores {
     }
     async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {
         self.control.schedule_mark(name).await
+    }
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool> {
+        self.control.pause_schedule(name, paused).await
+    }
+    async fn paused_schedules(&self) -> Result<Vec<String>> {
+        self.control.paused_schedules().await
     }
     async fn advance_schedule(&self, name: &str, through: i64) -> Result<()> {
         self.control.advance_schedule(name, through).await

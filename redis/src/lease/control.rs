@@ -200,14 +200,39 @@ impl ControlStore for RedisLeaseStore {
     async fn remove_schedule(&self, name: &str) -> Result<bool> {
         let mut conn = self.conn().await?;
         // The mark goes too: a schedule added again under this name starts from then.
-        let (removed, _): (u64, u64) = redis::pipe()
+        let (removed, _, _): (u64, u64, u64) = redis::pipe()
             .atomic()
             .hdel(format!("{}schedules", self.base), name)
             .hdel(format!("{}schedule_marks", self.base), name)
+            .srem(format!("{}schedules_paused", self.base), name)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.link.broken(e))?;
         Ok(removed > 0)
+    }
+
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let key = format!("{}schedules_paused", self.base);
+        let cmd = if paused { "SADD" } else { "SREM" };
+        let changed: u64 = redis::cmd(cmd)
+            .arg(key)
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        Ok(changed > 0)
+    }
+
+    async fn paused_schedules(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut names: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{}schedules_paused", self.base))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.link.broken(e))?;
+        names.sort();
+        Ok(names)
     }
 
     async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {

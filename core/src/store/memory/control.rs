@@ -83,7 +83,21 @@ impl ControlStore for MemoryLeaseStore {
         let mut state = lock(&self.state);
         // A schedule added again under this name starts from then, not from the old mark.
         state.schedule_marks.remove(name);
+        state.paused_schedules.remove(name);
         Ok(state.schedules.remove(name).is_some())
+    }
+
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool> {
+        let mut state = lock(&self.state);
+        Ok(if paused {
+            state.paused_schedules.insert(name.to_owned())
+        } else {
+            state.paused_schedules.remove(name)
+        })
+    }
+
+    async fn paused_schedules(&self) -> Result<Vec<String>> {
+        Ok(lock(&self.state).paused_schedules.iter().cloned().collect())
     }
 
     async fn schedule_mark(&self, name: &str) -> Result<Option<i64>> {

@@ -128,6 +128,7 @@ struct LeaseState {
     /// Kept schedules by name, and how far each schedule has been handled.
     schedules: BTreeMap<String, ScheduleSpec>,
     schedule_marks: HashMap<String, i64>,
+    paused_schedules: BTreeSet<String>,
     /// Results and progress records by job, with when each goes; and their expiries in order.
     notes: HashMap<(JobId, bool), (String, Instant)>,
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.
