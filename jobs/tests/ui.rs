@@ -520,6 +520,44 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     let bulk = store.counts("bulk").await.unwrap();
     assert_eq!((bulk.dead, bulk.ready), (BULK as u64 - 1, 0));
 
+    // A sweep of the dead letters that match: the one deleted from the Ready page (its reason
+    // names the operator page), not the 998 cleared, through the confirm page.
+    visit(&c, ui_port, "/dead?queue=bulk", "dead-sweep").await;
+    c.find(Locator::Css("#sweep input[name='reason']"))
+        .await
+        .unwrap()
+        .send_keys("operator page")
+        .await
+        .unwrap();
+    follow(&c, Locator::Id("sweep-go"), "confirm", "confirm-sweep").await;
+    assert!(text(&c, "#filter")
+        .await
+        .contains("reason contains operator page"));
+    assert_eq!(
+        store.counts("bulk").await.unwrap().dead,
+        BULK as u64 - 1,
+        "not before"
+    );
+    assert_eq!(
+        press(&c, "confirm").await,
+        format!(
+            "Retried 1 dead job(s) of queue bulk matching the filter (of {} read).",
+            BULK - 1
+        )
+    );
+    let bulk = store.counts("bulk").await.unwrap();
+    assert_eq!((bulk.dead, bulk.ready), (BULK as u64 - 2, 1));
+    // An age that does not read is refused before anything is asked.
+    visit(
+        &c,
+        ui_port,
+        "/dead/confirm?action=purge&queue=bulk&older=forever",
+        "refused",
+    )
+    .await;
+    assert!(text(&c, "#refused").await.contains("not an age"));
+    assert!(c.find(Locator::Id("confirm")).await.is_err());
+
     // Flows, schedules, rejections and a job's own page.
     visit(&c, ui_port, "/flows", "flows").await;
     assert_eq!(text(&c, "#flows-running").await, "1");

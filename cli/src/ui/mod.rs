@@ -500,6 +500,59 @@ async fn dead(
 struct ConfirmQuery {
     queue: String,
     action: String,
+    #[serde(flatten)]
+    filter: FilterFields,
+}
+
+/// The dead-letter filter of the console's forms: every field may be empty (no condition).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(crate) struct FilterFields {
+    #[serde(default)]
+    pub(crate) kind: Option<String>,
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    /// An age as humantime reads it: `30m`, `2h`, `7d`.
+    #[serde(default)]
+    pub(crate) older: Option<String>,
+}
+
+impl FilterFields {
+    /// The fields given (empty ones left out).
+    fn given(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        fn f(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        (f(&self.kind), f(&self.reason), f(&self.older))
+    }
+
+    /// As the store's filter (ages by this host's clock), or why not.
+    fn filter(&self) -> Result<palisade::DeadFilter, String> {
+        let (kind, reason, older) = self.given();
+        if let Some(kind) = kind {
+            palisade::cli_support::check_name("kind", kind)
+                .map_err(|e| format!("Nothing done: {e}"))?;
+        }
+        let died_before_ms = match older {
+            Some(age) => {
+                let age = humantime::parse_duration(age)
+                    .ok()
+                    .filter(|d| *d <= Duration::from_secs(10 * 365 * 86_400))
+                    .ok_or_else(|| {
+                        format!(
+                            "Nothing done: {age:?} is not an age up to ten years (30m, 2h, 7d)."
+                        )
+                    })?;
+                let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+                Some(palisade::store::unix_ms().saturating_sub(age))
+            }
+            None => None,
+        };
+        Ok(palisade::DeadFilter {
+            kind: kind.map(str::to_owned),
+            reason: reason.map(str::to_owned),
+            died_before_ms,
+        })
+    }
 }
 
 async fn confirm(
@@ -513,16 +566,26 @@ async fn confirm(
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     let page = async {
-        let title = if retry {
-            "Retry all dead jobs"
-        } else {
-            "Delete all dead jobs"
+        let filtered = cq.filter.given() != (None, None, None);
+        let title = match (retry, filtered) {
+            (true, false) => "Retry all dead jobs",
+            (false, false) => "Delete all dead jobs",
+            (true, true) => "Retry the dead jobs that match",
+            (false, true) => "Delete the dead jobs that match",
         };
         let frame = ui
             .frame("/dead", title.into(), "/dead/confirm", q.as_deref())
             .await?;
         let n = ui.store.counts(&cq.queue).await?.dead;
-        Ok(pages::confirm(&frame, &cq.queue, retry, n))
+        // (A filter that does not read is refused here, before anything is asked.)
+        if let Err(why) = cq.filter.filter() {
+            return Ok(pages::refused(
+                &frame,
+                &why,
+                &format!("/dead?queue={}", pages::enc(&cq.queue)),
+            ));
+        }
+        Ok(pages::confirm(&frame, &cq.queue, retry, n, &cq.filter))
     };
     respond(page.await, false)
 }
@@ -720,6 +783,8 @@ struct ActionForm {
     expected: Option<String>,
     confirm: Option<String>,
     back: Option<String>,
+    reason: Option<String>,
+    older: Option<String>,
 }
 
 /// Checks the form's CSRF token, and that a browser that names the form's origin names this
@@ -935,6 +1000,12 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                     "Nothing done: the number confirmed is not a whole number.".to_owned()
                 })?;
             let retry = op == "dead-retry-all";
+            let fields = FilterFields {
+                kind: form.kind.clone(),
+                reason: form.reason.clone(),
+                older: form.older.clone(),
+            };
+            let filter = fields.filter()?;
             let action = if retry {
                 palisade::DeadAction::Retry
             } else {
@@ -944,17 +1015,11 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             // dead, and said so).
             let last = std::sync::Mutex::new(palisade::DeadSweep::default());
             let done = store
-                .dead_where(
-                    queue,
-                    &palisade::DeadFilter::default(),
-                    action,
-                    expected as u64,
-                    &|s| {
-                        *last
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
-                    },
-                )
+                .dead_where(queue, &filter, action, expected as u64, &|s| {
+                    *last
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+                })
                 .await;
             let s = *last
                 .lock()
@@ -971,8 +1036,15 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
             } else {
                 String::new()
             };
+            let matching = match fields.given() {
+                (None, None, None) => String::new(),
+                _ => format!(" matching the filter (of {} read)", s.scanned),
+            };
             (
-                format!("{verb} {} dead job(s) of queue {queue}.{kept}", s.done),
+                format!(
+                    "{verb} {} dead job(s) of queue {queue}{matching}.{kept}",
+                    s.done
+                ),
                 dead_page(queue),
             )
         }
@@ -1395,7 +1467,7 @@ mod tests {
             actionable: 1,
         };
         let page = pages::dead(&frame(None), &paged).into_string();
-        assert_eq!(page.matches(">Retry<").count(), 1, "{page}");
+        assert_eq!(page.matches("submit\">Retry<").count(), 1, "{page}");
         assert_eq!(page.matches("older than the newest 5,000").count(), 1);
         assert!(!page.contains("\"><script>"), "{page}");
     }
@@ -1537,6 +1609,8 @@ mod tests {
             expected: None,
             confirm: None,
             back: None,
+            reason: None,
+            older: None,
         };
         rt.block_on(async {
             perform(&ui, "pause", &form).await.unwrap();

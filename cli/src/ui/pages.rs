@@ -739,6 +739,17 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
                     a #retry-all href={ "/dead/confirm?action=retry&queue=" (enc(queue)) } { "Retry all…" } " · "
                     a #purge-all href={ "/dead/confirm?action=purge&queue=" (enc(queue)) } { "Delete all…" }
                 }
+                // A sweep of those that match (kind, reason, age), asked on the confirm page.
+                form #sweep method="get" action="/dead/confirm" {
+                    input type="hidden" name="queue" value=(queue);
+                    select name="action" aria-label="action" {
+                        option value="retry" { "Retry" } option value="purge" { "Delete" }
+                    }
+                    " those of kind " input type="text" name="kind" size="12" aria-label="kind";
+                    " whose reason contains " input type="text" name="reason" size="16" aria-label="reason";
+                    " that died more than " input type="text" name="older" size="5" placeholder="2h" aria-label="age";
+                    " ago " button #sweep-go type="submit" { "…" }
+                }
             }
             @if !v.rows.is_empty() {
                 table #dead {
@@ -783,25 +794,64 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
     )
 }
 
-/// The confirmation a bulk action asks for: how many, and a form that carries that number.
-pub(crate) fn confirm(frame: &Frame, queue: &str, retry: bool, n: u64) -> Markup {
+/// The confirmation a bulk action asks for: how many (with the filter, at most how many), and
+/// a form that carries that number and the filter.
+pub(crate) fn confirm(
+    frame: &Frame,
+    queue: &str,
+    retry: bool,
+    n: u64,
+    filter: &super::FilterFields,
+) -> Markup {
     let csrf = frame.csrf;
     let verb = if retry { "Retry" } else { "Delete" };
+    let field = |v: &Option<String>| v.clone().unwrap_or_default();
+    let filtered = filter
+        .kind
+        .iter()
+        .chain(&filter.reason)
+        .chain(&filter.older)
+        .any(|v| !v.trim().is_empty());
     layout(
         frame,
         html! {
-            p.warn { (verb) " all " b { (n) } " dead job(s) of queue " (name(queue)) "? "
-                @if retry { "They become ready with fresh attempts." }
-                @else { "They are gone for good." }
-                " It runs in short steps (one script over at most 250 dead letters each), so Redis is never held long." }
+            @if filtered {
+                p.warn { (verb) " every dead job of queue " (name(queue)) " that matches" }
+                ul #filter {
+                    @if let Some(k) = filter.kind.as_deref().filter(|k| !k.trim().is_empty()) { li { "kind " code { (k) } } }
+                    @if let Some(r) = filter.reason.as_deref().filter(|r| !r.trim().is_empty()) { li { "reason contains " code { (clip(r, 200)) } } }
+                    @if let Some(o) = filter.older.as_deref().filter(|o| !o.trim().is_empty()) { li { "died more than " (clip(o, 40)) " ago" } }
+                }
+                p.warn { "— at most " b { (n) } " (all its dead letters now); the page after says how many matched. "
+                    @if retry { "They become ready with fresh attempts." } @else { "They are gone for good." } }
+            } @else {
+                p.warn { (verb) " all " b { (n) } " dead job(s) of queue " (name(queue)) "? "
+                    @if retry { "They become ready with fresh attempts." }
+                    @else { "They are gone for good." } }
+            }
+            p.meta { "It runs in short steps (one script over at most 250 dead letters each), so Redis is never held long." }
             form method="post" action={ "/act/" (if retry { "dead-retry-all" } else { "dead-purge-all" }) } {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="queue" value=(queue);
                 input type="hidden" name="expected" value=(n);
                 input type="hidden" name="confirm" value="yes";
-                button #confirm type="submit" { (verb) " " (n) " job(s)" }
+                input type="hidden" name="kind" value=(field(&filter.kind));
+                input type="hidden" name="reason" value=(field(&filter.reason));
+                input type="hidden" name="older" value=(field(&filter.older));
+                button #confirm type="submit" { (verb) @if filtered { " matching" } @else { " " (n) " job(s)" } }
             }
             a href={ "/dead?queue=" (enc(queue)) } { "Cancel" }
+        },
+    )
+}
+
+/// A request the console will not act on, with why and the way back.
+pub(crate) fn refused(frame: &Frame, why: &str, back: &str) -> Markup {
+    layout(
+        frame,
+        html! {
+            p.warn #refused { (clip(why, 300)) }
+            a href=(back) { "Back" }
         },
     )
 }
