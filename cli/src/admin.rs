@@ -515,8 +515,10 @@ pub(super) fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         out.push(format!("\nworkers ({}, from their heartbeats):", workers.len()));
         for w in &workers {
+            // (A 0.1.0 worker does not say how it retries.)
+            let retry = w.retry.as_deref().map(|r| format!("  retries {r}")).unwrap_or_default();
             out.push(format!(
-                "  {}  host {}  pid {}  v{}  queues {}  running {}/{}",
+                "  {}  host {}  pid {}  v{}  queues {}  running {}/{}{retry}",
                 w.worker,
                 w.host,
                 w.pid,

@@ -131,6 +131,7 @@ mod tests {
             started_ms: 0,
             seen_ms: 0,
             formats,
+            retry: None,
         }
     }
 

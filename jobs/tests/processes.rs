@@ -313,6 +313,23 @@ fn a_ten_second_sink_outage_dead_letters_nothing_with_the_default_retries() {
         .map(|w| w.counter("palisade_jobs_finished_total", &[("outcome", "retried")]))
         .sum();
     assert!(retried > 0, "the outage failed no attempt");
+    // `status` says how each worker backs off (from its heartbeat).
+    let status = palisade_testkit::process::run(BIN, &redis.url(), &["status"]);
+    let says = if old_defaults {
+        "retries 200ms doubling to 5m"
+    } else {
+        "retries 1s doubling to 6h"
+    };
+    // (One beat per arbiter: at least one per worker.)
+    assert!(status.matches(says).count() >= 2, "{status}");
+    assert!(
+        !status.contains("  pid ")
+            || status
+                .lines()
+                .filter(|l| l.contains("  pid "))
+                .all(|l| l.contains(says)),
+        "{status}"
+    );
     for w in workers {
         w.terminate_cleanly();
     }

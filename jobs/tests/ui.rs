@@ -151,6 +151,7 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
                     started_ms: 1_790_000_000_000,
                     seen_ms: 0,
                     formats: None,
+                    retry: Some("1s doubling to 6h".into()),
                 },
                 Duration::from_secs(600),
             )

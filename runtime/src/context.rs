@@ -855,6 +855,30 @@ impl Registry {
             .or_else(|| self.timeouts.get(&job.kind).copied())
     }
 
+    /// How retries back off, for people (a worker's heartbeat, `palisade status`): `fallback`
+    /// (the worker's), then each kind with a policy of its own, by name; at most 1,000 bytes.
+    pub(crate) fn retry_summary(&self, fallback: crate::RetryPolicy) -> String {
+        let said = |p: &crate::RetryPolicy| {
+            format!(
+                "{} doubling to {}",
+                humantime::format_duration(p.base),
+                humantime::format_duration(p.max)
+            )
+        };
+        let mut kinds: Vec<_> = self.retries.iter().collect();
+        kinds.sort_by(|a, b| a.0.cmp(b.0));
+        let mut summary = said(&fallback);
+        for (kind, policy) in kinds {
+            let part = format!("; {kind}: {}", said(policy));
+            if summary.len() + part.len() > 996 {
+                summary.push_str("; …");
+                break;
+            }
+            summary.push_str(&part);
+        }
+        summary
+    }
+
     /// Checks the kinds' timeouts (as `NewJob::validate` checks a job's), each of a kind with
     /// a handler (a timeout for another is a typo).
     pub(crate) fn validate(&self) -> Result<()> {

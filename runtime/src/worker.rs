@@ -766,6 +766,7 @@ impl Worker {
             started_ms: self.started_ms,
             seen_ms: 0,
             formats: Some([*crate::format::LEVELS.start(), *crate::format::LEVELS.end()]),
+            retry: Some(self.registry.retry_summary(self.config.retry)),
         }
     }
 }

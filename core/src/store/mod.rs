@@ -299,6 +299,11 @@ pub struct WorkerBeat {
     /// from a worker of a commit before release 0.1.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub formats: Option<[u32; 2]>,
+    /// How it backs off failed jobs, for people (`1s doubling to 6h`, then each kind with a
+    /// policy of its own: `; report.build: 5s doubling to 1h`); absent from a worker of
+    /// release 0.1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// What jobs and sinks leave behind for people to read, kept for a bounded time or count: job

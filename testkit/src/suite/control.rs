@@ -198,6 +198,7 @@ pub async fn worker_beats_list_the_live_workers(store: Stores) {
         started_ms: 1,
         seen_ms: 0,
         formats: None,
+        retry: None,
     };
     let long = Duration::from_secs(60);
     store.beat(beat("w-b", 1), long).await.unwrap();
