@@ -592,6 +592,9 @@ pub(super) struct JobsArgs {
     /// Most jobs listed.
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     limit: usize,
+    /// Jobs skipped from the first (the next page: --offset 100 with the default --limit).
+    #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000))]
+    offset: usize,
 }
 
 /// Lists a queue's ready or delayed jobs.
@@ -599,11 +602,9 @@ pub(super) fn jobs(args: JobsArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
         palisade::cli_support::check_name("queue", &args.queue)?;
-        let views = if args.state == "ready" {
-            store.ready(&args.queue, args.limit).await?
-        } else {
-            store.delayed(&args.queue, args.limit).await?
-        };
+        let ready = args.state == "ready";
+        let views =
+            crate::reads::live_page(&store, &args.queue, ready, args.offset, args.limit).await?;
         let lines = views.into_iter().map(|v| {
             json!({
                 "id": v.job.id, "kind": v.job.kind, "scope": v.job.scope, "state": v.state,

@@ -116,6 +116,33 @@ pub(crate) async fn find_dead(
 /// Jobs [`clear_queue`] lists and cancels per round.
 const CLEAR_STEP: usize = 500;
 
+/// The deepest a page of live jobs reaches: a page past it is refused (each page reads every
+/// job before it, so a deep page costs Redis as much as the jobs it skips).
+pub(crate) const MAX_LIST_OFFSET: usize = 10_000;
+
+/// A page of queue `queue`'s ready jobs (next first) or, with `ready` false, its delayed ones
+/// (soonest first): `limit` after the first `offset`, which is at most [`MAX_LIST_OFFSET`].
+pub(crate) async fn live_page(
+    store: &Stores,
+    queue: &str,
+    ready: bool,
+    offset: usize,
+    limit: usize,
+) -> palisade::Result<Vec<palisade::JobView>> {
+    if offset > MAX_LIST_OFFSET {
+        return Err(palisade::Error::Config(format!(
+            "offset {offset}: at most {MAX_LIST_OFFSET}"
+        )));
+    }
+    let through = offset.saturating_add(limit);
+    let mut views = if ready {
+        store.ready(queue, through).await?
+    } else {
+        store.delayed(queue, through).await?
+    };
+    Ok(views.split_off(offset.min(views.len())))
+}
+
 /// Cancels the ready and delayed jobs of `queue` (each to the dead letters with `reason`, so
 /// `dead retry` brings it back), in rounds of 500, at most `at_most` (what the operator was
 /// shown: jobs enqueued meanwhile stay). A job of a group is neither listed nor cancelled.

@@ -385,6 +385,14 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
         &format!("{base}/queues/parked/jobs?state=done"),
     ]);
     assert_eq!(code, 400);
+    // Paged: past the one job, none; deeper than a page may reach, refused.
+    let page = |q: &str| curl(&["-H", &bearer, &format!("{base}/queues/parked/jobs?{q}")]);
+    let (code, next) = page("offset=1");
+    assert_eq!(
+        (code, next["jobs"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+    assert_eq!(page("offset=10001").0, 400);
     let flow = r#"{"steps":[{"name":"a","job":{"kind":"email.send","payload":{"to":"f@x","millis":1}},"after":[]}]}"#;
     assert_eq!(post("/flows", flow).0, 201);
 

@@ -488,14 +488,25 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     visit(&c, ui_port, "/queues", "queues").await;
     let count = Locator::Css("tr[data-queue='bulk'] td[data-state='ready'] a");
     follow(&c, count, "ready", "ready").await;
-    let first = c
-        .find(Locator::Css("#ready tr[data-job]"))
-        .await
-        .unwrap()
-        .attr("data-job")
-        .await
-        .unwrap()
-        .unwrap();
+    let first_row = |c: &Client| {
+        let c = c.clone();
+        async move {
+            c.find(Locator::Css("#ready tr[data-job]"))
+                .await
+                .unwrap()
+                .attr("data-job")
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let first = first_row(&c).await;
+    // 999 ready: paged, the next page starts elsewhere.
+    assert_eq!(text(&c, "#pager").await, "Page 1 Next →");
+    follow(&c, Locator::Id("next"), "ready", "ready-page-2").await;
+    assert!(text(&c, "#pager").await.starts_with("← Previous Page 2"));
+    assert_ne!(first_row(&c).await, first);
+    visit(&c, ui_port, "/ready?queue=bulk", "ready").await;
     assert!(text(&c, "#ready").await.contains("report.build"));
     assert_eq!(
         press(&c, &format!("delete-{first}")).await,

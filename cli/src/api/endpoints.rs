@@ -478,15 +478,23 @@ async fn queue_jobs(
     queue_name(&queue)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let limit = q.limit.unwrap_or(50).min(super::MAX_ROWS);
-    let views = match q.state.as_deref().unwrap_or("ready") {
-        "ready" => api.store.ready(&queue, limit).await?,
-        "delayed" => api.store.delayed(&queue, limit).await?,
+    let offset = q.offset.unwrap_or(0);
+    if offset > crate::reads::MAX_LIST_OFFSET {
+        return Err(ApiError::invalid(format!(
+            "offset {offset}: at most {}",
+            crate::reads::MAX_LIST_OFFSET
+        )));
+    }
+    let ready = match q.state.as_deref().unwrap_or("ready") {
+        "ready" => true,
+        "delayed" => false,
         other => {
             return Err(ApiError::invalid(format!(
                 "state {other:?}: ready or delayed"
             )))
         }
     };
+    let views = crate::reads::live_page(&api.store, &queue, ready, offset, limit).await?;
     let jobs = views
         .into_iter()
         .map(|v| JobStatus::of(v.job.id, crate::reads::Found::Live(v), None))

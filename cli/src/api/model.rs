@@ -782,6 +782,9 @@ pub(crate) struct JobsQuery {
     pub(crate) state: Option<String>,
     /// Most jobs answered (default 50, at most 1,000).
     pub(crate) limit: Option<usize>,
+    /// Jobs skipped from the first (default 0, at most 10,000).
+    #[param(maximum = 10_000)]
+    pub(crate) offset: Option<usize>,
 }
 
 /// A queue's ready or delayed jobs.

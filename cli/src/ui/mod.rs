@@ -325,6 +325,25 @@ impl Ui {
             .or_else(|| queues.iter().find(|(_, n)| *n > 0).map(|(q, _)| q.clone()));
         Ok((queues, queue))
     }
+
+    /// Page `page` (from 1) of `queue`'s ready or delayed jobs, `rows` a page, as deep as
+    /// [`crate::reads::MAX_LIST_OFFSET`] reaches (a page past it shows the last one).
+    async fn live_page(
+        &self,
+        queue: &str,
+        ready: bool,
+        page: usize,
+    ) -> palisade::Result<(Vec<palisade::JobView>, pages::Pager)> {
+        let rows = self.rows.max(1);
+        let last = crate::reads::MAX_LIST_OFFSET / rows + 1;
+        let page = page.clamp(1, last);
+        // One more than a page: whether a next page exists.
+        let mut jobs =
+            crate::reads::live_page(&self.store, queue, ready, (page - 1) * rows, rows + 1).await?;
+        let more = jobs.len() > rows && page < last;
+        jobs.truncate(rows);
+        Ok((jobs, pages::Pager { page, more }))
+    }
 }
 
 async fn delayed(
@@ -343,16 +362,23 @@ async fn delayed(
             .await?;
         let (queues, queue) = ui.tabs(lq.queue.as_deref(), |c| c.delayed).await?;
         let retries_only = lq.retries.is_some();
-        let mut jobs = match &queue {
-            Some(queue) => {
-                ui.store
-                    .delayed(
-                        queue,
-                        ui.rows.saturating_mul(if retries_only { 20 } else { 1 }),
-                    )
-                    .await?
-            }
-            None => Vec::new(),
+        let (mut jobs, pager) = match &queue {
+            // (Retries only: the first of the soonest 20 pages, not paged.)
+            Some(queue) if retries_only => (
+                ui.store.delayed(queue, ui.rows.saturating_mul(20)).await?,
+                pages::Pager {
+                    page: 1,
+                    more: false,
+                },
+            ),
+            Some(queue) => ui.live_page(queue, false, lq.page).await?,
+            None => (
+                Vec::new(),
+                pages::Pager {
+                    page: 1,
+                    more: false,
+                },
+            ),
         };
         if retries_only {
             jobs.retain(|v| v.job.attempt > 0);
@@ -364,6 +390,7 @@ async fn delayed(
             queue.as_deref(),
             &jobs,
             retries_only,
+            pager,
         ))
     };
     respond(page.await, is_live(q.as_deref()))
@@ -379,11 +406,23 @@ async fn ready(
             .frame("/ready", "Ready jobs".into(), "/ready", q.as_deref())
             .await?;
         let (queues, queue) = ui.tabs(lq.queue.as_deref(), |c| c.ready).await?;
-        let jobs = match &queue {
-            Some(queue) => ui.store.ready(queue, ui.rows).await?,
-            None => Vec::new(),
+        let (jobs, pager) = match &queue {
+            Some(queue) => ui.live_page(queue, true, lq.page).await?,
+            None => (
+                Vec::new(),
+                pages::Pager {
+                    page: 1,
+                    more: false,
+                },
+            ),
         };
-        Ok(pages::ready(&frame, &queues, queue.as_deref(), &jobs))
+        Ok(pages::ready(
+            &frame,
+            &queues,
+            queue.as_deref(),
+            &jobs,
+            pager,
+        ))
     };
     respond(page.await, is_live(q.as_deref()))
 }

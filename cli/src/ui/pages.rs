@@ -587,12 +587,36 @@ fn queue_tabs(base: &str, queues: &[(String, u64)], current: Option<&str>) -> Ma
     }
 }
 
+/// Which page of a list of live jobs is shown, and whether another follows.
+#[derive(Clone, Copy)]
+pub(crate) struct Pager {
+    pub page: usize,
+    pub more: bool,
+}
+
+impl Pager {
+    /// "Page N" with links to the previous and the next page of `path` for `queue`.
+    fn links(self, path: &str, queue: &str) -> Markup {
+        let to = |page: usize| format!("{path}?queue={}&page={page}", enc(queue));
+        html! {
+            @if self.page > 1 || self.more {
+                p.pages #pager {
+                    @if self.page > 1 { a #prev href=(to(self.page - 1)) { "← Previous" } " " }
+                    "Page " (self.page)
+                    @if self.more { " " a #next href=(to(self.page + 1)) { "Next →" } }
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn delayed(
     frame: &Frame,
     queues: &[(String, u64)],
     queue: Option<&str>,
     jobs: &[JobView],
     retries_only: bool,
+    pager: Pager,
 ) -> Markup {
     let csrf = frame.csrf;
     let back = if retries_only { "retries" } else { "delayed" };
@@ -627,6 +651,7 @@ pub(crate) fn delayed(
                             }
                         }
                     }
+                    @if !retries_only { (pager.links("/delayed", queue)) }
                     p.meta { "Delete cancels the job: it goes to the dead letters with the reason, so it \
                               can still be retried from there." }
                 }
@@ -642,6 +667,7 @@ pub(crate) fn ready(
     queues: &[(String, u64)],
     queue: Option<&str>,
     jobs: &[JobView],
+    pager: Pager,
 ) -> Markup {
     let csrf = frame.csrf;
     layout(
@@ -665,6 +691,7 @@ pub(crate) fn ready(
                             }
                         }
                     }
+                    (pager.links("/ready", queue))
                     @let counted = queues.iter().find(|(q, _)| q == queue).map_or(0, |(_, n)| *n);
                     p.meta { "Next to be claimed first: " (jobs.len()) " shown of " (counted) " counted ready \
                               (a group's ready jobs, and delayed jobs due but not yet moved, are counted, not \
