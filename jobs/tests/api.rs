@@ -264,11 +264,20 @@ fn the_console_serves_the_api_without_its_basic_auth() {
     );
     // Behind Basic auth, or a public host, without a token, the API is off: a proxy in front
     // forwards anyone.
+    // (A console behind a public host needs its login too: issue 58.)
     for (extra, port) in [
-        (["--basic-auth", "ops:secret"], open_port),
-        (["--public-host", "ops.example:443"], public_port),
+        (&["--basic-auth", "ops:secret"][..], open_port),
+        (
+            &[
+                "--public-host",
+                "ops.example:443",
+                "--basic-auth",
+                "ops:secret",
+            ][..],
+            public_port,
+        ),
     ] {
-        let _open = serve("ui", &redis, port, &extra);
+        let _open = serve("ui", &redis, port, extra);
         let (code, err) = curl(&[&format!("http://127.0.0.1:{port}/api/v1/queues")]);
         assert_eq!(
             (code, err["error"]["code"].as_str()),

@@ -768,4 +768,17 @@ fn basic_auth_guards_the_page_and_beyond_loopback_it_is_required() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("needs --basic-auth"), "{stderr}");
+    // Issue 58, M3: on loopback behind a proxy (--public-host) it needs a login too: the proxy
+    // forwards anyone (it started without one, and served its actions to them).
+    let out = Command::new(BIN)
+        .args(["ui", "--redis", &redis.url(), "--listen", "127.0.0.1:0"])
+        .args(["--public-host", "ops.example.com"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("needs --basic-auth") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
 }

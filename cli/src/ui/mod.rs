@@ -1305,6 +1305,15 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
             args.listen
         );
     }
+    // Behind a proxy the page answers whoever the proxy forwards: anyone could read the CSRF
+    // token off a page and then retry, delete, cancel and pause (issue 58, M3).
+    if !args.public_hosts.is_empty() && authorization.is_none() {
+        bail!(
+            "--public-host {}: the console behind a proxy answers whoever it forwards; it needs \
+             --basic-auth (the page can retry and purge jobs)",
+            args.public_hosts.join(",")
+        );
+    }
     let exposed = authorization.is_some() || !args.public_hosts.is_empty();
     // A bad API token is refused before anything connects.
     args.api.checked(args.listen, exposed)?;
