@@ -116,6 +116,24 @@ pub(crate) async fn find_dead(
 /// Jobs [`clear_queue`] lists and cancels per round.
 const CLEAR_STEP: usize = 500;
 
+/// Counts a request `surface` (`api`, `ui`) refused before any endpoint ran
+/// (`palisade_http_refused_total{surface, reason}`) and logs it — at most once per 10 s per
+/// surface and reason, saying how many were held back, with the path cut to 120 bytes: a
+/// refusal costs whoever sends it nothing, so it must not cost the server's disk either (300
+/// refused requests wrote 17 MiB of log before, issue 58).
+pub(crate) fn note_refused(surface: &'static str, reason: &'static str, method: &str, path: &str) {
+    metrics::counter!(palisade::metrics::HTTP_REFUSED, "surface" => surface, "reason" => reason)
+        .increment(1);
+    let mut cut = path.len().min(120);
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let key = format!("{surface}/{reason}")
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(u64::from(b)));
+    palisade::cli_support::warn_repeated!(key = key; surface, reason, method, path = &path[..cut], "request refused");
+}
+
 /// The deepest a page of live jobs reaches: a page past it is refused (each page reads every
 /// job before it, so a deep page costs Redis as much as the jobs it skips).
 pub(crate) const MAX_LIST_OFFSET: usize = 10_000;

@@ -112,6 +112,11 @@ pub const QUEUE_STALLS: &str = "palisade_queue_stalls_total";
 /// follow-ups): the coordinator counts each flow once, where it keeps it, and the sampler
 /// exports its count ([`FLOWS_CREATED`] counts a producer's own, in its process).
 pub const FLOWS_KEPT: &str = "palisade_flows_kept_total";
+/// Requests `palisade api` or `palisade ui` refused before any endpoint ran (an unknown Host,
+/// a foreign origin, a missing or wrong credential, a stale form). Labels: surface (`api`,
+/// `ui`), reason (the API's error code, or the console's: `unknown_host`, `unauthorized`,
+/// `forbidden`).
+pub const HTTP_REFUSED: &str = "palisade_http_refused_total";
 /// Live worker processes (arbiters) whose heartbeat lists the queue, sampled with
 /// [`QUEUE_DEPTH`] for every queue (0: nobody claims it; `PalisadeQueueUnclaimed` fires when
 /// it holds ready jobs). Labels: queue.
@@ -174,6 +179,7 @@ pub const ALL: &[&str] = &[
     QUEUE_ENQUEUED,
     QUEUE_STALLS,
     FLOWS_KEPT,
+    HTTP_REFUSED,
     QUEUE_WORKERS,
     SCHEDULE_OVERDUE,
     FLOW_OLDEST_AGE,
@@ -267,6 +273,10 @@ pub fn describe() {
     describe_counter!(
         QUEUE_STALLS,
         "Stalls reaped in a queue by any process, as the coordinator counts them (sampled)"
+    );
+    describe_counter!(
+        HTTP_REFUSED,
+        "Requests the HTTP API or the console refused before any endpoint ran, by reason"
     );
     describe_counter!(
         FLOWS_KEPT,

@@ -486,3 +486,58 @@ fn a_worker_scrape_has_every_family_the_dashboard_queries() {
         .args([&postgres, "-qc", &format!("DROP SCHEMA {schema} CASCADE")])
         .output();
 }
+
+/// Issue 58, M2: refused requests cannot be turned against the disk. 300 requests with a
+/// wrong token and an 8 KB path wrote 300 warnings with the whole path each (17 MiB for 300
+/// of 64 KB); now each is counted in `palisade_http_refused_total{surface,reason}` on the
+/// API's own `--metrics`, and the log holds one line per reason per 10 s, the path cut short.
+#[test]
+fn refused_requests_are_counted_and_their_log_is_bounded() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::start();
+    let [port, metrics] = free_ports();
+    let log = std::env::temp_dir().join(format!("palisade-api-{}.log", uuid::Uuid::new_v4()));
+    let mut api = Command::new(BIN)
+        .args(["api", "--redis", &redis.url(), "--api-token", TOKEN])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the API to serve", Duration::from_secs(20), || {
+        http_get(port, "/healthz").is_some() && http_get(metrics, "/metrics").is_some()
+    });
+    let path = format!("/api/v1/queues/{}", "x".repeat(8_000));
+    for _ in 0..300 {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let request = format!(
+            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer wrong-token-0123456789\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.0 401"), "{response}");
+    }
+    let text = http_get(metrics, "/metrics").unwrap();
+    let refused = palisade::metrics::sample_sum(
+        &text,
+        "palisade_http_refused_total",
+        &[("surface", "api"), ("reason", "unauthorized")],
+    );
+    let _ = api.kill();
+    let _ = api.wait();
+    let written = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(refused, 300, "{text}");
+    let lines = written
+        .lines()
+        .filter(|l| l.contains("request refused"))
+        .count();
+    assert!(
+        (1..=2).contains(&lines) && written.len() < 4_096,
+        "{lines} lines, {} bytes:\n{written}",
+        written.len()
+    );
+}

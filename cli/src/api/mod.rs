@@ -72,6 +72,25 @@ pub(super) struct ApiFlags {
     /// Largest job payload the API accepts, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_PAYLOAD_BYTES)]
     pub(super) max_payload_bytes: usize,
+    /// Serve /metrics (Prometheus: refused requests, the store's round trips), /healthz and
+    /// /readyz on this address, e.g. 127.0.0.1:9465.
+    #[arg(long, value_name = "ADDR")]
+    pub(super) metrics: Option<SocketAddr>,
+}
+
+impl ApiFlags {
+    /// Serves /metrics when `--metrics` asks (before any runtime starts: the exporter runs
+    /// its own).
+    pub(super) fn serve_metrics(&self) -> anyhow::Result<()> {
+        if let Some(addr) = self.metrics {
+            let health = palisade::metrics::Health::new();
+            health.set_ready(true);
+            palisade::metrics::serve(addr, health)
+                .with_context(|| format!("serving /metrics on {addr}"))?;
+            tracing::info!(metrics = %addr, "serving /metrics");
+        }
+        Ok(())
+    }
 }
 
 /// `api` flags.
@@ -222,7 +241,8 @@ async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Res
     let mut response = match admitted(&api, &request) {
         Ok(()) => answered(next.run(request).await).await,
         Err(e) => {
-            tracing::warn!(method = %request.method(), path = request.uri().path(), error = ?e, "api: request refused");
+            let method = request.method().as_str();
+            crate::reads::note_refused("api", e.code(), method, request.uri().path());
             e.into_response()
         }
     };
@@ -408,6 +428,7 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
     let Some(redis) = &args.redis else {
         bail!("--redis is required");
     };
+    args.flags.serve_metrics()?;
     super::runtime()?.block_on(async {
         let (_, store) = redis
             .store_with(args.flags.max_payload_bytes, |s| s)
@@ -445,6 +466,7 @@ mod tests {
         let flags = ApiFlags {
             api_token: token.map(str::to_owned),
             max_payload_bytes: 1024,
+            metrics: None,
         };
         let store = Stores::from(Arc::new(palisade::MemoryLeaseStore::new()));
         let registry =
@@ -632,6 +654,7 @@ mod tests {
             let flags = ApiFlags {
                 api_token: Some("short".into()),
                 max_payload_bytes: 1,
+                metrics: None,
             };
             assert!(flags.checked(LISTEN.parse().unwrap(), false).is_err());
             // On loopback behind a proxy (public hosts, or the console's Basic auth), no token
@@ -639,6 +662,7 @@ mod tests {
             let flags = ApiFlags {
                 api_token: None,
                 max_payload_bytes: 1,
+                metrics: None,
             };
             let (_, off) = flags.checked(LISTEN.parse().unwrap(), true).unwrap();
             assert!(off.is_some());

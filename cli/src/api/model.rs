@@ -62,6 +62,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
+    /// Its code, as the body says it (`unauthorized`, `forbidden`, ...).
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,

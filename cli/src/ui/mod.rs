@@ -871,6 +871,7 @@ async fn act(
     Form(form): Form<ActionForm>,
 ) -> Response {
     if !checked(&ui, &headers, &form) {
+        crate::reads::note_refused("ui", "forbidden", "POST", &format!("/act/{op}"));
         return refused();
     }
     let (msg, back) = match perform(&ui, &op, &form).await {
@@ -1210,6 +1211,8 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
         .and_then(|h| h.to_str().ok())
         .map(str::to_ascii_lowercase);
     if !host.is_some_and(|h| ui.hosts.contains(&h)) {
+        let method = request.method().as_str();
+        crate::reads::note_refused("ui", "unknown_host", method, request.uri().path());
         return (
             StatusCode::MISDIRECTED_REQUEST,
             "unknown host; add it with --public-host\n",
@@ -1242,6 +1245,11 @@ async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> R
             .map(|h| h.as_bytes())
             .unwrap_or_default();
         if !bool::from(given.ct_eq(expected.as_bytes())) {
+            // (A browser's first request carries no credentials: that is asking, not failing.)
+            if !given.is_empty() {
+                let method = request.method().as_str();
+                crate::reads::note_refused("ui", "unauthorized", method, request.uri().path());
+            }
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Basic realm=\"palisade\"")],
@@ -1317,6 +1325,7 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
     let exposed = authorization.is_some() || !args.public_hosts.is_empty();
     // A bad API token is refused before anything connects.
     args.api.checked(args.listen, exposed)?;
+    args.api.serve_metrics()?;
     super::runtime()?.block_on(async {
         let (_, store) = args
             .redis
