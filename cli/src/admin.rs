@@ -690,8 +690,8 @@ pub(super) struct ClearArgs {
     reason: String,
 }
 
-/// Cancels every ready and delayed job of a queue (at most as many as it held when it
-/// started: jobs enqueued meanwhile stay), in rounds; prints the total.
+/// Cancels every ready and delayed job of a queue enqueued before it started (jobs enqueued
+/// meanwhile stay), in rounds; prints the total.
 pub(super) fn clear(args: ClearArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let (_, store) = args.redis.store().await?;
@@ -706,8 +706,10 @@ pub(super) fn clear(args: ClearArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
+        // Jobs enqueued from now on stay.
+        let now = u64::try_from(store.now_ms().await?).unwrap_or(0);
         let cancelled =
-            crate::reads::clear_queue(&store, &args.queue, &args.reason, at_most).await?;
+            crate::reads::clear_queue(&store, &args.queue, &args.reason, at_most, now).await?;
         let after = store.counts(&args.queue).await?;
         let mut said = format!("queue {}: {cancelled} jobs cancelled", args.queue);
         let left = after.ready + after.delayed + after.waiting;
@@ -1245,7 +1247,17 @@ pub(super) fn schedule(
             runtime()?.block_on(async {
                 let (_, store) = args.redis.store().await?;
                 store.put_schedule(schedule.spec().clone()).await?;
-                print_lines(std::iter::once(format!("schedule {} kept", args.name)))
+                let paused = store.paused_schedules().await?.contains(&args.name);
+                let said = if paused {
+                    format!(
+                        "schedule {} kept, and paused (a pause of that name stands): `schedule \
+                         resume {}` to fire it",
+                        args.name, args.name
+                    )
+                } else {
+                    format!("schedule {} kept", args.name)
+                };
+                print_lines(std::iter::once(said))
             })
         }
         ScheduleCommand::Remove { redis, name } => runtime()?.block_on(async {

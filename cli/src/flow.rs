@@ -65,6 +65,7 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
                         StepState::Waiting => "waiting",
                         StepState::Released => "released",
                         StepState::Ended(end) => end.as_str(),
+                        StepState::Unreadable => "unreadable",
                     };
                     let after = if s.after.is_empty() {
                         String::new()

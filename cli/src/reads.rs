@@ -162,31 +162,43 @@ pub(crate) async fn live_page(
 }
 
 /// Cancels the ready and delayed jobs of `queue` (each to the dead letters with `reason`, so
-/// `dead retry` brings it back), in rounds of 500, at most `at_most` (what the operator was
-/// shown: jobs enqueued meanwhile stay). A job of a group is neither listed nor cancelled.
-/// Returns how many were cancelled.
+/// `dead retry` brings it back) that were enqueued by `enqueued_by_ms` (the coordinator's
+/// clock when the operator was shown the queue; a job of a release that kept no enqueue time
+/// counts as enqueued before), in rounds of 500, at most `at_most`. Jobs enqueued meanwhile
+/// stay, whatever their priority (found by an attack: a count alone let newer jobs take the
+/// confirmed ones' places). A job of a group is neither listed nor cancelled. A job claimed
+/// between its listing and its cancel is stopped as `cancel` stops a running job (its lease
+/// revoked, its late writes fenced). Returns how many were cancelled.
 pub(crate) async fn clear_queue(
     store: &Stores,
     queue: &str,
     reason: &str,
     at_most: u64,
+    enqueued_by_ms: u64,
 ) -> palisade::Result<u64> {
     let mut cancelled = 0u64;
+    // How deep each round looks: past newer jobs at the head, doubling up to a bound.
+    let mut window = CLEAR_STEP;
     while cancelled < at_most {
-        let mut round: Vec<JobId> = store
-            .ready(queue, CLEAR_STEP)
-            .await?
+        let ready = store.ready(queue, window).await?;
+        let delayed = store.delayed(queue, window).await?;
+        let full = ready.len() == window || delayed.len() == window;
+        let mut round: Vec<JobId> = ready
             .into_iter()
-            .chain(store.delayed(queue, CLEAR_STEP).await?)
+            .chain(delayed)
+            .filter(|v| v.details.enqueued_ms.is_none_or(|at| at <= enqueued_by_ms))
             .map(|v| v.job.id)
             .collect();
         round.truncate(usize::try_from(at_most - cancelled).unwrap_or(usize::MAX));
         if round.is_empty() {
+            if full && window < MAX_LIST_OFFSET {
+                window = (window * 2).min(MAX_LIST_OFFSET);
+                continue;
+            }
             break;
         }
         let mut progressed = false;
         for id in round {
-            // (A job claimed meanwhile is revoked and dead-lettered too: cancel's rule.)
             if store.cancel(id, reason).await? != palisade::Cancelled::Missing {
                 cancelled += 1;
                 progressed = true;
@@ -251,4 +263,56 @@ pub(crate) fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String
     }
     hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
     hosts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade::store::{ControlStore, Inspect, LeaseStore};
+    use palisade::NewJob;
+
+    /// Found by the attack on issue 57: a clear confirmed for two jobs cancelled the two
+    /// enqueued after the confirmation instead (at a higher priority, ahead in the queue), and
+    /// a group's uncleared jobs in the count let newer jobs in. Only jobs enqueued by the time
+    /// the operator was shown the queue go.
+    #[test]
+    fn a_clear_cancels_only_what_was_there_when_it_was_confirmed() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = Stores::from(std::sync::Arc::new(palisade::MemoryLeaseStore::new()));
+            let job = |to: &str| NewJob::raw("k", format!("\"{to}\"")).with_queue("q");
+            let old = store
+                .enqueue(vec![
+                    job("old-1"),
+                    job("old-2"),
+                    job("g").with_group("tenant"),
+                ])
+                .await
+                .unwrap();
+            let shown = u64::try_from(store.now_ms().await.unwrap()).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let new = store
+                .enqueue(vec![
+                    job("new-1").with_priority(10),
+                    job("new-2").with_priority(10),
+                ])
+                .await
+                .unwrap();
+            // The count shown: 3 ready (the group's among them).
+            let cancelled = clear_queue(&store, "q", "cleared", 3, shown).await.unwrap();
+            assert_eq!(cancelled, 2);
+            for id in &old[..2] {
+                assert!(store.job(*id).await.unwrap().is_none(), "old cancelled");
+            }
+            for id in new.iter().chain(&old[2..]) {
+                assert!(
+                    store.job(*id).await.unwrap().is_some(),
+                    "new and grouped stay"
+                );
+            }
+        });
+    }
 }

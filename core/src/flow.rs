@@ -528,6 +528,9 @@ pub enum StepState {
     Released,
     /// Ended.
     Ended(StepEnd),
+    /// Its record at the flow's home does not read (another program's write, or a later
+    /// release's): listed with the job its name gives, never taken for a root.
+    Unreadable,
 }
 
 /// One step of a kept flow as its home sees it, for operators
@@ -546,24 +549,57 @@ pub struct StepStatus {
 
 /// `steps` in the order they can run: each after every step it runs after, and among those
 /// free at once, by name (a flow's steps are a DAG; a dependency it does not list, or a
-/// cycle another program wrote, puts the steps it holds up last, by name).
-pub fn in_run_order(mut steps: Vec<StepStatus>) -> Vec<StepStatus> {
-    steps.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut placed: std::collections::HashSet<String> = Default::default();
-    let mut ordered = Vec::with_capacity(steps.len());
-    while !steps.is_empty() {
-        let (free, held): (Vec<_>, Vec<_>) = steps
-            .into_iter()
-            .partition(|s| s.after.iter().all(|a| placed.contains(a)));
-        if free.is_empty() {
-            ordered.extend(held);
-            break;
+/// cycle another program wrote, puts the steps it holds up last, by name). Kahn's algorithm
+/// layer by layer, each layer in a name-ordered set: n log n, so a chain of 10,000 steps
+/// orders in milliseconds (a pass that re-read every step per layer was quadratic: seconds on
+/// a page's request).
+pub fn in_run_order(steps: Vec<StepStatus>) -> Vec<StepStatus> {
+    use std::collections::{BTreeSet, HashMap};
+    let index: HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_str(), i))
+        .collect();
+    // Per step: how many listed steps it still waits for; per step, those waiting on it. An
+    // unlisted dependency is never placed: counted and never released, so its step goes last.
+    let mut waiting = vec![0usize; steps.len()];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    for (i, s) in steps.iter().enumerate() {
+        for a in &s.after {
+            waiting[i] += 1;
+            if let Some(&d) = index.get(a.as_str()) {
+                dependents[d].push(i);
+            }
         }
-        placed.extend(free.iter().map(|s| s.name.clone()));
-        ordered.extend(free);
-        steps = held;
     }
-    ordered
+    // Layer by layer (those free at once, then those each layer frees), each layer by name.
+    let mut layer: BTreeSet<(&str, usize)> = steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| waiting[*i] == 0)
+        .map(|(i, s)| (s.name.as_str(), i))
+        .collect();
+    let mut order = Vec::with_capacity(steps.len());
+    let mut placed = vec![false; steps.len()];
+    while !layer.is_empty() {
+        let mut next = BTreeSet::new();
+        for (_, i) in std::mem::take(&mut layer) {
+            order.push(i);
+            placed[i] = true;
+            for &d in &dependents[i] {
+                waiting[d] -= 1;
+                if waiting[d] == 0 {
+                    next.insert((steps[d].name.as_str(), d));
+                }
+            }
+        }
+        layer = next;
+    }
+    let mut held: Vec<usize> = (0..steps.len()).filter(|i| !placed[*i]).collect();
+    held.sort_by(|a, b| steps[*a].name.cmp(&steps[*b].name));
+    order.extend(held);
+    let mut slots: Vec<Option<StepStatus>> = steps.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// A flow as the coordinator keeps it: its state and each step's outcome so far.
@@ -956,6 +992,20 @@ mod tests {
             step("a", &[]),
         ];
         assert_eq!(names(odd), ["a", "m", "x", "y"]);
+        // A step listed twice as a dependency, and a long chain given backwards.
+        let twice = vec![step("b", &["a", "a"]), step("a", &[])];
+        assert_eq!(names(twice), ["a", "b"]);
+        let chain: Vec<StepStatus> = (0..20_000)
+            .rev()
+            .map(|i| {
+                let name = format!("s{i:05}");
+                let before = format!("s{:05}", i.max(1) - 1);
+                let after: Vec<&str> = if i == 0 { vec![] } else { vec![&before] };
+                step(&name, &after)
+            })
+            .collect();
+        let ordered = names(chain);
+        assert!(ordered.windows(2).all(|w| w[0] < w[1]), "a chain in order");
     }
 
     #[test]

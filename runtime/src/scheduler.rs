@@ -95,7 +95,16 @@ impl Scheduler {
                 }
             }
             let now = store.now_ms().await?;
-            let paused = store.paused_schedules().await?;
+            // (A set another program wrote over pauses nothing: every schedule fires, said once
+            // in a while, rather than none.)
+            let paused = match store.paused_schedules().await {
+                Ok(paused) => paused,
+                Err(e) if !e.is_retryable() => {
+                    crate::repeats::warn_repeated!(error = %e, "paused schedules unreadable: none is taken as paused");
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
             // One schedule failing (its job refused, say) does not hold up the others.
             for schedule in &all {
                 let is_paused = paused.iter().any(|p| p == schedule.name());

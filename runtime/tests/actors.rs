@@ -1036,6 +1036,15 @@ async fn a_paused_schedule_skips_its_ticks_and_resumes_without_a_backlog() {
     assert!(store.pause_schedule("code", false).await.unwrap());
     assert!(store.pause_schedule("kept", false).await.unwrap());
     assert!(store.paused_schedules().await.unwrap().is_empty());
+    // Resuming raised the marks to now: a tick of the pause the scheduler had not passed yet
+    // cannot fire after it.
+    for queue in ["code", "kept"] {
+        let mark = store.schedule_mark(queue).await.unwrap().unwrap();
+        assert!(
+            mark >= resumed,
+            "{queue}: mark {mark} below the resume {resumed}"
+        );
+    }
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     for queue in ["code", "kept"] {
         let claims = store

@@ -1368,6 +1368,35 @@ async fn running_flows_and_results_survive_gone_flows_and_odd_keys() {
         .unwrap();
     assert_eq!(stores.step_result(id, "nope").await.unwrap(), None);
 
+    // Its step list with records another program wrote (found by the attack on issue 57): an
+    // unreadable record is listed as such, never as a root; a key of another type is read as
+    // empty, not the page's failure.
+    let steps_key = format!("{{odd}}:flow:{id}:steps");
+    for (step, record) in [("c", "not json"), ("d", r#"{"job":"x","after":"y"}"#)] {
+        server.cli(&["HSET", &steps_key, step, record]).unwrap();
+    }
+    server
+        .cli(&["SET", &format!("{{odd}}:flow:{id}:decided"), "x"])
+        .unwrap();
+    let listed = stores.flow_steps(id).await.unwrap();
+    let state = |name: &str| listed.iter().find(|s| s.name == name).unwrap().state;
+    assert_eq!(
+        (state("a"), state("c"), state("d")),
+        (
+            StepState::Ended(StepEnd::Completed),
+            StepState::Unreadable,
+            StepState::Unreadable
+        ),
+        "{listed:?}"
+    );
+    assert_eq!(
+        state("b"),
+        StepState::Waiting,
+        "decided unreadable: none read as released"
+    );
+    server.cli(&["SET", &steps_key, "x"]).unwrap();
+    assert!(stores.flow_steps(id).await.unwrap().is_empty());
+
     // Oldest first across three partitions, whichever partition each flow's home is in.
     let parts = palisade::store::redis::coordinator(pool, "oldest", 3, 0, 1 << 20, |s| s).unwrap();
     let client = Client::new(parts.clone());

@@ -207,6 +207,19 @@ async fn schedules_pause_and_resume_by_name() {
     assert!(!store.pause_schedule("zeta", false).await.unwrap());
     assert!(store.remove_schedule("kept").await.unwrap());
     assert!(store.paused_schedules().await.unwrap().is_empty());
+    // Resuming raises the mark to now.
+    store.pause_schedule("kept", true).await.unwrap();
+    let before = store.now_ms().await.unwrap();
+    store.pause_schedule("kept", false).await.unwrap();
+    assert!(store.schedule_mark("kept").await.unwrap().unwrap() >= before);
+    // A set written over by another program: the error names the key.
+    server.cli(&["SET", "{sp}:schedules_paused", "x"]).unwrap();
+    let e = store.paused_schedules().await.unwrap_err().to_string();
+    assert!(
+        e.contains("{sp}:schedules_paused holds another type"),
+        "{e}"
+    );
+    assert!(!palisade::Error::Backend(e).is_retryable());
 }
 
 /// Issue 7, case 7 (Redis): one claim makes a bounded number of due delayed jobs ready (it

@@ -423,9 +423,10 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
     Ok(Json(Paused { queue, paused }))
 }
 
-/// Clear a queue: cancel every ready and delayed job it holds now (each goes to the dead
-/// letters with the reason, where a dead-letter retry brings it back); a group's ready jobs and
-/// jobs waiting behind their scope stay, and are counted in the answer.
+/// Clear a queue: cancel every ready and delayed job it holds as the request comes (each goes to
+/// the dead letters with the reason, where a dead-letter retry brings it back); jobs enqueued
+/// meanwhile, a group's ready jobs and jobs waiting behind their scope stay, and are counted in
+/// the answer.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/clear", tag = "queues",
     params(("queue" = String, Path, description = "The queue's name")),
     request_body(content = Option<ClearRequest>, content_type = "application/json", description = "`{}`, `{\"reason\": ...}` or nothing; the Content-Type is required"),
@@ -451,10 +452,11 @@ async fn clear_queue(
         Some(r) => r,
         None => "queue cleared through the HTTP API".to_owned(),
     };
+    // What the queue holds as the request comes: jobs enqueued meanwhile stay.
+    let now = u64::try_from(palisade::store::ControlStore::now_ms(&api.store).await?).unwrap_or(0);
     let before = api.store.counts(&queue).await?;
-    let cancelled =
-        crate::reads::clear_queue(&api.store, &queue, &reason, before.ready + before.delayed)
-            .await?;
+    let at_most = before.ready + before.delayed;
+    let cancelled = crate::reads::clear_queue(&api.store, &queue, &reason, at_most, now).await?;
     let after = api.store.counts(&queue).await?;
     tracing::info!(queue = %queue, cancelled, "api: queue cleared");
     Ok(Json(Cleared {

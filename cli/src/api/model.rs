@@ -1060,6 +1060,7 @@ impl FlowView {
                     palisade::StepState::Waiting => "waiting".into(),
                     palisade::StepState::Released => "released".into(),
                     palisade::StepState::Ended(end) => end.as_str().into(),
+                    palisade::StepState::Unreadable => "unreadable".into(),
                 },
                 name: st.name,
                 job: st.job.to_string(),

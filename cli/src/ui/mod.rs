@@ -446,12 +446,21 @@ async fn confirm_clear(
                 q.as_deref(),
             )
             .await?;
+        if let Err(e) = palisade::cli_support::check_name("queue", &cq.queue) {
+            return Ok(pages::refused(
+                &frame,
+                &format!("Nothing to clear: {e}"),
+                "/ready",
+            ));
+        }
+        let asof = u64::try_from(ui.store.now_ms().await?).unwrap_or(0);
         let counts = ui.store.counts(&cq.queue).await?;
         Ok(pages::confirm_clear(
             &frame,
             &cq.queue,
             counts.ready,
             counts.delayed,
+            asof,
         ))
     };
     respond(page.await, false)
@@ -556,12 +565,14 @@ pub(crate) struct FilterFields {
 }
 
 impl FilterFields {
-    /// The fields given (empty ones left out).
+    /// The fields given (empty ones left out). The reason's text is matched as written, its
+    /// spaces too (" out" must not match "outage"); only one of nothing but spaces is none.
     fn given(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
         fn f(v: &Option<String>) -> Option<&str> {
             v.as_deref().map(str::trim).filter(|v| !v.is_empty())
         }
-        (f(&self.kind), f(&self.reason), f(&self.older))
+        let reason = self.reason.as_deref().filter(|r| !r.trim().is_empty());
+        (f(&self.kind), reason, f(&self.older))
     }
 
     /// As the store's filter (ages by this host's clock), or why not.
@@ -575,10 +586,11 @@ impl FilterFields {
             Some(age) => {
                 let age = humantime::parse_duration(age)
                     .ok()
-                    .filter(|d| *d <= Duration::from_secs(10 * 365 * 86_400))
+                    .filter(|d| *d <= Duration::from_secs(3_650 * 86_400))
                     .ok_or_else(|| {
                         format!(
-                            "Nothing done: {age:?} is not an age up to ten years (30m, 2h, 7d)."
+                            "Nothing done: {:?} is not an age of at most 3650 days (30m, 2h, 7d).",
+                            pages::clip(age, 40)
                         )
                     })?;
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
@@ -615,6 +627,13 @@ async fn confirm(
         let frame = ui
             .frame("/dead", title.into(), "/dead/confirm", q.as_deref())
             .await?;
+        if let Err(e) = palisade::cli_support::check_name("queue", &cq.queue) {
+            return Ok(pages::refused(
+                &frame,
+                &format!("Nothing to do: {e}"),
+                "/dead",
+            ));
+        }
         let n = ui.store.counts(&cq.queue).await?.dead;
         // (A filter that does not read is refused here, before anything is asked.)
         if let Err(why) = cq.filter.filter() {
@@ -824,6 +843,7 @@ struct ActionForm {
     back: Option<String>,
     reason: Option<String>,
     older: Option<String>,
+    asof: Option<String>,
 }
 
 /// Checks the form's CSRF token, and that a browser that names the form's origin names this
@@ -1100,11 +1120,17 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
                 .map_err(|_| {
                     "Nothing done: the number confirmed is not a whole number.".to_owned()
                 })?;
+            // Only jobs enqueued by the time the page was shown (the coordinator's clock then).
+            let asof: u64 = field(&form.asof, "the time the page was shown")?
+                .trim()
+                .parse()
+                .map_err(|_| "Nothing done: the page's time is not a whole number.".to_owned())?;
             let cancelled = crate::reads::clear_queue(
                 store,
                 queue,
                 "queue cleared through the console",
                 expected,
+                asof,
             )
             .await
             .map_err(failed)?;
@@ -1154,6 +1180,20 @@ async fn perform(ui: &Ui, op: &str, form: &ActionForm) -> Result<Option<(String,
         "schedule-pause" | "schedule-resume" => {
             let name = field(&form.schedule, "the schedule")?;
             let pause = op == "schedule-pause";
+            // Only a schedule the coordinator keeps (a worker keeps its binary's too): a name
+            // paused before its schedule exists would start it paused, unnoticed.
+            let known = store
+                .schedules()
+                .await
+                .map_err(failed)?
+                .iter()
+                .any(|s| s.name == name);
+            if pause && !known {
+                return Err(format!(
+                    "Nothing done: no kept schedule is named {}.",
+                    pages::clip(name, 80)
+                ));
+            }
             let changed = store.pause_schedule(name, pause).await.map_err(failed)?;
             let msg = match (pause, changed) {
                 (true, true) => format!(
@@ -1668,6 +1708,7 @@ mod tests {
             back: None,
             reason: None,
             older: None,
+            asof: None,
         };
         rt.block_on(async {
             perform(&ui, "pause", &form).await.unwrap();

@@ -706,7 +706,13 @@ pub(crate) fn ready(
 }
 
 /// Asks before clearing `queue` of its `ready` and `delayed` jobs.
-pub(crate) fn confirm_clear(frame: &Frame, queue: &str, ready: u64, delayed: u64) -> Markup {
+pub(crate) fn confirm_clear(
+    frame: &Frame,
+    queue: &str,
+    ready: u64,
+    delayed: u64,
+    asof: u64,
+) -> Markup {
     let csrf = frame.csrf;
     let n = ready + delayed;
     layout(
@@ -714,12 +720,14 @@ pub(crate) fn confirm_clear(frame: &Frame, queue: &str, ready: u64, delayed: u64
         html! {
             p.warn { "Cancel all " b { (n) } " job(s) of queue " (name(queue)) " (" (ready) " ready, "
                 (delayed) " delayed)? Each goes to the dead letters with the reason \"queue cleared \
-                through the console\", where a retry brings it back. A group's ready jobs and jobs \
-                waiting behind their scope stay." }
+                through the console\", where a retry brings it back. Jobs enqueued after this page \
+                was shown, a group's ready jobs (counted among the ready) and jobs waiting behind \
+                their scope stay." }
             form method="post" action="/act/queue-clear" {
                 input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" name="queue" value=(queue);
                 input type="hidden" name="expected" value=(n);
+                input type="hidden" name="asof" value=(asof);
                 input type="hidden" name="confirm" value="yes";
                 button #confirm type="submit" { "Cancel " (n) " job(s)" }
             }
@@ -773,7 +781,7 @@ pub(crate) fn dead(frame: &Frame, v: &DeadView) -> Markup {
                         option value="retry" { "Retry" } option value="purge" { "Delete" }
                     }
                     " those of kind " input type="text" name="kind" size="12" aria-label="kind";
-                    " whose reason contains " input type="text" name="reason" size="16" aria-label="reason";
+                    " whose reason contains (as written, case and all) " input type="text" name="reason" size="16" aria-label="reason";
                     " that died more than " input type="text" name="older" size="5" placeholder="2h" aria-label="age";
                     " ago " button #sweep-go type="submit" { "…" }
                 }
@@ -921,6 +929,7 @@ pub(crate) fn flow(frame: &Frame, status: &FlowStatus, steps: &[StepStatus]) -> 
         StepState::Waiting => "waiting",
         StepState::Released => "released",
         StepState::Ended(end) => end.as_str(),
+        StepState::Unreadable => "unreadable",
     };
     layout(
         frame,

@@ -224,8 +224,9 @@ pub trait ControlStore: Send + Sync + 'static {
 
     /// Pauses schedule `name` (a kept one or a worker binary's own: by name) or resumes it;
     /// `true` if that changed anything. A paused schedule's ticks are skipped, not saved up:
-    /// the scheduler raises its mark without enqueueing, so a resumed schedule fires from its
-    /// next tick on.
+    /// the scheduler raises its mark without enqueueing, and resuming raises it to the
+    /// coordinator's now, so a resumed schedule fires from its next tick on (never a tick of
+    /// the pause the scheduler had not passed yet).
     async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool>;
 
     /// The names of paused schedules, sorted.

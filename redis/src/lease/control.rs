@@ -21,6 +21,17 @@ use crate::store::{
 /// `wrong_format`: KEYS[2] the layout generation record, KEYS[3] the format level record,
 /// ARGV[3] the caller's generation; refused, changing nothing, for another generation or a
 /// level outside this build's window.
+/// `e` naming `key` when it is Redis' WRONGTYPE (which names no key): the operator learns
+/// which key another program wrote over.
+fn named(e: crate::error::Error, key: &str) -> crate::error::Error {
+    match e {
+        crate::error::Error::Backend(m) if m.contains("WRONGTYPE") => crate::error::Error::Backend(
+            format!("{key} holds another type ({m}); delete or repair it"),
+        ),
+        other => other,
+    }
+}
+
 fn guarded(body: &str) -> Script {
     let (low, high) = (crate::format::LEVELS.start(), crate::format::LEVELS.end());
     Script::new(&format!(
@@ -216,21 +227,30 @@ impl ControlStore for RedisLeaseStore {
         let key = format!("{}schedules_paused", self.base);
         let cmd = if paused { "SADD" } else { "SREM" };
         let changed: u64 = redis::cmd(cmd)
-            .arg(key)
+            .arg(&key)
             .arg(name)
             .query_async(&mut conn)
             .await
-            .map_err(|e| self.link.broken(e))?;
+            .map_err(|e| self.link.broken(e))
+            .map_err(|e| named(e, &key))?;
+        if !paused && changed > 0 {
+            // (Two steps: a crash between them leaves the pause's unpassed ticks to fire, as
+            // before this rule; never a tick twice.)
+            let now = self.now_ms().await?;
+            self.advance_schedule(name, now).await?;
+        }
         Ok(changed > 0)
     }
 
     async fn paused_schedules(&self) -> Result<Vec<String>> {
         let mut conn = self.conn().await?;
+        let key = format!("{}schedules_paused", self.base);
         let mut names: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(format!("{}schedules_paused", self.base))
+            .arg(&key)
             .query_async(&mut conn)
             .await
-            .map_err(|e| self.link.broken(e))?;
+            .map_err(|e| self.link.broken(e))
+            .map_err(|e| named(e, &key))?;
         names.sort();
         Ok(names)
     }

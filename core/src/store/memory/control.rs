@@ -89,11 +89,16 @@ impl ControlStore for MemoryLeaseStore {
 
     async fn pause_schedule(&self, name: &str, paused: bool) -> Result<bool> {
         let mut state = lock(&self.state);
-        Ok(if paused {
-            state.paused_schedules.insert(name.to_owned())
-        } else {
-            state.paused_schedules.remove(name)
-        })
+        if paused {
+            return Ok(state.paused_schedules.insert(name.to_owned()));
+        }
+        let resumed = state.paused_schedules.remove(name);
+        if resumed {
+            let now = unix_ms() as i64;
+            let mark = state.schedule_marks.entry(name.to_owned()).or_insert(now);
+            *mark = (*mark).max(now);
+        }
+        Ok(resumed)
     }
 
     async fn paused_schedules(&self) -> Result<Vec<String>> {
