@@ -641,6 +641,43 @@ fn a_thousand_dead_letters_go_back_in_one_command() {
     assert!(row.ends_with("(no live worker claims it)"), "{row}");
     let status: Value = serde_json::from_str(&ok(&redis, &["status", "--json"])).unwrap();
     assert_eq!(status["claimed_by"]["mass"], 0, "{status}");
+
+    // All 1,000 dead again, and back in one command with no filter, counted.
+    rt.block_on(async {
+        let store = RedisLeaseStore::new(
+            palisade::store::redis::pool(&redis.url()).unwrap(),
+            "palisade",
+        );
+        let mut again = 0;
+        while again < 1000 {
+            let claims = store
+                .claim("mass", "seed", 250, Duration::from_secs(600))
+                .await
+                .unwrap();
+            again += claims.len();
+            let dead = claims.iter().map(|c| {
+                let reason = "down again".to_owned();
+                (c.lease.id, palisade::Settlement::Dead { reason })
+            });
+            assert!(store
+                .settle(dead.collect())
+                .await
+                .unwrap()
+                .iter()
+                .all(Result::is_ok));
+        }
+    });
+    assert_eq!(counts(&redis)["dead"].as_u64(), Some(1000));
+    assert_eq!(
+        ok(&redis, &["dead", "retry", "--queue", "mass"]).trim(),
+        "1000 jobs retried of queue mass (1000 dead letters read)"
+    );
+    let c = counts(&redis);
+    assert_eq!(
+        (c["ready"].as_u64(), c["dead"].as_u64()),
+        (Some(1000), Some(0)),
+        "{c}"
+    );
 }
 
 /// Issue 57: the first worker records where each sink lives; a worker whose sink URL points

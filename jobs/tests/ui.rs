@@ -60,8 +60,8 @@ struct Seeded {
     completed: JobId,
 }
 
-/// Dead letters of queue `bulk`.
-const BULK: usize = 1_000;
+/// Dead letters of queue `bulk` (one is deleted, then the confirmed retry takes 1,000).
+const BULK: usize = 1_001;
 
 async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
     let job = |to: &str| NewJob::raw("email.send", format!("{{\"to\":\"{to}\"}}"));
@@ -101,7 +101,8 @@ async fn seed(redis: &RedisServer, store: &RedisLeaseStore) -> Seeded {
         .enqueue(vec![job("later@x").with_delay(Duration::from_secs(3600))])
         .await
         .unwrap()[0];
-    // (1,000, so that the confirmed bulk retry below is the whole-set retry.)
+    // (1,001: one deleted, the confirmed bulk retry below is the whole-set retry of
+    // 1,000.)
     let bulk_jobs: Vec<NewJob> = (0..BULK)
         .map(|i| NewJob::raw("report.build", format!("{{\"n\":{i}}}")).with_queue("bulk"))
         .collect();
@@ -366,7 +367,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         ("#total-ready", "3"),   // two ready in default, the flow's first step
         ("#total-delayed", "2"), // the delayed job and the retry
         ("#total-leased", "1"),
-        ("#total-dead", "1001"), // one in default, BULK in bulk
+        ("#total-dead", "1002"), // one in default, BULK in bulk
         ("#total-workers", "1"),
         ("#total-flows", "1"),
     ] {
@@ -501,7 +502,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
         }
     };
     let first = first_row(&c).await;
-    // 999 ready: paged, the next page starts elsewhere.
+    // 1,000 ready: paged, the next page starts elsewhere.
     assert_eq!(text(&c, "#pager").await, "Page 1 Next →");
     follow(&c, Locator::Id("next"), "ready", "ready-page-2").await;
     assert!(text(&c, "#pager").await.starts_with("← Previous Page 2"));
@@ -533,7 +534,7 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     assert_eq!((bulk.dead, bulk.ready), (BULK as u64 - 1, 0));
 
     // A sweep of the dead letters that match: the one deleted from the Ready page (its reason
-    // names the operator page), not the 998 cleared, through the confirm page.
+    // names the operator page), not the 999 cleared, through the confirm page.
     visit(&c, ui_port, "/dead?queue=bulk", "dead-sweep").await;
     c.find(Locator::Css("#sweep input[name='reason']"))
         .await

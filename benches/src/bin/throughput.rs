@@ -103,6 +103,10 @@ struct Args {
     /// (`benches/callgrind.sh`).
     #[arg(long, value_name = "COMMAND")]
     phase_hook: Option<String>,
+    /// Completed jobs' records the Redis coordinator keeps (the library's default: 10,000, a
+    /// day); 0 keeps none, as before issue 57 (compare the two to see what keeping costs).
+    #[arg(long, default_value_t = 10_000)]
+    keep_completed: usize,
 }
 
 /// Runs `--phase-hook`, if any, and waits for it.
@@ -435,7 +439,15 @@ fn main() {
                     store::redis::pool(url).expect("redis url").into()
                 };
                 store::redis::ping(&target).await.expect("redis reachable");
-                let store = store::redis::coordinator(target.clone(), &prefix, args.partitions, 0, palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s)
+                let keep = if args.keep_completed == 0 {
+                    palisade::CompletedRetention::off()
+                } else {
+                    palisade::CompletedRetention {
+                        max: args.keep_completed,
+                        ..Default::default()
+                    }
+                };
+                let store = store::redis::coordinator(target.clone(), &prefix, args.partitions, 0, palisade::DEFAULT_MAX_PAYLOAD_BYTES, |s| s.with_completed_retention(keep))
                     .expect("partitions");
                 (store, Some(target))
             }
