@@ -239,10 +239,10 @@ for _, i in ipairs(current) do
       -- (EXISTS: a job two current leases completed in one batch was renamed by the first.)
       if keep_ms > 0 and redis.call('EXISTS', job) == 1 then
         -- Kept for operators under another name, out of every live job's way: the record as
-        -- it ran (its 'start' and 'tries' the attempts), with when it completed.
+        -- it ran (its 'start' and 'tries' the attempts); when it completed is its score in
+        -- "done" (a field of its own cost a command a job: docs/performance-log.md).
         local done = base .. 'done:' .. id
         redis.call('RENAME', job, done)
-        redis.call('HSET', done, 'fin', now)
         redis.call('PEXPIRE', done, keep_ms)
         kept[#kept + 1] = now
         kept[#kept + 1] = id

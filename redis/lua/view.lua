@@ -53,6 +53,9 @@ end
 local function done(id)
   local f = fields(base .. 'done:' .. id, 'meta', 'queue', 'attempt', 'stalls', 'error',
     'snoozes', 'enq', 'start', 'tries', 'fin')
+  -- When it completed: its score in "done" (a record of an earlier commit has it as 'fin').
+  local at = zscore(base .. 'done', id)
+  f[10] = (at and string.match(at, '^%d+$')) and at or f[10]
   if not f[1] or not f[2] or not f[10] then
     return nil
   end
