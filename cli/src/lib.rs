@@ -36,6 +36,8 @@ mod api;
 #[cfg_attr(not(feature = "ui"), allow(dead_code))]
 mod reads;
 mod relay;
+#[cfg(feature = "ui")]
+mod serve;
 mod sinks;
 #[cfg(feature = "ui")]
 mod ui;

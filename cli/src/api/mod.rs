@@ -23,6 +23,7 @@ mod model;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use axum::extract::{MatchedPath, Request, State};
@@ -76,9 +77,25 @@ pub(super) struct ApiFlags {
     /// /readyz on this address, e.g. 127.0.0.1:9465.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics: Option<SocketAddr>,
+    /// Longest wait for a whole request head (a client trickling it, or idle between
+    /// requests, is disconnected then).
+    #[arg(long, default_value = "10s", value_parser = super::duration_within(Duration::from_millis(100), Duration::from_secs(3600)))]
+    pub(super) header_timeout: Duration,
+    /// Connections served at once; one more is closed at once (counted as refused). Keep it
+    /// below the process's file descriptor limit.
+    #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub(super) max_connections: usize,
 }
 
 impl ApiFlags {
+    /// The server's limits, as the flags set them.
+    pub(super) fn limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            header_timeout: self.header_timeout,
+            max_connections: self.max_connections,
+        }
+    }
+
     /// Serves /metrics when `--metrics` asks (before any runtime starts: the exporter runs
     /// its own).
     pub(super) fn serve_metrics(&self) -> anyhow::Result<()> {
@@ -446,8 +463,8 @@ pub(super) fn run(args: ApiArgs, registry: Registry) -> anyhow::Result<()> {
             redis.prefix
         );
         tracing::info!(listen = %bound, "api serving");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(super::shutdown_signal())
+        let limits = args.flags.limits();
+        crate::serve::serve(listener, app, limits, "api", super::shutdown_signal())
             .await
             .context("serving the API")
     })
@@ -467,6 +484,8 @@ mod tests {
             api_token: token.map(str::to_owned),
             max_payload_bytes: 1024,
             metrics: None,
+            header_timeout: Duration::from_secs(10),
+            max_connections: 512,
         };
         let store = Stores::from(Arc::new(palisade::MemoryLeaseStore::new()));
         let registry =
@@ -655,6 +674,8 @@ mod tests {
                 api_token: Some("short".into()),
                 max_payload_bytes: 1,
                 metrics: None,
+                header_timeout: Duration::from_secs(10),
+                max_connections: 512,
             };
             assert!(flags.checked(LISTEN.parse().unwrap(), false).is_err());
             // On loopback behind a proxy (public hosts, or the console's Basic auth), no token
@@ -663,6 +684,8 @@ mod tests {
                 api_token: None,
                 max_payload_bytes: 1,
                 metrics: None,
+                header_timeout: Duration::from_secs(10),
+                max_connections: 512,
             };
             let (_, off) = flags.checked(LISTEN.parse().unwrap(), true).unwrap();
             assert!(off.is_some());

@@ -1399,8 +1399,9 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
         )?;
         println!("palisade ui: http://{bound}/ (API: http://{bound}/api/v1/)");
         tracing::info!(listen = %args.listen, "operator page serving");
-        axum::serve(listener, router(ui).merge(api))
-            .with_graceful_shutdown(super::shutdown_signal())
+        let app = router(ui).merge(api);
+        let limits = args.api.limits();
+        crate::serve::serve(listener, app, limits, "ui", super::shutdown_signal())
             .await
             .context("serving the page")
     })
