@@ -584,7 +584,15 @@ fn idle_connections_are_closed_and_capped_and_requests_still_answered() {
         || {
             // (A request refused at the cap is reset: tried again, as a client would.)
             let out = Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "--max-time",
+                    "5",
+                ])
                 .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
                 .arg(format!("http://127.0.0.1:{port}/api/v1/queues"))
                 .output()
@@ -613,5 +621,8 @@ fn idle_connections_are_closed_and_capped_and_requests_still_answered() {
         &[("surface", "api"), ("reason", "connections")],
     );
     // (How many depends on how fast slots turn over under load: some, at least.)
-    assert!(refused > 0, "past the cap, refused at once: {refused}\n{text}");
+    assert!(
+        refused > 0,
+        "past the cap, refused at once: {refused}\n{text}"
+    );
 }
