@@ -252,12 +252,12 @@ fn exchange(port: u16, request: &str) -> String {
     response
 }
 
-/// A raw form POST; returns the status line.
-fn post(port: u16, path: &str, form: &str) -> String {
+/// A raw form POST with `extra` header lines (each ending in CRLF); returns the status line.
+fn post(port: u16, path: &str, form: &str, extra: &str) -> String {
     let response = exchange(
         port,
         &format!(
-            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: \
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{extra}Content-Type: \
              application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
             form.len()
         ),
@@ -722,9 +722,36 @@ async fn chromium_walks_every_page_and_each_action_changes_the_store() {
     c.close().await.unwrap();
 
     // A form from elsewhere (no valid token, or a foreign origin) changes nothing.
-    let refused = post(ui_port, "/act/pause", "csrf=guess&queue=default");
+    let refused = post(ui_port, "/act/pause", "csrf=guess&queue=default", "");
     assert!(refused.contains("403"), "{refused}");
     assert!(store.paused().await.unwrap().is_empty());
+    // Issue 58: with the page's own token, what the API refuses the console refuses too: an
+    // opaque origin, a browser's word that the form comes from another site.
+    let page = exchange(
+        ui_port,
+        &format!("GET /queues HTTP/1.0\r\nHost: 127.0.0.1:{ui_port}\r\n\r\n"),
+    );
+    let token = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .unwrap()
+        .to_owned();
+    let form = format!("csrf={token}&queue=default");
+    for extra in [
+        "Origin: null\r\n",
+        "Sec-Fetch-Site: cross-site\r\n",
+        "Sec-Fetch-Site: same-site\r\n",
+    ] {
+        let refused = post(ui_port, "/act/pause", &form, extra);
+        assert!(refused.contains("403"), "{extra}: {refused}");
+        assert!(store.paused().await.unwrap().is_empty(), "{extra}");
+    }
+    // The same form from the page itself goes through.
+    let own = format!("Origin: http://127.0.0.1:{ui_port}\r\nSec-Fetch-Site: same-origin\r\n");
+    let done = post(ui_port, "/act/pause", &form, &own);
+    assert!(done.contains("303"), "{done}");
+    assert_eq!(store.paused().await.unwrap(), ["default"]);
     // A page that rebinds its own name to 127.0.0.1 is not answered (it would be same-origin
     // with the page and could read the token); no one may frame the page; no script runs.
     let rebound = exchange(

@@ -173,9 +173,13 @@ impl ApiFlags {
     ) -> anyhow::Result<(Option<String>, Option<String>)> {
         let authorization = match self.api_token.as_deref().filter(|t| !t.is_empty()) {
             Some(token)
-                if token.len() < MIN_TOKEN_BYTES || token.chars().any(char::is_whitespace) =>
+                if token.len() < MIN_TOKEN_BYTES
+                    || !token.chars().all(|c| c.is_ascii_graphic()) =>
             {
-                bail!("--api-token wants at least {MIN_TOKEN_BYTES} characters and no whitespace")
+                bail!(
+                    "--api-token wants at least {MIN_TOKEN_BYTES} characters, printable ASCII \
+                     without spaces or control characters"
+                )
             }
             Some(token) => Some(format!("Bearer {token}")),
             None => None,
@@ -669,15 +673,25 @@ mod tests {
             let (status, body) = send(&open, r).await;
             assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
             assert!(body.contains("--api-token"), "{body}");
-            // A short token is refused at start.
-            let flags = ApiFlags {
-                api_token: Some("short".into()),
-                max_payload_bytes: 1,
-                metrics: None,
-                header_timeout: Duration::from_secs(10),
-                max_connections: 512,
-            };
-            assert!(flags.checked(LISTEN.parse().unwrap(), false).is_err());
+            // A short token is refused at start, and so is one with a control character or a
+            // space (issue 58: a pasting mistake, or a value no header can carry).
+            for bad in [
+                "short",
+                "long-enough-token-\u{7}-bell",
+                "long enough token with spaces",
+            ] {
+                let flags = ApiFlags {
+                    api_token: Some(bad.into()),
+                    max_payload_bytes: 1,
+                    metrics: None,
+                    header_timeout: Duration::from_secs(10),
+                    max_connections: 512,
+                };
+                assert!(
+                    flags.checked(LISTEN.parse().unwrap(), false).is_err(),
+                    "{bad:?}"
+                );
+            }
             // On loopback behind a proxy (public hosts, or the console's Basic auth), no token
             // means no API either: the proxy forwards anyone.
             let flags = ApiFlags {

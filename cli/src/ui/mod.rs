@@ -851,11 +851,16 @@ struct ActionForm {
 fn checked(ui: &Ui, headers: &HeaderMap, form: &ActionForm) -> bool {
     let token_ok: bool = form.csrf.as_bytes().ct_eq(ui.csrf.as_bytes()).into();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    // As the API refuses them (issue 58): `Origin: null` (a sandboxed frame, a file page, a
+    // cross-origin redirect) and a browser's word that the request comes from another site.
     let origin_ok = match headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
-        None | Some("null") => true,
+        None => true,
         Some(origin) => host.is_some_and(|h| origin.split("://").nth(1) == Some(h)),
     };
-    token_ok && origin_ok
+    let site_ok = headers
+        .get("sec-fetch-site")
+        .is_none_or(|s| matches!(s.to_str(), Ok("same-origin" | "none")));
+    token_ok && origin_ok && site_ok
 }
 
 fn refused() -> Response {
@@ -1331,11 +1336,21 @@ fn router(ui: Arc<Ui>) -> Router {
 /// The `Authorization` header value `user:password` asks for; checks the flag's form.
 fn basic_authorization(user_password: &str) -> anyhow::Result<String> {
     match user_password.split_once(':') {
-        Some((user, password)) if !user.is_empty() && !password.is_empty() => Ok(format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(user_password)
-        )),
-        _ => bail!("--basic-auth wants user:password, both non-empty"),
+        // (Printable, no control characters: a header value cannot carry them, and a flag
+        // with one is a pasting mistake.)
+        Some((user, password))
+            if !user.is_empty()
+                && !password.is_empty()
+                && user_password
+                    .chars()
+                    .all(|c| c == ' ' || c.is_ascii_graphic()) =>
+        {
+            Ok(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(user_password)
+            ))
+        }
+        _ => bail!("--basic-auth wants user:password, both non-empty, printable ASCII"),
     }
 }
 
