@@ -5,7 +5,7 @@ use anyhow::bail;
 use super::{print_lines, runtime, RedisArgs};
 use palisade::store::FlowStore;
 use palisade::FlowId;
-use palisade::{FlowState, StepEnd, StepState};
+use palisade::{FlowState, StepEnd};
 
 /// `flow`.
 #[derive(Clone, Debug, clap::Subcommand)]
@@ -61,12 +61,7 @@ pub(super) fn flow(command: FlowCommand) -> anyhow::Result<()> {
                 );
                 // Each step in run order: where it is, what it runs after, its job.
                 let rows = steps.iter().enumerate().map(|(i, s)| {
-                    let state = match s.state {
-                        StepState::Waiting => "waiting",
-                        StepState::Released => "released",
-                        StepState::Ended(end) => end.as_str(),
-                        StepState::Unreadable => "unreadable",
-                    };
+                    let state = s.state.as_str();
                     let after = if s.after.is_empty() {
                         String::new()
                     } else {

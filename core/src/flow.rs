@@ -533,6 +533,19 @@ pub enum StepState {
     Unreadable,
 }
 
+impl StepState {
+    /// The word operators read (`waiting`, `released`, the end's word, `unreadable`): the
+    /// console, `flow show` and the API say the same.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Waiting => "waiting",
+            StepState::Released => "released",
+            StepState::Ended(end) => end.as_str(),
+            StepState::Unreadable => "unreadable",
+        }
+    }
+}
+
 /// One step of a kept flow as its home sees it, for operators
 /// ([`FlowStore::flow_steps`](crate::store::FlowStore::flow_steps)).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -242,6 +242,8 @@ pub struct Worker {
     registry: Registry,
     /// The registry's kinds: claims ask for these only.
     kinds: Vec<String>,
+    /// How it backs off retries, as its heartbeat says it (fixed once it is built).
+    retry_summary: String,
     sinks: Sinks,
     renewal: Option<Addr<Renewal>>,
     running: HashMap<LeaseId, Running>,
@@ -300,11 +302,13 @@ impl Worker {
                 config.name
             )));
         }
+        let retry_summary = registry.retry_summary(config.retry);
         Ok(Self {
             config,
             coordinator,
             registry,
             kinds,
+            retry_summary,
             sinks,
             renewal: None,
             running: HashMap::new(),
@@ -766,7 +770,7 @@ impl Worker {
             started_ms: self.started_ms,
             seen_ms: 0,
             formats: Some([*crate::format::LEVELS.start(), *crate::format::LEVELS.end()]),
-            retry: Some(self.registry.retry_summary(self.config.retry)),
+            retry: Some(self.retry_summary.clone()),
         }
     }
 }

@@ -1056,12 +1056,7 @@ impl FlowView {
         let step_list = steps
             .into_iter()
             .map(|st| FlowStepView {
-                state: match st.state {
-                    palisade::StepState::Waiting => "waiting".into(),
-                    palisade::StepState::Released => "released".into(),
-                    palisade::StepState::Ended(end) => end.as_str().into(),
-                    palisade::StepState::Unreadable => "unreadable".into(),
-                },
+                state: st.state.as_str().into(),
                 name: st.name,
                 job: st.job.to_string(),
                 after: st.after,

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
 use super::{redacted, RedisArgs};
-use crate::reads::{allowed_hosts, dead_counts, find_dead, newest_dead, queue_rows, DEAD_SCAN};
+use crate::reads::{allowed_hosts, dead_counts, newest_dead, queue_rows, Found, DEAD_SCAN};
 use pages::Frame;
 use palisade::store::{
     ControlStore, FlowStore, Inspect, QueueAdmin, RecordStore, Stores, DEAD_JOB_SEARCH,
@@ -794,7 +794,15 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
         let frame = ui
             .frame("", format!("Job {id}"), &format!("/job/{id}"), q.as_deref())
             .await?;
-        let live = ui.store.job(id).await?;
+        // Where the job is, in `find_job`'s order (the CLI's and the API's too).
+        let (mut live, mut completed, mut dead, mut result) = (None, None, None, None);
+        match crate::reads::find_job(&ui.store, id, None).await? {
+            Some(Found::Live(v)) => live = Some(v),
+            Some(Found::Completed(c)) => completed = Some(c),
+            Some(Found::Dead(d)) => dead = Some(d),
+            Some(Found::Result(r)) => result = Some(r),
+            None => {}
+        }
         let lease = match live.as_ref().and_then(|v| v.lease) {
             Some(lease) => ui
                 .store
@@ -804,13 +812,10 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
                 .find(|l| l.lease == lease),
             None => None,
         };
-        let completed = match live {
-            Some(_) => None,
-            None => ui.store.completed(id).await?,
-        };
-        let dead = match (&live, &completed) {
-            (None, None) => find_dead(&ui.store, id, None).await?,
-            _ => None,
+        // (Only a job found by its result alone has it read already.)
+        let result = match result {
+            Some(r) => Some(r),
+            None => ui.store.result(id).await?,
         };
         let p = pages::JobPage {
             id,
@@ -818,7 +823,7 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>, RawQuery(q): Raw
             lease,
             dead,
             completed,
-            result: ui.store.result(id).await?,
+            result,
             progress: ui.store.progress(id).await?,
         };
         Ok(pages::job(&frame, &p))

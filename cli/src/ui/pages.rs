@@ -925,12 +925,7 @@ pub(crate) fn flows(
 
 /// A flow: its state, and each step in run order with where it is.
 pub(crate) fn flow(frame: &Frame, status: &FlowStatus, steps: &[StepStatus]) -> Markup {
-    let state = |s: StepState| match s {
-        StepState::Waiting => "waiting",
-        StepState::Released => "released",
-        StepState::Ended(end) => end.as_str(),
-        StepState::Unreadable => "unreadable",
-    };
+    let state = StepState::as_str;
     layout(
         frame,
         html! {
