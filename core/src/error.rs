@@ -29,6 +29,11 @@ pub enum Error {
     /// The job description itself is invalid (empty kind, oversize payload, ...).
     #[error("invalid job: {0}")]
     InvalidJob(String),
+    /// Permanent: an idempotency key (or a producer-chosen job id) is held by a job enqueued
+    /// with a different request ([`UniqueKey::fingerprint`](crate::job::UniqueKey::fingerprint)).
+    /// Nothing of the batch was added; the message names the key and the holder.
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// Invalid configuration.
     #[error("invalid configuration: {0}")]
     Config(String),

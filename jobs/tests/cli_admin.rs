@@ -324,6 +324,15 @@ fn an_enqueue_whose_reply_is_lost_or_that_is_run_again_adds_each_job_once() {
         stderr.contains(&format!("job {id} is already enqueued")),
         "{stderr}"
     );
+    // The same id with another payload is another request: refused, naming the id.
+    let other = r#"{"to":"someone@example.com","millis":1}"#;
+    let refused = run(&redis, &["enqueue", "email.send", other, "--id", id], "");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(id) && stderr.contains("different request"),
+        "{stderr}"
+    );
     assert_eq!(counts(&redis)["ready"], 4);
 }
 

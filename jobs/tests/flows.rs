@@ -260,12 +260,21 @@ fn the_fanned_out_report_adds_up_through_a_sentinel_failover() {
     wait_for("100 parts", Duration::from_secs(60), || ended() >= 100);
     // (Waits until the replica was promoted and the old master rejoined, empty, as a replica.)
     group.fail_over();
-    wait_for("the flow to finish", Duration::from_secs(180), || {
+    let finished = palisade_testkit::net::poll_until(Duration::from_secs(180), || {
         rt.block_on(client.flow(id))
             .ok()
             .flatten()
             .is_some_and(|s| s.state != FlowState::Running)
     });
+    // (If it does not, what is left and what the workers said: a stuck step is named.)
+    assert!(
+        finished,
+        "the flow did not finish: {:?}\ncounts {:?}\nA:\n{}\nB:\n{}",
+        rt.block_on(client.flow(id)),
+        rt.block_on(client.counts("default")),
+        a.log_tail(),
+        b.log_tail()
+    );
     check_report(&rt, &client, &flow, (300, 3), |key, field| {
         sink.cli(&["HGET", key, field])
     });

@@ -1,10 +1,10 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 13 fields per job: id queue kind scope (empty for the job's
+-- ARGV[1]  job count n, then 14 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls ...) unique_key (empty: none) unique_ttl_ms debounce_key
 --          (empty: none; a debounced job's delay is its quiet period) quiet_ms max_wait_ms
---          group (empty: none)
+--          group (empty: none) fingerprint (empty: none; kept as the job record's `fp`)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  per job, its id when it was added; "=" and the id of the job it is when it was not:
 --          the job (an earlier one of this batch included) holding its unique key, or the job
@@ -14,7 +14,8 @@
 --          enqueue counter is not an integer): raised before anything changed (jobs are
 --          validated by the client before they are sent). "PALISADE_INVALID ..." (before
 --          anything) when a debounce key is held by a pending job of another queue, kind,
---          scope or group.
+--          scope or group. "PALISADE_CONFLICT ..." (before anything) when a job's unique key
+--          (or id) is held by a job whose record keeps another fingerprint than the one sent.
 --          Also "PALISADE_LAYOUT ..." (before anything) for a caller of another layout generation.
 do
   local refused = wrong_layout(KEYS[1])
@@ -25,7 +26,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local F = 13
+local F = 14
 local DEBOUNCE_KEPT_MS = 86400000 -- core/src/job/new.rs, DEBOUNCE_KEPT
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
@@ -97,10 +98,23 @@ end
 -- id's) is held by the job it folded into. (The client refuses two jobs of one batch under
 -- one debounce key; from another client the later one replaces what the earlier wrote, as
 -- two enqueues would.)
-local out, held, folded = {}, {}, {}
+-- An idempotency key (or id) sent with a fingerprint and held by a job whose record (live or
+-- completed) keeps another one refuses the batch: a reused key must not hide a different
+-- request. A holder with no fingerprint kept (a plain key, a record gone, a job an earlier
+-- release enqueued) turns the job away as before.
+local function kept_fingerprint(holder)
+  for _, key in ipairs({ base .. 'job:' .. holder, base .. 'done:' .. holder }) do
+    local fp = redis.pcall('HGET', key, 'fp')
+    if type(fp) == 'string' then
+      return fp
+    end
+  end
+  return nil
+end
+local out, held, folded, held_fp = {}, {}, {}, {}
 for i = 0, n - 1 do
   local o = 1 + i * F
-  local ukey = ARGV[o + 8]
+  local ukey, fp = ARGV[o + 8], ARGV[o + 14]
   if ukey ~= '' then
     local holder = held[ukey] or redis.call('GET', base .. 'unique:' .. ukey)
     -- A job's own id key lapses with its ttl while the job may still be known (below): the
@@ -110,11 +124,25 @@ for i = 0, n - 1 do
       holder = named
     end
     if holder then
+      local kept = held_fp[ukey]
+      if kept == nil and not held[ukey] then
+        kept = kept_fingerprint(holder)
+      end
+      if fp ~= '' and kept and kept ~= '' and kept ~= fp then
+        return redis.error_reply('PALISADE_CONFLICT unique key ' .. ukey .. ' is held by job '
+          .. (held[ukey] and 'an earlier one of this batch' or holder)
+          .. ', enqueued with a different request: nothing was changed (send a new key for a new request)')
+      end
       out[i + 1] = '=' .. holder
     end
   end
   -- A producer-chosen id (NewJob::with_id) whose job is still known adds nothing.
   if not out[i + 1] and existing > 0 and redis.call('EXISTS', jobs[i + 1]) == 1 then
+    local kept = kept_fingerprint(ARGV[o + 1])
+    if fp ~= '' and kept and kept ~= fp then
+      return redis.error_reply('PALISADE_CONFLICT job id ' .. ARGV[o + 1]
+        .. ' is held by a job enqueued with a different request: nothing was changed')
+    end
     out[i + 1] = '=' .. ARGV[o + 1]
   end
   local dkey = ARGV[o + 10]
@@ -139,6 +167,7 @@ for i = 0, n - 1 do
   end
   if ukey ~= '' and not out[i + 1] then
     held[ukey] = ARGV[o + 1]
+    held_fp[ukey] = fp
   elseif ukey ~= '' and folded[i + 1] and tonumber(ARGV[o + 9]) > 0 then
     held[ukey] = folded[i + 1][1]
   end
@@ -176,6 +205,9 @@ for i = 0, n - 1 do
     local group = ARGV[o + 13] ~= '' and ARGV[o + 13] or nil
     if group then
       redis.call('HSET', base .. 'job:' .. id, 'group', group)
+    end
+    if ARGV[o + 14] ~= '' then
+      redis.call('HSET', base .. 'job:' .. id, 'fp', ARGV[o + 14])
     end
     if scope == '' then
       scope = nil

@@ -155,14 +155,14 @@ pub mod limits {
 }
 
 /// The pure rules every backend and actor carries out, for those who test or build on them:
-/// the admission rule, the flow rule, Redis' integer syntax.
+/// the admission rule, the flow rule, Redis' integer syntax, a batch's fingerprint.
 pub mod rules {
     pub use crate::admission::{advance, decide, Fence, ScopeFence};
     pub use crate::flow::{
         added_step_name, check_added, decide as decide_step, in_run_order, step_job_id, Decision,
         Edge, FlowStep, Release, ReleaseAction, StepEnded,
     };
-    pub use crate::job::clip_error;
+    pub use crate::job::{batch_fingerprint, clip_error};
     pub use crate::mutation::redis_integer;
 }
 

@@ -169,8 +169,8 @@ impl Process {
         status
     }
 
-    /// The last 40 lines of its stderr, if it was kept.
-    fn log_tail(&self) -> String {
+    /// The last 40 lines of its stderr, if it was kept: what a test prints when it fails.
+    pub fn log_tail(&self) -> String {
         let Some((file, _)) = &self.log else {
             return "(not kept)".into();
         };

@@ -215,7 +215,8 @@ async fn openapi(State(api): State<Arc<Api>>) -> Response {
 }
 
 /// Enqueue one job. With an `Idempotency-Key` header a retried request (a lost reply, a
-/// client timeout) adds nothing and answers the first job's id with `created: false`.
+/// client timeout) adds nothing and answers the first job's id with `created: false`; the
+/// same key with a different job is refused (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs",
     request_body = JobRequest,
     params(("Idempotency-Key" = Option<String>, Header,
@@ -254,7 +255,9 @@ async fn enqueue(
 }
 
 /// Enqueue up to 1,000 jobs all or nothing, in one round trip. One bad job refuses the batch
-/// and the error names it (`jobs[3]: ...`).
+/// and the error names it (`jobs[3]: ...`). Under an `Idempotency-Key` the same batch again
+/// answers its jobs; a different batch (a job changed, added or left out) is refused whole
+/// (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/jobs/batch", tag = "jobs",
     request_body = BatchRequest,
     params(("Idempotency-Key" = Option<String>, Header,
@@ -287,6 +290,16 @@ async fn enqueue_batch(
             .map_err(|e| e.within(&format!("jobs[{i}]")))?;
         job.trace = trace.clone();
         jobs.push(job);
+    }
+    // Under a header key every job carries the batch's fingerprint: another batch under the
+    // key (one job changed, one more or one fewer) is refused whole, not half matched.
+    if key.is_some() {
+        let batch = palisade::rules::batch_fingerprint(&jobs);
+        for job in &mut jobs {
+            if let Some(u) = job.unique.as_mut() {
+                u.fingerprint = Some(batch.clone());
+            }
+        }
     }
     palisade::cli_support::validate_batch(&jobs, api.max_payload_bytes)?;
     let idempotent = key.is_some() || request.jobs.iter().all(JobRequest::is_idempotent);

@@ -1035,4 +1035,65 @@ mod tests {
             assert_eq!(counts["counts"]["ready"], 1, "{body}");
         });
     }
+
+    /// Issue 58 (M4): an Idempotency-Key, or a job id, reused with another request is refused
+    /// (422 `idempotency_key_reused`, naming the key) and adds nothing — a batch whole — where
+    /// it used to answer 200 with the first job's id and drop the second request silently.
+    #[test]
+    fn a_key_or_id_reused_with_another_request_is_refused_whole() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let request = |path: &str, key: Option<&str>, body: &str| {
+                let r = post(path).header(header::CONTENT_TYPE, "application/json");
+                let r = match key {
+                    Some(key) => r.header("idempotency-key", key),
+                    None => r,
+                };
+                r.body(Body::from(body.to_owned())).unwrap()
+            };
+            let refused = |status: StatusCode, body: &str, named: &str| {
+                assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+                assert!(
+                    body.contains("idempotency_key_reused") && body.contains(named),
+                    "{body}"
+                );
+            };
+            let other = r#"{"kind":"mail","payload":{"to":"b@x"}}"#;
+            let (status, _) = send(&app, request("/api/v1/jobs", Some("k1"), JOB)).await;
+            assert_eq!(status, StatusCode::CREATED);
+            let (status, body) = send(&app, request("/api/v1/jobs", Some("k1"), other)).await;
+            refused(status, &body, "k1");
+            // Another queue or priority is another request too.
+            let queued = r#"{"kind":"mail","payload":{"to":"a@x"},"queue":"q2"}"#;
+            let (status, body) = send(&app, request("/api/v1/jobs", Some("k1"), queued)).await;
+            refused(status, &body, "k1");
+            // A batch: the same one again answers its jobs; one changed, one more or one
+            // fewer is refused, none of it added.
+            let batch = |jobs: &[&str]| format!(r#"{{"jobs":[{}]}}"#, jobs.join(","));
+            let b = "/api/v1/jobs/batch";
+            let (status, body) = send(&app, request(b, Some("b1"), &batch(&[JOB, JOB]))).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(body.matches("\"created\":true").count(), 2, "{body}");
+            let (status, body) = send(&app, request(b, Some("b1"), &batch(&[JOB, JOB]))).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(body.matches("\"created\":false").count(), 2, "{body}");
+            for jobs in [&[JOB, other][..], &[JOB], &[JOB, JOB, JOB]] {
+                let (status, body) = send(&app, request(b, Some("b1"), &batch(jobs))).await;
+                refused(status, &body, "b1");
+            }
+            // A producer-chosen id: the same job is the job, another one is refused.
+            let id = "6f1c0000-0000-4000-8000-00000000abcd";
+            let named =
+                |to: &str| format!(r#"{{"kind":"mail","payload":{{"to":"{to}"}},"id":"{id}"}}"#);
+            let (status, _) = send(&app, request("/api/v1/jobs", None, &named("a@x"))).await;
+            assert_eq!(status, StatusCode::CREATED);
+            let (status, _) = send(&app, request("/api/v1/jobs", None, &named("a@x"))).await;
+            assert_eq!(status, StatusCode::OK);
+            let (status, body) = send(&app, request("/api/v1/jobs", None, &named("b@x"))).await;
+            refused(status, &body, id);
+            let (_, body) = send(&app, fetch("/api/v1/queues/default")).await;
+            let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(counts["counts"]["ready"], 4, "{body}");
+        });
+    }
 }

@@ -130,6 +130,8 @@ impl From<palisade::Error> for ApiError {
             }
             E::InvalidJob(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_job"),
             E::Payload(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload"),
+            // (As the IETF Idempotency-Key draft asks for a key reused with another payload.)
+            E::Conflict(_) => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             E::OutcomeUnknown(_) => (StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown"),
             _ if e.is_retryable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "backend"),
@@ -372,6 +374,14 @@ impl JobRequest {
         }
         if let Some(group) = &self.group {
             job = job.with_group(group);
+        }
+        // The header's key names this request: the same key with another job is refused,
+        // never answered with the first one's id (a batch replaces it with the batch's).
+        if self.unique_key.is_none() && job.unique.is_some() {
+            let fingerprint = job.fingerprint();
+            if let Some(u) = job.unique.as_mut() {
+                u.fingerprint = Some(fingerprint);
+            }
         }
         job.validate(max_payload_bytes)?;
         Ok(job)

@@ -10,9 +10,9 @@ mod outcome;
 mod views;
 
 pub use claimed::{Claim, Job};
+pub use new::{batch_fingerprint, check_name, conflict, validate_batch};
 #[doc(hidden)] // for the drivers and the runtime
 pub use new::{check_cap, default_max_snoozes, is_default_max_snoozes, whole_ms};
-pub use new::{check_name, validate_batch};
 pub use new::{
     Cancelled, Debounce, Enqueued, NewJob, RateLimit, Tick, UniqueKey, DEBOUNCE_KEPT,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR,
@@ -33,6 +33,52 @@ mod tests {
     use super::*;
     use crate::ids::{JobId, Scope};
     use std::time::Duration;
+
+    /// A fingerprint is stored with a job and compared by the next release during a rolling
+    /// deploy: pinned. It covers what the job asks for (payload, queue, priority, delay...) and
+    /// not its id, unique key or trace, which a retried request may carry differently.
+    #[test]
+    fn fingerprints_are_pinned_and_cover_what_a_job_asks_for() {
+        let job = NewJob::raw("mail", r#"{"to":"a@x"}"#);
+        // = "v1:" + sha256(json.dumps({"queue":"default","kind":"mail","payload":
+        // "{\"to\":\"a@x\"}","scope":None,"priority":0,"delay_ms":0,"max_attempts":20,
+        // "max_stalls":3,"max_snoozes":100,"timeout_ms":None,"deadline_ms":None,"group":None,
+        // "tick":None}, separators=(",",":"))).hexdigest()[:32], in Python.
+        assert_eq!(job.fingerprint(), "v1:9e8c3fd0a6e10e6e50f28837286be381");
+        let same = job
+            .clone()
+            .with_id(JobId::new())
+            .with_unique_key("k", Duration::from_secs(1));
+        assert_eq!(same.fingerprint(), job.fingerprint());
+        let changed = [
+            NewJob::raw("mail", r#"{"to":"b@x"}"#),
+            job.clone().with_queue("other"),
+            job.clone().with_priority(1),
+            job.clone().with_delay(Duration::from_millis(1)),
+            job.clone().with_max_attempts(3),
+            job.clone().with_scope("s"),
+            job.clone().with_group("g"),
+        ];
+        for other in changed {
+            assert_ne!(other.fingerprint(), job.fingerprint(), "{other:?}");
+        }
+        let batch = [job.clone(), job.clone()];
+        assert_ne!(batch_fingerprint(&batch), batch_fingerprint(&batch[..1]));
+        // A job's own id key carries the job's; a plain key none; a debounced job none.
+        let id = JobId::new();
+        assert_eq!(
+            job.clone().with_id(id).key_fingerprint(),
+            Some(job.fingerprint())
+        );
+        let plain = job.clone().with_unique_key("k", Duration::from_secs(1));
+        assert_eq!(plain.key_fingerprint(), None);
+        let debounced = job.clone().with_id(id).with_debounce(
+            "d",
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        assert_eq!(debounced.key_fingerprint(), None);
+    }
 
     /// The printable-ASCII fast path ends where it must: every byte from ' ' to '~' passes,
     /// and each ASCII control character (DEL included, just past '~') is still refused.

@@ -185,6 +185,15 @@ pub struct UniqueKey {
     pub key: String,
     /// How long the key stays held after the holding job was enqueued, even once it is done.
     pub ttl: Duration,
+    /// What the key names, for an idempotency key: a later enqueue under the key whose
+    /// fingerprint differs is refused ([`Error::Conflict`]) instead of answering the holder,
+    /// so a reused key never hides a different request. `None`: a plain unique key, which
+    /// turns any job under it away (deduplication). A job's own id key
+    /// ([`NewJob::with_id`]) always carries the job's [`NewJob::fingerprint`]. Kept with the
+    /// holding job's record (and its completed record); once neither is kept, a job under the
+    /// key is turned away as by a plain key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// A queue's rate limit: at most `jobs` claims per `per`, shared by every worker (a token
@@ -329,6 +338,7 @@ impl NewJob {
             self.unique = Some(UniqueKey {
                 key: format!("id:{id}"),
                 ttl,
+                fingerprint: None,
             });
         }
         self
@@ -344,8 +354,64 @@ impl NewJob {
         self.unique = Some(UniqueKey {
             key: key.into(),
             ttl,
+            fingerprint: None,
         });
         self
+    }
+
+    /// What this job asks for, as a short stable string (`v1:` and 32 hex digits of a
+    /// SHA-256): its queue, kind, payload, scope, priority, delay, attempts, stalls, snoozes,
+    /// timeout, deadline, group and tick — not its id, unique or debounce key, or trace (a
+    /// retried request carries a new traceparent). The same job gives the same fingerprint
+    /// on every machine and release that writes `v1`; pinned by a golden test.
+    pub fn fingerprint(&self) -> String {
+        #[derive(Serialize)]
+        struct V1<'a> {
+            queue: &'a str,
+            kind: &'a str,
+            payload: &'a str,
+            scope: Option<&'a str>,
+            priority: i32,
+            delay_ms: u128,
+            max_attempts: u32,
+            max_stalls: u32,
+            max_snoozes: u32,
+            timeout_ms: Option<u128>,
+            deadline_ms: Option<u64>,
+            group: Option<&'a str>,
+            tick: Option<&'a Tick>,
+        }
+        let identity = V1 {
+            queue: &self.queue,
+            kind: &self.kind,
+            payload: &self.payload,
+            scope: self.scope.as_ref().map(Scope::as_str),
+            priority: self.priority,
+            delay_ms: self.delay.as_millis(),
+            max_attempts: self.max_attempts,
+            max_stalls: self.max_stalls,
+            max_snoozes: self.max_snoozes,
+            timeout_ms: self.timeout.map(|t| t.as_millis()),
+            deadline_ms: self.deadline_ms,
+            group: self.group.as_deref(),
+            tick: self.tick.as_ref(),
+        };
+        // (Serializing plain strings and numbers cannot fail.)
+        digest(&serde_json::to_vec(&identity).unwrap_or_default())
+    }
+
+    /// The fingerprint a store keeps with this job's unique key and compares a later job
+    /// under the key with: the key's own ([`UniqueKey::fingerprint`]); for the job's own id
+    /// key ([`NewJob::with_id`]), the job's; none for a debounced job, whose id key the job it
+    /// folds into holds (a debounce key folds different payloads by design).
+    #[doc(hidden)] // for the stores
+    pub fn key_fingerprint(&self) -> Option<String> {
+        let unique = self.unique.as_ref()?;
+        if let Some(fingerprint) = &unique.fingerprint {
+            return Some(fingerprint.clone());
+        }
+        let own = self.id.is_some_and(|id| unique.key == format!("id:{id}"));
+        (own && self.debounce.is_none()).then(|| self.fingerprint())
     }
 
     /// Sets the queue.
@@ -521,6 +587,14 @@ impl NewJob {
         }
         if let Some(unique) = &self.unique {
             check_name("unique key", &unique.key)?;
+            if let Some(f) = &unique.fingerprint {
+                // Kept with the job and compared byte for byte: short, visible ASCII.
+                if f.is_empty() || f.len() > 64 || !f.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(Error::InvalidJob(format!(
+                        "unique key fingerprint {f:?} is not 1 to 64 visible ASCII characters"
+                    )));
+                }
+            }
             if unique.ttl > MAX_DELAY {
                 return Err(Error::InvalidJob(format!(
                     "unique key ttl {:?} is longer than {MAX_DELAY:?}",
@@ -617,6 +691,36 @@ pub fn validate_batch(jobs: &[NewJob], max_payload_bytes: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `v1:` and the first 128 bits of the SHA-256 of `bytes`, in hex.
+fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(bytes);
+    let mut out = String::with_capacity(35);
+    out.push_str("v1:");
+    for byte in &digest[..16] {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// One fingerprint for a batch of jobs, in order ([`NewJob::fingerprint`] of each): for
+/// idempotency keys that name a whole batch, so another batch under them (a job changed,
+/// added or left out) is refused whole.
+pub fn batch_fingerprint(jobs: &[NewJob]) -> String {
+    let each: Vec<String> = jobs.iter().map(NewJob::fingerprint).collect();
+    digest(&serde_json::to_vec(&each).unwrap_or_default())
+}
+
+/// The error for a job refused because its idempotency key is held by `holder`, a job
+/// enqueued with a different request (`UniqueKey::fingerprint`); every store says it so.
+#[doc(hidden)] // for the stores
+pub fn conflict(key: &str, holder: &str) -> Error {
+    Error::Conflict(format!(
+        "unique key {key:?} is held by job {holder}, enqueued with a different request: \
+         nothing was changed (send a new key for a new request)"
+    ))
 }
 
 /// Most follow-up jobs, flows and added steps one completion may carry together

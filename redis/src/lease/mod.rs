@@ -430,6 +430,8 @@ impl LeaseStore for RedisLeaseStore {
         let mut invocation = ENQUEUE.key(&self.base);
         invocation.arg(jobs.len());
         for (id, mut job) in ids.iter().zip(jobs) {
+            // (Before the keys are taken out.)
+            let fingerprint = job.key_fingerprint();
             let (unique, debounce) = (job.unique.take(), job.debounce.take());
             // A debounced job waits its quiet period as its delay (it takes no other).
             let delay = debounce.as_ref().map_or(job.delay, |d| d.quiet);
@@ -455,7 +457,9 @@ impl LeaseStore for RedisLeaseStore {
                     .arg(d.max_wait.as_millis() as u64),
                 None => invocation.arg("").arg(0).arg(0),
             };
-            invocation.arg(meta.group.as_deref().unwrap_or(""));
+            invocation
+                .arg(meta.group.as_deref().unwrap_or(""))
+                .arg(fingerprint.as_deref().unwrap_or(""));
         }
         invocation.arg(self.generation);
         round_trip("enqueue");
@@ -468,6 +472,9 @@ impl LeaseStore for RedisLeaseStore {
                 .map_err(|e| match e.code() {
                     Some("PALISADE_INVALID") => {
                         Error::InvalidJob(e.detail().unwrap_or_default().to_owned())
+                    }
+                    Some("PALISADE_CONFLICT") => {
+                        Error::Conflict(e.detail().unwrap_or_default().to_owned())
                     }
                     _ => link.broken(e),
                 })?;

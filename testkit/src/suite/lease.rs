@@ -26,6 +26,7 @@ macro_rules! lease_cases {
             the_watermark_stays_below_every_live_lease,
             unique_keys_make_enqueue_idempotent,
             a_producer_chosen_id_is_one_job_however_often_it_is_enqueued,
+            an_idempotency_key_refuses_a_different_request,
             a_dead_job_is_not_revived_over_a_live_job_of_its_id,
             a_retried_dead_letter_keeps_its_priority,
             a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl,
@@ -835,6 +836,94 @@ pub async fn a_producer_chosen_id_is_one_job_however_often_it_is_enqueued(store:
     assert_eq!((counts.ready, counts.completed), (1, 3), "{counts:?}");
 }
 
+/// Issue 58 (M4): a key taken with a fingerprint (an HTTP `Idempotency-Key`, a job's own id)
+/// answers the same request with its job and refuses a different one — the whole batch,
+/// naming the key — where a plain unique key turns any job away.
+pub async fn an_idempotency_key_refuses_a_different_request(store: Stores) {
+    let keyed = |kind: &str, key: &str, fp: Option<&str>| {
+        let mut job = job(kind).with_queue("idem").with_unique_key(key, TTL);
+        job.unique.as_mut().unwrap().fingerprint = fp.map(str::to_owned);
+        job
+    };
+    let first = store
+        .enqueue_all(vec![keyed("a", "idem-k", Some("f1"))])
+        .await
+        .unwrap();
+    let Enqueued::Added(x) = first[0] else {
+        panic!("{first:?}")
+    };
+    assert_eq!(
+        store
+            .enqueue_all(vec![keyed("a", "idem-k", Some("f1"))])
+            .await
+            .unwrap(),
+        [Enqueued::Existing(x)]
+    );
+    let other = store
+        .enqueue_all(vec![keyed("b", "idem-k", Some("f2"))])
+        .await;
+    assert!(
+        matches!(&other, Err(Error::Conflict(m)) if m.contains("idem-k")),
+        "{other:?}"
+    );
+    assert_eq!(store.counts("idem").await.unwrap().ready, 1);
+    // A plain key under it deduplicates, as before fingerprints.
+    assert_eq!(
+        store
+            .enqueue_all(vec![keyed("c", "idem-k", None)])
+            .await
+            .unwrap(),
+        [Enqueued::Existing(x)]
+    );
+    // Within one batch: the same request twice is one job; two different ones are refused,
+    // the first not added either. (A batch that spans partitions is decided per partition.)
+    let same = store
+        .enqueue_all(vec![
+            keyed("m", "idem-b", Some("g1")),
+            keyed("m", "idem-b", Some("g1")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(same[1], Enqueued::Existing(same[0].id()));
+    let split = store
+        .enqueue_all(vec![
+            keyed("m", "idem-c", Some("g1")),
+            keyed("m", "idem-c", Some("g2")),
+        ])
+        .await;
+    assert!(matches!(split, Err(Error::Conflict(_))), "{split:?}");
+    assert_eq!(store.counts("idem").await.unwrap().ready, 2);
+    // A producer-chosen id is fingerprinted by its job, queued, running and completed.
+    let y = JobId::new();
+    let named = |kind: &str| job(kind).with_queue("idem").with_id(y);
+    for expected in [Enqueued::Added(y), Enqueued::Existing(y)] {
+        assert_eq!(
+            store.enqueue_all(vec![named("d")]).await.unwrap(),
+            [expected]
+        );
+    }
+    let claims = store.claim("idem", "suite", 10, TTL).await.unwrap();
+    assert_eq!(claims.len(), 3);
+    for done in [false, true] {
+        let other = store.enqueue_all(vec![named("e")]).await;
+        assert!(
+            matches!(&other, Err(Error::Conflict(m)) if m.contains(&y.to_string())),
+            "{other:?}"
+        );
+        assert_eq!(
+            store.enqueue_all(vec![named("d")]).await.unwrap(),
+            [Enqueued::Existing(y)]
+        );
+        if !done {
+            for c in &claims {
+                settle(&store, c.lease.id, Settlement::completed())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
 /// Issue 24: the key of a job's own id (`with_id`) may lapse while the job is still pending or
 /// running (Redis sets it with its ttl at enqueue and a job's end leaves it alone): the job
 /// itself keeps its id taken until it is done, the key until its ttl from enqueue ends, and
@@ -846,6 +935,7 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         job.unique = Some(UniqueKey {
             key: format!("id:{id}"),
             ttl,
+            fingerprint: None,
         });
         job
     };
@@ -855,12 +945,15 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         [Enqueued::Added(x), Enqueued::Added(y)]
     );
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    // Past the ttl, pending: still one job each, and its id's key is still held for a job
-    // that names it as its unique key.
+    // Past the ttl, pending: still one job each (another job under the id is refused as a
+    // different request), and its id's key is still held for a job that names it as its
+    // unique key.
     assert_eq!(
-        store.enqueue_all(vec![q("b", x)]).await.unwrap(),
+        store.enqueue_all(vec![q("a", x)]).await.unwrap(),
         [Enqueued::Existing(x)]
     );
+    let other = store.enqueue_all(vec![q("b", x)]).await;
+    assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
     let naming = job("n")
         .with_queue("idttl")
         .with_unique_key(format!("id:{x}"), ttl);
@@ -880,12 +973,12 @@ pub async fn a_job_id_is_taken_while_the_job_is_known_and_for_its_ttl(store: Sto
         .await
         .unwrap();
     assert_eq!(
-        store.enqueue_all(vec![q("c", x), q("c", y)]).await.unwrap(),
+        store.enqueue_all(vec![q("c", x), q("a", y)]).await.unwrap(),
         [Enqueued::Added(x), Enqueued::Existing(y)]
     );
     assert_eq!(running.job.id, y);
     // Done within its ttl: taken until the ttl ends, then free.
-    store.enqueue_all(vec![q("d", z)]).await.unwrap();
+    store.enqueue_all(vec![q("e", z)]).await.unwrap();
     let c = store.claim("idttl", "suite", 5, TTL).await.unwrap();
     let zc = c.iter().find(|c| c.job.id == z).expect("z is claimed");
     settle(&store, zc.lease.id, Settlement::completed())

@@ -100,7 +100,9 @@ struct LeaseState {
     rejections: VecDeque<RejectionNote>,
     /// Unique keys: the job holding each, and until when once that job is done (`None`
     /// while it is not).
-    unique: HashMap<String, (JobId, Option<Instant>)>,
+    /// Each held key: its holder, when it lapses (`None` while the holder lives), and the
+    /// fingerprint it was taken with (`UniqueKey::fingerprint`).
+    unique: HashMap<String, (JobId, Option<Instant>, Option<String>)>,
     /// The unique key of each job that holds one, and when its ttl ends.
     job_unique: HashMap<JobId, (String, Instant)>,
     /// Keys of done jobs by the end of their ttl, to forget them then.
@@ -1058,17 +1060,37 @@ impl LeaseStore for MemoryLeaseStore {
         state.forget_debounce_keys(now);
         // All or nothing: a debounce key held by a pending job of another queue, kind or
         // scope refuses the batch before anything is added (as the Redis script does).
-        let mut taken = HashSet::new();
+        // (An idempotency key held with another fingerprint refuses it too, as the script
+        // does: `UniqueKey::fingerprint`.)
+        let mut taken: HashMap<&str, Option<String>> = HashMap::default();
         for new in &jobs {
+            let fingerprint = new.key_fingerprint();
+            if let (Some(u), Some(fp)) = (&new.unique, &fingerprint) {
+                let held = match state.unique.get(&u.key) {
+                    Some((holder, _, kept)) => Some((holder.to_string(), kept.as_ref())),
+                    None => taken
+                        .get(u.key.as_str())
+                        .map(|kept| ("an earlier one of this batch".to_owned(), kept.as_ref())),
+                };
+                if let Some((holder, Some(kept))) = held {
+                    if kept != fp {
+                        return Err(crate::job::conflict(&u.key, &holder));
+                    }
+                }
+            }
             let away = match &new.unique {
-                Some(u) if state.unique.contains_key(&u.key) || taken.contains(&u.key) => true,
+                Some(u)
+                    if state.unique.contains_key(&u.key) || taken.contains_key(u.key.as_str()) =>
+                {
+                    true
+                }
                 _ => new.id.is_some_and(|id| state.jobs.contains_key(&id)),
             };
             if away {
                 continue;
             }
             if let Some(u) = &new.unique {
-                taken.insert(u.key.clone());
+                taken.insert(&u.key, fingerprint);
             }
             let Some(d) = &new.debounce else { continue };
             if let Some((holder, _, _)) = state.pending_debounce(&d.key) {
@@ -1094,6 +1116,7 @@ impl LeaseStore for MemoryLeaseStore {
         }
         let mut out = Vec::with_capacity(jobs.len());
         for mut new in jobs {
+            let fingerprint = new.key_fingerprint();
             if let Some(holder) = new.unique.as_ref().and_then(|u| state.unique.get(&u.key)) {
                 out.push(Enqueued::Existing(holder.0));
                 continue;
@@ -1121,7 +1144,7 @@ impl LeaseStore for MemoryLeaseStore {
                     if let Some(u) = new.unique.take().filter(|u| !ttl(u).is_zero()) {
                         let until = now + ttl(&u);
                         let st = &mut *state;
-                        st.unique.insert(u.key.clone(), (holder, Some(until)));
+                        st.unique.insert(u.key.clone(), (holder, Some(until), None));
                         st.unique_expiries
                             .push(until, u.key, &st.unique, |held| held.1);
                     }
@@ -1136,7 +1159,9 @@ impl LeaseStore for MemoryLeaseStore {
             state.park(id, now + delay, now);
             state.queues.entry(queue).or_default().enqueued += 1;
             if let Some(unique) = unique {
-                state.unique.insert(unique.key.clone(), (id, None));
+                state
+                    .unique
+                    .insert(unique.key.clone(), (id, None, fingerprint));
                 state.job_unique.insert(id, (unique.key, now + unique.ttl));
             }
             if let Some(d) = debounce {
