@@ -560,6 +560,47 @@ pub struct StepStatus {
     pub state: StepState,
 }
 
+/// How a flow being created again differs from the flow kept under its id, if it does:
+/// another step, a step missing, or a step that runs after other steps (the declared graph:
+/// steps added since by a running step, whose names hold a `/`, and the edges they brought
+/// are left out). `None`: the same graph, a creation done again. `kept` empty (a store that
+/// does not list steps) compares as the same. Payloads are not compared.
+pub fn graph_difference(flow: &Flow, kept: &[StepStatus]) -> Option<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    if kept.is_empty() {
+        return None;
+    }
+    let declared = |name: &str| !name.contains('/');
+    let kept: BTreeMap<&str, BTreeSet<&str>> = kept
+        .iter()
+        .filter(|s| declared(&s.name))
+        .map(|s| {
+            let after = s.after.iter().map(String::as_str).filter(|a| declared(a));
+            (s.name.as_str(), after.collect())
+        })
+        .collect();
+    let given: BTreeMap<&str, BTreeSet<&str>> = flow
+        .steps()
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.after.iter().map(|e| e.step.as_str()).collect(),
+            )
+        })
+        .collect();
+    if let Some(name) = given.keys().find(|n| !kept.contains_key(*n)) {
+        return Some(format!("step {name:?} is not one of its steps"));
+    }
+    if let Some(name) = kept.keys().find(|n| !given.contains_key(*n)) {
+        return Some(format!("its step {name:?} is missing"));
+    }
+    given
+        .iter()
+        .find(|(n, after)| kept[*n] != **after)
+        .map(|(n, after)| format!("step {n:?} runs after {:?} there, {after:?} here", kept[n]))
+}
+
 /// `steps` in the order they can run: each after every step it runs after, and among those
 /// free at once, by name (a flow's steps are a DAG; a dependency it does not list, or a
 /// cycle another program wrote, puts the steps it holds up last, by name). Kahn's algorithm
@@ -975,6 +1016,41 @@ mod tests {
 
     fn job() -> NewJob {
         NewJob::raw("k", "{}")
+    }
+
+    /// A flow created again under its id is compared by its declared graph: the same one
+    /// passes (steps added by a running step, and the edges they brought, left out); another
+    /// step, a missing one or another edge is named.
+    #[test]
+    fn a_flow_created_again_is_compared_by_its_declared_graph() {
+        let step = |name: &str, after: &[&str]| StepStatus {
+            name: name.into(),
+            job: JobId::new(),
+            after: after.iter().map(|s| s.to_string()).collect(),
+            state: StepState::Waiting,
+        };
+        let flow = Flow::new()
+            .step("split", job())
+            .step_after("total", job(), &["split"]);
+        let kept = [
+            step("split", &[]),
+            step("split/part:1", &["split"]),
+            step("total", &["split", "split/part:1"]),
+        ];
+        assert_eq!(graph_difference(&flow, &kept), None);
+        assert_eq!(graph_difference(&flow, &[]), None);
+        let more = flow.clone().step("extra", job());
+        assert!(graph_difference(&more, &kept)
+            .unwrap()
+            .contains("\"extra\""));
+        let fewer = Flow::new().step("split", job());
+        assert!(graph_difference(&fewer, &kept)
+            .unwrap()
+            .contains("\"total\" is missing"));
+        let rewired = Flow::new().step("split", job()).step("total", job());
+        assert!(graph_difference(&rewired, &kept)
+            .unwrap()
+            .contains("runs after"));
     }
 
     #[test]

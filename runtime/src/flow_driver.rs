@@ -57,9 +57,20 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
 /// forgotten, holding them again would leave held records behind.
 pub(crate) async fn create_unless_kept(store: &dyn FlowStore, flow: &Flow) -> Result<()> {
     if store.flow(flow.id()).await?.is_none() {
-        create(store, flow, usize::MAX).await?;
+        return create(store, flow, usize::MAX).await;
     }
-    Ok(())
+    // Kept: the same flow again (a retried creation) adds nothing, but another graph under
+    // its id (an id or Idempotency-Key reused for another flow) is refused, not answered as
+    // if it had been created.
+    let kept = store.flow_steps(flow.id()).await?;
+    match crate::flow::graph_difference(flow, &kept) {
+        None => Ok(()),
+        Some(difference) => Err(crate::Error::Conflict(format!(
+            "flow {} is kept with other steps ({difference}): nothing was changed (give a new \
+             flow a new id)",
+            flow.id()
+        ))),
+    }
 }
 
 /// Releases `releases` in their partitions and tells `flow`'s home; returns the releases the

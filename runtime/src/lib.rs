@@ -159,8 +159,8 @@ pub mod limits {
 pub mod rules {
     pub use crate::admission::{advance, decide, Fence, ScopeFence};
     pub use crate::flow::{
-        added_step_name, check_added, decide as decide_step, in_run_order, step_job_id, Decision,
-        Edge, FlowStep, Release, ReleaseAction, StepEnded,
+        added_step_name, check_added, decide as decide_step, graph_difference, in_run_order,
+        step_job_id, Decision, Edge, FlowStep, Release, ReleaseAction, StepEnded,
     };
     pub use crate::job::{batch_fingerprint, clip_error};
     pub use crate::mutation::redis_integer;

@@ -647,7 +647,8 @@ async fn retry_dead_job(
 
 /// Create a flow all or nothing: no step runs before the whole flow exists. Creating the same
 /// flow again (the same `id` or `Idempotency-Key`) adds nothing and answers 201 with its id
-/// as well.
+/// as well; another flow under them (other steps, or steps that run after others) is
+/// refused (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/flows", tag = "flows",
     request_body = FlowRequest,
     params(("Idempotency-Key" = Option<String>, Header,

@@ -1094,6 +1094,21 @@ mod tests {
             let (_, body) = send(&app, fetch("/api/v1/queues/default")).await;
             let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(counts["counts"]["ready"], 4, "{body}");
+            // A flow: the same one under its key again is 201; another graph is refused.
+            let step = |name: &str, after: &str| {
+                format!(
+                    r#"{{"name":"{name}","job":{{"kind":"mail","payload":{{}}}},"after":[{after}]}}"#
+                )
+            };
+            let flow = |steps: &[String]| format!(r#"{{"steps":[{}]}}"#, steps.join(","));
+            let one = flow(&[step("a", "")]);
+            for _ in 0..2 {
+                let (status, body) = send(&app, request("/api/v1/flows", Some("f1"), &one)).await;
+                assert_eq!(status, StatusCode::CREATED, "{body}");
+            }
+            let two = flow(&[step("a", ""), step("b", r#"{"step":"a"}"#)]);
+            let (status, body) = send(&app, request("/api/v1/flows", Some("f1"), &two)).await;
+            refused(status, &body, "is not one of its steps");
         });
     }
 }
