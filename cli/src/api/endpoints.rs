@@ -17,9 +17,10 @@ use super::model::{
     idempotency_key, idempotent_flow_id, parse, ApiError, BatchEnqueued, BatchRequest,
     CancelOutcome, CancelResult, ClearRequest, Cleared, DeadPage, DeadQuery, Empty, Enqueued,
     ErrorBody, FlowCancelled, FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus,
-    JobsPage, JobsQuery, Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest,
-    UnreadableQueue, MAX_BATCH,
+    JobsPage, JobsQuery, LiveState, Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest,
+    UnreadableQueue, MAX_BATCH, MAX_DEAD_OFFSET,
 };
+use super::model::{rows, IdempotencyKey, Name};
 use super::Api;
 use palisade::cli_support::check_name;
 use palisade::store::{FlowStore, Inspect, QueueAdmin, RecordStore};
@@ -37,7 +38,7 @@ use palisade::{FlowId, JobId};
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, IdempotencyKey, LiveState, Name)),
     tags(
         (name = "jobs", description = "Enqueue jobs, read their state and results, cancel them"),
         (name = "queues", description = "Counts (queue depth), pause and resume, dead letters"),
@@ -219,7 +220,7 @@ async fn openapi(State(api): State<Arc<Api>>) -> Response {
 /// same key with a different job is refused (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs",
     request_body = JobRequest,
-    params(("Idempotency-Key" = Option<String>, Header,
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header,
         description = "Makes the request idempotent for a day (the job's unique key)"),
         ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
         ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
@@ -260,7 +261,7 @@ async fn enqueue(
 /// (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/jobs/batch", tag = "jobs",
     request_body = BatchRequest,
-    params(("Idempotency-Key" = Option<String>, Header,
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header,
         description = "Makes the request idempotent for a day (job i's unique key is the key and i)"),
         ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
         ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
@@ -343,7 +344,7 @@ async fn job(
 /// Cancel a job: queued, it goes to the dead letters; running, its lease is revoked, so its
 /// late fenced writes are refused.
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs",
-    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
+    request_body(content = Empty, content_type = "application/json", description = "`{}` (an empty body is read as `{}`); the Content-Type is required"),
     params(("id" = String, Path, description = "The job's id")),
     responses(
         (status = 200, description = "Done", body = CancelResult),
@@ -389,7 +390,7 @@ async fn queues(State(api): State<Arc<Api>>) -> Result<Json<QueueList>, ApiError
 /// One queue's counts: `counts.ready` is the depth an autoscaler scales on. A queue no job
 /// was ever enqueued to answers zeros (an autoscaler reads 0, not an error).
 #[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name (percent-encoded)")),
+    params(("queue" = Name, Path, description = "The queue's name (percent-encoded)")),
     responses((status = 200, description = "Done", body = QueueStatus)))]
 async fn queue(
     State(api): State<Arc<Api>>,
@@ -403,8 +404,8 @@ async fn queue(
 
 /// Stop claims from a queue (running jobs finish; nothing is moved or lost).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "queues",
-    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
-    params(("queue" = String, Path, description = "The queue's name")),
+    request_body(content = Empty, content_type = "application/json", description = "`{}` (an empty body is read as `{}`); the Content-Type is required"),
+    params(("queue" = Name, Path, description = "The queue's name")),
     responses((status = 200, description = "Done", body = Paused)))]
 async fn pause(
     State(api): State<Arc<Api>>,
@@ -417,8 +418,8 @@ async fn pause(
 
 /// Let workers claim from a paused queue again.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "queues",
-    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
-    params(("queue" = String, Path, description = "The queue's name")),
+    request_body(content = Empty, content_type = "application/json", description = "`{}` (an empty body is read as `{}`); the Content-Type is required"),
+    params(("queue" = Name, Path, description = "The queue's name")),
     responses((status = 200, description = "Done", body = Paused)))]
 async fn resume(
     State(api): State<Arc<Api>>,
@@ -441,8 +442,8 @@ async fn set_paused(api: &Api, queue: String, paused: bool) -> Result<Json<Pause
 /// meanwhile, a group's ready jobs and jobs waiting behind their scope stay, and are counted in
 /// the answer.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/clear", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
-    request_body(content = Option<ClearRequest>, content_type = "application/json", description = "`{}`, `{\"reason\": ...}` or nothing; the Content-Type is required"),
+    params(("queue" = Name, Path, description = "The queue's name")),
+    request_body(content = ClearRequest, content_type = "application/json", description = "`{}` or `{\"reason\": ...}` (an empty body is read as `{}`); the Content-Type is required"),
     responses((status = 200, description = "Done", body = Cleared)))]
 async fn clear_queue(
     State(api): State<Arc<Api>>,
@@ -483,7 +484,7 @@ async fn clear_queue(
 /// A queue's ready jobs (next to be claimed first; a group's are not listed) or its delayed
 /// ones (soonest due first).
 #[utoipa::path(get, path = "/api/v1/queues/{queue}/jobs", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name"), JobsQuery),
+    params(("queue" = Name, Path, description = "The queue's name"), JobsQuery),
     responses((status = 200, description = "Done", body = JobsPage)))]
 async fn queue_jobs(
     State(api): State<Arc<Api>>,
@@ -492,7 +493,7 @@ async fn queue_jobs(
 ) -> Result<Json<JobsPage>, ApiError> {
     queue_name(&queue)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let limit = q.limit.unwrap_or(50).min(super::MAX_ROWS);
+    let limit = rows(q.limit)?;
     let offset = q.offset.unwrap_or(0);
     if offset > crate::reads::MAX_LIST_OFFSET {
         return Err(ApiError::invalid(format!(
@@ -500,15 +501,7 @@ async fn queue_jobs(
             crate::reads::MAX_LIST_OFFSET
         )));
     }
-    let ready = match q.state.as_deref().unwrap_or("ready") {
-        "ready" => true,
-        "delayed" => false,
-        other => {
-            return Err(ApiError::invalid(format!(
-                "state {other:?}: ready or delayed"
-            )))
-        }
-    };
+    let ready = matches!(q.state, None | Some(LiveState::Ready));
     let views = crate::reads::live_page(&api.store, &queue, ready, offset, limit).await?;
     let jobs = views
         .into_iter()
@@ -519,7 +512,7 @@ async fn queue_jobs(
 
 /// A page of a queue's dead letters, newest first.
 #[utoipa::path(get, path = "/api/v1/queues/{queue}/dead", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name"), DeadQuery),
+    params(("queue" = Name, Path, description = "The queue's name"), DeadQuery),
     responses((status = 200, description = "Done", body = DeadPage)))]
 async fn dead(
     State(api): State<Arc<Api>>,
@@ -528,11 +521,17 @@ async fn dead(
 ) -> Result<Json<DeadPage>, ApiError> {
     queue_name(&queue)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let limit = q.limit.unwrap_or(50).min(super::MAX_ROWS);
+    let limit = rows(q.limit)?;
+    let offset = q.offset.unwrap_or(0);
+    if offset > MAX_DEAD_OFFSET {
+        return Err(ApiError::invalid(format!(
+            "offset {offset}: at most {MAX_DEAD_OFFSET}"
+        )));
+    }
     let total = api.store.counts(&queue).await?.dead;
     let end = usize::try_from(total)
         .unwrap_or(usize::MAX)
-        .saturating_sub(q.offset.unwrap_or(0));
+        .saturating_sub(offset);
     let start = end.saturating_sub(limit);
     let mut jobs = api.store.dead_range(&queue, start, end - start).await?;
     jobs.reverse();
@@ -546,7 +545,7 @@ async fn dead(
 /// steps (each one script over at most 250 records): at most `limit`, by default every one
 /// it holds now.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/retry", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(("queue" = Name, Path, description = "The queue's name")),
     request_body = RetryRequest,
     responses((status = 200, description = "Done", body = Retried)))]
 async fn retry_dead(
@@ -566,7 +565,7 @@ async fn retry_dead(
 /// Delete a queue's dead letters that the filters take for good, oldest first, as `retry`
 /// takes them.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/purge", tag = "queues",
-    params(("queue" = String, Path, description = "The queue's name")),
+    params(("queue" = Name, Path, description = "The queue's name")),
     request_body = RetryRequest,
     responses((status = 200, description = "Done", body = Purged)))]
 async fn purge_dead(
@@ -591,7 +590,9 @@ async fn sweep_dead(
 ) -> Result<palisade::DeadSweep, ApiError> {
     queue_name(queue)?;
     let request: RetryRequest = parse(&body(api, raw)?)?;
-    let filter = request.filter().map_err(ApiError::invalid)?;
+    let filter = request
+        .filter()
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_filter", e))?;
     // At most what the queue holds now: jobs that die again meanwhile wait for the next call
     // (a huge limit on a queue whose jobs keep dying would otherwise never end).
     let dead = api.store.counts(queue).await?.dead;
@@ -616,8 +617,8 @@ async fn sweep_dead(
 
 /// Move one dead letter back to its queue (found among the queue's newest 5,000).
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/dead/{id}/retry", tag = "queues",
-    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
-    params(("queue" = String, Path, description = "The queue's name"),
+    request_body(content = Empty, content_type = "application/json", description = "`{}` (an empty body is read as `{}`); the Content-Type is required"),
+    params(("queue" = Name, Path, description = "The queue's name"),
         ("id" = String, Path, description = "The dead job's id")),
     responses(
         (status = 200, description = "Done", body = Retried),
@@ -651,7 +652,7 @@ async fn retry_dead_job(
 /// refused (422 `idempotency_key_reused`).
 #[utoipa::path(post, path = "/api/v1/flows", tag = "flows",
     request_body = FlowRequest,
-    params(("Idempotency-Key" = Option<String>, Header,
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header,
         description = "Names the flow: the same key, the same flow"),
         ("traceparent" = Option<String>, Header, description = "W3C trace context: the job's attempts are spans in this trace"),
         ("tracestate" = Option<String>, Header, description = "W3C trace state, with traceparent")),
@@ -704,7 +705,7 @@ async fn flow(
 /// Cancel a flow: steps not started go to the dead letters unrun, ready and running ones are
 /// cancelled (a running one's lease revoked).
 #[utoipa::path(post, path = "/api/v1/flows/{id}/cancel", tag = "flows",
-    request_body(content = Option<Empty>, content_type = "application/json", description = "`{}` or nothing; the Content-Type is required"),
+    request_body(content = Empty, content_type = "application/json", description = "`{}` (an empty body is read as `{}`); the Content-Type is required"),
     params(("id" = String, Path, description = "The flow's id")),
     responses(
         (status = 200, description = "Done", body = FlowCancelled),

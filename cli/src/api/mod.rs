@@ -18,6 +18,7 @@
 //!   step, so that takes a deliberate `.route`).
 
 mod endpoints;
+mod integral;
 mod model;
 
 use std::collections::HashSet;
@@ -47,9 +48,6 @@ pub(crate) fn body_limit(max_payload_bytes: usize) -> usize {
         .max(max_payload_bytes)
         .saturating_add(1024 * 1024)
 }
-
-/// Most dead letters one page answers.
-const MAX_ROWS: usize = 1_000;
 
 /// The shortest bearer token accepted: a guessable token is no lock.
 const MIN_TOKEN_BYTES: usize = 16;
@@ -384,21 +382,7 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
             ));
         }
     }
-    if !matches!(*request.method(), Method::GET | Method::HEAD) {
-        let json = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send Content-Type: application/json (an empty body is {})",
-            ));
-        }
-    }
-    match matched {
+    match &matched {
         Some(path) if !UNKNOWN.contains(&path.as_str()) => {
             let method = match *request.method() {
                 Method::HEAD => Method::GET,
@@ -408,7 +392,7 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
                 let mut allowed: Vec<&str> = api
                     .documented
                     .iter()
-                    .filter(|(_, p)| *p == path)
+                    .filter(|(_, p)| p == path)
                     .map(|(m, _)| m.as_str())
                     .collect();
                 if !allowed.is_empty() {
@@ -424,6 +408,23 @@ fn admitted(api: &Api, request: &Request) -> Result<(), ApiError> {
             }
         }
         _ => {}
+    }
+    // (After the method: an endpoint that does not take it answers 405, and no endpoint 404,
+    // whatever the body.)
+    let known = matched.is_some_and(|p| !UNKNOWN.contains(&p.as_str()));
+    if known && !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send Content-Type: application/json (an empty body is {})",
+            ));
+        }
     }
     Ok(())
 }
@@ -817,6 +818,27 @@ mod tests {
             let (status, body) = send(&app, r).await;
             assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
             assert!(body.contains("method_not_allowed"), "{body}");
+            // A method an endpoint does not take is 405 before the body's type is looked at,
+            // and an unknown endpoint 404 (Schemathesis' ST204: they were 415).
+            for (method, path, want) in [
+                ("TRACE", "/api/v1/queues", StatusCode::METHOD_NOT_ALLOWED),
+                ("DELETE", "/api/v1/jobs/x", StatusCode::METHOD_NOT_ALLOWED),
+                (
+                    "PUT",
+                    "/api/v1/queues/q/pause",
+                    StatusCode::METHOD_NOT_ALLOWED,
+                ),
+                ("POST", "/api/v1/nope", StatusCode::NOT_FOUND),
+            ] {
+                let r = axum::http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header(header::HOST, LISTEN)
+                    .body(Body::empty())
+                    .unwrap();
+                let (status, body) = send(&app, r).await;
+                assert_eq!(status, want, "{method} {path}: {body}");
+            }
             let big = format!(
                 r#"{{"kind":"mail","payload":"{}"}}"#,
                 "x".repeat(body_limit(1024))
@@ -950,7 +972,7 @@ mod tests {
                 .header(header::CONTENT_TYPE, json)
                 .body(Body::from(r#"{"older_than_ms":999999999999999}"#))
                 .unwrap();
-            assert_eq!(send(&app, r).await.0, StatusCode::BAD_REQUEST);
+            assert_eq!(send(&app, r).await.0, StatusCode::UNPROCESSABLE_ENTITY);
             // The body limit follows a payload limit above the flow limit.
             assert!(body_limit(64 << 20) > 64 << 20);
             assert!(body_limit(1) > palisade::MAX_FLOW_BYTES);
@@ -1033,6 +1055,60 @@ mod tests {
             let (_, body) = send(&app, r).await;
             let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(counts["counts"]["ready"], 1, "{body}");
+        });
+    }
+
+    /// Issue 58 scope 5: what the document allows the server takes, and what it does not
+    /// the server refuses. A body is an object (not an array read as a positional job, not
+    /// `null`); `968.0` is the integer 968 (JSON Schema's reading), `968.5` is not; a page
+    /// past its limit is refused, not cut short.
+    #[test]
+    fn bodies_are_objects_and_integers_are_read_as_json_schema_reads_them() {
+        rt().block_on(async {
+            let app = app(None, LISTEN);
+            let request = |path: &str, body: &str| {
+                post(path)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_owned()))
+                    .unwrap()
+            };
+            for (path, body, want) in [
+                (
+                    "/api/v1/jobs",
+                    r#"{"kind":"mail","payload":{},"priority":3.0,"max_attempts":2.0}"#,
+                    StatusCode::CREATED,
+                ),
+                (
+                    "/api/v1/jobs",
+                    r#"{"kind":"mail","payload":{},"priority":3.5}"#,
+                    StatusCode::BAD_REQUEST,
+                ),
+                ("/api/v1/jobs", r#"["mail",{}]"#, StatusCode::BAD_REQUEST),
+                ("/api/v1/jobs", "null", StatusCode::BAD_REQUEST),
+                ("/api/v1/queues/q/pause", "[]", StatusCode::BAD_REQUEST),
+                ("/api/v1/queues/q/pause", "", StatusCode::OK),
+                (
+                    "/api/v1/queues/q/dead/retry",
+                    r#"{"limit":5.0}"#,
+                    StatusCode::OK,
+                ),
+            ] {
+                let (status, answer) = send(&app, request(path, body)).await;
+                assert_eq!(status, want, "{path} {body}: {answer}");
+            }
+            for (path, want) in [
+                ("/api/v1/queues/q/jobs?limit=1000", StatusCode::OK),
+                ("/api/v1/queues/q/jobs?limit=1001", StatusCode::BAD_REQUEST),
+                ("/api/v1/queues/q/jobs?state=later", StatusCode::BAD_REQUEST),
+                ("/api/v1/queues/q/dead?limit=1001", StatusCode::BAD_REQUEST),
+                (
+                    "/api/v1/queues/q/dead?offset=100000001",
+                    StatusCode::BAD_REQUEST,
+                ),
+            ] {
+                let (status, answer) = send(&app, fetch(path)).await;
+                assert_eq!(status, want, "{path}: {answer}");
+            }
         });
     }
 

@@ -10,12 +10,63 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+use super::integral;
 use crate::reads::Found;
 use palisade::cli_support::check_name;
 use palisade::Registry;
 use palisade::{DeadJob, JobState, NewJob, QueueCounts};
 use palisade::{Flow, FlowState, OnDead, StepEnd};
 use palisade::{FlowId, JobId};
+
+/// What the document says of a name (a queue, kind, scope, key, group or step): no control
+/// or format characters of the Basic Multilingual Plane. The rest of the library's rule (at
+/// most 512 bytes, no format characters past it) is checked by the server: 422.
+pub(crate) const NAME_PATTERN: &str = concat!(
+    r"^[^\u0000-\u001F\u007F-\u009F",
+    // The Basic Multilingual Plane's format characters (Unicode's Cf): soft hyphen, Arabic
+    // marks, zero-width joiners, bidirectional controls, the byte-order mark...
+    r"\u00AD\u0600-\u0605\u061C\u06DD\u070F\u0890\u0891\u08E2\u180E\u200B-\u200F",
+    r"\u202A-\u202E\u2060-\u2064\u2066-\u206F\uFEFF\uFFF9-\uFFFB]*$"
+);
+
+/// The document's schema of a name: a string of 1 to 512 characters matching
+/// [`NAME_PATTERN`] (the server counts the 512 in bytes).
+pub(crate) struct Name;
+
+impl utoipa::PartialSchema for Name {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "A name: 1 to 512 bytes of UTF-8, no control or invisible format characters",
+            ))
+            .min_length(Some(1))
+            .max_length(Some(512))
+            .pattern(Some(NAME_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for Name {}
+
+/// The document's schema of an `Idempotency-Key`: 1 to 400 visible ASCII characters (spaces
+/// inside), as [`idempotency_key`] takes it.
+pub(crate) struct IdempotencyKey;
+
+impl utoipa::PartialSchema for IdempotencyKey {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_IDEMPOTENCY_KEY_BYTES))
+            .pattern(Some("^[!-~]([ -~]*[!-~])?$"))
+            .into()
+    }
+}
+
+impl ToSchema for IdempotencyKey {}
 
 /// Most jobs one batch enqueue takes: one backend round trip, all or nothing.
 pub(crate) const MAX_BATCH: usize = 1_000;
@@ -186,6 +237,15 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Ap
     } else {
         body
     };
+    // Every body is an object: serde would read a struct from an array too (a whole job as
+    // a positional list), which the document does not allow and no client means.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "request body: a JSON object is expected",
+        ));
+    }
     serde_json::from_slice(body).map_err(|e| {
         let code = if e.is_data() {
             "invalid_request"
@@ -206,6 +266,7 @@ fn default_queue() -> String {
 #[serde(deny_unknown_fields)]
 pub(crate) struct JobRequest {
     /// A kind the serving binary has a handler for.
+    #[schema(value_type = Name)]
     kind: String,
     /// The handler's input, any JSON; checked against the kind's payload type before
     /// anything is sent, and kept as sent (numbers are not rounded).
@@ -213,37 +274,52 @@ pub(crate) struct JobRequest {
     payload: Box<RawValue>,
     /// Queue (default `default`).
     #[serde(default = "default_queue")]
-    #[schema(default = "default")]
+    #[schema(value_type = Name, default = "default")]
     queue: String,
     /// Protected scope: jobs sharing it run one at a time, and their fenced writes are
     /// fenced per scope. Default: the job's own `job:<id>`.
+    #[schema(value_type = Option<Name>)]
     scope: Option<String>,
     /// Higher runs first, -4096..=4096.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::de")]
+    #[schema(minimum = -4096, maximum = 4096)]
     priority: i32,
-    /// Not claimable before this many milliseconds have passed.
-    #[serde(default)]
+    /// Not claimable before this many milliseconds have passed (at most a year).
+    #[serde(default, deserialize_with = "integral::de")]
+    #[schema(maximum = 31_536_000_000_u64)]
     delay_ms: u64,
     /// Attempts before the job is dead (default 20: with the default backoff, about a day).
-    #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(minimum = 1, maximum = 4_294_967_295_u64)]
     max_attempts: Option<u32>,
     /// Expired leases (stalls) allowed before the job is dead (default 3).
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(maximum = 4_294_967_295_u64)]
     max_stalls: Option<u32>,
     /// Idempotent enqueue: while another job holds this key (queued, running, or enqueued
     /// less than `unique_ttl_ms` ago) nothing is added and that job's id is answered.
+    #[schema(value_type = Option<Name>)]
     unique_key: Option<String>,
-    /// How long `unique_key` stays held after its job was enqueued (default a day).
+    /// How long `unique_key` stays held after its job was enqueued (default a day; at most a
+    /// year).
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(maximum = 31_536_000_000_u64)]
     unique_ttl_ms: Option<u64>,
     /// The job's id, chosen by the caller: enqueueing it again while it is known (and for a
     /// day) adds nothing.
     id: Option<uuid::Uuid>,
     /// How long one attempt may run, in milliseconds: then the handler is told to stop and
     /// the attempt is retried as timed out (default: the kind's timeout, if any).
-    #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(minimum = 1, maximum = 315_360_000_000_u64)]
     timeout_ms: Option<u64>,
     /// Not started by then (ms since the Unix epoch), the job is dead as expired, never run.
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(maximum = 99_999_999_999_999_u64)]
     deadline_ms: Option<u64>,
     /// Snoozes allowed before the job is dead (default 100).
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(maximum = 4_294_967_295_u64)]
     max_snoozes: Option<u32>,
     /// Debounce: while a job under the same key waits out its quiet period, this one
     /// replaces its payload and options and pushes its start (answered `debounced`, with
@@ -252,6 +328,7 @@ pub(crate) struct JobRequest {
     /// The group it shares claims with (a tenant, a customer): claims rotate over the groups
     /// with ready jobs, whatever their backlogs (`palisade group` sets a group's cap, rate
     /// limit or pause).
+    #[schema(value_type = Option<Name>)]
     group: Option<String>,
 }
 
@@ -260,12 +337,15 @@ pub(crate) struct JobRequest {
 #[serde(deny_unknown_fields)]
 pub(crate) struct DebounceRequest {
     /// The key (1..=512 bytes, no control characters).
+    #[schema(value_type = Name)]
     key: String,
     /// The job starts this long after the last enqueue under the key.
-    #[schema(minimum = 1)]
+    #[serde(deserialize_with = "integral::de")]
+    #[schema(minimum = 1, maximum = 315_360_000_000_u64)]
     quiet_ms: u64,
-    /// ...but no later than this long after the first.
-    #[schema(minimum = 1)]
+    /// ...but no later than this long after the first (at least `quiet_ms`).
+    #[serde(deserialize_with = "integral::de")]
+    #[schema(minimum = 1, maximum = 315_360_000_000_u64)]
     max_wait_ms: u64,
 }
 
@@ -423,6 +503,7 @@ pub(crate) fn idempotency_key(header: &str, index: Option<usize>) -> Result<Stri
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchRequest {
     /// 1 to 1,000 jobs.
+    #[schema(min_items = 1, max_items = 1000)]
     pub(crate) jobs: Vec<JobRequest>,
 }
 
@@ -794,13 +875,39 @@ pub(crate) struct DeadPage {
 pub(crate) struct JobsQuery {
     /// `ready` (claimable now, next first; a group's are not listed) or `delayed` (soonest
     /// due first). Default `ready`.
-    pub(crate) state: Option<String>,
+    pub(crate) state: Option<LiveState>,
     /// Most jobs answered (default 50, at most 1,000).
+    #[param(maximum = 1000)]
     pub(crate) limit: Option<usize>,
     /// Jobs skipped from the first (default 0, at most 10,000).
     #[param(maximum = 10_000)]
     pub(crate) offset: Option<usize>,
 }
+
+/// Which live jobs a page lists.
+#[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LiveState {
+    /// Claimable now.
+    Ready,
+    /// Waiting for their time.
+    Delayed,
+}
+
+/// Most rows a page answers: `limit` (default 50), refused past [`MAX_ROWS`] as the document
+/// says rather than cut short.
+pub(crate) fn rows(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit {
+        Some(n) if n > MAX_ROWS => Err(ApiError::invalid(format!("limit {n}: at most {MAX_ROWS}"))),
+        n => Ok(n.unwrap_or(50)),
+    }
+}
+
+/// Most rows one page answers.
+pub(crate) const MAX_ROWS: usize = 1_000;
+
+/// Deepest a dead-letter page may start (dead letters skipped from the newest).
+pub(crate) const MAX_DEAD_OFFSET: usize = 100_000_000;
 
 /// A queue's ready or delayed jobs.
 #[derive(Debug, Serialize, ToSchema)]
@@ -823,8 +930,10 @@ pub(crate) struct JobQuery {
 #[into_params(parameter_in = Query)]
 pub(crate) struct DeadQuery {
     /// Most entries answered (default 50, at most 1,000).
+    #[param(maximum = 1000)]
     pub(crate) limit: Option<usize>,
-    /// Entries skipped from the newest (default 0).
+    /// Entries skipped from the newest (default 0, at most 100,000,000).
+    #[param(maximum = 100_000_000)]
     pub(crate) offset: Option<usize>,
 }
 
@@ -833,14 +942,18 @@ pub(crate) struct DeadQuery {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RetryRequest {
     /// At most this many, oldest first (default: every one the queue holds now).
+    #[serde(default, deserialize_with = "integral::opt")]
+    #[schema(maximum = 9_007_199_254_740_991_u64)]
     pub(crate) limit: Option<usize>,
     /// Only jobs of this kind.
+    #[schema(value_type = Option<Name>)]
     pub(crate) kind: Option<String>,
     /// Only jobs whose reason contains this text (as written, case and all).
     #[schema(min_length = 1)]
     pub(crate) reason: Option<String>,
     /// Only jobs that died at least this many milliseconds ago (by this server's clock,
     /// against the coordinator's time of death).
+    #[serde(default, deserialize_with = "integral::opt")]
     #[schema(maximum = 315_360_000_000_u64)]
     pub(crate) older_than_ms: Option<u64>,
 }
@@ -848,6 +961,9 @@ pub(crate) struct RetryRequest {
 impl RetryRequest {
     /// The filter it asks for (ages by this host's clock).
     pub(crate) fn filter(&self) -> Result<palisade::DeadFilter, String> {
+        if self.limit.is_some_and(|n| n > 9_007_199_254_740_991) {
+            return Err("limit: at most 9007199254740991 (2^53 - 1)".into());
+        }
         if self.older_than_ms.is_some_and(|ms| ms > 315_360_000_000) {
             return Err("older_than_ms: at most ten years (315360000000)".into());
         }
@@ -916,18 +1032,30 @@ pub(crate) struct Purged {
 #[serde(deny_unknown_fields)]
 pub(crate) struct AfterRequest {
     /// The step it runs after.
+    #[schema(value_type = Name)]
     step: String,
     /// What it does if that step dies: `fail` (default: it dies too), `skip` or `run`.
     #[serde(default)]
-    #[schema(value_type = String)]
+    #[schema(value_type = OnDeadSchema)]
     on_dead: OnDead,
+}
+
+/// What a step does if a step it runs after dies (the document's name for `OnDead`).
+#[derive(ToSchema)]
+#[schema(as = OnDead)]
+#[allow(dead_code, non_camel_case_types)] // (only its schema is used)
+enum OnDeadSchema {
+    fail,
+    skip,
+    run,
 }
 
 /// One step of a flow.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StepRequest {
-    /// Its name, unique in the flow.
+    /// Its name, unique in the flow (no `/`).
+    #[schema(value_type = Name)]
     name: String,
     /// Its job (without `id` or `unique_key`: a step's id is the flow's).
     job: JobRequest,
@@ -944,6 +1072,7 @@ pub(crate) struct FlowRequest {
     /// `Idempotency-Key` header's, else a new one.
     id: Option<uuid::Uuid>,
     /// 1 to 10,000 steps.
+    #[schema(min_items = 1, max_items = 10000)]
     steps: Vec<StepRequest>,
 }
 
