@@ -1,10 +1,12 @@
 -- enqueue.lua: adds jobs, all in one atomic step.
 -- KEYS[1]  base "{prefix}:"
--- ARGV[1]  job count n, then 14 fields per job: id queue kind scope (empty for the job's
+-- ARGV[1]  job count n, then 15 fields per job: id queue kind scope (empty for the job's
 --          default scope) priority delay_ms meta (JSON: kind payload queue scope priority
 --          max_attempts max_stalls ...) unique_key (empty: none) unique_ttl_ms debounce_key
 --          (empty: none; a debounced job's delay is its quiet period) quiet_ms max_wait_ms
 --          group (empty: none) fingerprint (empty: none; kept as the job record's `fp`)
+--          id_ttl_ms (a producer-chosen id whose job has a unique key of another name: its
+--          `id:<id>` key is taken too, for this long; 0: none)
 --          ARGV[#ARGV] (last) the caller's layout generation (common.lua, wrong_layout)
 -- Returns  per job, its id when it was added; "=" and the id of the job it is when it was not:
 --          the job (an earlier one of this batch included) holding its unique key, or the job
@@ -26,7 +28,7 @@ end
 local base = KEYS[1]
 local now = now_ms()
 local n = tonumber(ARGV[1])
-local F = 14
+local F = 15
 local DEBOUNCE_KEPT_MS = 86400000 -- core/src/job/new.rs, DEBOUNCE_KEPT
 -- First, read-only: every key the batch may write is of its type, the counters are numbers.
 local want, jobs, scoped = { [base .. 'queues'] = 'set', [base .. 'seq'] = 'string' }, {}, {}
@@ -37,7 +39,7 @@ for i = 0, n - 1 do
   if not string.match(ARGV[o + 5], '^-?%d+$') or #ARGV[o + 5] > 6 then
     return redis.error_reply('PALISADE_INVALID priority ' .. ARGV[o + 5] .. ' is not an integer: nothing was changed')
   end
-  for _, ms in ipairs({ ARGV[o + 6], ARGV[o + 9], ARGV[o + 11], ARGV[o + 12] }) do
+  for _, ms in ipairs({ ARGV[o + 6], ARGV[o + 9], ARGV[o + 11], ARGV[o + 12], ARGV[o + 15] }) do
     if #ms > 15 or not string.match(ms, '^%d+$') then
       return redis.error_reply('PALISADE_INVALID delay, ttl or period ' .. ms
         .. ' is not a number of ms: nothing was changed')
@@ -58,6 +60,9 @@ for i = 0, n - 1 do
   end
   if ARGV[o + 8] ~= '' then
     want[base .. 'unique:' .. ARGV[o + 8]] = 'string'
+  end
+  if ARGV[o + 15] ~= '0' then
+    want[base .. 'unique:id:' .. id] = 'string'
   end
   if ARGV[o + 10] ~= '' then
     want[base .. 'debounce:' .. ARGV[o + 10]] = 'string'
@@ -132,6 +137,18 @@ for i = 0, n - 1 do
         return redis.error_reply('PALISADE_CONFLICT unique key ' .. ukey .. ' is held by job '
           .. (held[ukey] and 'an earlier one of this batch' or holder)
           .. ', enqueued with a different request: nothing was changed (send a new key for a new request)')
+      end
+      out[i + 1] = '=' .. holder
+    end
+  end
+  -- A producer-chosen id beside a key of another name: its own id key, held, turns it away.
+  if not out[i + 1] and ARGV[o + 15] ~= '0' then
+    local holder = redis.call('GET', base .. 'unique:id:' .. ARGV[o + 1])
+    if holder then
+      local kept = kept_fingerprint(holder)
+      if fp ~= '' and kept and kept ~= fp then
+        return redis.error_reply('PALISADE_CONFLICT job id ' .. ARGV[o + 1]
+          .. ' is held by a job enqueued with a different request: nothing was changed')
       end
       out[i + 1] = '=' .. holder
     end
@@ -258,6 +275,11 @@ for i = 0, n - 1 do
       redis.call('SET', base .. 'unique:' .. ARGV[o + 8], id)
       redis.call('HSET', base .. 'job:' .. id, 'unique', ARGV[o + 8],
         'unique_until', now + tonumber(ARGV[o + 9]))
+      -- A producer-chosen id stays taken by its own key as well, as `with_id` promises:
+      -- else, once this job's record is gone, another job under the id would be added.
+      if tonumber(ARGV[o + 15]) > 0 then
+        redis.call('SET', base .. 'unique:id:' .. id, id, 'PX', fmt(tonumber(ARGV[o + 15])))
+      end
     end
     queues[queue] = (queues[queue] or 0) + 1
     kinds[queue .. '\t' .. kind] = true

@@ -46,6 +46,11 @@ pub(crate) async fn create(store: &dyn FlowStore, flow: &Flow, max_payload: usiz
     let (kept, releases) = store.put_flow(flow).await?;
     if kept {
         metrics::counter!(crate::metrics::FLOWS_CREATED).increment(1);
+    } else {
+        // Kept by another creation meanwhile (two creators raced past `create_unless_kept`'s
+        // look): the same flow, or refused. The steps this one held are never released; the
+        // coordinator forgets them as a creation that stopped halfway.
+        refuse_another_graph(store, flow).await?;
     }
     if let Err(e) = apply(store, flow.id(), releases).await {
         tracing::warn!(flow = %flow.id(), error = %e, "first steps not released yet; the coordinator's sweep releases them");
@@ -59,9 +64,13 @@ pub(crate) async fn create_unless_kept(store: &dyn FlowStore, flow: &Flow) -> Re
     if store.flow(flow.id()).await?.is_none() {
         return create(store, flow, usize::MAX).await;
     }
-    // Kept: the same flow again (a retried creation) adds nothing, but another graph under
-    // its id (an id or Idempotency-Key reused for another flow) is refused, not answered as
-    // if it had been created.
+    refuse_another_graph(store, flow).await
+}
+
+/// For a flow kept already: the same flow again (a retried creation) is fine, but another
+/// graph under its id (an id or Idempotency-Key reused for another flow) is refused, not
+/// answered as if it had been created.
+async fn refuse_another_graph(store: &dyn FlowStore, flow: &Flow) -> Result<()> {
     let kept = store.flow_steps(flow.id()).await?;
     match crate::flow::graph_difference(flow, &kept) {
         None => Ok(()),

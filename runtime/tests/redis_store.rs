@@ -455,9 +455,9 @@ fn an_enqueue_with_odd_numbers_writes_nothing() {
     );
     let id = "6f1c0000-0000-4000-8000-000000000001";
     //        id, queue, kind, scope, priority, delay, meta, unique key, ttl, debounce key,
-    //        quiet, max wait, group, fingerprint
+    //        quiet, max wait, group, fingerprint, id ttl
     let good = [
-        id, "q", "k", "", "0", "0", "{}", "u", "1000", "d", "5", "10", "", "",
+        id, "q", "k", "", "0", "0", "{}", "u", "1000", "d", "5", "10", "", "", "0",
     ];
     let bad_at = |at: usize, value: &str| {
         let mut job: Vec<String> = good.iter().map(|s| s.to_string()).collect();

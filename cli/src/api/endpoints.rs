@@ -295,7 +295,8 @@ async fn enqueue_batch(
     // Under a header key every job carries the batch's fingerprint: another batch under the
     // key (one job changed, one more or one fewer) is refused whole, not half matched.
     if key.is_some() {
-        let batch = palisade::rules::batch_fingerprint(&jobs);
+        let canonical: Vec<_> = jobs.iter().map(super::model::canonical).collect();
+        let batch = palisade::rules::batch_fingerprint(&canonical);
         for job in &mut jobs {
             if let Some(u) = job.unique.as_mut() {
                 u.fingerprint = Some(batch.clone());
@@ -665,7 +666,8 @@ async fn create_flow(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<FlowCreated>), ApiError> {
     let request: FlowRequest = parse(&body(&api, raw)?)?;
-    let keyed = idempotency(&headers)?.map(idempotent_flow_id).transpose()?;
+    let key = idempotency(&headers)?;
+    let keyed = key.map(idempotent_flow_id).transpose()?;
     let idempotent = keyed.is_some() || request.is_idempotent();
     let mut flow = request.flow(&api.registry, api.max_payload_bytes, keyed)?;
     if let Some(trace) = trace(&headers) {
@@ -674,6 +676,13 @@ async fn create_flow(
     let id = palisade::Client::new(api.store.clone())
         .create_flow(&flow)
         .await
+        .map_err(|e| match (e, key) {
+            // (The flow's id is the key's: name the key the client sent.)
+            (palisade::Error::Conflict(m), Some(key)) => {
+                palisade::Error::Conflict(format!("Idempotency-Key {key:?}: {m}"))
+            }
+            (e, _) => e,
+        })
         .map_err(|e| ApiError::from(e).unless_idempotent(idempotent))?;
     Ok((
         StatusCode::CREATED,

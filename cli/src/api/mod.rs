@@ -1137,6 +1137,10 @@ mod tests {
             let other = r#"{"kind":"mail","payload":{"to":"b@x"}}"#;
             let (status, _) = send(&app, request("/api/v1/jobs", Some("k1"), JOB)).await;
             assert_eq!(status, StatusCode::CREATED);
+            // The same payload written otherwise is the same request.
+            let spaced = r#"{"payload": { "to" : "a\u0040x" }, "kind": "mail"}"#;
+            let (status, body) = send(&app, request("/api/v1/jobs", Some("k1"), spaced)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
             let (status, body) = send(&app, request("/api/v1/jobs", Some("k1"), other)).await;
             refused(status, &body, "k1");
             // Another queue or priority is another request too.
@@ -1167,6 +1171,24 @@ mod tests {
             assert_eq!(status, StatusCode::OK);
             let (status, body) = send(&app, request("/api/v1/jobs", None, &named("b@x"))).await;
             refused(status, &body, id);
+            // A debounced job's id answers the job it folded into, retried as it was (its
+            // id is not fingerprinted: a debounce key folds other payloads by design).
+            let debounced = |id: &str, to: &str| {
+                format!(
+                    r#"{{"kind":"mail","payload":{{"to":"{to}"}},"id":"{id}","queue":"deb","debounce":{{"key":"d1","quiet_ms":600000,"max_wait_ms":3600000}}}}"#
+                )
+            };
+            let first = debounced("6f1c0000-0000-4000-8000-00000000d001", "a@x");
+            let second = debounced("6f1c0000-0000-4000-8000-00000000d002", "b@x");
+            let (status, _) = send(&app, request("/api/v1/jobs", None, &first)).await;
+            assert_eq!(status, StatusCode::CREATED);
+            for _ in 0..2 {
+                let (status, body) = send(&app, request("/api/v1/jobs", None, &second)).await;
+                assert!(
+                    status == StatusCode::OK && body.contains("00000000d001"),
+                    "{status} {body}"
+                );
+            }
             let (_, body) = send(&app, fetch("/api/v1/queues/default")).await;
             let counts: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(counts["counts"]["ready"], 4, "{body}");
@@ -1185,6 +1207,7 @@ mod tests {
             let two = flow(&[step("a", ""), step("b", r#"{"step":"a"}"#)]);
             let (status, body) = send(&app, request("/api/v1/flows", Some("f1"), &two)).await;
             refused(status, &body, "is not one of its steps");
+            assert!(body.contains("Idempotency-Key \\\"f1\\\""), "{body}");
         });
     }
 }

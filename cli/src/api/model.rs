@@ -455,10 +455,11 @@ impl JobRequest {
         if let Some(group) = &self.group {
             job = job.with_group(group);
         }
-        // The header's key names this request: the same key with another job is refused,
-        // never answered with the first one's id (a batch replaces it with the batch's).
-        if self.unique_key.is_none() && job.unique.is_some() {
-            let fingerprint = job.fingerprint();
+        // The header's key (or the body's id) names this request: the same key with another
+        // job is refused, never answered with the first one's id (a batch replaces it with the
+        // batch's). Not a debounced job's id: a debounce key folds other payloads by design.
+        if self.unique_key.is_none() && self.debounce.is_none() && job.unique.is_some() {
+            let fingerprint = canonical(&job).fingerprint();
             if let Some(u) = job.unique.as_mut() {
                 u.fingerprint = Some(fingerprint);
             }
@@ -466,6 +467,17 @@ impl JobRequest {
         job.validate(max_payload_bytes)?;
         Ok(job)
     }
+}
+
+/// `job` with its payload written canonically (object keys sorted, no spaces, escapes
+/// resolved) for its fingerprint: a client that sends the same payload formatted otherwise
+/// sends the same request. (The job keeps its payload as sent.)
+pub(crate) fn canonical(job: &NewJob) -> NewJob {
+    let mut job = job.clone();
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(&job.payload) {
+        job.payload = value.to_string();
+    }
+    job
 }
 
 /// The prefix of every unique key an `Idempotency-Key` maps to; a body's `unique_key` may

@@ -414,6 +414,17 @@ impl NewJob {
         (own && self.debounce.is_none()).then(|| self.fingerprint())
     }
 
+    /// How long a store keeps this job's own id key (`id:<id>`) taken beside a unique key of
+    /// another name: [`ID_RETENTION`] for a job with a producer-chosen id and such a key (a
+    /// key of its own decides whether it is added, and its id stays one job's); `None` when
+    /// the id key is the job's unique key already, or the job has no id.
+    #[doc(hidden)] // for the stores
+    pub fn id_key_ttl(&self) -> Option<Duration> {
+        let id = self.id?;
+        let unique = self.unique.as_ref()?;
+        (unique.key != format!("id:{id}") && self.debounce.is_none()).then_some(ID_RETENTION)
+    }
+
     /// Sets the queue.
     pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();

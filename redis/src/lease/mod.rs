@@ -432,6 +432,7 @@ impl LeaseStore for RedisLeaseStore {
         for (id, mut job) in ids.iter().zip(jobs) {
             // (Before the keys are taken out.)
             let fingerprint = job.key_fingerprint();
+            let id_ttl = job.id_key_ttl().map_or(0, |t| t.as_millis() as u64);
             let (unique, debounce) = (job.unique.take(), job.debounce.take());
             // A debounced job waits its quiet period as its delay (it takes no other).
             let delay = debounce.as_ref().map_or(job.delay, |d| d.quiet);
@@ -459,7 +460,8 @@ impl LeaseStore for RedisLeaseStore {
             };
             invocation
                 .arg(meta.group.as_deref().unwrap_or(""))
-                .arg(fingerprint.as_deref().unwrap_or(""));
+                .arg(fingerprint.as_deref().unwrap_or(""))
+                .arg(id_ttl);
         }
         invocation.arg(self.generation);
         round_trip("enqueue");

@@ -922,6 +922,44 @@ pub async fn an_idempotency_key_refuses_a_different_request(store: Stores) {
             }
         }
     }
+    // A producer-chosen id beside a key of another name: the id stays taken after its job
+    // completed (found by the attack on issue 58: another job under the id was added over
+    // the completed one's record).
+    let z = JobId::new();
+    let mut first = job("z1")
+        .with_queue("idem2")
+        .with_unique_key("idem-z", TTL)
+        .with_id(z);
+    first.unique.as_mut().unwrap().fingerprint = Some(first.fingerprint());
+    assert_eq!(
+        store.enqueue_all(vec![first]).await.unwrap(),
+        [Enqueued::Added(z)]
+    );
+    let c = store.claim("idem2", "suite", 1, TTL).await.unwrap();
+    settle(&store, c[0].lease.id, Settlement::completed())
+        .await
+        .unwrap();
+    let other = store
+        .enqueue_all(vec![job("z2").with_queue("idem2").with_id(z)])
+        .await;
+    assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
+    assert_eq!(
+        store
+            .enqueue_all(vec![job("z1").with_queue("idem2").with_id(z)])
+            .await
+            .unwrap(),
+        [Enqueued::Existing(z)]
+    );
+    // ... and under another key of its own, too.
+    let keyed_again = job("z3")
+        .with_queue("idem2")
+        .with_unique_key("idem-z2", TTL)
+        .with_id(z);
+    assert_eq!(
+        store.enqueue_all(vec![keyed_again]).await.unwrap(),
+        [Enqueued::Existing(z)]
+    );
+    assert_eq!(store.counts("idem2").await.unwrap().ready, 0);
 }
 
 /// Issue 24: the key of a job's own id (`with_id`) may lapse while the job is still pending or

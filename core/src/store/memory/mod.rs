@@ -1062,35 +1062,45 @@ impl LeaseStore for MemoryLeaseStore {
         // scope refuses the batch before anything is added (as the Redis script does).
         // (An idempotency key held with another fingerprint refuses it too, as the script
         // does: `UniqueKey::fingerprint`.)
-        let mut taken: HashMap<&str, Option<String>> = HashMap::default();
+        let mut taken: HashMap<String, Option<String>> = HashMap::default();
         for new in &jobs {
             let fingerprint = new.key_fingerprint();
-            if let (Some(u), Some(fp)) = (&new.unique, &fingerprint) {
-                let held = match state.unique.get(&u.key) {
-                    Some((holder, _, kept)) => Some((holder.to_string(), kept.as_ref())),
-                    None => taken
-                        .get(u.key.as_str())
-                        .map(|kept| ("an earlier one of this batch".to_owned(), kept.as_ref())),
+            // Whether `key` is held (by a job kept, or an earlier one of this batch), refused
+            // when it was taken with another fingerprint.
+            let held = |key: &str| -> Result<bool> {
+                let (holder, kept) = match state.unique.get(key) {
+                    Some((holder, _, kept)) => (holder.to_string(), kept.as_ref()),
+                    None => match taken.get(key) {
+                        Some(kept) => ("an earlier one of this batch".to_owned(), kept.as_ref()),
+                        None => return Ok(false),
+                    },
                 };
-                if let Some((holder, Some(kept))) = held {
-                    if kept != fp {
-                        return Err(crate::job::conflict(&u.key, &holder));
-                    }
+                match (kept, &fingerprint) {
+                    (Some(kept), Some(fp)) if kept != fp => Err(crate::job::conflict(key, &holder)),
+                    _ => Ok(true),
                 }
-            }
-            let away = match &new.unique {
-                Some(u)
-                    if state.unique.contains_key(&u.key) || taken.contains_key(u.key.as_str()) =>
-                {
+            };
+            let id_key = new.id.map(|id| format!("id:{id}"));
+            let live = new.id.is_some_and(|id| state.jobs.contains_key(&id));
+            let away = match (&new.unique, &id_key) {
+                (Some(u), _) if held(&u.key)? => true,
+                // A producer-chosen id beside a key of another name keeps its own key too.
+                (_, Some(k)) if new.id_key_ttl().is_some() && held(k)? => true,
+                // A live job of its id holds its id key (taken with its fingerprint).
+                (_, Some(k)) if live => {
+                    held(k)?;
                     true
                 }
-                _ => new.id.is_some_and(|id| state.jobs.contains_key(&id)),
+                _ => false,
             };
             if away {
                 continue;
             }
             if let Some(u) = &new.unique {
-                taken.insert(&u.key, fingerprint);
+                taken.insert(u.key.clone(), fingerprint.clone());
+            }
+            if let (Some(k), Some(_)) = (id_key, new.id_key_ttl()) {
+                taken.insert(k, fingerprint);
             }
             let Some(d) = &new.debounce else { continue };
             if let Some((holder, _, _)) = state.pending_debounce(&d.key) {
@@ -1120,6 +1130,13 @@ impl LeaseStore for MemoryLeaseStore {
             if let Some(holder) = new.unique.as_ref().and_then(|u| state.unique.get(&u.key)) {
                 out.push(Enqueued::Existing(holder.0));
                 continue;
+            }
+            let id_ttl = new.id_key_ttl();
+            if let (Some(id), Some(_)) = (new.id, id_ttl) {
+                if let Some(holder) = state.unique.get(&format!("id:{id}")) {
+                    out.push(Enqueued::Existing(holder.0));
+                    continue;
+                }
             }
             let id = new.id.unwrap_or_else(JobId::new);
             // A producer-chosen id (`NewJob::with_id`) whose job is still known adds nothing.
@@ -1158,6 +1175,14 @@ impl LeaseStore for MemoryLeaseStore {
             let (delay, unique) = state.insert_job(id, new, None);
             state.park(id, now + delay, now);
             state.queues.entry(queue).or_default().enqueued += 1;
+            if let Some(ttl) = id_ttl {
+                let (key, until) = (format!("id:{id}"), now + ttl);
+                let st = &mut *state;
+                st.unique
+                    .insert(key.clone(), (id, Some(until), fingerprint.clone()));
+                st.unique_expiries
+                    .push(until, key, &st.unique, |held| held.1);
+            }
             if let Some(unique) = unique {
                 state
                     .unique

@@ -598,6 +598,7 @@ impl LeaseStore for PartitionedLeaseStore {
             batch.push(job);
         }
         let total: usize = batches.iter().map(|(at, _)| at.len()).sum();
+        let spans = batches.iter().filter(|(at, _)| !at.is_empty()).count();
         let sent = batches
             .into_iter()
             .enumerate()
@@ -606,7 +607,18 @@ impl LeaseStore for PartitionedLeaseStore {
                 Ok::<_, Error>((at, self.parts[i].enqueue_all(batch).await?))
             });
         let mut out: Vec<Option<Enqueued>> = vec![None; total];
-        for (at, enqueued) in try_join_all(sent).await? {
+        let done = try_join_all(sent).await.map_err(|e| match e {
+            // One partition's refusal is its own: say so rather than "nothing was changed".
+            Error::Conflict(m) if spans > 1 => Error::Conflict(m.replace(
+                "nothing was changed",
+                &format!(
+                    "nothing of its partition was changed (the batch spans {spans} partitions; \
+                     the others may have taken their jobs)"
+                ),
+            )),
+            e => e,
+        })?;
+        for (at, enqueued) in done {
             for (i, e) in at.into_iter().zip(enqueued) {
                 out[i] = Some(e);
             }
