@@ -25,6 +25,64 @@ pub(crate) struct Limits {
     pub(crate) max_connections: usize,
 }
 
+/// Why a request's body was not read whole.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BodyRefused {
+    /// Its `Content-Length`, or what it sent, is over the route's limit (413): said before a
+    /// byte is read when the header declares it.
+    TooLarge(usize),
+    /// It did not arrive whole within the body timeout (408): a client trickling it.
+    TooSlow(Duration),
+    /// The connection failed while it was read.
+    Broken(String),
+}
+
+impl std::fmt::Display for BodyRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooLarge(limit) => write!(f, "the request body is larger than {limit} bytes"),
+            Self::TooSlow(timeout) => {
+                write!(f, "the request body did not arrive within {timeout:?}")
+            }
+            Self::Broken(e) => write!(f, "the request body could not be read: {e}"),
+        }
+    }
+}
+
+/// `request` with its body read whole, at most `limit` bytes within `timeout` — every
+/// route of the API and the console reads its body whole anyway — so neither a body that
+/// trickles nor one that declares more than its route takes holds a connection (and its
+/// buffer) for longer than the timeout. A declared `Content-Length` over the limit is
+/// refused before anything is read.
+pub(crate) async fn buffered(
+    request: axum::extract::Request,
+    limit: usize,
+    timeout: Duration,
+) -> Result<axum::extract::Request, BodyRefused> {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BodyRefused::TooLarge(limit));
+    }
+    let (parts, body) = request.into_parts();
+    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit));
+    let bytes = match tokio::time::timeout(timeout, read).await {
+        Err(_) => return Err(BodyRefused::TooSlow(timeout)),
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(BodyRefused::TooLarge(limit))
+        }
+        Ok(Err(e)) => return Err(BodyRefused::Broken(e.to_string())),
+    };
+    Ok(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+}
+
 /// Serves `app` on `listener` within `limits` until `shutdown` completes; then accepts no
 /// more and waits up to 10 s for the requests under way.
 pub(crate) async fn serve(

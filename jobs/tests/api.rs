@@ -626,3 +626,73 @@ fn idle_connections_are_closed_and_capped_and_requests_still_answered() {
         "past the cap, refused at once: {refused}\n{text}"
     );
 }
+
+/// Issue 58 M1, the body: a `Content-Length` over the route's limit is refused at once (it was
+/// held with no body for as long as the client liked), a body that trickles is answered 408
+/// after `--body-timeout`, and a route that takes no job refuses a body past 64 KiB (every
+/// route took 33 MiB). Each refusal is counted.
+#[test]
+fn bodies_over_their_route_limit_or_too_slow_are_refused() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let redis = RedisServer::start();
+    let [port, metrics] = free_ports();
+    let metrics_addr = format!("127.0.0.1:{metrics}");
+    let _api = serve(
+        "api",
+        &redis,
+        port,
+        &[
+            "--api-token",
+            TOKEN,
+            "--body-timeout",
+            "1s",
+            "--metrics",
+            &metrics_addr,
+        ],
+    );
+    // Sends `head` (and `body`), and returns the answer's status line and how long it took.
+    let ask = |head: String, body: &[u8]| {
+        let started = std::time::Instant::now();
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.write_all(head.as_bytes()).unwrap();
+        let _ = stream.write_all(body);
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        let status = answer.lines().next().unwrap_or_default().to_owned();
+        (status, started.elapsed())
+    };
+    let head = |path: &str, length: u64| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+    };
+    let (status, took) = ask(head("/api/v1/jobs", 999_999_999_999), b"");
+    assert!(status.contains(" 413 "), "{status}");
+    assert!(
+        took < Duration::from_secs(1),
+        "declared too large, answered after {took:?}"
+    );
+    let (status, took) = ask(head("/api/v1/jobs/batch", 100), b"{\"jobs\":");
+    assert!(status.contains(" 408 "), "{status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "a trickling body held {took:?}"
+    );
+    let big = vec![b' '; 100 * 1024];
+    let (status, _) = ask(head("/api/v1/queues/q/pause", big.len() as u64), &big);
+    assert!(status.contains(" 413 "), "{status}");
+    let text = http_get(metrics, "/metrics").unwrap();
+    for (reason, at_least) in [("too_large", 2), ("body_timeout", 1)] {
+        let n = palisade::metrics::sample_sum(
+            &text,
+            "palisade_http_refused_total",
+            &[("surface", "api"), ("reason", reason)],
+        );
+        assert!(n >= at_least, "{reason}: {n}\n{text}");
+    }
+}

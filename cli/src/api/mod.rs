@@ -49,6 +49,20 @@ pub(crate) fn body_limit(max_payload_bytes: usize) -> usize {
         .saturating_add(1024 * 1024)
 }
 
+/// The most bytes a body of a route that takes no job may hold: `{}`, a filter, a reason.
+const SMALL_BODY: usize = 64 * 1024;
+
+/// The most bytes `path`'s body may hold: a batch or a flow the whole
+/// [`body_limit`], one job its payload limit and 64 KiB for its fields, any other route
+/// [`SMALL_BODY`]. Refused past that with 413, a declared length before a byte is read.
+fn route_limit(path: Option<&str>, max_payload_bytes: usize) -> usize {
+    match path {
+        Some("/api/v1/jobs/batch" | "/api/v1/flows") => body_limit(max_payload_bytes),
+        Some("/api/v1/jobs") => max_payload_bytes.saturating_add(SMALL_BODY),
+        _ => SMALL_BODY,
+    }
+}
+
 /// The shortest bearer token accepted: a guessable token is no lock.
 const MIN_TOKEN_BYTES: usize = 16;
 
@@ -83,6 +97,10 @@ pub(super) struct ApiFlags {
     /// below the process's file descriptor limit.
     #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub(super) max_connections: usize,
+    /// Longest wait for a whole request body once its head arrived (a client trickling it is
+    /// answered 408 and disconnected).
+    #[arg(long, default_value = "30s", value_parser = super::duration_within(Duration::from_millis(100), Duration::from_secs(3600)))]
+    pub(super) body_timeout: Duration,
 }
 
 impl ApiFlags {
@@ -156,6 +174,8 @@ pub(crate) struct Api {
     /// The OpenAPI document, and each of its (method, path) operations.
     openapi: String,
     documented: HashSet<(Method, String)>,
+    /// `--body-timeout`.
+    body_timeout: Duration,
 }
 
 impl ApiFlags {
@@ -218,6 +238,7 @@ pub(super) fn router(
         origins,
         openapi: doc.to_json().context("writing the OpenAPI document")?,
         documented,
+        body_timeout: flags.body_timeout,
     });
     let routes = UNKNOWN
         .iter()
@@ -257,12 +278,48 @@ async fn unknown() -> ApiError {
 /// The checks every API request passes (see the module's documentation), then the
 /// response's headers: never cached, never sniffed.
 async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
-    let mut response = match admitted(&api, &request) {
-        Ok(()) => answered(next.run(request).await).await,
+    let admitted = admitted(&api, &request);
+    let path = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let limit = route_limit(path.as_deref(), api.max_payload_bytes);
+    let (method, uri) = (request.method().clone(), request.uri().path().to_owned());
+    let read = match admitted {
+        Ok(()) => crate::serve::buffered(request, limit, api.body_timeout)
+            .await
+            .map_err(|refused| {
+                let (status, code) = match refused {
+                    crate::serve::BodyRefused::TooLarge(_) => {
+                        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+                    }
+                    crate::serve::BodyRefused::TooSlow(_) => {
+                        (StatusCode::REQUEST_TIMEOUT, "body_timeout")
+                    }
+                    crate::serve::BodyRefused::Broken(_) => {
+                        (StatusCode::BAD_REQUEST, "invalid_request")
+                    }
+                };
+                ApiError::new(status, code, refused.to_string())
+            }),
+        Err(e) => Err(e),
+    };
+    let mut response = match read {
+        Ok(request) => answered(next.run(request).await).await,
         Err(e) => {
-            let method = request.method().as_str();
-            crate::reads::note_refused("api", e.code(), method, request.uri().path());
-            e.into_response()
+            crate::reads::note_refused("api", e.code(), method.as_str(), &uri);
+            let unread = matches!(
+                e.status(),
+                StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+            );
+            let mut response = e.into_response();
+            if unread {
+                // (The rest of its body is not read: the connection ends with this answer.)
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, "close".parse().expect("static"));
+            }
+            response
         }
     };
     let headers = response.headers_mut();
@@ -491,6 +548,7 @@ mod tests {
             metrics: None,
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
+            body_timeout: Duration::from_secs(30),
         };
         let store = Stores::from(Arc::new(palisade::MemoryLeaseStore::new()));
         let registry =
@@ -687,6 +745,7 @@ mod tests {
                     metrics: None,
                     header_timeout: Duration::from_secs(10),
                     max_connections: 512,
+                    body_timeout: Duration::from_secs(30),
                 };
                 assert!(
                     flags.checked(LISTEN.parse().unwrap(), false).is_err(),
@@ -701,6 +760,7 @@ mod tests {
                 metrics: None,
                 header_timeout: Duration::from_secs(10),
                 max_connections: 512,
+                body_timeout: Duration::from_secs(30),
             };
             let (_, off) = flags.checked(LISTEN.parse().unwrap(), true).unwrap();
             assert!(off.is_some());
@@ -764,6 +824,7 @@ mod tests {
                 origins: Vec::new(),
                 openapi: String::new(),
                 documented: operations(&doc),
+                body_timeout: Duration::from_secs(30),
             });
             let sneaky = Router::new()
                 .route("/api/v1/sneaky", get(|| async { "hi" }))

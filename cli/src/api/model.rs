@@ -118,6 +118,11 @@ impl ApiError {
         self.code
     }
 
+    /// Its HTTP status.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,

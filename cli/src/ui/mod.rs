@@ -104,6 +104,8 @@ struct Ui {
     authorization: Option<String>,
     /// Host header values accepted (lower case).
     hosts: Vec<String>,
+    /// `--body-timeout`: a form's body arrives whole within it.
+    body_timeout: std::time::Duration,
     /// Outcomes of recent actions, shown once after the redirect: the page shows only text
     /// it wrote itself, never text from the URL.
     flash: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
@@ -1269,7 +1271,33 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
         )
             .into_response();
     }
-    let mut response = next.run(request).await;
+    // A form is small: read whole within the body timeout, at most 64 KiB (what the console
+    // echoes back in a message is cut far below that).
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let mut response = match crate::serve::buffered(request, MAX_FORM_BYTES, ui.body_timeout).await
+    {
+        Ok(request) => next.run(request).await,
+        Err(refused) => {
+            let (status, reason) = match refused {
+                crate::serve::BodyRefused::TooLarge(_) => {
+                    (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+                }
+                crate::serve::BodyRefused::TooSlow(_) => {
+                    (StatusCode::REQUEST_TIMEOUT, "body_timeout")
+                }
+                crate::serve::BodyRefused::Broken(_) => {
+                    (StatusCode::BAD_REQUEST, "invalid_request")
+                }
+            };
+            crate::reads::note_refused("ui", reason, method.as_str(), &path);
+            (
+                status,
+                [(header::CONNECTION, "close")],
+                format!("{refused}\n"),
+            )
+                .into_response()
+        }
+    };
     let headers = response.headers_mut();
     headers.insert(header::X_FRAME_OPTIONS, "DENY".parse().expect("static"));
     headers.insert(
@@ -1285,6 +1313,9 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
     );
     response
 }
+
+/// The most bytes a console form's body may hold.
+const MAX_FORM_BYTES: usize = 64 * 1024;
 
 /// Asks for basic auth when it is configured.
 async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
@@ -1407,6 +1438,7 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
             csrf: uuid::Uuid::new_v4().simple().to_string(),
             authorization,
             hosts: allowed_hosts(bound, &args.public_hosts),
+            body_timeout: args.api.body_timeout,
             flash: Default::default(),
         });
         let api = super::api::router(
@@ -1600,6 +1632,7 @@ mod tests {
             csrf: "t".into(),
             authorization: None,
             hosts: Vec::new(),
+            body_timeout: std::time::Duration::from_secs(30),
             flash: Default::default(),
         };
         let id = ui.flash("done".into());
@@ -1712,6 +1745,7 @@ mod tests {
             csrf: "t".into(),
             authorization: None,
             hosts: Vec::new(),
+            body_timeout: std::time::Duration::from_secs(30),
             flash: Default::default(),
         };
         let form = ActionForm {
