@@ -261,7 +261,17 @@ pub(crate) fn allowed_hosts(listen: SocketAddr, public: &[String]) -> Vec<String
             "[::1]".into(),
         ]);
     }
-    hosts.extend(public.iter().map(|h| h.to_ascii_lowercase()));
+    for host in public.iter().map(|h| h.to_ascii_lowercase()) {
+        // A browser leaves a default port (443 for https, 80 for http) out of the Host it
+        // sends: `--public-host jobs.example:443` also matches `jobs.example`.
+        if let Some(name) = host
+            .strip_suffix(":443")
+            .or_else(|| host.strip_suffix(":80"))
+        {
+            hosts.push(name.to_owned());
+        }
+        hosts.push(host);
+    }
     hosts
 }
 
@@ -270,6 +280,30 @@ mod tests {
     use super::*;
     use palisade::store::{ControlStore, Inspect, LeaseStore};
     use palisade::NewJob;
+
+    /// Found by the attack that filed issue 58: `--public-host name:443` never matched, since
+    /// browsers leave the default port out of the Host they send.
+    #[test]
+    fn a_public_host_on_a_default_port_matches_what_browsers_send() {
+        let listen: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let hosts = allowed_hosts(
+            listen,
+            &[
+                "Jobs.Example:443".into(),
+                "plain.example:80".into(),
+                "x.example:8443".into(),
+            ],
+        );
+        for host in [
+            "jobs.example",
+            "jobs.example:443",
+            "plain.example",
+            "x.example:8443",
+        ] {
+            assert!(hosts.iter().any(|h| h == host), "{host}: {hosts:?}");
+        }
+        assert!(!hosts.iter().any(|h| h == "x.example"), "{hosts:?}");
+    }
 
     /// Found by the attack on issue 57: a clear confirmed for two jobs cancelled the two
     /// enqueued after the confirmation instead (at a higher priority, ahead in the queue), and

@@ -97,7 +97,7 @@ pub(crate) async fn serve(
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // (Out of file descriptors, say: wait, not spin.)
                     palisade::cli_support::warn_repeated!(error = %e, "accepting a connection failed");
@@ -107,6 +107,7 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let (stream, peer) = stream;
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             crate::reads::note_refused(surface, "connections", "-", "-");
             drop(stream);
@@ -116,7 +117,12 @@ pub(crate) async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                app.clone().oneshot(request.map(axum::body::Body::new))
+                let mut request = request.map(axum::body::Body::new);
+                // (Who is asking: the console throttles failed logins per address.)
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                app.clone().oneshot(request)
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

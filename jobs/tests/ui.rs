@@ -788,6 +788,22 @@ fn basic_auth_guards_the_page_and_beyond_loopback_it_is_required() {
     assert!(head("Authorization: Basic b3BzOndyb25n\r\n").contains("401"));
     // ops:s3cret
     assert!(head("Authorization: Basic b3BzOnMzY3JldA==\r\n").contains("200"));
+    // Issue 58 scope 3: ten wrong passwords in a minute, and this address waits out the
+    // minute — the right password too is answered 429 with when to come back.
+    for _ in 0..9 {
+        assert!(head("Authorization: Basic b3BzOndyb25n\r\n").contains("401"));
+    }
+    let throttled = exchange(
+        port,
+        &format!(
+            "GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Basic b3BzOnMzY3JldA==\r\n\r\n"
+        ),
+    );
+    assert!(
+        throttled.starts_with("HTTP/1.0 429")
+            && throttled.to_ascii_lowercase().contains("retry-after: "),
+        "{throttled}"
+    );
 
     let out = Command::new(BIN)
         .args(["ui", "--redis", &redis.url(), "--listen", "0.0.0.0:0"])

@@ -10,6 +10,7 @@
 //! every action redirects to a page of its own choosing (POST-redirect-GET, no redirect to a
 //! place the request names).
 
+mod logins;
 mod pages;
 
 use std::net::SocketAddr;
@@ -106,6 +107,8 @@ struct Ui {
     hosts: Vec<String>,
     /// `--body-timeout`: a form's body arrives whole within it.
     body_timeout: std::time::Duration,
+    /// Failed logins per client address.
+    logins: logins::Logins,
     /// Outcomes of recent actions, shown once after the redirect: the page shows only text
     /// it wrote itself, never text from the URL.
     flash: std::sync::Mutex<std::collections::VecDeque<(String, String)>>,
@@ -1320,6 +1323,22 @@ const MAX_FORM_BYTES: usize = 64 * 1024;
 /// Asks for basic auth when it is configured.
 async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
     if let Some(expected) = &ui.authorization {
+        let peer = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        let now = std::time::Instant::now();
+        if let Some(wait) = peer.and_then(|p| ui.logins.wait(p, now)) {
+            let method = request.method().as_str();
+            crate::reads::note_refused("ui", "throttled", method, request.uri().path());
+            let seconds = wait.as_secs().max(1).to_string();
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, seconds)],
+                "too many failed logins from this address; try again later\n",
+            )
+                .into_response();
+        }
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
@@ -1330,6 +1349,9 @@ async fn authorize(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> R
             if !given.is_empty() {
                 let method = request.method().as_str();
                 crate::reads::note_refused("ui", "unauthorized", method, request.uri().path());
+                if let Some(peer) = peer {
+                    ui.logins.failed(peer, now);
+                }
             }
             return (
                 StatusCode::UNAUTHORIZED,
@@ -1439,6 +1461,7 @@ pub(super) fn run(args: UiArgs, registry: palisade::Registry) -> anyhow::Result<
             authorization,
             hosts: allowed_hosts(bound, &args.public_hosts),
             body_timeout: args.api.body_timeout,
+            logins: Default::default(),
             flash: Default::default(),
         });
         let api = super::api::router(
@@ -1633,6 +1656,7 @@ mod tests {
             authorization: None,
             hosts: Vec::new(),
             body_timeout: std::time::Duration::from_secs(30),
+            logins: Default::default(),
             flash: Default::default(),
         };
         let id = ui.flash("done".into());
@@ -1746,6 +1770,7 @@ mod tests {
             authorization: None,
             hosts: Vec::new(),
             body_timeout: std::time::Duration::from_secs(30),
+            logins: Default::default(),
             flash: Default::default(),
         };
         let form = ActionForm {
