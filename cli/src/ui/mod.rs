@@ -249,7 +249,11 @@ async fn dashboard(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response
     respond(page.await, is_live(q.as_deref()))
 }
 
-async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+async fn queues(
+    State(ui): State<Arc<Ui>>,
+    Query(lq): Query<ListQuery>,
+    RawQuery(q): RawQuery,
+) -> Response {
     let page = async {
         let frame = ui
             .frame("/queues", "Queues".into(), "/queues", q.as_deref())
@@ -258,7 +262,16 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             ui.store.concurrency_caps().await?,
             &ui.store.leases(LEASE_SCAN).await?,
         );
-        let (queues, unreadable) = queue_rows(&ui.store).await?;
+        // A page of queues by name, `rows` a page: its cost is its own queues', however many
+        // there are.
+        let rows = ui.rows.max(1);
+        let page = lq.page.max(1);
+        let (queues, unreadable, total) =
+            crate::reads::queue_rows_page(&ui.store, (page - 1).saturating_mul(rows), rows).await?;
+        let pager = pages::Pager {
+            page,
+            more: total > page.saturating_mul(rows),
+        };
         // Groups: each queue's with the most ready jobs, and those with limits (bounded
         // reads: GROUPS_LISTED each).
         let mut top_groups = Vec::new();
@@ -278,6 +291,8 @@ async fn queues(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
             kinds,
             top_groups,
             limited_groups,
+            pager,
+            total,
         };
         Ok(pages::queues(&frame, &v))
     };
@@ -1303,6 +1318,11 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
     };
     let headers = response.headers_mut();
     headers.insert(header::X_FRAME_OPTIONS, "DENY".parse().expect("static"));
+    // (A page's URL names queues, jobs and searches: no other site is told it.)
+    headers.insert(
+        header::REFERRER_POLICY,
+        "same-origin".parse().expect("static"),
+    );
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         "frame-ancestors 'none'; script-src 'none'; form-action 'self'; base-uri 'none'"
@@ -1569,6 +1589,11 @@ mod tests {
                 }],
             )],
             limited_groups: Vec::new(),
+            pager: pages::Pager {
+                page: 1,
+                more: false,
+            },
+            total: 1,
         };
         let page = pages::queues(&frame(None), &view).into_string();
         assert!(

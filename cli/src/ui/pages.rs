@@ -373,6 +373,9 @@ pub(crate) struct QueuesView {
     pub top_groups: Vec<(String, Vec<palisade::GroupStatus>)>,
     /// Groups with a cap, a rate limit or a pause.
     pub limited_groups: Vec<palisade::GroupStatus>,
+    /// Which page of the queues (by name) this is, and how many queues there are.
+    pub pager: Pager,
+    pub total: usize,
 }
 
 pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
@@ -381,7 +384,7 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
         frame,
         html! {
             (unreadable(&v.unreadable))
-            @if v.queues.is_empty() { p.empty { "No queue has had a job yet." } }
+            @if v.queues.is_empty() && v.total == 0 { p.empty { "No queue has had a job yet." } }
             @else {
                 table #queues {
                     tr { th { "queue" } th { "ready" } th { "waiting" } th { "delayed" } th { "leased" }
@@ -424,6 +427,10 @@ pub(crate) fn queues(frame: &Frame, v: &QueuesView) -> Markup {
                             }
                         }
                     }
+                }
+                (v.pager.links_to(|page| format!("/queues?page={page}")))
+                @if v.pager.more || v.pager.page > 1 {
+                    p.meta { (v.total) " queues by name, " (v.queues.len()) " on this page." }
                 }
                 p.meta { "Pausing stops claims from the queue; running jobs finish and new jobs are still \
                           accepted. Forget appears for a queue with no job left that is neither paused \
@@ -597,7 +604,11 @@ pub(crate) struct Pager {
 impl Pager {
     /// "Page N" with links to the previous and the next page of `path` for `queue`.
     fn links(self, path: &str, queue: &str) -> Markup {
-        let to = |page: usize| format!("{path}?queue={}&page={page}", enc(queue));
+        self.links_to(|page| format!("{path}?queue={}&page={page}", enc(queue)))
+    }
+
+    /// "Page N" with links to the previous and the next page, each at `to(page)`.
+    fn links_to(self, to: impl Fn(usize) -> String) -> Markup {
         html! {
             @if self.page > 1 || self.more {
                 p.pages #pager {
