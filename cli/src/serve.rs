@@ -37,6 +37,18 @@ pub(crate) enum BodyRefused {
     Broken(String),
 }
 
+impl BodyRefused {
+    /// Its answer's status and its code (the API's error code, the refusal metric's reason).
+    pub(crate) fn status(&self) -> (axum::http::StatusCode, &'static str) {
+        use axum::http::StatusCode;
+        match self {
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::TooSlow(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+            Self::Broken(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        }
+    }
+}
+
 impl std::fmt::Display for BodyRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

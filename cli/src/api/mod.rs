@@ -289,17 +289,7 @@ async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Res
         Ok(()) => crate::serve::buffered(request, limit, api.body_timeout)
             .await
             .map_err(|refused| {
-                let (status, code) = match refused {
-                    crate::serve::BodyRefused::TooLarge(_) => {
-                        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
-                    }
-                    crate::serve::BodyRefused::TooSlow(_) => {
-                        (StatusCode::REQUEST_TIMEOUT, "body_timeout")
-                    }
-                    crate::serve::BodyRefused::Broken(_) => {
-                        (StatusCode::BAD_REQUEST, "invalid_request")
-                    }
-                };
+                let (status, code) = refused.status();
                 ApiError::new(status, code, refused.to_string())
             }),
         Err(e) => Err(e),

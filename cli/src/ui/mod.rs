@@ -1296,17 +1296,7 @@ async fn guard(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Respo
     {
         Ok(request) => next.run(request).await,
         Err(refused) => {
-            let (status, reason) = match refused {
-                crate::serve::BodyRefused::TooLarge(_) => {
-                    (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
-                }
-                crate::serve::BodyRefused::TooSlow(_) => {
-                    (StatusCode::REQUEST_TIMEOUT, "body_timeout")
-                }
-                crate::serve::BodyRefused::Broken(_) => {
-                    (StatusCode::BAD_REQUEST, "invalid_request")
-                }
-            };
+            let (status, reason) = refused.status();
             crate::reads::note_refused("ui", reason, method.as_str(), &path);
             (
                 status,
