@@ -3,7 +3,8 @@
 //! timeout — trickling it, or idle between requests — is disconnected; at most
 //! `max_connections` are served at once, and one past that is closed at once (counted as
 //! `palisade_http_refused_total{reason="connections"}`), so idle sockets cannot use up the
-//! process's file descriptors.
+//! process's file descriptors; a client that stops taking its answers is cut off after the
+//! write timeout, so it cannot hold a slot either.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub(crate) struct Limits {
     pub(crate) header_timeout: Duration,
     /// Connections served at once.
     pub(crate) max_connections: usize,
+    /// Longest a write may wait for the client to take data: one that stops reading its
+    /// answers (pipelining requests it never reads the answers of) is cut off then.
+    pub(crate) write_timeout: Duration,
 }
 
 /// Why a request's body was not read whole.
@@ -139,7 +143,13 @@ pub(crate) async fn serve(
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(
+                    TokioIo::new(palisade::cli_support::WriteDeadline::new(
+                        stream,
+                        limits.write_timeout,
+                    )),
+                    service,
+                )
                 .await;
         });
     }

@@ -647,6 +647,8 @@ fn bodies_over_their_route_limit_or_too_slow_are_refused() {
             TOKEN,
             "--body-timeout",
             "1s",
+            "--max-connections",
+            "20",
             "--metrics",
             &metrics_addr,
         ],
@@ -686,6 +688,39 @@ fn bodies_over_their_route_limit_or_too_slow_are_refused() {
     let big = vec![b' '; 100 * 1024];
     let (status, _) = ask(head("/api/v1/queues/q/pause", big.len() as u64), &big);
     assert!(status.contains(" 413 "), "{status}");
+    // Found by the attack on this change: clients that pipeline requests and never read the
+    // answers held every slot for good (the timeouts bounded only what the server reads).
+    // Now a write the client does not take within the body timeout ends its connection.
+    let request = format!("GET /api/v1/openapi.json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    let hogs: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let _ = stream.write_all(request.repeat(300).as_bytes());
+            stream
+        })
+        .collect();
+    wait_for(
+        "a request answered while the hogs hold their answers unread",
+        Duration::from_secs(15),
+        || {
+            let out = Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "--max-time",
+                    "3",
+                ])
+                .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+                .arg(format!("http://127.0.0.1:{port}/api/v1/queues"))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout) == "200"
+        },
+    );
+    drop(hogs);
     let text = http_get(metrics, "/metrics").unwrap();
     for (reason, at_least) in [("too_large", 2), ("body_timeout", 1)] {
         let n = palisade::metrics::sample_sum(

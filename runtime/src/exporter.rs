@@ -99,28 +99,48 @@ async fn listen(listener: tokio::net::TcpListener, handle: PrometheusHandle, hea
             upkeep.run_upkeep();
         }
     });
+    // A scraper, a probe and a person: a few connections at once, each sending its request
+    // head within the timeout and taking its answer within it. A client that does neither is
+    // cut off, and one past the cap closed at once, so nobody can hold the process's file
+    // descriptors through this port (issue 58).
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                tracing::warn!(error = %e, "metrics listener: accept failed");
+                crate::cli_support::warn_repeated!(error = %e, "metrics listener: accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let (handle, health) = (handle.clone(), health.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let response = route(request.uri().path(), &handle, &health);
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
-            let io = hyper_util::rt::TokioIo::new(stream);
+            let io = hyper_util::rt::TokioIo::new(crate::write_deadline::WriteDeadline::new(
+                stream, TIMEOUT,
+            ));
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(TIMEOUT)
                 .serve_connection(io, service)
                 .await;
         });
     }
 }
+
+/// Connections the metrics port serves at once.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Longest a metrics client may take to send its request head, or to take its answer.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
     let (status, body) = match path {

@@ -96,6 +96,7 @@ mod sink;
 pub mod store;
 mod trace;
 mod worker;
+mod write_deadline;
 
 // The root: what a user touches to define, run, enqueue and watch jobs. Limits and retention
 // periods are in `limits`, the pure rules in `rules`, the store traits and drivers in `store`.

@@ -98,7 +98,8 @@ pub(super) struct ApiFlags {
     #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub(super) max_connections: usize,
     /// Longest wait for a whole request body once its head arrived (a client trickling it is
-    /// answered 408 and disconnected).
+    /// answered 408 and disconnected), and for a client to take an answer's data (one that
+    /// stops reading is disconnected).
     #[arg(long, default_value = "30s", value_parser = super::duration_within(Duration::from_millis(100), Duration::from_secs(3600)))]
     pub(super) body_timeout: Duration,
 }
@@ -109,6 +110,7 @@ impl ApiFlags {
         crate::serve::Limits {
             header_timeout: self.header_timeout,
             max_connections: self.max_connections,
+            write_timeout: self.body_timeout,
         }
     }
 
@@ -1157,6 +1159,15 @@ mod tests {
                 let (status, answer) = send(&app, request(path, body)).await;
                 assert_eq!(status, want, "{path} {body}: {answer}");
             }
+            // A payload over the limit is refused before anything reads it (found by the attack
+            // on this change: a 32 MiB payload was parsed for its fingerprint first, 0.9 GB).
+            let big = format!(
+                r#"{{"kind":"nope","payload":{{"x":"{}"}},"id":"6f1c0000-0000-4000-8000-00000000b16b"}}"#,
+                "a".repeat(2000)
+            );
+            let (status, answer) = send(&app, request("/api/v1/jobs", &big)).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+            assert!(answer.contains("the limit is 1024"), "{answer}");
             for (path, want) in [
                 ("/api/v1/queues/q/jobs?limit=1000", StatusCode::OK),
                 ("/api/v1/queues/q/jobs?limit=1001", StatusCode::BAD_REQUEST),

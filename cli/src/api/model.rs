@@ -399,6 +399,14 @@ impl JobRequest {
             ));
         }
         let payload = self.payload.get();
+        // Before anything reads it (the handler's type, the fingerprint): a payload over the
+        // limit is refused unread (a 32 MiB one, parsed, took 0.9 GB).
+        if payload.len() > max_payload_bytes {
+            return refuse(format!(
+                "payload is {} bytes, the limit is {max_payload_bytes}",
+                payload.len()
+            ));
+        }
         registry.check(&self.kind, payload)?;
         let mut job = NewJob::raw(&self.kind, payload)
             .with_queue(&self.queue)

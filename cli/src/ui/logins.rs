@@ -1,9 +1,11 @@
 //! Failed console logins, throttled per client address: after [`MAX_FAILURES`] wrong
 //! passwords within [`WINDOW`], that address is answered 429 without its credentials being
 //! looked at until the window ends, so `--basic-auth` cannot be guessed at line speed. An
-//! IPv6 client counts by its /64 (one host holds a whole /64); past [`MAX_ADDRESSES`]
-//! addresses at once, the newcomers share one window, so a flood of addresses cannot grow the
-//! table. Behind a proxy every client has the proxy's address: one window for all of them.
+//! IPv6 client counts by its /64 (one host holds a whole /64). The table keeps at most
+//! [`MAX_ADDRESSES`]: past that the address whose window began first is forgotten, so a flood
+//! of addresses neither grows the table nor locks anyone else out (a window shared by every
+//! newcomer did: the attack on this change found an operator refused with the right password).
+//! Behind a proxy every client has the proxy's address: one window for all of them.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -29,7 +31,7 @@ impl Logins {
     /// How long `peer` must wait before it may try again, if it must.
     pub(super) fn wait(&self, peer: IpAddr, now: Instant) -> Option<Duration> {
         let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        let (start, failures) = windows.get(&Self::key(peer, &windows))?;
+        let (start, failures) = windows.get(&Self::key(peer))?;
         let left = WINDOW.checked_sub(now.saturating_duration_since(*start))?;
         (*failures >= MAX_FAILURES && !left.is_zero()).then_some(left)
     }
@@ -37,10 +39,17 @@ impl Logins {
     /// Counts a wrong password from `peer`.
     pub(super) fn failed(&self, peer: IpAddr, now: Instant) {
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        if windows.len() >= MAX_ADDRESSES {
+        let key = Self::key(peer);
+        if windows.len() >= MAX_ADDRESSES && !windows.contains_key(&key) {
             windows.retain(|_, (start, _)| now.saturating_duration_since(*start) < WINDOW);
+            // (Still full: the oldest window goes. A scan of the table, only when it is full.)
+            if windows.len() >= MAX_ADDRESSES {
+                let oldest = windows.iter().min_by_key(|(_, (start, _))| *start);
+                if let Some(oldest) = oldest.map(|(ip, _)| *ip) {
+                    windows.remove(&oldest);
+                }
+            }
         }
-        let key = Self::key(peer, &windows);
         let window = windows.entry(key).or_insert((now, 0));
         if now.saturating_duration_since(window.0) >= WINDOW {
             *window = (now, 0);
@@ -48,20 +57,15 @@ impl Logins {
         window.1 = window.1.saturating_add(1);
     }
 
-    /// Whom `peer` counts as: its address (an IPv6 one by its /64), or the shared window
-    /// when the table is full and it has none.
-    fn key(peer: IpAddr, windows: &HashMap<IpAddr, (Instant, u32)>) -> IpAddr {
-        let key = match peer.to_canonical() {
+    /// Whom `peer` counts as: its address, an IPv6 one by its /64.
+    fn key(peer: IpAddr) -> IpAddr {
+        match peer.to_canonical() {
             IpAddr::V6(v6) => {
                 let prefix = u128::from(v6) & !u128::from(u64::MAX);
                 IpAddr::V6(Ipv6Addr::from(prefix))
             }
             v4 => v4,
-        };
-        if windows.len() >= MAX_ADDRESSES && !windows.contains_key(&key) {
-            return IpAddr::V6(Ipv6Addr::UNSPECIFIED);
         }
-        key
     }
 }
 
@@ -97,21 +101,26 @@ mod tests {
         assert_eq!(logins.wait(v6("2001:db8:0:1::1"), t0), None);
     }
 
-    /// A flood of addresses does not grow the table past its bound: the newcomers share one
-    /// window, which throttles them together.
+    /// A flood of addresses does not grow the table past its bound, and locks nobody else
+    /// out: the oldest windows are forgotten to make room.
     #[test]
-    fn a_flood_of_addresses_shares_one_window_past_the_bound() {
+    fn a_flood_of_addresses_stays_bounded_and_locks_nobody_else_out() {
         let logins = Logins::default();
         let t0 = Instant::now();
+        let operator = IpAddr::from([203, 0, 113, 7]);
         for i in 0..(MAX_ADDRESSES as u32 + 20) {
-            logins.failed(IpAddr::from(i.to_be_bytes()), t0);
+            for _ in 0..MAX_FAILURES {
+                logins.failed(IpAddr::from(i.to_be_bytes()), t0);
+            }
         }
-        assert_eq!(logins.windows.lock().unwrap().len(), MAX_ADDRESSES + 1);
-        let newcomer = IpAddr::from([203, 0, 113, 7]);
-        assert!(logins.wait(newcomer, t0).is_some());
-        // Once the windows end, the table is cleared as it fills.
-        logins.failed(newcomer, t0 + WINDOW);
-        assert_eq!(logins.wait(newcomer, t0 + WINDOW), None);
+        assert_eq!(logins.windows.lock().unwrap().len(), MAX_ADDRESSES);
+        assert_eq!(logins.wait(operator, t0), None);
+        // The flood's latest addresses are still held off.
+        let latest = IpAddr::from((MAX_ADDRESSES as u32 + 19).to_be_bytes());
+        assert!(logins.wait(latest, t0).is_some());
+        // Once the windows end, the table empties as it fills.
+        logins.failed(operator, t0 + WINDOW);
+        assert_eq!(logins.wait(operator, t0 + WINDOW), None);
         assert!(logins.windows.lock().unwrap().len() < 10);
     }
 }
