@@ -321,7 +321,9 @@ impl NewJob {
     /// queued, delayed, waiting or running, and for [`ID_RETENTION`] after it was enqueued,
     /// enqueueing it again adds nothing and answers [`Enqueued::Existing`]`(id)`. The id is
     /// kept taken by the unique key `id:<id>`, unless the job has a unique key of its own,
-    /// which then decides ([`NewJob::with_unique_key`]). Ids must differ within one batch.
+    /// which then decides ([`NewJob::with_unique_key`]; an idempotency key, one with a
+    /// [`UniqueKey::fingerprint`], keeps the id taken as well). Ids must differ within one
+    /// batch.
     ///
     /// `Client`, the `Coordinator` actor and
     /// `palisade enqueue` give every job without one an id of their own before the first
@@ -414,15 +416,18 @@ impl NewJob {
         (own && self.debounce.is_none()).then(|| self.fingerprint())
     }
 
-    /// How long a store keeps this job's own id key (`id:<id>`) taken beside a unique key of
-    /// another name: [`ID_RETENTION`] for a job with a producer-chosen id and such a key (a
-    /// key of its own decides whether it is added, and its id stays one job's); `None` when
-    /// the id key is the job's unique key already, or the job has no id.
+    /// How long a store keeps this job's own id key (`id:<id>`) taken beside an idempotency
+    /// key of another name (one with a [`UniqueKey::fingerprint`], such as the HTTP API's
+    /// `Idempotency-Key`): [`ID_RETENTION`], so the id stays that request's job and another
+    /// job under it is refused or turned away. `None` for a plain unique key, which decides
+    /// alone as [`NewJob::with_id`] says, for a job whose id key is its unique key already,
+    /// and for a job with no id.
     #[doc(hidden)] // for the stores
     pub fn id_key_ttl(&self) -> Option<Duration> {
         let id = self.id?;
         let unique = self.unique.as_ref()?;
-        (unique.key != format!("id:{id}") && self.debounce.is_none()).then_some(ID_RETENTION)
+        let idempotency = unique.fingerprint.is_some() && unique.key != format!("id:{id}");
+        (idempotency && self.debounce.is_none()).then_some(ID_RETENTION)
     }
 
     /// Sets the queue.
