@@ -925,9 +925,12 @@ pub async fn an_idempotency_key_refuses_a_different_request(store: Stores) {
     // A producer-chosen id beside an idempotency key of another name: the id stays taken
     // after its job completed (found by the attack on issue 58: another job under the id was
     // added over the completed one's record). (Beside a plain key, that key decides alone.)
+    // (One named scope for them all: on a partitioned coordinator a key or an id is unique
+    // per partition, and the scope keeps these in one.)
     let z = JobId::new();
     let mut first = job("z1")
         .with_queue("idem2")
+        .with_scope("idem-z")
         .with_unique_key("idem-z", TTL)
         .with_id(z);
     first.unique.as_mut().unwrap().fingerprint = Some(first.fingerprint());
@@ -939,15 +942,16 @@ pub async fn an_idempotency_key_refuses_a_different_request(store: Stores) {
     settle(&store, c[0].lease.id, Settlement::completed())
         .await
         .unwrap();
-    let other = store
-        .enqueue_all(vec![job("z2").with_queue("idem2").with_id(z)])
-        .await;
+    let under_z = |kind: &str| {
+        job(kind)
+            .with_queue("idem2")
+            .with_scope("idem-z")
+            .with_id(z)
+    };
+    let other = store.enqueue_all(vec![under_z("z2")]).await;
     assert!(matches!(other, Err(Error::Conflict(_))), "{other:?}");
     assert_eq!(
-        store
-            .enqueue_all(vec![job("z1").with_queue("idem2").with_id(z)])
-            .await
-            .unwrap(),
+        store.enqueue_all(vec![under_z("z1")]).await.unwrap(),
         [Enqueued::Existing(z)]
     );
     assert_eq!(store.counts("idem2").await.unwrap().ready, 0);
