@@ -502,13 +502,27 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The live master serving `key` now.
+    /// The live master serving `key` now (asked again for up to 10 s: a node's `redis-cli`
+    /// can miss an answer on a loaded machine, and a failover may still be settling).
     pub fn master_of(&self, key: &str) -> usize {
-        let slot: u16 = self.nodes[self.masters()[0]]
-            .cli(&["CLUSTER", "KEYSLOT", key])
-            .unwrap()
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(m) = self.try_master_of(key) {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no live master serves {key} within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn try_master_of(&self, key: &str) -> Option<usize> {
+        let slot: u16 = self.nodes[*self.masters().first()?]
+            .cli(&["CLUSTER", "KEYSLOT", key])?
             .parse()
-            .unwrap();
+            .ok()?;
         // CLUSTER COUNTKEYSINSLOT answers on any node; a master's own CLUSTER NODES line
         // ("myself,master") lists the slot ranges it serves.
         for m in self.masters() {
@@ -521,10 +535,10 @@ impl RedisCluster {
                 matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if lo <= slot && slot <= hi)
             });
             if serves {
-                return m;
+                return Some(m);
             }
         }
-        panic!("no live master serves {key} (slot {slot})");
+        None
     }
 
     /// Kills node `i` (SIGKILL).
