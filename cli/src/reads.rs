@@ -42,9 +42,12 @@ pub(crate) async fn queue_rows_page(
     names.sort_unstable();
     let total = names.len();
     let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
-    for queue in names.into_iter().skip(offset).take(limit) {
+    let read = names.into_iter().skip(offset).take(limit).map(|queue| {
         let is_paused = paused.contains(&queue);
-        match queue_row(store, queue.clone(), is_paused).await {
+        async move { (queue.clone(), queue_row(store, queue, is_paused).await) }
+    });
+    for (queue, row) in at_once(read).await {
+        match row {
             Ok(row) => rows.push(row),
             Err(e) if e.leaves_queue_out(&queue, "queues") => {
                 unreadable.push((queue, e.to_string()))
@@ -53,6 +56,33 @@ pub(crate) async fn queue_rows_page(
         }
     }
     Ok((rows, unreadable, total))
+}
+
+/// How many reads of queues a view keeps in flight at once: a view of thousands of queues
+/// waits for a round trip per 16 of them, not per queue (5,000 took 0.6 s one by one).
+const IN_FLIGHT: usize = 16;
+
+/// `reads` run [`IN_FLIGHT`] at a time, their answers in their order.
+pub(crate) async fn at_once<T>(
+    reads: impl Iterator<Item = impl std::future::Future<Output = T>>,
+) -> Vec<T> {
+    use futures_util::StreamExt as _;
+    futures_util::stream::iter(reads)
+        .buffered(IN_FLIGHT)
+        .collect()
+        .await
+}
+
+/// Each of `queues` with its counts (or why they could not be read), in order.
+pub(crate) async fn counts_of(
+    store: &Stores,
+    queues: Vec<String>,
+) -> Vec<(String, palisade::Result<palisade::QueueCounts>)> {
+    at_once(queues.into_iter().map(|queue| async move {
+        let counts = store.counts(&queue).await;
+        (queue, counts)
+    }))
+    .await
 }
 
 /// One queue's counts, age of the next ready job and rate limit; `paused` as the caller read it.
@@ -76,8 +106,8 @@ pub(crate) async fn dead_counts(
     store: &Stores,
 ) -> palisade::Result<(Vec<(String, u64)>, Vec<(String, String)>)> {
     let (mut out, mut unreadable) = (Vec::new(), Vec::new());
-    for queue in store.queues().await? {
-        let dead = match store.counts(&queue).await {
+    for (queue, counts) in counts_of(store, store.queues().await?).await {
+        let dead = match counts {
             Ok(counts) => counts.dead,
             Err(e) if e.leaves_queue_out(&queue, "queues") => {
                 unreadable.push((queue, e.to_string()));

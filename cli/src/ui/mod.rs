@@ -333,8 +333,9 @@ impl Ui {
         count: impl Fn(&palisade::QueueCounts) -> u64,
     ) -> palisade::Result<(Vec<(String, u64)>, Option<String>)> {
         let mut queues = Vec::new();
-        for queue in self.store.queues().await? {
-            match self.store.counts(&queue).await {
+        let names = self.store.queues().await?;
+        for (queue, counts) in crate::reads::counts_of(&self.store, names).await {
+            match counts {
                 Ok(counts) => queues.push((queue, count(&counts))),
                 Err(e) if e.leaves_queue_out(&queue, "queues") => {}
                 Err(e) => return Err(e),
