@@ -581,24 +581,8 @@ fn idle_connections_are_closed_and_capped_and_requests_still_answered() {
     wait_for(
         "a request answered under the attack",
         Duration::from_secs(10),
-        || {
-            // (A request refused at the cap is reset: tried again, as a client would.)
-            let out = Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "--max-time",
-                    "5",
-                ])
-                .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-                .arg(format!("http://127.0.0.1:{port}/api/v1/queues"))
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout) == "200"
-        },
+        // (A request refused at the cap is reset: tried again, as a client would.)
+        || queues_answered(port, 5),
     );
     // Every idle connection is closed by the server: EOF, well before 150 s.
     for stream in idle.iter_mut().chain(std::iter::once(&mut trickle)) {
@@ -625,6 +609,19 @@ fn idle_connections_are_closed_and_capped_and_requests_still_answered() {
         refused > 0,
         "past the cap, refused at once: {refused}\n{text}"
     );
+}
+
+/// Whether `GET /api/v1/queues` with the token answers 200 within `max_time` seconds (curl:
+/// a connection of its own, as a legitimate client's).
+fn queues_answered(port: u16, max_time: u32) -> bool {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time"])
+        .arg(max_time.to_string())
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .arg(format!("http://127.0.0.1:{port}/api/v1/queues"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout) == "200"
 }
 
 /// Issue 58 M1, the body: a `Content-Length` over the route's limit is refused at once (it was
@@ -702,23 +699,7 @@ fn bodies_over_their_route_limit_or_too_slow_are_refused() {
     wait_for(
         "a request answered while the hogs hold their answers unread",
         Duration::from_secs(15),
-        || {
-            let out = Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "--max-time",
-                    "3",
-                ])
-                .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-                .arg(format!("http://127.0.0.1:{port}/api/v1/queues"))
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout) == "200"
-        },
+        || queues_answered(port, 3),
     );
     drop(hogs);
     let text = http_get(metrics, "/metrics").unwrap();

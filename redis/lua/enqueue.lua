@@ -223,17 +223,19 @@ for i = 0, n - 1 do
     if group then
       redis.call('HSET', base .. 'job:' .. id, 'group', group)
     end
-    if ARGV[o + 14] ~= '' then
-      redis.call('HSET', base .. 'job:' .. id, 'fp', ARGV[o + 14])
-    end
+    -- One HSET for the record: its scope and fingerprint only when it has them.
+    local record = { 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind, 'at', at, 'enq', now }
     if scope == '' then
       scope = nil
-      redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-        'at', at, 'enq', now)
     else
-      redis.call('HSET', base .. 'job:' .. id, 'meta', ARGV[o + 7], 'queue', queue, 'kind', kind,
-        'scope', scope, 'at', at, 'enq', now)
+      table.insert(record, 'scope')
+      table.insert(record, scope)
     end
+    if ARGV[o + 14] ~= '' then
+      table.insert(record, 'fp')
+      table.insert(record, ARGV[o + 14])
+    end
+    redis.call('HSET', base .. 'job:' .. id, unpack(record))
     local score = last - n + i + 1 - priority * PRIORITY_SPAN
     if delay > 0 then
       redis.call('ZADD', base .. 'q:' .. queue .. ':delayed', now + delay, id)

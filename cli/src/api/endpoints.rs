@@ -295,8 +295,11 @@ async fn enqueue_batch(
     // Under a header key every job carries the batch's fingerprint: another batch under the
     // key (one job changed, one more or one fewer) is refused whole, not half matched.
     if key.is_some() {
-        let canonical: Vec<_> = jobs.iter().map(super::model::canonical).collect();
-        let batch = palisade::rules::batch_fingerprint(&canonical);
+        // (Each job carries its own already, `JobRequest::job`'s: of its canonical payload.)
+        let batch = palisade::rules::batch_fingerprint(
+            jobs.iter()
+                .filter_map(|j| j.unique.as_ref()?.fingerprint.as_deref()),
+        );
         for job in &mut jobs {
             if let Some(u) = job.unique.as_mut() {
                 u.fingerprint = Some(batch.clone());

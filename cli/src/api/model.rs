@@ -485,7 +485,7 @@ impl JobRequest {
 /// `job` with its payload written canonically (object keys sorted, no spaces, escapes
 /// resolved) for its fingerprint: a client that sends the same payload formatted otherwise
 /// sends the same request. (The job keeps its payload as sent.)
-pub(crate) fn canonical(job: &NewJob) -> NewJob {
+fn canonical(job: &NewJob) -> NewJob {
     let mut job = job.clone();
     if let Ok(value) = serde_json::from_str::<serde_json::Value>(&job.payload) {
         job.payload = value.to_string();

@@ -721,11 +721,12 @@ fn digest(bytes: &[u8]) -> String {
     out
 }
 
-/// One fingerprint for a batch of jobs, in order ([`NewJob::fingerprint`] of each): for
-/// idempotency keys that name a whole batch, so another batch under them (a job changed,
-/// added or left out) is refused whole.
-pub fn batch_fingerprint(jobs: &[NewJob]) -> String {
-    let each: Vec<String> = jobs.iter().map(NewJob::fingerprint).collect();
+/// One fingerprint for a batch of jobs, from each job's fingerprint in order
+/// ([`NewJob::fingerprint`], or one its caller computed as that does): for idempotency keys
+/// that name a whole batch, so another batch under them (a job changed, added or left out)
+/// is refused whole.
+pub fn batch_fingerprint<'a>(each: impl IntoIterator<Item = &'a str>) -> String {
+    let each: Vec<&str> = each.into_iter().collect();
     digest(&serde_json::to_vec(&each).unwrap_or_default())
 }
 

@@ -1063,8 +1063,9 @@ impl LeaseStore for MemoryLeaseStore {
         // (An idempotency key held with another fingerprint refuses it too, as the script
         // does: `UniqueKey::fingerprint`.)
         let mut taken: HashMap<String, Option<String>> = HashMap::default();
-        for new in &jobs {
-            let fingerprint = new.key_fingerprint();
+        // (Each job's once: a fingerprint hashes the payload.)
+        let fingerprints: Vec<Option<String>> = jobs.iter().map(NewJob::key_fingerprint).collect();
+        for (new, fingerprint) in jobs.iter().zip(&fingerprints) {
             // Whether `key` is held (by a job kept, or an earlier one of this batch), refused
             // when it was taken with another fingerprint.
             let held = |key: &str| -> Result<bool> {
@@ -1075,7 +1076,7 @@ impl LeaseStore for MemoryLeaseStore {
                         None => return Ok(false),
                     },
                 };
-                match (kept, &fingerprint) {
+                match (kept, fingerprint) {
                     (Some(kept), Some(fp)) if kept != fp => Err(crate::job::conflict(key, &holder)),
                     _ => Ok(true),
                 }
@@ -1100,7 +1101,7 @@ impl LeaseStore for MemoryLeaseStore {
                 taken.insert(u.key.clone(), fingerprint.clone());
             }
             if let (Some(k), Some(_)) = (id_key, new.id_key_ttl()) {
-                taken.insert(k, fingerprint);
+                taken.insert(k, fingerprint.clone());
             }
             let Some(d) = &new.debounce else { continue };
             if let Some((holder, _, _)) = state.pending_debounce(&d.key) {
@@ -1125,8 +1126,7 @@ impl LeaseStore for MemoryLeaseStore {
             }
         }
         let mut out = Vec::with_capacity(jobs.len());
-        for mut new in jobs {
-            let fingerprint = new.key_fingerprint();
+        for (mut new, fingerprint) in jobs.into_iter().zip(fingerprints) {
             if let Some(holder) = new.unique.as_ref().and_then(|u| state.unique.get(&u.key)) {
                 out.push(Enqueued::Existing(holder.0));
                 continue;
