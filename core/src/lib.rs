@@ -21,6 +21,7 @@
 //! may change in any release.
 
 pub mod admission;
+pub mod clock;
 pub mod error;
 pub mod flow;
 pub mod format;

@@ -101,6 +101,26 @@ pub(crate) struct RunState {
     trace: Option<crate::traceparent::TraceContext>,
     /// The worker running it, for its rejection notes.
     worker: String,
+    /// Shown every write besides the sink: the testing harness's record (none in a worker).
+    probe: Option<Arc<dyn Probe>>,
+}
+
+/// What sees a run's fenced writes besides its sinks: the testing harness, which records
+/// each one with its answer and can hold one back (a zombie paused before it).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) trait Probe: Send + Sync {
+    /// Awaited before each write goes out.
+    fn before_write(&self) -> BoxFuture<'static, ()>;
+    /// A write's answer; `mutations` for a `ctx.sink` write (a Postgres transaction's
+    /// statements are its own).
+    fn written(
+        &self,
+        sink: &str,
+        lease: &Lease,
+        key: &IdempotencyKey,
+        mutations: Option<Vec<Mutation>>,
+        admission: &Result<Admission>,
+    );
 }
 
 /// What a run asked to set going with its completion, its bytes of JSON so far, and whether
@@ -135,6 +155,38 @@ impl RunState {
             follow_ups: std::sync::Mutex::default(),
             progress: Some((job, coordinator)),
             progress_sent: std::sync::Mutex::default(),
+            probe: None,
+        }
+    }
+
+    /// Shows this run's writes to `probe` too.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn with_probe(mut self, probe: Arc<dyn Probe>) -> Self {
+        self.probe = Some(probe);
+        self
+    }
+
+    /// Waits for the probe, if any, to let a write go out.
+    async fn before_write(&self) {
+        if let Some(probe) = &self.probe {
+            probe.before_write().await;
+        }
+    }
+
+    /// Whether a write is shown to a probe (then its key and mutations are kept for it).
+    fn shows_writes(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Shows a write's answer to the probe, if any.
+    fn show(
+        &self,
+        (sink, lease, key): (&str, &Lease, &IdempotencyKey),
+        mutations: Option<Vec<Mutation>>,
+        admission: &Result<Admission>,
+    ) {
+        if let Some(probe) = &self.probe {
+            probe.written(sink, lease, key, mutations, admission);
         }
     }
 
@@ -656,6 +708,7 @@ impl PostgresHandle {
             self.fence,
             &key,
         );
+        self.run.before_write().await;
         let result = self
             .sink
             .transaction(&self.scope, self.fence, &key, f)
@@ -667,6 +720,8 @@ impl PostgresHandle {
         });
         crate::sink::record(&self.name, &self.scope, &admission);
         self.run.note(&span, &self.name, &self.lease, &admission);
+        self.run
+            .show((&self.name, &self.lease, &key), None, &admission);
         result
     }
 }
@@ -720,6 +775,11 @@ impl SinkHandle {
             self.fence,
             &key,
         );
+        self.run.before_write().await;
+        let shown = self
+            .run
+            .shows_writes()
+            .then(|| (key.clone(), mutations.clone()));
         let admission = self
             .addr
             .send(Write(FencedWrite {
@@ -733,6 +793,10 @@ impl SinkHandle {
             .map_err(Error::from)
             .and_then(|a| a);
         self.run.note(&span, &self.name, &self.lease, &admission);
+        if let Some((key, mutations)) = shown {
+            self.run
+                .show((&self.name, &self.lease, &key), Some(mutations), &admission);
+        }
         admission
     }
 }

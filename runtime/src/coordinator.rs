@@ -510,7 +510,7 @@ async fn sweep_follow_ups(store: &Stores) {
 /// forgets it. A transient failure leaves it for the sweep; after a permanent one the jobs
 /// are enqueued one by one, and a job the store refuses for good is dropped loudly rather
 /// than retried forever.
-async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
+pub(crate) async fn deliver_follow_ups(store: &Stores, set: FollowUps, how: &'static str) {
     let FollowUps {
         parent,
         jobs,

@@ -76,6 +76,7 @@ pub mod cli_support;
 pub(crate) use palisade_core::{
     admission, error, flow, group, ids, job, mutation, policy, repeats, schedule, traceparent,
 };
+mod attempt;
 mod client;
 mod context;
 mod coordinator;
@@ -94,6 +95,8 @@ mod sampler;
 mod scheduler;
 mod sink;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod trace;
 mod worker;
 mod write_deadline;

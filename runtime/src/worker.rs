@@ -6,12 +6,10 @@
 //! jobs run. Give each worker its own `Arbiter` so several workers use several cores.
 
 use foldhash::{HashMap, HashMapExt};
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::FutureExt;
 use metrics::{counter, histogram, Counter, Histogram};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -567,22 +565,14 @@ impl Worker {
             trace,
             self.config.name.clone(),
         ));
-        let run = match self.registry.get(&job.kind) {
-            Some(handler) => {
-                let jctx = JobContext::new(
-                    job.clone(),
-                    lease,
-                    cancel.clone(),
-                    self.sinks.clone(),
-                    state.clone(),
-                );
-                handler(jctx, &job.payload)
-            }
-            None => {
-                let reason = format!("unknown job kind {:?}", job.kind);
-                Box::pin(async move { Err(JobError::Fatal(reason)) })
-            }
-        };
+        let jctx = JobContext::new(
+            job.clone(),
+            lease,
+            cancel.clone(),
+            self.sinks.clone(),
+            state.clone(),
+        );
+        let run = crate::attempt::start(&self.registry, &job, jctx);
         self.running.insert(
             lease_id,
             Running {
@@ -598,24 +588,9 @@ impl Worker {
         let worker = ctx.address();
         actix::spawn(async move {
             claim_to_start.record(sent.elapsed());
-            // A panicking handler must not take the worker down or lose the job: it becomes a
-            // retry like any other failure. The handler's own spans nest in the attempt's.
-            let run = AssertUnwindSafe(run.instrument(span.clone()))
-                .catch_unwind()
-                .map(|ran| {
-                    ran.unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "non-string panic".into());
-                        Err(JobError::retry(format!("handler panicked: {what}")))
-                    })
-                });
-            let (outcome, timed_out) = match timeout {
-                Some(limit) => bounded(run, limit, grace, &cancel).await,
-                None => (run.await, false),
-            };
+            // The handler's own spans nest in the attempt's.
+            let run = run.instrument(span.clone());
+            let (outcome, timed_out) = crate::attempt::finish(run, timeout, grace, &cancel).await;
             crate::trace::record_attempt(&span, &outcome);
             drop(span);
             worker.do_send(JobFinished {
@@ -860,35 +835,6 @@ pub(crate) struct JobFinished {
     pub timed_out: bool,
 }
 
-/// Runs an attempt's handler `run` for at most `limit`; then fires its cancellation token and
-/// gives it `grace` to return. One that does not is dropped — aborted at the `.await` it
-/// waits in, which frees its slot (a handler that blocks its thread without awaiting cannot
-/// be aborted: run blocking work in `spawn_blocking`). What it had sent is not undone: a
-/// write already at a sink is decided there, and once the job's next attempt holds a newer
-/// token, or the lease is gone, the fence refuses anything later. Returns the outcome and
-/// whether it is "timed out": a handler that returns within the grace keeps a fatal error,
-/// a fence refusal (which may reseed the coordinator) or a snooze; its success or retry
-/// becomes the timed-out retry — it was cut short.
-async fn bounded(
-    run: impl std::future::Future<Output = std::result::Result<(), JobError>>,
-    limit: Duration,
-    grace: Duration,
-    cancel: &CancellationToken,
-) -> (std::result::Result<(), JobError>, bool) {
-    tokio::pin!(run);
-    if let Ok(outcome) = tokio::time::timeout(limit, &mut run).await {
-        return (outcome, false);
-    }
-    cancel.cancel();
-    match tokio::time::timeout(grace, &mut run).await {
-        Ok(Err(e @ (JobError::Fatal(_) | JobError::Fenced(_) | JobError::Snooze { .. }))) => {
-            (Err(e), false)
-        }
-        Ok(_) => (Err(crate::policy::timed_out(limit, None)), true),
-        Err(_) => (Err(crate::policy::timed_out(limit, Some(grace))), true),
-    }
-}
-
 impl Handler<JobFinished> for Worker {
     type Result = ();
 
@@ -902,20 +848,13 @@ impl Handler<JobFinished> for Worker {
         let (job, span, metrics) = (running.job, running.span, running.metrics);
         self.journal(&running.run);
         running.run.flush_progress();
-        let mut settlement = self.registry.retry_of(&job.kind, self.config.retry).settle(
+        let settlement = crate::attempt::settlement(
+            &self.registry,
+            self.config.retry,
             &job,
             &msg.outcome,
-            rand::random::<f64>(),
+            &running.run,
         );
-        // The result and the follow-up jobs go with the completion, in the same atomic step:
-        // an accepted completion has them, a refused one (the lease is no longer current)
-        // leaves none. Follow-ups are taken whatever the outcome, so none can be asked for
-        // after the run ended.
-        let asked = running.run.take_follow_ups();
-        if let Settlement::Complete { result, then } = &mut settlement {
-            *result = running.run.take_result();
-            *then = asked;
-        }
         let outcome = if msg.timed_out {
             let returned = match &msg.outcome {
                 Ok(()) => "returned".to_owned(),

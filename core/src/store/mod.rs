@@ -703,9 +703,7 @@ pub fn check_schedule(spec: &ScheduleSpec) -> Result<()> {
 /// Now, in ms since the Unix epoch (0 on a clock before it).
 #[doc(hidden)]
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::clock::unix_ms()
 }
 
 /// A live lease, for status output.

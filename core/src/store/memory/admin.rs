@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 
 use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
@@ -18,7 +17,7 @@ use crate::store::{Inspect, LeaseInfo, QueueAdmin, SweepProgress};
 #[async_trait]
 impl Inspect for MemoryLeaseStore {
     async fn counts(&self, queue: &str) -> Result<QueueCounts> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         Ok(state
             .queues
@@ -69,7 +68,7 @@ impl Inspect for MemoryLeaseStore {
     }
 
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<JobView>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         let Some(q) = state.queues.get(queue) else {
             return Ok(Vec::new());
@@ -119,7 +118,7 @@ impl Inspect for MemoryLeaseStore {
     }
 
     async fn job(&self, job: JobId) -> Result<Option<JobView>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         let Some(record) = state.jobs.get(&job) else {
             return Ok(None);
@@ -156,7 +155,7 @@ impl Inspect for MemoryLeaseStore {
     }
 
     async fn completed(&self, job: JobId) -> Result<Option<CompletedJob>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state.forget_completed(self.completed_retention, now);
         let Some((_, done)) = state.completed.get(&job) else {
@@ -181,7 +180,7 @@ impl Inspect for MemoryLeaseStore {
     }
 
     async fn leases(&self, limit: usize) -> Result<Vec<LeaseInfo>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         Ok(state
             .leases
@@ -205,7 +204,7 @@ impl Inspect for MemoryLeaseStore {
     }
 
     async fn oldest_ready(&self, queue: &str) -> Result<Option<Duration>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         let Some(q) = state.queues.get(queue) else {
             return Ok(None);
@@ -301,7 +300,7 @@ impl QueueAdmin for MemoryLeaseStore {
             .map(|(lease, _)| *lease);
         let done = if let Some(lease) = lease {
             if let Some(r) = state.leases.remove(&lease) {
-                state.drop_lease(lease, r, Instant::now());
+                state.drop_lease(lease, r, crate::clock::now());
             }
             Cancelled::Revoked
         } else {
@@ -337,7 +336,7 @@ impl QueueAdmin for MemoryLeaseStore {
     }
 
     async fn retry_dead(&self, queue: &str, limit: usize) -> Result<usize> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let mut count = 0;
         while count < limit {
@@ -369,7 +368,7 @@ impl QueueAdmin for MemoryLeaseStore {
         progress: SweepProgress<'_>,
     ) -> Result<DeadSweep> {
         crate::job::check_name("queue", queue)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut sweep = DeadSweep::default();
         {
             let mut state = lock(&self.state);
@@ -420,7 +419,7 @@ impl QueueAdmin for MemoryLeaseStore {
 
     async fn retry_dead_job(&self, queue: &str, job: JobId) -> Result<bool> {
         crate::job::check_name("queue", queue)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         if state.jobs.contains_key(&job) {
             return Ok(false); // its id names a live job again, as `retry_dead` keeps it
@@ -452,7 +451,7 @@ impl QueueAdmin for MemoryLeaseStore {
     }
 
     async fn run_now(&self, job: JobId) -> Result<bool> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let Some(queue) = state.jobs.get(&job).map(|j| j.queue.clone()) else {
             return Ok(false);
@@ -539,7 +538,7 @@ impl QueueAdmin for MemoryLeaseStore {
                 let full = f64::from(limit.jobs);
                 state
                     .rates
-                    .insert(queue.to_owned(), (limit, full, Instant::now()));
+                    .insert(queue.to_owned(), (limit, full, crate::clock::now()));
             }
             None => {
                 state.rates.remove(queue);
@@ -555,7 +554,7 @@ impl QueueAdmin for MemoryLeaseStore {
     async fn set_group_limits(&self, group: &str, limits: GroupLimits) -> Result<()> {
         crate::job::check_name("group", group)?;
         limits.validate()?;
-        lock(&self.state).set_group_limits(group, limits, Instant::now());
+        lock(&self.state).set_group_limits(group, limits, crate::clock::now());
         Ok(())
     }
 

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 
 use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
@@ -22,7 +21,7 @@ impl ControlStore for MemoryLeaseStore {
 
     async fn hold_role(&self, role: &str, holder: &str, ttl: Duration) -> Result<bool> {
         check_role_ttl(ttl)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let held_by_other = state
             .roles
@@ -42,14 +41,14 @@ impl ControlStore for MemoryLeaseStore {
         let ttl = ttl.clamp(Duration::from_millis(1), crate::job::MAX_DELAY);
         beat.seen_ms = unix_ms();
         let mut state = lock(&self.state);
-        let now = Instant::now();
+        let now = crate::clock::now();
         state.workers.retain(|_, (_, until)| *until > now);
         state.workers.insert(beat.worker.clone(), (beat, now + ttl));
         Ok(())
     }
 
     async fn workers(&self) -> Result<Vec<WorkerBeat>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state.workers.retain(|_, (_, until)| *until > now);
         let mut workers: Vec<WorkerBeat> = state.workers.values().map(|(b, _)| b.clone()).collect();

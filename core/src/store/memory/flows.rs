@@ -37,7 +37,7 @@ impl LeaseState {
         let Some(step) = &job.flow else {
             return;
         };
-        self.ended_steps.insert(job.id, Instant::now());
+        self.ended_steps.insert(job.id, crate::clock::now());
         if self.step_end_of.contains_key(&job.id) {
             return;
         }
@@ -91,7 +91,7 @@ impl FlowStore for MemoryLeaseStore {
     async fn hold(&self, jobs: Vec<(NewJob, FlowStep)>) -> Result<()> {
         let news: Vec<NewJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
         crate::job::validate_batch(&news, self.max_payload_bytes)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state
             .ended_steps
@@ -109,7 +109,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn release(&self, releases: Vec<Release>) -> Result<Vec<JobId>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         for r in releases {
             let delay = match state.held.get(&r.job) {
@@ -150,7 +150,7 @@ impl FlowStore for MemoryLeaseStore {
 
     async fn put_flow(&self, flow: &Flow) -> Result<(bool, Vec<Release>)> {
         flow.validate(self.max_payload_bytes)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state.forget_finished_flows(now);
         let new = !state.flows.contains_key(&flow.id());
@@ -170,7 +170,7 @@ impl FlowStore for MemoryLeaseStore {
         ended: &[(String, StepEnd)],
         applied: &[String],
     ) -> Result<Vec<Release>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let Some(kept) = state.kept_flow(flow, now) else {
             return Ok(Vec::new());
@@ -182,7 +182,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn grow_flow(&self, flow: FlowId, step: &str, added: &[Step]) -> Result<()> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         if let Some(kept) = state.kept_flow(flow, now) {
             kept.home.grow(step, added);
@@ -191,7 +191,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn cancel_flow(&self, flow: FlowId) -> Result<Option<(Vec<Release>, Vec<JobId>)>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let Some(kept) = state.kept_flow(flow, now) else {
             return Ok(None);
@@ -201,7 +201,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn held_jobs(&self, older_than: Duration, max: usize) -> Result<Vec<Release>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         let mut held: Vec<(Instant, Release)> = state
             .held
@@ -227,7 +227,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn unreleased_flows(&self, older_than: Duration, max: usize) -> Result<Vec<FlowId>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let state = lock(&self.state);
         Ok(state
             .flows
@@ -241,13 +241,13 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn flow(&self, id: FlowId) -> Result<Option<FlowStatus>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         Ok(state.kept_flow(id, now).map(|f| f.home.status()))
     }
 
     async fn keep_results(&self, flow: FlowId, results: &[(String, String)]) -> Result<()> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         if let Some(kept) = state.kept_flow(flow, now) {
             kept.home.keep_results(results);
@@ -256,7 +256,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn step_result(&self, flow: FlowId, step: &str) -> Result<Option<String>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         Ok(state.kept_flow(flow, now).and_then(|f| f.home.result(step)))
     }
@@ -276,7 +276,7 @@ impl FlowStore for MemoryLeaseStore {
     }
 
     async fn flow_steps(&self, id: FlowId) -> Result<Vec<crate::flow::StepStatus>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         Ok(state
             .kept_flow(id, now)

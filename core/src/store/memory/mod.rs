@@ -732,7 +732,7 @@ impl LeaseState {
         let Some((key, until)) = self.job_unique.remove(&id) else {
             return;
         };
-        let now = Instant::now();
+        let now = crate::clock::now();
         match self.unique.get_mut(&key) {
             Some(held) if held.0 == id && until > now => {
                 held.1 = Some(until);
@@ -748,7 +748,7 @@ impl LeaseState {
 
     /// Keeps a result (`true`) or progress record for `ttl`, forgetting expired ones.
     fn put_note(&mut self, job: JobId, result: bool, json: String, ttl: Duration) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         while let Some(&(at, id, kind)) = self.note_expiries.first() {
             if at > now {
                 break;
@@ -769,7 +769,7 @@ impl LeaseState {
 
     fn note(&self, job: JobId, result: bool) -> Option<String> {
         let (json, until) = self.notes.get(&(job, result))?;
-        (*until > Instant::now()).then(|| json.clone())
+        (*until > crate::clock::now()).then(|| json.clone())
     }
 
     /// Forgets the unique keys whose ttl ended.
@@ -1054,7 +1054,7 @@ impl Expiries {
 impl LeaseStore for MemoryLeaseStore {
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         crate::job::validate_batch(&jobs, self.max_payload_bytes)?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state.forget_unique_keys(now);
         state.forget_debounce_keys(now);
@@ -1210,7 +1210,7 @@ impl LeaseStore for MemoryLeaseStore {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let expires_at = now + ttl;
         let mut state = lock(&self.state);
         if state.paused.contains(queue) {
@@ -1245,7 +1245,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn renew(&self, leases: &[LeaseId], ttl: Duration) -> Result<Vec<LeaseId>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let mut lost = Vec::new();
         for lease in leases {
@@ -1257,7 +1257,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn settle(&self, settlements: Vec<(LeaseId, Settlement)>) -> Result<Vec<Result<()>>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let mut results = Vec::with_capacity(settlements.len());
         for (lease, settlement) in settlements {
@@ -1354,7 +1354,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn follow_ups(&self, older_than: Duration, max: usize) -> Result<Vec<FollowUps>> {
         let state = lock(&self.state);
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut due: Vec<_> = state
             .follow_ups
             .iter()
@@ -1378,7 +1378,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn reap(&self, max: usize) -> Result<Vec<Reaped>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         let expired = state.leases.due(now, max);
         let mut reaped = Vec::with_capacity(expired.len());
@@ -1462,7 +1462,7 @@ mod tests {
     #[test]
     fn a_debounce_key_held_again_until_the_same_time_has_one_expiry() {
         let mut state = LeaseState::default();
-        let (id, now) = (JobId::new(), Instant::now());
+        let (id, now) = (JobId::new(), crate::clock::now());
         for _ in 0..100 {
             state.hold_debounce("k".into(), id, now, now);
         }
@@ -1481,7 +1481,7 @@ mod tests {
     #[test]
     fn expiries_stay_in_step_with_the_keys_held() {
         let mut state = LeaseState::default();
-        let (id, now) = (JobId::new(), Instant::now());
+        let (id, now) = (JobId::new(), crate::clock::now());
         for i in 0..10_000 {
             state.hold_debounce("hot".into(), id, now, now + Duration::from_millis(i));
         }

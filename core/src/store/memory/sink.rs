@@ -141,7 +141,7 @@ impl FencedStore for MemoryFencedStore {
     }
 
     async fn write_batch(&self, writes: Vec<FencedWrite>) -> Result<Vec<Result<Admission>>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut state = lock(&self.state);
         state.collect(collect_budget(writes.len()), now, self.retention);
         Ok(writes
