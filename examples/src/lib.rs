@@ -35,6 +35,10 @@ pub mod tracing {}
 #[doc = include_str!("../../docs/performance.md")]
 pub mod performance {}
 
+/// `docs/testing-your-jobs.md`.
+#[doc = include_str!("../../docs/testing-your-jobs.md")]
+pub mod testing_your_jobs {}
+
 /// `docs/testing.md`.
 #[doc = include_str!("../../docs/testing.md")]
 pub mod testing {}

@@ -121,6 +121,22 @@ impl Written {
     }
 }
 
+impl Written {
+    /// Its run, token, key and mutations, on one line.
+    fn brief(&self) -> String {
+        let mut line = format!(
+            "run {} (token {}): key {:?}",
+            self.run,
+            self.token.as_u64(),
+            self.key.as_str()
+        );
+        if let Some(m) = &self.mutations {
+            line.push_str(&format!(", {m:?}"));
+        }
+        line
+    }
+}
+
 impl fmt::Display for Written {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -1092,21 +1108,29 @@ pub struct Leak {
 
 impl fmt::Display for Leak {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = &self.write;
         match &self.earlier {
             None => write!(
                 f,
-                "paused before its write #{}, the first run woke after a rival had the job and \
-                 its {} — a late write must be refused (write through ctx.sink or \
-                 ctx.postgres, with the lease's fence)",
-                self.paused_before, self.write
+                "paused before its write #{}, the first run woke after a rival had finished the \
+                 job, and its write #{} to sink {:?} was applied:\n    {}\n  a late write must \
+                 be refused: write through ctx.sink or ctx.postgres, under the lease's fence",
+                self.paused_before,
+                w.position,
+                w.sink,
+                w.brief()
             ),
             Some(earlier) => write!(
                 f,
-                "paused before its write #{}: {} had been applied, and the re-run's {} — \
-                 applied twice: a re-run must repeat a write under the same idempotency key \
-                 (ctx.sink(..).write numbers writes in order; give write_keyed a key made \
-                 from the job, never a fresh one)",
-                self.paused_before, earlier, self.write
+                "paused before its write #{}, then re-run by a rival: write #{} to sink {:?} was \
+                 applied twice, under two keys:\n    {}\n    {}\n  a re-run must repeat a write \
+                 under the same idempotency key: ctx.sink(..).write numbers a run's writes in \
+                 order; give write_keyed a key made from the job, never a fresh one",
+                self.paused_before,
+                w.position,
+                w.sink,
+                earlier.brief(),
+                w.brief()
             ),
         }
     }
@@ -1161,6 +1185,7 @@ impl Zombie {
     #[track_caller]
     pub fn assert_fenced(&self) {
         let leaks: Vec<String> = self.leaks().map(|l| format!("- {l}")).collect();
+        // (One line per leak, then its writes, indented.)
         if !leaks.is_empty() {
             panic!(
                 "{} of {} zombie scenarios broke fencing:\n{}",
