@@ -54,7 +54,9 @@ mod tests {
         skip(Duration::from_secs(3600));
         assert!(now().duration_since(mono) >= Duration::from_secs(3600));
         assert!(unix_ms() - wall >= 3_600_000);
-        let other = std::thread::spawn(|| (skipped(), unix_ms())).join().unwrap();
+        let other = std::thread::spawn(|| (skipped(), unix_ms()))
+            .join()
+            .unwrap();
         assert_eq!(other.0, Duration::ZERO, "another thread keeps real time");
         assert!(other.1 < wall + 3_600_000);
     }

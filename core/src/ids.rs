@@ -249,7 +249,8 @@ pub struct Lease {
 impl Lease {
     /// Time left before the lease may be granted to someone else (zero once expired).
     pub fn remaining(&self) -> Duration {
-        self.expires_at.saturating_duration_since(crate::clock::now())
+        self.expires_at
+            .saturating_duration_since(crate::clock::now())
     }
 }
 

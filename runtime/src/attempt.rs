@@ -19,7 +19,11 @@ use crate::policy::RetryPolicy;
 pub(crate) type Outcome = std::result::Result<(), JobError>;
 
 /// The run of `ctx`'s job: its kind's handler, or a fatal error naming the unknown kind.
-pub(crate) fn start(registry: &Registry, job: &Job, ctx: JobContext) -> BoxFuture<'static, Outcome> {
+pub(crate) fn start(
+    registry: &Registry,
+    job: &Job,
+    ctx: JobContext,
+) -> BoxFuture<'static, Outcome> {
     match registry.get(&job.kind) {
         Some(handler) => handler(ctx, &job.payload),
         None => {

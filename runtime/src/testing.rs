@@ -362,7 +362,11 @@ impl SinkView {
     /// What `key` holds.
     pub fn read(&self, key: &str) -> Option<Value> {
         // The memory store answers at once: its future is ready on its first poll.
-        self.0.read(key).now_or_never().and_then(|r| r.ok()).flatten()
+        self.0
+            .read(key)
+            .now_or_never()
+            .and_then(|r| r.ok())
+            .flatten()
     }
 
     /// The string at `key`.
@@ -528,20 +532,15 @@ impl World {
 
     /// Claims job `id` from its queue (giving back any other job it claims first).
     async fn claim(&self, id: JobId, settings: &Settings) -> TestResult<Claim> {
-        let view = self
-            .stores
-            .inspect()
-            .job(id)
-            .await?
-            .ok_or_else(|| TestError::NotClaimable(id, "it is not waiting in a queue".into()))?;
+        let view =
+            self.stores.inspect().job(id).await?.ok_or_else(|| {
+                TestError::NotClaimable(id, "it is not waiting in a queue".into())
+            })?;
         self.stores.admin().run_now(id).await?;
         let queue = view.job.queue;
         let mut others = Vec::new();
         let found = loop {
-            let claims = self
-                .store
-                .claim(&queue, WORKER, 1, settings.lease)
-                .await?;
+            let claims = self.store.claim(&queue, WORKER, 1, settings.lease).await?;
             let Some(claim) = claims.into_iter().next() else {
                 break None;
             };
@@ -588,32 +587,31 @@ impl World {
             RunState::new(job.id, self.coordinator.clone(), None, WORKER.into())
                 .with_probe(recorder.clone()),
         );
-        let (settlement, timed_out) =
-            match crate::policy::expired(&job, crate::store::unix_ms()) {
-                Some(expired) => (expired, false),
-                None => {
-                    let cancel = CancellationToken::new();
-                    let ctx = JobContext::new(
-                        job.clone(),
-                        lease.clone(),
-                        cancel.clone(),
-                        self.sinks.clone(),
-                        state.clone(),
-                    );
-                    let attempt = crate::attempt::start(&settings.registry, &job, ctx);
-                    let timeout = settings.registry.timeout_of(&job);
-                    let (outcome, timed_out) =
-                        crate::attempt::finish(attempt, timeout, settings.grace, &cancel).await;
-                    let s = crate::attempt::settlement(
-                        &settings.registry,
-                        settings.retry,
-                        &job,
-                        &outcome,
-                        &state,
-                    );
-                    (s, timed_out)
-                }
-            };
+        let (settlement, timed_out) = match crate::policy::expired(&job, crate::store::unix_ms()) {
+            Some(expired) => (expired, false),
+            None => {
+                let cancel = CancellationToken::new();
+                let ctx = JobContext::new(
+                    job.clone(),
+                    lease.clone(),
+                    cancel.clone(),
+                    self.sinks.clone(),
+                    state.clone(),
+                );
+                let attempt = crate::attempt::start(&settings.registry, &job, ctx);
+                let timeout = settings.registry.timeout_of(&job);
+                let (outcome, timed_out) =
+                    crate::attempt::finish(attempt, timeout, settings.grace, &cancel).await;
+                let s = crate::attempt::settlement(
+                    &settings.registry,
+                    settings.retry,
+                    &job,
+                    &outcome,
+                    &state,
+                );
+                (s, timed_out)
+            }
+        };
         state.flush_progress();
         let writes_made = *recorder.next.lock().unwrap_or_else(|p| p.into_inner());
         recorder.pass(writes_made).await;
@@ -701,7 +699,9 @@ impl World {
             }
             if let Some(claim) = claimed {
                 if ran.runs.len() >= settings.max_runs {
-                    self.store.settle(vec![(claim.lease.id, Settlement::Release)]).await?;
+                    self.store
+                        .settle(vec![(claim.lease.id, Settlement::Release)])
+                        .await?;
                     return Err(self.never_ends(queue, &ran, &queues).await);
                 }
                 ran.runs.push(self.run(claim, settings, None).await?);
@@ -956,10 +956,7 @@ impl Harness {
         let all = self.enqueued();
         match all.iter().find(|j| want.matches(j)) {
             Some(job) => job.clone(),
-            None => panic!(
-                "no job enqueued with {want}; waiting: {}",
-                listing(&all)
-            ),
+            None => panic!("no job enqueued with {want}; waiting: {}", listing(&all)),
         }
     }
 
@@ -969,7 +966,10 @@ impl Harness {
     pub fn refute_enqueued(&self, want: &Expect) {
         let all = self.enqueued();
         if let Some(job) = all.iter().find(|j| want.matches(j)) {
-            panic!("a job is enqueued with {want}: {}", listing(std::slice::from_ref(job)));
+            panic!(
+                "a job is enqueued with {want}: {}",
+                listing(std::slice::from_ref(job))
+            );
         }
     }
 
@@ -1189,7 +1189,10 @@ impl Zombie {
         if !leaks.is_empty() {
             panic!(
                 "{} of {} zombie scenarios broke fencing:\n{}",
-                self.scenarios.iter().filter(|s| !s.leaks.is_empty()).count(),
+                self.scenarios
+                    .iter()
+                    .filter(|s| !s.leaks.is_empty())
+                    .count(),
                 self.scenarios.len(),
                 leaks.join("\n")
             );
@@ -1204,7 +1207,16 @@ fn listing(jobs: &[Job]) -> String {
     }
     let lines: Vec<String> = jobs
         .iter()
-        .map(|j| format!("\n  {} {:?} in {:?} scope {:?} payload {}", j.id, j.kind, j.queue, j.scope.as_str(), j.payload))
+        .map(|j| {
+            format!(
+                "\n  {} {:?} in {:?} scope {:?} payload {}",
+                j.id,
+                j.kind,
+                j.queue,
+                j.scope.as_str(),
+                j.payload
+            )
+        })
         .collect();
     lines.concat()
 }
