@@ -28,6 +28,7 @@
 //!   `enqueue`: the one enqueue path; `flow_driver`: creating flows and moving them on.
 //! - `context`: what a handler sees ([`JobContext`], [`SinkHandle`], [`PostgresHandle`]) and
 //!   the handler [`Registry`].
+//! - `attempt`: one attempt as a worker runs it (shared with `testing`'s harness).
 //! - `trace`: the spans around a job; `otel` (feature `otel`): their OTLP export; `exporter`:
 //!   `/metrics`, `/healthz`, `/readyz`.
 //!
@@ -42,7 +43,9 @@
 //! embedded in-memory coordinator (`examples/embedded_only` runs it so); `otel` (off)
 //! exports every attempt, fenced write, enqueue and stall as OpenTelemetry spans over OTLP
 //! (`otel::Export`, docs/tracing.md); `openapi` (off) derives the HTTP API's schema on the
-//! types it sends (palisade-cli turns it on); `testing` (off) exports `Freeze`, for tests.
+//! types it sends (palisade-cli turns it on); `testing` (off; for your dev-dependencies) adds
+//! `testing`, the harness your handlers' unit tests run them in, and `Freeze`, the fault
+//! injection this repository's own tests use.
 //!
 //! # Defining a job
 //!
