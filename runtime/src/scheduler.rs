@@ -144,7 +144,12 @@ impl Scheduler {
 /// same ticks next time, which their unique keys turn away). Writes nothing when nothing is
 /// due. A `paused` schedule's due ticks are skipped (counted as `paused`) and its mark
 /// raised all the same, so resuming it does not fire the ticks of the pause.
-async fn fire(store: &Stores, schedule: &Schedule, now: i64, paused: bool) -> crate::Result<()> {
+pub(crate) async fn fire(
+    store: &Stores,
+    schedule: &Schedule,
+    now: i64,
+    paused: bool,
+) -> crate::Result<()> {
     let mark = store.schedule_mark(schedule.name()).await?;
     let (ticks, through) = schedule.due(mark, now);
     if paused {

@@ -14,8 +14,9 @@
 //!
 //! The harness runs on the thread of the test that makes it (its own actix system, so write
 //! plain `#[test]` functions, not async ones); its time is that thread's
-//! ([`palisade_core::clock`]): the memory stores' delays, leases, deadlines and retention
-//! move with it, while a handler's own `tokio::time::sleep` and its timeout keep real time.
+//! ([`palisade_core::clock`]): the memory stores' delays, leases, deadlines, schedules and
+//! retention move with it, while a handler's own `tokio::time::sleep` and its timeout keep
+//! tokio's time (paused, and skipped when idle, with [`Harness::with_virtual_timers`]).
 //! The guide is docs/testing-your-jobs.md.
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,9 +39,10 @@ use crate::ids::{FencingToken, IdempotencyKey, JobId, Lease};
 use crate::job::{Claim, FollowUps, Job, JobView, NewJob, Settlement};
 use crate::mutation::{Mutation, Value};
 use crate::policy::RetryPolicy;
+use crate::schedule::Schedule;
 use crate::sink::FencedSink;
 use crate::store::memory::{MemoryFencedStore, MemoryLeaseStore};
-use crate::store::{FencedStore, LeaseStore, Stores};
+use crate::store::{ControlStore, FencedStore, LeaseStore, Stores};
 
 pub use crate::{assert_enqueued, refute_enqueued};
 
@@ -408,6 +410,7 @@ struct Settings {
     grace: Duration,
     max_runs: usize,
     max_skip: Duration,
+    schedules: Vec<Schedule>,
     #[cfg(feature = "postgres")]
     postgres: Vec<(String, Arc<crate::store::postgres::PostgresSink>)>,
 }
@@ -416,6 +419,7 @@ struct Settings {
 /// after its last).
 struct Gate {
     at: usize,
+    held: std::sync::atomic::AtomicBool,
     reached: Notify,
     wake: Notify,
 }
@@ -435,6 +439,7 @@ impl Recorder {
         match &self.gate {
             Some(gate) if gate.at == position => {
                 let gate = gate.clone();
+                gate.held.store(true, std::sync::atomic::Ordering::Relaxed);
                 Box::pin(async move {
                     gate.reached.notify_one();
                     gate.wake.notified().await;
@@ -442,6 +447,13 @@ impl Recorder {
             }
             _ => Box::pin(async {}),
         }
+    }
+
+    /// The run has been held at its gate (from then on it renews nothing).
+    fn held(&self) -> bool {
+        self.gate
+            .as_ref()
+            .is_some_and(|g| g.held.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -519,9 +531,13 @@ impl World {
         Ok(done.into_iter().map(|e| e.id()).collect())
     }
 
-    /// What a run of the job asks for and leaves behind since the store last tidied: the
-    /// reaper (expired leases), the follow-up sweep and flow passes.
-    async fn tidy(&self) -> TestResult<()> {
+    /// What the worker's and coordinator's timers would have done by now: schedule ticks,
+    /// the reaper (expired leases), the follow-up sweep and flow passes.
+    async fn tidy(&self, settings: &Settings) -> TestResult<()> {
+        let now = self.stores.now_ms().await?;
+        for schedule in &settings.schedules {
+            crate::scheduler::fire(&self.stores, schedule, now, false).await?;
+        }
         self.stores.reap(1000).await?;
         for set in self.stores.follow_ups(Duration::ZERO, 1000).await? {
             crate::coordinator::deliver_follow_ups(&self.stores, set, "swept").await;
@@ -600,8 +616,13 @@ impl World {
                 );
                 let attempt = crate::attempt::start(&settings.registry, &job, ctx);
                 let timeout = settings.registry.timeout_of(&job);
-                let (outcome, timed_out) =
-                    crate::attempt::finish(attempt, timeout, settings.grace, &cancel).await;
+                let finished = crate::attempt::finish(attempt, timeout, settings.grace, &cancel);
+                tokio::pin!(finished);
+                let renewing = self.renew(&lease, &recorder, &cancel, settings);
+                let (outcome, timed_out) = tokio::select! {
+                    done = &mut finished => done,
+                    () = renewing => finished.await,
+                };
                 let s = crate::attempt::settlement(
                     &settings.registry,
                     settings.retry,
@@ -647,7 +668,7 @@ impl World {
                     };
                     crate::coordinator::deliver_follow_ups(&self.stores, set, "enqueued").await;
                 }
-                self.tidy().await?;
+                self.tidy(settings).await?;
                 outcome_of(&settlement)
             }
         };
@@ -670,6 +691,31 @@ impl World {
         })
     }
 
+    /// Renews `lease` every third of it while its run goes on, as a worker's `Renewal` does;
+    /// ends when the run is held at its gate (a paused process renews nothing) or the lease
+    /// is lost (then the handler's token is cancelled, as a worker cancels it).
+    async fn renew(
+        &self,
+        lease: &Lease,
+        recorder: &Recorder,
+        cancel: &CancellationToken,
+        settings: &Settings,
+    ) {
+        loop {
+            tokio::time::sleep(settings.lease / 3).await;
+            if recorder.held() {
+                return;
+            }
+            match self.store.renew(&[lease.id], settings.lease).await {
+                Ok(lost) if lost.is_empty() => {}
+                _ => {
+                    cancel.cancel();
+                    return;
+                }
+            }
+        }
+    }
+
     /// Runs `queue` (every queue when `None`) until nothing waits in it, skipping time to the
     /// next delayed job when nothing is ready; `only` stops once that job has ended.
     async fn drain(
@@ -680,7 +726,7 @@ impl World {
     ) -> TestResult<Ran> {
         let mut ran = Ran::default();
         loop {
-            self.tidy().await?;
+            self.tidy(settings).await?;
             if let Some(id) = only {
                 if self.stores.inspect().job(id).await?.is_none() {
                     return Ok(ran);
@@ -730,8 +776,40 @@ impl World {
             if ran.skipped + step > settings.max_skip {
                 return Err(self.never_ends(queue, &ran, &queues).await);
             }
-            palisade_core::clock::skip(step);
+            self.skip(step, settings).await?;
             ran.skipped += step;
+        }
+    }
+
+    /// Moves time on by `by`, stopping at each schedule tick on the way to fire it, as a
+    /// running scheduler would (one jump would fire only the ticks its catch-up keeps).
+    async fn skip(&self, by: Duration, settings: &Settings) -> TestResult<()> {
+        let mut left = by;
+        loop {
+            let now = self.stores.now_ms().await?;
+            let mut next: Option<i64> = None;
+            for schedule in &settings.schedules {
+                let mark = self.stores.schedule_mark(schedule.name()).await?;
+                if let Some(tick) = schedule.next_fired(mark, now) {
+                    next = Some(next.map_or(tick, |n| n.min(tick)));
+                }
+            }
+            let to_tick = next
+                .and_then(|t| u64::try_from(t.saturating_sub(now)).ok())
+                .map(Duration::from_millis);
+            match to_tick {
+                Some(wait) if wait <= left => {
+                    // (Past the tick by a millisecond: the wall clock is read in whole ms.)
+                    let step = (wait + Duration::from_millis(1)).min(left);
+                    palisade_core::clock::skip(step);
+                    left -= step;
+                    self.tidy(settings).await?;
+                }
+                _ => {
+                    palisade_core::clock::skip(left);
+                    return self.tidy(settings).await;
+                }
+            }
         }
     }
 
@@ -845,6 +923,7 @@ impl Harness {
             grace: Duration::from_secs(5),
             max_runs: 10_000,
             max_skip: Duration::from_secs(30 * 24 * 3600),
+            schedules: Vec::new(),
             #[cfg(feature = "postgres")]
             postgres: Vec::new(),
         };
@@ -936,11 +1015,29 @@ impl Harness {
         self.block_on(self.world.drain(None, None, &self.settings))
     }
 
-    /// Moves the harness's time on by `by` (its thread's, see the module docs).
-    pub fn advance(&self, by: Duration) {
-        palisade_core::clock::skip(by);
-        // What came due meanwhile: expired leases, swept follow-ups, flow passes.
-        let _ = self.block_on(self.world.tidy());
+    /// Moves the harness's time on by `by` (its thread's, see the module docs), doing what
+    /// came due on the way: each schedule tick fired at its time, expired leases reaped,
+    /// follow-ups swept, flows moved on. Nothing runs.
+    pub fn advance(&self, by: Duration) -> TestResult<()> {
+        self.block_on(self.world.skip(by, &self.settings))
+    }
+
+    /// Fires `schedule` as a scheduler would while time moves on ([`advance`](Self::advance),
+    /// [`drain`](Self::drain)'s skips): it starts now, firing no tick from before.
+    pub fn with_schedule(mut self, schedule: Schedule) -> TestResult<Self> {
+        self.settings.schedules.push(schedule);
+        self.block_on(self.world.tidy(&self.settings))?;
+        Ok(self)
+    }
+
+    /// Pauses tokio's clock on the harness's runtime, as `#[tokio::test(start_paused = true)]`
+    /// does: whenever nothing is left to do but wait, tokio's time jumps to the next timer. A
+    /// handler's `tokio::time::sleep`, its timeout (`Registry::with_timeout`) and its grace
+    /// then pass at once. Off by default: a handler awaiting real I/O (your database, a mock
+    /// server) lets time jump too, which fires its client's own timeouts early.
+    pub fn with_virtual_timers(self) -> Self {
+        self.block_on(async { tokio::time::pause() });
+        self
     }
 
     /// Every job waiting (ready or delayed), in every queue.
@@ -1030,6 +1127,7 @@ impl Harness {
         let claim = world.claim(id, &self.settings).await?;
         let gate = Arc::new(Gate {
             at,
+            held: Default::default(),
             reached: Notify::new(),
             wake: Notify::new(),
         });

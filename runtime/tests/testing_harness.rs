@@ -191,3 +191,55 @@ fn a_flow_started_by_a_handler_runs_across_two_queues() {
         .unwrap();
     assert_eq!(flow.state, palisade::FlowState::Succeeded);
 }
+
+#[test]
+fn a_schedule_fires_each_tick_as_time_moves_on() {
+    let every_minute = palisade::Schedule::new(
+        "heartbeat",
+        "0 * * * * *",
+        NewJob::new("noop", &()).unwrap(),
+    )
+    .unwrap();
+    let h = Harness::new(Registry::new().register("noop", noop))
+        .with_schedule(every_minute)
+        .unwrap();
+    assert!(
+        h.enqueued().is_empty(),
+        "it starts now: no tick from before"
+    );
+    h.advance(Duration::from_secs(3600)).unwrap();
+    // One an hour's minutes; one jump would have fired only what the catch-up keeps.
+    let ticks = h.enqueued().len();
+    assert!((59..=61).contains(&ticks), "{ticks} ticks");
+    assert_eq!(h.drain("default").unwrap().completed(), ticks);
+}
+
+async fn slow(ctx: JobContext, minutes: u64) -> Result<(), JobError> {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(60 * minutes)) => Ok(()),
+        _ = ctx.cancellation().cancelled() => Err(JobError::retry("cancelled")),
+    }
+}
+
+#[test]
+fn virtual_timers_pass_a_handlers_sleep_and_its_timeout_at_once() {
+    let started = std::time::Instant::now();
+    let registry = Registry::new()
+        .register("slow", slow)
+        .with_timeout("slow", Duration::from_secs(600));
+    let h = Harness::new(registry).with_virtual_timers();
+    let quick = h.perform(NewJob::new("slow", &5).unwrap()).unwrap();
+    assert!(quick.completed(), "{:?}", quick.outcome);
+    let late = h.perform(NewJob::new("slow", &30).unwrap()).unwrap();
+    assert!(late.timed_out, "{:?}", late.outcome);
+    assert!(
+        matches!(&late.outcome, Outcome::Retry { reason, .. } if reason.contains("timed out")),
+        "{:?}",
+        late.outcome
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
