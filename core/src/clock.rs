@@ -41,8 +41,19 @@ pub fn skipped() -> Duration {
 /// [`now`] and [`unix_ms`] on this thread reads that much later.
 #[doc(hidden)]
 pub fn skip(by: Duration) {
-    SKIPPED.with(|s| s.set(s.get().saturating_add(by)));
+    SKIPPED.with(|s| s.set(s.get().saturating_add(by).min(MAX_SKIP)));
 }
+
+/// Sets this thread's skip back to `saved` (a [`skipped`] read earlier): for the harness's
+/// zombie, whose worlds each run from the same time and are thrown away after.
+#[doc(hidden)]
+pub fn restore(saved: Duration) {
+    SKIPPED.with(|s| s.set(saved.min(MAX_SKIP)));
+}
+
+/// The most a thread's time is moved on: a century, so `now() + skip` never overflows and
+/// time never seems to go back to the real clock.
+const MAX_SKIP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {

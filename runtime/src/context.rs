@@ -109,12 +109,14 @@ pub(crate) struct RunState {
 /// each one with its answer and can hold one back (a zombie paused before it).
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) trait Probe: Send + Sync {
-    /// Awaited before each write goes out.
-    fn before_write(&self) -> BoxFuture<'static, ()>;
-    /// A write's answer; `mutations` for a `ctx.sink` write (a Postgres transaction's
-    /// statements are its own).
+    /// Awaited before each write goes out: gives the write its position among the run's
+    /// writes (taken at once, so writes sent together each get their own).
+    fn before_write(&self) -> BoxFuture<'static, usize>;
+    /// The answer of the write at `position`; `mutations` for a `ctx.sink` write (a Postgres
+    /// transaction's statements are its own).
     fn written(
         &self,
+        position: usize,
         sink: &str,
         lease: &Lease,
         key: &IdempotencyKey,
@@ -166,10 +168,11 @@ impl RunState {
         self
     }
 
-    /// Waits for the probe, if any, to let a write go out.
-    async fn before_write(&self) {
-        if let Some(probe) = &self.probe {
-            probe.before_write().await;
+    /// Waits for the probe, if any, to let a write go out; the write's position for it.
+    async fn before_write(&self) -> Option<usize> {
+        match &self.probe {
+            Some(probe) => Some(probe.before_write().await),
+            None => None,
         }
     }
 
@@ -181,12 +184,13 @@ impl RunState {
     /// Shows a write's answer to the probe, if any.
     fn show(
         &self,
+        position: Option<usize>,
         (sink, lease, key): (&str, &Lease, &IdempotencyKey),
         mutations: Option<Vec<Mutation>>,
         admission: &Result<Admission>,
     ) {
-        if let Some(probe) = &self.probe {
-            probe.written(sink, lease, key, mutations, admission);
+        if let (Some(probe), Some(position)) = (&self.probe, position) {
+            probe.written(position, sink, lease, key, mutations, admission);
         }
     }
 
@@ -708,7 +712,7 @@ impl PostgresHandle {
             self.fence,
             &key,
         );
-        self.run.before_write().await;
+        let position = self.run.before_write().await;
         let result = self
             .sink
             .transaction(&self.scope, self.fence, &key, f)
@@ -721,7 +725,7 @@ impl PostgresHandle {
         crate::sink::record(&self.name, &self.scope, &admission);
         self.run.note(&span, &self.name, &self.lease, &admission);
         self.run
-            .show((&self.name, &self.lease, &key), None, &admission);
+            .show(position, (&self.name, &self.lease, &key), None, &admission);
         result
     }
 }
@@ -775,7 +779,7 @@ impl SinkHandle {
             self.fence,
             &key,
         );
-        self.run.before_write().await;
+        let position = self.run.before_write().await;
         let shown = self
             .run
             .shows_writes()
@@ -794,8 +798,12 @@ impl SinkHandle {
             .and_then(|a| a);
         self.run.note(&span, &self.name, &self.lease, &admission);
         if let Some((key, mutations)) = shown {
-            self.run
-                .show((&self.name, &self.lease, &key), Some(mutations), &admission);
+            self.run.show(
+                position,
+                (&self.name, &self.lease, &key),
+                Some(mutations),
+                &admission,
+            );
         }
         admission
     }

@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,9 +50,13 @@ pub use crate::{assert_enqueued, refute_enqueued};
 /// The harness's worker name, on its claims and rejection notes.
 const WORKER: &str = "palisade-testing";
 
-/// Scenarios [`Harness::zombie`] runs at most (pauses before the first 63 writes, and one
-/// after the last).
+/// Scenarios [`Harness::zombie`] runs at most: pauses before the first 63 writes, and one
+/// before settling.
 const MAX_PAUSES: usize = 64;
+
+/// One-second steps `drain` takes at most, in a row, while ready jobs stay unclaimable with
+/// nothing due (a rate limit refilling takes a few; more is a queue that never empties).
+const MAX_IDLE_STEPS: u32 = 600;
 
 /// What can go wrong in a harness, besides the library's own errors.
 #[derive(Debug, thiserror::Error)]
@@ -212,12 +217,13 @@ pub struct Performed {
     pub timed_out: bool,
     /// Its fenced writes, in order, with their answers.
     pub writes: Vec<Written>,
-    /// The follow-up jobs it asked for (`ctx.follow_up`): enqueued with an accepted
-    /// completion, not run.
+    /// The follow-up jobs it asked for (`ctx.follow_up`): enqueued only with an accepted
+    /// completion (so not for an `Outcome::Refused` one), and not run.
     pub follow_ups: Vec<NewJob>,
     /// The flows it started (`ctx.start_flow`), by id.
     pub flows: Vec<crate::ids::FlowId>,
-    /// Its result (`Registry::register_with_result`), as JSON.
+    /// Its result (`Registry::register_with_result`), as JSON; `None` when it kept none,
+    /// or could not keep it (over `MAX_RESULT_BYTES`, as a worker keeps none).
     pub result: Option<Json>,
 }
 
@@ -415,37 +421,40 @@ struct Settings {
     postgres: Vec<(String, Arc<crate::store::postgres::PostgresSink>)>,
 }
 
-/// Where a zombie's run stops: before its write at `at` (the settlement counts as the write
-/// after its last).
+/// Where a zombie's run stops, as a paused process stops: every write from its write at `at`
+/// on (the settlement counts as the write after its last) waits until it is woken.
 struct Gate {
     at: usize,
-    held: std::sync::atomic::AtomicBool,
+    held: AtomicBool,
     reached: Notify,
-    wake: Notify,
+    wake: tokio::sync::watch::Sender<bool>,
 }
 
-/// Records a run's writes in its world, and holds one back at its gate.
+/// Records a run's writes in its world, and holds them back at its gate.
 struct Recorder {
     job: JobId,
     run: u32,
-    next: Mutex<usize>,
+    /// The next write's position (a write takes it before it goes out).
+    next: AtomicUsize,
     writes: Arc<Mutex<Vec<Written>>>,
     gate: Option<Arc<Gate>>,
 }
 
 impl Recorder {
-    /// Waits at the gate if the run has reached it.
-    fn pass(&self, position: usize) -> BoxFuture<'static, ()> {
+    /// Takes the next position; waits there while the run is held at its gate.
+    fn pass(&self) -> BoxFuture<'static, usize> {
+        let position = self.next.fetch_add(1, Ordering::Relaxed);
         match &self.gate {
-            Some(gate) if gate.at == position => {
-                let gate = gate.clone();
-                gate.held.store(true, std::sync::atomic::Ordering::Relaxed);
+            Some(gate) if position >= gate.at => {
+                gate.held.store(true, Ordering::Relaxed);
+                gate.reached.notify_one();
+                let mut woken = gate.wake.subscribe();
                 Box::pin(async move {
-                    gate.reached.notify_one();
-                    gate.wake.notified().await;
+                    let _ = woken.wait_for(|w| *w).await;
+                    position
                 })
             }
-            _ => Box::pin(async {}),
+            _ => Box::pin(async move { position }),
         }
     }
 
@@ -453,25 +462,24 @@ impl Recorder {
     fn held(&self) -> bool {
         self.gate
             .as_ref()
-            .is_some_and(|g| g.held.load(std::sync::atomic::Ordering::Relaxed))
+            .is_some_and(|g| g.held.load(Ordering::Relaxed))
     }
 }
 
 impl Probe for Recorder {
-    fn before_write(&self) -> BoxFuture<'static, ()> {
-        let position = *self.next.lock().unwrap_or_else(|p| p.into_inner());
-        self.pass(position)
+    fn before_write(&self) -> BoxFuture<'static, usize> {
+        self.pass()
     }
 
     fn written(
         &self,
+        position: usize,
         sink: &str,
         lease: &Lease,
         key: &IdempotencyKey,
         mutations: Option<Vec<Mutation>>,
         admission: &crate::error::Result<Admission>,
     ) {
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
         self.writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -479,19 +487,18 @@ impl Probe for Recorder {
                 sink: sink.to_owned(),
                 job: self.job,
                 run: self.run,
-                position: *next,
+                position,
                 token: lease.token,
                 key: key.clone(),
                 mutations,
                 answer: admission.as_ref().cloned().map_err(|e| e.to_string()),
             });
-        *next += 1;
     }
 }
 
 impl World {
     /// A new world (started on the current actix system) whose tokens start in `epoch`.
-    fn new(epoch: u32, sink_names: &[String], settings: &Settings) -> Self {
+    async fn new(epoch: u32, sink_names: &[String], settings: &Settings) -> Self {
         let store = Arc::new(MemoryLeaseStore::with_epoch(epoch));
         let stores = Stores::from(store.clone());
         // Its reaper, flow passes and follow-up sweep run when the harness says (`tidy`), not
@@ -500,29 +507,39 @@ impl World {
             .with_reap_interval(Duration::from_secs(24 * 3600))
             .with_history_interval(None)
             .start();
-        let mut sinks = Sinks::new();
-        let mut sink_stores = BTreeMap::new();
-        for name in sink_names {
-            let fenced = Arc::new(MemoryFencedStore::new());
-            let actor = FencedSink::new(name.as_str(), fenced.clone() as Arc<dyn FencedStore>);
-            sinks = sinks.with(name.clone(), actor.start());
-            sink_stores.insert(name.clone(), fenced);
-        }
-        #[cfg(feature = "postgres")]
-        for (name, sink) in &settings.postgres {
-            sinks = sinks.with_postgres(name.clone(), sink.clone());
-        }
-        #[cfg(not(feature = "postgres"))]
-        let _ = settings;
-        Self {
+        let mut world = Self {
             store,
             stores,
             coordinator,
-            sinks,
-            sink_stores,
+            sinks: Sinks::new(),
+            sink_stores: BTreeMap::new(),
             writes: Arc::default(),
             runs: Arc::default(),
+        };
+        for name in sink_names {
+            world.add_sink(name);
         }
+        #[cfg(feature = "postgres")]
+        for (name, sink) in &settings.postgres {
+            world.sinks = world
+                .sinks
+                .clone()
+                .with_postgres(name.clone(), sink.clone());
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = settings;
+        // Lets the actors start while the runtime runs (an actor first polled as the runtime
+        // is dropped would start its timers with no reactor).
+        tokio::task::yield_now().await;
+        world
+    }
+
+    /// Adds a memory fenced sink `name` (on the current actix system).
+    fn add_sink(&mut self, name: &str) {
+        let fenced = Arc::new(MemoryFencedStore::new());
+        let actor = FencedSink::new(name, fenced.clone() as Arc<dyn FencedStore>);
+        self.sinks = self.sinks.clone().with(name, actor.start());
+        self.sink_stores.insert(name.to_owned(), fenced);
     }
 
     /// Enqueues `jobs` as a producer would.
@@ -543,6 +560,12 @@ impl World {
             crate::coordinator::deliver_follow_ups(&self.stores, set, "swept").await;
         }
         while crate::flow_driver::advance(&*self.stores.flows()).await? > 0 {}
+        // As a worker passes it on after each settlement: a sink refuses every token below
+        // the coordinator's low watermark, so a run whose lease was reaped (and whose job was
+        // buried, or is not claimed yet) is refused too.
+        if let Some(watermark) = self.store.watermark() {
+            self.sinks.observe_watermark(watermark);
+        }
         Ok(())
     }
 
@@ -563,17 +586,33 @@ impl World {
             if claim.job.id == id {
                 break Some(claim);
             }
-            others.push((claim.lease.id, Settlement::Release));
+            others.push((claim.lease.id, claim.job));
         };
+        let ahead: Vec<String> = others
+            .iter()
+            .map(|(_, job)| format!("{} {:?}", job.id, job.kind))
+            .collect();
         if !others.is_empty() {
-            self.store.settle(others).await?;
+            let released = others
+                .into_iter()
+                .map(|(lease, _)| (lease, Settlement::Release));
+            self.store.settle(released.collect()).await?;
         }
-        found.ok_or_else(|| {
-            TestError::NotClaimable(
-                id,
-                "its queue is paused, or its scope, group or rate limit holds it back".into(),
+        if let Some(claim) = found {
+            return Ok(claim);
+        }
+        let why = if self.stores.admin().paused().await?.contains(&queue) {
+            format!("its queue {queue:?} is paused")
+        } else if !ahead.is_empty() {
+            format!(
+                "jobs ahead of it in its scope or group hold it back ({}): drain the queue to \
+                 run them in order",
+                ahead.join(", ")
             )
-        })
+        } else {
+            "its scope, group or rate limit holds it back".to_owned()
+        };
+        Err(TestError::NotClaimable(id, why))
     }
 
     /// Runs `claim`'s attempt to its settlement, as a worker does; a `gate` holds it back
@@ -595,7 +634,7 @@ impl World {
         let recorder = Arc::new(Recorder {
             job: job.id,
             run,
-            next: Mutex::new(0),
+            next: AtomicUsize::new(0),
             writes: self.writes.clone(),
             gate,
         });
@@ -634,8 +673,8 @@ impl World {
             }
         };
         state.flush_progress();
-        let writes_made = *recorder.next.lock().unwrap_or_else(|p| p.into_inner());
-        recorder.pass(writes_made).await;
+        // A held run holds its settlement back too (a paused process settles nothing).
+        recorder.pass().await;
         let (follow_ups, flows, result) = match &settlement {
             Settlement::Complete { result, then } => (
                 then.jobs.clone(),
@@ -725,6 +764,8 @@ impl World {
         settings: &Settings,
     ) -> TestResult<Ran> {
         let mut ran = Ran::default();
+        // Seconds in a row skipped with ready jobs none of which could be claimed.
+        let mut idle = 0;
         loop {
             self.tidy(settings).await?;
             if let Some(id) = only {
@@ -748,9 +789,10 @@ impl World {
                     self.store
                         .settle(vec![(claim.lease.id, Settlement::Release)])
                         .await?;
-                    return Err(self.never_ends(queue, &ran, &queues).await);
+                    return Err(self.never_ends(queue, &ran, &queues, "").await);
                 }
                 ran.runs.push(self.run(claim, settings, None).await?);
+                idle = 0;
                 continue;
             }
             // Nothing ready: skip to the next delayed job (or the next lease to run out).
@@ -770,11 +812,25 @@ impl World {
             if waiting == 0 {
                 return Ok(ran);
             }
+            // Ready yet not claimable, with nothing due: a paused queue waits for good; a
+            // rate limit or a group's for its bucket to refill, a second at a time, a while.
+            if next.is_none() {
+                let paused = self.stores.admin().paused().await?;
+                let stuck: Vec<&String> = queues.iter().filter(|q| paused.contains(q)).collect();
+                idle += 1;
+                if !stuck.is_empty() || idle > MAX_IDLE_STEPS {
+                    let why = match stuck.is_empty() {
+                        true => format!("ready jobs stayed unclaimable for {idle} s"),
+                        false => format!("paused queues {stuck:?}"),
+                    };
+                    return Err(self.never_ends(queue, &ran, &queues, &why).await);
+                }
+            }
             let step = next
                 .unwrap_or(Duration::from_secs(1))
                 .max(Duration::from_millis(1));
             if ran.skipped + step > settings.max_skip {
-                return Err(self.never_ends(queue, &ran, &queues).await);
+                return Err(self.never_ends(queue, &ran, &queues, "").await);
             }
             self.skip(step, settings).await?;
             ran.skipped += step;
@@ -813,8 +869,17 @@ impl World {
         }
     }
 
-    async fn never_ends(&self, queue: Option<&str>, ran: &Ran, queues: &[String]) -> TestError {
+    async fn never_ends(
+        &self,
+        queue: Option<&str>,
+        ran: &Ran,
+        queues: &[String],
+        why: &str,
+    ) -> TestError {
         let mut left = Vec::new();
+        if !why.is_empty() {
+            left.push(format!("({why})"));
+        }
         for q in queues {
             let inspect = self.stores.inspect();
             let ready = inspect.ready(q, 20).await.unwrap_or_default();
@@ -914,7 +979,18 @@ pub struct Harness {
 impl Harness {
     /// A harness running `registry`'s handlers, with no sinks yet, the default retry policy
     /// and a 30-second lease; `drain` stops after 10,000 runs or 30 days of skipped time.
+    ///
+    /// Panics when called inside an async runtime (it runs its own: write a plain `#[test]`)
+    /// and on a registry a worker would refuse to start with (a timeout or retry policy for
+    /// a kind without a handler, an example payload its handler does not decode).
     pub fn new(registry: Registry) -> Self {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            panic!(
+                "palisade::testing::Harness runs its own runtime on the test's thread: write a \
+                 plain #[test], not #[tokio::test] or #[actix_rt::test], and run async code of \
+                 your own with h.block_on(..)"
+            );
+        }
         let system = actix::System::new();
         let settings = Settings {
             registry,
@@ -927,7 +1003,10 @@ impl Harness {
             #[cfg(feature = "postgres")]
             postgres: Vec::new(),
         };
-        let world = system.block_on(async { World::new(1, &[], &settings) });
+        if let Err(e) = settings.registry.validate() {
+            panic!("the registry would not start a worker: {e}");
+        }
+        let world = system.block_on(World::new(1, &[], &settings));
         Self {
             system,
             world,
@@ -937,18 +1016,12 @@ impl Harness {
         }
     }
 
-    /// Rebuilds the world after a setting changed (before anything ran).
-    fn rebuilt(mut self) -> Self {
-        self.world = self
-            .system
-            .block_on(async { World::new(1, &self.sink_names, &self.settings) });
-        self
-    }
-
     /// Adds a memory fenced sink, for `ctx.sink(name)`.
     pub fn with_sink(mut self, name: impl Into<String>) -> Self {
-        self.sink_names.push(name.into());
-        self.rebuilt()
+        let name = name.into();
+        self.system.block_on(async { self.world.add_sink(&name) });
+        self.sink_names.push(name);
+        self
     }
 
     /// Adds your Postgres sink, for `ctx.postgres(name)`: its transactions run against your
@@ -959,12 +1032,22 @@ impl Harness {
         name: impl Into<String>,
         sink: Arc<crate::store::postgres::PostgresSink>,
     ) -> Self {
-        self.settings.postgres.push((name.into(), sink));
-        self.rebuilt()
+        let name = name.into();
+        self.world.sinks = self
+            .world
+            .sinks
+            .clone()
+            .with_postgres(name.clone(), sink.clone());
+        self.settings.postgres.push((name, sink));
+        self
     }
 
-    /// The retry policy for kinds without their own (`Registry::with_retry`).
+    /// The retry policy for kinds without their own (`Registry::with_retry`). Panics on a
+    /// policy a worker would refuse.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        if let Err(e) = policy.validate("the harness's default") {
+            panic!("a worker would refuse this retry policy: {e}");
+        }
         self.settings.retry = policy;
         self
     }
@@ -1040,6 +1123,12 @@ impl Harness {
         self
     }
 
+    /// The harness's time now, on the wall clock: the real one plus all it skipped (for a
+    /// deadline or a payload's time made relative to it).
+    pub fn now(&self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_millis(palisade_core::clock::unix_ms())
+    }
+
     /// Every job waiting (ready or delayed), in every queue.
     pub fn enqueued(&self) -> Vec<Job> {
         let views = self.block_on(self.world.waiting()).unwrap_or_default();
@@ -1098,95 +1187,133 @@ impl Harness {
     /// its settlement, in a world of its own (new memory stores and sinks; this harness's own
     /// are untouched): a first run pauses before that write, its lease runs out, a rival
     /// claims the job and runs it to its end, and the first run wakes and goes on.
-    /// [`Zombie::assert_fenced`] then checks that no write of the woken run was applied and
-    /// that no write was applied by two runs. Runs over memory sinks: with a Postgres sink
-    /// ([`with_postgres`](Self::with_postgres)) each world writes to your database.
+    /// [`Zombie::assert_fenced`] then checks that no write the woken run made after its pause
+    /// was applied once a rival had held the job, and that no two runs applied the same change
+    /// under different keys. Each world starts at this harness's time, which it leaves as it
+    /// was. With a Postgres sink ([`with_postgres`](Self::with_postgres)) each world writes to
+    /// your database.
     pub fn zombie(&self, job: NewJob) -> TestResult<Zombie> {
-        self.block_on(async {
-            let counted = self.world_for_zombie();
+        // Each world's time is put back when it is done: the time a scenario skips (its
+        // first run's lease running out) is its own, and this harness's clock never moves.
+        let saved = palisade_core::clock::skipped();
+        let zombie = self.block_on(async {
+            let counted = self.world_for_zombie().await;
             let id = counted.enqueue(vec![job.clone()]).await?[0];
             let claim = counted.claim(id, &self.settings).await?;
             let writes = counted.run(claim, &self.settings, None).await?.writes.len();
+            palisade_core::clock::restore(saved);
+            // Before each write, then before settling (past the cap, before settling only).
+            let mut pauses: Vec<usize> = (0..writes.min(MAX_PAUSES - 1)).collect();
+            pauses.push(writes);
             let mut scenarios = Vec::new();
-            for at in 0..=writes.min(MAX_PAUSES - 1) {
-                scenarios.push(self.scenario(&job, at).await?);
+            for at in pauses {
+                let scenario = self.scenario(&job, at).await;
+                palisade_core::clock::restore(saved);
+                scenarios.push(scenario?);
             }
             Ok(Zombie { scenarios })
-        })
+        });
+        palisade_core::clock::restore(saved);
+        zombie
     }
 
     /// A new world whose tokens are all newer than every earlier world's.
-    fn world_for_zombie(&self) -> World {
+    async fn world_for_zombie(&self) -> World {
         self.epoch.set(self.epoch.get() + 1);
-        World::new(self.epoch.get(), &self.sink_names, &self.settings)
+        World::new(self.epoch.get(), &self.sink_names, &self.settings).await
     }
 
     async fn scenario(&self, job: &NewJob, at: usize) -> TestResult<Scenario> {
-        let world = self.world_for_zombie();
+        let world = self.world_for_zombie().await;
         let id = world.enqueue(vec![job.clone()]).await?[0];
         let claim = world.claim(id, &self.settings).await?;
         let gate = Arc::new(Gate {
             at,
-            held: Default::default(),
+            held: AtomicBool::new(false),
             reached: Notify::new(),
-            wake: Notify::new(),
+            wake: tokio::sync::watch::Sender::new(false),
         });
-        let first = {
+        let mut first = {
             let (world, settings, gate) = (world.clone(), self.settings.clone(), gate.clone());
             actix::spawn(async move { world.run(claim, &settings, Some(gate)).await })
         };
-        gate.reached.notified().await;
-        // Paused past its lease: the reaper gives the job back, and a rival runs it to its end.
-        palisade_core::clock::skip(self.settings.lease + Duration::from_secs(1));
-        let rivals = world.drain(None, Some(id), &self.settings).await?;
-        gate.wake.notify_one();
-        let zombie = first
-            .await
-            .map_err(|e| Error::Backend(format!("the zombie's run panicked: {e}")))??;
+        let panicked = |e: tokio::task::JoinError| {
+            TestError::from(Error::Backend(format!("the first run panicked: {e}")))
+        };
+        // A run that makes fewer writes this time never reaches its pause: it ran to its end.
+        let ended = tokio::select! {
+            () = gate.reached.notified() => None,
+            ran = &mut first => Some(ran),
+        };
+        let (zombie, rivals, paused) = match ended {
+            Some(ran) => (ran.map_err(panicked)??, Vec::new(), false),
+            None => {
+                // Paused past its lease: the reaper gives the job back (or, out of stalls,
+                // buries it), and a rival runs it to its end. Then the first run wakes.
+                palisade_core::clock::skip(self.settings.lease + Duration::from_secs(1));
+                let rivals = world.drain(None, Some(id), &self.settings).await;
+                gate.wake.send_replace(true);
+                let ran = first.await.map_err(panicked)??;
+                (ran, rivals?.runs, true)
+            }
+        };
         let writes = world
             .writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let leaks = leaks(&writes, id, at);
+        // A late write is a leak once a rival held the job: a newer token, or the watermark
+        // its settlement moved, must refuse it. With no rival (the reaper buried the job, out
+        // of stalls) the woken run's write is the job's only one, as the fence allows.
+        let late_from = (paused && !rivals.is_empty()).then_some(at);
+        let leaks = leaks(&writes, id, late_from);
         Ok(Scenario {
             paused_before: at,
+            paused,
             zombie,
-            rivals: rivals.runs,
+            rivals,
             leaks,
             sinks: world.sink_stores,
         })
     }
 }
 
-/// The writes in `writes` that break fencing, for job `id` whose first run paused before its
-/// write `at`: a write of the first run at or after `at` (made after it woke) that was
-/// applied, and a write applied at a position where an earlier run had applied one already
-/// (a re-run that does not repeat its write under the same key).
-fn leaks(writes: &[Written], id: JobId, at: usize) -> Vec<Leak> {
+/// The writes in `writes` that break fencing, for job `id` whose first run was paused before
+/// its write `paused` while a rival ran the job (`None`: no rival did):
+/// - a write of the first run from its pause on (made after it woke) that was applied;
+/// - a write applied by one run that another run had applied already under another key:
+///   the same mutations to the same sink (a `ctx.sink` write), or the same position (a
+///   Postgres transaction, whose statements the harness does not see). A re-run must repeat
+///   a write under its key, so the sink answers `Duplicate`.
+fn leaks(writes: &[Written], id: JobId, paused: Option<usize>) -> Vec<Leak> {
     let mut found = Vec::new();
-    let mut applied: BTreeMap<(String, usize), &Written> = BTreeMap::new();
-    for w in writes.iter().filter(|w| w.job == id) {
-        if w.run == 1 && w.position >= at && w.applied() {
+    let mut applied: Vec<&Written> = Vec::new();
+    for w in writes.iter().filter(|w| w.job == id && w.applied()) {
+        if paused.is_some_and(|at| w.run == 1 && w.position >= at) {
             found.push(Leak {
-                paused_before: at,
+                paused_before: paused.unwrap_or_default(),
                 write: w.clone(),
                 earlier: None,
             });
             continue;
         }
-        if !w.applied() {
-            continue;
-        }
-        match applied.get(&(w.sink.clone(), w.position)) {
-            Some(earlier) if earlier.run != w.run => found.push(Leak {
-                paused_before: at,
+        let twin = applied.iter().find(|e| {
+            e.run != w.run
+                && e.sink == w.sink
+                && e.key != w.key
+                && match (&e.mutations, &w.mutations) {
+                    (Some(a), Some(b)) => a == b,
+                    (None, None) => e.position == w.position,
+                    _ => false,
+                }
+        });
+        match twin {
+            Some(earlier) => found.push(Leak {
+                paused_before: paused.unwrap_or_default(),
                 write: w.clone(),
                 earlier: Some((*earlier).clone()),
             }),
-            _ => {
-                applied.insert((w.sink.clone(), w.position), w);
-            }
+            None => applied.push(w),
         }
     }
     found
@@ -1210,9 +1337,9 @@ impl fmt::Display for Leak {
         match &self.earlier {
             None => write!(
                 f,
-                "paused before its write #{}, the first run woke after a rival had finished the \
-                 job, and its write #{} to sink {:?} was applied:\n    {}\n  a late write must \
-                 be refused: write through ctx.sink or ctx.postgres, under the lease's fence",
+                "paused before its write #{}, the first run woke after its lease had run out, \
+                 and its write #{} to sink {:?} was applied:\n    {}\n  a late write must be \
+                 refused: write through ctx.sink or ctx.postgres, under the lease's fence",
                 self.paused_before,
                 w.position,
                 w.sink,
@@ -1236,8 +1363,11 @@ impl fmt::Display for Leak {
 
 /// One scenario of [`Harness::zombie`].
 pub struct Scenario {
-    /// Writes the first run made before it paused (its settlement is the one after them).
+    /// The write the first run was to pause before (after its last: before settling).
     pub paused_before: usize,
+    /// It did pause there; `false`: this run made fewer writes than the first one counted, and
+    /// ran to its end.
+    pub paused: bool,
     /// The first run, woken after the rivals.
     pub zombie: Performed,
     /// The rivals' runs, in order.

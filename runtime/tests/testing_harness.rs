@@ -243,3 +243,256 @@ fn virtual_timers_pass_a_handlers_sleep_and_its_timeout_at_once() {
         started.elapsed()
     );
 }
+
+// Found by the attack on the harness (issue 59): each was wrong before its fix.
+
+use palisade::{IdempotencyKey, RetryPolicy};
+
+/// Runs `f` on a thread of its own (a harness is made on the thread that uses it), failing
+/// the test instead of hanging it when `f` does not end within `secs`.
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()).unwrap());
+    rx.recv_timeout(Duration::from_secs(secs)).expect("hung")
+}
+
+fn incr(key: &str, by: i64) -> Vec<Mutation> {
+    vec![Mutation::HashIncr {
+        key: key.into(),
+        field: "n".into(),
+        by,
+    }]
+}
+
+/// Correct keys, but a retry writes one more thing first: the ledger write moves from
+/// `job/0` to `job/1`, and a re-run applies it again.
+async fn shifting(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    if ctx.job().attempt > 1 {
+        ctx.sink("s")?
+            .write(vec![Mutation::Set {
+                key: "audit".into(),
+                value: "retried".into(),
+            }])
+            .await?
+            .accepted()?;
+    }
+    ctx.sink("s")?.write(incr("acct", 100)).await?.accepted()?;
+    Ok(())
+}
+
+/// Sixty-four correct writes, then one under a fresh key.
+async fn long_careless(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let sink = ctx.sink("s")?;
+    for i in 0..64 {
+        sink.write(incr(&format!("k{i}"), 1)).await?.accepted()?;
+    }
+    let fresh = IdempotencyKey::new(format!("late-{}", uuid::Uuid::new_v4()));
+    sink.write_keyed(fresh, incr("total", 1))
+        .await?
+        .accepted()?;
+    Ok(())
+}
+
+#[test]
+fn a_write_applied_twice_is_found_when_its_position_moves_or_past_64_writes() {
+    for kind in ["shifting", "long_careless"] {
+        let registry = Registry::new()
+            .register("shifting", shifting)
+            .register("long_careless", long_careless);
+        let h = Harness::new(registry).with_sink("s");
+        let zombie = h.zombie(NewJob::new(kind, &()).unwrap()).unwrap();
+        let last = zombie.scenarios.last().unwrap();
+        assert_eq!(
+            last.paused_before,
+            if kind == "shifting" { 1 } else { 65 },
+            "{kind}: the last pause is before settling"
+        );
+        let leaked: Vec<String> = zombie.leaks().map(|l| l.to_string()).collect();
+        assert!(
+            leaked.iter().any(|l| l.contains("applied twice")),
+            "{kind}: {leaked:?}"
+        );
+    }
+}
+
+/// Two writes sent together; a write from a task left running after the handler returned;
+/// fewer writes on later runs.
+async fn together(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let (a, b) = (ctx.sink("s")?, ctx.sink("s")?);
+    let (x, y) = tokio::join!(a.write(incr("a", 1)), b.write(incr("b", 1)));
+    x?.accepted()?;
+    y?.accepted()?;
+    let late = ctx.sink("s")?;
+    tokio::spawn(async move { late.write(incr("c", 1)).await });
+    Ok(())
+}
+
+async fn fewer(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    if ctx.job().attempt == 1 {
+        let sink = ctx.sink("s")?;
+        sink.write(incr("a", 1)).await?.accepted()?;
+        sink.write(incr("b", 1)).await?.accepted()?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_zombie_ends_with_writes_sent_together_varying_or_a_deadline() {
+    within(60, || {
+        let registry = Registry::new()
+            .register("together", together)
+            .register("fewer", fewer);
+        let h = Harness::new(registry).with_sink("s");
+        h.zombie(NewJob::new("together", &()).unwrap())
+            .unwrap()
+            .assert_fenced();
+        let varying = h.zombie(NewJob::new("fewer", &()).unwrap()).unwrap();
+        varying.assert_fenced();
+        let deadline = h.now() + Duration::from_secs(40);
+        let job = NewJob::new("fewer", &()).unwrap().with_deadline(deadline);
+        let zombie = h.zombie(job).unwrap();
+        zombie.assert_fenced();
+        assert!(
+            zombie.scenarios.iter().all(|s| s.paused),
+            "each scenario starts at the harness's time"
+        );
+    });
+}
+
+#[test]
+fn the_zombie_leaves_the_harness_clock_alone() {
+    let h = Harness::new(
+        Registry::new()
+            .register("fewer", fewer)
+            .register("noop", noop),
+    )
+    .with_sink("s");
+    let before = h.now();
+    h.enqueue(
+        NewJob::new("noop", &())
+            .unwrap()
+            .with_delay(Duration::from_secs(600)),
+    )
+    .unwrap();
+    h.zombie(NewJob::new("fewer", &()).unwrap()).unwrap();
+    assert!(h.now().duration_since(before).unwrap() < Duration::from_secs(5));
+    assert_eq!(
+        h.block_on(h.stores().inspect().counts("default"))
+            .unwrap()
+            .delayed,
+        1
+    );
+}
+
+/// Correct, but each attempt records its own audit entry under its own key.
+async fn audited(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let audit = format!("{}/audit-{}", ctx.job().id, ctx.job().attempt);
+    let entry = vec![Mutation::Set {
+        key: format!("audit:{}", ctx.job().attempt),
+        value: "ran".into(),
+    }];
+    ctx.sink("s")?
+        .write_keyed(IdempotencyKey::new(audit), entry)
+        .await?
+        .accepted()?;
+    ctx.sink("s")?.write(incr("acct", 1)).await?.accepted()?;
+    Ok(())
+}
+
+#[test]
+fn a_correct_handler_passes_the_zombie_when_the_job_is_buried_or_audits_each_attempt() {
+    let registry = Registry::new()
+        .register("fewer", fewer)
+        .register("audited", audited);
+    let h = Harness::new(registry).with_sink("s");
+    // Out of stalls: the reaper buries the job and no rival runs; the woken run's write is
+    // the job's only one (no newer token exists to refuse it), not a leak.
+    let buried = h
+        .zombie(NewJob::new("fewer", &()).unwrap().with_max_stalls(0))
+        .unwrap();
+    buried.assert_fenced();
+    for s in &buried.scenarios {
+        assert!(s.rivals.is_empty());
+        assert_eq!(s.sink("s").unwrap().field("b", "n").as_deref(), Some("1"));
+    }
+    h.zombie(NewJob::new("audited", &()).unwrap())
+        .unwrap()
+        .assert_fenced();
+}
+
+#[test]
+fn perform_and_drain_say_why_a_job_cannot_run() {
+    let h = Harness::new(Registry::new().register("noop", noop));
+    h.enqueue(NewJob::new("noop", &()).unwrap().with_scope("sku:1"))
+        .unwrap();
+    let err = h
+        .perform(NewJob::new("noop", &()).unwrap().with_scope("sku:1"))
+        .unwrap_err();
+    assert!(err.to_string().contains("ahead of it"), "{err}");
+
+    let paused = Harness::new(Registry::new().register("noop", noop));
+    paused.enqueue(NewJob::new("noop", &()).unwrap()).unwrap();
+    paused
+        .block_on(paused.stores().admin().set_paused("default", true))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = paused.drain("default").unwrap_err();
+    assert!(err.to_string().contains("paused"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_registry_or_policy_a_worker_refuses_is_refused() {
+    let typo = std::panic::catch_unwind(|| {
+        Harness::new(
+            Registry::new()
+                .register("noop", noop)
+                .with_timeout("nop", Duration::from_secs(1)),
+        )
+    });
+    let message = *typo.err().unwrap().downcast::<String>().unwrap();
+    assert!(message.contains("\"nop\""), "{message}");
+    let zero = std::panic::catch_unwind(|| {
+        Harness::new(Registry::new()).with_retry(RetryPolicy {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        })
+    });
+    assert!(zero.is_err());
+}
+
+#[test]
+fn inside_an_async_test_the_harness_says_to_write_a_plain_test() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let inside =
+        runtime.block_on(async { std::panic::catch_unwind(|| Harness::new(Registry::new())) });
+    let panic = inside.err().unwrap();
+    let message = panic.downcast_ref::<&str>().copied().unwrap_or_default();
+    assert!(message.contains("plain #[test]"), "{message}");
+}
+
+#[test]
+fn time_only_moves_forward_and_a_sink_added_late_keeps_the_queue() {
+    let h = Harness::new(Registry::new().register("noop", noop));
+    h.enqueue(
+        NewJob::new("noop", &())
+            .unwrap()
+            .with_delay(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let h = h.with_sink("late");
+    h.advance(Duration::from_secs(1800)).unwrap();
+    h.advance(Duration::MAX).unwrap();
+    let counts = h.block_on(h.stores().inspect().counts("default")).unwrap();
+    assert_eq!(
+        (counts.ready, counts.delayed),
+        (1, 0),
+        "due after the huge jump, never back to an hour away"
+    );
+}
