@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use palisade::testing::{Harness, Outcome, TestError};
+use palisade::testing::{assert_enqueued, refute_enqueued, Harness, Outcome, TestError};
 use palisade::{Flow, JobContext, JobError, Mutation, NewJob, PostgresSink, Registry};
 use palisade_testkit::{fresh_postgres_schema, postgres_url};
 
@@ -346,10 +346,17 @@ fn the_zombie_ends_with_writes_sent_together_varying_or_a_deadline() {
         h.zombie(NewJob::new("together", &()).unwrap())
             .unwrap()
             .assert_fenced();
+        // Writes on its first attempt only: a rival's re-run makes none, so they are lost.
         let varying = h.zombie(NewJob::new("fewer", &()).unwrap()).unwrap();
-        varying.assert_fenced();
+        let lost: Vec<String> = varying.leaks().map(|l| l.to_string()).collect();
+        assert!(
+            !lost.is_empty() && lost.iter().all(|l| l.contains("a change lost")),
+            "{lost:?}"
+        );
         let deadline = h.now() + Duration::from_secs(40);
-        let job = NewJob::new("fewer", &()).unwrap().with_deadline(deadline);
+        let job = NewJob::new("together", &())
+            .unwrap()
+            .with_deadline(deadline);
         let zombie = h.zombie(job).unwrap();
         zombie.assert_fenced();
         assert!(
@@ -495,4 +502,84 @@ fn time_only_moves_forward_and_a_sink_added_late_keeps_the_queue() {
         (1, 0),
         "due after the huge jump, never back to an hour away"
     );
+}
+
+// Found by the second attack on the harness (issue 59).
+
+/// A fresh key and a timestamp beside the credit: the mutations differ on each run.
+async fn stamped(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let now = format!("{:?}", SystemTime::now());
+    let key = IdempotencyKey::new(format!("credit-{now}"));
+    let mut credit = incr("acct", 100);
+    credit.push(Mutation::Set {
+        key: "acct:updated_at".into(),
+        value: now,
+    });
+    ctx.sink("s")?.write_keyed(key, credit).await?.accepted()?;
+    Ok(())
+}
+
+/// Two bonuses of the same size, on purpose.
+async fn bonuses(ctx: JobContext, _: ()) -> Result<(), JobError> {
+    let s = ctx.sink("s")?;
+    s.write(incr("points", 10)).await?.accepted()?;
+    s.write(incr("points", 10)).await?.accepted()?;
+    Ok(())
+}
+
+#[test]
+fn a_double_credit_is_found_by_its_total_and_two_equal_bonuses_are_not() {
+    let registry = Registry::new()
+        .register("stamped", stamped)
+        .register("bonuses", bonuses);
+    let h = Harness::new(registry).with_sink("s");
+    let stamped = h.zombie(NewJob::new("stamped", &()).unwrap()).unwrap();
+    let leaked: Vec<String> = stamped.leaks().map(|l| l.to_string()).collect();
+    assert!(
+        leaked
+            .iter()
+            .any(|l| l.contains("acct.n is 200 but 100") && l.contains("applied twice")),
+        "{leaked:?}"
+    );
+    h.zombie(NewJob::new("bonuses", &()).unwrap())
+        .unwrap()
+        .assert_fenced();
+}
+
+#[test]
+fn a_paused_schedule_fires_nothing_and_every_waiting_job_is_seen() {
+    let hourly =
+        palisade::Schedule::new("hourly", "0 0 * * * *", NewJob::new("noop", &()).unwrap())
+            .unwrap();
+    let h = Harness::new(Registry::new().register("noop", noop))
+        .with_schedule(hourly)
+        .unwrap();
+    assert!(h
+        .block_on(h.stores().control().pause_schedule("hourly", true))
+        .unwrap());
+    h.advance(Duration::from_secs(5 * 3600)).unwrap();
+    assert!(h.enqueued().is_empty(), "{:?}", h.enqueued());
+
+    for _ in 0..10_001 {
+        h.enqueue(NewJob::new("noop", &()).unwrap()).unwrap();
+    }
+    h.enqueue(NewJob::new("noop", &()).unwrap().with_queue("late"))
+        .unwrap();
+    h.enqueue(NewJob::new("noop", &"behind").unwrap().with_scope("one"))
+        .unwrap();
+    h.enqueue(NewJob::new("noop", &"second").unwrap().with_scope("one"))
+        .unwrap();
+    let all = h.enqueued();
+    assert_eq!(all.len(), 10_004);
+    refute_enqueued!(h, kind = "bad");
+    assert_enqueued!(h, payload = serde_json::json!("second"));
+}
+
+#[test]
+fn a_lease_a_worker_refuses_is_refused() {
+    let short = std::panic::catch_unwind(|| {
+        Harness::new(Registry::new()).with_lease(Duration::from_millis(1))
+    });
+    assert!(short.is_err());
+    let _ = Harness::new(Registry::new()).with_lease(Duration::from_millis(30));
 }

@@ -44,7 +44,7 @@ use world::{Settings, World};
 
 pub use crate::{assert_enqueued, refute_enqueued};
 pub use expect::Expect;
-pub use zombie::{Leak, Scenario, Zombie};
+pub use zombie::{Found, Leak, Scenario, Zombie};
 
 /// The harness's worker name, on its claims and rejection notes.
 const WORKER: &str = "palisade-testing";
@@ -384,8 +384,13 @@ impl Harness {
     }
 
     /// The lease each claim gets (30 s by default): the time a zombie is paused past.
+    ///
+    /// Panics below 30 ms, as a worker refuses such a lease (it is renewed every third).
     pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease.max(Duration::from_millis(1));
+        if lease < Duration::from_millis(30) {
+            panic!("a worker would refuse a {lease:?} lease: at least 30 ms (it is renewed every third)");
+        }
+        self.settings.lease = lease;
         self
     }
 

@@ -18,7 +18,7 @@ use crate::admission::Admission;
 use crate::context::{JobContext, Probe, Registry, RunState, Sinks};
 use crate::coordinator::Coordinator;
 use crate::ids::{IdempotencyKey, JobId, Lease};
-use crate::job::{Claim, FollowUps, JobView, NewJob, Settlement};
+use crate::job::{Claim, FollowUps, JobState, JobView, NewJob, Settlement};
 use crate::mutation::Mutation;
 use crate::policy::RetryPolicy;
 use crate::schedule::Schedule;
@@ -188,8 +188,13 @@ impl World {
     /// the reaper (expired leases), the follow-up sweep and flow passes.
     pub(super) async fn tidy(&self, settings: &Settings) -> TestResult<()> {
         let now = self.stores.now_ms().await?;
+        let paused = match settings.schedules.is_empty() {
+            true => Vec::new(),
+            false => self.stores.paused_schedules().await?,
+        };
         for schedule in &settings.schedules {
-            crate::scheduler::fire(&self.stores, schedule, now, false).await?;
+            let paused = paused.iter().any(|p| p == schedule.name());
+            crate::scheduler::fire(&self.stores, schedule, now, paused).await?;
         }
         self.stores.reap(1000).await?;
         for set in self.stores.follow_ups(Duration::ZERO, 1000).await? {
@@ -536,13 +541,20 @@ impl World {
         }
     }
 
-    /// Every job waiting (ready or delayed) in any queue.
+    /// Every job waiting (ready, delayed, or behind its scope's or group's running job), in
+    /// any queue.
     pub(super) async fn waiting(&self) -> TestResult<Vec<JobView>> {
         let inspect = self.stores.inspect();
         let mut all = Vec::new();
-        for q in inspect.queues().await? {
-            all.extend(inspect.ready(&q, 10_000).await?);
-            all.extend(inspect.delayed(&q, 10_000).await?);
+        for id in self.store.live_jobs() {
+            if let Some(view) = inspect.job(id).await? {
+                if matches!(
+                    view.state,
+                    JobState::Ready | JobState::Waiting | JobState::Delayed
+                ) {
+                    all.push(view);
+                }
+            }
         }
         Ok(all)
     }

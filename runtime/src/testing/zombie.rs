@@ -14,6 +14,7 @@ use super::{Harness, Performed, SinkView, TestError, TestResult, Written};
 use crate::error::Error;
 use crate::ids::JobId;
 use crate::job::NewJob;
+use crate::mutation::Mutation;
 use crate::store::memory::MemoryFencedStore;
 
 /// Scenarios [`Harness::zombie`] runs at most: pauses before the first 63 writes, and one
@@ -26,26 +27,29 @@ impl Harness {
     /// are untouched): a first run pauses before that write, its lease runs out, a rival
     /// claims the job and runs it to its end, and the first run wakes and goes on.
     /// [`Zombie::assert_fenced`] then checks that no write the woken run made after its pause
-    /// was applied once a rival had held the job, and that no two runs applied the same change
-    /// under different keys. Each world starts at this harness's time, which it leaves as it
-    /// was. With a Postgres sink ([`with_postgres`](Self::with_postgres)) each world writes to
+    /// was applied once a rival had held the job, and that every counter (`HashIncr`) ends
+    /// where one run without a pause left it (a change applied twice, or lost, shows there).
+    /// Each world starts at this harness's time, which it leaves as it was. With a Postgres sink ([`with_postgres`](Self::with_postgres)) each world writes to
     /// your database.
     pub fn zombie(&self, job: NewJob) -> TestResult<Zombie> {
         // Each world's time is put back when it is done: the time a scenario skips (its
         // first run's lease running out) is its own, and this harness's clock never moves.
         let saved = palisade_core::clock::skipped();
         let zombie = self.block_on(async {
-            let counted = self.world_for_zombie().await;
-            let id = counted.enqueue(vec![job.clone()]).await?[0];
-            let claim = counted.claim(id, &self.settings).await?;
-            let writes = counted.run(claim, &self.settings, None).await?.writes.len();
+            // One run without a pause, to the job's end: how many writes its first attempt
+            // makes, and what its counters end at.
+            let clean = self.world_for_zombie().await;
+            let id = clean.enqueue(vec![job.clone()]).await?[0];
+            let claim = clean.claim(id, &self.settings).await?;
+            let writes = clean.run(claim, &self.settings, None).await?.writes.len();
+            clean.drain(None, Some(id), &self.settings).await?;
             palisade_core::clock::restore(saved);
             // Before each write, then before settling (past the cap, before settling only).
             let mut pauses: Vec<usize> = (0..writes.min(MAX_PAUSES - 1)).collect();
             pauses.push(writes);
             let mut scenarios = Vec::new();
             for at in pauses {
-                let scenario = self.scenario(&job, at).await;
+                let scenario = self.scenario(&job, at, &clean).await;
                 palisade_core::clock::restore(saved);
                 scenarios.push(scenario?);
             }
@@ -61,7 +65,7 @@ impl Harness {
         World::new(self.epoch.get(), &self.sink_names, &self.settings).await
     }
 
-    async fn scenario(&self, job: &NewJob, at: usize) -> TestResult<Scenario> {
+    async fn scenario(&self, job: &NewJob, at: usize, clean: &World) -> TestResult<Scenario> {
         let world = self.world_for_zombie().await;
         let id = world.enqueue(vec![job.clone()]).await?[0];
         let claim = world.claim(id, &self.settings).await?;
@@ -104,7 +108,14 @@ impl Harness {
         // its settlement moved, must refuse it. With no rival (the reaper buried the job, out
         // of stalls) the woken run's write is the job's only one, as the fence allows.
         let late_from = (paused && !rivals.is_empty()).then_some(at);
-        let leaks = leaks(&writes, id, late_from);
+        let counters = counters(&writes, clean, &world);
+        let leaks = leaks(&writes, id, late_from, &counters)
+            .into_iter()
+            .map(|found| Leak {
+                paused_before: at,
+                found,
+            })
+            .collect();
         Ok(Scenario {
             paused_before: at,
             paused,
@@ -116,42 +127,94 @@ impl Harness {
     }
 }
 
-/// The writes in `writes` that break fencing, for job `id` whose first run was paused before
-/// its write `paused` while a rival ran the job (`None`: no rival did):
-/// - a write of the first run from its pause on (made after it woke) that was applied;
-/// - a write applied by one run that another run had applied already under another key:
-///   the same mutations to the same sink (a `ctx.sink` write), or the same position (a
-///   Postgres transaction, whose statements the harness does not see). A re-run must repeat
-///   a write under its key, so the sink answers `Duplicate`.
-fn leaks(writes: &[Written], id: JobId, paused: Option<usize>) -> Vec<Leak> {
+/// Each counter the job's writes touched (`HashIncr`: sink, key, field), with its value after
+/// the clean run and after this scenario.
+type Counters = BTreeMap<(String, String, String), (Option<String>, Option<String>)>;
+
+fn counters(writes: &[Written], clean: &World, scenario: &World) -> Counters {
+    let clean_writes = clean
+        .writes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut found = Counters::new();
+    for w in writes.iter().chain(&clean_writes) {
+        for m in w.mutations.iter().flatten() {
+            if let Mutation::HashIncr { key, field, .. } = m {
+                let value = |world: &World| {
+                    let sink = world.sink_stores.get(&w.sink)?;
+                    SinkView(sink.clone()).field(key, field)
+                };
+                found
+                    .entry((w.sink.clone(), key.clone(), field.clone()))
+                    .or_insert_with(|| (value(clean), value(scenario)));
+            }
+        }
+    }
+    found
+}
+
+/// What broke fencing in a scenario of job `id`, whose first run was paused before its write
+/// `late_from` while a rival ran the job (`None`: no rival did), given its `counters`:
+/// - a write of the first run from its pause on (made after it woke) that was applied: a
+///   newer token, or the watermark the rival's settlement moved, must refuse it;
+/// - a counter that ends other than after one clean run: a change applied twice (a re-run
+///   that did not repeat its write under the same key) or lost; named with every applied
+///   write that changed it;
+/// - for a Postgres transaction, whose statements the harness does not see: one applied by
+///   a run at a position where another run had applied one under another key.
+fn leaks(
+    writes: &[Written],
+    id: JobId,
+    late_from: Option<usize>,
+    counters: &Counters,
+) -> Vec<Found> {
+    let ours: Vec<&Written> = writes.iter().filter(|w| w.job == id).collect();
     let mut found = Vec::new();
-    let mut applied: Vec<&Written> = Vec::new();
-    for w in writes.iter().filter(|w| w.job == id && w.applied()) {
-        if paused.is_some_and(|at| w.run == 1 && w.position >= at) {
-            found.push(Leak {
-                paused_before: paused.unwrap_or_default(),
-                write: w.clone(),
-                earlier: None,
+    for w in ours.iter().filter(|w| w.applied()) {
+        if late_from.is_some_and(|at| w.run == 1 && w.position >= at) {
+            found.push(Found::Late {
+                write: (*w).clone(),
             });
+        }
+    }
+    for ((sink, key, field), (clean, here)) in counters {
+        if clean == here {
             continue;
         }
-        let twin = applied.iter().find(|e| {
-            e.run != w.run
-                && e.sink == w.sink
-                && e.key != w.key
-                && match (&e.mutations, &w.mutations) {
-                    (Some(a), Some(b)) => a == b,
-                    (None, None) => e.position == w.position,
-                    _ => false,
-                }
+        let changed_it = |w: &&&Written| {
+            w.applied()
+                && w.sink == *sink
+                && w.mutations.iter().flatten().any(|m| {
+                    matches!(m, Mutation::HashIncr { key: k, field: f, .. } if k == key && f == field)
+                })
+        };
+        found.push(Found::Counter {
+            sink: sink.clone(),
+            key: key.clone(),
+            field: field.clone(),
+            clean: clean.clone(),
+            here: here.clone(),
+            writes: ours
+                .iter()
+                .filter(changed_it)
+                .map(|w| (*w).clone())
+                .collect(),
         });
-        match twin {
-            Some(earlier) => found.push(Leak {
-                paused_before: paused.unwrap_or_default(),
-                write: w.clone(),
-                earlier: Some((*earlier).clone()),
-            }),
-            None => applied.push(w),
+    }
+    let transactions: Vec<&&Written> = ours
+        .iter()
+        .filter(|w| w.applied() && w.mutations.is_none())
+        .collect();
+    for (i, w) in transactions.iter().enumerate() {
+        let earlier = transactions[..i].iter().find(|e| {
+            e.run != w.run && e.sink == w.sink && e.position == w.position && e.key != w.key
+        });
+        if let Some(earlier) = earlier {
+            found.push(Found::Twice {
+                earlier: (**earlier).clone(),
+                write: (**w).clone(),
+            });
         }
     }
     found
@@ -160,36 +223,102 @@ fn leaks(writes: &[Written], id: JobId, paused: Option<usize>) -> Vec<Leak> {
 /// One way a zombie scenario broke fencing.
 #[derive(Clone, Debug)]
 pub struct Leak {
-    /// Writes the first run had made when it paused.
+    /// The write the first run was paused before.
     pub paused_before: usize,
-    /// The write that should not have been applied.
-    pub write: Written,
-    /// The earlier run's write at the same position, applied before it (`None`: the write
-    /// is the woken zombie's own).
-    pub earlier: Option<Written>,
+    /// What was found.
+    pub found: Found,
 }
+
+/// What a [`Leak`] found.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Found {
+    /// A write the first run made after it woke was applied, although a rival had held the
+    /// job.
+    Late {
+        /// The write.
+        write: Written,
+    },
+    /// A counter ended other than after one run without a pause.
+    Counter {
+        /// The sink.
+        sink: String,
+        /// The hash.
+        key: String,
+        /// Its field.
+        field: String,
+        /// Its value after the clean run.
+        clean: Option<String>,
+        /// Its value after this scenario.
+        here: Option<String>,
+        /// Every applied write that changed it, in order.
+        writes: Vec<Written>,
+    },
+    /// Two runs applied a Postgres transaction at one position under two keys.
+    Twice {
+        /// The first run's.
+        earlier: Written,
+        /// The later run's.
+        write: Written,
+    },
+}
+
+/// How to fix a write applied twice.
+const SAME_KEY: &str = "a re-run must repeat a write under the same idempotency key: \
+    ctx.sink(..).write numbers a run's writes in order; give write_keyed a key made from the \
+    job, never a fresh one";
 
 impl fmt::Display for Leak {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let w = &self.write;
-        match &self.earlier {
-            None => write!(
+        let at = self.paused_before;
+        match &self.found {
+            Found::Late { write: w } => write!(
                 f,
-                "paused before its write #{}, the first run woke after its lease had run out, \
+                "paused before its write #{at}, the first run woke after its lease had run out, \
                  and its write #{} to sink {:?} was applied:\n    {}\n  a late write must be \
                  refused: write through ctx.sink or ctx.postgres, under the lease's fence",
-                self.paused_before,
                 w.position,
                 w.sink,
                 w.brief()
             ),
-            Some(earlier) => write!(
+            Found::Counter {
+                sink,
+                key,
+                field,
+                clean,
+                here,
+                writes,
+            } => {
+                let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "unset".into());
+                let number =
+                    |v: &Option<String>| v.as_deref().map_or(Some(0), |v| v.parse::<i128>().ok());
+                let (what, fix) = match (number(here), number(clean)) {
+                    (Some(h), Some(c)) if h < c => (
+                        "a change lost",
+                        "a re-run must make the writes its first run would have made (the first \
+                         run's were refused once its lease ran out)",
+                    ),
+                    _ => ("a change applied twice", SAME_KEY),
+                };
+                write!(
+                    f,
+                    "paused before its write #{at}, then re-run by a rival: sink {sink:?} {key}.{field} \
+                     is {} but {} after one run without a pause: {what}. The writes that changed it:",
+                    show(here),
+                    show(clean)
+                )?;
+                if writes.is_empty() {
+                    write!(f, " none")?;
+                }
+                for w in writes {
+                    write!(f, "\n    {}", w.brief())?;
+                }
+                write!(f, "\n  {fix}")
+            }
+            Found::Twice { earlier, write: w } => write!(
                 f,
-                "paused before its write #{}, then re-run by a rival: write #{} to sink {:?} was \
-                 applied twice, under two keys:\n    {}\n    {}\n  a re-run must repeat a write \
-                 under the same idempotency key: ctx.sink(..).write numbers a run's writes in \
-                 order; give write_keyed a key made from the job, never a fresh one",
-                self.paused_before,
+                "paused before its write #{at}, then re-run by a rival: a transaction at write #{} \
+                 to sink {:?} was applied twice, under two keys:\n    {}\n    {}\n  {SAME_KEY}",
                 w.position,
                 w.sink,
                 earlier.brief(),
@@ -303,6 +432,11 @@ mod tests {
         })
     }
 
+    fn counter(clean: &str, here: &str) -> Counters {
+        let at = ("s".to_owned(), "acct".to_owned(), "n".to_owned());
+        Counters::from([(at, (Some(clean.to_owned()), Some(here.to_owned())))])
+    }
+
     #[test]
     fn a_re_run_under_the_same_key_is_no_leak() {
         let writes = [
@@ -310,30 +444,46 @@ mod tests {
             write(2, 0, "j/0", Some(5), Admission::Duplicate),
             write(1, 1, "j/1", Some(5), stale()),
         ];
-        assert!(leaks(&writes, job(), Some(1)).is_empty());
+        assert!(leaks(&writes, job(), Some(1), &counter("5", "5")).is_empty());
     }
 
     #[test]
-    fn the_same_change_applied_by_two_runs_under_two_keys_is_applied_twice() {
-        // Its position moved (the re-run wrote something else first): still the same change.
+    fn a_counter_off_its_clean_value_names_every_write_that_changed_it() {
+        // Whatever moved (the key, the position, a timestamp beside it): the total shows it.
         let writes = [
-            write(1, 0, "j/0", Some(5), Admission::Applied),
-            write(2, 1, "j/1", Some(5), Admission::Applied),
+            write(1, 0, "credit-1", Some(5), Admission::Applied),
+            write(2, 1, "credit-2", Some(5), Admission::Applied),
         ];
-        let found = leaks(&writes, job(), None);
+        let found = leaks(&writes, job(), None, &counter("5", "10"));
         assert_eq!(found.len(), 1);
-        assert_eq!(found[0].earlier.as_ref().unwrap().key.as_str(), "j/0");
-        assert!(found[0].to_string().contains("applied twice"));
+        let Found::Counter { writes, .. } = &found[0] else {
+            panic!("{found:?}");
+        };
+        assert_eq!(writes.len(), 2);
+        let leak = Leak {
+            paused_before: 1,
+            found: found[0].clone(),
+        };
+        let message = leak.to_string();
+        assert!(
+            message.contains("acct.n is 10 but 5") && message.contains("applied twice"),
+            "{message}"
+        );
+        assert!(
+            message.contains("credit-1") && message.contains("credit-2"),
+            "{message}"
+        );
     }
 
     #[test]
-    fn one_run_repeating_a_change_or_runs_making_different_ones_is_no_leak() {
+    fn the_same_change_made_twice_on_purpose_is_no_leak() {
+        // A signup bonus and a referral bonus of the same size: both runs end at 20.
         let writes = [
-            write(1, 0, "j/0", Some(5), Admission::Applied),
-            write(1, 1, "j/1", Some(5), Admission::Applied),
-            write(2, 0, "j/audit-2", Some(6), Admission::Applied),
+            write(1, 0, "j/0", Some(10), Admission::Applied),
+            write(2, 0, "j/0", Some(10), Admission::Duplicate),
+            write(2, 1, "j/1", Some(10), Admission::Applied),
         ];
-        assert!(leaks(&writes, job(), None).is_empty());
+        assert!(leaks(&writes, job(), None, &counter("20", "20")).is_empty());
     }
 
     #[test]
@@ -342,28 +492,28 @@ mod tests {
             write(1, 0, "j/0", Some(1), Admission::Applied),
             write(1, 1, "j/1", Some(2), Admission::Applied),
         ];
-        let found = leaks(&writes, job(), Some(1));
+        let same = counter("3", "3");
+        let found = leaks(&writes, job(), Some(1), &same);
         assert_eq!(found.len(), 1);
-        assert_eq!(found[0].write.position, 1);
-        assert!(found[0].earlier.is_none());
-        assert!(found[0].to_string().contains("late write"));
+        assert!(matches!(&found[0], Found::Late { write } if write.position == 1));
         assert!(
-            leaks(&writes, job(), None).is_empty(),
+            leaks(&writes, job(), None, &same).is_empty(),
             "no rival: the fence allows it"
         );
     }
 
     #[test]
     fn a_postgres_transaction_is_compared_by_its_position() {
+        let none = Counters::new();
         let writes = [
             write(1, 0, "j/tx/pay-1", None, Admission::Applied),
             write(2, 0, "j/tx/pay-2", None, Admission::Applied),
         ];
-        assert_eq!(leaks(&writes, job(), None).len(), 1);
+        assert_eq!(leaks(&writes, job(), None, &none).len(), 1);
         let renamed = [
             write(1, 0, "j/tx/pay", None, Admission::Applied),
             write(2, 1, "j/tx/refund", None, Admission::Applied),
         ];
-        assert!(leaks(&renamed, job(), None).is_empty());
+        assert!(leaks(&renamed, job(), None, &none).is_empty());
     }
 }

@@ -300,6 +300,16 @@ impl MemoryLeaseStore {
         }
     }
 
+    /// The ids of every job not yet ended, in id order: for `palisade::testing`, whose
+    /// assertions look at every waiting job (`Inspect::ready` lists no job waiting behind its
+    /// scope's head).
+    #[doc(hidden)]
+    pub fn live_jobs(&self) -> Vec<JobId> {
+        let mut ids: Vec<JobId> = lock(&self.state).jobs.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Caps encoded payload size at enqueue.
     pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
