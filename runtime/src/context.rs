@@ -176,20 +176,16 @@ impl RunState {
         }
     }
 
-    /// Whether a write is shown to a probe (then its key and mutations are kept for it).
-    fn shows_writes(&self) -> bool {
-        self.probe.is_some()
-    }
-
-    /// Shows a write's answer to the probe, if any.
+    /// Shows the answer of the write at `position` (one [`before_write`](Self::before_write)
+    /// gave) to the probe.
     fn show(
         &self,
-        position: Option<usize>,
+        position: usize,
         (sink, lease, key): (&str, &Lease, &IdempotencyKey),
         mutations: Option<Vec<Mutation>>,
         admission: &Result<Admission>,
     ) {
-        if let (Some(probe), Some(position)) = (&self.probe, position) {
+        if let Some(probe) = &self.probe {
             probe.written(position, sink, lease, key, mutations, admission);
         }
     }
@@ -724,8 +720,10 @@ impl PostgresHandle {
         });
         crate::sink::record(&self.name, &self.scope, &admission);
         self.run.note(&span, &self.name, &self.lease, &admission);
-        self.run
-            .show(position, (&self.name, &self.lease, &key), None, &admission);
+        if let Some(position) = position {
+            self.run
+                .show(position, (&self.name, &self.lease, &key), None, &admission);
+        }
         result
     }
 }
@@ -779,11 +777,12 @@ impl SinkHandle {
             self.fence,
             &key,
         );
-        let position = self.run.before_write().await;
+        // (Kept only for a probe: a worker's write clones nothing.)
         let shown = self
             .run
-            .shows_writes()
-            .then(|| (key.clone(), mutations.clone()));
+            .before_write()
+            .await
+            .map(|position| (position, key.clone(), mutations.clone()));
         let admission = self
             .addr
             .send(Write(FencedWrite {
@@ -797,7 +796,7 @@ impl SinkHandle {
             .map_err(Error::from)
             .and_then(|a| a);
         self.run.note(&span, &self.name, &self.lease, &admission);
-        if let Some((key, mutations)) = shown {
+        if let Some((position, key, mutations)) = shown {
             self.run.show(
                 position,
                 (&self.name, &self.lease, &key),

@@ -18,7 +18,7 @@ use crate::admission::Admission;
 use crate::context::{JobContext, Probe, Registry, RunState, Sinks};
 use crate::coordinator::Coordinator;
 use crate::ids::{IdempotencyKey, JobId, Lease};
-use crate::job::{Claim, FollowUps, JobState, JobView, NewJob, Settlement};
+use crate::job::{Claim, JobState, JobView, NewJob, Settlement};
 use crate::mutation::Mutation;
 use crate::policy::RetryPolicy;
 use crate::schedule::Schedule;
@@ -322,14 +322,9 @@ impl World {
                 then.flows.iter().map(|f| f.id()).collect(),
                 result
                     .as_deref()
-                    .and_then(|r| serde_json::from_str::<Json>(r).ok())
-                    .and_then(|mut r| r.get_mut("ok").map(Json::take)),
+                    .and_then(|r| crate::client::decode_result::<Json>(job.id, r).ok()),
             ),
             _ => (Vec::new(), Vec::new(), None),
-        };
-        let then = match &settlement {
-            Settlement::Complete { then, .. } => then.clone(),
-            _ => Default::default(),
         };
         let mut settled = self
             .store
@@ -340,14 +335,7 @@ impl World {
                 error: e.to_string(),
             },
             Ok(()) => {
-                if !then.jobs.is_empty() || !then.flows.is_empty() {
-                    let set = FollowUps {
-                        parent: job.id,
-                        jobs: then.jobs,
-                        flows: then.flows,
-                    };
-                    crate::coordinator::deliver_follow_ups(&self.stores, set, "enqueued").await;
-                }
+                // Its follow-ups, kept with the completion, are delivered by the sweep here.
                 self.tidy(settings).await?;
                 outcome_of(&settlement)
             }
