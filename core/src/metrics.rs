@@ -138,6 +138,17 @@ pub const RENEWAL_DURATION: &str = "palisade_renewal_duration_seconds";
 /// Schedule ticks fired by the scheduler role holder. Labels: schedule, outcome (enqueued,
 /// or existing: another scheduler had enqueued the tick's job).
 pub const SCHEDULE_TICKS: &str = "palisade_schedule_ticks_total";
+/// Durable runs' steps (`Durable::step`), sleeps and waits. Labels: kind, outcome (ran: run
+/// and journaled now; replayed: the journal answered, nothing ran; refused: the fence refused
+/// the step's write, its effect and journal entry both; suspended: a sleep or wait settled
+/// the run to resume later).
+pub const DURABLE_STEPS: &str = "palisade_durable_steps_total";
+/// Waitpoints completed. Labels: outcome (first: this value is kept; already: it was
+/// completed before, nothing changed).
+pub const WAITPOINTS_COMPLETED: &str = "palisade_waitpoints_completed_total";
+/// From a durable sleep's due time, or a waitpoint's completion, to the run going on past it
+/// (on the worker's clock; what a suspended run loses to polling and queueing). Labels: kind.
+pub const DURABLE_RESUME_DELAY: &str = "palisade_durable_resume_delay_seconds";
 
 /// Histogram buckets of every `_seconds` histogram: a millisecond to ten minutes, so one set
 /// fits claim latency, renewals and handler run times alike.

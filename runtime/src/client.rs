@@ -20,6 +20,25 @@ pub struct Client {
 }
 
 impl Client {
+    /// Completes waitpoint `id` with `value` unless it was completed before (the first value
+    /// stays: a webhook sent twice, two people clicking, change nothing), and wakes the
+    /// durable run waiting for it ([`Durable::wait_for`](crate::durable::Durable::wait_for)).
+    /// A value sent before the run reaches its wait is kept for it.
+    pub async fn complete_waitpoint(
+        &self,
+        id: &str,
+        value: &impl serde::Serialize,
+    ) -> Result<crate::store::Completion> {
+        let value = serde_json::to_string(value)
+            .map_err(|e| Error::Payload(format!("waitpoint value: {e}")))?;
+        complete_waitpoint(&self.store, id, value).await
+    }
+
+    /// Waitpoint `id` as kept: its value once completed, and the job waiting for it.
+    pub async fn waitpoint(&self, id: &str) -> Result<Option<crate::store::Waitpoint>> {
+        self.store.waitpoint(id).await
+    }
+
     /// A client of the Redis coordinator at `url` whose keys start with `prefix` — the same
     /// prefix the workers use (`--prefix`, default `palisade`), in one partition. Fails within
     /// seconds if Redis cannot be reached, and with [`Error::Config`](crate::Error::Config) if
@@ -205,5 +224,52 @@ pub(crate) fn decode_result<T: DeserializeOwned>(id: JobId, envelope: &str) -> R
         Ok(Kept::Ok(value)) => Ok(value),
         Ok(Kept::Error(why)) => Err(Error::Payload(format!("job {id}: {why}"))),
         Err(e) => Err(Error::Payload(format!("job {id}'s result: {e}"))),
+    }
+}
+
+/// How long a completion keeps trying to wake its waiter while that run is still settling
+/// (it asked for the waitpoint, found nothing, and has not suspended yet).
+const WAKE_FOR: Duration = Duration::from_secs(30);
+
+/// Completes waitpoint `id` and wakes its waiter: the run is made due now if it is
+/// suspended. A run caught between asking and suspending is waited for (up to [`WAKE_FOR`],
+/// while its job is leased), so the wake is not lost; past that the wait's own recheck
+/// ([`WAIT_RECHECK`](crate::durable::WAIT_RECHECK)) finds the value.
+pub(crate) async fn complete_waitpoint(
+    store: &Stores,
+    id: &str,
+    value: String,
+) -> Result<crate::store::Completion> {
+    use crate::store::Completion;
+    let completion = store.complete_waitpoint(id, value).await?;
+    let outcome = match &completion {
+        Completion::First { .. } => "first",
+        Completion::Already { .. } => "already",
+    };
+    metrics::counter!(crate::metrics::WAITPOINTS_COMPLETED, "outcome" => outcome).increment(1);
+    if let Completion::First { waiter: Some(job) } = &completion {
+        wake(store, *job).await?;
+    }
+    Ok(completion)
+}
+
+/// Makes the suspended run of `job` due now; waits out a run still settling.
+async fn wake(store: &Stores, job: JobId) -> Result<()> {
+    let started = crate::store::unix_ms();
+    loop {
+        if store.run_now(job).await? {
+            return Ok(());
+        }
+        let leased = store
+            .job(job)
+            .await?
+            .is_some_and(|view| view.state == crate::job::JobState::Leased);
+        if !leased || crate::store::unix_ms().saturating_sub(started) > WAKE_FOR.as_millis() as u64
+        {
+            // Ready, done or gone: nothing to wake. (Or still running after WAKE_FOR: its
+            // wait's recheck will find the value.)
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

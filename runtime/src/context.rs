@@ -103,6 +103,8 @@ pub(crate) struct RunState {
     worker: String,
     /// Shown every write besides the sink: the testing harness's record (none in a worker).
     probe: Option<Arc<dyn Probe>>,
+    /// What the run's durable calls share ([`JobContext::durable`]).
+    durable: Arc<std::sync::Mutex<crate::durable::DurableState>>,
 }
 
 /// What sees a run's fenced writes besides its sinks: the testing harness, which records
@@ -158,6 +160,7 @@ impl RunState {
             progress: Some((job, coordinator)),
             progress_sent: std::sync::Mutex::default(),
             probe: None,
+            durable: Arc::default(),
         }
     }
 
@@ -588,6 +591,66 @@ impl JobContext {
         })
     }
 
+    /// This run as a durable one, its journal kept in sink `home` (a Redis or memory sink):
+    /// steps recorded once per run, sleeps and waits that suspend it (the
+    /// [`durable`](crate::durable) module, and the guide in `docs/jobs.md`).
+    ///
+    /// ```no_run
+    /// # use palisade::{JobContext, JobError, Mutation};
+    /// # use palisade::durable::Waited;
+    /// # use std::time::Duration;
+    /// # async fn handler(ctx: JobContext) -> Result<(), JobError> {
+    /// let run = ctx.durable("ledger")?;
+    /// let hold: u64 = run
+    ///     .step("reserve", || async {
+    ///         let change = Mutation::HashIncr {
+    ///             key: "{order:7}:stock".into(),
+    ///             field: "held".into(),
+    ///             by: 1,
+    ///         };
+    ///         Ok((vec![change], 1))
+    ///     })
+    ///     .await?;
+    /// match run
+    ///     .wait_for::<bool>("approval", "approval:order-7", Duration::from_secs(86_400))
+    ///     .await?
+    /// {
+    ///     Waited::Completed(true) => run.sleep("cool-off", Duration::from_secs(600)).await?,
+    ///     _ => return Err(JobError::fatal("not approved")),
+    /// }
+    /// # let _ = hold; Ok(()) }
+    /// ```
+    pub fn durable(&self, home: &str) -> Result<crate::durable::Durable> {
+        Ok(crate::durable::Durable::new(
+            self.sink(home)?,
+            &self.job,
+            &self.lease,
+            self.run.progress.as_ref().map(|(_, c)| c.clone()),
+            self.run.durable.clone(),
+        ))
+    }
+
+    /// Completes waitpoint `id` with `value` (another run's wait, say) and wakes the run
+    /// waiting for it, as [`Client::complete_waitpoint`](crate::Client::complete_waitpoint)
+    /// does. Not fenced: a completion is kept once, whoever sends it first.
+    pub async fn complete_waitpoint(
+        &self,
+        id: &str,
+        value: &impl Serialize,
+    ) -> Result<crate::store::Completion> {
+        let value = serde_json::to_string(value)
+            .map_err(|e| Error::Payload(format!("waitpoint value: {e}")))?;
+        let Some((_, coordinator)) = &self.run.progress else {
+            return Err(Error::InvalidJob("this run has no coordinator".into()));
+        };
+        coordinator
+            .send(crate::coordinator::CompleteWaitpoint {
+                id: id.to_owned(),
+                value,
+            })
+            .await?
+    }
+
     /// The generation this lease's writes present.
     fn fence(&self) -> Fence {
         Fence {
@@ -695,7 +758,7 @@ impl PostgresHandle {
     }
 
     /// One fenced transaction under the full stored key, counted in the sink metrics.
-    async fn run<R, F>(&self, key: String, f: F) -> Result<Fenced<R>>
+    pub(crate) async fn run<R, F>(&self, key: String, f: F) -> Result<Fenced<R>>
     where
         R: Serialize + DeserializeOwned + Send,
         F: TransactionFn<R>,
@@ -744,6 +807,19 @@ pub struct SinkHandle {
 }
 
 impl SinkHandle {
+    /// The sink's name, as the worker was given it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Reads a value back (not fenced: what the sink holds now, for checks and a durable
+    /// run's journal).
+    pub async fn read(&self, key: &str) -> Result<Option<crate::store::Value>> {
+        self.addr
+            .send(crate::sink::ReadValue(key.to_owned()))
+            .await?
+    }
+
     /// Writes `mutations` under a derived idempotency key: job id + the write's sequence
     /// number in this run of the handler. Deterministic across runs, so a job that re-runs
     /// after a stall (its earlier run wrote, then paused or died before settling) and repeats

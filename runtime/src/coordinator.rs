@@ -221,6 +221,41 @@ impl Handler<ReadStepResult> for Coordinator {
     }
 }
 
+/// A durable run asks for a waitpoint's value, leaving its job as the waiter
+/// ([`RecordStore::await_waitpoint`]).
+#[derive(Message)]
+#[rtype(result = "Result<Option<String>>")]
+pub(crate) struct AwaitWaitpoint {
+    pub id: String,
+    pub waiter: crate::ids::JobId,
+}
+
+impl Handler<AwaitWaitpoint> for Coordinator {
+    type Result = ResponseFuture<Result<Option<String>>>;
+
+    fn handle(&mut self, msg: AwaitWaitpoint, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { store.await_waitpoint(&msg.id, msg.waiter).await })
+    }
+}
+
+/// A job completes a waitpoint and wakes its waiter ([`crate::client::complete_waitpoint`]).
+#[derive(Message)]
+#[rtype(result = "Result<crate::store::Completion>")]
+pub(crate) struct CompleteWaitpoint {
+    pub id: String,
+    pub value: String,
+}
+
+impl Handler<CompleteWaitpoint> for Coordinator {
+    type Result = ResponseFuture<Result<crate::store::Completion>>;
+
+    fn handle(&mut self, msg: CompleteWaitpoint, _: &mut Self::Context) -> Self::Result {
+        let store = self.store.clone();
+        Box::pin(async move { crate::client::complete_waitpoint(&store, &msg.id, msg.value).await })
+    }
+}
+
 /// A worker process describes itself (`ControlStore::beat`); display only, so a failed beat
 /// is logged at debug and counted, never retried.
 #[derive(Message)]

@@ -83,6 +83,7 @@ mod attempt;
 mod client;
 mod context;
 mod coordinator;
+pub mod durable;
 mod enqueue;
 mod exporter;
 mod flow_driver;

@@ -146,6 +146,15 @@ impl RecordStore for Unreachable {
     async fn rejections(&self, _: usize) -> Result<Vec<RejectionNote>> {
         Err(Error::Unavailable("down".into()))
     }
+    async fn complete_waitpoint(&self, _: &str, _: String) -> Result<palisade::store::Completion> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn await_waitpoint(&self, _: &str, _: JobId) -> Result<Option<String>> {
+        Err(Error::Unavailable("down".into()))
+    }
+    async fn waitpoint(&self, _: &str) -> Result<Option<palisade::store::Waitpoint>> {
+        Err(Error::Unavailable("down".into()))
+    }
 }
 
 /// Issue 25: a result is kept in its job's partition and found there while another

@@ -19,9 +19,11 @@ use crate::schedule::{Schedule, ScheduleSpec};
 mod admin;
 pub mod epoch;
 pub mod flows;
+pub mod waitpoint;
 
 pub use admin::{Inspect, QueueAdmin, SweepProgress};
 pub use flows::FlowStore;
+pub use waitpoint::{Completion, Waitpoint};
 
 /// Dead-lettered jobs kept per queue unless configured otherwise; the oldest go first.
 pub const DEFAULT_DEAD_RETENTION: usize = 10_000;
@@ -329,6 +331,17 @@ pub trait RecordStore: Send + Sync + 'static {
 
     /// The newest `limit` journal entries, newest first.
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>>;
+
+    /// Completes waitpoint `id` with `value` (JSON) unless it was completed before, in one
+    /// atomic step ([`waitpoint`] module docs): the first value stays.
+    async fn complete_waitpoint(&self, id: &str, value: String) -> Result<Completion>;
+
+    /// Waitpoint `id`'s value if it is completed; otherwise notes `waiter` as the job its
+    /// completion wakes, in one atomic step.
+    async fn await_waitpoint(&self, id: &str, waiter: JobId) -> Result<Option<String>>;
+
+    /// Waitpoint `id` as kept, for status (changes nothing).
+    async fn waitpoint(&self, id: &str) -> Result<Option<Waitpoint>>;
 }
 
 /// Every store trait at once, as one coordinator: what `Coordinator`,
@@ -640,6 +653,15 @@ impl RecordStore for Stores {
     }
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
         self.records.rejections(limit).await
+    }
+    async fn complete_waitpoint(&self, id: &str, value: String) -> Result<Completion> {
+        self.records.complete_waitpoint(id, value).await
+    }
+    async fn await_waitpoint(&self, id: &str, waiter: JobId) -> Result<Option<String>> {
+        self.records.await_waitpoint(id, waiter).await
+    }
+    async fn waitpoint(&self, id: &str) -> Result<Option<Waitpoint>> {
+        self.records.waitpoint(id).await
     }
 }
 /// How long progress records are kept.

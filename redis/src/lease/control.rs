@@ -12,6 +12,9 @@ use crate::error::Result;
 use crate::ids::JobId;
 use crate::job::MAX_DELAY;
 use crate::schedule::ScheduleSpec;
+use crate::store::waitpoint::{
+    check_waitpoint_id, check_waitpoint_value, Completion, Waitpoint, WAITPOINT_RETENTION,
+};
 use crate::store::{
     check_role_ttl, check_schedule, ControlStore, HistorySample, RecordStore, RejectionNote,
     WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
@@ -57,6 +60,30 @@ static ADVANCE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| {
          if cur == nil or tonumber(ARGV[2]) > cur then \
            redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
          return 0",
+    )
+});
+/// Completes a waitpoint once: KEYS[1] its hash (`value`, `waiter`), ARGV value, ttl ms;
+/// `{"already", value}`, or `{"first", waiter or ""}` after keeping the value. (Its one
+/// read refuses a record of another type before anything changed.)
+static COMPLETE_WAITPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local v = redis.call('HGET', KEYS[1], 'value') \
+         if v then return {'already', v} end \
+         local w = redis.call('HGET', KEYS[1], 'waiter') or '' \
+         redis.call('HSET', KEYS[1], 'value', ARGV[1]) \
+         redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+         return {'first', w}",
+    )
+});
+/// A waitpoint's value, or notes its waiter: KEYS[1] its hash, ARGV job id, ttl ms; the
+/// value, or nil after keeping the waiter.
+static AWAIT_WAITPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local v = redis.call('HGET', KEYS[1], 'value') \
+         if v then return v end \
+         redis.call('HSET', KEYS[1], 'waiter', ARGV[1]) \
+         redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+         return false",
     )
 });
 /// Takes or keeps a role: KEYS[1] the role's key, KEYS[2] and KEYS[3] and ARGV[3] as
@@ -307,6 +334,64 @@ impl RecordStore for RedisLeaseStore {
 
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
         self.newest("rejections", limit, REJECTION_JOURNAL).await
+    }
+
+    async fn complete_waitpoint(&self, id: &str, value: String) -> Result<Completion> {
+        check_waitpoint_id(id)?;
+        check_waitpoint_value(&value)?;
+        let key = self.waitpoint_key(id);
+        let mut conn = self.conn().await?;
+        let (what, held): (String, String) = COMPLETE_WAITPOINT
+            .key(&key)
+            .arg(value)
+            .arg(WAITPOINT_RETENTION.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| named(self.link.broken(e), &key))?;
+        Ok(match what.as_str() {
+            "already" => Completion::Already { value: held },
+            _ => Completion::First {
+                waiter: uuid::Uuid::try_parse(&held).ok().map(JobId::from),
+            },
+        })
+    }
+
+    async fn await_waitpoint(&self, id: &str, waiter: JobId) -> Result<Option<String>> {
+        check_waitpoint_id(id)?;
+        let key = self.waitpoint_key(id);
+        let mut conn = self.conn().await?;
+        AWAIT_WAITPOINT
+            .key(&key)
+            .arg(waiter.to_string())
+            .arg(WAITPOINT_RETENTION.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| named(self.link.broken(e), &key))
+    }
+
+    async fn waitpoint(&self, id: &str) -> Result<Option<Waitpoint>> {
+        check_waitpoint_id(id)?;
+        let key = self.waitpoint_key(id);
+        let mut conn = self.conn().await?;
+        let (value, waiter): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("value")
+            .arg("waiter")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| named(self.link.broken(e), &key))?;
+        Ok((value.is_some() || waiter.is_some()).then(|| Waitpoint {
+            id: id.to_owned(),
+            value,
+            waiter: waiter.and_then(|w| uuid::Uuid::try_parse(&w).ok().map(JobId::from)),
+        }))
+    }
+}
+
+impl RedisLeaseStore {
+    /// Waitpoint `id`'s hash (`value`, `waiter`), in the installation's slot.
+    fn waitpoint_key(&self, id: &str) -> String {
+        format!("{}waitpoint:{id}", self.base)
     }
 }
 

@@ -513,6 +513,19 @@ impl Harness {
             .clone()
     }
 
+    /// Completes waitpoint `id` with `value` and wakes the durable run waiting for it, as
+    /// [`Client::complete_waitpoint`](crate::Client::complete_waitpoint) does; the run goes on
+    /// at the next [`drain`](Self::drain). (A wait nobody completes times out as the drain
+    /// skips time past its timeout.)
+    pub fn complete_waitpoint(
+        &self,
+        id: &str,
+        value: &impl serde::Serialize,
+    ) -> TestResult<crate::store::Completion> {
+        let client = crate::Client::new(self.world.stores.clone());
+        Ok(self.block_on(client.complete_waitpoint(id, value))?)
+    }
+
     /// The stores underneath, for anything the harness does not say (a job's details, a
     /// flow's status, the dead letters).
     pub fn stores(&self) -> &Stores {

@@ -14,6 +14,7 @@ macro_rules! control_cases {
             results_and_progress_are_kept_for_their_time,
             worker_beats_list_the_live_workers,
             history_keeps_the_newest_samples,
+            waitpoints_are_completed_once,
         );
     };
 }
@@ -263,4 +264,61 @@ pub async fn history_keeps_the_newest_samples(store: Stores) {
     let all = store.history(usize::MAX).await.unwrap();
     assert_eq!(all.len(), HISTORY_SAMPLES, "bounded");
     assert_eq!(all[0].at_ms, 10_000 + HISTORY_SAMPLES as u64 - 1);
+}
+
+/// A waitpoint keeps its first value: a second completion changes nothing and is told the
+/// kept one; a run that asks first is noted as the waiter its completion names; an event that
+/// arrives before the wait is kept for it. Bad ids and values are refused, changing nothing.
+pub async fn waitpoints_are_completed_once(store: Stores) {
+    use palisade::store::Completion;
+    let id = format!("approval:{}", uuid::Uuid::new_v4());
+    let run = palisade::JobId::new();
+    assert_eq!(store.waitpoint(&id).await.unwrap(), None);
+    // Asked first: nothing yet, and the run is the waiter.
+    assert_eq!(store.await_waitpoint(&id, run).await.unwrap(), None);
+    let kept = store.waitpoint(&id).await.unwrap().unwrap();
+    assert_eq!((kept.value, kept.waiter), (None, Some(run)));
+    assert_eq!(
+        store
+            .complete_waitpoint(&id, r#"{"approved":true}"#.into())
+            .await
+            .unwrap(),
+        Completion::First { waiter: Some(run) }
+    );
+    // Twice, with another value: the first stays.
+    assert_eq!(
+        store
+            .complete_waitpoint(&id, r#"{"approved":false}"#.into())
+            .await
+            .unwrap(),
+        Completion::Already {
+            value: r#"{"approved":true}"#.into()
+        }
+    );
+    assert_eq!(
+        store.await_waitpoint(&id, run).await.unwrap().as_deref(),
+        Some(r#"{"approved":true}"#)
+    );
+    // Completed before anyone waits: kept, and no waiter to wake.
+    let early = format!("webhook:{}", uuid::Uuid::new_v4());
+    assert_eq!(
+        store.complete_waitpoint(&early, "42".into()).await.unwrap(),
+        Completion::First { waiter: None }
+    );
+    assert_eq!(
+        store
+            .await_waitpoint(&early, palisade::JobId::new())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("42")
+    );
+    // Refused before anything is kept.
+    assert!(store.complete_waitpoint("", "1".into()).await.is_err());
+    let bad = format!("bad:{}", uuid::Uuid::new_v4());
+    assert!(store
+        .complete_waitpoint(&bad, "not json".into())
+        .await
+        .is_err());
+    assert_eq!(store.waitpoint(&bad).await.unwrap(), None);
 }

@@ -8,6 +8,9 @@ use super::{lock, MemoryLeaseStore};
 use crate::error::Result;
 use crate::ids::JobId;
 use crate::schedule::ScheduleSpec;
+use crate::store::waitpoint::{
+    check_waitpoint_id, check_waitpoint_value, Completion, Waitpoint, WAITPOINT_RETENTION,
+};
 use crate::store::{
     check_role_ttl, check_schedule, unix_ms, ControlStore, HistorySample, RecordStore,
     RejectionNote, WorkerBeat, HISTORY_SAMPLES, PROGRESS_RETENTION, REJECTION_JOURNAL,
@@ -152,5 +155,64 @@ impl RecordStore for MemoryLeaseStore {
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
         let state = lock(&self.state);
         Ok(state.rejections.iter().take(limit).cloned().collect())
+    }
+
+    async fn complete_waitpoint(&self, id: &str, value: String) -> Result<Completion> {
+        check_waitpoint_id(id)?;
+        check_waitpoint_value(&value)?;
+        let mut state = lock(&self.state);
+        let kept = state.live_waitpoint(id);
+        if let Some(value) = kept.as_ref().and_then(|w| w.value.clone()) {
+            return Ok(Completion::Already { value });
+        }
+        let waiter = kept.and_then(|w| w.waiter);
+        state.keep_waitpoint(Waitpoint {
+            id: id.to_owned(),
+            value: Some(value),
+            waiter,
+        });
+        Ok(Completion::First { waiter })
+    }
+
+    async fn await_waitpoint(&self, id: &str, waiter: JobId) -> Result<Option<String>> {
+        check_waitpoint_id(id)?;
+        let mut state = lock(&self.state);
+        let kept = state.live_waitpoint(id);
+        if let Some(value) = kept.as_ref().and_then(|w| w.value.clone()) {
+            return Ok(Some(value));
+        }
+        state.keep_waitpoint(Waitpoint {
+            id: id.to_owned(),
+            value: None,
+            waiter: Some(waiter),
+        });
+        Ok(None)
+    }
+
+    async fn waitpoint(&self, id: &str) -> Result<Option<Waitpoint>> {
+        check_waitpoint_id(id)?;
+        Ok(lock(&self.state).live_waitpoint(id))
+    }
+}
+
+impl super::LeaseState {
+    /// Waitpoint `id` unless its time is up.
+    fn live_waitpoint(&self, id: &str) -> Option<Waitpoint> {
+        let (waitpoint, until) = self.waitpoints.get(id)?;
+        (*until > crate::clock::now()).then(|| waitpoint.clone())
+    }
+
+    /// Keeps `waitpoint` for [`WAITPOINT_RETENTION`] from now, forgetting lapsed ones.
+    fn keep_waitpoint(&mut self, waitpoint: Waitpoint) {
+        let now = crate::clock::now();
+        let mut held = std::mem::take(&mut self.waitpoints);
+        self.waitpoint_expiries
+            .forget_lapsed(&mut held, now, |(_, until)| Some(*until));
+        let until = now + WAITPOINT_RETENTION;
+        let id = waitpoint.id.clone();
+        held.insert(id.clone(), (waitpoint, until));
+        self.waitpoint_expiries
+            .push(until, id, &held, |(_, until)| Some(*until));
+        self.waitpoints = held;
     }
 }

@@ -131,6 +131,9 @@ struct LeaseState {
     schedules: BTreeMap<String, ScheduleSpec>,
     schedule_marks: HashMap<String, i64>,
     paused_schedules: BTreeSet<String>,
+    /// Waitpoints by id, with when each goes (`control.rs`), and their expiries.
+    waitpoints: HashMap<String, (crate::store::Waitpoint, Instant)>,
+    waitpoint_expiries: Expiries,
     /// Results and progress records by job, with when each goes; and their expiries in order.
     notes: HashMap<(JobId, bool), (String, Instant)>,
     /// Accepted completions' follow-up jobs not enqueued yet, and when they were kept.

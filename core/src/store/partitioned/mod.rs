@@ -54,6 +54,7 @@ use crate::store::{
     ClaimRequest, ControlStore, FlowStore, Inspect, LeaseStore, QueueAdmin, Reaped, RecordStore,
     RejectionNote, Stores,
 };
+use crate::store::{Completion, Waitpoint};
 
 /// Most partitions: a claim asks each of them.
 pub const MAX_PARTITIONS: usize = 256;
@@ -882,6 +883,15 @@ impl RecordStore for PartitionedLeaseStore {
     }
     async fn rejections(&self, limit: usize) -> Result<Vec<RejectionNote>> {
         self.parts[0].rejections(limit).await
+    }
+    async fn complete_waitpoint(&self, id: &str, value: String) -> Result<Completion> {
+        self.parts[0].complete_waitpoint(id, value).await
+    }
+    async fn await_waitpoint(&self, id: &str, waiter: JobId) -> Result<Option<String>> {
+        self.parts[0].await_waitpoint(id, waiter).await
+    }
+    async fn waitpoint(&self, id: &str) -> Result<Option<Waitpoint>> {
+        self.parts[0].waitpoint(id).await
     }
 }
 

@@ -1,0 +1,652 @@
+//! Durable runs: a handler that records its steps, sleeps and waits in a **journal**, so that
+//! a run resumed later (after a sleep, a wait, a crash or a stall) replays what is recorded
+//! instead of doing it again. ARCHITECTURE.md §5.7 has the rules; `docs/jobs.md` the guide.
+//!
+//! Where Palisade differs from the durable-execution engines: a step's journal entry is
+//! written **by the same fenced write as its effect**. Through a Redis or memory sink the
+//! entry is one more mutation in the write's list (a field of the run's journal hash,
+//! `{<scope>}:palisade:journal:<job>`, in the scope's slot on a Redis Cluster); through a
+//! Postgres sink it is the result kept with the transaction's idempotency key
+//! (`<job>/step/<name>`), in the same transaction as the user's rows. So a stale holder
+//! that wakes mid-step is refused on both, and a re-run finds the entry and returns the
+//! recorded result without running the step.
+//!
+//! Suspending is a settlement: a sleep or a wait not yet completed ends the attempt as a
+//! snooze (the lease ends, the slot is freed), and the run resumes in a new claim with a
+//! higher token. Waitpoints are kept by the coordinator
+//! ([`RecordStore::await_waitpoint`](crate::store::RecordStore::await_waitpoint)); completing
+//! one wakes the run ([`Client::complete_waitpoint`](crate::Client::complete_waitpoint)).
+//!
+//! The rules a handler keeps (the guide says them with examples): names are the journal's
+//! keys, unique within a run; between steps a handler does only what it may do again
+//! (reads, computing from recorded results); a run whose recorded steps no longer match the
+//! code (a step renamed, removed or moved) stops with a fatal error naming both, never a
+//! silently different history.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::Addr;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tracing::Instrument as _;
+
+use crate::admission::Admission;
+use crate::error::{Error, Result};
+use crate::ids::{IdempotencyKey, JobId};
+use crate::job::JobError;
+use crate::metrics::{DURABLE_RESUME_DELAY, DURABLE_STEPS};
+use crate::store::{unix_ms, Mutation, Value};
+use crate::SinkHandle;
+
+/// The journal format this release writes; an entry of a higher one is left alone.
+const JOURNAL_VERSION: u32 = 1;
+
+/// The longest a suspended wait sleeps before it looks at its waitpoint again, should the
+/// completion's wake have been missed (its completer died while the run was settling): a
+/// missed wake costs at most this, and a wait of `d` spends at most `d / WAIT_RECHECK + 1`
+/// snoozes of its job's [`max_snoozes`](crate::NewJob::with_max_snoozes).
+pub const WAIT_RECHECK: Duration = Duration::from_secs(3600);
+
+/// How a wait ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Waited<T> {
+    /// The waitpoint was completed with this value.
+    Completed(T),
+    /// Its timeout passed first.
+    TimedOut,
+}
+
+/// One journal entry, as stored (JSON). Versioned; fields of a later release are kept when
+/// this one rewrites the entry (a wait's outcome).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    v: u32,
+    /// Its place among the run's durable calls (0-based): a changed handler is found by it.
+    seq: u32,
+    /// `step`, `sleep` or `wait`.
+    what: String,
+    /// The fencing token of the claim that recorded it.
+    token: u64,
+    /// When it was recorded (Unix ms, the worker's clock).
+    at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    until_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    waitpoint: Option<String>,
+    /// A wait's outcome, once it has one: `{"completed": value}` or `"timed_out"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<serde_json::Value>,
+    #[serde(flatten)]
+    unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A run's journal as read from one sink, by name.
+type Journal = BTreeMap<String, Entry>;
+
+/// What one run's durable calls share (every [`Durable`] handle of the run).
+#[derive(Default)]
+pub(crate) struct DurableState {
+    /// Durable calls made so far in this attempt.
+    seq: u32,
+    /// Names used so far in this attempt.
+    names: HashSet<String>,
+    /// Journals read so far, by sink name.
+    journals: BTreeMap<String, Journal>,
+}
+
+/// A durable run's handle: `ctx.durable("ledger")?` names the sink that keeps its journal
+/// (a Redis or memory sink). Its steps may write to that sink or another
+/// ([`step_in`](Self::step_in)), or to a Postgres sink ([`pg_step`](Self::pg_step)).
+pub struct Durable {
+    home: SinkHandle,
+    job: JobId,
+    kind: String,
+    token: u64,
+    scope: String,
+    coordinator: Option<Addr<crate::Coordinator>>,
+    state: Arc<Mutex<DurableState>>,
+}
+
+impl Durable {
+    pub(crate) fn new(
+        home: SinkHandle,
+        job: &crate::job::Job,
+        lease: &crate::ids::Lease,
+        coordinator: Option<Addr<crate::Coordinator>>,
+        state: Arc<Mutex<DurableState>>,
+    ) -> Self {
+        Self {
+            home,
+            job: job.id,
+            kind: job.kind.clone(),
+            token: lease.token.as_u64(),
+            scope: lease.scope.as_str().to_owned(),
+            coordinator,
+            state,
+        }
+    }
+
+    /// Runs step `name` once per run, with its effect in the journal's own sink: `f` returns
+    /// the mutations to apply and the step's result; both are written by one fenced write
+    /// with the journal entry. A re-run (or a later attempt of this run) finds the entry and
+    /// returns the recorded result without calling `f`. A stale holder's step is refused
+    /// whole — effect and entry — as [`JobError::Fenced`].
+    ///
+    /// What `f` does besides returning mutations (an HTTP call) is at least once: it may run
+    /// again if the run stops after `f` and before its write lands.
+    pub async fn step<R, F, Fut>(&self, name: &str, f: F) -> Result<R, JobError>
+    where
+        R: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(Vec<Mutation>, R), JobError>>,
+    {
+        let sink = self.home.clone();
+        self.step_in(name, &sink, f).await
+    }
+
+    /// [`step`](Self::step) with its effect and entry in another Redis or memory sink (the
+    /// step's journal entry is kept with its effect, in that sink).
+    pub async fn step_in<R, F, Fut>(
+        &self,
+        name: &str,
+        sink: &SinkHandle,
+        f: F,
+    ) -> Result<R, JobError>
+    where
+        R: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(Vec<Mutation>, R), JobError>>,
+    {
+        let span = tracing::info_span!("palisade.step", step = name, job = %self.job);
+        async {
+            let seq = self.begin(name)?;
+            if let Some(entry) = self.recorded(sink, name, seq, "step").await? {
+                self.count("replayed");
+                return decode(name, entry.result.unwrap_or(serde_json::Value::Null));
+            }
+            let (mut mutations, result) = f().await?;
+            let json = serde_json::to_value(&result).map_err(|e| {
+                JobError::fatal(format!("step {name:?}: its result does not encode: {e}"))
+            })?;
+            let entry = self.entry(seq, "step", |e| e.result = Some(json));
+            mutations.push(self.journal_mutation(name, &entry)?);
+            match self.write(sink, name, mutations).await? {
+                Written::Applied => {
+                    self.remember(sink, name, entry);
+                    self.count("ran");
+                    Ok(result)
+                }
+                // Applied before, by a run whose answer was lost or a holder now stale: what
+                // it recorded is what happened.
+                Written::Duplicate(entry) => {
+                    self.count("replayed");
+                    decode(name, entry.result.unwrap_or(serde_json::Value::Null))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs step `name` once per run as one fenced Postgres transaction (see
+    /// [`PostgresHandle::transaction`](crate::PostgresHandle::transaction)): the journal entry
+    /// is the result Postgres keeps with the transaction's idempotency key
+    /// `<job>/step/<name>`, committed with the user's rows. A re-run gets the recorded result
+    /// without `f` running; a stale holder's `f` never runs.
+    #[cfg(feature = "postgres")]
+    pub async fn pg_step<R, F>(
+        &self,
+        name: &str,
+        pg: &crate::PostgresHandle,
+        f: F,
+    ) -> Result<R, JobError>
+    where
+        R: Serialize + DeserializeOwned + Send + 'static,
+        F: crate::store::postgres::TransactionFn<R> + 'static,
+    {
+        let span = tracing::info_span!("palisade.step", step = name, job = %self.job);
+        async {
+            let seq = self.begin(name)?;
+            // A step recorded in the home journal under this name ran elsewhere: the code
+            // changed.
+            let home = self.journal(&self.home).await?;
+            if let Some(entry) = home.get(name) {
+                return Err(changed(name, seq, entry));
+            }
+            let entry = self.entry(seq, "step", |_| {});
+            let fenced = pg
+                .run(step_key(self.job, name), move |tx| {
+                    Box::pin(async move {
+                        let result = f(tx).await?;
+                        let mut entry = entry;
+                        entry.result = Some(serde_json::to_value(&result)?);
+                        Ok(entry)
+                    })
+                })
+                .await?;
+            let (entry, outcome) = match fenced {
+                crate::store::postgres::Fenced::Applied(entry) => (entry, "ran"),
+                crate::store::postgres::Fenced::Duplicate(entry) => (entry, "replayed"),
+                crate::store::postgres::Fenced::Rejected(r) => {
+                    self.count("refused");
+                    return Err(JobError::Fenced(r));
+                }
+            };
+            if entry.seq != seq {
+                return Err(changed(name, seq, &entry));
+            }
+            self.count(outcome);
+            decode(name, entry.result.unwrap_or(serde_json::Value::Null))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Sleeps `duration` durably: the first time the run reaches it, the wake-up time is
+    /// journaled and the attempt ends as a snooze until then (the slot and lease are given
+    /// back); the run resumes in a new claim and goes on past it. A sleep already recorded
+    /// keeps its first wake-up time, however often the run resumes.
+    pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), JobError> {
+        let seq = self.begin(name)?;
+        let now = unix_ms();
+        let until = match self.recorded(&self.home, name, seq, "sleep").await? {
+            Some(entry) => entry.until_ms.unwrap_or(0),
+            None => {
+                let until = now.saturating_add(duration.as_millis() as u64);
+                let entry = self.entry(seq, "sleep", |e| e.until_ms = Some(until));
+                self.journal_only(name, entry)
+                    .await?
+                    .until_ms
+                    .unwrap_or(until)
+            }
+        };
+        if now < until {
+            self.count("suspended");
+            return Err(JobError::snooze(Duration::from_millis(until - now)));
+        }
+        self.resumed(now - until);
+        Ok(())
+    }
+
+    /// Waits for waitpoint `waitpoint` to be completed (by
+    /// [`Client::complete_waitpoint`](crate::Client::complete_waitpoint), the HTTP API
+    /// `POST /api/v1/waitpoints/{id}`, `palisade waitpoint complete`, or another job's
+    /// [`JobContext::complete_waitpoint`](crate::JobContext::complete_waitpoint)), at most
+    /// `timeout` from when the run first reached it. A value completed before the run got
+    /// here is kept for it. Until then the attempt ends as a snooze and the completion wakes
+    /// the run. The outcome is journaled, so a later resume sees the same one.
+    pub async fn wait_for<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        waitpoint: &str,
+        timeout: Duration,
+    ) -> Result<Waited<T>, JobError> {
+        crate::store::waitpoint::check_waitpoint_id(waitpoint)?;
+        let seq = self.begin(name)?;
+        let now = unix_ms();
+        let entry = match self.recorded(&self.home, name, seq, "wait").await? {
+            Some(entry) => entry,
+            None => {
+                let deadline = now.saturating_add(timeout.as_millis() as u64);
+                let entry = self.entry(seq, "wait", |e| {
+                    e.until_ms = Some(deadline);
+                    e.waitpoint = Some(waitpoint.to_owned());
+                });
+                self.journal_only(name, entry).await?
+            }
+        };
+        if let Some(outcome) = &entry.outcome {
+            self.count("replayed");
+            return waited(name, outcome);
+        }
+        let deadline = entry.until_ms.unwrap_or(0);
+        let id = entry
+            .waitpoint
+            .clone()
+            .unwrap_or_else(|| waitpoint.to_owned());
+        let value = self.await_waitpoint(&id).await?;
+        let outcome = match &value {
+            Some(json) => {
+                let value: serde_json::Value = serde_json::from_str(json)
+                    .map_err(|e| JobError::fatal(format!("waitpoint {id:?} holds no JSON: {e}")))?;
+                serde_json::json!({ "completed": value })
+            }
+            None if now >= deadline => serde_json::json!("timed_out"),
+            None => {
+                self.count("suspended");
+                let left = Duration::from_millis(deadline - now);
+                return Err(JobError::snooze(left.min(WAIT_RECHECK)));
+            }
+        };
+        // The outcome is journaled before the run goes on, so that every later resume sees
+        // this one (a waitpoint is kept only so long; a timeout must not turn into a value).
+        let mut done = entry;
+        done.outcome = Some(outcome);
+        done.token = self.token;
+        let key = IdempotencyKey::new(format!("{}/done", step_key(self.job, name)));
+        let done = match self
+            .write_key(
+                &self.home,
+                key,
+                name,
+                vec![self.journal_mutation(name, &done)?],
+            )
+            .await?
+        {
+            Written::Applied => done,
+            Written::Duplicate(_) => self.reread(&self.home, name).await?,
+        };
+        self.remember(&self.home, name, done.clone());
+        if value.is_none() {
+            self.resumed(now - deadline);
+        }
+        waited(
+            name,
+            done.outcome.as_ref().unwrap_or(&serde_json::Value::Null),
+        )
+    }
+
+    /// Takes the next place for a durable call named `name`; a name used twice in one run
+    /// is refused (the journal is keyed by names).
+    fn begin(&self, name: &str) -> Result<u32, JobError> {
+        check_name(name)?;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.names.insert(name.to_owned()) {
+            return Err(JobError::fatal(format!(
+                "durable step {name:?} is used twice in one run: names are the journal's keys"
+            )));
+        }
+        state.seq += 1;
+        Ok(state.seq - 1)
+    }
+
+    /// The entry recorded for `name` in `sink`'s journal, checked to be a `what` at place
+    /// `seq`; `None` if there is none (and no later one, which would mean the code changed).
+    async fn recorded(
+        &self,
+        sink: &SinkHandle,
+        name: &str,
+        seq: u32,
+        what: &str,
+    ) -> Result<Option<Entry>, JobError> {
+        let journal = self.journal(sink).await?;
+        match journal.get(name) {
+            Some(entry) if entry.seq == seq && entry.what == what => Ok(Some(entry.clone())),
+            Some(entry) => Err(changed(name, seq, entry)),
+            None => match journal.values().find(|e| e.seq >= seq) {
+                // A later place is taken by another name: this call is new or moved.
+                Some(later) => Err(JobError::fatal(format!(
+                    "the handler changed since this run was recorded: {what} {name:?} is call \
+                     {seq} now, and the journal has {} {:?} there or after it (recorded under \
+                     token {})",
+                    later.what,
+                    journal
+                        .iter()
+                        .find(|(_, e)| e.seq == later.seq)
+                        .map_or("", |(n, _)| n.as_str()),
+                    later.token
+                ))),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// `sink`'s journal of this run, read once per attempt.
+    async fn journal(&self, sink: &SinkHandle) -> Result<Journal, JobError> {
+        if let Some(journal) = self.lock().journals.get(sink.name()) {
+            return Ok(journal.clone());
+        }
+        let journal = self.read_journal(sink).await?;
+        self.lock()
+            .journals
+            .insert(sink.name().to_owned(), journal.clone());
+        Ok(journal)
+    }
+
+    async fn read_journal(&self, sink: &SinkHandle) -> Result<Journal, JobError> {
+        let fields = match sink.read(&self.journal_key()).await? {
+            None => return Ok(Journal::new()),
+            Some(Value::Hash(fields)) => fields,
+            Some(Value::Text(_)) => {
+                return Err(JobError::fatal(format!(
+                    "{} holds a string, not a durable run's journal",
+                    self.journal_key()
+                )))
+            }
+        };
+        let mut journal = Journal::new();
+        for (name, json) in fields {
+            let entry: Entry = serde_json::from_str(&json).map_err(|e| {
+                // Left as it is: a newer release may read it.
+                JobError::retry(format!("journal entry {name:?} does not decode: {e}"))
+            })?;
+            if entry.v > JOURNAL_VERSION {
+                return Err(JobError::retry(format!(
+                    "journal entry {name:?} is of version {}, this release reads {JOURNAL_VERSION}: \
+                     a newer worker must resume this run",
+                    entry.v
+                )));
+            }
+            journal.insert(name, entry);
+        }
+        Ok(journal)
+    }
+
+    /// A fresh entry for the call at `seq`.
+    fn entry(&self, seq: u32, what: &str, fill: impl FnOnce(&mut Entry)) -> Entry {
+        let mut entry = Entry {
+            v: JOURNAL_VERSION,
+            seq,
+            what: what.to_owned(),
+            token: self.token,
+            at_ms: unix_ms(),
+            result: None,
+            until_ms: None,
+            waitpoint: None,
+            outcome: None,
+            unknown: serde_json::Map::new(),
+        };
+        fill(&mut entry);
+        entry
+    }
+
+    /// The mutation that records `entry` under `name`.
+    fn journal_mutation(&self, name: &str, entry: &Entry) -> Result<Mutation, JobError> {
+        let json = serde_json::to_string(entry)
+            .map_err(|e| JobError::fatal(format!("journal entry {name:?}: {e}")))?;
+        Ok(Mutation::HashSet {
+            key: self.journal_key(),
+            fields: vec![(name.to_owned(), json)],
+        })
+    }
+
+    /// The run's journal hash: in its scope's slot (a Redis Cluster needs a write's keys
+    /// there), named so no user key collides with it.
+    fn journal_key(&self) -> String {
+        format!("{{{}}}:palisade:journal:{}", self.scope, self.job)
+    }
+
+    /// Writes the entry alone (a sleep or wait reached for the first time); the entry kept.
+    async fn journal_only(&self, name: &str, entry: Entry) -> Result<Entry, JobError> {
+        let mutation = self.journal_mutation(name, &entry)?;
+        let home = self.home.clone();
+        match self.write(&home, name, vec![mutation]).await? {
+            Written::Applied => {
+                self.remember(&home, name, entry.clone());
+                Ok(entry)
+            }
+            Written::Duplicate(entry) => Ok(entry),
+        }
+    }
+
+    /// One fenced write of step `name`'s `mutations` under its key.
+    async fn write(
+        &self,
+        sink: &SinkHandle,
+        name: &str,
+        mutations: Vec<Mutation>,
+    ) -> Result<Written, JobError> {
+        let key = IdempotencyKey::new(step_key(self.job, name));
+        self.write_key(sink, key, name, mutations).await
+    }
+
+    /// One fenced write of `mutations` under `key`; a duplicate answers with the entry for
+    /// `name` the earlier write recorded.
+    async fn write_key(
+        &self,
+        sink: &SinkHandle,
+        key: IdempotencyKey,
+        name: &str,
+        mutations: Vec<Mutation>,
+    ) -> Result<Written, JobError> {
+        match sink.write_keyed(key, mutations).await? {
+            Admission::Applied => Ok(Written::Applied),
+            Admission::Duplicate => Ok(Written::Duplicate(self.reread(sink, name).await?)),
+            Admission::Rejected(r) => {
+                self.count("refused");
+                Err(JobError::Fenced(r))
+            }
+        }
+    }
+
+    /// The entry for `name` read again from `sink` (after a duplicate: another run wrote it).
+    async fn reread(&self, sink: &SinkHandle, name: &str) -> Result<Entry, JobError> {
+        let journal = self.read_journal(sink).await?;
+        let entry = journal.get(name).cloned().ok_or_else(|| {
+            JobError::fatal(format!(
+                "step {name:?} was applied before, but its journal entry is gone from sink \
+                 {:?}: its result cannot be known",
+                sink.name()
+            ))
+        })?;
+        self.lock().journals.insert(sink.name().to_owned(), journal);
+        Ok(entry)
+    }
+
+    fn remember(&self, sink: &SinkHandle, name: &str, entry: Entry) {
+        self.lock()
+            .journals
+            .entry(sink.name().to_owned())
+            .or_default()
+            .insert(name.to_owned(), entry);
+    }
+
+    async fn await_waitpoint(&self, id: &str) -> Result<Option<String>, JobError> {
+        let Some(coordinator) = &self.coordinator else {
+            return Err(JobError::fatal(
+                "this run has no coordinator to wait through",
+            ));
+        };
+        Ok(coordinator
+            .send(crate::coordinator::AwaitWaitpoint {
+                id: id.to_owned(),
+                waiter: self.job,
+            })
+            .await
+            .map_err(Error::from)??)
+    }
+
+    fn count(&self, outcome: &'static str) {
+        metrics::counter!(DURABLE_STEPS, "kind" => self.kind.clone(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    fn resumed(&self, late_ms: u64) {
+        metrics::histogram!(DURABLE_RESUME_DELAY, "kind" => self.kind.clone())
+            .record(late_ms as f64 / 1000.0);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DurableState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What a journaled write did.
+enum Written {
+    Applied,
+    /// Applied before: the entry that write recorded.
+    Duplicate(Entry),
+}
+
+/// The idempotency key of step `name` of job `job`: `<job>/step/<name>` (DESIGN §8's
+/// namespaces), the same in every run and release.
+fn step_key(job: JobId, name: &str) -> String {
+    format!("{job}/step/{name}")
+}
+
+/// Step names: 1-200 bytes without `/` or control characters (they are keys).
+fn check_name(name: &str) -> Result<(), JobError> {
+    if name.is_empty()
+        || name.len() > 200
+        || name.contains('/')
+        || name.chars().any(char::is_control)
+    {
+        return Err(JobError::fatal(format!(
+            "durable step name {name:?}: use 1-200 bytes without '/' or control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn changed(name: &str, seq: u32, entry: &Entry) -> JobError {
+    JobError::fatal(format!(
+        "the handler changed since this run was recorded: {name:?} is call {seq} now, the \
+         journal has it as {} call {} (recorded under token {})",
+        entry.what, entry.seq, entry.token
+    ))
+}
+
+fn decode<R: DeserializeOwned>(name: &str, json: serde_json::Value) -> Result<R, JobError> {
+    serde_json::from_value(json).map_err(|e| {
+        JobError::fatal(format!(
+            "step {name:?}: its recorded result does not decode as the handler's type now: {e}"
+        ))
+    })
+}
+
+fn waited<T: DeserializeOwned>(
+    name: &str,
+    outcome: &serde_json::Value,
+) -> Result<Waited<T>, JobError> {
+    match outcome.get("completed") {
+        Some(value) => serde_json::from_value(value.clone())
+            .map(Waited::Completed)
+            .map_err(|e| {
+                JobError::fatal(format!(
+                    "wait {name:?}: the waitpoint's value does not decode as the handler's type: {e}"
+                ))
+            }),
+        None => Ok(Waited::TimedOut),
+    }
+}
+
+/// Golden identities: a previous release computes the same keys.
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    #[test]
+    fn step_keys_are_pinned() {
+        let job = JobId::from(uuid::Uuid::from_u128(
+            0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+        ));
+        assert_eq!(
+            step_key(job, "charge"),
+            "01234567-89ab-cdef-0123-456789abcdef/step/charge"
+        );
+    }
+
+    #[test]
+    fn an_entry_keeps_fields_it_does_not_know() {
+        let json = r#"{"v":1,"seq":2,"what":"wait","token":9,"at_ms":5,"until_ms":7,"waitpoint":"w","later":{"x":1}}"#;
+        let mut entry: Entry = serde_json::from_str(json).unwrap();
+        entry.outcome = Some(serde_json::json!("timed_out"));
+        let again: serde_json::Value = serde_json::to_value(&entry).unwrap();
+        assert_eq!(again["later"], serde_json::json!({"x": 1}));
+        assert_eq!(again["outcome"], "timed_out");
+    }
+}
