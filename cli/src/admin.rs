@@ -1463,6 +1463,90 @@ pub(super) fn cancel(args: CancelArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `waitpoint complete|show`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum WaitpointCommand {
+    /// Complete a waitpoint with a JSON value and wake the run waiting for it. Completed
+    /// once: a second completion changes nothing and prints the kept value (exit 0 if it is
+    /// the same value, 1 if another).
+    Complete(WaitpointCompleteArgs),
+    /// Show a waitpoint as JSON: its value once completed, and the job waiting for it.
+    Show(WaitpointShowArgs),
+}
+
+/// Arguments of `waitpoint complete`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct WaitpointCompleteArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The waitpoint's id, as the run names it (`approval:order-42`).
+    id: String,
+    /// The value, as JSON (`true`, `'{"approved": false}'`).
+    value: String,
+}
+
+/// Arguments of `waitpoint show`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct WaitpointShowArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// The waitpoint's id.
+    id: String,
+}
+
+/// `waitpoint complete|show`.
+pub(super) fn waitpoint(command: WaitpointCommand) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        match command {
+            WaitpointCommand::Complete(args) => {
+                let value: serde_json::Value = serde_json::from_str(&args.value)
+                    .map_err(|e| anyhow::anyhow!("the value is not JSON: {e}"))?;
+                let (_, store) = args.redis.store().await?;
+                let client = palisade::Client::new(store);
+                match client.complete_waitpoint(&args.id, &value).await? {
+                    palisade::store::Completion::First { waiter } => {
+                        let woke = waiter.map_or("no run waits for it yet".into(), |job| {
+                            format!("woke job {job}")
+                        });
+                        print_lines(std::iter::once(format!(
+                            "waitpoint {} completed; {woke}",
+                            args.id
+                        )))
+                    }
+                    palisade::store::Completion::Already { value: kept } => {
+                        let same = serde_json::from_str::<serde_json::Value>(&kept)
+                            .is_ok_and(|k| k == value);
+                        if !same {
+                            bail!(
+                                "waitpoint {} was completed before with {kept}: nothing changed",
+                                args.id
+                            );
+                        }
+                        print_lines(std::iter::once(format!(
+                            "waitpoint {} was completed before with this value: nothing changed",
+                            args.id
+                        )))
+                    }
+                }
+            }
+            WaitpointCommand::Show(args) => {
+                let (_, store) = args.redis.store().await?;
+                let Some(kept) = store.waitpoint(&args.id).await? else {
+                    bail!("waitpoint {} was neither completed nor waited for", args.id);
+                };
+                let shown = serde_json::json!({
+                    "id": kept.id,
+                    "completed": kept.value.is_some(),
+                    "value": kept.value.map(|v| serde_json::from_str::<serde_json::Value>(&v)
+                        .unwrap_or(serde_json::Value::String(v))),
+                    "waiter": kept.waiter.map(|j| j.to_string()),
+                });
+                print_lines(std::iter::once(shown.to_string()))
+            }
+        }
+    })
+}
+
 /// `cap`.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct CapArgs {

@@ -217,6 +217,9 @@ enum Builtin {
     /// Show or cancel a flow (a DAG of jobs created with `Client::create_flow`).
     #[command(subcommand)]
     Flow(flow::FlowCommand),
+    /// Complete or show a waitpoint (what a durable run's `wait_for` waits for).
+    #[command(subcommand)]
+    Waitpoint(admin::WaitpointCommand),
     /// Cap (or uncap) how many jobs of a kind run at once across every worker.
     Cap(admin::CapArgs),
     /// Show a group (`NewJob::with_group`), or change its cap, rate limit or pause.
@@ -545,6 +548,7 @@ impl App {
             Builtin::Upgrade(command) => upgrade::upgrade(command, &sinks),
             Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Flow(command) => flow::flow(command),
+            Builtin::Waitpoint(command) => admin::waitpoint(command),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),
         };

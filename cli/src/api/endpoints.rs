@@ -18,7 +18,8 @@ use super::model::{
     CancelOutcome, CancelResult, ClearRequest, Cleared, DeadPage, DeadQuery, Empty, Enqueued,
     ErrorBody, FlowCancelled, FlowCreated, FlowRequest, FlowView, JobQuery, JobRequest, JobStatus,
     JobsPage, JobsQuery, LiveState, Paused, Purged, QueueList, QueueStatus, Retried, RetryRequest,
-    UnreadableQueue, MAX_BATCH, MAX_DEAD_OFFSET,
+    UnreadableQueue, WaitpointCompleted, WaitpointOutcome, WaitpointRequest, WaitpointView,
+    MAX_BATCH, MAX_DEAD_OFFSET,
 };
 use super::model::{rows, IdempotencyKey, Name};
 use super::Api;
@@ -43,6 +44,7 @@ use palisade::{FlowId, JobId};
         (name = "jobs", description = "Enqueue jobs, read their state and results, cancel them"),
         (name = "queues", description = "Counts (queue depth), pause and resume, dead letters"),
         (name = "flows", description = "DAGs of jobs created all or nothing"),
+        (name = "waitpoints", description = "What durable runs wait for: complete one (an approval, a webhook's event) to resume its run"),
     )
 )]
 struct Doc;
@@ -132,6 +134,7 @@ fn routes() -> OpenApiRouter<Arc<Api>> {
         .routes(routes!(create_flow))
         .routes(routes!(flow))
         .routes(routes!(cancel_flow))
+        .routes(routes!(complete_waitpoint, waitpoint))
 }
 
 /// The request's body, or a 413 / 400 saying why it could not be read.
@@ -737,4 +740,82 @@ async fn cancel_flow(
         Some(stopped) => Ok(Json(FlowCancelled { stopped })),
         None => Err(flow_not_kept(id)),
     }
+}
+
+/// Complete a waitpoint: the durable run waiting for it (`Durable::wait_for`) resumes with
+/// `value`. Completed once: the first value stays, and a later request (a retry, a second
+/// click, a webhook delivered twice) changes nothing and answers the kept value with
+/// `outcome: already`; `same` says whether it equals this request's. A value sent before the
+/// run reaches its wait is kept for it (30 days).
+#[utoipa::path(post, path = "/api/v1/waitpoints/{id}", tag = "waitpoints",
+    request_body = WaitpointRequest,
+    params(("id" = String, Path, description = "The waitpoint's id, as the run names it (1-200 bytes)"),
+        ("Idempotency-Key" = Option<IdempotencyKey>, Header,
+        description = "Accepted, not needed: a waitpoint is completed once by its id, so a retried request answers `already` with `same: true`")),
+    responses(
+        (status = 201, description = "Completed with this value", body = WaitpointCompleted),
+        (status = 200, description = "Completed before: nothing changed", body = WaitpointCompleted),
+    ))]
+async fn complete_waitpoint(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<WaitpointCompleted>), ApiError> {
+    palisade::store::waitpoint::check_waitpoint_id(&id)?;
+    idempotency(&headers)?;
+    let request: WaitpointRequest = parse(&body(&api, raw)?)?;
+    let client = palisade::Client::new(api.store.clone());
+    let done = client.complete_waitpoint(&id, &request.value).await?;
+    let (status, outcome, value, woke) = match done {
+        palisade::store::Completion::First { waiter } => (
+            StatusCode::CREATED,
+            WaitpointOutcome::Completed,
+            request.value.clone(),
+            waiter.map(|j| j.to_string()),
+        ),
+        palisade::store::Completion::Already { value } => (
+            StatusCode::OK,
+            WaitpointOutcome::Already,
+            serde_json::from_str(&value).unwrap_or(serde_json::Value::String(value)),
+            None,
+        ),
+    };
+    let same = value == request.value;
+    Ok((
+        status,
+        Json(WaitpointCompleted {
+            outcome,
+            value,
+            same,
+            woke,
+        }),
+    ))
+}
+
+/// A waitpoint as kept: its value once completed, and the job whose run waits for it.
+#[utoipa::path(get, path = "/api/v1/waitpoints/{id}", tag = "waitpoints",
+    params(("id" = String, Path, description = "The waitpoint's id")),
+    responses(
+        (status = 200, description = "Done", body = WaitpointView),
+        (status = 404, description = "Neither completed nor waited for (or past its 30 days)", body = ErrorBody),
+    ))]
+async fn waitpoint(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Json<WaitpointView>, ApiError> {
+    palisade::store::waitpoint::check_waitpoint_id(&id)?;
+    let Some(kept) = api.store.waitpoint(&id).await? else {
+        return Err(ApiError::not_found(format!(
+            "waitpoint {id:?} was neither completed nor waited for"
+        )));
+    };
+    Ok(Json(WaitpointView {
+        completed: kept.value.is_some(),
+        value: kept
+            .value
+            .map(|v| serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v))),
+        waiter: kept.waiter.map(|j| j.to_string()),
+        id: kept.id,
+    }))
 }

@@ -59,6 +59,9 @@ fn route_limit(path: Option<&str>, max_payload_bytes: usize) -> usize {
     match path {
         Some("/api/v1/jobs/batch" | "/api/v1/flows") => body_limit(max_payload_bytes),
         Some("/api/v1/jobs") => max_payload_bytes.saturating_add(SMALL_BODY),
+        Some("/api/v1/waitpoints/{id}") => {
+            palisade::store::waitpoint::MAX_WAITPOINT_VALUE.saturating_add(SMALL_BODY)
+        }
         _ => SMALL_BODY,
     }
 }

@@ -1545,3 +1545,44 @@ mod tests {
         assert_eq!(e.parts(), (StatusCode::INTERNAL_SERVER_ERROR, "backend"));
     }
 }
+
+/// A waitpoint's completion: the value its run's wait receives.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WaitpointRequest {
+    /// Any JSON (at most 64 KiB): what `wait_for` decodes (`true`, `{"approved": false}`).
+    pub(crate) value: serde_json::Value,
+}
+
+/// Whether this request completed the waitpoint.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum WaitpointOutcome {
+    /// This value is the waitpoint's now.
+    Completed,
+    /// It was completed before; nothing changed.
+    Already,
+}
+
+/// What completing a waitpoint did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WaitpointCompleted {
+    pub(crate) outcome: WaitpointOutcome,
+    /// The value the waitpoint holds (this request's, or the first one's).
+    pub(crate) value: serde_json::Value,
+    /// Whether the value held equals this request's.
+    pub(crate) same: bool,
+    /// The job whose run was woken, if one waited.
+    pub(crate) woke: Option<String>,
+}
+
+/// A waitpoint as kept.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WaitpointView {
+    pub(crate) id: String,
+    pub(crate) completed: bool,
+    /// Its value, once completed.
+    pub(crate) value: Option<serde_json::Value>,
+    /// The job whose run waits for it (the latest to ask).
+    pub(crate) waiter: Option<String>,
+}
