@@ -1547,6 +1547,85 @@ pub(super) fn waitpoint(command: WaitpointCommand) -> anyhow::Result<()> {
     })
 }
 
+/// `run show`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub(super) enum RunCommand {
+    /// Print a durable run as JSON: its job's state and its journal in call order.
+    Show(RunShowArgs),
+}
+
+/// Arguments of `run show`.
+#[derive(Clone, Debug, clap::Args)]
+pub(super) struct RunShowArgs {
+    #[command(flatten)]
+    redis: RedisArgs,
+    /// Where a declared fenced sink lives: `NAME=URL` (repeatable), as for `worker`.
+    #[arg(long = "sink", value_name = "NAME=URL")]
+    sinks: Vec<String>,
+    /// The sink that keeps the run's journal (`ctx.durable(NAME)`); may be left out when the
+    /// binary declares one sink.
+    #[arg(long)]
+    journal: Option<String>,
+    /// The job's id.
+    job: uuid::Uuid,
+}
+
+/// `run show`.
+pub(super) fn run(command: RunCommand, declared: &[String]) -> anyhow::Result<()> {
+    let RunCommand::Show(args) = command;
+    let journal = match (&args.journal, declared) {
+        (Some(name), _) => name.clone(),
+        (None, [only]) => only.clone(),
+        (None, _) => bail!(
+            "say which sink keeps the journal (--journal NAME; this binary declares {})",
+            if declared.is_empty() {
+                "none".to_owned()
+            } else {
+                declared.join(", ")
+            }
+        ),
+    };
+    let urls = super::sinks::sink_urls(
+        declared,
+        &args.sinks,
+        &super::sinks::environment(),
+        &args.redis.redis,
+    )?;
+    runtime()?.block_on(async {
+        let (_, store) = args.redis.store().await?;
+        let job = palisade::JobId::from(args.job);
+        let found = crate::reads::find_job(&store, job, None).await?;
+        let (state, scope) = match &found {
+            Some(crate::reads::Found::Live(view)) => (
+                format!("{:?}", view.state).to_lowercase(),
+                view.job.scope.clone(),
+            ),
+            Some(crate::reads::Found::Completed(done)) => {
+                ("completed".into(), done.job.scope.clone())
+            }
+            Some(crate::reads::Found::Dead(dead)) => ("dead".into(), dead.job.scope.clone()),
+            Some(crate::reads::Found::Result(_)) | None => bail!(
+                "job {job} is not known to the coordinator (or its record is gone): its scope, \
+                 which names its journal, cannot be read"
+            ),
+        };
+        let installation = super::Installation {
+            redis: args.redis.clone(),
+            sinks: urls,
+        };
+        let sink = installation.sink(&journal).await?;
+        let entries = palisade::durable::journal(&*sink, &scope, job).await?;
+        let shown = serde_json::json!({
+            "job": job.to_string(),
+            "state": state,
+            "scope": scope.as_str(),
+            "journal_sink": journal,
+            "journal": entries,
+        });
+        print_lines(std::iter::once(shown.to_string()))
+    })
+}
+
 /// `cap`.
 #[derive(Clone, Debug, clap::Args)]
 pub(super) struct CapArgs {

@@ -220,6 +220,10 @@ enum Builtin {
     /// Complete or show a waitpoint (what a durable run's `wait_for` waits for).
     #[command(subcommand)]
     Waitpoint(admin::WaitpointCommand),
+    /// Show a durable run: its job's state and its journal (each step, sleep and wait with
+    /// its result or outcome and the token of the claim that recorded it), as JSON.
+    #[command(subcommand)]
+    Run(admin::RunCommand),
     /// Cap (or uncap) how many jobs of a kind run at once across every worker.
     Cap(admin::CapArgs),
     /// Show a group (`NewJob::with_group`), or change its cap, rate limit or pause.
@@ -549,6 +553,7 @@ impl App {
             Builtin::Cancel(args) => admin::cancel(args),
             Builtin::Flow(command) => flow::flow(command),
             Builtin::Waitpoint(command) => admin::waitpoint(command),
+            Builtin::Run(command) => admin::run(command, &sinks),
             Builtin::Pause(args) => admin::set_paused(args, true),
             Builtin::Resume(args) => admin::set_paused(args, false),
         };

@@ -198,10 +198,26 @@ pub const ALL: &[&str] = &[
     SETTLE_WAIT,
     RENEWAL_DURATION,
     SCHEDULE_TICKS,
+    DURABLE_STEPS,
+    WAITPOINTS_COMPLETED,
+    DURABLE_RESUME_DELAY,
 ];
 
 /// Registers help text for every Palisade metric with the installed recorder.
 pub fn describe() {
+    describe_counter!(
+        DURABLE_STEPS,
+        "Durable runs' steps, sleeps and waits, by outcome (ran, replayed, refused, suspended)"
+    );
+    describe_counter!(
+        WAITPOINTS_COMPLETED,
+        "Waitpoint completions, by outcome (first: kept; already: completed before)"
+    );
+    describe_histogram!(
+        DURABLE_RESUME_DELAY,
+        Unit::Seconds,
+        "From a durable sleep's or timed-out wait's due time to the run going on past it"
+    );
     describe_counter!(JOBS_ENQUEUED, "Jobs accepted by enqueue");
     describe_counter!(CLAIMS, "Leases granted by claim");
     describe_counter!(JOBS_FINISHED, "Jobs finished by a worker, by outcome");

@@ -1,6 +1,6 @@
 //! Durable runs: a handler that records its steps, sleeps and waits in a **journal**, so that
 //! a run resumed later (after a sleep, a wait, a crash or a stall) replays what is recorded
-//! instead of doing it again. ARCHITECTURE.md §5.7 has the rules; `docs/jobs.md` the guide.
+//! instead of doing it again. ARCHITECTURE.md §5.8 has the rules; `docs/jobs.md` the guide.
 //!
 //! Where Palisade differs from the durable-execution engines: a step's journal entry is
 //! written **by the same fenced write as its effect**. Through a Redis or memory sink the
@@ -464,10 +464,8 @@ impl Durable {
         })
     }
 
-    /// The run's journal hash: in its scope's slot (a Redis Cluster needs a write's keys
-    /// there), named so no user key collides with it.
     fn journal_key(&self) -> String {
-        format!("{{{}}}:palisade:journal:{}", self.scope, self.job)
+        journal_key(&self.scope, self.job)
     }
 
     /// Writes the entry alone (a sleep or wait reached for the first time); the entry kept.
@@ -565,6 +563,79 @@ impl Durable {
     }
 }
 
+/// One entry of a run's journal, as [`journal`] reads it (for `palisade run show` and
+/// tests).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JournalEntry {
+    /// The step's, sleep's or wait's name.
+    pub name: String,
+    /// Its place among the run's durable calls (0-based).
+    pub seq: u32,
+    /// `step`, `sleep` or `wait`.
+    pub what: String,
+    /// The fencing token of the claim that recorded it.
+    pub token: u64,
+    /// When it was recorded (Unix ms, the recording worker's clock).
+    pub at_ms: u64,
+    /// A step's result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    /// A sleep's wake-up time, a wait's deadline (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// A wait's waitpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waitpoint: Option<String>,
+    /// A wait's outcome once it has one: `{"completed": value}` or `"timed_out"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<serde_json::Value>,
+}
+
+/// The journal of job `job`'s run (its scope `scope`) as sink `sink` keeps it, in call order;
+/// empty when it has none. Steps through a Postgres sink keep their entries with their
+/// transactions instead ([`Durable::pg_step`]) and are not listed. An entry this release
+/// cannot read is an error naming it (left as it is).
+pub async fn journal(
+    sink: &dyn crate::store::FencedStore,
+    scope: &crate::ids::Scope,
+    job: JobId,
+) -> Result<Vec<JournalEntry>> {
+    let key = journal_key(scope.as_str(), job);
+    let fields = match sink.read(&key).await? {
+        None => return Ok(Vec::new()),
+        Some(Value::Hash(fields)) => fields,
+        Some(Value::Text(_)) => {
+            return Err(Error::Backend(format!(
+                "{key} holds a string, not a journal"
+            )))
+        }
+    };
+    let mut entries = Vec::with_capacity(fields.len());
+    for (name, json) in fields {
+        let e: Entry = serde_json::from_str(&json)
+            .map_err(|e| Error::Backend(format!("journal entry {name:?} does not decode: {e}")))?;
+        entries.push(JournalEntry {
+            name,
+            seq: e.seq,
+            what: e.what,
+            token: e.token,
+            at_ms: e.at_ms,
+            result: e.result,
+            until_ms: e.until_ms,
+            waitpoint: e.waitpoint,
+            outcome: e.outcome,
+        });
+    }
+    entries.sort_by_key(|e| e.seq);
+    Ok(entries)
+}
+
+/// The run's journal hash in a sink: in its scope's slot (a Redis Cluster needs a write's
+/// keys there), named so no user key collides with it.
+fn journal_key(scope: &str, job: JobId) -> String {
+    format!("{{{scope}}}:palisade:journal:{job}")
+}
+
 /// What a journaled write did.
 enum Written {
     Applied,
@@ -628,6 +699,17 @@ fn waited<T: DeserializeOwned>(
 #[cfg(test)]
 mod golden {
     use super::*;
+
+    #[test]
+    fn journal_keys_are_pinned() {
+        let job = JobId::from(uuid::Uuid::from_u128(
+            0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+        ));
+        assert_eq!(
+            journal_key("order:7", job),
+            "{order:7}:palisade:journal:01234567-89ab-cdef-0123-456789abcdef"
+        );
+    }
 
     #[test]
     fn step_keys_are_pinned() {

@@ -43,6 +43,8 @@ pub fn start_at_zero(expected: &Expected) {
             zero(counter!(STALLS, "queue" => q(), "outcome" => outcome));
         }
         for kind in &expected.kinds {
+            // (Refused only: a durable step refused is what an alert watches for.)
+            zero(counter!(DURABLE_STEPS, "kind" => kind.clone(), "outcome" => "refused"));
             for outcome in ["completed", "retried", "dead", "fenced", "timed_out"] {
                 zero(
                     counter!(JOBS_FINISHED, "queue" => q(), "kind" => kind.clone(), "outcome" => outcome),
@@ -87,6 +89,9 @@ pub fn start_at_zero(expected: &Expected) {
         zero(counter!(LEASES_LOST, "reason" => reason));
     }
     zero(counter!(FLOWS_CREATED));
+    for outcome in ["first", "already"] {
+        zero(counter!(WAITPOINTS_COMPLETED, "outcome" => outcome));
+    }
     for end in ["completed", "dead"] {
         zero(counter!(FLOW_STEPS, "end" => end));
     }

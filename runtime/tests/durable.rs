@@ -12,7 +12,7 @@ use std::time::Duration;
 use palisade::durable::{Waited, WAIT_RECHECK};
 use palisade::store::Completion;
 use palisade::testing::{Harness, Outcome};
-use palisade::{JobContext, JobError, Mutation, NewJob, Registry, Value};
+use palisade::{JobContext, Mutation, NewJob, Registry, Value};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -173,9 +173,9 @@ fn three_hundred_sagas_through_a_stopped_and_a_killed_worker() {
     let enqueue = |orders: &[i64]| {
         let lines: String = orders.iter().map(|id| order(*id) + "\n").collect();
         let args = ["enqueue", saga::SAGA, "--stdin", "--scope", "order:{id}"];
-        palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines);
+        palisade_testkit::process::run_with_stdin(BIN, &redis.url(), &args, &lines)
     };
-    enqueue(&[7]);
+    let seven = enqueue(&[7]).trim().to_owned();
     wait_for("A to hold order 7", Duration::from_secs(20), || {
         let out = palisade_testkit::process::run(
             BIN,
@@ -284,6 +284,31 @@ fn three_hundred_sagas_through_a_stopped_and_a_killed_worker() {
         ) >= 1
     );
     assert_eq!(ledger(7, "stock", &["HGET", "held"]), "1");
+    // `run show` lists order 7's journal: A's refused reserve is not in it.
+    let shown: serde_json::Value = serde_json::from_str(&palisade_testkit::process::run(
+        BIN,
+        &redis.url(),
+        &["run", "show", "--journal", saga::LEDGER, &seven],
+    ))
+    .unwrap();
+    assert_eq!(shown["state"], "completed", "{shown}");
+    let names: Vec<&str> = shown["journal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["reserve", "cool-off", "ship"], "{shown}");
+    let tokens: Vec<u64> = shown["journal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["token"].as_u64().unwrap())
+        .collect();
+    assert!(
+        tokens[2] > tokens[1],
+        "the resume after the cool-off is a newer claim: {shown}"
+    );
 
     // Every cool-off resumed within the bound: the ship step's record against its due time.
     let mut late = BTreeMap::new();
