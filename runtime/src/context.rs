@@ -25,6 +25,8 @@ use crate::store::postgres::{
 };
 use crate::store::{FencedWrite, Mutation, RejectionNote};
 
+pub mod durable;
+
 /// The fenced sinks a worker's handlers may write to, by name.
 #[derive(Clone, Default)]
 pub struct Sinks(Arc<SinkMap>);

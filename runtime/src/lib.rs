@@ -83,7 +83,6 @@ mod attempt;
 mod client;
 mod context;
 mod coordinator;
-pub mod durable;
 mod enqueue;
 mod exporter;
 mod flow_driver;
@@ -109,6 +108,7 @@ mod write_deadline;
 // periods are in `limits`, the pure rules in `rules`, the store traits and drivers in `store`.
 pub use admission::{Admission, Rejection};
 pub use client::Client;
+pub use context::durable;
 #[cfg(feature = "postgres")]
 pub use context::PostgresHandle;
 pub use context::{JobContext, Registry, SinkHandle, Sinks};
