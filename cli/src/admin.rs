@@ -1502,8 +1502,15 @@ pub(super) fn waitpoint(command: WaitpointCommand) -> anyhow::Result<()> {
                 let value: serde_json::Value = serde_json::from_str(&args.value)
                     .map_err(|e| anyhow::anyhow!("the value is not JSON: {e}"))?;
                 let (_, store) = args.redis.store().await?;
-                let client = palisade::Client::new(store);
-                match client.complete_waitpoint(&args.id, &value).await? {
+                // (Waiting for the wake: this process ends when the command does.)
+                let completed = palisade::cli_support::complete_waitpoint(
+                    &store,
+                    &args.id,
+                    value.to_string(),
+                    true,
+                )
+                .await?;
+                match completed {
                     palisade::store::Completion::First { waiter } => {
                         let woke = waiter.map_or("no run waits for it yet".into(), |job| {
                             format!("woke job {job}")

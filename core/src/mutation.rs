@@ -9,6 +9,7 @@
 //! - `Set` needs a key that is absent or a string; `HashSet` and `HashIncr` need a key that
 //!   is absent or a hash (a type clash is refused, never overwritten).
 //! - `HashSet` needs at least one field.
+//! - `Delete` takes any key, of any type or absent; later steps of the list see it absent.
 //! - `HashIncr` needs the field absent (counts as 0) or holding an integer in Redis' own
 //!   syntax (`string2ll`: `0`, or an optional `-` and a digit 1-9 followed by digits, within
 //!   `i64`; so `"007"`, `"-0"`, `"+1"`, `" 1"` and `""` are not integers), and the sum must fit
@@ -45,13 +46,21 @@ pub enum Mutation {
         /// Amount, may be negative.
         by: i64,
     },
+    /// Removes a key, whatever it holds (an absent one: nothing to do).
+    Delete {
+        /// Key.
+        key: String,
+    },
 }
 
 impl Mutation {
     /// The key this mutation changes.
     pub fn key(&self) -> &str {
         match self {
-            Self::Set { key, .. } | Self::HashSet { key, .. } | Self::HashIncr { key, .. } => key,
+            Self::Set { key, .. }
+            | Self::HashSet { key, .. }
+            | Self::HashIncr { key, .. }
+            | Self::Delete { key } => key,
         }
     }
 }
@@ -99,6 +108,10 @@ pub fn apply_all(
         let (key, want) = match &m {
             Mutation::Set { key, .. } => (key.clone(), "string"),
             Mutation::HashSet { key, .. } | Mutation::HashIncr { key, .. } => (key.clone(), "hash"),
+            Mutation::Delete { key } => {
+                staged.insert(key.clone(), None);
+                continue;
+            }
         };
         let slot = staged
             .entry(key.clone())
@@ -126,12 +139,15 @@ pub fn apply_all(
                 })?;
                 fields.insert(field, sum.to_string());
             }
+            // (Staged as absent above.)
+            Mutation::Delete { .. } => {}
         }
     }
     for (key, value) in staged {
-        if let Some(value) = value {
-            data.insert(key, value);
-        }
+        match value {
+            Some(value) => data.insert(key, value),
+            None => data.remove(&key),
+        };
     }
     Ok(())
 }

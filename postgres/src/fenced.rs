@@ -50,14 +50,7 @@ pub(super) async fn apply(
     if mutations.is_empty() {
         return Ok(Ok(()));
     }
-    let mut keys: Vec<String> = mutations
-        .iter()
-        .map(|m| match m {
-            Mutation::Set { key, .. }
-            | Mutation::HashSet { key, .. }
-            | Mutation::HashIncr { key, .. } => key.clone(),
-        })
-        .collect();
+    let mut keys: Vec<String> = mutations.iter().map(|m| m.key().to_owned()).collect();
     keys.sort_unstable();
     keys.dedup();
     let locked = sink
@@ -78,9 +71,13 @@ pub(super) async fn apply(
     if let Err(why) = apply_all(&mut data, mutations) {
         return Ok(Err(why));
     }
+    // (A deleted key's row keeps a NULL value: absent, as a row locked and never written.)
     let values = keys
         .iter()
-        .map(|k| serde_json::to_value(&data[k]).expect("a Value is JSON"))
+        .map(|k| {
+            data.get(k)
+                .map(|v| serde_json::to_value(v).expect("a Value is JSON"))
+        })
         .collect::<Vec<_>>();
     let params: [crate::Param; 2] = [(&keys, Type::TEXT_ARRAY), (&values, Type::JSONB_ARRAY)];
     sink.protocol

@@ -21,7 +21,8 @@
 -- ARGV[..] four per write, slot by slot: presented token (20-digit zero-padded, so string order is
 --          numeric order and Lua's doubles never see it), presented lease id, idempotency key,
 --          mutations as JSON: a list of {"S", key, value} | {"H", key, {field, value, ...}} |
---          {"I", key, field, by} with `by` a decimal string (never a Lua number); or
+--          {"I", key, field, by} with `by` a decimal string (never a Lua number) |
+--          {"D", key} (removed, whatever it holds); or
 --          {"refuse": why}, a write the client already found unfit for its content (on
 --          Redis Cluster, a key outside the scope's slot, which this script may not touch):
 --          decided for ownership here and refused as "mutation" with that reason
@@ -140,7 +141,8 @@ local MOVING = { 'moving', 'a key of this write is on another node now (its slot
 -- or nil when every step fits, or NOT_HERE when a data key is on another node (above).
 -- `kinds` and `fields` hold the staged effect of earlier steps.
 local function check(mutations)
-  local kinds, fields = {}, {}
+  -- `gone`: keys an earlier Delete of the list removed (their stored fields no longer count).
+  local kinds, fields, gone = {}, {}, {}
   for i, m in ipairs(mutations) do
     local op, key = m[1], m[2]
     local data = prefix .. key
@@ -152,6 +154,10 @@ local function check(mutations)
       end
       kinds[key] = kind.ok
       fields[key] = {}
+    end
+    if op == 'D' then
+      kinds[key], fields[key], gone[key] = 'none', {}, true
+      want = 'none'
     end
     local have = kinds[key]
     if have ~= 'none' and have ~= want then
@@ -168,7 +174,7 @@ local function check(mutations)
     elseif op == 'I' then
       local field = m[3]
       local current = fields[key][field]
-      if current == nil and have == 'hash' then
+      if current == nil and have == 'hash' and not gone[key] then
         current = redis.pcall('HGET', data, field)
         if type(current) == 'table' then
           return NOT_HERE
@@ -195,7 +201,9 @@ end
 
 local function apply(m)
   local data = prefix .. m[2]
-  if m[1] == 'S' then
+  if m[1] == 'D' then
+    redis.call('DEL', data)
+  elseif m[1] == 'S' then
     redis.call('SET', data, m[3])
   elseif m[1] == 'H' then
     for j = 1, #m[3], 1000 do
@@ -228,7 +236,7 @@ local function well_formed(mutations)
       if type(m[3]) ~= 'string' or type(m[4]) ~= 'string' or not is_int64(m[4]) then
         return false
       end
-    else
+    elseif op ~= 'D' then
       return false
     end
   end

@@ -378,6 +378,7 @@ enum Wire<'a> {
     Set(&'static str, &'a str, &'a str),
     HashSet(&'static str, &'a str, Vec<&'a str>),
     HashIncr(&'static str, &'a str, &'a str, String),
+    Delete(&'static str, &'a str),
 }
 
 fn wire(mutations: &[Mutation]) -> String {
@@ -396,6 +397,7 @@ fn wire(mutations: &[Mutation]) -> String {
             Mutation::HashIncr { key, field, by } => {
                 Wire::HashIncr("I", key, field, by.to_string())
             }
+            Mutation::Delete { key } => Wire::Delete("D", key),
         })
         .collect();
     serde_json::to_string(&list).expect("strings and lists always encode")

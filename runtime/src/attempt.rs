@@ -25,7 +25,15 @@ pub(crate) fn start(
     ctx: JobContext,
 ) -> BoxFuture<'static, Outcome> {
     match registry.get(&job.kind) {
-        Some(handler) => handler(ctx, &job.payload),
+        Some(handler) => {
+            // A durable run's journals are cleared when it ends well (context/durable.rs).
+            let durable = ctx.durable_state();
+            let run = handler(ctx, &job.payload);
+            Box::pin(async move {
+                run.await?;
+                crate::context::durable::finish(&durable).await
+            })
+        }
         None => {
             let reason = format!("unknown job kind {:?}", job.kind);
             Box::pin(async move { Err(JobError::Fatal(reason)) })

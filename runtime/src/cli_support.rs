@@ -4,6 +4,7 @@
 //! keep, and the checks and URL rewrites of its flags. Hidden
 //! from the docs and not part of the API: it changes with palisade-cli, in any release.
 
+pub use crate::client::complete_waitpoint;
 pub use crate::enqueue::enqueue_counted;
 pub use crate::job::{check_name, validate_batch};
 pub use crate::worker::hostname;

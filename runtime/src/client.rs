@@ -31,7 +31,7 @@ impl Client {
     ) -> Result<crate::store::Completion> {
         let value = serde_json::to_string(value)
             .map_err(|e| Error::Payload(format!("waitpoint value: {e}")))?;
-        complete_waitpoint(&self.store, id, value).await
+        complete_waitpoint(&self.store, id, value, false).await
     }
 
     /// Waitpoint `id` as kept: its value once completed, and the job waiting for it.
@@ -227,18 +227,22 @@ pub(crate) fn decode_result<T: DeserializeOwned>(id: JobId, envelope: &str) -> R
     }
 }
 
-/// How long a completion keeps trying to wake its waiter while that run is still settling
-/// (it asked for the waitpoint, found nothing, and has not suspended yet).
+/// How long a completion keeps trying to wake its waiter while that run is still leased (it
+/// asked for the waitpoint, found nothing, and has not suspended yet).
 const WAKE_FOR: Duration = Duration::from_secs(30);
 
 /// Completes waitpoint `id` and wakes its waiter: the run is made due now if it is
-/// suspended. A run caught between asking and suspending is waited for (up to [`WAKE_FOR`],
-/// while its job is leased), so the wake is not lost; past that the wait's own recheck
-/// ([`WAIT_RECHECK`](crate::durable::WAIT_RECHECK)) finds the value.
-pub(crate) async fn complete_waitpoint(
+/// suspended. A run still leased (caught between asking and suspending, or busy past a wait
+/// that ended) is tried again every 50 ms for up to [`WAKE_FOR`] — in the background unless
+/// `wait` (the CLI, which exits when this returns) — so the wake is not lost; past that the
+/// wait's own recheck finds the value. The completion stands whatever the wake meets: a wake
+/// that fails is logged, never reported as the completion's failure.
+#[doc(hidden)]
+pub async fn complete_waitpoint(
     store: &Stores,
     id: &str,
     value: String,
+    wait: bool,
 ) -> Result<crate::store::Completion> {
     use crate::store::Completion;
     let completion = store.complete_waitpoint(id, value).await?;
@@ -247,29 +251,51 @@ pub(crate) async fn complete_waitpoint(
         Completion::Already { .. } => "already",
     };
     metrics::counter!(crate::metrics::WAITPOINTS_COMPLETED, "outcome" => outcome).increment(1);
-    if let Completion::First { waiter: Some(job) } = &completion {
-        wake(store, *job).await?;
+    if let Completion::First { waiter: Some(job) } = completion {
+        wake(store.clone(), job, id.to_owned(), wait).await;
     }
     Ok(completion)
 }
 
-/// Makes the suspended run of `job` due now; waits out a run still settling.
-async fn wake(store: &Stores, job: JobId) -> Result<()> {
-    let started = crate::store::unix_ms();
-    loop {
-        if store.run_now(job).await? {
-            return Ok(());
+/// Makes the suspended run of `job` due now; waits out a run still leased (in a task of its
+/// own past the first try, unless `wait`).
+fn wake(
+    store: Stores,
+    job: JobId,
+    waitpoint: String,
+    wait: bool,
+) -> futures_util::future::BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let started = tokio::time::Instant::now();
+        loop {
+            let leased = match store.run_now(job).await {
+                Ok(true) => return,
+                Ok(false) => store
+                    .job(job)
+                    .await
+                    .map(|view| view.is_some_and(|v| v.state == crate::job::JobState::Leased)),
+                Err(e) => Err(e),
+            };
+            match leased {
+                // Ready, done or gone: nothing to wake.
+                Ok(false) => return,
+                Ok(true) if !wait => {
+                    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                        runtime.spawn(wake(store, job, waitpoint, true));
+                    }
+                    return;
+                }
+                Ok(true) if started.elapsed() < WAKE_FOR => {}
+                Ok(true) => {
+                    tracing::info!(%job, waitpoint, "the waiting run is still running: it finds the value at its next look");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%job, waitpoint, error = %e, "waitpoint completed; waking its run failed: it finds the value at its next look");
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let leased = store
-            .job(job)
-            .await?
-            .is_some_and(|view| view.state == crate::job::JobState::Leased);
-        if !leased || crate::store::unix_ms().saturating_sub(started) > WAKE_FOR.as_millis() as u64
-        {
-            // Ready, done or gone: nothing to wake. (Or still running after WAKE_FOR: its
-            // wait's recheck will find the value.)
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
 }

@@ -653,6 +653,11 @@ impl JobContext {
             .await?
     }
 
+    /// What the run's durable calls share, for the end of the run ([`durable::finish`]).
+    pub(crate) fn durable_state(&self) -> Arc<std::sync::Mutex<durable::DurableState>> {
+        self.run.durable.clone()
+    }
+
     /// The generation this lease's writes present.
     fn fence(&self) -> Fence {
         Fence {
@@ -698,6 +703,11 @@ pub struct PostgresHandle {
 
 #[cfg(feature = "postgres")]
 impl PostgresHandle {
+    /// The sink's name, as the worker was given it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The sink's schema, quoted for SQL (see [`FencedTx::schema`](crate::FencedTx::schema)).
     pub fn schema(&self) -> &str {
         self.sink.schema()

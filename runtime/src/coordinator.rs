@@ -252,7 +252,9 @@ impl Handler<CompleteWaitpoint> for Coordinator {
 
     fn handle(&mut self, msg: CompleteWaitpoint, _: &mut Self::Context) -> Self::Result {
         let store = self.store.clone();
-        Box::pin(async move { crate::client::complete_waitpoint(&store, &msg.id, msg.value).await })
+        Box::pin(async move {
+            crate::client::complete_waitpoint(&store, &msg.id, msg.value, false).await
+        })
     }
 }
 

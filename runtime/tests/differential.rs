@@ -120,6 +120,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
             .prop_map(|(key, fields)| Mutation::HashSet { key, fields }),
         3 => (data_key(), field(), by())
             .prop_map(|(key, field, by)| Mutation::HashIncr { key, field, by }),
+        1 => data_key().prop_map(|key| Mutation::Delete { key }),
     ]
 }
 

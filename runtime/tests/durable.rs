@@ -12,7 +12,7 @@ use std::time::Duration;
 use palisade::durable::{Waited, WAIT_RECHECK};
 use palisade::store::Completion;
 use palisade::testing::{Harness, Outcome};
-use palisade::{JobContext, Mutation, NewJob, Registry, Value};
+use palisade::{JobContext, JobError, Mutation, NewJob, Registry};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,20 +105,33 @@ fn order(id: u32, cents: i64) -> NewJob {
         .with_scope(format!("order:{id}"))
 }
 
-/// The run's journal in sink `ledger`: step name -> entry (JSON).
+/// The run's journal as its applied writes recorded it (the sink's hash is cleared when the
+/// run ends): step name -> its latest entry.
 fn journal(
     h: &Harness,
     scope: &str,
     job: palisade::JobId,
 ) -> serde_json::Map<String, serde_json::Value> {
     let key = format!("{{{scope}}}:palisade:journal:{job}");
-    match h.sink("ledger").unwrap().read(&key) {
-        Some(Value::Hash(fields)) => fields
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::from_str(&v).unwrap()))
-            .collect(),
-        other => panic!("no journal at {key}: {other:?}"),
+    let mut entries = serde_json::Map::new();
+    for w in h.writes().iter().filter(|w| w.applied()) {
+        for m in w.mutations.iter().flatten() {
+            if let Mutation::HashSet { key: k, fields } = m {
+                if *k == key {
+                    for (name, json) in fields {
+                        entries.insert(name.clone(), serde_json::from_str(json).unwrap());
+                    }
+                }
+            }
+        }
     }
+    entries
+}
+
+/// Whether the run's journal hash is gone from sink `ledger` (cleared at its end).
+fn cleared(h: &Harness, scope: &str, job: palisade::JobId) -> bool {
+    let key = format!("{{{scope}}}:palisade:journal:{job}");
+    h.sink("ledger").unwrap().read(&key).is_none()
 }
 
 #[test]
@@ -169,6 +182,10 @@ fn a_step_runs_once_and_a_sleep_resumes_the_run_in_a_newer_claim() {
         .map(|n| entries[*n]["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(seqs, [0, 1, 2, 3]);
+    assert!(
+        cleared(&h, "order:1", first.job.id),
+        "the finished run's journal is cleared"
+    );
 }
 
 #[test]
@@ -345,4 +362,258 @@ fn the_zombie_finds_every_late_step_refused() {
     let h = Harness::new(saga(ran)).with_sink("ledger");
     h.zombie(order(5, 1_000)).unwrap().assert_fenced();
     h.zombie(order(6, 90_000)).unwrap().assert_fenced();
+}
+
+// Found by the attack (a helper trying to break durable runs), each now refused or right.
+
+/// A job id used again after the first job finished (past its id's retention) runs afresh:
+/// the finished run's journal was cleared, so nothing of it is replayed.
+#[test]
+fn a_job_id_used_again_later_runs_its_own_steps() {
+    let registry = Registry::new().register("charge", |ctx: JobContext, cents: i64| async move {
+        let run = ctx.durable("ledger")?;
+        let charged: i64 = run
+            .step("charge", || async {
+                let m = Mutation::HashIncr {
+                    key: "{acct}:balance".into(),
+                    field: "n".into(),
+                    by: cents,
+                };
+                Ok((vec![m], cents))
+            })
+            .await?;
+        assert_eq!(charged, cents, "a replay of another job's step");
+        Ok(())
+    });
+    let h = Harness::new(registry).with_sink("ledger");
+    let id = palisade::JobId::new();
+    let job = |cents: i64| {
+        NewJob::new("charge", &cents)
+            .unwrap()
+            .with_id(id)
+            .with_scope("acct")
+    };
+    h.enqueue(job(100)).unwrap();
+    assert_eq!(h.drain_all().unwrap().completed(), 1);
+    assert!(cleared(&h, "acct", id));
+    h.advance(Duration::from_secs(2 * 86_400)).unwrap();
+    h.enqueue(job(250)).unwrap();
+    assert_eq!(h.drain_all().unwrap().completed(), 1);
+    let ledger = h.sink("ledger").unwrap();
+    assert_eq!(ledger.field("{acct}:balance", "n").as_deref(), Some("350"));
+}
+
+/// A step's result is what JSON carries back, on the first run as on a resume; one JSON
+/// cannot carry (a NaN) fails before the step's effect.
+#[test]
+fn a_result_is_the_same_on_the_first_run_and_on_a_resume() {
+    static SEEN: std::sync::Mutex<Vec<Option<Option<u32>>>> = std::sync::Mutex::new(Vec::new());
+    let registry = Registry::new()
+        .register("opt", |ctx: JobContext, _: ()| async move {
+            let run = ctx.durable("ledger")?;
+            let got: Option<Option<u32>> =
+                run.step("s", || async { Ok((vec![], Some(None))) }).await?;
+            SEEN.lock().unwrap().push(got);
+            run.sleep("nap", Duration::from_secs(60)).await?;
+            Ok(())
+        })
+        .register("nan", |ctx: JobContext, _: ()| async move {
+            let m = Mutation::HashIncr {
+                key: "n".into(),
+                field: "n".into(),
+                by: 1,
+            };
+            let _: f64 = ctx
+                .durable("ledger")?
+                .step("s", || async { Ok((vec![m], f64::NAN)) })
+                .await?;
+            Ok(())
+        });
+    let h = Harness::new(registry).with_sink("ledger");
+    h.enqueue(NewJob::new("opt", &()).unwrap()).unwrap();
+    assert_eq!(h.drain_all().unwrap().completed(), 1);
+    assert_eq!(*SEEN.lock().unwrap(), [None, None]);
+    let nan = h.perform(NewJob::new("nan", &()).unwrap()).unwrap();
+    assert!(
+        matches!(&nan.outcome, Outcome::Dead { reason } if reason.contains("does not come back from JSON")),
+        "{:?}",
+        nan.outcome
+    );
+    assert!(nan.writes.is_empty(), "no effect: {:?}", nan.writes);
+}
+
+/// Two steps of one run at once are refused at once (the journal records their order),
+/// rather than meeting a false "handler changed" on a resume.
+#[test]
+fn two_steps_of_one_run_at_once_are_refused() {
+    let registry = Registry::new().register("join", |ctx: JobContext, _: ()| async move {
+        let run = ctx.durable("ledger")?;
+        let (a, b) = tokio::join!(
+            run.step("a", || async {
+                tokio::task::yield_now().await;
+                Ok((vec![], 1))
+            }),
+            run.step("b", || async { Ok((vec![], 2)) })
+        );
+        let _: (i32, i32) = (a?, b?);
+        Ok(())
+    });
+    let h = Harness::new(registry).with_sink("ledger");
+    let done = h.perform(NewJob::new("join", &()).unwrap()).unwrap();
+    assert!(
+        matches!(&done.outcome, Outcome::Dead { reason } if reason.contains("one at a time")),
+        "{:?}",
+        done.outcome
+    );
+}
+
+/// Runs one attempt of `job` under version 1 of a handler, then drains under version 2: the
+/// dead letter's reason.
+fn changed_between(
+    registry: Registry,
+    version: &'static AtomicUsize,
+    job: NewJob,
+) -> (Harness, String) {
+    let h = Harness::new(registry)
+        .with_sink("ledger")
+        .with_sink("audit");
+    version.store(1, Ordering::SeqCst);
+    let first = h.perform(job).unwrap();
+    assert!(!first.completed(), "{:?}", first.outcome);
+    version.store(2, Ordering::SeqCst);
+    let rest = h.drain_all().unwrap();
+    let reason = rest
+        .runs
+        .iter()
+        .find_map(|r| match &r.outcome {
+            Outcome::Dead { reason } => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "nothing died: {:?}",
+                rest.runs.iter().map(|r| &r.outcome).collect::<Vec<_>>()
+            )
+        });
+    (h, reason)
+}
+
+/// A step removed at the end of the code is found when the run ends.
+#[test]
+fn a_step_removed_is_found_when_the_run_ends() {
+    static VERSION: AtomicUsize = AtomicUsize::new(1);
+    let registry = Registry::new().register("trailing", |ctx: JobContext, _: ()| async move {
+        let run = ctx.durable("ledger")?;
+        run.step("a", || async { Ok((vec![], ())) }).await?;
+        if VERSION.load(Ordering::SeqCst) == 1 {
+            run.step("b", || async { Ok((vec![], ())) }).await?;
+            return Err(JobError::retry("fails after b"));
+        }
+        Ok(())
+    });
+    let (_, reason) = changed_between(registry, &VERSION, NewJob::new("trailing", &()).unwrap());
+    assert!(
+        reason.contains("\"b\"") && reason.contains("not reached"),
+        "{reason}"
+    );
+}
+
+/// A wait moved to another waitpoint is a changed handler, not a silent wait for the old one.
+#[test]
+fn a_wait_moved_to_another_waitpoint_is_found() {
+    static VERSION: AtomicUsize = AtomicUsize::new(1);
+    let registry = Registry::new().register("moved", |ctx: JobContext, _: ()| async move {
+        let waitpoint = ["old", "new"][VERSION.load(Ordering::SeqCst) - 1];
+        ctx.durable("ledger")?
+            .wait_for::<u8>("w", waitpoint, Duration::from_secs(600))
+            .await?;
+        Ok(())
+    });
+    let (_, reason) = changed_between(registry, &VERSION, NewJob::new("moved", &()).unwrap());
+    assert!(
+        reason.contains("\"new\"") && reason.contains("\"old\""),
+        "{reason}"
+    );
+}
+
+/// A step inserted before the recorded ones, in another sink, is found before its effect.
+#[test]
+fn a_step_inserted_in_another_sink_is_found_before_its_effect() {
+    static VERSION: AtomicUsize = AtomicUsize::new(1);
+    let registry = Registry::new().register("inserted", |ctx: JobContext, _: ()| async move {
+        let run = ctx.durable("ledger")?;
+        if VERSION.load(Ordering::SeqCst) == 2 {
+            let audit = ctx.sink("audit")?;
+            let m = Mutation::HashIncr {
+                key: "audit".into(),
+                field: "n".into(),
+                by: 1,
+            };
+            run.step_in("audit", &audit, || async { Ok((vec![m], ())) })
+                .await?;
+        }
+        run.step("a", || async { Ok((vec![], ())) }).await?;
+        run.sleep("nap", Duration::from_secs(60)).await?;
+        Ok(())
+    });
+    let (h, reason) = changed_between(registry, &VERSION, NewJob::new("inserted", &()).unwrap());
+    assert!(reason.contains("the handler changed"), "{reason}");
+    assert_eq!(
+        h.sink("audit").unwrap().read("audit"),
+        None,
+        "its effect was applied"
+    );
+}
+
+/// A wait longer than the job's snoozes allow at one look an hour looks less often, and ends
+/// as a timeout, not as a dead job; a sleep past `u64` ms is the longest delay, not a wrap.
+#[test]
+fn a_week_long_wait_times_out_within_the_default_snoozes() {
+    let registry = Registry::new()
+        .register("week", |ctx: JobContext, _: ()| async move {
+            let got = ctx
+                .durable("ledger")?
+                .wait_for::<u8>("w", "nobody", Duration::from_secs(7 * 86_400))
+                .await?;
+            assert_eq!(got, Waited::TimedOut);
+            Ok(())
+        })
+        .register("forever", |ctx: JobContext, _: ()| async move {
+            ctx.durable("ledger")?
+                .sleep("z", Duration::from_secs(u64::MAX))
+                .await?;
+            Ok(())
+        });
+    let h = Harness::new(registry).with_sink("ledger");
+    h.enqueue(NewJob::new("week", &()).unwrap()).unwrap();
+    let ran = h.drain_all().unwrap();
+    assert_eq!((ran.completed(), ran.dead()), (1, 0));
+    assert!(ran.runs.len() <= 101, "{} runs", ran.runs.len());
+    let forever = h.perform(NewJob::new("forever", &()).unwrap()).unwrap();
+    assert!(
+        matches!(forever.outcome, Outcome::Snoozed { after } if after > Duration::from_secs(365 * 86_400)),
+        "{:?}",
+        forever.outcome
+    );
+}
+
+/// A completion while its waiter runs on (its wait over, or completing its own waitpoint)
+/// returns at once; the wake is tried again in the background.
+#[test]
+fn a_completion_does_not_wait_for_a_busy_waiter() {
+    let registry = Registry::new().register("self", |ctx: JobContext, _: ()| async move {
+        let run = ctx.durable("ledger")?;
+        let _ = run.wait_for::<u8>("w", "mine", Duration::ZERO).await?;
+        let started = std::time::Instant::now();
+        ctx.complete_waitpoint("mine", &1u8).await?;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        Ok(())
+    });
+    let h = Harness::new(registry).with_sink("ledger");
+    let done = h.perform(NewJob::new("self", &()).unwrap()).unwrap();
+    assert!(done.completed(), "{:?}", done.outcome);
 }

@@ -766,6 +766,9 @@ fn model_apply(data: &mut BTreeMap<String, Value>, mutations: &[Mutation]) -> bo
     let mut next = data.clone();
     for m in mutations {
         match m {
+            Mutation::Delete { key } => {
+                next.remove(key);
+            }
             Mutation::Set { key, value } => match next.get(key) {
                 Some(Value::Hash(_)) => return false,
                 _ => {
@@ -839,11 +842,7 @@ async fn all_or_nothing(world: &World) -> Check {
         } = e
         {
             for m in mutations {
-                keys.insert(match m {
-                    Mutation::Set { key, .. }
-                    | Mutation::HashSet { key, .. }
-                    | Mutation::HashIncr { key, .. } => key.clone(),
-                });
+                keys.insert(m.key().to_owned());
             }
             let fits = model.clone();
             let mut probe = fits.clone();

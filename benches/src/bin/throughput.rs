@@ -56,6 +56,10 @@ struct Args {
     /// Each job makes one fenced write to a Redis sink (same Redis).
     #[arg(long)]
     sink: bool,
+    /// With --sink: the write is a durable run's one step (`ctx.durable("bench")?.step(..)`),
+    /// its journal entry in the same fenced write.
+    #[arg(long, requires = "sink")]
+    durable: bool,
     /// Each job runs one fenced transaction on a Postgres sink at this URL (a fresh schema,
     /// dropped afterwards) that updates one row of a 1,000-row table.
     #[arg(long, value_name = "URL", conflicts_with = "sink")]
@@ -559,6 +563,7 @@ fn main() {
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
             let (latencies, write, cpu, cluster) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us), args.cluster);
+            let durable = args.durable;
             let (spans, enqueued_at, wait, alarm, ended) = (spans.clone(), enqueued_at.clone(), Duration::from_millis(args.handler_ms), alarm.clone(), ended.clone());
             let update = args.postgres.is_some().then(|| format!("UPDATE {bench_schema}.account SET n = n + 1 WHERE id = $1"));
             let registry = Registry::new().register("noop", move |ctx: JobContext, number: Option<usize>| {
@@ -582,7 +587,11 @@ fn main() {
                         // the data the jobs wrote. On a cluster the key must share the scope's slot.
                         let key = if cluster { format!("{{{}}}n", ctx.job().scope) } else { "n".into() };
                         let incr = Mutation::HashIncr { key, field: "n".into(), by: 1 };
-                        ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
+                        if durable {
+                            ctx.durable("bench")?.step("s", || async { Ok((vec![incr], ())) }).await?;
+                        } else {
+                            ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
+                        }
                     }
                     if let Some(update) = update {
                         let row = (ctx.job().id.as_uuid().as_u128() % 1000) as i64;
@@ -646,6 +655,8 @@ fn main() {
         let mut lat = latencies.lock().unwrap().clone();
         lat.sort();
         let mode = match (&args.redis, args.sink, args.postgres.is_some()) {
+            _ if args.durable && args.redis.is_some() => "redis + a durable step (its fenced redis sink write with the journal entry)",
+            _ if args.durable => "embedded + a durable step (its fenced memory sink write with the journal entry)",
             (Some(_), _, true) => "redis + fenced postgres transaction (one row update)",
             (None, _, true) => "embedded + fenced postgres transaction (one row update)",
             (Some(_), true, _) => "redis + fenced redis sink write",

@@ -80,6 +80,9 @@ struct Entry {
     /// A wait's outcome, once it has one: `{"completed": value}` or `"timed_out"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     outcome: Option<serde_json::Value>,
+    /// The sink a step's effect and own entry went to, when not the home one (a note of it).
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    sink: Option<String>,
     #[serde(flatten)]
     unknown: serde_json::Map<String, serde_json::Value>,
 }
@@ -96,6 +99,13 @@ pub(crate) struct DurableState {
     names: HashSet<String>,
     /// Journals read so far, by sink name.
     journals: BTreeMap<String, Journal>,
+    /// The sinks whose journal this run used, to clear at its end, and whether each was read
+    /// (a fresh run's is not: nothing can be in it).
+    sinks: BTreeMap<String, (SinkHandle, bool)>,
+    /// A step is running: steps of one run go one at a time.
+    in_step: bool,
+    /// The run's job and the token of this claim, for clearing its journals at its end.
+    owner: Option<(JobId, u64, String)>,
 }
 
 /// A durable run's handle: `ctx.durable("ledger")?` names the sink that keeps its journal
@@ -109,6 +119,14 @@ pub struct Durable {
     scope: String,
     coordinator: Option<Addr<crate::Coordinator>>,
     state: Arc<Mutex<DurableState>>,
+    /// The job's first claim, never snoozed, stalled or retried: no journal can exist yet,
+    /// so none is read (a step then costs its one fenced write). A released run (its attempt
+    /// given back) that had journaled is still answered right: its steps' writes come back
+    /// as duplicates, with the recorded entries.
+    fresh: bool,
+    /// Snoozes the job may still take ([`NewJob::with_max_snoozes`](crate::NewJob::with_max_snoozes)):
+    /// a long wait looks again less often rather than run out of them.
+    snoozes_left: u32,
 }
 
 impl Durable {
@@ -119,6 +137,17 @@ impl Durable {
         coordinator: Option<Addr<crate::Coordinator>>,
         state: Arc<Mutex<DurableState>>,
     ) -> Self {
+        state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .owner
+            .get_or_insert_with(|| {
+                (
+                    job.id,
+                    lease.token.as_u64(),
+                    lease.scope.as_str().to_owned(),
+                )
+            });
         Self {
             home,
             job: job.id,
@@ -127,6 +156,8 @@ impl Durable {
             scope: lease.scope.as_str().to_owned(),
             coordinator,
             state,
+            fresh: job.attempt <= 1 && job.snoozes == 0 && job.stalls == 0,
+            snoozes_left: job.max_snoozes.saturating_sub(job.snoozes),
         }
     }
 
@@ -148,8 +179,9 @@ impl Durable {
         self.step_in(name, &sink, f).await
     }
 
-    /// [`step`](Self::step) with its effect and entry in another Redis or memory sink (the
-    /// step's journal entry is kept with its effect, in that sink).
+    /// [`step`](Self::step) with its effect in another Redis or memory sink: its entry is
+    /// written there with the effect, by the same fenced write, and then noted in the home
+    /// journal (which lists every call of the run, in order).
     pub async fn step_in<R, F, Fut>(
         &self,
         name: &str,
@@ -164,28 +196,45 @@ impl Durable {
         let span = tracing::info_span!("palisade.step", step = name, job = %self.job);
         async {
             let seq = self.begin(name)?;
-            if let Some(entry) = self.recorded(sink, name, seq, "step").await? {
+            let _one = OneStep::enter(&self.state, name)?;
+            if let Some(entry) = self.recorded(&self.home, name, seq, "step").await? {
                 self.count("replayed");
                 return decode(name, entry.result.unwrap_or(serde_json::Value::Null));
             }
+            let elsewhere = sink.name() != self.home.name();
+            if elsewhere {
+                self.lock()
+                    .sinks
+                    .entry(sink.name().to_owned())
+                    .or_insert_with(|| (sink.clone(), false));
+            }
             let (mut mutations, result) = f().await?;
+            // What a resume will get back is the JSON: the first run gets the same, or the
+            // step fails before its effect (a NaN, an `Option<()>` that JSON cannot tell from
+            // `None`).
             let json = serde_json::to_value(&result).map_err(|e| {
                 JobError::fatal(format!("step {name:?}: its result does not encode: {e}"))
             })?;
+            let result: R = round_trip(name, &json)?;
             let entry = self.entry(seq, "step", |e| e.result = Some(json));
             mutations.push(self.journal_mutation(name, &entry)?);
-            match self.write(sink, name, mutations).await? {
-                Written::Applied => {
-                    self.remember(sink, name, entry);
-                    self.count("ran");
-                    Ok(result)
-                }
+            let (entry, outcome) = match self.write(sink, name, mutations).await? {
+                Written::Applied => (entry, "ran"),
                 // Applied before, by a run whose answer was lost or a holder now stale: what
                 // it recorded is what happened.
-                Written::Duplicate(entry) => {
-                    self.count("replayed");
-                    decode(name, entry.result.unwrap_or(serde_json::Value::Null))
+                Written::Duplicate(entry) => (entry, "replayed"),
+            };
+            let entry = match elsewhere {
+                true => self.note_at_home(name, entry, sink.name()).await?,
+                false => {
+                    self.remember(sink, name, entry.clone());
+                    entry
                 }
+            };
+            self.count(outcome);
+            match outcome {
+                "ran" => Ok(result),
+                _ => decode(name, entry.result.unwrap_or(serde_json::Value::Null)),
             }
         }
         .instrument(span)
@@ -193,10 +242,10 @@ impl Durable {
     }
 
     /// Runs step `name` once per run as one fenced Postgres transaction (see
-    /// [`PostgresHandle::transaction`](crate::PostgresHandle::transaction)): the journal entry
-    /// is the result Postgres keeps with the transaction's idempotency key
-    /// `<job>/step/<name>`, committed with the user's rows. A re-run gets the recorded result
-    /// without `f` running; a stale holder's `f` never runs.
+    /// [`PostgresHandle::transaction`](crate::PostgresHandle::transaction)): its entry is the
+    /// result Postgres keeps with the transaction's idempotency key `<job>/step/<name>`,
+    /// committed with the user's rows, and is then noted in the home journal. A resume gets
+    /// the recorded result without `f` running; a stale holder's `f` never runs.
     #[cfg(feature = "postgres")]
     pub async fn pg_step<R, F>(
         &self,
@@ -211,11 +260,10 @@ impl Durable {
         let span = tracing::info_span!("palisade.step", step = name, job = %self.job);
         async {
             let seq = self.begin(name)?;
-            // A step recorded in the home journal under this name ran elsewhere: the code
-            // changed.
-            let home = self.journal(&self.home).await?;
-            if let Some(entry) = home.get(name) {
-                return Err(changed(name, seq, entry));
+            let _one = OneStep::enter(&self.state, name)?;
+            if let Some(entry) = self.recorded(&self.home, name, seq, "step").await? {
+                self.count("replayed");
+                return decode(name, entry.result.unwrap_or(serde_json::Value::Null));
             }
             let entry = self.entry(seq, "step", |_| {});
             let fenced = pg
@@ -239,11 +287,38 @@ impl Durable {
             if entry.seq != seq {
                 return Err(changed(name, seq, &entry));
             }
+            let entry = self.note_at_home(name, entry, pg.name()).await?;
             self.count(outcome);
             decode(name, entry.result.unwrap_or(serde_json::Value::Null))
         }
         .instrument(span)
         .await
+    }
+
+    /// Notes a step recorded in another sink (`elsewhere`) in the home journal, with its
+    /// result: the home journal lists every call of the run in order, so a changed handler is
+    /// found before any effect, and a resume replays the step from it. Written after the
+    /// step's own write: a run that stops between the two finds the step's write a duplicate
+    /// on resume and notes it then.
+    async fn note_at_home(
+        &self,
+        name: &str,
+        mut entry: Entry,
+        elsewhere: &str,
+    ) -> Result<Entry, JobError> {
+        entry.sink = Some(elsewhere.to_owned());
+        // (Its own key: the home journal may live in the same store as the step, a Postgres
+        // sink's table of keys, where the step's key is taken.)
+        let key = IdempotencyKey::new(format!("{}/note", step_key(self.job, name)));
+        let home = self.home.clone();
+        let mutation = self.journal_mutation(name, &entry)?;
+        match self.write_key(&home, key, name, vec![mutation]).await? {
+            Written::Applied => {
+                self.remember(&home, name, entry.clone());
+                Ok(entry)
+            }
+            Written::Duplicate(entry) => Ok(entry),
+        }
     }
 
     /// Sleeps `duration` durably: the first time the run reaches it, the wake-up time is
@@ -256,7 +331,7 @@ impl Durable {
         let until = match self.recorded(&self.home, name, seq, "sleep").await? {
             Some(entry) => entry.until_ms.unwrap_or(0),
             None => {
-                let until = now.saturating_add(duration.as_millis() as u64);
+                let until = now.saturating_add(millis(duration));
                 let entry = self.entry(seq, "sleep", |e| e.until_ms = Some(until));
                 self.journal_only(name, entry)
                     .await?
@@ -291,7 +366,7 @@ impl Durable {
         let entry = match self.recorded(&self.home, name, seq, "wait").await? {
             Some(entry) => entry,
             None => {
-                let deadline = now.saturating_add(timeout.as_millis() as u64);
+                let deadline = now.saturating_add(millis(timeout));
                 let entry = self.entry(seq, "wait", |e| {
                     e.until_ms = Some(deadline);
                     e.waitpoint = Some(waitpoint.to_owned());
@@ -299,15 +374,24 @@ impl Durable {
                 self.journal_only(name, entry).await?
             }
         };
+        if entry
+            .waitpoint
+            .as_deref()
+            .is_some_and(|kept| kept != waitpoint)
+        {
+            return Err(JobError::fatal(format!(
+                "the handler changed since this run was recorded: wait {name:?} waits for \
+                 {waitpoint:?} now, the journal has it waiting for {:?} (recorded under token {})",
+                entry.waitpoint.as_deref().unwrap_or_default(),
+                entry.token
+            )));
+        }
         if let Some(outcome) = &entry.outcome {
             self.count("replayed");
             return waited(name, outcome);
         }
         let deadline = entry.until_ms.unwrap_or(0);
-        let id = entry
-            .waitpoint
-            .clone()
-            .unwrap_or_else(|| waitpoint.to_owned());
+        let id = waitpoint.to_owned();
         let value = self.await_waitpoint(&id).await?;
         let outcome = match &value {
             Some(json) => {
@@ -319,7 +403,7 @@ impl Durable {
             None => {
                 self.count("suspended");
                 let left = Duration::from_millis(deadline - now);
-                return Err(JobError::snooze(left.min(WAIT_RECHECK)));
+                return Err(JobError::snooze(recheck(left, self.snoozes_left)));
             }
         };
         // The outcome is journaled before the run goes on, so that every later resume sees
@@ -377,21 +461,13 @@ impl Durable {
         match journal.get(name) {
             Some(entry) if entry.seq == seq && entry.what == what => Ok(Some(entry.clone())),
             Some(entry) => Err(changed(name, seq, entry)),
-            None => match journal.values().find(|e| e.seq >= seq) {
-                // A later place is taken by another name: this call is new or moved.
-                Some(later) => Err(JobError::fatal(format!(
-                    "the handler changed since this run was recorded: {what} {name:?} is call \
-                     {seq} now, and the journal has {} {:?} there or after it (recorded under \
-                     token {})",
-                    later.what,
-                    journal
-                        .iter()
-                        .find(|(_, e)| e.seq == later.seq)
-                        .map_or("", |(n, _)| n.as_str()),
-                    later.token
-                ))),
-                None => Ok(None),
-            },
+            None => {
+                // A later place taken by another name: this call is new or moved.
+                if let Some(e) = later(&journal, seq, what, name) {
+                    return Err(e);
+                }
+                Ok(None)
+            }
         }
     }
 
@@ -400,10 +476,17 @@ impl Durable {
         if let Some(journal) = self.lock().journals.get(sink.name()) {
             return Ok(journal.clone());
         }
-        let journal = self.read_journal(sink).await?;
-        self.lock()
+        let journal = match self.fresh {
+            true => Journal::new(),
+            false => self.read_journal(sink).await?,
+        };
+        let mut state = self.lock();
+        state
             .journals
             .insert(sink.name().to_owned(), journal.clone());
+        state
+            .sinks
+            .insert(sink.name().to_owned(), (sink.clone(), !self.fresh));
         Ok(journal)
     }
 
@@ -420,10 +503,27 @@ impl Durable {
         };
         let mut journal = Journal::new();
         for (name, json) in fields {
-            let entry: Entry = serde_json::from_str(&json).map_err(|e| {
-                // Left as it is: a newer release may read it.
-                JobError::retry(format!("journal entry {name:?} does not decode: {e}"))
-            })?;
+            // Left as it is, either way. A newer release's entry: a newer worker may resume
+            // the run (retried). Not an entry at all (another program wrote there): fatal.
+            let newer = serde_json::from_str::<serde_json::Value>(&json)
+                .ok()
+                .and_then(|v| v.get("v").and_then(serde_json::Value::as_u64))
+                .is_some_and(|v| v > u64::from(JOURNAL_VERSION));
+            let entry: Entry = match serde_json::from_str(&json) {
+                Ok(entry) => entry,
+                Err(e) if newer => {
+                    return Err(JobError::retry(format!(
+                        "journal entry {name:?} is of a newer version ({e}): a newer worker \
+                         must resume this run"
+                    )))
+                }
+                Err(e) => {
+                    return Err(JobError::fatal(format!(
+                        "journal entry {name:?} of {} is not a journal entry ({e}): left as it is",
+                        self.journal_key()
+                    )))
+                }
+            };
             if entry.v > JOURNAL_VERSION {
                 return Err(JobError::retry(format!(
                     "journal entry {name:?} is of version {}, this release reads {JOURNAL_VERSION}: \
@@ -448,6 +548,7 @@ impl Durable {
             until_ms: None,
             waitpoint: None,
             outcome: None,
+            sink: None,
             unknown: serde_json::Map::new(),
         };
         fill(&mut entry);
@@ -517,7 +618,9 @@ impl Durable {
         let entry = journal.get(name).cloned().ok_or_else(|| {
             JobError::fatal(format!(
                 "step {name:?} was applied before, but its journal entry is gone from sink \
-                 {:?}: its result cannot be known",
+                 {:?}: an earlier run of this job reached its end and cleared its journal \
+                 (then did not settle), or the job id was used again within the sink's key \
+                 retention; not running the rest again",
                 sink.name()
             ))
         })?;
@@ -589,6 +692,9 @@ pub struct JournalEntry {
     /// A wait's outcome once it has one: `{"completed": value}` or `"timed_out"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<serde_json::Value>,
+    /// Where a step's effect went, when not to the journal's own sink (`in`).
+    #[serde(rename = "in", skip_serializing_if = "Option::is_none")]
+    pub sink: Option<String>,
 }
 
 /// The journal of job `job`'s run (its scope `scope`) as sink `sink` keeps it, in call order;
@@ -624,6 +730,7 @@ pub async fn journal(
             until_ms: e.until_ms,
             waitpoint: e.waitpoint,
             outcome: e.outcome,
+            sink: e.sink,
         });
     }
     entries.sort_by_key(|e| e.seq);
@@ -634,6 +741,113 @@ pub async fn journal(
 /// keys there), named so no user key collides with it.
 fn journal_key(scope: &str, job: JobId) -> String {
     format!("{{{scope}}}:palisade:journal:{job}")
+}
+
+/// The end of a run whose handler succeeded: a journal entry this attempt never reached (a
+/// step removed from the code) is a changed handler, fatal; otherwise every journal the run
+/// used is cleared (one fenced write each, `Delete`, under `<job>/journal/end/<token>`), so
+/// a finished run leaves nothing in its sinks and a job id used again later starts afresh. A
+/// holder that is stale by now is refused there as anywhere.
+pub(crate) async fn finish(state: &Mutex<DurableState>) -> Result<(), JobError> {
+    let (sinks, owner) = {
+        let s = state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.sinks.is_empty() {
+            return Ok(());
+        }
+        let unreached = s
+            .sinks
+            .iter()
+            .filter(|(_, (_, read))| *read)
+            .filter_map(|(name, _)| s.journals.get(name))
+            .flat_map(|journal| journal.iter())
+            .find(|(name, _)| !s.names.contains(*name));
+        if let Some((name, e)) = unreached {
+            return Err(JobError::fatal(format!(
+                "the handler changed since this run was recorded: {} {name:?} (call {}, \
+                 recorded under token {}) was not reached by this run, which ended",
+                e.what, e.seq, e.token
+            )));
+        }
+        let sinks: Vec<SinkHandle> = s.sinks.values().map(|(sink, _)| sink.clone()).collect();
+        (sinks, s.owner.clone())
+    };
+    let Some((job, token, scope)) = owner else {
+        return Ok(());
+    };
+    for sink in sinks {
+        let key = IdempotencyKey::new(format!("{job}/journal/end/{token}"));
+        let clear = Mutation::Delete {
+            key: journal_key(&scope, job),
+        };
+        if let Admission::Rejected(r) = sink.write_keyed(key, vec![clear]).await? {
+            return Err(JobError::Fenced(r));
+        }
+    }
+    Ok(())
+}
+
+/// Marks a step running for as long as it lives: a second step of the run started meanwhile
+/// (`join!` of two steps) is refused, since the journal records the order of a run's calls.
+struct OneStep<'a>(&'a Mutex<DurableState>);
+
+impl<'a> OneStep<'a> {
+    fn enter(state: &'a Mutex<DurableState>, name: &str) -> Result<Self, JobError> {
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.in_step {
+            return Err(JobError::fatal(format!(
+                "step {name:?} started while another step of this run runs: steps of one run \
+                 go one at a time (their order is the journal's)"
+            )));
+        }
+        s.in_step = true;
+        Ok(Self(state))
+    }
+}
+
+impl Drop for OneStep<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).in_step = false;
+    }
+}
+
+/// A fatal error if `journal` holds an entry at place `seq` or after it: call `name` is new
+/// or moved since the run was recorded. (A step whose error the handler swallowed is not
+/// recorded either: it meets this on resume, as the guide says.)
+fn later(journal: &Journal, seq: u32, what: &str, name: &str) -> Option<JobError> {
+    let (other, e) = journal
+        .iter()
+        .filter(|(_, e)| e.seq >= seq)
+        .min_by_key(|(_, e)| e.seq)?;
+    Some(JobError::fatal(format!(
+        "the handler changed since this run was recorded: {what} {name:?} is call {seq} now, \
+         and the journal has {} {other:?} as call {} (recorded under token {}); a step whose \
+         error was ignored is not recorded, and meets this too",
+        e.what, e.seq, e.token
+    )))
+}
+
+/// `d` in whole ms, saturating (a `Duration` past `u64` ms would wrap).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How long a wait with `left` to go sleeps before it looks again: [`WAIT_RECHECK`], or
+/// longer where the job's snoozes would run out first (its last one sleeps to the deadline).
+fn recheck(left: Duration, snoozes_left: u32) -> Duration {
+    let budget = snoozes_left.saturating_sub(1).max(1);
+    left.min(WAIT_RECHECK.max(left / budget))
+}
+
+/// The step's result as a resume will see it: decoded from its JSON, so the first run and
+/// every resume get the same value (JSON tells no `Some(())` from `None`: both see `None`); a
+/// value that does not come back (a NaN) is an error before the step's effect.
+fn round_trip<R: DeserializeOwned>(name: &str, json: &serde_json::Value) -> Result<R, JobError> {
+    serde_json::from_value(json.clone()).map_err(|e| {
+        JobError::fatal(format!(
+            "step {name:?}: its result does not come back from JSON ({e}); a resume could not \
+             replay it"
+        ))
+    })
 }
 
 /// What a journaled write did.

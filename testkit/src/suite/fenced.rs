@@ -462,6 +462,83 @@ async fn field(sink: &dyn FencedStore, key: &str, field: &str) -> Option<String>
 /// Issue 7, case 1: a later mutation that cannot apply used to leave the earlier ones applied
 /// with the fence unmoved, so the stale holder could then write. Now nothing applies, and the
 /// stale holder is still refused.
+/// `Delete` removes a string or a hash (an absent key: nothing to do), and the steps after it
+/// in one list see the key absent: a hash deleted and written again holds only what was
+/// written after, and an increment after a delete counts from 0. A delete in a list that is
+/// refused for another step removes nothing.
+pub async fn a_delete_removes_a_key_whatever_it_holds(sink: Arc<dyn FencedStore>, ns: String) {
+    let a = LeaseId::new();
+    let (scope, text, hash) = (format!("{ns}s"), format!("{ns}text"), format!("{ns}hash"));
+    let w = |key: &str, m| write(&scope, fence(5, a), key, m);
+    let del = |key: &str| Mutation::Delete { key: key.into() };
+    let put = vec![
+        Mutation::Set {
+            key: text.clone(),
+            value: "t".into(),
+        },
+        Mutation::HashSet {
+            key: hash.clone(),
+            fields: vec![("old".into(), "1".into()), ("n".into(), "7".into())],
+        },
+    ];
+    assert_eq!(sink.write(w("put", put)).await.unwrap(), Admission::Applied);
+    // Refused whole by its last step (a string is no hash): nothing deleted.
+    let refused = vec![
+        del(&text),
+        del(&hash),
+        incr(&format!("{ns}text2"), "n", 1),
+        {
+            Mutation::HashSet {
+                key: text.clone(),
+                fields: vec![],
+            }
+        },
+    ];
+    assert!(matches!(
+        sink.write(w("refused", refused)).await.unwrap(),
+        Admission::Rejected(Rejection::Mutation { .. })
+    ));
+    assert_eq!(
+        sink.read(&text).await.unwrap(),
+        Some(Value::Text("t".into()))
+    );
+    let again = vec![
+        del(&text),
+        del(&hash),
+        Mutation::HashSet {
+            key: hash.clone(),
+            fields: vec![("new".into(), "2".into())],
+        },
+        incr(&hash, "n", 3),
+        del(&format!("{ns}never")),
+        // A string deleted may become a hash in the same list.
+        incr(&text, "m", 1),
+    ];
+    assert_eq!(
+        sink.write(w("again", again)).await.unwrap(),
+        Admission::Applied
+    );
+    let fields = |pairs: &[(&str, &str)]| {
+        Value::Hash(
+            pairs
+                .iter()
+                .map(|(f, v)| (f.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    assert_eq!(
+        sink.read(&hash).await.unwrap(),
+        Some(fields(&[("n", "3"), ("new", "2")]))
+    );
+    assert_eq!(sink.read(&text).await.unwrap(), Some(fields(&[("m", "1")])));
+    assert_eq!(sink.read(&format!("{ns}never")).await.unwrap(), None);
+    assert_eq!(
+        sink.write(w("gone", vec![del(&text)])).await.unwrap(),
+        Admission::Applied
+    );
+    assert_eq!(sink.read(&text).await.unwrap(), None);
+}
+
 pub async fn a_bad_step_applies_nothing(sink: Arc<dyn FencedStore>, ns: String) {
     let (a, b) = (LeaseId::new(), LeaseId::new());
     let (scope, doc, bal) = (format!("{ns}s"), format!("{ns}doc"), format!("{ns}bal"));
@@ -841,6 +918,7 @@ macro_rules! fenced_store_suite {
             integers_are_exact_and_strict,
             one_bad_write_fails_only_itself,
             the_watermark_refuses_and_lets_fences_go,
+            a_delete_removes_a_key_whatever_it_holds,
         );
     };
     (@list $unused:tt; $($case:ident),* $(,)?) => {
