@@ -5,6 +5,8 @@
 //! Embedded:  `cargo run --release -p palisade-benches --bin throughput -- --jobs 200000`
 //! Redis:     `cargo run --release -p palisade-benches --bin throughput -- --redis redis://127.0.0.1:6390 --jobs 20000 [--sink]`
 //! Postgres:  `… --redis redis://127.0.0.1:6390 --jobs 20000 --postgres postgres://postgres@127.0.0.1/test`
+//! Durable:   `… --sink --durable [--steps 10]` (each job a durable run of N steps; `--steps`
+//!            alone: N plain fenced writes a job)
 //! Cluster:   `… --cluster --redis redis://127.0.0.1:7000 --jobs 20000 [--sink]` (per-master
 //!            CPU split; `benches/cluster.sh` starts a private 3-master cluster)
 //! I/O-bound: `… --handler-ms 5 [--rate 4000]` (each handler awaits 5 ms; paced enqueue
@@ -60,6 +62,10 @@ struct Args {
     /// its journal entry in the same fenced write.
     #[arg(long, requires = "sink")]
     durable: bool,
+    /// With --sink: each job makes this many fenced writes (with --durable: steps), one after
+    /// another.
+    #[arg(long, default_value_t = 1, requires = "sink")]
+    steps: usize,
     /// Each job runs one fenced transaction on a Postgres sink at this URL (a fresh schema,
     /// dropped afterwards) that updates one row of a 1,000-row table.
     #[arg(long, value_name = "URL", conflicts_with = "sink")]
@@ -563,7 +569,7 @@ fn main() {
                 ..WorkerConfig::new(format!("bench-{i}"))
             };
             let (latencies, write, cpu, cluster) = (latencies.clone(), args.sink, Duration::from_micros(args.cpu_us), args.cluster);
-            let durable = args.durable;
+            let (durable, steps) = (args.durable, args.steps);
             let (spans, enqueued_at, wait, alarm, ended) = (spans.clone(), enqueued_at.clone(), Duration::from_millis(args.handler_ms), alarm.clone(), ended.clone());
             let update = args.postgres.is_some().then(|| format!("UPDATE {bench_schema}.account SET n = n + 1 WHERE id = $1"));
             let registry = Registry::new().register("noop", move |ctx: JobContext, number: Option<usize>| {
@@ -588,9 +594,16 @@ fn main() {
                         let key = if cluster { format!("{{{}}}n", ctx.job().scope) } else { "n".into() };
                         let incr = Mutation::HashIncr { key, field: "n".into(), by: 1 };
                         if durable {
-                            ctx.durable("bench")?.step("s", || async { Ok((vec![incr], ())) }).await?;
+                            let run = ctx.durable("bench")?;
+                            for step in 0..steps {
+                                let incr = incr.clone();
+                                run.step(&step.to_string(), || async { Ok((vec![incr], ())) }).await?;
+                            }
                         } else {
-                            ctx.sink("bench")?.write(vec![incr]).await?.accepted()?;
+                            let sink = ctx.sink("bench")?;
+                            for _ in 0..steps {
+                                sink.write(vec![incr.clone()]).await?.accepted()?;
+                            }
                         }
                     }
                     if let Some(update) = update {
