@@ -26,13 +26,17 @@ pub(crate) fn start(
 ) -> BoxFuture<'static, Outcome> {
     match registry.get(&job.kind) {
         Some(handler) => {
-            // A durable run's journals are cleared when it ends well (context/durable.rs).
-            let durable = ctx.durable_state();
+            // A durable run's end is checked, and its journals' clearing set going with its
+            // completion (context/durable.rs).
+            let end = ctx.twin();
             let run = handler(ctx, &job.payload);
             Box::pin(async move {
                 run.await?;
-                crate::context::durable::finish(&durable).await
+                crate::context::durable::finish(&end).await
             })
+        }
+        None if job.kind == crate::context::durable::CLEAR => {
+            Box::pin(crate::context::durable::clear(ctx, job.payload.clone()))
         }
         None => {
             let reason = format!("unknown job kind {:?}", job.kind);

@@ -653,7 +653,19 @@ impl JobContext {
             .await?
     }
 
-    /// What the run's durable calls share, for the end of the run ([`durable::finish`]).
+    /// Another handle on this run (the same job, lease, sinks and run state), for the end of
+    /// the run ([`durable::finish`]) after the handler took the first.
+    pub(crate) fn twin(&self) -> JobContext {
+        JobContext {
+            job: self.job.clone(),
+            lease: self.lease.clone(),
+            cancel: self.cancel.clone(),
+            sinks: self.sinks.clone(),
+            run: self.run.clone(),
+        }
+    }
+
+    /// What the run's durable calls share.
     pub(crate) fn durable_state(&self) -> Arc<std::sync::Mutex<durable::DurableState>> {
         self.run.durable.clone()
     }

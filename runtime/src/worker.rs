@@ -294,7 +294,11 @@ impl Worker {
         registry.validate()?;
         let mut kinds: Vec<String> = registry.kinds().map(str::to_owned).collect();
         kinds.sort_unstable();
-        if kinds.is_empty() {
+        let none = kinds.is_empty();
+        // Every worker clears durable runs' journals (the job a durable run's completion sets
+        // going, context/durable.rs).
+        kinds.push(crate::context::durable::CLEAR.to_owned());
+        if none {
             return Err(Error::Config(format!(
                 "worker {:?}: the registry has no job kinds",
                 config.name

@@ -617,3 +617,135 @@ fn a_completion_does_not_wait_for_a_busy_waiter() {
     let done = h.perform(NewJob::new("self", &()).unwrap()).unwrap();
     assert!(done.completed(), "{:?}", done.outcome);
 }
+
+// Found by the second attack, each now right.
+
+fn add(key: &str, by: i64) -> Mutation {
+    Mutation::HashIncr {
+        key: key.into(),
+        field: "n".into(),
+        by,
+    }
+}
+
+/// A zombie paused before it settles: its rival completes the run (the journal is cleared by
+/// a job the completion sets going, never before the completion).
+#[test]
+fn the_rival_of_a_zombie_paused_before_settling_completes() {
+    let registry = Registry::new().register("pay", |ctx: JobContext, _: ()| async move {
+        let run = ctx.durable("ledger")?;
+        run.step("a", || async { Ok((vec![add("{s}:acct", 5)], 1)) })
+            .await?;
+        run.step("b", || async { Ok((vec![add("{s}:acct", 7)], 2)) })
+            .await?;
+        Ok(())
+    });
+    let h = Harness::new(registry).with_sink("ledger");
+    let z = h
+        .zombie(NewJob::new("pay", &()).unwrap().with_scope("s"))
+        .unwrap();
+    z.assert_fenced();
+    for s in &z.scenarios {
+        assert!(
+            s.rivals.iter().any(|r| r.completed()),
+            "paused before {:?}: no rival completed: {:?}",
+            s.paused_before,
+            s.rivals.iter().map(|r| &r.outcome).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A run that did all its steps and lost its completion (its lease ran out as the handler
+/// returned) is finished by its next claim from its journal, and an operator retrying a dead
+/// run a day later (past the sink's key retention) replays its recorded steps: each charge
+/// once.
+#[test]
+fn a_lost_completion_and_a_late_dead_letter_retry_charge_once() {
+    static FIRST: AtomicUsize = AtomicUsize::new(0);
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let registry = Registry::new()
+        .register("lost", |ctx: JobContext, _: ()| async move {
+            let run = ctx.durable("ledger")?;
+            run.step("charge", || async { Ok((vec![add("{l}:acct", 100)], ())) })
+                .await?;
+            if FIRST.fetch_add(1, Ordering::SeqCst) == 0 {
+                // The attempt overruns its lease just as the handler returns.
+                palisade_core::clock::skip(Duration::from_secs(31));
+            }
+            Ok(())
+        })
+        .register("dies", |ctx: JobContext, _: ()| async move {
+            let run = ctx.durable("ledger")?;
+            run.step("charge", || async { Ok((vec![add("{d}:acct", 100)], ())) })
+                .await?;
+            if RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(JobError::fatal("the shipping API refused the address"));
+            }
+            run.step("ship", || async { Ok((vec![], ())) }).await?;
+            Ok(())
+        });
+    let h = Harness::new(registry).with_sink("ledger");
+    h.perform(NewJob::new("lost", &()).unwrap().with_scope("l"))
+        .unwrap();
+    let rest = h.drain_all().unwrap();
+    assert_eq!((rest.completed(), rest.dead()), (1, 0));
+    let first = h
+        .perform(NewJob::new("dies", &()).unwrap().with_scope("d"))
+        .unwrap();
+    assert!(matches!(first.outcome, Outcome::Dead { .. }));
+    h.advance(Duration::from_secs(25 * 3600)).unwrap();
+    let retried = h
+        .block_on(h.stores().admin().retry_dead(&first.job.queue, 10))
+        .unwrap();
+    assert_eq!(retried, 1);
+    assert_eq!(h.drain_all().unwrap().completed(), 1);
+    let ledger = h.sink("ledger").unwrap();
+    assert_eq!(ledger.field("{l}:acct", "n").as_deref(), Some("100"));
+    assert_eq!(ledger.field("{d}:acct", "n").as_deref(), Some("100"));
+}
+
+/// Every sink that held a journal of the run is cleared, a step's other sink too when the
+/// last attempt only replayed it; a run whose code dropped every durable call is found.
+#[test]
+fn every_journal_is_cleared_and_a_run_with_no_calls_left_is_found() {
+    static VERSION: AtomicUsize = AtomicUsize::new(1);
+    let registry = Registry::new()
+        .register("two", |ctx: JobContext, _: ()| async move {
+            let run = ctx.durable("ledger")?;
+            let audit = ctx.sink("audit")?;
+            run.step_in("charge", &audit, || async {
+                Ok((vec![add("{t}:audit", 1)], 1))
+            })
+            .await?;
+            run.sleep("nap", Duration::from_secs(60)).await?;
+            Ok(())
+        })
+        .register("emptied", |ctx: JobContext, _: ()| async move {
+            let run = ctx.durable("ledger")?;
+            if VERSION.load(Ordering::SeqCst) == 1 {
+                run.step("a", || async { Ok((vec![], ())) }).await?;
+                return Err(JobError::retry("once"));
+            }
+            Ok(())
+        });
+    let id = {
+        let h = Harness::new(registry.clone())
+            .with_sink("ledger")
+            .with_sink("audit");
+        let id = h
+            .enqueue(NewJob::new("two", &()).unwrap().with_scope("t"))
+            .unwrap();
+        assert_eq!(h.drain_all().unwrap().completed(), 1);
+        for sink in ["ledger", "audit"] {
+            let key = format!("{{t}}:palisade:journal:{id}");
+            assert_eq!(h.sink(sink).unwrap().read(&key), None, "{sink}");
+        }
+        id
+    };
+    let _ = id;
+    let (_, reason) = changed_between(registry, &VERSION, NewJob::new("emptied", &()).unwrap());
+    assert!(
+        reason.contains("\"a\"") && reason.contains("not reached"),
+        "{reason}"
+    );
+}

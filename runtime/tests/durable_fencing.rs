@@ -52,6 +52,10 @@ fn registry(
                 }
             };
             let recorded: Result<String, JobError> = if postgres {
+                // A first call reads the run's journal (then empty) before the pause, as a
+                // holder paused inside a step has: the pause cannot be inside the transaction,
+                // which holds its scope's lock.
+                run.sleep("start", Duration::ZERO).await?;
                 pause().await;
                 let pg = ctx.postgres("orders")?;
                 let table = format!("{}.charges", pg.schema());

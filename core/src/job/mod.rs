@@ -16,8 +16,8 @@ pub use new::{check_cap, default_max_snoozes, is_default_max_snoozes, whole_ms};
 pub use new::{
     Cancelled, Debounce, Enqueued, NewJob, RateLimit, Tick, UniqueKey, DEBOUNCE_KEPT,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_SNOOZES, ENQUEUE_RETRY_FOR,
-    ENQUEUE_RETRY_WINDOW, ID_RETENTION, MAX_DELAY, MAX_FOLLOW_UPS, MAX_FOLLOW_UP_BYTES,
-    MAX_NAME_BYTES, MAX_TICK_MS, PRIORITY_RANGE, RESULT_RETENTION,
+    ENQUEUE_RETRY_WINDOW, ID_RETENTION, JOURNAL_CLEAR_KIND, MAX_DELAY, MAX_FOLLOW_UPS,
+    MAX_FOLLOW_UP_BYTES, MAX_NAME_BYTES, MAX_TICK_MS, PRIORITY_RANGE, RESULT_RETENTION,
 };
 #[doc(hidden)] // the Redis store's record of a completion's follow-ups
 pub use outcome::FollowUpRecord;

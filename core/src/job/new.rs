@@ -20,6 +20,11 @@ pub const MAX_NAME_BYTES: usize = 512;
 /// keeps them exact in a double only within this range; every backend enforces it.
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -4096..=4096;
 
+/// The kind of the job that clears an ended durable run's journals (`palisade::durable`):
+/// the one job that may take a `job:<uuid>` scope, its run's own, named in its payload
+/// (`{"job": <uuid>, ...}`), so its write is fenced with that run's.
+pub const JOURNAL_CLEAR_KIND: &str = "palisade.journal.clear";
+
 /// Longest delay (ten years): keeps every deadline exact in milliseconds on every backend.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
@@ -282,6 +287,22 @@ impl Enqueued {
             Self::Existing(_) => "existing",
             Self::Debounced(_) => "debounced",
         }
+    }
+}
+
+impl NewJob {
+    /// A journal-clearing job in the default scope of the run it clears.
+    fn clears_its_scope(&self, scope: &Scope) -> bool {
+        self.kind == JOURNAL_CLEAR_KIND
+            && serde_json::from_str::<serde_json::Value>(&self.payload)
+                .ok()
+                .and_then(|p| {
+                    p.get("job")?
+                        .as_str()
+                        .and_then(|j| uuid::Uuid::try_parse(j).ok())
+                })
+                .map(JobId::from)
+                == scope.job()
     }
 }
 
@@ -574,7 +595,7 @@ impl NewJob {
         }
         if let Some(scope) = &self.scope {
             check_name("scope", scope.as_str())?;
-            if scope.job().is_some() {
+            if scope.job().is_some() && !self.clears_its_scope(scope) {
                 return Err(Error::InvalidJob(format!(
                     "scope {scope} is reserved: `job:<uuid>` is the default scope of a job"
                 )));

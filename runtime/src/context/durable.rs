@@ -38,7 +38,7 @@ use crate::ids::{IdempotencyKey, JobId};
 use crate::job::JobError;
 use crate::metrics::{DURABLE_RESUME_DELAY, DURABLE_STEPS};
 use crate::store::{unix_ms, Mutation, Value};
-use crate::SinkHandle;
+use crate::{JobContext, SinkHandle};
 
 /// The journal format this release writes; an entry of a higher one is left alone.
 const JOURNAL_VERSION: u32 = 1;
@@ -83,6 +83,9 @@ struct Entry {
     /// The sink a step's effect and own entry went to, when not the home one (a note of it).
     #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
     sink: Option<String>,
+    /// That sink is a Postgres one (the entry is kept with its transaction, not in a journal).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pg: bool,
     #[serde(flatten)]
     unknown: serde_json::Map<String, serde_json::Value>,
 }
@@ -99,9 +102,8 @@ pub(crate) struct DurableState {
     names: HashSet<String>,
     /// Journals read so far, by sink name.
     journals: BTreeMap<String, Journal>,
-    /// The sinks whose journal this run used, to clear at its end, and whether each was read
-    /// (a fresh run's is not: nothing can be in it).
-    sinks: BTreeMap<String, (SinkHandle, bool)>,
+    /// The sinks holding a journal of this run (the home one first), to clear at its end.
+    sinks: Vec<String>,
     /// A step is running: steps of one run go one at a time.
     in_step: bool,
     /// The run's job and the token of this claim, for clearing its journals at its end.
@@ -119,11 +121,6 @@ pub struct Durable {
     scope: String,
     coordinator: Option<Addr<crate::Coordinator>>,
     state: Arc<Mutex<DurableState>>,
-    /// The job's first claim, never snoozed, stalled or retried: no journal can exist yet,
-    /// so none is read (a step then costs its one fenced write). A released run (its attempt
-    /// given back) that had journaled is still answered right: its steps' writes come back
-    /// as duplicates, with the recorded entries.
-    fresh: bool,
     /// Snoozes the job may still take ([`NewJob::with_max_snoozes`](crate::NewJob::with_max_snoozes)):
     /// a long wait looks again less often rather than run out of them.
     snoozes_left: u32,
@@ -137,17 +134,19 @@ impl Durable {
         coordinator: Option<Addr<crate::Coordinator>>,
         state: Arc<Mutex<DurableState>>,
     ) -> Self {
-        state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .owner
-            .get_or_insert_with(|| {
+        {
+            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+            s.owner.get_or_insert_with(|| {
                 (
                     job.id,
                     lease.token.as_u64(),
                     lease.scope.as_str().to_owned(),
                 )
             });
+            if !s.sinks.iter().any(|n| n == home.name()) {
+                s.sinks.push(home.name().to_owned());
+            }
+        }
         Self {
             home,
             job: job.id,
@@ -156,7 +155,6 @@ impl Durable {
             scope: lease.scope.as_str().to_owned(),
             coordinator,
             state,
-            fresh: job.attempt <= 1 && job.snoozes == 0 && job.stalls == 0,
             snoozes_left: job.max_snoozes.saturating_sub(job.snoozes),
         }
     }
@@ -198,15 +196,15 @@ impl Durable {
             let seq = self.begin(name)?;
             let _one = OneStep::enter(&self.state, name)?;
             if let Some(entry) = self.recorded(&self.home, name, seq, "step").await? {
+                if let (Some(other), false) = (&entry.sink, entry.pg) {
+                    self.holds_journal(other);
+                }
                 self.count("replayed");
                 return decode(name, entry.result.unwrap_or(serde_json::Value::Null));
             }
             let elsewhere = sink.name() != self.home.name();
             if elsewhere {
-                self.lock()
-                    .sinks
-                    .entry(sink.name().to_owned())
-                    .or_insert_with(|| (sink.clone(), false));
+                self.holds_journal(sink.name());
             }
             let (mut mutations, result) = f().await?;
             // What a resume will get back is the JSON: the first run gets the same, or the
@@ -222,10 +220,10 @@ impl Durable {
                 Written::Applied => (entry, "ran"),
                 // Applied before, by a run whose answer was lost or a holder now stale: what
                 // it recorded is what happened.
-                Written::Duplicate(entry) => (entry, "replayed"),
+                Written::Duplicate(entry) => (*entry, "replayed"),
             };
             let entry = match elsewhere {
-                true => self.note_at_home(name, entry, sink.name()).await?,
+                true => self.note_at_home(name, entry, sink.name(), false).await?,
                 false => {
                     self.remember(sink, name, entry.clone());
                     entry
@@ -287,7 +285,7 @@ impl Durable {
             if entry.seq != seq {
                 return Err(changed(name, seq, &entry));
             }
-            let entry = self.note_at_home(name, entry, pg.name()).await?;
+            let entry = self.note_at_home(name, entry, pg.name(), true).await?;
             self.count(outcome);
             decode(name, entry.result.unwrap_or(serde_json::Value::Null))
         }
@@ -305,8 +303,10 @@ impl Durable {
         name: &str,
         mut entry: Entry,
         elsewhere: &str,
+        pg: bool,
     ) -> Result<Entry, JobError> {
         entry.sink = Some(elsewhere.to_owned());
+        entry.pg = pg;
         // (Its own key: the home journal may live in the same store as the step, a Postgres
         // sink's table of keys, where the step's key is taken.)
         let key = IdempotencyKey::new(format!("{}/note", step_key(self.job, name)));
@@ -317,7 +317,7 @@ impl Durable {
                 self.remember(&home, name, entry.clone());
                 Ok(entry)
             }
-            Written::Duplicate(entry) => Ok(entry),
+            Written::Duplicate(entry) => Ok(*entry),
         }
     }
 
@@ -476,17 +476,10 @@ impl Durable {
         if let Some(journal) = self.lock().journals.get(sink.name()) {
             return Ok(journal.clone());
         }
-        let journal = match self.fresh {
-            true => Journal::new(),
-            false => self.read_journal(sink).await?,
-        };
-        let mut state = self.lock();
-        state
+        let journal = self.read_journal(sink).await?;
+        self.lock()
             .journals
             .insert(sink.name().to_owned(), journal.clone());
-        state
-            .sinks
-            .insert(sink.name().to_owned(), (sink.clone(), !self.fresh));
         Ok(journal)
     }
 
@@ -549,6 +542,7 @@ impl Durable {
             waitpoint: None,
             outcome: None,
             sink: None,
+            pg: false,
             unknown: serde_json::Map::new(),
         };
         fill(&mut entry);
@@ -578,7 +572,7 @@ impl Durable {
                 self.remember(&home, name, entry.clone());
                 Ok(entry)
             }
-            Written::Duplicate(entry) => Ok(entry),
+            Written::Duplicate(entry) => Ok(*entry),
         }
     }
 
@@ -604,7 +598,7 @@ impl Durable {
     ) -> Result<Written, JobError> {
         match sink.write_keyed(key, mutations).await? {
             Admission::Applied => Ok(Written::Applied),
-            Admission::Duplicate => Ok(Written::Duplicate(self.reread(sink, name).await?)),
+            Admission::Duplicate => Ok(Written::Duplicate(Box::new(self.reread(sink, name).await?))),
             Admission::Rejected(r) => {
                 self.count("refused");
                 Err(JobError::Fenced(r))
@@ -659,6 +653,14 @@ impl Durable {
     fn resumed(&self, late_ms: u64) {
         metrics::histogram!(DURABLE_RESUME_DELAY, "kind" => self.kind.clone())
             .record(late_ms as f64 / 1000.0);
+    }
+
+    /// Notes that sink `name` holds a journal of this run, to be cleared at its end.
+    fn holds_journal(&self, name: &str) {
+        let mut s = self.lock();
+        if !s.sinks.iter().any(|n| n == name) {
+            s.sinks.push(name.to_owned());
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DurableState> {
@@ -743,45 +745,95 @@ fn journal_key(scope: &str, job: JobId) -> String {
     format!("{{{scope}}}:palisade:journal:{job}")
 }
 
-/// The end of a run whose handler succeeded: a journal entry this attempt never reached (a
-/// step removed from the code) is a changed handler, fatal; otherwise every journal the run
-/// used is cleared (one fenced write each, `Delete`, under `<job>/journal/end/<token>`), so
-/// a finished run leaves nothing in its sinks and a job id used again later starts afresh. A
-/// holder that is stale by now is refused there as anywhere.
-pub(crate) async fn finish(state: &Mutex<DurableState>) -> Result<(), JobError> {
-    let (sinks, owner) = {
+/// The kind of the job a durable run's completion sets going to clear its journals. Every
+/// worker runs it ([`clear`]); a worker of an earlier release does not claim it.
+pub const CLEAR: &str = crate::job::JOURNAL_CLEAR_KIND;
+
+/// What [`CLEAR`] is given: the run's job, its scope, and the sinks holding its journals.
+#[derive(Debug, Serialize, Deserialize)]
+struct Clear {
+    v: u32,
+    job: JobId,
+    scope: String,
+    sinks: Vec<String>,
+}
+
+/// The end of a run whose handler succeeded. A journal entry this attempt never reached (a
+/// step removed from the code) is a changed handler, fatal. Otherwise the run's journals are
+/// to be cleared, so a finished run leaves nothing in its sinks and a job id used again later
+/// starts afresh: by a [`CLEAR`] job in its scope, a follow-up kept with the completion. Not
+/// here, before the completion: a completion refused or lost after that would leave a rival
+/// run with its steps' keys applied and their results gone.
+pub(crate) async fn finish(ctx: &JobContext) -> Result<(), JobError> {
+    let state = ctx.durable_state();
+    let (sinks, owner, loaded) = {
         let s = state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.sinks.is_empty() {
+        let Some(home) = s.sinks.first() else {
             return Ok(());
+        };
+        (
+            s.sinks.clone(),
+            s.owner.clone(),
+            s.journals.get(home).cloned(),
+        )
+    };
+    let Some((job, _, scope)) = owner else {
+        return Ok(());
+    };
+    // The home journal lists every call; read here if this attempt made none.
+    let home = match loaded {
+        Some(journal) => journal,
+        None => {
+            let sink = ctx.sink(&sinks[0])?;
+            let durable = Durable::new(sink.clone(), ctx.job(), ctx.lease(), None, state.clone());
+            durable.read_journal(&sink).await?
         }
-        let unreached = s
-            .sinks
-            .iter()
-            .filter(|(_, (_, read))| *read)
-            .filter_map(|(name, _)| s.journals.get(name))
-            .flat_map(|journal| journal.iter())
-            .find(|(name, _)| !s.names.contains(*name));
-        if let Some((name, e)) = unreached {
+    };
+    {
+        let s = state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((name, e)) = home.iter().find(|(name, _)| !s.names.contains(*name)) {
             return Err(JobError::fatal(format!(
                 "the handler changed since this run was recorded: {} {name:?} (call {}, \
                  recorded under token {}) was not reached by this run, which ended",
                 e.what, e.seq, e.token
             )));
         }
-        let sinks: Vec<SinkHandle> = s.sinks.values().map(|(sink, _)| sink.clone()).collect();
-        (sinks, s.owner.clone())
+    }
+    let clear = Clear {
+        v: 1,
+        job,
+        scope: scope.clone(),
+        sinks,
     };
-    let Some((job, token, scope)) = owner else {
-        return Ok(());
-    };
-    for sink in sinks {
-        let key = IdempotencyKey::new(format!("{job}/journal/end/{token}"));
-        let clear = Mutation::Delete {
-            key: journal_key(&scope, job),
+    let id = JobId::from(uuid::Uuid::new_v5(
+        &CLEAR_IDS,
+        format!("{job}\n{}", ctx.lease().id).as_bytes(),
+    ));
+    let follow = crate::NewJob::new(CLEAR, &clear)
+        .map_err(|e| JobError::fatal(e.to_string()))?
+        .with_queue(ctx.job().queue.clone())
+        .with_scope(scope)
+        .with_id(id);
+    ctx.follow_up(follow)?;
+    Ok(())
+}
+
+/// The namespace of [`CLEAR`] jobs' ids: one per run's ending claim.
+const CLEAR_IDS: uuid::Uuid = uuid::Uuid::from_u128(0x6c1e_a2b0_0d17_4a9e_9f3c_5b8e_2d4a_7c61);
+
+/// Runs a [`CLEAR`] job: removes the ended run's journal from each sink (a fenced write under
+/// this job's own lease, in the run's scope). A sink this worker lacks fails it, naming the
+/// sink.
+pub(crate) async fn clear(ctx: JobContext, payload: String) -> Result<(), JobError> {
+    let clear: Clear = serde_json::from_str(&payload)
+        .map_err(|e| JobError::fatal(format!("a {CLEAR} job's payload does not decode: {e}")))?;
+    for name in &clear.sinks {
+        let sink = ctx.sink(name)?;
+        let key = IdempotencyKey::new(format!("{}/clear/{name}", ctx.job().id));
+        let gone = Mutation::Delete {
+            key: journal_key(&clear.scope, clear.job),
         };
-        if let Admission::Rejected(r) = sink.write_keyed(key, vec![clear]).await? {
-            return Err(JobError::Fenced(r));
-        }
+        sink.write_keyed(key, vec![gone]).await?.accepted()?;
     }
     Ok(())
 }
@@ -854,7 +906,7 @@ fn round_trip<R: DeserializeOwned>(name: &str, json: &serde_json::Value) -> Resu
 enum Written {
     Applied,
     /// Applied before: the entry that write recorded.
-    Duplicate(Entry),
+    Duplicate(Box<Entry>),
 }
 
 /// The idempotency key of step `name` of job `job`: `<job>/step/<name>` (DESIGN §8's

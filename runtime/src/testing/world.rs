@@ -420,7 +420,13 @@ impl World {
                         .await?;
                     return Err(self.never_ends(queue, &ran, &queues, "").await);
                 }
-                ran.runs.push(self.run(claim, settings, None).await?);
+                // (A durable run's journal clearing runs as a worker runs it, unlisted: what
+                // the user's jobs did is what `Ran` shows.)
+                let clearing = claim.job.kind == crate::durable::CLEAR;
+                let performed = self.run(claim, settings, None).await?;
+                if !clearing {
+                    ran.runs.push(performed);
+                }
                 idle = 0;
                 continue;
             }
