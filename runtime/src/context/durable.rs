@@ -598,7 +598,9 @@ impl Durable {
     ) -> Result<Written, JobError> {
         match sink.write_keyed(key, mutations).await? {
             Admission::Applied => Ok(Written::Applied),
-            Admission::Duplicate => Ok(Written::Duplicate(Box::new(self.reread(sink, name).await?))),
+            Admission::Duplicate => {
+                Ok(Written::Duplicate(Box::new(self.reread(sink, name).await?)))
+            }
             Admission::Rejected(r) => {
                 self.count("refused");
                 Err(JobError::Fenced(r))
