@@ -748,7 +748,7 @@ fn journal_key(scope: &str, job: JobId) -> String {
 }
 
 /// The kind of the job a durable run's completion sets going to clear its journals. Every
-/// worker runs it ([`clear`]); a worker of an earlier release does not claim it.
+/// worker runs it; a worker of an earlier release does not claim it.
 pub const CLEAR: &str = crate::job::JOURNAL_CLEAR_KIND;
 
 /// What [`CLEAR`] is given: the run's job, its scope, and the sinks holding its journals.
