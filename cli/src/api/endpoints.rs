@@ -763,7 +763,11 @@ async fn complete_waitpoint(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<WaitpointCompleted>), ApiError> {
     palisade::store::waitpoint::check_waitpoint_id(&id)?;
-    idempotency(&headers)?;
+    // Checked as an enqueue's key is (the document's one schema), then not needed: the
+    // waitpoint's id makes the completion idempotent.
+    if let Some(key) = idempotency(&headers)? {
+        idempotency_key(key, None)?;
+    }
     let request: WaitpointRequest = parse(&body(&api, raw)?)?;
     let client = palisade::Client::new(api.store.clone());
     let done = client.complete_waitpoint(&id, &request.value).await?;
